@@ -1,0 +1,52 @@
+import { xxh3Hex } from "./xxh3";
+
+/** Hashes a byte range to 16 lowercase hex digits (XXH3-64). Node swaps in a native one. */
+export type Hasher = (bytes: Uint8Array) => string;
+
+export const jsHasher: Hasher = (b) => xxh3Hex(b);
+
+function putHex64LE(buf: Uint8Array, o: number, hex: string): void {
+  // hex is big-endian digits of the u64; write it little-endian.
+  for (let i = 0; i < 8; i++) buf[o + i] = parseInt(hex.substr(14 - 2 * i, 2), 16);
+}
+
+/** Hash of one block chained to its parent (null for the first block). */
+export function chainNext(parent: string | null, tokens: ArrayLike<number>, start: number, blockSize: number, buf: Uint8Array, h: Hasher): string {
+  let o = 0;
+  if (parent) {
+    putHex64LE(buf, 0, parent);
+    o = 8;
+  }
+  for (let i = 0; i < blockSize; i++) {
+    const t = tokens[start + i] >>> 0;
+    const p = o + 4 * i;
+    buf[p] = t & 255;
+    buf[p + 1] = (t >>> 8) & 255;
+    buf[p + 2] = (t >>> 16) & 255;
+    buf[p + 3] = t >>> 24;
+  }
+  return h(o ? buf : buf.subarray(0, blockSize * 4));
+}
+
+export function blockBuffer(blockSize: number): Uint8Array {
+  return new Uint8Array(8 + blockSize * 4);
+}
+
+/**
+ * Chained block hashes of a token sequence, one per full block of blockSize tokens.
+ * block 0 = XXH3(tokens_0 as u32 LE); block i = XXH3(LE64(hash_{i-1}) || tokens_i as u32 LE).
+ * A salt (e.g. the images of a multimodal request) seeds the chain as a virtual parent,
+ * so the same text with other images never matches a text-only block.
+ */
+export function blockHashes(tokens: ArrayLike<number>, blockSize: number, hasher?: Hasher, salt?: string): string[] {
+  const h = hasher || jsHasher;
+  const n = Math.floor(tokens.length / blockSize);
+  const out: string[] = [];
+  const buf = blockBuffer(blockSize);
+  let parent: string | null = salt || null;
+  for (let b = 0; b < n; b++) {
+    parent = chainNext(parent, tokens, b * blockSize, blockSize, buf, h);
+    out.push(parent);
+  }
+  return out;
+}

@@ -1,0 +1,219 @@
+// Parses OpenAI /v1/chat/completions, /v1/completions and Anthropic /v1/messages
+// bodies into what routing needs. Every malformed input becomes a 400 httpError.
+import { httpError, utf8 } from "./util";
+import { blockHashes, Hasher, jsHasher } from "./hash";
+
+export type Endpoint = "chat" | "completions" | "messages";
+
+export interface ChatMessage {
+  role: string;
+  content: string;
+}
+
+export interface ParsedRequest {
+  endpoint: Endpoint;
+  model: string;
+  messages: ChatMessage[] | null;
+  prompt: string | null;
+  promptTokens: number[] | null;
+  /** Image/audio references: http(s) URL or the whole data: URI. */
+  media: string[];
+  n: number;
+  stream: boolean;
+  sessionId: string | null;
+  /** bytes/4 of the text, skipping inline binary payloads. */
+  estimatedTokens: number;
+}
+
+export function endpointOf(path: string): Endpoint | null {
+  const p = path.split("?")[0];
+  if (/\/v1\/chat\/completions\/?$/.test(p)) return "chat";
+  if (/\/v1\/completions\/?$/.test(p)) return "completions";
+  if (/\/v1\/messages\/?$/.test(p)) return "messages";
+  return null;
+}
+
+function isObj(v: unknown): v is { [k: string]: any } {
+  return typeof v === "object" && v !== null && !(v instanceof Array);
+}
+
+// Bytes of text that reach the prompt; inline binaries (data: URLs, base64) are skipped.
+function textBytes(v: any, key: string): number {
+  if (typeof v === "string") {
+    if (key === "data" || v.indexOf("data:") === 0) return 0;
+    return utf8(v).length;
+  }
+  let t = 0;
+  if (v instanceof Array) for (let i = 0; i < v.length; i++) t += textBytes(v[i], key);
+  else if (isObj(v)) for (const k in v) t += textBytes(v[k], k);
+  return t;
+}
+
+// Collects media references from one content part (OpenAI or Anthropic shape).
+function mediaOf(part: { [k: string]: any }, out: string[]): void {
+  const t = part.type;
+  if (t === "image_url" || (t === undefined && part.image_url !== undefined)) {
+    const iu = part.image_url;
+    const url = typeof iu === "string" ? iu : isObj(iu) ? iu.url : undefined;
+    if (typeof url !== "string" || !url) throw httpError(400, "image_url part needs a url");
+    out.push(url);
+  } else if (t === "image") {
+    const src = part.source;
+    if (isObj(src)) {
+      if (src.type === "base64" && typeof src.data === "string")
+        out.push("data:" + (src.media_type || "application/octet-stream") + ";base64," + src.data);
+      else if (src.type === "url" && typeof src.url === "string") out.push(src.url);
+      else throw httpError(400, "image source must be base64 data or a url");
+    } else if (typeof part.image === "string") out.push(part.image);
+    else if (typeof part.image_url === "string") out.push(part.image_url);
+    else throw httpError(400, "image part has no source");
+  } else if (t === "input_audio") {
+    const a = part.input_audio;
+    if (!isObj(a) || typeof a.data !== "string") throw httpError(400, "input_audio part needs data");
+    out.push("data:audio/" + (a.format || "wav") + ";base64," + a.data);
+  }
+}
+
+function contentText(c: any, media: string[], where: string): string {
+  if (typeof c === "string") return c;
+  if (c === null || c === undefined) return "";
+  if (!(c instanceof Array)) throw httpError(400, where + ".content must be a string or an array of parts");
+  let s = "";
+  for (let i = 0; i < c.length; i++) {
+    const p = c[i];
+    if (typeof p === "string") {
+      s += p;
+      continue;
+    }
+    if (!isObj(p)) throw httpError(400, where + ".content[" + i + "] must be an object");
+    if ((p.type === "text" || p.type === "input_text") && typeof p.text === "string") s += p.text;
+    else mediaOf(p, media);
+  }
+  return s;
+}
+
+function normalizeMessages(raw: any, media: string[]): ChatMessage[] {
+  if (!(raw instanceof Array) || raw.length === 0) throw httpError(400, "'messages' must be a non-empty array");
+  const out: ChatMessage[] = [];
+  for (let i = 0; i < raw.length; i++) {
+    const m = raw[i];
+    if (!isObj(m) || typeof m.role !== "string") throw httpError(400, "messages[" + i + "] needs a string 'role'");
+    out.push({ role: m.role, content: contentText(m.content, media, "messages[" + i + "]") });
+  }
+  return out;
+}
+
+export interface ParseOptions {
+  maxBodyBytes: number;
+  sessionHeader?: string | null;
+}
+
+export function parseRequest(endpoint: Endpoint, body: string, bodyBytes: number, opts: ParseOptions, sessionHeader?: string | null): ParsedRequest {
+  if (bodyBytes > opts.maxBodyBytes)
+    throw httpError(400, "request body is " + bodyBytes + " bytes, over the " + opts.maxBodyBytes + "-byte limit", "request_too_large");
+  let j: any;
+  try {
+    j = JSON.parse(body);
+  } catch (e) {
+    throw httpError(400, "request body is not valid JSON");
+  }
+  if (!isObj(j)) throw httpError(400, "request body must be a JSON object");
+  if (typeof j.model !== "string" || !j.model) throw httpError(400, "'model' is required");
+  const media: string[] = [];
+  let messages: ChatMessage[] | null = null;
+  let prompt: string | null = null;
+  let promptTokens: number[] | null = null;
+  if (endpoint === "chat") {
+    if (j.messages === undefined) throw httpError(400, "'messages' is required");
+    messages = normalizeMessages(j.messages, media);
+  } else if (endpoint === "messages") {
+    if (j.messages === undefined) throw httpError(400, "'messages' is required");
+    const msgs = normalizeMessages(j.messages, media);
+    if (j.system !== undefined) msgs.unshift({ role: "system", content: contentText(j.system, media, "system") });
+    messages = msgs;
+  } else {
+    let p = j.prompt;
+    if (p === undefined) throw httpError(400, "'prompt' is required");
+    // A batch of prompts routes by its first one.
+    if (p instanceof Array && p.length > 0 && (typeof p[0] === "string" || p[0] instanceof Array)) p = p[0];
+    if (typeof p === "string") prompt = p;
+    else if (p instanceof Array) {
+      for (let i = 0; i < p.length; i++)
+        if (typeof p[i] !== "number" || p[i] < 0 || p[i] % 1 !== 0) throw httpError(400, "'prompt' token ids must be non-negative integers");
+      promptTokens = p as number[];
+    } else throw httpError(400, "'prompt' must be a string, token ids, or an array of them");
+  }
+  if (j.images !== undefined) {
+    if (!(j.images instanceof Array)) throw httpError(400, "'images' must be an array");
+    for (let i = 0; i < j.images.length; i++) {
+      const im = j.images[i];
+      if (typeof im === "string" && im) media.push(im);
+      else if (isObj(im) && typeof im.url === "string") media.push(im.url);
+      else throw httpError(400, "images[" + i + "] must be a string or {url}");
+    }
+  }
+  let n = 1;
+  if (typeof j.n === "number" && j.n >= 1 && j.n % 1 === 0 && j.n <= 128) n = j.n;
+  let sessionId: string | null = sessionHeader || null;
+  if (!sessionId && typeof j.session_id === "string" && j.session_id) sessionId = j.session_id;
+  const est = promptTokens
+    ? promptTokens.length
+    : Math.ceil(textBytes(endpoint === "completions" ? prompt : [j.system, j.messages], "") / 4);
+  return {
+    endpoint,
+    model: j.model,
+    messages,
+    prompt,
+    promptTokens,
+    media,
+    n,
+    stream: j.stream === true,
+    sessionId,
+    estimatedTokens: est,
+  };
+}
+
+export interface Tokenizer {
+  encode(text: string): number[];
+  /** Renders chat messages to the prompt text the engine sees (chat template). */
+  renderChat(messages: ChatMessage[]): string;
+}
+
+/** The ChatML rendering Qwen-family templates produce for plain text turns. */
+export function renderChatML(messages: ChatMessage[]): string {
+  let s = "";
+  for (let i = 0; i < messages.length; i++)
+    s += "<|im_start|>" + messages[i].role + "\n" + messages[i].content + "<|im_end|>\n";
+  return s + "<|im_start|>assistant\n";
+}
+
+export interface Features {
+  blocks: string[];
+  inputTokens: number;
+  exact: boolean;
+  /** XXH3 of each media reference, in request order. */
+  mediaHashes: string[];
+  /** Requested completions (n); demand books input tokens x n. */
+  n: number;
+}
+
+/**
+ * Tokenizes once and derives everything the picks share. Without a tokenizer
+ * (or when it fails) the token count falls back to the bytes/4 estimate and
+ * there are no blocks, so kv-aware degrades to load balance.
+ */
+export function computeFeatures(req: ParsedRequest, tok: Tokenizer | null, blockSize: number, hasher?: Hasher): Features {
+  const h = hasher || jsHasher;
+  const mediaHashes: string[] = [];
+  for (let i = 0; i < req.media.length; i++) mediaHashes.push(h(utf8(req.media[i])));
+  let tokens: number[] | null = req.promptTokens;
+  if (!tokens && tok) {
+    const text = req.messages ? tok.renderChat(req.messages) : (req.prompt as string);
+    tokens = tok.encode(text);
+  }
+  if (!tokens) return { blocks: [], inputTokens: req.estimatedTokens, exact: false, mediaHashes, n: req.n };
+  // Media requests chain from a salt of their images: same text + other images != text hit.
+  let salt: string | undefined;
+  if (mediaHashes.length) salt = h(utf8(mediaHashes.join(",")));
+  return { blocks: blockHashes(tokens, blockSize, h, salt), inputTokens: tokens.length, exact: true, mediaHashes, n: req.n };
+}

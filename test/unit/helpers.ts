@@ -1,0 +1,28 @@
+import { createRouter, defaultConfig, Router, RouterConfig, WorkerSpec } from "../../core/router";
+import { memStore, Store } from "../../core/store";
+import { mirrorStore } from "../../core/mirror";
+import { Features } from "../../core/request";
+
+export function mk(specs: Partial<WorkerSpec>[], cfg: Partial<RouterConfig> = {}, logs?: string[]) {
+  const st: Store = memStore();
+  const demand: unknown[] = [];
+  const r: Router = createRouter(st, { ...defaultConfig(), ...cfg }, {
+    log: (_l, line) => logs?.push(line),
+    onDemand: (d) => demand.push(d),
+    random: () => 0.99,
+  });
+  for (const [i, s] of specs.entries()) r.addWorker({ id: s.id ?? `w${i}`, address: s.address ?? `127.0.0.1:${8000 + i}`, role: s.role ?? "mixed", blockSize: s.blockSize, events: s.events });
+  return { st, r, demand };
+}
+
+export const blocks = (prefix: string, n: number) => Array.from({ length: n }, (_, i) => `${prefix}${i.toString(16).padStart(14, "0")}`.slice(-16));
+
+/** Marks the first blocks as cached on worker id (through the mirror, as events would). */
+export function cache(st: Store, r: Router, id: string, bs: string[]): void {
+  const w = r.worker(id)!;
+  for (const b of bs) mirrorStore(st, w.ek, "eng-" + b, b);
+}
+
+export function feats(bs: string[], extra: Partial<Features> = {}): Features {
+  return { blocks: bs, inputTokens: bs.length * 16, exact: true, mediaHashes: [], n: 1, ...extra };
+}

@@ -1,0 +1,248 @@
+// PD disaggregation, multimodal affinity, decode input-demand, session affinity,
+// and the exactly-once release rules (issue 4).
+import { test } from "node:test";
+import * as assert from "node:assert/strict";
+import { mk, blocks, cache, feats } from "./helpers";
+import { DemandDecision } from "../../core/router";
+
+const PD = [
+  { id: "p0", role: "prefill" as const },
+  { id: "p1", role: "prefill" as const },
+  { id: "d0", role: "decode" as const },
+  { id: "d1", role: "decode" as const },
+];
+
+test("PD: a request gets a prefill pick and a decode pick; per-role weights override the global one", () => {
+  const { st, r } = mk(PD, { overlapWeight: 1, prefillOverlapWeight: 20, decodeOverlapWeight: 0 });
+  const req = blocks("pp", 10);
+  cache(st, r, "p1", req.slice(0, 5));
+  cache(st, r, "d1", req.slice(0, 5));
+  // load p1 and d1 a little: weight 20 still prefers p1's cache, weight 0 ignores d1's
+  r.pick(feats(blocks("ld", 3)));
+  const p = r.pick(feats(req));
+  assert.equal(p.prefill!.id, "p1");
+  const pc = Object.fromEntries(p.candidates.map((c) => [c.id, c.cost]));
+  assert.equal(pc.p1, 20 * 5 + r.activeBlocks("p1") - 10, "cost used weight 20 before this pick held blocks");
+  const dc = Object.fromEntries(p.decodeCandidates!.map((c) => [c.id, c]));
+  assert.equal(dc.d1.cost, dc.d1.active, "decode weight 0: cost is load only");
+  assert.equal(p.target.role, "decode");
+  const unset = mk(PD, { overlapWeight: 3 });
+  const p2 = unset.r.pick(feats(req));
+  assert.equal(p2.candidates[0].cost, 3 * 10, "unset role weights fall back to --kv-overlap-weight");
+});
+
+test("PD guards: prefill load released at first token by default, at completion with --pd-prefill-guard-release completion", () => {
+  for (const mode of ["first-token", "completion"] as const) {
+    const { r } = mk(PD, { pdPrefillGuardRelease: mode });
+    const p = r.pick(feats(blocks("g", 4)));
+    assert.equal(r.activeBlocks(p.prefill!.id), 4);
+    assert.equal(r.activeBlocks(p.target.id), 4);
+    p.reservation.firstToken();
+    assert.equal(r.activeBlocks(p.prefill!.id), mode === "first-token" ? 0 : 4, mode);
+    assert.equal(r.activeBlocks(p.target.id), 4);
+    p.reservation.firstToken();
+    p.reservation.finish();
+    p.reservation.finish();
+    assert.equal(r.activeBlocks(p.prefill!.id), 0);
+    assert.equal(r.activeBlocks(p.target.id), 0);
+    assert.equal(r.openGuards(), 0);
+  }
+});
+
+test("a worker leaving keeps live reservations; late completion never touches the recreated entry", () => {
+  const { r } = mk([{ id: "a" }], { decodeInputDemand: "off" });
+  const p = r.pick(feats(blocks("late", 6)));
+  assert.equal(r.activeBlocks("a"), 6);
+  r.removeWorker("a");
+  r.addWorker({ id: "a", address: "127.0.0.1:8000", role: "mixed" });
+  assert.equal(r.activeBlocks("a"), 0, "recreated entry starts clean");
+  const q = r.pick(feats(blocks("new", 2)));
+  assert.equal(r.activeBlocks("a"), 2);
+  assert.doesNotThrow(() => p.reservation.finish());
+  assert.equal(r.activeBlocks("a"), 2, "old completion did not subtract from the new entry");
+  q.reservation.finish();
+  assert.equal(r.activeBlocks("a"), 0);
+  assert.equal(r.openGuards(), 0);
+});
+
+test("release never throws, even when the store fails", () => {
+  const { st, r } = mk([{ id: "a" }]);
+  const p = r.pick(feats(blocks("t", 2)));
+  const orig = st.incr;
+  st.incr = () => {
+    throw new Error("store down");
+  };
+  assert.doesNotThrow(() => p.reservation.finish());
+  st.incr = orig;
+});
+
+test("fuzz: random pick / first-token / EOF / cancel / abandon / worker-leave sequences end with every counter at zero", () => {
+  let seed = 12345;
+  const rnd = () => ((seed = (Math.imul(seed, 1103515245) + 12345) >>> 0) / 4294967296);
+  for (let round = 0; round < 30; round++) {
+    const demand = (["off", "shadow", "on"] as const)[round % 3];
+    const { r } = mk(PD, { decodeInputDemand: demand, decodeRequestWeight: 10, sessionAffinity: round % 2 ? "both" : "off", pdPrefillGuardRelease: round % 4 < 2 ? "first-token" : "completion" });
+    const live: { finish(): void; firstToken(): void }[] = [];
+    for (let step = 0; step < 300; step++) {
+      const x = rnd();
+      if (x < 0.4) {
+        try {
+          const bs = blocks("f" + Math.floor(rnd() * 5), 1 + Math.floor(rnd() * 6));
+          live.push(r.pick(feats(bs, { inputTokens: 10 + Math.floor(rnd() * 100), n: rnd() < 0.2 ? -1 : 2 }), rnd() < 0.5 ? "s" + Math.floor(rnd() * 3) : null).reservation);
+        } catch (e) {
+          assert.match((e as Error).message, /no workers available/);
+        }
+      } else if (x < 0.55 && live.length) live[Math.floor(rnd() * live.length)].firstToken();
+      else if (x < 0.85 && live.length) {
+        // EOF, cancel, failure and abandon all call finish; races call it twice
+        const i = Math.floor(rnd() * live.length);
+        live[i].finish();
+        if (rnd() < 0.3) live[i].finish();
+        live.splice(i, 1);
+      } else if (x < 0.92) {
+        const w = PD[Math.floor(rnd() * PD.length)];
+        r.removeWorker(w.id);
+      } else {
+        const w = PD[Math.floor(rnd() * PD.length)];
+        r.addWorker({ id: w.id, address: "127.0.0.1:1", role: w.role });
+      }
+    }
+    for (const l of live) l.finish();
+    for (const w of PD) r.addWorker({ id: w.id, address: "127.0.0.1:1", role: w.role });
+    assert.equal(r.openGuards(), 0, `round ${round}`);
+    for (const w of r.workers()) {
+      assert.equal(r.activeBlocks(w.id), 0);
+      assert.deepEqual(r.demand(w.id), { tokens: 0, requests: 0 });
+    }
+  }
+});
+
+test("multimodal: text overlap dropped, image affinity decides, unseen image -> load balance, exact pick log line", () => {
+  const logs: string[] = [];
+  const { st, r } = mk([{ id: "a" }, { id: "b" }], {}, logs);
+  const text = blocks("tx", 8);
+  cache(st, r, "a", text); // same text blocks cached on a: must not count for media requests
+  const img1 = feats(text, { mediaHashes: ["1111111111111111"] });
+  const first = r.pick(img1);
+  assert.equal(first.target.id, "b", "cached text on a does not pull an image request");
+  assert.equal(first.mmAffinityHits, 0);
+  first.reservation.finish();
+  const again = r.pick(img1);
+  assert.equal(again.target.id, "b", "image affinity: b served this image");
+  assert.equal(again.mmAffinityHits, 1);
+  assert.ok(logs.includes("pick policy=kv-aware role=prefill picked=b mm_images=1 mm_affinity_hits=1"), logs.join("\n"));
+  assert.ok(logs.includes("pick policy=kv-aware role=prefill picked=b mm_images=1 mm_affinity_hits=0"));
+  // unseen image: b is loaded (again still held), so load balance sends it to a
+  const other = r.pick(feats(text, { mediaHashes: ["2222222222222222"] }));
+  assert.equal(other.target.id, "a");
+  assert.equal(other.mmAffinityHits, 0);
+});
+
+test("multimodal under PD: prefill pool by image affinity, decode by load; LRU is bounded", () => {
+  const { r } = mk(PD, { mmLruSize: 2 });
+  const f = (h: string) => feats(blocks("m", 4), { mediaHashes: [h] });
+  const a = r.pick(f("aaaaaaaaaaaaaaaa"));
+  a.reservation.finish();
+  const b = r.pick(f("aaaaaaaaaaaaaaaa"));
+  assert.equal(b.prefill!.id, a.prefill!.id);
+  assert.equal(b.mmAffinityHits, 1);
+  b.reservation.finish();
+  const w = a.prefill!.id;
+  // push two more images through w: the first one falls out of its LRU (size 2)
+  for (const h of ["bbbbbbbbbbbbbbbb", "cccccccccccccccc"]) {
+    const p = r.pick(feats([], { mediaHashes: [h] }));
+    if (p.prefill!.id !== w) r.pick(feats([], { mediaHashes: [h] })).reservation.finish();
+    p.reservation.finish();
+  }
+  const c = r.pick(f("aaaaaaaaaaaaaaaa"));
+  assert.equal(c.prefill!.id === w ? c.mmAffinityHits : 0, 0);
+});
+
+test("decode input-demand on: projected demand = in-flight input tokens + this request x n + W x held requests", () => {
+  const { r, demand } = mk(PD, { decodeInputDemand: "on", decodeRequestWeight: 0 });
+  const big = r.pick(feats(blocks("x", 1), { inputTokens: 1000 }));
+  const d1 = big.target.id;
+  assert.deepEqual(r.demand(d1), { tokens: 1000, requests: 1 });
+  const small = r.pick(feats(blocks("y", 1), { inputTokens: 10, n: 3 }));
+  assert.notEqual(small.target.id, d1, "demand steers away from the worker holding 1000 tokens");
+  assert.deepEqual(r.demand(small.target.id), { tokens: 30, requests: 1 }, "input tokens x n");
+  const dec = demand[1] as DemandDecision;
+  assert.equal(dec.mode, "on");
+  assert.equal(dec.input, "exact");
+  const row = dec.candidates.find((c) => c.id === d1)!;
+  assert.equal(row.demand, 1000 + 30);
+  big.reservation.finish();
+  small.reservation.finish();
+  assert.deepEqual(r.demand(d1), { tokens: 0, requests: 0 });
+  // invalid n counts as 1; estimate is reported as such
+  const e = r.pick(feats([], { inputTokens: 7, n: 0, exact: false }));
+  assert.equal(r.demand(e.target.id).tokens, 7);
+  assert.equal((demand[2] as DemandDecision).input, "estimate");
+});
+
+test("decode-request-weight adds W x held requests; ties fall to original load, then candidate order", () => {
+  const { r } = mk(PD, { decodeInputDemand: "on", decodeRequestWeight: 500 });
+  const a = r.pick(feats([], { inputTokens: 100 }));
+  const b = r.pick(feats([], { inputTokens: 100 }));
+  assert.notEqual(a.target.id, b.target.id);
+  // equal demand on both (100 + 500 each): tie -> original cost (equal: no blocks) -> candidate order
+  const c = r.pick(feats([], { inputTokens: 1 }));
+  assert.equal(c.target.id, "d0");
+  const { r: r2 } = mk(PD, { decodeInputDemand: "on", decodeRequestWeight: 0 });
+  const bs = blocks("tie", 3);
+  const h = r2.pick(feats(bs, { inputTokens: 0 })); // holds 3 active blocks on one decode worker, 0 tokens
+  const t = r2.pick(feats(blocks("o", 2), { inputTokens: 0 }));
+  assert.notEqual(t.target.id, h.target.id, "equal demand: lower original load wins");
+});
+
+test("shadow keeps the original selection, books demand, reports agreement", () => {
+  const { r, demand } = mk(PD, { decodeInputDemand: "shadow" });
+  const on = mk(PD, { decodeInputDemand: "off" });
+  const reqs = [1000, 10, 10, 500].map((n, i) => feats(blocks("s" + i, 2), { inputTokens: n }));
+  const shadowTargets = reqs.map((f) => r.pick(f).target.id);
+  const offTargets = reqs.map((f) => on.r.pick(f).target.id);
+  assert.deepEqual(shadowTargets, offTargets, "shadow never changes the choice");
+  assert.equal(demand.length, 4);
+  for (const d of demand as DemandDecision[]) {
+    assert.equal(d.mode, "shadow");
+    assert.equal(d.actual, d.original);
+    assert.equal(d.agrees, d.suggestion === d.original);
+  }
+  const total = r.workers().reduce((s, w) => s + r.demand(w.id).tokens, 0);
+  assert.equal(total, 1520, "shadow books in-flight tokens");
+  assert.deepEqual(on.r.demand("d0"), { tokens: 0, requests: 0 }, "off books nothing");
+});
+
+test("session affinity both: bound session keeps its decode target (still booked); demand only picks first target or a replacement", () => {
+  const { r, demand } = mk(PD, { decodeInputDemand: "on", sessionAffinity: "both" });
+  const first = r.pick(feats(blocks("a", 2), { inputTokens: 5000 }), "S");
+  assert.equal(demand.length, 1);
+  const second = r.pick(feats(blocks("b", 2), { inputTokens: 10 }), "S");
+  assert.equal(second.target.id, first.target.id, "bound although demand would move it");
+  assert.equal(second.prefill!.id, first.prefill!.id);
+  assert.equal(demand.length, 1, "demand not consulted for a bound session");
+  assert.equal(r.demand(first.target.id).tokens, 5010, "bound target still booked");
+  r.removeWorker(first.target.id);
+  const third = r.pick(feats(blocks("c", 2), { inputTokens: 10 }), "S");
+  assert.notEqual(third.target.id, first.target.id);
+  assert.equal(demand.length, 2, "replacement chosen by demand");
+  const fourth = r.pick(feats(blocks("d", 2), { inputTokens: 10 }), "S");
+  assert.equal(fourth.target.id, third.target.id);
+  for (const p of [first, second, third, fourth]) p.reservation.finish();
+  assert.equal(r.openGuards(), 0);
+});
+
+test("session affinity prefill: prefill bound, decode chosen fresh", () => {
+  const { st, r } = mk(PD, { sessionAffinity: "prefill" });
+  const a = r.pick(feats(blocks("q", 2)), "S");
+  cache(st, r, a.prefill!.id === "p0" ? "p1" : "p0", blocks("z", 8)); // would pull a fresh pick away
+  const b = r.pick(feats(blocks("z", 8)), "S");
+  assert.equal(b.prefill!.id, a.prefill!.id);
+  const { r: agg } = mk([{ id: "x" }, { id: "y" }], { sessionAffinity: "prefill" });
+  const s1 = agg.pick(feats(blocks("k", 3)), "T");
+  const s2 = agg.pick(feats(blocks("k2", 3)), "T");
+  assert.equal(s2.target.id, s1.target.id, "aggregated: the single target is bound");
+  const none = mk([{ id: "x" }, { id: "y" }]);
+  const n1 = none.r.pick(feats(blocks("k", 3)), "T");
+  assert.notEqual(none.r.pick(feats(blocks("k2", 3)), "T").target.id, n1.target.id, "off: load decides");
+});

@@ -1,0 +1,107 @@
+import { test } from "node:test";
+import * as assert from "node:assert/strict";
+import { computeFeatures, endpointOf, parseRequest, renderChatML } from "../../core/request";
+import { loadTokenizer } from "../../extproc/tokenizer";
+
+const P = { maxBodyBytes: 1 << 20 };
+const parse = (ep: "chat" | "completions" | "messages", body: unknown, h?: string) => {
+  const s = typeof body === "string" ? body : JSON.stringify(body);
+  return parseRequest(ep, s, Buffer.byteLength(s), P, h);
+};
+const status = (fn: () => unknown) => {
+  try {
+    fn();
+  } catch (e) {
+    return [(e as { status: number }).status, (e as Error).message];
+  }
+  return [0, ""];
+};
+
+test("endpoints", () => {
+  assert.equal(endpointOf("/v1/chat/completions"), "chat");
+  assert.equal(endpointOf("/v1/completions?x=1"), "completions");
+  assert.equal(endpointOf("/v1/messages"), "messages");
+  assert.equal(endpointOf("/v1/models"), null);
+});
+
+test("malformed bodies are 400s with a message, never a crash", () => {
+  assert.deepEqual(status(() => parse("chat", "{not json")), [400, "request body is not valid JSON"]);
+  assert.deepEqual(status(() => parse("chat", "[1,2]")), [400, "request body must be a JSON object"]);
+  assert.deepEqual(status(() => parse("chat", { messages: [{ role: "user", content: "x" }] })), [400, "'model' is required"]);
+  assert.deepEqual(status(() => parse("chat", { model: "m" })), [400, "'messages' is required"]);
+  assert.deepEqual(status(() => parse("chat", { model: "m", messages: [] })), [400, "'messages' must be a non-empty array"]);
+  assert.deepEqual(status(() => parse("chat", { model: "m", messages: [{ content: "x" }] })), [400, "messages[0] needs a string 'role'"]);
+  assert.deepEqual(status(() => parse("completions", { model: "m" })), [400, "'prompt' is required"]);
+  assert.deepEqual(status(() => parse("completions", { model: "m", prompt: [1, -2] })), [400, "'prompt' token ids must be non-negative integers"]);
+  assert.deepEqual(status(() => parse("chat", { model: "m", messages: [{ role: "user", content: [{ type: "image_url" }] }] })), [400, "image_url part needs a url"]);
+  const big = JSON.stringify({ model: "m", messages: [{ role: "user", content: "x".repeat(100) }] });
+  const [st, msg] = status(() => parseRequest("chat", big, big.length, { maxBodyBytes: 50 }));
+  assert.equal(st, 400);
+  assert.match(String(msg), /over the 50-byte limit/);
+});
+
+test("OpenAI and Anthropic media shapes, top-level images", () => {
+  const oa = parse("chat", {
+    model: "m",
+    messages: [{ role: "user", content: [{ type: "text", text: "what is" }, { type: "image_url", image_url: { url: "https://x/a.png" } }, { type: "input_audio", input_audio: { data: "QUJD", format: "mp3" } }] }],
+  });
+  assert.deepEqual(oa.media, ["https://x/a.png", "data:audio/mp3;base64,QUJD"]);
+  assert.equal(oa.messages![0].content, "what is");
+  const an = parse("messages", {
+    model: "m",
+    max_tokens: 5,
+    system: "be brief",
+    messages: [{ role: "user", content: [{ type: "image", source: { type: "base64", media_type: "image/png", data: "iVBOR" } }, { type: "image", source: { type: "url", url: "https://y/b.jpg" } }, { type: "text", text: "hi" }] }],
+  });
+  assert.deepEqual(an.media, ["data:image/png;base64,iVBOR", "https://y/b.jpg"]);
+  assert.equal(an.messages![0].role, "system");
+  const ol = parse("chat", { model: "m", messages: [{ role: "user", content: "x" }], images: ["aGVsbG8="] });
+  assert.deepEqual(ol.media, ["aGVsbG8="]);
+});
+
+test("estimate = text bytes / 4, skipping data: URLs and base64 fields; n and session id", () => {
+  const data = "data:image/png;base64," + "A".repeat(4000);
+  const r = parse("chat", { model: "m", n: 3, session_id: "s1", messages: [{ role: "user", content: [{ type: "text", text: "abcdefgh" }, { type: "image_url", image_url: { url: data } }] }] });
+  assert.equal(r.estimatedTokens, Math.ceil(("user".length + 8 + "text".length + "image_url".length) / 4));
+  assert.equal(r.n, 3);
+  assert.equal(r.sessionId, "s1");
+  assert.equal(parse("chat", { model: "m", n: 0, messages: [{ role: "user", content: "x" }] }).n, 1, "invalid n -> 1");
+  assert.equal(parse("chat", { model: "m", session_id: "body", messages: [{ role: "user", content: "x" }] }, "hdr").sessionId, "hdr", "header wins");
+});
+
+test("chat is rendered with the model's chat template, then tokenized; built-in ChatML matches Qwen3's template", () => {
+  const tok = loadTokenizer(null)!;
+  const msgs = [
+    { role: "system", content: "You are terse." },
+    { role: "user", content: "Hello wörld, 你好!" },
+  ];
+  assert.equal(tok.renderChat(msgs), renderChatML(msgs));
+  const ids = tok.encode(tok.renderChat(msgs));
+  assert.equal(ids[0], 151644, "<|im_start|> is one special token");
+  const f = computeFeatures(parse("chat", { model: "m", messages: msgs }), tok, 16);
+  assert.equal(f.inputTokens, ids.length);
+  assert.equal(f.blocks.length, Math.floor(ids.length / 16));
+  assert.ok(f.exact);
+});
+
+test("same text with different images never shares text blocks", () => {
+  const tok = loadTokenizer(null)!;
+  const text = "describe this picture in great detail please ".repeat(20);
+  const mk = (url: string) => computeFeatures(parse("chat", { model: "m", messages: [{ role: "user", content: [{ type: "text", text }, { type: "image_url", image_url: { url } }] }] }), tok, 16);
+  const a = mk("https://img/1.png");
+  const b = mk("https://img/2.png");
+  const plain = computeFeatures(parse("chat", { model: "m", messages: [{ role: "user", content: text }] }), tok, 16);
+  assert.ok(a.blocks.length > 5);
+  const sa = new Set(a.blocks);
+  assert.ok(!b.blocks.some((h) => sa.has(h)));
+  assert.ok(!plain.blocks.some((h) => sa.has(h)));
+  assert.equal(a.mediaHashes.length, 1);
+  assert.notEqual(a.mediaHashes[0], b.mediaHashes[0]);
+});
+
+test("without a tokenizer, token counts are estimated and there are no blocks", () => {
+  const f = computeFeatures(parse("completions", { model: "m", prompt: "x".repeat(400) }), null, 16);
+  assert.deepEqual([f.exact, f.inputTokens, f.blocks.length], [false, 100, 0]);
+  const t = computeFeatures(parse("completions", { model: "m", prompt: Array.from({ length: 40 }, (_, i) => i) }), null, 16);
+  assert.deepEqual([t.exact, t.inputTokens, t.blocks.length], [true, 40, 2], "token-id prompts need no tokenizer");
+});

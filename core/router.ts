@@ -70,8 +70,8 @@ export interface Candidate {
   active: number;
 }
 
-/** What one held piece of load is made of; released exactly once. */
-interface Guard {
+/** What one held piece of load is made of; released exactly once. Plain data, so njs can keep it in a shared dict between phases. */
+export interface Guard {
   ek: string;
   blocks: string[];
   tokens: number;
@@ -85,6 +85,8 @@ export interface Reservation {
   /** Response EOF, cancellation, failure, or a pick that was never used. Idempotent. */
   finish(): void;
   readonly open: boolean;
+  /** The held guards (prefill is null outside PD), for callers that release across VMs. */
+  guards(): { prefill: Guard | null; main: Guard };
 }
 
 export interface Pick {
@@ -130,6 +132,8 @@ export interface Router {
   cacheView(id: string): { worker_id: string; block_count: number } | null;
   activeBlocks(id: string): number;
   demand(id: string): { tokens: number; requests: number };
+  /** Releases a guard rebuilt from its data (njs: popped from a shared dict, so once). */
+  releaseGuard(g: Guard): void;
   /** Guards (prefill or decode load) still held. */
   openGuards(): number;
 }
@@ -381,6 +385,9 @@ export function createRouter(st: Store, cfg: RouterConfig, hooks?: RouterHooks):
   function reservation(pre: Guard | null, main: Guard): Reservation {
     const r = {
       open: true,
+      guards() {
+        return { prefill: pre, main };
+      },
       firstToken() {
         if (cfg.pdPrefillGuardRelease === "first-token") release(pre);
       },
@@ -501,6 +508,7 @@ export function createRouter(st: Store, cfg: RouterConfig, hooks?: RouterHooks):
       const w = worker(id);
       return w ? { tokens: st.num("DT:" + w.ek), requests: st.num("DR:" + w.ek) } : { tokens: 0, requests: 0 };
     },
+    releaseGuard: (g: Guard) => release({ ek: g.ek, blocks: g.blocks, tokens: g.tokens, requests: g.requests, done: false }),
     openGuards: () => st.num("OPEN"),
   };
 }

@@ -1,0 +1,168 @@
+// Byte-level BPE (GPT-2 / Qwen style) in plain ES5-compatible TypeScript, so
+// njs tokenizes exactly like @huggingface/tokenizers on the same tokenizer.json.
+// The vocabulary comes in a compact form (see scripts/compact-tokenizer.ts):
+//   { vocab: {token: id}, merges: {"a b": rank}, added: [[content, id]], pattern }
+
+export interface CompactTokenizer {
+  vocab: { [tok: string]: number };
+  merges: { [pair: string]: number };
+  added: [string, number][];
+  pattern: string;
+}
+
+// GPT-2 bytes_to_unicode: printable bytes map to themselves, the rest to U+0100+.
+function byteTable(): string[] {
+  const t: string[] = [];
+  let n = 0;
+  for (let b = 0; b < 256; b++) {
+    const printable = (b >= 33 && b <= 126) || (b >= 161 && b <= 172) || (b >= 174 && b <= 255);
+    t.push(String.fromCharCode(printable ? b : 256 + n++));
+  }
+  return t;
+}
+
+/**
+ * JS has neither (?i:...) groups nor \p{..} without the u flag; njs (PCRE) has
+ * \p{..} but no u flag. Rewrite the inline-case group and pick flags by engine.
+ */
+export function compilePattern(src: string): RegExp {
+  const s = src.replace(/\(\?i:([^)]*)\)/g, function (_m: string, body: string) {
+    return "(?:" + body.replace(/[a-z]/g, function (c: string) {
+      return "[" + c + c.toUpperCase() + "]";
+    }) + ")";
+  });
+  let flags = "g";
+  try {
+    new RegExp("\\p{L}", "u");
+    flags = "gu";
+  } catch (e) {
+    flags = "g";
+  }
+  return new RegExp(s, flags);
+}
+
+function utf8Bytes(s: string): number[] {
+  const out: number[] = [];
+  for (let i = 0; i < s.length; i++) {
+    let c = s.charCodeAt(i);
+    if (c >= 0xd800 && c <= 0xdbff && i + 1 < s.length) {
+      const d = s.charCodeAt(i + 1);
+      if (d >= 0xdc00 && d <= 0xdfff) {
+        c = 0x10000 + ((c - 0xd800) << 10) + (d - 0xdc00);
+        i++;
+      }
+    }
+    if (c < 0x80) out.push(c);
+    else if (c < 0x800) out.push(0xc0 | (c >> 6), 0x80 | (c & 63));
+    else if (c < 0x10000) out.push(0xe0 | (c >> 12), 0x80 | ((c >> 6) & 63), 0x80 | (c & 63));
+    else out.push(0xf0 | (c >> 18), 0x80 | ((c >> 12) & 63), 0x80 | ((c >> 6) & 63), 0x80 | (c & 63));
+  }
+  return out;
+}
+
+export interface Bpe {
+  encode(text: string): number[];
+}
+
+export function createBpe(t: CompactTokenizer): Bpe {
+  const bytes = byteTable();
+  const re = compilePattern(t.pattern);
+  // Longest added tokens first so "<|im_start|>" wins over any prefix of it.
+  const added = t.added.slice().sort(function (a, b) {
+    return b[0].length - a[0].length;
+  });
+  const cache: { [w: string]: number[] } = {};
+  let cached = 0;
+
+  function bpeWord(word: string): number[] {
+    const hit = cache[word];
+    if (hit) return hit;
+    const direct = t.vocab[word];
+    let parts: string[];
+    if (direct !== undefined && word.length === 1) parts = [word];
+    else {
+      parts = [];
+      for (let i = 0; i < word.length; i++) parts.push(word.charAt(i));
+      while (parts.length > 1) {
+        let best = -1;
+        let bestRank = Infinity;
+        for (let i = 0; i < parts.length - 1; i++) {
+          const r = t.merges[parts[i] + " " + parts[i + 1]];
+          if (r !== undefined && r < bestRank) {
+            bestRank = r;
+            best = i;
+          }
+        }
+        if (best < 0) break;
+        // Merge every occurrence of the best pair, left to right (HF semantics).
+        const a = parts[best];
+        const b = parts[best + 1];
+        const next: string[] = [];
+        for (let i = 0; i < parts.length; i++) {
+          if (i < parts.length - 1 && parts[i] === a && parts[i + 1] === b) {
+            next.push(a + b);
+            i++;
+          } else next.push(parts[i]);
+        }
+        parts = next;
+      }
+    }
+    const ids: number[] = [];
+    for (let i = 0; i < parts.length; i++) {
+      const id = t.vocab[parts[i]];
+      if (id !== undefined) ids.push(id);
+    }
+    if (cached < 50000) {
+      cache[word] = ids;
+      cached++;
+    }
+    return ids;
+  }
+
+  function encodePlain(s: string, out: number[]): void {
+    if (!s) return;
+    const norm = typeof s.normalize === "function" ? s.normalize("NFC") : s;
+    re.lastIndex = 0;
+    let m: RegExpExecArray | null;
+    while ((m = re.exec(norm)) !== null) {
+      const piece = m[0];
+      if (!piece) {
+        re.lastIndex++;
+        continue;
+      }
+      const b = utf8Bytes(piece);
+      let w = "";
+      for (let i = 0; i < b.length; i++) w += bytes[b[i]];
+      const ids = bpeWord(w);
+      for (let i = 0; i < ids.length; i++) out.push(ids[i]);
+    }
+  }
+
+  return {
+    encode(text: string): number[] {
+      const out: number[] = [];
+      let start = 0;
+      let i = 0;
+      while (i < text.length) {
+        let matched = -1;
+        if (text.charAt(i) === "<") {
+          for (let k = 0; k < added.length; k++) {
+            const a = added[k][0];
+            if (text.substr(i, a.length) === a) {
+              matched = k;
+              break;
+            }
+          }
+        }
+        if (matched >= 0) {
+          encodePlain(text.substring(start, i), out);
+          out.push(added[matched][1]);
+          i += added[matched][0].length;
+          start = i;
+        } else i++;
+      }
+      encodePlain(text.substring(start), out);
+      return out;
+    },
+  };
+}

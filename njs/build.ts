@@ -1,0 +1,80 @@
+// Builds the njs bundle: tsc lowers core + njs/ to ES5 (no class, Map, Set,
+// destructuring, spread, for-of, default params, optional chaining), esbuild
+// bundles it into one file, and a checker refuses anything njs cannot parse.
+import { execFileSync } from "child_process";
+import * as fs from "fs";
+import * as path from "path";
+import { build } from "esbuild";
+import { compact } from "../scripts/compact-tokenizer";
+import { defaultTokenizerDir } from "../extproc/tokenizer";
+
+const ROOT = path.resolve(__dirname, "..");
+const OUT = path.join(ROOT, "njs", "dist");
+
+// Syntax njs 0.7.9/0.8.x reject, as it would appear in the lowered bundle.
+const FORBIDDEN: [RegExp, string][] = [
+  [/\bclass\s+[A-Za-z_$]/, "class"],
+  [/\bnew (Map|Set|WeakMap|WeakSet)\b/, "Map/Set"],
+  [/\bSymbol\.iterator\b/, "iterators"],
+  [/\bfunction\s*\*/, "generators"],
+  [/\?\.[A-Za-z_$(\[]/, "optional chaining"],
+  [/\.\.\.[A-Za-z_$[(]/, "spread/rest"],
+  [/\bfor\s*\([^;)]*\bof\b/, "for-of"],
+  [/\b\d+n\b|\bBigInt\b/, "BigInt"],
+  [/\/[gimsy]*u[gimsy]*\.test|\/[^/\n]+\/[gimsy]*u[gimsy]*[,;)]/, "regex u flag literal"],
+  [/\b(const|let|var)\s*[[{]/, "destructuring"],
+];
+
+export function checkNjsSyntax(code: string, file: string): void {
+  // Strings and comments can legitimately contain these words.
+  const stripped = code
+    .replace(/\/\*[\s\S]*?\*\//g, "")
+    .replace(/(^|[^:\\])\/\/.*$/gm, "$1")
+    .replace(/"(?:[^"\\\n]|\\.)*"|'(?:[^'\\\n]|\\.)*'|`(?:[^`\\]|\\.)*`/g, '""');
+  for (const [re, what] of FORBIDDEN) {
+    const m = re.exec(stripped);
+    if (m) {
+      const at = stripped.slice(Math.max(0, m.index - 60), m.index + 60);
+      throw new Error(`${file}: njs cannot run ${what}: …${at}…`);
+    }
+  }
+}
+
+export async function buildNjs(): Promise<{ bundle: string; cli: string; vocab: string }> {
+  fs.rmSync(path.join(ROOT, "njs", "build"), { recursive: true, force: true });
+  fs.mkdirSync(OUT, { recursive: true });
+  execFileSync(process.execPath, [require.resolve("typescript/bin/tsc"), "-p", path.join(ROOT, "njs", "tsconfig.json")], { stdio: "inherit" });
+  const outs: Record<string, string> = {};
+  for (const [entry, name, global] of [["infera", "infera.js", "__infera"], ["njs-bench", "infera-cli.js", "__infera_cli"]]) {
+    const file = path.join(OUT, name);
+    await build({
+      entryPoints: [path.join(ROOT, "njs", "build", "njs", `${entry}.js`)],
+      bundle: true,
+      format: "iife",
+      globalName: global,
+      target: "es5",
+      outfile: file,
+      legalComments: "none",
+      logLevel: "warning",
+      supported: { "const-and-let": true, arrow: true, "template-literal": true },
+    });
+    // njs modules export with `export default`; esbuild's ESM form (`export {x as default}`) is not njs syntax.
+    const code = fs.readFileSync(file, "utf8") + `\nexport default ${global}.default;\n`;
+    checkNjsSyntax(code, name);
+    fs.writeFileSync(file, code);
+    outs[entry] = file;
+  }
+  const vocab = path.join(OUT, "tokenizer.json");
+  fs.writeFileSync(vocab, JSON.stringify(compact(path.join(process.env.INFERA_TOKENIZER_PATH || defaultTokenizerDir(), "tokenizer.json"))));
+  return { bundle: outs["infera"], cli: outs["njs-bench"], vocab };
+}
+
+if (require.main === module) {
+  buildNjs().then(
+    (o) => process.stderr.write(`njs bundle: ${o.bundle}\nnjs cli bundle: ${o.cli}\nvocabulary: ${o.vocab}\n`),
+    (e) => {
+      process.stderr.write(`njs build failed: ${e.message}\n`);
+      process.exit(1);
+    },
+  );
+}

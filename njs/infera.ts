@@ -1,0 +1,242 @@
+// NGINX njs entry: the same core as the ext_proc server, with its state in
+// js_shared_dict_zone (each request gets a fresh VM, so nothing may live in
+// globals). Requires njs >= 0.8.0; see nginx/README.md.
+import { createRouter, defaultConfig, Guard, Router, RouterConfig } from "../core/router";
+import { Store } from "../core/store";
+import { computeFeatures, endpointOf, parseRequest, renderChatML, Tokenizer } from "../core/request";
+import { applyBatch, KvEvent } from "../core/kvevents";
+import { createBpe } from "../core/bpe";
+
+const STR_ZONE = "infera_str";
+const NUM_ZONE = "infera_num";
+
+function sharedStore(s: NjsSharedDict, n: NjsSharedDict): Store {
+  return {
+    get: (k) => {
+      const v = s.get(k);
+      return v === undefined ? undefined : String(v);
+    },
+    set: (k, v) => {
+      s.set(k, v);
+    },
+    del: (k) => {
+      s.delete(k);
+    },
+    incr: (k, d) => n.incr(k, d, 0),
+    num: (k) => Number(n.get(k) || 0),
+    delNum: (k) => {
+      n.delete(k);
+    },
+    keys: (p) => {
+      const out: string[] = [];
+      const all = s.keys(10000000).concat(n.keys(10000000));
+      for (let i = 0; i < all.length; i++) if (all[i].indexOf(p) === 0) out.push(all[i]);
+      return out;
+    },
+  };
+}
+
+function json(r: NjsRequest, status: number, body: unknown): void {
+  r.headersOut["Content-Type"] = "application/json";
+  r.return(status, JSON.stringify(body));
+}
+
+function fail(r: NjsRequest, status: number, message: string, type: string): void {
+  json(r, status, { error: { message: message, type: type, code: status } });
+}
+
+function numVar(r: NjsRequest, name: string, dflt: number | null): number | null {
+  const v = r.variables[name];
+  if (v === undefined || v === "") return dflt;
+  const x = Number(v);
+  return isFinite(x) ? x : dflt;
+}
+
+// Router flags come from nginx variables ($infera_policy, ...), same names as the CLI flags.
+function config(r: NjsRequest): RouterConfig {
+  const c = defaultConfig();
+  const v = r.variables;
+  if (v.infera_policy) c.policy = v.infera_policy as RouterConfig["policy"];
+  c.blockSize = numVar(r, "infera_block_size", 16) as number;
+  c.overlapWeight = numVar(r, "infera_kv_overlap_weight", 1) as number;
+  c.prefillOverlapWeight = numVar(r, "infera_kv_prefill_overlap_weight", null);
+  c.decodeOverlapWeight = numVar(r, "infera_kv_decode_overlap_weight", null);
+  if (v.infera_decode_input_demand) c.decodeInputDemand = v.infera_decode_input_demand as RouterConfig["decodeInputDemand"];
+  c.decodeRequestWeight = numVar(r, "infera_decode_request_weight", 0) as number;
+  if (v.infera_session_affinity) c.sessionAffinity = v.infera_session_affinity as RouterConfig["sessionAffinity"];
+  if (v.infera_pd_prefill_guard_release) c.pdPrefillGuardRelease = v.infera_pd_prefill_guard_release as RouterConfig["pdPrefillGuardRelease"];
+  c.mmLruSize = numVar(r, "infera_mm_lru_size", 256) as number;
+  return c;
+}
+
+interface Ctx {
+  st: Store;
+  router: Router;
+  cfg: RouterConfig;
+}
+
+function ctx(r: NjsRequest): Ctx | null {
+  const sh = typeof ngx !== "undefined" ? ngx.shared : undefined;
+  if (!sh || !sh[STR_ZONE] || !sh[NUM_ZONE]) {
+    r.error("infera: needs njs >= 0.8.0 with js_shared_dict_zone zones " + STR_ZONE + " (string) and " + NUM_ZONE + " (number); njs " + njs.version + " cannot keep router state between requests");
+    fail(r, 500, "infera-gate needs njs >= 0.8.0 with js_shared_dict_zone (running njs " + njs.version + ")", "server_misconfigured");
+    return null;
+  }
+  const st = sharedStore(sh[STR_ZONE], sh[NUM_ZONE]);
+  const cfg = config(r);
+  try {
+    return { st: st, cfg: cfg, router: createRouter(st, cfg, { log: (l, line) => (l === "warn" ? r.warn("infera: " + line) : r.log("infera: " + line)) }) };
+  } catch (e) {
+    fail(r, 500, "infera-gate config: " + (e as Error).message, "server_misconfigured");
+    return null;
+  }
+}
+
+let bpeTok: Tokenizer | null = null;
+function tokenizer(): Tokenizer | null {
+  if (bpeTok) return bpeTok;
+  if (typeof infera_vocab === "undefined") return null;
+  const bpe = createBpe(infera_vocab);
+  bpeTok = { encode: bpe.encode, renderChat: renderChatML };
+  return bpeTok;
+}
+
+function reqId(r: NjsRequest): string {
+  return r.variables.request_id || "";
+}
+
+/** js_content for /v1/...: pick, remember the guards, hand over to the proxy location. */
+function route(r: NjsRequest): void {
+  const c = ctx(r);
+  if (!c) return;
+  const ep = endpointOf(r.uri);
+  let pick;
+  try {
+    if (ep && r.method === "POST") {
+      const body = r.requestText || "";
+      const bytes = r.requestBuffer ? r.requestBuffer.length : body.length;
+      const maxBody = numVar(r, "infera_max_body_bytes", 8388608) as number;
+      const req = parseRequest(ep, body, bytes, { maxBodyBytes: maxBody }, r.headersIn[r.variables.infera_session_header || "x-session-id"] || null);
+      const f = computeFeatures(req, tokenizer(), c.cfg.blockSize);
+      pick = c.router.pick(f, req.sessionId);
+    } else pick = c.router.pick({ blocks: [], inputTokens: 0, exact: false, mediaHashes: [], n: 1 });
+  } catch (e) {
+    const err = e as Error & { status?: number; type?: string };
+    return fail(r, err.status || 500, err.message, err.type || "internal_error");
+  }
+  const g = pick.reservation.guards();
+  const id = reqId(r);
+  if (g.prefill) c.st.set("RP:" + id, JSON.stringify(g.prefill));
+  c.st.set("RM:" + id, JSON.stringify(g.main));
+  r.variables.infera_upstream = pick.target.address;
+  r.variables.infera_worker = pick.target.id;
+  r.variables.infera_prefill = pick.prefill ? pick.prefill.address : "";
+  r.internalRedirect("@infera_upstream");
+}
+
+function releaseKey(c: Ctx, key: string): boolean {
+  const sh = (ngx.shared as { [z: string]: NjsSharedDict })[STR_ZONE];
+  const raw = sh.pop(key); // pop is atomic: whoever gets it releases it, once
+  if (raw === undefined) return false;
+  try {
+    c.router.releaseGuard(JSON.parse(String(raw)) as Guard);
+  } catch (e) {
+    /* release never throws into nginx */
+  }
+  return true;
+}
+
+/** js_header_filter in the proxy location: the response started = first token. */
+function firstByte(r: NjsRequest): void {
+  r.headersOut["x-infera-worker"] = r.variables.infera_worker;
+  const c = ctx0(r);
+  if (c && c.cfg.pdPrefillGuardRelease === "first-token") releaseKey(c, "RP:" + reqId(r));
+}
+
+/** js_set variable used in the access log: runs once per request at log phase (EOF, abort, error). */
+function release(r: NjsRequest): string {
+  const c = ctx0(r);
+  if (!c) return "-";
+  const a = releaseKey(c, "RP:" + reqId(r));
+  const b = releaseKey(c, "RM:" + reqId(r));
+  return a || b ? "1" : "0";
+}
+
+// Context without an HTTP response on failure (filters and log phase cannot answer).
+function ctx0(r: NjsRequest): Ctx | null {
+  const sh = typeof ngx !== "undefined" ? ngx.shared : undefined;
+  if (!sh || !sh[STR_ZONE] || !sh[NUM_ZONE]) return null;
+  const st = sharedStore(sh[STR_ZONE], sh[NUM_ZONE]);
+  const cfg = config(r);
+  try {
+    return { st: st, cfg: cfg, router: createRouter(st, cfg) };
+  } catch (e) {
+    return null;
+  }
+}
+
+interface PushBody {
+  type: "workers" | "events";
+  pseq: number;
+  workers?: { id: string; address: string; role: "prefill" | "decode" | "mixed"; blockSize?: number }[];
+  worker?: string;
+  seq?: number;
+  events?: KvEvent[];
+}
+
+/**
+ * js_content for the internal push location. The bridge (extproc/bridge.ts)
+ * sends the fleet and KV event batches. Refused: wrong token (403), a push
+ * sequence not newer than the last accepted one for that stream (409, stale).
+ */
+function push(r: NjsRequest): void {
+  const want = r.variables.infera_push_token || "";
+  if (!want) return fail(r, 503, "push refused: $infera_push_token is not set", "push_disabled");
+  if (r.headersIn["X-Infera-Push-Token"] !== want) return fail(r, 403, "push refused: bad token", "forbidden");
+  const c = ctx(r);
+  if (!c) return;
+  let b: PushBody;
+  try {
+    b = JSON.parse(r.requestText || "");
+  } catch (e) {
+    return fail(r, 400, "push body is not JSON", "invalid_request_error");
+  }
+  if (typeof b.pseq !== "number") return fail(r, 400, "push needs a numeric pseq", "invalid_request_error");
+  const stream = b.type === "workers" ? "PS:workers" : "PS:ev:" + b.worker;
+  const last = c.st.num(stream);
+  if (b.pseq <= last) return fail(r, 409, "stale push: pseq " + b.pseq + " <= " + last, "stale");
+  c.st.incr(stream, b.pseq - last);
+  if (b.type === "workers") {
+    c.router.setWorkers(b.workers || []);
+    return json(r, 200, { workers: c.router.workers().length });
+  }
+  const w = c.router.worker(b.worker || "");
+  if (!w) return fail(r, 404, "unknown worker " + b.worker, "not_found");
+  const res = applyBatch(c.st, w.ek, b.seq || 0, b.events || [], c.cfg.blockSize);
+  if (res.fatal) c.router.exclude(w.id, res.fatal);
+  json(r, 200, res);
+}
+
+/** GET /v1/admin/cache-view/<worker> and /v1/admin/workers. */
+function admin(r: NjsRequest): void {
+  const c = ctx(r);
+  if (!c) return;
+  const m = /^\/v1\/admin\/cache-view\/(.+)$/.exec(r.uri);
+  if (m) {
+    const v = c.router.cacheView(decodeURIComponent(m[1]));
+    return v ? json(r, 200, v) : fail(r, 404, "unknown worker '" + m[1] + "'", "not_found");
+  }
+  if (r.uri === "/v1/admin/workers") {
+    const ws = c.router.workers();
+    const out: unknown[] = [];
+    for (let i = 0; i < ws.length; i++) {
+      const v = c.router.cacheView(ws[i].id);
+      out.push({ id: ws[i].id, address: ws[i].address, role: ws[i].role, block_count: v ? v.block_count : 0, active_blocks: c.router.activeBlocks(ws[i].id), demand: c.router.demand(ws[i].id), excluded: c.router.excluded(ws[i].id) });
+    }
+    return json(r, 200, out);
+  }
+  if (r.uri === "/v1/admin/reservations") return json(r, 200, { open_guards: c.router.openGuards() });
+  fail(r, 404, "not found", "not_found");
+}
+
+export default { route: route, firstByte: firstByte, release: release, push: push, admin: admin };

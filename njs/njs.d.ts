@@ -1,0 +1,27 @@
+// The slice of the njs API infera-gate uses (nginx njs >= 0.8 for shared dicts).
+interface NjsSharedDict {
+  get(key: string): string | number | undefined;
+  set(key: string, value: string | number): NjsSharedDict;
+  delete(key: string): boolean;
+  incr(key: string, delta: number, init?: number): number;
+  pop(key: string): string | number | undefined;
+  keys(maxCount?: number): string[];
+}
+interface NjsRequest {
+  uri: string;
+  method: string;
+  requestText?: string;
+  requestBuffer?: { length: number };
+  headersIn: { [k: string]: string | undefined };
+  headersOut: { [k: string]: string | string[] | undefined };
+  variables: { [k: string]: string | undefined };
+  status: number;
+  return(status: number, body?: string): void;
+  internalRedirect(uri: string): void;
+  error(msg: string): void;
+  warn(msg: string): void;
+  log(msg: string): void;
+}
+declare const ngx: { shared?: { [zone: string]: NjsSharedDict }; version: string; log(level: number, msg: string): void; INFO: number; WARN: number; ERR: number };
+declare const njs: { version: string };
+declare const infera_vocab: import("../core/bpe").CompactTokenizer | undefined;

@@ -68,7 +68,10 @@ export function createBpe(t: CompactTokenizer): Bpe {
   const bytes = byteTable();
   const re = compilePattern(t.pattern);
   // Longest added tokens first so "<|im_start|>" wins over any prefix of it.
-  const added = t.added.slice().sort(function (a, b) {
+  // Copied by index: njs preloaded objects are read-only and lack some Array methods.
+  const added: [string, number][] = [];
+  for (let i = 0; i < t.added.length; i++) added.push([t.added[i][0], t.added[i][1]]);
+  added.sort(function (a, b) {
     return b[0].length - a[0].length;
   });
   const cache: { [w: string]: number[] } = {};
@@ -122,15 +125,12 @@ export function createBpe(t: CompactTokenizer): Bpe {
   function encodePlain(s: string, out: number[]): void {
     if (!s) return;
     const norm = typeof s.normalize === "function" ? s.normalize("NFC") : s;
-    re.lastIndex = 0;
-    let m: RegExpExecArray | null;
-    while ((m = re.exec(norm)) !== null) {
-      const piece = m[0];
-      if (!piece) {
-        re.lastIndex++;
-        continue;
-      }
-      const b = utf8Bytes(piece);
+    // String#match, not an exec loop: njs's exec fails ("bad offset value")
+    // once lastIndex reaches the end of a string holding astral characters.
+    const pieces = norm.match(re);
+    if (!pieces) return;
+    for (let p = 0; p < pieces.length; p++) {
+      const b = utf8Bytes(pieces[p]);
       let w = "";
       for (let i = 0; i < b.length; i++) w += bytes[b[i]];
       const ids = bpeWord(w);

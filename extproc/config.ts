@@ -20,6 +20,9 @@ export interface Options {
   etcdEndpoint: string;
   etcdPrefix: string;
   requestTransport: "http";
+  /** Bridge mode: nginx push location and its token. */
+  nginxPushUrl: string;
+  pushToken: string;
 }
 
 const HELP = `infera-gate ext_proc server
@@ -45,6 +48,8 @@ const HELP = `infera-gate ext_proc server
   --etcd-endpoint URL            etcd endpoint (http://127.0.0.1:2379)
   --etcd-prefix P                registration prefix (/infera/workers/)
   --request-transport T          http (the only transport; requests go to workers over HTTP/1.1)
+  --nginx-push-url URL           bridge: nginx's internal push location (http://127.0.0.1:8080/_infera/push)
+  --push-token T                 bridge: shared secret for pushes (env INFERA_PUSH_TOKEN)
   --host H                       bind address for gRPC and admin (127.0.0.1)
   --ext-proc-port N              gRPC ext_proc port (9002)
   --admin-port N                 /metrics and /v1/admin port (9100)
@@ -108,6 +113,8 @@ export function parseArgs(argv: string[], env: NodeJS.ProcessEnv = process.env):
     etcdEndpoint: "http://127.0.0.1:2379",
     etcdPrefix: "/infera/workers/",
     requestTransport: "http",
+    nginxPushUrl: "http://127.0.0.1:8080/_infera/push",
+    pushToken: env.INFERA_PUSH_TOKEN ?? "",
   };
   let demandSet = false;
   let reqWeightSet = false;
@@ -151,6 +158,8 @@ export function parseArgs(argv: string[], env: NodeJS.ProcessEnv = process.env):
       case "--etcd-endpoint": o.etcdEndpoint = val(); break;
       case "--etcd-prefix": o.etcdPrefix = val(); break;
       case "--request-transport": o.requestTransport = oneOf(a, val(), ["http"] as const); break;
+      case "--nginx-push-url": o.nginxPushUrl = val(); break;
+      case "--push-token": o.pushToken = val(); break;
       case "--host": o.host = val(); break;
       case "--ext-proc-port": o.extProcPort = num(a, val()); break;
       case "--admin-port": o.adminPort = num(a, val()); break;

@@ -4,7 +4,7 @@
 // The router lists the prefix, then watches it: put = join/update, delete or
 // lease expiry = leave. On a watch error it re-lists, so an etcd restart heals.
 import { Etcd3, Lease } from "etcd3";
-import { App } from "./app";
+import { Fleet } from "./discovery";
 import { Role, WorkerSpec } from "../core/router";
 
 export interface Registration {
@@ -22,7 +22,7 @@ export function specFromEtcd(id: string, value: string): WorkerSpec {
   return { id, address: r.address, role, blockSize: r.block_size, events: r.kv_events };
 }
 
-export async function startEtcdDiscovery(app: App): Promise<{ close(): Promise<void> }> {
+export async function startEtcdDiscovery(app: Fleet): Promise<{ close(): Promise<void> }> {
   const prefix = app.opts.etcdPrefix;
   const client = new Etcd3({ hosts: app.opts.etcdEndpoint.split(","), dialTimeout: 2000 });
   let closed = false;

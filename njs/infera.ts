@@ -101,8 +101,10 @@ function tokenizer(): Tokenizer | null {
   return bpeTok;
 }
 
+// $request_id does not survive the internal redirect to the proxy location;
+// a js_var does, so the pick's id travels in $infera_rid.
 function reqId(r: NjsRequest): string {
-  return r.variables.request_id || "";
+  return r.variables.infera_rid || "";
 }
 
 /** js_content for /v1/...: pick, remember the guards, hand over to the proxy location. */
@@ -125,7 +127,8 @@ function route(r: NjsRequest): void {
     return fail(r, err.status || 500, err.message, err.type || "internal_error");
   }
   const g = pick.reservation.guards();
-  const id = reqId(r);
+  const id = String(c.st.incr("RID", 1));
+  r.variables.infera_rid = id;
   if (g.prefill) c.st.set("RP:" + id, JSON.stringify(g.prefill));
   c.st.set("RM:" + id, JSON.stringify(g.main));
   r.variables.infera_upstream = pick.target.address;
@@ -150,15 +153,17 @@ function releaseKey(c: Ctx, key: string): boolean {
 function firstByte(r: NjsRequest): void {
   r.headersOut["x-infera-worker"] = r.variables.infera_worker;
   const c = ctx0(r);
-  if (c && c.cfg.pdPrefillGuardRelease === "first-token") releaseKey(c, "RP:" + reqId(r));
+  if (c && reqId(r) && c.cfg.pdPrefillGuardRelease === "first-token") releaseKey(c, "RP:" + reqId(r));
 }
 
 /** js_set variable used in the access log: runs once per request at log phase (EOF, abort, error). */
 function release(r: NjsRequest): string {
   const c = ctx0(r);
   if (!c) return "-";
-  const a = releaseKey(c, "RP:" + reqId(r));
-  const b = releaseKey(c, "RM:" + reqId(r));
+  const id = reqId(r);
+  if (!id) return "-";
+  const a = releaseKey(c, "RP:" + id);
+  const b = releaseKey(c, "RM:" + id);
   return a || b ? "1" : "0";
 }
 

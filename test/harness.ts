@@ -206,3 +206,57 @@ export function longText(seed: string, words: number): string {
   for (let i = 0; i < words; i++) out.push(`${seed}${i % 97}w${(i * 7919) % 1009}`);
   return out.join(" ");
 }
+
+export interface NginxFlavor {
+  bin: string;
+  modules: string;
+  label: string;
+}
+
+/** njs >= 0.8 (Debian 13 packages unpacked by scripts/njs08.sh), if present. */
+export function nginx08(): NginxFlavor | null {
+  const d = path.join(ROOT, ".njs-0.8");
+  if (!fs.existsSync(path.join(d, "bin", "nginx"))) return null;
+  return { bin: path.join(d, "bin", "nginx"), modules: fs.readFileSync(path.join(d, "modules-path"), "utf8").trim(), label: "njs-0.8" };
+}
+
+/** Debian 12's nginx 1.22 + njs 0.7.9, if installed. */
+export function nginxSystem(): NginxFlavor | null {
+  if (!fs.existsSync("/usr/sbin/nginx") || !fs.existsSync("/usr/lib/nginx/modules/ngx_http_js_module.so")) return null;
+  return { bin: "/usr/sbin/nginx", modules: "/usr/lib/nginx/modules", label: "system" };
+}
+
+/** Renders nginx/nginx.conf for a test run. */
+export function renderNginx(fl: NginxFlavor, port: number, dir: string, vars: Record<string, string> = {}): string {
+  let c = fs.readFileSync(path.join(ROOT, "nginx/nginx.conf"), "utf8");
+  c = c
+    .replace("/usr/lib/nginx/modules/ngx_http_js_module.so", path.join(fl.modules, "ngx_http_js_module.so"))
+    .replace(/\/opt\/infera-gate\/njs\/dist/g, path.join(ROOT, "njs", "dist"))
+    .replace("listen 127.0.0.1:8080", `listen 127.0.0.1:${port}`)
+    .replace("pid /tmp/infera-nginx.pid", `pid ${dir}/nginx.pid`)
+    .replace("access_log /dev/stdout infera", `access_log ${dir}/access.log infera`)
+    .replace(/\/tmp\/infera-nginx-(body|proxy)/g, `${dir}/$1`)
+    .replace('set $infera_push_token "change-me"', `set $infera_push_token "${vars.push_token ?? "test-token"}"`);
+  for (const [k, v] of Object.entries(vars)) c = c.replace(new RegExp(`set \\$infera_${k} [^;]*;`), `set $infera_${k} ${v};`);
+  const file = path.join(dir, "nginx.conf");
+  fs.writeFileSync(file, c);
+  return file;
+}
+
+export async function startNginx(fl: NginxFlavor, vars: Record<string, string> = {}): Promise<{ port: number; url: string; proc: Proc; dir: string }> {
+  const port = await freePort();
+  const dir = fs.mkdtempSync(path.join(os.tmpdir(), "infera-nginx-"));
+  const file = renderNginx(fl, port, dir, vars);
+  const proc = run(`nginx-${fl.label}`, fl.bin, ["-p", dir, "-c", file, "-e", "stderr", "-g", "daemon off;"]);
+  await waitFor(`nginx ${fl.label}`, async () => {
+    if (proc.child.exitCode !== null) throw new Error(`nginx exited: ${proc.log()}`);
+    const r = await fetch(`http://127.0.0.1:${port}/v1/admin/reservations`).catch(() => null);
+    return !!r;
+  });
+  return { port, url: `http://127.0.0.1:${port}`, proc, dir };
+}
+
+export async function startBridge(args: string[], pushUrl: string, token = "test-token"): Promise<Proc> {
+  const adminPort = await freePort();
+  return run("bridge", process.execPath, [TSX[0], TSX[1], "extproc/bridge.ts", "--nginx-push-url", pushUrl, "--push-token", token, "--admin-port", String(adminPort), ...args]);
+}

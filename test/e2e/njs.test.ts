@@ -1,0 +1,160 @@
+// The njs variant: the bundle on njs's own engine (CLI, 0.7.9 and 0.8.x) and
+// inside real nginx with the bridge feeding it KV events.
+import { test, before, after } from "node:test";
+import * as assert from "node:assert/strict";
+import { execFileSync, spawnSync } from "child_process";
+import * as fs from "fs";
+import * as os from "os";
+import * as path from "path";
+import { ROOT, nginx08, nginxSystem, startSim, startNginx, startBridge, workerArg, chat, longText, stopAll, sleep, waitFor, Sim, renderNginx, freePort } from "../harness";
+import { loadTokenizer } from "../../extproc/tokenizer";
+import { xxh3Hex } from "../../core/xxh3";
+
+const DIST = path.join(ROOT, "njs", "dist");
+const built = fs.existsSync(path.join(DIST, "infera.js")) && fs.existsSync(path.join(DIST, "tokenizer.json"));
+const CORPUS = [
+  "Hello wörld 你好 123 🎉",
+  "<|im_start|>user\nWhat's up? I'm fine, they'll go, we'd've.<|im_end|>\n<|im_start|>assistant\n",
+  "   leading spaces\n\n\ntabs\tand\r\nCRLF  trailing   ",
+  "Ünïcödé façade naïve café — “quotes” 日本語のテキスト 한국어 текст по-русски ελληνικά عربى",
+  "numbers 1234567 3.14159 x=y+z; fn(a,b) => {return a**b;} // code",
+  "<think>\nreasoning here\n</think>\n\nanswer <tool_call>{\"a\":1}</tool_call>",
+  "emoji 👩‍💻🚀🔥 mixed日本English123abc",
+];
+
+function njsClis(): [string, string][] {
+  const out: [string, string][] = [];
+  if (spawnSync("njs", ["-v"]).status === 0) out.push(["njs " + execFileSync("njs", ["-v"]).toString().trim(), "njs"]);
+  const n8 = path.join(ROOT, ".njs-0.8", "bin", "njs");
+  if (fs.existsSync(n8)) out.push(["njs " + execFileSync(n8, ["-v"]).toString().trim(), n8]);
+  return out;
+}
+
+function runNjs(bin: string, script: string): string {
+  const dir = fs.mkdtempSync(path.join(os.tmpdir(), "infera-njs-"));
+  const f = path.join(dir, "t.mjs");
+  fs.writeFileSync(f, script);
+  const r = spawnSync(bin, ["-p", DIST, f], { encoding: "utf8", timeout: 120000 });
+  if (r.status !== 0) throw new Error(`${bin} failed (${r.status}): ${r.stderr}${r.stdout}`);
+  return r.stdout;
+}
+
+const clis = njsClis();
+
+test("the njs bundle runs on njs's engine: BPE ids equal @huggingface/tokenizers, XXH3 equals Node", { skip: !built ? "run npm run build:njs" : clis.length === 0 ? "no njs CLI" : false }, () => {
+  const tok = loadTokenizer(null)!;
+  const expected = CORPUS.map((s) => tok.encode(s));
+  const bytes = [0, 3, 8, 16, 17, 100, 129, 240, 241, 500, 1100].map((n) => Array.from({ length: n }, (_, i) => (i * 31 + n) & 255));
+  for (const [label, bin] of clis) {
+    const out = runNjs(
+      bin,
+      `import cli from 'infera-cli.js';
+import fs from 'fs';
+const vocab = JSON.parse(fs.readFileSync(${JSON.stringify(path.join(DIST, "tokenizer.json"))}));
+console.log(JSON.stringify({ ids: cli.encodeAll(vocab, ${JSON.stringify(CORPUS)}), hashes: cli.hashes(${JSON.stringify(bytes)}) }));`,
+    );
+    const got = JSON.parse(out.trim().split("\n").pop()!);
+    for (let i = 0; i < CORPUS.length; i++) assert.deepEqual(got.ids[i], expected[i], `${label}: ${JSON.stringify(CORPUS[i])}`);
+    assert.deepEqual(got.hashes, bytes.map((b) => xxh3Hex(new Uint8Array(b))), label);
+  }
+});
+
+test("njs tokenize + hash + pick time for 1k and 8k-token prompts (reported in README)", { skip: !built || clis.length === 0 }, () => {
+  for (const [label, bin] of clis) {
+    const out = runNjs(
+      bin,
+      `import cli from 'infera-cli.js';
+import fs from 'fs';
+const vocab = JSON.parse(fs.readFileSync(${JSON.stringify(path.join(DIST, "tokenizer.json"))}));
+const t1 = cli.timePick(vocab, ${JSON.stringify(longText("bench", 150))}, 5);
+const t8 = cli.timePick(vocab, ${JSON.stringify(longText("bench", 1180))}, 3);
+console.log(JSON.stringify({ t1: t1, t8: t8 }));`,
+    );
+    const r = JSON.parse(out.trim().split("\n").pop()!);
+    process.stdout.write(`# ${label}: ${r.t1.tokens} tokens ${r.t1.ms} ms; ${r.t8.tokens} tokens ${r.t8.ms} ms (tokenize+hash+pick, 8 workers)\n`);
+    assert.ok(r.t1.tokens > 800 && r.t1.tokens < 1400, `~1k tokens, got ${r.t1.tokens}`);
+    assert.ok(r.t8.tokens > 7000 && r.t8.tokens < 10000, `~8k tokens, got ${r.t8.tokens}`);
+    assert.ok(r.t8.ms < 5000);
+  }
+});
+
+const sys = nginxSystem();
+test("Debian 12's njs 0.7.9 cannot hold router state: nginx refuses the config naming js_shared_dict_zone", { skip: !sys || !built ? "no system nginx with njs" : false }, async () => {
+  const dir = fs.mkdtempSync(path.join(os.tmpdir(), "infera-ng7-"));
+  const file = renderNginx(sys!, await freePort(), dir);
+  const r = spawnSync(sys!.bin, ["-p", dir, "-c", file, "-t"], { encoding: "utf8" });
+  assert.notEqual(r.status, 0);
+  assert.match(r.stderr, /unknown directive "js_shared_dict_zone"/);
+});
+
+const n8 = nginx08();
+const skip8 = !n8 ? "njs >= 0.8 not set up (bash scripts/njs08.sh)" : !built ? "run npm run build:njs" : false;
+let sims: Sim[];
+let ng: { url: string; dir: string };
+
+before(async () => {
+  if (skip8) return;
+  sims = await Promise.all(["n0", "n1", "n2"].map((id) => startSim(id, ["--prefill-us-per-token", "150", "--decode-ms-per-token", "3"])));
+  ng = await startNginx(n8!);
+  await startBridge(["--workers", workerArg(sims)], `${ng.url}/_infera/push`);
+  await waitFor("fleet in nginx", async () => ((await (await fetch(`${ng.url}/v1/admin/workers`)).json()) as unknown[]).length === 3);
+  await chat(ng.url, "warm up " + longText("warm", 50));
+});
+after(stopAll);
+
+const adminWorkers = async () => (await (await fetch(`${ng.url}/v1/admin/workers`)).json()) as { id: string; block_count: number; active_blocks: number }[];
+const simOf = (id: string | null) => sims.find((s) => s.id === id)!;
+const viewOf = async (s: Sim) => ((await (await fetch(`${ng.url}/v1/admin/cache-view/${s.address}`)).json()) as { block_count: number }).block_count;
+
+test("nginx+njs: same prefix -> same worker, TTFT drops, cache-view unchanged", { skip: skip8 }, async () => {
+  const prompt = longText("njsalpha", 1500);
+  const a = await chat(ng.url, prompt);
+  assert.equal(a.status, 200, a.body);
+  const s = simOf(a.worker);
+  await waitFor("mirror in nginx", async () => (await viewOf(s)) === (await s.stats()).cached_blocks && (await viewOf(s)) > 100);
+  const before = await viewOf(s);
+  const b = await chat(ng.url, prompt);
+  assert.equal(b.worker, a.worker);
+  assert.ok(b.cachedTokens > 0);
+  assert.ok(b.ttftMs < a.ttftMs * 0.5, `TTFT ${a.ttftMs.toFixed(1)} -> ${b.ttftMs.toFixed(1)}`);
+  await sleep(300);
+  assert.equal(await viewOf(s), before);
+  const seen = new Set<string>();
+  for (const seed of ["njsred", "njsgreen", "njsblue"]) {
+    const r = await chat(ng.url, longText(seed, 300));
+    seen.add(r.worker!);
+    await waitFor("events", async () => (await viewOf(simOf(r.worker))) === (await simOf(r.worker).stats()).cached_blocks);
+  }
+  assert.ok(seen.size >= 2, "unrelated prompts spread");
+});
+
+test("nginx+njs: client abort releases the load; every guard released", { skip: skip8 }, async () => {
+  const ac = new AbortController();
+  const r = await fetch(`${ng.url}/v1/chat/completions`, {
+    method: "POST",
+    headers: { "content-type": "application/json" },
+    body: JSON.stringify({ model: "m", stream: true, max_tokens: 2000, messages: [{ role: "user", content: longText("njsabort", 300) }] }),
+    signal: ac.signal,
+  });
+  await r.body!.getReader().read();
+  const held = (await adminWorkers()).reduce((n, w) => n + w.active_blocks, 0);
+  assert.ok(held > 10, `active while streaming: ${held}`);
+  ac.abort();
+  await waitFor("released", async () => (await adminWorkers()).every((w) => w.active_blocks === 0), 5000);
+  const o = (await (await fetch(`${ng.url}/v1/admin/reservations`)).json()) as { open_guards: number };
+  assert.equal(o.open_guards, 0);
+});
+
+test("nginx+njs: bad JSON is a 400; unauthorised and stale pushes are refused", { skip: skip8 }, async () => {
+  const bad = await fetch(`${ng.url}/v1/chat/completions`, { method: "POST", headers: { "content-type": "application/json" }, body: "{nope" });
+  assert.equal(bad.status, 400);
+  assert.equal(((await bad.json()) as { error: { message: string } }).error.message, "request body is not valid JSON");
+  const before = await viewOf(sims[0]);
+  const push = (token: string, body: unknown) => fetch(`${ng.url}/_infera/push`, { method: "POST", headers: { "content-type": "application/json", "x-infera-push-token": token }, body: JSON.stringify(body) });
+  const unauth = await push("wrong", { type: "events", pseq: Date.now() * 1000 + 5e6, worker: sims[0].address, seq: 0, events: [{ type: "AllBlocksCleared" }] });
+  assert.equal(unauth.status, 403);
+  const stale = await push("test-token", { type: "events", pseq: 1, worker: sims[0].address, seq: 0, events: [{ type: "AllBlocksCleared" }] });
+  assert.equal(stale.status, 409);
+  assert.match(await stale.text(), /stale push/);
+  assert.equal(await viewOf(sims[0]), before, "refused AllBlocksCleared pushes changed nothing");
+});

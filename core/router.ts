@@ -126,6 +126,9 @@ export interface Router {
   /** Keeps the worker listed but out of every pool (e.g. block size mismatch seen in its events). */
   exclude(id: string, reason: string): void;
   excluded(id: string): string | null;
+  /** Health-check result: unhealthy workers stay listed but get no picks. */
+  setHealthy(id: string, ok: boolean): void;
+  healthy(id: string): boolean;
   workers(): Worker[];
   worker(id: string): Worker | null;
   pick(f: Features, sessionId?: string | null): Pick;
@@ -200,6 +203,7 @@ export function createRouter(st: Store, cfg: RouterConfig, hooks?: RouterHooks):
     mirrorClear(st, gone.ek);
     st.del("I:" + gone.ek);
     st.del("X:" + gone.ek);
+    st.del("H:" + gone.ek);
     st.del("MS:" + gone.ek);
     return true;
   }
@@ -219,7 +223,17 @@ export function createRouter(st: Store, cfg: RouterConfig, hooks?: RouterHooks):
   }
 
   function usable(w: Worker): boolean {
-    return (w.blockSize === undefined || w.blockSize === cfg.blockSize) && st.get("X:" + w.ek) === undefined;
+    return (w.blockSize === undefined || w.blockSize === cfg.blockSize) && st.get("X:" + w.ek) === undefined && st.get("H:" + w.ek) === undefined;
+  }
+
+  function setHealthy(id: string, ok: boolean): void {
+    const w = worker(id);
+    if (!w) return;
+    const was = st.get("H:" + w.ek) === undefined;
+    if (ok === was) return;
+    if (ok) st.del("H:" + w.ek);
+    else st.set("H:" + w.ek, "down");
+    log(ok ? "info" : "warn", "worker " + id + (ok ? " healthy again" : " failed health checks: out of every pool"));
   }
 
   function exclude(id: string, reason: string): void {
@@ -489,6 +503,11 @@ export function createRouter(st: Store, cfg: RouterConfig, hooks?: RouterHooks):
     addWorker,
     removeWorker,
     exclude,
+    setHealthy,
+    healthy(id: string) {
+      const w = worker(id);
+      return !!w && st.get("H:" + w.ek) === undefined;
+    },
     excluded(id: string) {
       const w = worker(id);
       return w ? st.get("X:" + w.ek) || null : null;

@@ -39,6 +39,7 @@ export function startAdmin(app: App, host: string, port: number): Promise<{ serv
             active_blocks: app.router.activeBlocks(w.id),
             demand: app.router.demand(w.id),
             excluded: app.router.excluded(w.id),
+            healthy: app.router.healthy(w.id),
           })),
         );
       if (p === "/v1/admin/reservations") return json(res, 200, { open_guards: app.router.openGuards() });

@@ -32,6 +32,8 @@ export class App {
   readonly metrics: Metrics;
   readonly tokenizer: LoadedTokenizer | null;
   private subs: Record<string, Subscription> = {};
+  private healthTimer: NodeJS.Timeout | null = null;
+  private failures: Record<string, number> = {};
   private eventSource: EventSource;
 
   constructor(readonly opts: Options, readonly log: Logger, eventSource?: EventSource) {
@@ -60,6 +62,30 @@ export class App {
       return new App(opts, log, await natsEventSource(opts.natsUrl, log));
     }
     return new App(opts, log);
+  }
+
+  /** Starts active health checks (vLLM and SGLang both serve GET /health). */
+  startHealthChecks(): void {
+    if (!this.opts.healthIntervalMs || this.healthTimer) return;
+    const tick = async () => {
+      await Promise.all(
+        this.router.workers().map(async (w) => {
+          let ok = false;
+          try {
+            const r = await fetch(`http://${w.address}/health`, { signal: AbortSignal.timeout(Math.max(200, this.opts.healthIntervalMs)) });
+            ok = r.ok;
+            await r.arrayBuffer().catch(() => undefined);
+          } catch {
+            ok = false;
+          }
+          this.failures[w.id] = ok ? 0 : (this.failures[w.id] ?? 0) + 1;
+          if (ok) this.router.setHealthy(w.id, true);
+          else if (this.failures[w.id] >= 2) this.router.setHealthy(w.id, false);
+        }),
+      );
+    };
+    this.healthTimer = setInterval(() => void tick(), this.opts.healthIntervalMs);
+    this.healthTimer.unref();
   }
 
   /** Adds or updates a worker and (re)subscribes to its KV events. */
@@ -136,6 +162,7 @@ export class App {
   }
 
   async close(): Promise<void> {
+    if (this.healthTimer) clearInterval(this.healthTimer);
     for (const id of Object.keys(this.subs)) this.subs[id].close();
     this.subs = {};
     await this.eventSource.close();

@@ -22,6 +22,8 @@ export interface Options {
   requestTransport: "http";
   /** Bridge mode: nginx push location and its token. */
   nginxPushUrl: string;
+  /** Active health checks: GET <worker>/health every N ms (0 = off). */
+  healthIntervalMs: number;
   pushToken: string;
 }
 
@@ -53,6 +55,7 @@ const HELP = `infera-gate ext_proc server
   --host H                       bind address for gRPC and admin (127.0.0.1)
   --ext-proc-port N              gRPC ext_proc port (9002)
   --admin-port N                 /metrics and /v1/admin port (9100)
+  --health-interval-ms N         GET /health on every worker each N ms; 2 failures = no picks (1000; 0 = off)
   --log-level L                  debug | info | warn (info)
 `;
 
@@ -114,6 +117,7 @@ export function parseArgs(argv: string[], env: NodeJS.ProcessEnv = process.env):
     etcdPrefix: "/infera/workers/",
     requestTransport: "http",
     nginxPushUrl: "http://127.0.0.1:8080/_infera/push",
+    healthIntervalMs: 1000,
     pushToken: env.INFERA_PUSH_TOKEN ?? "",
   };
   let demandSet = false;
@@ -159,6 +163,7 @@ export function parseArgs(argv: string[], env: NodeJS.ProcessEnv = process.env):
       case "--etcd-prefix": o.etcdPrefix = val(); break;
       case "--request-transport": o.requestTransport = oneOf(a, val(), ["http"] as const); break;
       case "--nginx-push-url": o.nginxPushUrl = val(); break;
+      case "--health-interval-ms": o.healthIntervalMs = num(a, val()); break;
       case "--push-token": o.pushToken = val(); break;
       case "--host": o.host = val(); break;
       case "--ext-proc-port": o.extProcPort = num(a, val()); break;

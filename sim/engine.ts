@@ -25,6 +25,9 @@ export interface SimOptions {
   /** Send a malformed frame every N batches (fault tests); 0 = never. */
   malformedEvery: number;
   tokenizerPath: string | null;
+  /** Register in etcd under a lease (see extproc/etcd.ts for the keys). */
+  etcdEndpoint: string | null;
+  etcdPrefix: string;
 }
 
 export function simDefaults(): SimOptions {
@@ -42,6 +45,8 @@ export function simDefaults(): SimOptions {
     role: "mixed",
     malformedEvery: 0,
     tokenizerPath: null,
+    etcdEndpoint: null,
+    etcdPrefix: "/infera/workers/",
   };
 }
 
@@ -319,6 +324,8 @@ export function parseSimArgs(argv: string[]): SimOptions {
       case "--role": o.role = v() as SimOptions["role"]; break;
       case "--malformed-every": o.malformedEvery = Number(v()); break;
       case "--tokenizer-path": o.tokenizerPath = v(); break;
+      case "--etcd-endpoint": o.etcdEndpoint = v(); break;
+      case "--etcd-prefix": o.etcdPrefix = v(); break;
       case "--help":
         process.stdout.write("infera-sim --id ID --port N --kv-events-port N|none [--role mixed|prefill|decode] [--block-size 16] [--capacity-blocks 8192] [--prefill-us-per-token 100] [--decode-ms-per-token 2] [--malformed-every N]\n");
         process.exit(0);
@@ -331,8 +338,14 @@ export function parseSimArgs(argv: string[]): SimOptions {
 if (require.main === module) {
   const o = parseSimArgs(process.argv.slice(2));
   const sim = new EngineSim(o);
-  sim.start().then(() => {
-    process.stderr.write(`sim ${o.id} role=${o.role} http=${o.host}:${o.port} kv-events=${o.kvEventsPort === null ? "off" : `tcp://${o.host}:${o.kvEventsPort}`}\n`);
+  sim.start().then(async () => {
+    const events = o.kvEventsPort === null ? undefined : `tcp://${o.host}:${o.kvEventsPort}`;
+    process.stderr.write(`sim ${o.id} role=${o.role} http=${o.host}:${o.port} kv-events=${events ?? "off"}\n`);
+    if (o.etcdEndpoint) {
+      const { registerWorker } = await import("../extproc/etcd");
+      await registerWorker(o.etcdEndpoint, o.etcdPrefix, o.id, { address: `${o.host}:${o.port}`, role: o.role, block_size: o.blockSize, kv_events: events }, 2);
+      process.stderr.write(`sim ${o.id} registered in etcd ${o.etcdEndpoint}${o.etcdPrefix}${o.id}\n`);
+    }
   });
   const stop = () => sim.stop().then(() => process.exit(0));
   process.on("SIGTERM", stop);

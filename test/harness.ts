@@ -93,9 +93,9 @@ export interface Sim {
   stats(): Promise<{ cached_blocks: number; requests: number; cachedTokens: number; aborted: number; inflight: number }>;
 }
 
-export async function startSim(id: string, extra: string[] = [], role = "mixed"): Promise<Sim> {
-  const port = await freePort();
-  const eventsPort = await freePort();
+export async function startSim(id: string, extra: string[] = [], role = "mixed", fixed?: { port: number; eventsPort: number }): Promise<Sim> {
+  const port = fixed?.port ?? (await freePort());
+  const eventsPort = fixed?.eventsPort ?? (await freePort());
   const proc = run(`sim-${id}`, process.execPath, [...TSX, "sim/engine.ts", "--id", id, "--port", String(port), "--kv-events-port", String(eventsPort), "--role", role, ...extra]);
   await waitFor(`sim ${id}`, () => httpOk(`http://127.0.0.1:${port}/health`));
   return {
@@ -259,4 +259,27 @@ export async function startNginx(fl: NginxFlavor, vars: Record<string, string> =
 export async function startBridge(args: string[], pushUrl: string, token = "test-token"): Promise<Proc> {
   const adminPort = await freePort();
   return run("bridge", process.execPath, [TSX[0], TSX[1], "extproc/bridge.ts", "--nginx-push-url", pushUrl, "--push-token", token, "--admin-port", String(adminPort), ...args]);
+}
+
+export async function startEtcd(dataDir?: string, ports?: { client: number; peer: number }): Promise<{ endpoint: string; proc: Proc; dataDir: string; ports: { client: number; peer: number } }> {
+  const p = ports ?? { client: await freePort(), peer: await freePort() };
+  const dir = dataDir ?? fs.mkdtempSync(path.join(os.tmpdir(), "infera-etcd-"));
+  const endpoint = `http://127.0.0.1:${p.client}`;
+  const proc = run("etcd", "etcd", ["--data-dir", dir, "--listen-client-urls", endpoint, "--advertise-client-urls", endpoint, "--listen-peer-urls", `http://127.0.0.1:${p.peer}`, "--initial-advertise-peer-urls", `http://127.0.0.1:${p.peer}`, "--initial-cluster", `default=http://127.0.0.1:${p.peer}`, "--log-level", "error"], { ETCD_UNSUPPORTED_ARCH: "" });
+  await waitFor("etcd", () => httpOk(`${endpoint}/health`), 20000);
+  return { endpoint, proc, dataDir: dir, ports: p };
+}
+
+export async function startNats(port?: number): Promise<{ url: string; proc: Proc; port: number }> {
+  const p = port ?? (await freePort());
+  const proc = run("nats", "nats-server", ["-a", "127.0.0.1", "-p", String(p)]);
+  await waitFor("nats", async () => new Promise<boolean>((resolve) => {
+    const s = net.connect(p, "127.0.0.1", () => { s.destroy(); resolve(true); });
+    s.on("error", () => resolve(false));
+  }), 10000);
+  return { url: `nats://127.0.0.1:${p}`, proc, port: p };
+}
+
+export function startRelay(sim: Sim, natsUrl: string, subject: string): Proc {
+  return run(`relay-${sim.id}`, process.execPath, [TSX[0], TSX[1], "extproc/relay.ts", sim.events, natsUrl, subject]);
 }

@@ -8,6 +8,11 @@ import { EventSource, Logger } from "./app";
 
 export const SEQ_HEADER = "Infera-Seq";
 
+/** A worker's subject: its kv_events value when that is a subject, else infera.kv.<id> (the relay's default). */
+export function natsSubject(id: string, events: string): string {
+  return /^[a-z]+:\/\//.test(events) ? `infera.kv.${id}` : events;
+}
+
 export async function natsConnect(url: string, log: Logger, name: string): Promise<NatsConnection> {
   const nc = await connect({ servers: url, name, reconnect: true, maxReconnectAttempts: -1, reconnectTimeWait: 250, waitOnFirstConnect: true });
   (async () => {
@@ -22,7 +27,7 @@ export async function natsEventSource(url: string, log: Logger): Promise<EventSo
   const nc = await natsConnect(url, log, "infera-gate-router");
   return {
     subscribe(w, onBatch, onError) {
-      const sub = nc.subscribe(w.events as string);
+      const sub = nc.subscribe(natsSubject(w.id, w.events as string));
       (async () => {
         for await (const m of sub) {
           try {

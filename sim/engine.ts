@@ -28,6 +28,8 @@ export interface SimOptions {
   /** Register in etcd under a lease (see extproc/etcd.ts for the keys). */
   etcdEndpoint: string | null;
   etcdPrefix: string;
+  /** host the fleet should use to reach us (registrations); default: --host. */
+  advertise: string | null;
 }
 
 export function simDefaults(): SimOptions {
@@ -47,6 +49,7 @@ export function simDefaults(): SimOptions {
     tokenizerPath: null,
     etcdEndpoint: null,
     etcdPrefix: "/infera/workers/",
+    advertise: null,
   };
 }
 
@@ -326,6 +329,7 @@ export function parseSimArgs(argv: string[]): SimOptions {
       case "--tokenizer-path": o.tokenizerPath = v(); break;
       case "--etcd-endpoint": o.etcdEndpoint = v(); break;
       case "--etcd-prefix": o.etcdPrefix = v(); break;
+      case "--advertise": o.advertise = v(); break;
       case "--help":
         process.stdout.write("infera-sim --id ID --port N --kv-events-port N|none [--role mixed|prefill|decode] [--block-size 16] [--capacity-blocks 8192] [--prefill-us-per-token 100] [--decode-ms-per-token 2] [--malformed-every N]\n");
         process.exit(0);
@@ -339,11 +343,12 @@ if (require.main === module) {
   const o = parseSimArgs(process.argv.slice(2));
   const sim = new EngineSim(o);
   sim.start().then(async () => {
-    const events = o.kvEventsPort === null ? undefined : `tcp://${o.host}:${o.kvEventsPort}`;
+    const host = o.advertise ?? o.host;
+    const events = o.kvEventsPort === null ? undefined : `tcp://${host}:${o.kvEventsPort}`;
     process.stderr.write(`sim ${o.id} role=${o.role} http=${o.host}:${o.port} kv-events=${events ?? "off"}\n`);
     if (o.etcdEndpoint) {
       const { registerWorker } = await import("../extproc/etcd");
-      await registerWorker(o.etcdEndpoint, o.etcdPrefix, o.id, { address: `${o.host}:${o.port}`, role: o.role, block_size: o.blockSize, kv_events: events }, 2);
+      await registerWorker(o.etcdEndpoint, o.etcdPrefix, o.id, { address: `${host}:${o.port}`, role: o.role, block_size: o.blockSize, kv_events: events }, 2);
       process.stderr.write(`sim ${o.id} registered in etcd ${o.etcdEndpoint}${o.etcdPrefix}${o.id}\n`);
     }
   });

@@ -1,0 +1,49 @@
+// docker-compose.yml cannot run here (no Docker engine); check it as far as
+// this machine allows: the compose schema, and that every command, mount and
+// in-place edit it relies on matches the repository.
+import { test } from "node:test";
+import * as assert from "node:assert/strict";
+import { spawnSync } from "child_process";
+import * as fs from "fs";
+import * as path from "path";
+import { parse } from "yaml";
+import { parseArgs } from "../../extproc/config";
+import { parseSimArgs } from "../../sim/engine";
+
+const ROOT = path.resolve(__dirname, "../..");
+const compose = parse(fs.readFileSync(path.join(ROOT, "docker-compose.yml"), "utf8"), { merge: true });
+const dc = spawnSync("sh", ["-c", "command -v docker-compose || (docker compose version >/dev/null 2>&1 && echo docker)"], { encoding: "utf8" }).stdout.trim();
+
+test("compose file passes docker-compose's own schema check", { skip: dc ? false : "docker-compose not installed" }, () => {
+  const r = dc === "docker" ? spawnSync("docker", ["compose", "-f", "docker-compose.yml", "config", "-q"], { cwd: ROOT, encoding: "utf8" }) : spawnSync(dc, ["-f", "docker-compose.yml", "config", "-q"], { cwd: ROOT, encoding: "utf8" });
+  assert.equal(r.status, 0, r.stderr);
+});
+
+test("services reference existing services, files and valid flags", () => {
+  const services = compose.services as Record<string, { command?: string | string[]; depends_on?: string[]; volumes?: string[]; network_mode?: string }>;
+  for (const want of ["envoy", "nginx", "router", "etcd", "nats", "sim0", "sim1", "bridge"]) assert.ok(services[want], `service ${want}`);
+  for (const [name, s] of Object.entries(services)) {
+    for (const d of s.depends_on ?? []) assert.ok(services[d], `${name} depends on unknown ${d}`);
+    if (s.network_mode?.startsWith("service:")) assert.ok(services[s.network_mode.slice(8)], `${name} network_mode`);
+    for (const v of s.volumes ?? []) if (v.startsWith("./")) assert.ok(fs.existsSync(path.join(ROOT, v.split(":")[0])), `${name} mounts ${v}`);
+    const cmd = Array.isArray(s.command) ? s.command : s.command ? s.command.trim().split(/\s+/) : [];
+    const i = cmd.indexOf("--import");
+    if (i < 0) continue;
+    const script = cmd[i + 2];
+    assert.ok(fs.existsSync(path.join(ROOT, script)), `${name} runs ${script}`);
+    const args = cmd.slice(i + 3);
+    if (script === "sim/engine.ts") assert.doesNotThrow(() => parseSimArgs(args), name);
+    if (script === "extproc/main.ts" || script === "extproc/bridge.ts") assert.doesNotThrow(() => parseArgs(args, {}), name);
+  }
+});
+
+test("the in-place edits compose makes to envoy.yaml and nginx.conf still match those files", () => {
+  const envoy = fs.readFileSync(path.join(ROOT, "envoy/envoy.yaml"), "utf8");
+  const nginx = fs.readFileSync(path.join(ROOT, "nginx/nginx.conf"), "utf8");
+  assert.ok(envoy.includes("address: 127.0.0.1, port_value: 10000"));
+  assert.ok(envoy.includes("address: 127.0.0.1, port_value: 9002"), "ext_proc reached over the shared namespace");
+  assert.ok(nginx.includes("listen 127.0.0.1:8080"));
+  assert.ok(nginx.includes('"change-me"'));
+  assert.ok(nginx.includes("/usr/lib/nginx/modules/ngx_http_js_module.so"));
+  assert.ok(nginx.includes("/opt/infera-gate/njs/dist"), "the njs-dist volume mount point");
+});

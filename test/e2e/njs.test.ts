@@ -158,3 +158,30 @@ test("nginx+njs: bad JSON is a 400; unauthorised and stale pushes are refused", 
   assert.match(await stale.text(), /stale push/);
   assert.equal(await viewOf(sims[0]), before, "refused AllBlocksCleared pushes changed nothing");
 });
+
+test("nginx+njs PD: decode worker gets the request with the prefill worker named; same prefix -> same prefill worker", { skip: skip8 }, async () => {
+  const args = ["--prefill-us-per-token", "150", "--decode-ms-per-token", "2"];
+  const p = await Promise.all(["np0", "np1"].map((id) => startSim(id, args, "prefill")));
+  const d = await Promise.all(["nd0", "nd1"].map((id) => startSim(id, args, "decode")));
+  const roles = Object.fromEntries([...p.map((s) => [s.id, "prefill"]), ...d.map((s) => [s.id, "decode"])]);
+  const ng2 = await startNginx(n8!, { kv_prefill_overlap_weight: "20", kv_decode_overlap_weight: "2", decode_input_demand: "on" });
+  await startBridge(["--workers", workerArg([...p, ...d], roles)], `${ng2.url}/_infera/push`);
+  await waitFor("PD fleet in nginx", async () => ((await (await fetch(`${ng2.url}/v1/admin/workers`)).json()) as unknown[]).length === 4);
+  const send = async (content: string) => {
+    const r = await fetch(`${ng2.url}/v1/chat/completions`, { method: "POST", headers: { "content-type": "application/json" }, body: JSON.stringify({ model: "m", stream: false, max_tokens: 2, messages: [{ role: "user", content }] }) });
+    await r.text();
+    return { status: r.status, decode: r.headers.get("x-sim-worker"), prefill: r.headers.get("x-sim-prefill-worker"), cached: Number(r.headers.get("x-sim-cached-tokens")) };
+  };
+  const prompt = longText("njspd", 600);
+  const a = await send(prompt);
+  assert.equal(a.status, 200);
+  assert.ok(d.some((s) => s.id === a.decode), `decode served: ${a.decode}`);
+  const pw = p.find((s) => s.address === a.prefill)!;
+  assert.ok(pw, `prefill named: ${a.prefill}`);
+  await waitFor("prefill mirror in nginx", async () => ((await (await fetch(`${ng2.url}/v1/admin/cache-view/${pw.address}`)).json()) as { block_count: number }).block_count === (await pw.stats()).cached_blocks);
+  const b = await send(prompt);
+  assert.equal(b.prefill, a.prefill);
+  assert.ok(b.cached > 0);
+  const ws = (await (await fetch(`${ng2.url}/v1/admin/workers`)).json()) as { active_blocks: number; demand: { tokens: number } }[];
+  assert.ok(ws.every((w) => w.active_blocks === 0 && w.demand.tokens === 0), "all released after completion");
+});

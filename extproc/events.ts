@@ -23,6 +23,12 @@ function list(v: unknown, what: string): unknown[] {
   return v;
 }
 
+function uniformBlockSize(v: unknown[]): number {
+  const sizes = v.map((x) => intOf(x, "num_toks_per_block"));
+  if (!sizes.length || sizes.some((x) => x !== sizes[0])) throw new Error("num_toks_per_block is empty or not uniform");
+  return sizes[0];
+}
+
 /** One event, array_like+tag form ["BlockStored", ...] or a map with a type/tag field. */
 export function normalizeEvent(e: unknown): KvEvent {
   let tag: unknown;
@@ -41,7 +47,8 @@ export function normalizeEvent(e: unknown): KvEvent {
       hashes: list(f[0], "block_hashes").map(hashKey),
       parent: f[1] === null || f[1] === undefined ? null : hashKey(f[1]),
       tokens: list(f[2], "token_ids").map((t) => intOf(t, "token id")),
-      blockSize: intOf(f[3], "block_size"),
+      // Early vLLM sent num_toks_per_block (a list) where block_size now stands.
+      blockSize: Array.isArray(f[3]) ? uniformBlockSize(f[3]) : intOf(f[3], "block_size"),
       loraId: f[4] === null || f[4] === undefined ? null : intOf(f[4], "lora_id"),
     };
   }

@@ -29,8 +29,9 @@ function headerMap(m: HeaderMap | undefined): Record<string, string> {
   return out;
 }
 
-function setHeaders(pairs: Record<string, string>) {
+function setHeaders(pairs: Record<string, string>, remove: string[] = []) {
   return create(HeaderMutationSchema, {
+    removeHeaders: remove,
     setHeaders: Object.entries(pairs).map(([key, v]) =>
       create(HeaderValueOptionSchema, {
         header: create(HeaderValueSchema, { key, rawValue: Buffer.from(v) }),
@@ -113,7 +114,8 @@ function handleStream(app: App, call: grpc.ServerDuplexStream<ProcessingRequest,
     res = pick.reservation;
     const hdrs: Record<string, string> = { [app.opts.upstreamHeader]: pick.target.address, "x-infera-worker": pick.target.id };
     if (pick.prefill) hdrs[app.opts.prefillHeader] = pick.prefill.address;
-    const common = create(CommonResponseSchema, { headerMutation: setHeaders(hdrs), clearRouteCache: true });
+    // A client-sent prefill header must never reach a worker: only the router names prefill peers.
+    const common = create(CommonResponseSchema, { headerMutation: setHeaders(hdrs, pick.prefill ? [] : [app.opts.prefillHeader]), clearRouteCache: true });
     return create(ProcessingResponseSchema, {
       response: atHeaders
         ? { case: "requestHeaders", value: create(HeadersResponseSchema, { response: common }) }

@@ -83,7 +83,14 @@ function build(r: NjsRequest): Ctx | string {
   const st = sharedStore(sh[STR_ZONE], sh[NUM_ZONE]);
   const cfg = config(r);
   try {
-    return { st: st, cfg: cfg, router: createRouter(st, cfg, { log: (l, line) => (l === "warn" ? r.warn("infera: " + line) : r.log("infera: " + line)) }) };
+    const hooks = {
+      log: (l: string, line: string) => (l === "warn" ? r.warn("infera: " + line) : r.log("infera: " + line)),
+      // Decision counters live in the number dict so /metrics sees every VM's.
+      onDemand: (d: { mode: string; input: string; agrees: boolean }) => {
+        st.incr("DD:" + d.mode + "|" + d.input + "|" + d.agrees, 1);
+      },
+    };
+    return { st: st, cfg: cfg, router: createRouter(st, cfg, hooks) };
   } catch (e) {
     return "infera-gate config: " + (e as Error).message;
   }
@@ -243,4 +250,31 @@ function admin(r: NjsRequest): void {
   fail(r, 404, "not found", "not_found");
 }
 
-export default { route: route, firstByte: firstByte, release: release, push: push, admin: admin };
+/** GET /metrics: Prometheus text for the njs router (shared-dict state). */
+function metrics(r: NjsRequest): void {
+  const c = ctx(r);
+  if (!c) return;
+  const ws = c.router.workers();
+  const lines: string[] = [];
+  const gauge = (name: string, help: string, label: string, value: (id: string) => number, decodeOnly: boolean) => {
+    lines.push("# HELP " + name + " " + help, "# TYPE " + name + " gauge");
+    for (let i = 0; i < ws.length; i++) if (!decodeOnly || ws[i].role !== "prefill") lines.push(name + "{" + label + '="' + ws[i].id + '"} ' + value(ws[i].id));
+  };
+  gauge("infera_router_decode_demand_tokens", "In-flight input tokens booked on each decode target", "target", (id) => c.router.demand(id).tokens, true);
+  gauge("infera_router_decode_demand_requests", "Requests held on each decode target", "target", (id) => c.router.demand(id).requests, true);
+  gauge("infera_router_active_blocks", "Distinct in-flight prompt blocks per worker", "worker", (id) => c.router.activeBlocks(id), false);
+  gauge("infera_router_mirror_blocks", "Blocks mirrored from each worker's KV events", "worker", (id) => {
+    const v = c.router.cacheView(id);
+    return v ? v.block_count : 0;
+  }, false);
+  lines.push("# HELP infera_router_decode_demand_decisions_total Decode input-demand decisions", "# TYPE infera_router_decode_demand_decisions_total counter");
+  const keys = c.st.keys("DD:");
+  for (let i = 0; i < keys.length; i++) {
+    const p = keys[i].substr(3).split("|");
+    lines.push('infera_router_decode_demand_decisions_total{mode="' + p[0] + '",input="' + p[1] + '",agrees="' + p[2] + '"} ' + c.st.num(keys[i]));
+  }
+  r.headersOut["Content-Type"] = "text/plain; version=0.0.4";
+  r.return(200, lines.join("\n") + "\n");
+}
+
+export default { route: route, firstByte: firstByte, release: release, push: push, admin: admin, metrics: metrics };

@@ -177,4 +177,8 @@ test("nginx+njs PD: decode worker gets the request with the prefill worker named
   assert.ok(b.cached > 0);
   const ws = (await (await fetch(`${ng2.url}/v1/admin/workers`)).json()) as { active_blocks: number; demand: { tokens: number } }[];
   assert.ok(ws.every((w) => w.active_blocks === 0 && w.demand.tokens === 0), "all released after completion");
+  const m = await (await fetch(`${ng2.url}/metrics`)).text();
+  assert.match(m, /infera_router_decode_demand_decisions_total\{mode="on",input="exact",agrees="(true|false)"\} [1-9]/);
+  assert.match(m, new RegExp(`infera_router_decode_demand_tokens\\{target="${d[0].address.replace(/\./g, "\\.")}"\\} 0`));
+  assert.ok(!m.includes(`infera_router_decode_demand_tokens{target="${p[0].address}"}`), "prefill workers are not decode targets");
 });

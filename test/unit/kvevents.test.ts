@@ -86,3 +86,9 @@ test("two engine hashes for the same content are reference counted", () => {
   applyBatch(st, "w#1", 2, [{ type: "BlockRemoved", hashes: ["y"] }], 16);
   assert.equal(mirrorCount(st, "w#1"), 0);
 });
+
+test("early vLLM's num_toks_per_block list stands in for block_size", () => {
+  const b = decodeBatch(encode([0, [["BlockStored", [1, 2], null, toks(32), [16, 16], null]]]));
+  assert.equal((b.events[0] as Extract<KvEvent, { type: "BlockStored" }>).blockSize, 16);
+  assert.throws(() => decodeBatch(encode([0, [["BlockStored", [1, 2], null, toks(32), [16, 8], null]]])), /not uniform/);
+});

@@ -1,0 +1,150 @@
+// The ext_proc gRPC protocol without Envoy: a gRPC client plays Envoy's part
+// (same service path and messages), so ordering and cancellation races can be
+// driven exactly.
+import { test, before, after } from "node:test";
+import * as assert from "node:assert/strict";
+import * as grpc from "@grpc/grpc-js";
+import { create } from "@bufbuild/protobuf";
+import { App } from "../../extproc/app";
+import { parseArgs } from "../../extproc/config";
+import { ExtProcService, startExtProc } from "../../extproc/server";
+import { ProcessingRequest, ProcessingRequestSchema, ProcessingResponse, HttpHeadersSchema, HttpBodySchema } from "../../extproc/gen/envoy/service/ext_proc/v3/external_processor_pb";
+import { HeaderMapSchema, HeaderValueSchema } from "../../extproc/gen/envoy/config/core/v3/base_pb";
+
+let app: App;
+let server: grpc.Server;
+let client: grpc.Client;
+const def = ExtProcService.Process;
+
+before(async () => {
+  app = new App(parseArgs(["--workers", "127.0.0.1:7001,127.0.0.1:7002", "--health-interval-ms", "0"], {}), () => undefined, { subscribe: () => ({ close() {} }), close: async () => undefined });
+  app.setWorkers(app.opts.workers);
+  const s = await startExtProc(app, "127.0.0.1", 0);
+  server = s.server;
+  client = new grpc.Client(`127.0.0.1:${s.port}`, grpc.credentials.createInsecure());
+});
+after(async () => {
+  client.close();
+  server.forceShutdown();
+  await app.close();
+});
+
+const hdrs = (pairs: Record<string, string>) => create(HeaderMapSchema, { headers: Object.entries(pairs).map(([key, v]) => create(HeaderValueSchema, { key, rawValue: Buffer.from(v) })) });
+const reqHeaders = (path: string, method = "POST", eos = false): ProcessingRequest =>
+  create(ProcessingRequestSchema, { request: { case: "requestHeaders", value: create(HttpHeadersSchema, { headers: hdrs({ ":path": path, ":method": method }), endOfStream: eos }) } });
+const reqBody = (body: string): ProcessingRequest => create(ProcessingRequestSchema, { request: { case: "requestBody", value: create(HttpBodySchema, { body: Buffer.from(body), endOfStream: true }) } });
+const respHeaders = (): ProcessingRequest => create(ProcessingRequestSchema, { request: { case: "responseHeaders", value: create(HttpHeadersSchema, { headers: hdrs({ ":status": "200" }) }) } });
+const respBody = (eos: boolean): ProcessingRequest => create(ProcessingRequestSchema, { request: { case: "responseBody", value: create(HttpBodySchema, { body: Buffer.from("data: x\n\n"), endOfStream: eos }) } });
+
+function stream() {
+  const call = client.makeBidiStreamRequest(def.path, def.requestSerialize, def.responseDeserialize) as grpc.ClientDuplexStream<ProcessingRequest, ProcessingResponse>;
+  const queue: ProcessingResponse[] = [];
+  const waiters: ((m: ProcessingResponse) => void)[] = [];
+  call.on("data", (m: ProcessingResponse) => (waiters.length ? waiters.shift()!(m) : queue.push(m)));
+  call.on("error", () => undefined);
+  return {
+    call,
+    send: (m: ProcessingRequest) => call.write(m),
+    next: () => new Promise<ProcessingResponse>((resolve) => (queue.length ? resolve(queue.shift()!) : waiters.push(resolve))),
+  };
+}
+
+const body = (text: string) => JSON.stringify({ model: "m", stream: true, messages: [{ role: "user", content: text }] });
+const active = () => app.router.workers().reduce((n, w) => n + app.router.activeBlocks(w.id), 0);
+const until = async (f: () => boolean) => {
+  for (let i = 0; i < 100 && !f(); i++) await new Promise((r) => setTimeout(r, 10));
+  return f();
+};
+
+test("headers -> CONTINUE, body -> upstream header mutation; EOF releases; a later cancel releases nothing more", async () => {
+  const s = stream();
+  s.send(reqHeaders("/v1/chat/completions"));
+  assert.equal((await s.next()).response.case, "requestHeaders");
+  s.send(reqBody(body("hello world ".repeat(40))));
+  const r = await s.next();
+  assert.equal(r.response.case, "requestBody");
+  const mut = (r.response.value as { response: { headerMutation: { setHeaders: { header: { key: string; rawValue: Uint8Array } }[]; removeHeaders: string[] } } }).response.headerMutation;
+  const set = Object.fromEntries(mut.setHeaders.map((h) => [h.header.key, Buffer.from(h.header.rawValue).toString()]));
+  assert.match(set["x-infera-upstream"], /^127\.0\.0\.1:700[12]$/);
+  assert.equal(set["x-infera-worker"], set["x-infera-upstream"]);
+  assert.deepEqual(mut.removeHeaders, ["x-infera-prefill"], "client-sent prefill header is stripped");
+  assert.ok(active() > 0);
+  s.send(respHeaders());
+  assert.equal((await s.next()).response.case, "responseHeaders");
+  s.send(respBody(false));
+  await s.next();
+  s.send(respBody(true));
+  await s.next();
+  assert.ok(await until(() => active() === 0));
+  s.call.cancel();
+  await new Promise((r) => setTimeout(r, 50));
+  assert.equal(app.router.openGuards(), 0);
+});
+
+test("a stream cancelled after the pick (client gone, upstream reset) releases the pick", async () => {
+  const s = stream();
+  s.send(reqHeaders("/v1/chat/completions"));
+  await s.next();
+  s.send(reqBody(body("cancel me ".repeat(40))));
+  await s.next();
+  assert.ok(active() > 0);
+  s.call.cancel();
+  assert.ok(await until(() => active() === 0 && app.router.openGuards() === 0));
+});
+
+test("bad JSON -> ImmediateResponse 400 with an OpenAI-style JSON error", async () => {
+  const s = stream();
+  s.send(reqHeaders("/v1/chat/completions"));
+  await s.next();
+  s.send(reqBody("{broken"));
+  const r = await s.next();
+  assert.equal(r.response.case, "immediateResponse");
+  const v = r.response.value as { status: { code: number }; body: Uint8Array; headers: { setHeaders: { header: { key: string; rawValue: Uint8Array } }[] } };
+  assert.equal(v.status.code, 400);
+  assert.deepEqual(JSON.parse(Buffer.from(v.body).toString()), { error: { message: "request body is not valid JSON", type: "invalid_request_error", code: 400 } });
+  assert.equal(Buffer.from(v.headers.setHeaders[0].header.rawValue).toString(), "application/json");
+  s.call.end();
+  assert.equal(app.router.openGuards(), 0);
+});
+
+test("a bodiless GET is routed at the headers phase", async () => {
+  const s = stream();
+  s.send(reqHeaders("/v1/models", "GET", true));
+  const r = await s.next();
+  assert.equal(r.response.case, "requestHeaders");
+  const set = (r.response.value as { response: { headerMutation: { setHeaders: { header: { key: string } }[] } } }).response.headerMutation.setHeaders.map((h) => h.header.key);
+  assert.ok(set.includes("x-infera-upstream"));
+  s.send(respHeaders());
+  await s.next();
+  s.call.end();
+  assert.ok(await until(() => app.router.openGuards() === 0));
+});
+
+test("race: 40 concurrent streams ending by EOF, cancel, half-close or both, in random order -> zero held", async () => {
+  let seed = 7;
+  const rnd = () => ((seed = (Math.imul(seed, 48271) + 11) >>> 0) % 1000) / 1000;
+  await Promise.all(
+    Array.from({ length: 40 }, async (_, i) => {
+      const s = stream();
+      s.send(reqHeaders("/v1/chat/completions"));
+      await s.next();
+      s.send(reqBody(body(`race ${i} `.repeat(30 + i))));
+      await s.next();
+      const x = rnd();
+      if (x < 0.3) {
+        s.send(respHeaders());
+        await s.next();
+        s.send(respBody(true));
+        await s.next();
+        s.call.cancel();
+      } else if (x < 0.6) s.call.cancel();
+      else if (x < 0.8) s.call.end();
+      else {
+        s.send(respHeaders());
+        s.send(respBody(false));
+        s.call.cancel();
+      }
+    }),
+  );
+  assert.ok(await until(() => active() === 0 && app.router.openGuards() === 0), `held ${active()} blocks, ${app.router.openGuards()} guards`);
+});

@@ -83,6 +83,20 @@ test("bad requests get a 400 JSON error through Envoy; non-LLM paths still route
   assert.match(m, /infera_router_pick_latency_seconds_count \d+/);
 });
 
+test("multi-MB bodies (inline base64 images) pass Envoy's buffer; over --max-body-bytes the router answers 400", { skip }, async () => {
+  const img = "data:image/png;base64," + Buffer.alloc(3 * 1024 * 1024, 7).toString("base64");
+  const content = [{ type: "text", text: "what is in this picture?" }, { type: "image_url", image_url: { url: img } }];
+  const a = await chat(envoy.url, content);
+  assert.equal(a.status, 200);
+  const b = await chat(envoy.url, content);
+  assert.equal(b.worker, a.worker, "image affinity");
+  assert.match(router.proc.log(), /mm_images=1 mm_affinity_hits=1/);
+  const huge = "x".repeat(9 * 1024 * 1024);
+  const r = await fetch(`${envoy.url}/v1/chat/completions`, { method: "POST", headers: { "content-type": "application/json" }, body: JSON.stringify({ model: "m", messages: [{ role: "user", content: huge }] }) });
+  assert.equal(r.status, 400);
+  assert.match(((await r.json()) as { error: { message: string } }).error.message, /over the 8388608-byte limit/);
+});
+
 test("with ext_proc down Envoy fails closed (failure_mode_allow: false -> 500)", { skip }, async () => {
   await router.proc.kill();
   const r = await fetch(`${envoy.url}/v1/chat/completions`, { method: "POST", headers: { "content-type": "application/json" }, body: JSON.stringify({ model: "m", messages: [{ role: "user", content: "hi" }] }) });

@@ -4,6 +4,7 @@
 import { Store } from "./store";
 import { chainNext, blockBuffer, Hasher, jsHasher } from "./hash";
 import { mirrorClear, mirrorRemove, mirrorStore, ourHash } from "./mirror";
+import { utf8 } from "./util";
 
 export type KvEvent =
   | { type: "BlockStored"; hashes: string[]; parent: string | null; tokens: number[]; blockSize: number; loraId?: number | null }
@@ -51,7 +52,8 @@ export function applyBatch(st: Store, ek: string, seq: number, events: KvEvent[]
         res.skipped += ev.hashes.length;
         continue;
       }
-      let parent: string | null = null;
+      // LoRA blocks start from a salted root so they never match base-model prompts.
+      let parent: string | null = ev.loraId !== undefined && ev.loraId !== null ? h(utf8("lora:" + ev.loraId)) : null;
       if (ev.parent !== null) {
         const p = ourHash(st, ek, ev.parent);
         // Unknown parent (evicted, or we joined mid-stream): this chain cannot match a prompt.

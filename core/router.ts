@@ -361,6 +361,19 @@ export function createRouter(st: Store, cfg: RouterConfig, hooks?: RouterHooks):
     return raw ? JSON.parse(raw) : {};
   }
 
+  // Session bindings are bounded: past MAX_SESSIONS the table starts over
+  // (a session then simply picks afresh), so memory cannot grow without end.
+  const MAX_SESSIONS = 100000;
+  function bind(sid: string, s: { p?: string; d?: string }): void {
+    if (st.get("S:" + sid) === undefined && st.incr("SN", 1) > MAX_SESSIONS) {
+      const all = st.keys("S:");
+      for (let i = 0; i < all.length; i++) st.del(all[i]);
+      st.delNum("SN");
+      st.incr("SN", 1);
+    }
+    st.set("S:" + sid, JSON.stringify(s));
+  }
+
   function indexOfEk(pool: Worker[], ek: string | undefined): number {
     if (!ek) return -1;
     for (let i = 0; i < pool.length; i++) if (pool[i].ek === ek) return i;
@@ -464,7 +477,7 @@ export function createRouter(st: Store, cfg: RouterConfig, hooks?: RouterHooks):
     if (f.mediaHashes.length) touchImages(pw.ek, f.mediaHashes);
 
     if (!P.pd) {
-      if (sess && sessionId) st.set("S:" + sessionId, JSON.stringify({ p: pw.ek }));
+      if (sess && sessionId) bind(sessionId, { p: pw.ek });
       const g = hold(pw.ek, f.blocks, 0, 0);
       return { target: pw, prefill: null, reservation: reservation(null, g), candidates: cands, decodeCandidates: null, mmImages: f.mediaHashes.length, mmAffinityHits: mmHits };
     }
@@ -484,7 +497,7 @@ export function createRouter(st: Store, cfg: RouterConfig, hooks?: RouterHooks):
     if (sess && sessionId) {
       const s: { p?: string; d?: string } = { p: pw.ek };
       if (cfg.sessionAffinity === "both") s.d = dw.ek;
-      st.set("S:" + sessionId, JSON.stringify(s));
+      bind(sessionId, s);
     }
     const tokens = cfg.decodeInputDemand !== "off" ? f.inputTokens * demandN(f) : 0;
     const pg = hold(pw.ek, f.blocks, 0, 0);

@@ -16,29 +16,60 @@ export interface Store {
 
 /** In-process store for the ext_proc server and tests. */
 export function memStore(): Store {
-  let s: { [k: string]: string } = Object.create(null);
-  let n: { [k: string]: number } = Object.create(null);
+  const s: { [k: string]: string } = Object.create(null);
+  const n: { [k: string]: number } = Object.create(null);
+  // Keys with two colons ("MR:<ek>:<h>") are indexed by their "MR:<ek>:" bucket,
+  // so dropping one worker's mirror costs its own keys, not the whole store.
+  const idx: { [bucket: string]: { [k: string]: boolean } } = Object.create(null);
+  function bucket(k: string): string | null {
+    const a = k.indexOf(":");
+    const b = a < 0 ? -1 : k.indexOf(":", a + 1);
+    return b < 0 ? null : k.substr(0, b + 1);
+  }
+  function index(k: string): void {
+    const b = bucket(k);
+    if (b === null) return;
+    (idx[b] || (idx[b] = Object.create(null)))[k] = true;
+  }
+  function unindex(k: string): void {
+    const b = bucket(k);
+    if (b === null || !idx[b]) return;
+    delete idx[b][k];
+  }
   return {
     get: (k) => s[k],
     set: (k, v) => {
+      if (s[k] === undefined) index(k);
       s[k] = v;
     },
     del: (k) => {
-      delete s[k];
+      if (s[k] !== undefined) {
+        delete s[k];
+        if (n[k] === undefined) unindex(k);
+      }
     },
     incr: (k, d) => {
+      if (n[k] === undefined) index(k);
       const v = (n[k] || 0) + d;
       n[k] = v;
       return v;
     },
     num: (k) => n[k] || 0,
     delNum: (k) => {
-      delete n[k];
+      if (n[k] !== undefined) {
+        delete n[k];
+        if (s[k] === undefined) unindex(k);
+      }
     },
     keys: (p) => {
       const out: string[] = [];
+      if (bucket(p) === p) {
+        const b = idx[p];
+        if (b) for (const k in b) out.push(k);
+        return out;
+      }
       for (const k in s) if (k.indexOf(p) === 0) out.push(k);
-      for (const k in n) if (k.indexOf(p) === 0) out.push(k);
+      for (const k in n) if (k.indexOf(p) === 0 && s[k] === undefined) out.push(k);
       return out;
     },
   };

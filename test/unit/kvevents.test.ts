@@ -79,7 +79,7 @@ test("block size mismatch is fatal; unknown parents and short token lists are sk
 test("two engine hashes for the same content are reference counted", () => {
   const st = memStore();
   const t = toks(16, 5);
-  applyBatch(st, "w#1", 0, [{ type: "BlockStored", hashes: ["x"], parent: null, tokens: t, blockSize: 16 }, { type: "BlockStored", hashes: ["y"], parent: null, tokens: t, blockSize: 16, loraId: 3 }], 16);
+  applyBatch(st, "w#1", 0, [{ type: "BlockStored", hashes: ["x"], parent: null, tokens: t, blockSize: 16 }, { type: "BlockStored", hashes: ["y"], parent: null, tokens: t, blockSize: 16 }], 16);
   assert.equal(mirrorCount(st, "w#1"), 1);
   applyBatch(st, "w#1", 1, [{ type: "BlockRemoved", hashes: ["x"] }], 16);
   assert.equal(mirrorCount(st, "w#1"), 1, "still held through y");
@@ -91,4 +91,12 @@ test("early vLLM's num_toks_per_block list stands in for block_size", () => {
   const b = decodeBatch(encode([0, [["BlockStored", [1, 2], null, toks(32), [16, 16], null]]]));
   assert.equal((b.events[0] as Extract<KvEvent, { type: "BlockStored" }>).blockSize, 16);
   assert.throws(() => decodeBatch(encode([0, [["BlockStored", [1, 2], null, toks(32), [16, 8], null]]])), /not uniform/);
+});
+
+test("LoRA blocks never match base-model prompts", () => {
+  const st = memStore();
+  const t = toks(32, 9);
+  applyBatch(st, "w#1", 0, [{ type: "BlockStored", hashes: ["l1", "l2"], parent: null, tokens: t, blockSize: 16, loraId: 4 }], 16);
+  assert.equal(mirrorCount(st, "w#1"), 2);
+  assert.equal(prefixHits(st, blockHashes(t, 16), { "w#1": true })["w#1"], undefined);
 });

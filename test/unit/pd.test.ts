@@ -246,3 +246,10 @@ test("session affinity prefill: prefill bound, decode chosen fresh", () => {
   const n1 = none.r.pick(feats(blocks("k", 3)), "T");
   assert.notEqual(none.r.pick(feats(blocks("k2", 3)), "T").target.id, n1.target.id, "off: load decides");
 });
+
+test("session table is bounded: past 100k sessions it starts over", () => {
+  const { st, r } = mk([{ id: "x" }, { id: "y" }], { sessionAffinity: "prefill" });
+  for (let i = 0; i < 100001; i++) r.pick(feats([]), "s" + i).reservation.finish();
+  assert.ok(st.keys("S:").length <= 100000);
+  assert.ok(st.get("S:s100000") !== undefined, "the newest binding survives");
+});

@@ -100,3 +100,11 @@ test("LoRA blocks never match base-model prompts", () => {
   assert.equal(mirrorCount(st, "w#1"), 2);
   assert.equal(prefixHits(st, blockHashes(t, 16), { "w#1": true })["w#1"], undefined);
 });
+
+test("bytes-typed block hashes (newer vLLM ExternalBlockHash) decode to stable keys", () => {
+  const h = new Uint8Array([1, 2, 3, 250]);
+  const b = decodeBatch(encode([0, [["BlockStored", [h], h, toks(16), 16, null, null], ["BlockRemoved", [h], null]]]));
+  const s = b.events[0] as Extract<KvEvent, { type: "BlockStored" }>;
+  assert.deepEqual([s.hashes[0], s.parent], ["010203fa", "010203fa"]);
+  assert.deepEqual((b.events[1] as Extract<KvEvent, { type: "BlockRemoved" }>).hashes, ["010203fa"]);
+});

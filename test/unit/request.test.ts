@@ -105,3 +105,50 @@ test("without a tokenizer, token counts are estimated and there are no blocks", 
   const t = computeFeatures(parse("completions", { model: "m", prompt: Array.from({ length: 40 }, (_, i) => i) }), null, 16);
   assert.deepEqual([t.exact, t.inputTokens, t.blocks.length], [true, 40, 2], "token-id prompts need no tokenizer");
 });
+
+test("--router-tokenizer-path takes a directory, a tokenizer.json file, or none; a bad path is a clear error", () => {
+  const fs = require("fs") as typeof import("fs");
+  const os = require("os") as typeof import("os");
+  const path = require("path") as typeof import("path");
+  const { defaultTokenizerDir } = require("../../extproc/tokenizer") as typeof import("../../extproc/tokenizer");
+  const dir = fs.mkdtempSync(path.join(os.tmpdir(), "tok-"));
+  fs.copyFileSync(path.join(defaultTokenizerDir(), "tokenizer.json"), path.join(dir, "tokenizer.json"));
+  const fromDir = loadTokenizer(dir)!;
+  const fromFile = loadTokenizer(path.join(dir, "tokenizer.json"))!;
+  const text = "<|im_start|>user\nhi there<|im_end|>\n";
+  assert.deepEqual(fromDir.encode(text), loadTokenizer(null)!.encode(text));
+  assert.deepEqual(fromFile.encode(text), fromDir.encode(text));
+  assert.equal(fromDir.renderChat([{ role: "user", content: "x" }]), renderChatML([{ role: "user", content: "x" }]), "no tokenizer_config.json: ChatML");
+  assert.equal(loadTokenizer("none"), null);
+  assert.throws(() => loadTokenizer(path.join(dir, "missing")), /--router-tokenizer-path: no tokenizer.json at/);
+});
+
+test("fuzz: mangled bodies only ever yield a parsed request or a 400", () => {
+  let seed = 99;
+  const rnd = (n: number) => ((seed = (Math.imul(seed, 1103515245) + 12345) >>> 0) % n);
+  const base = [
+    { model: "m", messages: [{ role: "user", content: [{ type: "text", text: "a" }, { type: "image_url", image_url: { url: "https://x" } }] }], n: 2 },
+    { model: "m", prompt: [1, 2, 3] },
+    { model: "m", system: [{ type: "text", text: "s" }], messages: [{ role: "user", content: [{ type: "image", source: { type: "base64", media_type: "image/png", data: "AA" } }] }] },
+  ];
+  const junk: unknown[] = [null, 0, -1, 1.5, "", "x", [], {}, [null], [{}], { type: "image" }, { type: "input_audio" }, true];
+  const mutate = (v: unknown, depth: number): unknown => {
+    if (depth > 4 || rnd(4) === 0) return junk[rnd(junk.length)];
+    if (Array.isArray(v)) return v.map((x) => mutate(x, depth + 1));
+    if (v && typeof v === "object") return Object.fromEntries(Object.entries(v).map(([k, x]) => [k, rnd(3) ? x : mutate(x, depth + 1)]));
+    return v;
+  };
+  for (let i = 0; i < 3000; i++) {
+    const j = JSON.stringify(mutate(base[i % 3], 0));
+    const s = rnd(5) === 0 ? j.slice(0, rnd(j.length + 1)) : j;
+    for (const ep of ["chat", "completions", "messages"] as const) {
+      try {
+        const r = parseRequest(ep, s, s.length, P);
+        assert.equal(typeof r.model, "string");
+        computeFeatures(r, null, 16);
+      } catch (e) {
+        assert.equal((e as { status?: number }).status, 400, `${ep} ${s}: ${(e as Error).stack}`);
+      }
+    }
+  }
+});

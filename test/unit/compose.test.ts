@@ -47,3 +47,15 @@ test("the in-place edits compose makes to envoy.yaml and nginx.conf still match 
   assert.ok(nginx.includes("/usr/lib/nginx/modules/ngx_http_js_module.so"));
   assert.ok(nginx.includes("/opt/infera-gate/njs/dist"), "the njs-dist volume mount point");
 });
+
+test("the Istio EnvoyFilter example carries the same ext_proc settings as envoy/envoy.yaml", () => {
+  const ef = parse(fs.readFileSync(path.join(ROOT, "envoy/istio/envoyfilter.yaml"), "utf8"));
+  const envoy = parse(fs.readFileSync(path.join(ROOT, "envoy/envoy.yaml"), "utf8"));
+  const hcm = envoy.static_resources.listeners[0].filter_chains[0].filters[0].typed_config;
+  const ours = hcm.http_filters.find((f: { name: string }) => f.name === "envoy.filters.http.ext_proc").typed_config;
+  const theirs = ef.spec.configPatches[0].patch.value.typed_config;
+  assert.deepEqual(theirs.processing_mode, ours.processing_mode);
+  assert.equal(theirs.failure_mode_allow, ours.failure_mode_allow);
+  const cluster = envoy.static_resources.clusters.find((c: { name: string }) => c.name === "workers");
+  assert.deepEqual(ef.spec.configPatches[1].patch.value.original_dst_lb_config, cluster.original_dst_lb_config);
+});

@@ -1,7 +1,7 @@
 // Builds the njs bundle: tsc lowers core + njs/ to ES5 (no class, Map, Set,
 // destructuring, spread, for-of, default params, optional chaining), esbuild
 // bundles it into one file, and a checker refuses anything njs cannot parse.
-import { execFileSync } from "child_process";
+import { execFileSync, spawnSync } from "child_process";
 import * as fs from "fs";
 import * as path from "path";
 import { build } from "esbuild";
@@ -40,6 +40,22 @@ export function checkNjsSyntax(code: string, file: string): void {
   }
 }
 
+/** Loads both bundles in every njs CLI on this machine; njs's own parser is the final word. */
+function njsLoadCheck(): void {
+  const clis = ["njs", path.join(ROOT, ".njs-0.8", "bin", "njs")].filter((b) => spawnSync(b, ["-v"]).status === 0);
+  if (!clis.length) {
+    process.stderr.write("njs build: no njs CLI found; only the static syntax check ran\n");
+    return;
+  }
+  const script = path.join(ROOT, "njs", "build", "load-check.mjs");
+  fs.writeFileSync(script, "import a from 'infera.js';\nimport b from 'infera-cli.js';\nconsole.log(typeof a.route + ' ' + typeof b.timePick);\n");
+  for (const bin of clis) {
+    const r = spawnSync(bin, ["-p", OUT, script], { encoding: "utf8" });
+    if (r.status !== 0 || r.stdout.trim() !== "function function")
+      throw new Error(`njs (${bin} ${spawnSync(bin, ["-v"], { encoding: "utf8" }).stdout.trim()}) rejects the bundle: ${r.stderr}${r.stdout}`);
+  }
+}
+
 export async function buildNjs(): Promise<{ bundle: string; cli: string; vocab: string }> {
   fs.rmSync(path.join(ROOT, "njs", "build"), { recursive: true, force: true });
   fs.mkdirSync(OUT, { recursive: true });
@@ -64,6 +80,7 @@ export async function buildNjs(): Promise<{ bundle: string; cli: string; vocab: 
     fs.writeFileSync(file, code);
     outs[entry] = file;
   }
+  njsLoadCheck();
   const vocab = path.join(OUT, "tokenizer.json");
   fs.writeFileSync(vocab, JSON.stringify(compact(path.join(process.env.INFERA_TOKENIZER_PATH || defaultTokenizerDir(), "tokenizer.json"))));
   return { bundle: outs["infera"], cli: outs["njs-bench"], vocab };

@@ -31,7 +31,8 @@ export class App {
   readonly router: Router;
   readonly metrics: Metrics;
   readonly tokenizer: LoadedTokenizer | null;
-  private subs: Record<string, Subscription> = {};
+  /** KV-event subscription per worker, tagged with the epoch it feeds. */
+  private subs: Record<string, { sub: Subscription; ek: string }> = {};
   private healthTimer: NodeJS.Timeout | null = null;
   private failures: Record<string, number> = {};
   private eventSource: EventSource;
@@ -92,8 +93,8 @@ export class App {
   addWorker(spec: WorkerSpec): void {
     const w = this.router.addWorker(spec);
     const prev = this.subs[spec.id];
-    if (prev && (prev as Subscription & { ek?: string }).ek === w.ek) return;
-    if (prev) prev.close();
+    if (prev && prev.ek === w.ek) return;
+    if (prev) prev.sub.close();
     delete this.subs[spec.id];
     if (!spec.events) {
       this.log("warn", `worker ${spec.id} has no KV event endpoint: routing to it by load only`);
@@ -107,15 +108,15 @@ export class App {
         this.metrics.eventErrors.inc({ worker: spec.id, reason: reason.startsWith("subscriber") ? "transport" : "malformed" });
         this.log("warn", `kv-events worker=${spec.id} refused frame: ${reason}`);
       },
-    ) as Subscription & { ek?: string };
-    sub.ek = ek;
-    this.subs[spec.id] = sub;
+    );
+    this.subs[spec.id] = { sub, ek };
     this.log("info", `worker ${spec.id} joined role=${w.role} address=${w.address} events=${spec.events}`);
   }
 
   removeWorker(id: string): void {
-    if (this.subs[id]) this.subs[id].close();
+    if (this.subs[id]) this.subs[id].sub.close();
     delete this.subs[id];
+    delete this.failures[id];
     if (this.router.removeWorker(id)) this.log("info", `worker ${id} left; mirror dropped, in-flight reservations kept`);
   }
 
@@ -163,7 +164,7 @@ export class App {
 
   async close(): Promise<void> {
     if (this.healthTimer) clearInterval(this.healthTimer);
-    for (const id of Object.keys(this.subs)) this.subs[id].close();
+    for (const id of Object.keys(this.subs)) this.subs[id].sub.close();
     this.subs = {};
     await this.eventSource.close();
   }

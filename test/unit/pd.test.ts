@@ -138,24 +138,34 @@ test("multimodal: text overlap dropped, image affinity decides, unseen image -> 
   assert.equal(other.mmAffinityHits, 0);
 });
 
-test("multimodal under PD: prefill pool by image affinity, decode by load; LRU is bounded", () => {
-  const { r } = mk(PD, { mmLruSize: 2 });
-  const f = (h: string) => feats(blocks("m", 4), { mediaHashes: [h] });
-  const a = r.pick(f("aaaaaaaaaaaaaaaa"));
+test("multimodal under PD: prefill pool by image affinity, decode by load", () => {
+  const { r } = mk(PD);
+  const f = (h: string) => feats(blocks("m" + h[0], 4), { mediaHashes: [h] });
+  const A = "aaaaaaaaaaaaaaaa";
+  const a = r.pick(f(A));
   a.reservation.finish();
-  const b = r.pick(f("aaaaaaaaaaaaaaaa"));
-  assert.equal(b.prefill!.id, a.prefill!.id);
+  const b = r.pick(f(A));
+  assert.equal(b.prefill!.id, a.prefill!.id, "same image -> same prefill worker");
   assert.equal(b.mmAffinityHits, 1);
+  // b is still in flight on one decode worker: the next media request's decode goes to the other
+  const next = r.pick(f(A));
+  assert.notEqual(next.target.id, b.target.id);
   b.reservation.finish();
-  const w = a.prefill!.id;
-  // push two more images through w: the first one falls out of its LRU (size 2)
-  for (const h of ["bbbbbbbbbbbbbbbb", "cccccccccccccccc"]) {
+  next.reservation.finish();
+});
+
+test("image LRU is bounded: the oldest image stops being a hit", () => {
+  const { st, r } = mk([{ id: "p", role: "prefill" }, { id: "d", role: "decode" }], { mmLruSize: 2 });
+  const hits = (h: string) => {
     const p = r.pick(feats([], { mediaHashes: [h] }));
-    if (p.prefill!.id !== w) r.pick(feats([], { mediaHashes: [h] })).reservation.finish();
     p.reservation.finish();
-  }
-  const c = r.pick(f("aaaaaaaaaaaaaaaa"));
-  assert.equal(c.prefill!.id === w ? c.mmAffinityHits : 0, 0);
+    return p.mmAffinityHits;
+  };
+  const [A, B, C] = ["aaaaaaaaaaaaaaaa", "bbbbbbbbbbbbbbbb", "cccccccccccccccc"];
+  assert.deepEqual([hits(A), hits(A), hits(B), hits(C)], [0, 1, 0, 0]);
+  assert.equal(st.get("I:" + r.worker("p")!.ek), [B, C].join(","), "most recent last, two kept");
+  assert.equal(hits(A), 0, "A was evicted");
+  assert.equal(hits(C), 1);
 });
 
 test("decode input-demand on: projected demand = in-flight input tokens + this request x n + W x held requests", () => {

@@ -139,8 +139,10 @@ function handleStream(app: App, call: grpc.ServerDuplexStream<ProcessingRequest,
             bodyChunks = [];
             send(decide(body, false));
           } else {
-            // Only with STREAMED request bodies: keep buffering, let the chunk pass.
-            send(create(ProcessingResponseSchema, { response: { case: "requestBody", value: create(BodyResponseSchema, {}) } }));
+            // A partial body (STREAMED / BUFFERED_PARTIAL): the upstream header can no
+            // longer be set once chunks flow, so say what to fix instead of misrouting.
+            app.log("warn", "ext_proc got a partial request body: set request_body_mode: BUFFERED");
+            send(immediate(500, "gateway misconfigured: ext_proc request_body_mode must be BUFFERED (routing needs the whole body)", "server_misconfigured"));
           }
           break;
         case "requestTrailers":

@@ -107,6 +107,20 @@ test("bad JSON -> ImmediateResponse 400 with an OpenAI-style JSON error", async 
   assert.equal(app.router.openGuards(), 0);
 });
 
+test("a partial request body (STREAMED mode) is refused with the config to fix", async () => {
+  const s = stream();
+  s.send(reqHeaders("/v1/chat/completions"));
+  await s.next();
+  s.send(create(ProcessingRequestSchema, { request: { case: "requestBody", value: create(HttpBodySchema, { body: Buffer.from("{"), endOfStream: false }) } }));
+  const r = await s.next();
+  assert.equal(r.response.case, "immediateResponse");
+  const v = r.response.value as { status: { code: number }; body: Uint8Array };
+  assert.equal(v.status.code, 500);
+  assert.match(Buffer.from(v.body).toString(), /request_body_mode must be BUFFERED/);
+  s.call.end();
+  assert.equal(app.router.openGuards(), 0);
+});
+
 test("a bodiless GET is routed at the headers phase", async () => {
   const s = stream();
   s.send(reqHeaders("/v1/models", "GET", true));

@@ -30,14 +30,14 @@ after(async () => {
 });
 
 const hdrs = (pairs: Record<string, string>) => create(HeaderMapSchema, { headers: Object.entries(pairs).map(([key, v]) => create(HeaderValueSchema, { key, rawValue: Buffer.from(v) })) });
-const reqHeaders = (path: string, method = "POST", eos = false): ProcessingRequest =>
-  create(ProcessingRequestSchema, { request: { case: "requestHeaders", value: create(HttpHeadersSchema, { headers: hdrs({ ":path": path, ":method": method }), endOfStream: eos }) } });
+const reqHeaders = (path: string, method = "POST", eos = false, extra: Record<string, string> = {}): ProcessingRequest =>
+  create(ProcessingRequestSchema, { request: { case: "requestHeaders", value: create(HttpHeadersSchema, { headers: hdrs({ ":path": path, ":method": method, ...extra }), endOfStream: eos }) } });
 const reqBody = (body: string): ProcessingRequest => create(ProcessingRequestSchema, { request: { case: "requestBody", value: create(HttpBodySchema, { body: Buffer.from(body), endOfStream: true }) } });
 const respHeaders = (): ProcessingRequest => create(ProcessingRequestSchema, { request: { case: "responseHeaders", value: create(HttpHeadersSchema, { headers: hdrs({ ":status": "200" }) }) } });
 const respBody = (eos: boolean): ProcessingRequest => create(ProcessingRequestSchema, { request: { case: "responseBody", value: create(HttpBodySchema, { body: Buffer.from("data: x\n\n"), endOfStream: eos }) } });
 
-function stream() {
-  const call = client.makeBidiStreamRequest(def.path, def.requestSerialize, def.responseDeserialize) as grpc.ClientDuplexStream<ProcessingRequest, ProcessingResponse>;
+function stream(c: grpc.Client = client) {
+  const call = c.makeBidiStreamRequest(def.path, def.requestSerialize, def.responseDeserialize) as grpc.ClientDuplexStream<ProcessingRequest, ProcessingResponse>;
   const queue: ProcessingResponse[] = [];
   const waiters: ((m: ProcessingResponse) => void)[] = [];
   call.on("data", (m: ProcessingResponse) => (waiters.length ? waiters.shift()!(m) : queue.push(m)));
@@ -161,4 +161,32 @@ test("race: 40 concurrent streams ending by EOF, cancel, half-close or both, in 
     }),
   );
   assert.ok(await until(() => active() === 0 && app.router.openGuards() === 0), `held ${active()} blocks, ${app.router.openGuards()} guards`);
+});
+
+test("session affinity over ext_proc: the x-session-id header pins the worker while load says otherwise", async () => {
+  const a2 = new App(parseArgs(["--workers", "127.0.0.1:7001,127.0.0.1:7002", "--session-affinity", "prefill", "--health-interval-ms", "0"], {}), () => undefined, { subscribe: () => ({ close() {} }), close: async () => undefined });
+  a2.setWorkers(a2.opts.workers);
+  const srv = await startExtProc(a2, "127.0.0.1", 0);
+  const c2 = new grpc.Client(`127.0.0.1:${srv.port}`, grpc.credentials.createInsecure());
+  const upstreamOf = (r: ProcessingResponse) =>
+    Object.fromEntries((r.response.value as { response: { headerMutation: { setHeaders: { header: { key: string; rawValue: Uint8Array } }[] } } }).response.headerMutation.setHeaders.map((h) => [h.header.key, Buffer.from(h.header.rawValue).toString()]))["x-infera-upstream"];
+  const open = async (text: string, session?: string) => {
+    const s = stream(c2);
+    s.send(reqHeaders("/v1/chat/completions", "POST", false, session ? { "x-session-id": session } : {}));
+    await s.next();
+    s.send(reqBody(body(text)));
+    return { s, upstream: upstreamOf(await s.next()) };
+  };
+  try {
+    const first = await open("session one ".repeat(40), "S1");
+    const second = await open("something else entirely ".repeat(40), "S1");
+    assert.equal(second.upstream, first.upstream, "bound although the other worker is idle");
+    const free = await open("no session here ".repeat(40));
+    assert.notEqual(free.upstream, first.upstream, "without a session, load decides");
+    for (const x of [first, second, free]) x.s.call.cancel();
+  } finally {
+    c2.close();
+    srv.server.forceShutdown();
+    await a2.close();
+  }
 });

@@ -175,8 +175,11 @@ test("nginx+njs PD: decode worker gets the request with the prefill worker named
   const b = await send(prompt);
   assert.equal(b.prefill, a.prefill);
   assert.ok(b.cached > 0);
-  const ws = (await (await fetch(`${ng2.url}/v1/admin/workers`)).json()) as { active_blocks: number; demand: { tokens: number } }[];
-  assert.ok(ws.every((w) => w.active_blocks === 0 && w.demand.tokens === 0), "all released after completion");
+  // Release runs at nginx's log phase, just after the last byte reaches the client.
+  await waitFor("all released after completion", async () => {
+    const ws = (await (await fetch(`${ng2.url}/v1/admin/workers`)).json()) as { active_blocks: number; demand: { tokens: number } }[];
+    return ws.every((w) => w.active_blocks === 0 && w.demand.tokens === 0);
+  }, 5000);
   const m = await (await fetch(`${ng2.url}/metrics`)).text();
   assert.match(m, /infera_router_decode_demand_decisions_total\{mode="on",input="exact",agrees="(true|false)"\} [1-9]/);
   assert.match(m, new RegExp(`infera_router_decode_demand_tokens\\{target="${d[0].address.replace(/\./g, "\\.")}"\\} 0`));

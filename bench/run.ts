@@ -39,13 +39,13 @@ async function pickLatency(): Promise<string[]> {
     for (let i = 0; i < ws.length; i++) {
       const t = tok.encode(tok.renderChat([{ role: "user", content: longText(`bg${i}`, wordsFor(2000)) }]));
       const n = Math.floor(t.length / 16);
-      applyBatch(app.store, ws[i].ek, 0, [{ type: "BlockStored", hashes: Array.from({ length: n }, (_, k) => `${i}-${k}`), parent: null, tokens: t.slice(0, n * 16), blockSize: 16 }], 16, nativeHasher);
+      applyBatch(app.state.mirror, ws[i].epochKey, 0, [{ type: "BlockStored", hashes: Array.from({ length: n }, (_, k) => `${i}-${k}`), parent: null, tokens: t.slice(0, n * 16), blockSize: 16 }], 16, nativeHasher);
     }
     for (const size of [1000, 4000, 32000]) {
       const content = longText(`q${size}`, wordsFor(size));
       const t = tok.encode(tok.renderChat([{ role: "user", content }]));
       const half = Math.floor(t.length / 32) * 16;
-      applyBatch(app.store, ws[3].ek, 1, [{ type: "BlockStored", hashes: Array.from({ length: half / 16 }, (_, k) => `p${size}-${k}`), parent: null, tokens: t.slice(0, half), blockSize: 16 }], 16, nativeHasher);
+      applyBatch(app.state.mirror, ws[3].epochKey, 1, [{ type: "BlockStored", hashes: Array.from({ length: half / 16 }, (_, k) => `p${size}-${k}`), parent: null, tokens: t.slice(0, half), blockSize: 16 }], 16, nativeHasher);
       const body = Buffer.from(JSON.stringify({ model: "m", messages: [{ role: "user", content }] }));
       const reps = quick ? 5 : size >= 32000 ? 15 : 60;
       const times: number[] = [];
@@ -60,7 +60,7 @@ async function pickLatency(): Promise<string[]> {
         p.reservation.finish();
       }
       rows.push(`| ${tokens} | ${workers} | ${pct(times, 50).toFixed(2)} | ${pct(times, 99).toFixed(2)} |`);
-      applyBatch(app.store, ws[3].ek, 2, [{ type: "AllBlocksCleared" }], 16);
+      applyBatch(app.state.mirror, ws[3].epochKey, 2, [{ type: "AllBlocksCleared" }], 16);
     }
     await app.close();
   }

@@ -1,4 +1,5 @@
 import { xxh3Hex } from "./xxh3";
+import { BlockHash } from "./types";
 
 /** Hashes a byte range to 16 lowercase hex digits (XXH3-64). Node swaps in a native one. */
 export type Hasher = (bytes: Uint8Array) => string;
@@ -11,7 +12,7 @@ function putHex64LE(buf: Uint8Array, o: number, hex: string): void {
 }
 
 /** Hash of one block chained to its parent (null for the first block). */
-export function chainNext(parent: string | null, tokens: ArrayLike<number>, start: number, blockSize: number, buf: Uint8Array, h: Hasher): string {
+export function chainNext(parent: string | null, tokens: ArrayLike<number>, start: number, blockSize: number, buf: Uint8Array, h: Hasher): BlockHash {
   let o = 0;
   if (parent) {
     putHex64LE(buf, 0, parent);
@@ -25,7 +26,7 @@ export function chainNext(parent: string | null, tokens: ArrayLike<number>, star
     buf[p + 2] = (t >>> 16) & 255;
     buf[p + 3] = t >>> 24;
   }
-  return h(o ? buf : buf.subarray(0, blockSize * 4));
+  return h(o ? buf : buf.subarray(0, blockSize * 4)) as BlockHash;
 }
 
 export function blockBuffer(blockSize: number): Uint8Array {
@@ -38,12 +39,12 @@ export function blockBuffer(blockSize: number): Uint8Array {
  * A salt (e.g. the images of a multimodal request) seeds the chain as a virtual parent,
  * so the same text with other images never matches a text-only block.
  */
-export function blockHashes(tokens: ArrayLike<number>, blockSize: number, hasher?: Hasher, salt?: string): string[] {
+export function blockHashes(tokens: ArrayLike<number>, blockSize: number, hasher?: Hasher, salt?: string): BlockHash[] {
   const h = hasher || jsHasher;
   const n = Math.floor(tokens.length / blockSize);
-  const out: string[] = [];
+  const out: BlockHash[] = [];
   const buf = blockBuffer(blockSize);
-  let parent: string | null = salt || null;
+  let parent: BlockHash | null = (salt as BlockHash) || null;
   for (let b = 0; b < n; b++) {
     parent = chainNext(parent, tokens, b * blockSize, blockSize, buf, h);
     out.push(parent);

@@ -1,14 +1,14 @@
 // Applies engine KV events (vLLM / SGLang semantics) to a worker's mirror.
 // Engine hashes are opaque: we rehash token_ids with our own chained XXH3 and
 // keep engine-hash -> our-hash per worker so BlockRemoved can find its block.
-import { Store } from "./store";
 import { chainNext, blockBuffer, Hasher, jsHasher } from "./hash";
-import { mirrorClear, mirrorRemove, mirrorStore, ourHash } from "./mirror";
+import { MirrorIndex } from "./state/types";
+import { BlockHash, EngineHash, EpochKey } from "./types";
 import { utf8 } from "./util";
 
 export type KvEvent =
-  | { type: "BlockStored"; hashes: string[]; parent: string | null; tokens: number[]; blockSize: number; loraId?: number | null }
-  | { type: "BlockRemoved"; hashes: string[] }
+  | { type: "BlockStored"; hashes: EngineHash[]; parent: EngineHash | null; tokens: number[]; blockSize: number; loraId?: number | null }
+  | { type: "BlockRemoved"; hashes: EngineHash[] }
   | { type: "AllBlocksCleared" };
 
 export interface ApplyResult {
@@ -25,24 +25,23 @@ export interface ApplyResult {
  * Applies one batch with sequence number seq. A gap (or a restart: seq going
  * backwards) clears the mirror first: we resync rather than drift.
  */
-export function applyBatch(st: Store, ek: string, seq: number, events: KvEvent[], blockSize: number, hasher?: Hasher): ApplyResult {
+export function applyBatch(mirror: MirrorIndex, ek: EpochKey, seq: number, events: KvEvent[], blockSize: number, hasher?: Hasher): ApplyResult {
   const h = hasher || jsHasher;
   const res: ApplyResult = { stored: 0, removed: 0, cleared: false, skipped: 0, gap: false, fatal: null };
-  const seqKey = "MS:" + ek;
-  const hadSeq = st.get(seqKey);
-  if (hadSeq !== undefined && seq !== Number(hadSeq) + 1) {
-    mirrorClear(st, ek);
+  const hadSeq = mirror.sequence(ek);
+  if (hadSeq !== undefined && seq !== hadSeq + 1) {
+    mirror.clear(ek);
     res.gap = true;
   }
-  st.set(seqKey, String(seq));
+  mirror.setSequence(ek, seq);
   const buf = blockBuffer(blockSize);
   for (let i = 0; i < events.length; i++) {
     const ev = events[i];
     if (ev.type === "AllBlocksCleared") {
-      mirrorClear(st, ek);
+      mirror.clear(ek);
       res.cleared = true;
     } else if (ev.type === "BlockRemoved") {
-      for (let j = 0; j < ev.hashes.length; j++) if (mirrorRemove(st, ek, ev.hashes[j])) res.removed++;
+      for (let j = 0; j < ev.hashes.length; j++) if (mirror.remove(ek, ev.hashes[j])) res.removed++;
     } else if (ev.type === "BlockStored") {
       if (ev.blockSize !== blockSize) {
         res.fatal = "block size " + ev.blockSize + " in KV events != router --block-size " + blockSize;
@@ -53,9 +52,9 @@ export function applyBatch(st: Store, ek: string, seq: number, events: KvEvent[]
         continue;
       }
       // LoRA blocks start from a salted root so they never match base-model prompts.
-      let parent: string | null = ev.loraId !== undefined && ev.loraId !== null ? h(utf8("lora:" + ev.loraId)) : null;
+      let parent: BlockHash | null = ev.loraId !== undefined && ev.loraId !== null ? (h(utf8("lora:" + ev.loraId)) as BlockHash) : null;
       if (ev.parent !== null) {
-        const p = ourHash(st, ek, ev.parent);
+        const p = mirror.lookup(ek, ev.parent);
         // Unknown parent (evicted, or we joined mid-stream): this chain cannot match a prompt.
         if (p === undefined) {
           res.skipped += ev.hashes.length;
@@ -65,13 +64,13 @@ export function applyBatch(st: Store, ek: string, seq: number, events: KvEvent[]
       }
       for (let j = 0; j < ev.hashes.length; j++) {
         parent = chainNext(parent, ev.tokens, j * blockSize, blockSize, buf, h);
-        if (mirrorStore(st, ek, ev.hashes[j], parent)) res.stored++;
+        if (mirror.store(ek, ev.hashes[j], parent)) res.stored++;
       }
     }
   }
   return res;
 }
 
-export function resetSequence(st: Store, ek: string): void {
-  st.del("MS:" + ek);
+export function resetSequence(mirror: MirrorIndex, ek: EpochKey): void {
+  mirror.setSequence(ek, undefined);
 }

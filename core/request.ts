@@ -2,6 +2,9 @@
 // bodies into what routing needs. Every malformed input becomes a 400 httpError.
 import { httpError, utf8 } from "./util";
 import { blockHashes, Hasher, jsHasher } from "./hash";
+import { Features } from "./types";
+
+export type { Features } from "./types";
 
 export type Endpoint = "chat" | "completions" | "messages";
 
@@ -185,16 +188,6 @@ export function renderChatML(messages: ChatMessage[]): string {
   for (let i = 0; i < messages.length; i++)
     s += "<|im_start|>" + messages[i].role + "\n" + messages[i].content + "<|im_end|>\n";
   return s + "<|im_start|>assistant\n";
-}
-
-export interface Features {
-  blocks: string[];
-  inputTokens: number;
-  exact: boolean;
-  /** XXH3 of each media reference, in request order. */
-  mediaHashes: string[];
-  /** Requested completions (n); demand books input tokens x n. */
-  n: number;
 }
 
 /**

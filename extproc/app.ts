@@ -1,7 +1,10 @@
 // Composes core with Node: tokenizer, native hash, KV event intake, metrics.
 // Transports (gRPC ext_proc, admin HTTP) sit on top of this.
 import { createRouter, Pick, Router, WorkerSpec } from "../core/router";
-import { memStore, Store } from "../core/store";
+import { memoryState } from "../core/state/memory";
+import { RouterState } from "../core/state/types";
+import { EpochKey } from "../core/types";
+import { diffFleet } from "../core/fleet";
 import { computeFeatures, Endpoint, parseRequest } from "../core/request";
 import { applyBatch, KvEvent } from "../core/kvevents";
 import { nativeHasher } from "./hasher";
@@ -41,12 +44,12 @@ export async function eventSourceFor(opts: Options, log: Logger): Promise<EventS
 }
 
 export class App {
-  readonly store: Store = memStore();
+  readonly state: RouterState = memoryState();
   readonly router: Router;
   readonly metrics: Metrics;
   readonly tokenizer: LoadedTokenizer | null;
   /** KV-event subscription per worker, tagged with the epoch it feeds. */
-  private subs: Record<string, { sub: Subscription; ek: string }> = {};
+  private subs: Record<string, { sub: Subscription; epochKey: EpochKey }> = {};
   private healthTimer: NodeJS.Timeout | null = null;
   private failures: Record<string, number> = {};
   private eventSource: EventSource;
@@ -54,7 +57,7 @@ export class App {
   constructor(readonly opts: Options, readonly log: Logger, eventSource?: EventSource) {
     this.tokenizer = loadTokenizer(opts.tokenizerPath);
     this.metrics = createMetrics(() => this.router);
-    this.router = createRouter(this.store, opts.router, {
+    this.router = createRouter(this.state, opts.router, {
       log: (l, line) => log(l, line),
       onPick: (role, p) => {
         this.metrics.picks.inc({ worker: p.worker, role, policy: p.policy });
@@ -99,23 +102,23 @@ export class App {
   addWorker(spec: WorkerSpec): void {
     const w = this.router.addWorker(spec);
     const prev = this.subs[spec.id];
-    if (prev && prev.ek === w.ek) return;
+    if (prev && prev.epochKey === w.epochKey) return;
     if (prev) prev.sub.close();
     delete this.subs[spec.id];
     if (!spec.events) {
       this.log("warn", `worker ${spec.id} has no KV event endpoint: routing to it by load only`);
       return;
     }
-    const ek = w.ek;
+    const epochKey = w.epochKey;
     const sub = this.eventSource.subscribe(
       spec,
-      (seq, evs) => this.onEvents(spec.id, ek, seq, evs),
+      (seq, evs) => this.onEvents(spec.id, epochKey, seq, evs),
       (reason) => {
         this.metrics.eventErrors.inc({ worker: spec.id, reason: reason.startsWith("subscriber") ? "transport" : "malformed" });
         this.log("warn", `kv-events worker=${spec.id} refused frame: ${reason}`);
       },
     );
-    this.subs[spec.id] = { sub, ek };
+    this.subs[spec.id] = { sub, epochKey };
     this.log("info", `worker ${spec.id} joined role=${w.role} address=${w.address} events=${spec.events}`);
   }
 
@@ -127,15 +130,15 @@ export class App {
   }
 
   setWorkers(list: WorkerSpec[]): void {
-    const want = new Set(list.map((w) => w.id));
-    for (const w of this.router.workers()) if (!want.has(w.id)) this.removeWorker(w.id);
-    for (const w of list) this.addWorker(w);
+    const d = diffFleet(this.router.workers(), list);
+    for (const id of d.remove) this.removeWorker(id);
+    for (const w of d.add) this.addWorker(w);
   }
 
-  onEvents(id: string, ek: string, seq: number, events: KvEvent[]): void {
+  onEvents(id: string, epochKey: EpochKey, seq: number, events: KvEvent[]): void {
     const w = this.router.worker(id);
-    if (!w || w.ek !== ek) return; // a frame from a worker that already left
-    const r = applyBatch(this.store, ek, seq, events, this.opts.router.blockSize, nativeHasher);
+    if (!w || w.epochKey !== epochKey) return; // a frame from a worker that already left
+    const r = applyBatch(this.state.mirror, epochKey, seq, events, this.opts.router.blockSize, nativeHasher);
     if (r.gap) {
       this.metrics.eventErrors.inc({ worker: id, reason: "sequence_gap" });
       this.log("warn", `kv-events worker=${id} sequence gap at seq=${seq}: mirror cleared, resyncing from live events`);

@@ -3,6 +3,7 @@
 // globals). Requires njs >= 0.8.0; see nginx/README.md.
 import { createRouter, defaultConfig, Guard, Router, RouterConfig } from "../core/router";
 import { Store } from "../core/store";
+import { acceptPushSeq, countDecision, decisionCounts, guardKey, keyedState, nextRequestId, saveGuard } from "../core/state/keyed";
 import { computeFeatures, endpointOf, parseRequest, renderChatML, Tokenizer } from "../core/request";
 import { applyBatch, KvEvent } from "../core/kvevents";
 import { createBpe } from "../core/bpe";
@@ -86,11 +87,9 @@ function build(r: NjsRequest): Ctx | string {
     const hooks = {
       log: (l: string, line: string) => (l === "warn" ? r.warn("infera: " + line) : r.log("infera: " + line)),
       // Decision counters live in the number dict so /metrics sees every VM's.
-      onDemand: (d: { mode: string; input: string; agrees: boolean }) => {
-        st.incr("DD:" + d.mode + "|" + d.input + "|" + d.agrees, 1);
-      },
+      onDemand: (d: { mode: string; input: string; agrees: boolean }) => countDecision(st, d.mode, d.input, d.agrees),
     };
-    return { st: st, cfg: cfg, router: createRouter(st, cfg, hooks) };
+    return { st: st, cfg: cfg, router: createRouter(keyedState(st), cfg, hooks) };
   } catch (e) {
     return "infera-gate config: " + (e as Error).message;
   }
@@ -146,10 +145,10 @@ function route(r: NjsRequest): void {
     return fail(r, err.status || 500, err.message, err.type || "internal_error");
   }
   const g = pick.reservation.guards();
-  const id = String(c.st.incr("RID", 1));
+  const id = nextRequestId(c.st);
   r.variables.infera_rid = id;
-  if (g.prefill) c.st.set("RP:" + id, JSON.stringify(g.prefill));
-  c.st.set("RM:" + id, JSON.stringify(g.main));
+  if (g.prefill) saveGuard(c.st, id, "prefill", g.prefill);
+  saveGuard(c.st, id, "main", g.main);
   r.variables.infera_upstream = pick.target.address;
   r.variables.infera_worker = pick.target.id;
   r.variables.infera_prefill = pick.prefill ? pick.prefill.address : "";
@@ -172,7 +171,7 @@ function releaseKey(c: Ctx, key: string): boolean {
 function firstByte(r: NjsRequest): void {
   r.headersOut["x-infera-worker"] = r.variables.infera_worker;
   const c = ctx0(r);
-  if (c && reqId(r) && c.cfg.pdPrefillGuardRelease === "first-token") releaseKey(c, "RP:" + reqId(r));
+  if (c && reqId(r) && c.cfg.pdPrefillGuardRelease === "first-token") releaseKey(c, guardKey(reqId(r), "prefill"));
 }
 
 /** js_set variable used in the access log: runs once per request at log phase (EOF, abort, error). */
@@ -181,8 +180,8 @@ function release(r: NjsRequest): string {
   if (!c) return "-";
   const id = reqId(r);
   if (!id) return "-";
-  const a = releaseKey(c, "RP:" + id);
-  const b = releaseKey(c, "RM:" + id);
+  const a = releaseKey(c, guardKey(id, "prefill"));
+  const b = releaseKey(c, guardKey(id, "main"));
   return a || b ? "1" : "0";
 }
 
@@ -213,17 +212,15 @@ function push(r: NjsRequest): void {
     return fail(r, 400, "push body is not JSON", "invalid_request_error");
   }
   if (typeof b.pseq !== "number") return fail(r, 400, "push needs a numeric pseq", "invalid_request_error");
-  const stream = b.type === "workers" ? "PS:workers" : "PS:ev:" + b.worker;
-  const last = c.st.num(stream);
-  if (b.pseq <= last) return fail(r, 409, "stale push: pseq " + b.pseq + " <= " + last, "stale");
-  c.st.incr(stream, b.pseq - last);
+  const seqOk = acceptPushSeq(c.st, b.type === "workers" ? "workers" : "ev:" + b.worker, b.pseq);
+  if (!seqOk.ok) return fail(r, 409, "stale push: pseq " + b.pseq + " <= " + seqOk.last, "stale");
   if (b.type === "workers") {
     c.router.setWorkers(b.workers || []);
     return json(r, 200, { workers: c.router.workers().length });
   }
   const w = c.router.worker(b.worker || "");
   if (!w) return fail(r, 404, "unknown worker " + b.worker, "not_found");
-  const res = applyBatch(c.st, w.ek, b.seq || 0, b.events || [], c.cfg.blockSize);
+  const res = applyBatch(c.router.state.mirror, w.epochKey, b.seq || 0, b.events || [], c.cfg.blockSize);
   if (res.fatal) c.router.exclude(w.id, res.fatal);
   json(r, 200, res);
 }
@@ -268,10 +265,10 @@ function metrics(r: NjsRequest): void {
     return v ? v.block_count : 0;
   }, false);
   lines.push("# HELP infera_router_decode_demand_decisions_total Decode input-demand decisions", "# TYPE infera_router_decode_demand_decisions_total counter");
-  const keys = c.st.keys("DD:");
-  for (let i = 0; i < keys.length; i++) {
-    const p = keys[i].substr(3).split("|");
-    lines.push('infera_router_decode_demand_decisions_total{mode="' + p[0] + '",input="' + p[1] + '",agrees="' + p[2] + '"} ' + c.st.num(keys[i]));
+  const counts = decisionCounts(c.st);
+  for (let i = 0; i < counts.length; i++) {
+    const d = counts[i];
+    lines.push('infera_router_decode_demand_decisions_total{mode="' + d.mode + '",input="' + d.input + '",agrees="' + d.agrees + '"} ' + d.count);
   }
   r.headersOut["Content-Type"] = "text/plain; version=0.0.4";
   r.return(200, lines.join("\n") + "\n");

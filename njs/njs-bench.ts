@@ -2,6 +2,7 @@
 // tokenize + hash + pick on the native njs engine. See test/e2e/njs.test.ts.
 import { createBpe, CompactTokenizer } from "../core/bpe";
 import { memStore } from "../core/store";
+import { keyedState } from "../core/state/keyed";
 import { createRouter, defaultConfig } from "../core/router";
 import { computeFeatures, parseRequest, renderChatML } from "../core/request";
 import { xxh3Hex } from "../core/xxh3";
@@ -24,8 +25,7 @@ function hashes(inputs: number[][]): string[] {
 function timePick(vocab: CompactTokenizer, text: string, reps: number): { tokens: number; ms: number } {
   const bpe = createBpe(vocab);
   const tok = { encode: bpe.encode, renderChat: renderChatML };
-  const st = memStore();
-  const r = createRouter(st, defaultConfig());
+  const r = createRouter(keyedState(memStore()), defaultConfig());
   for (let i = 0; i < 8; i++) r.addWorker({ id: "w" + i, address: "127.0.0.1:" + (9000 + i), role: "mixed" });
   const body = JSON.stringify({ model: "m", messages: [{ role: "user", content: text }] });
   const times: number[] = [];

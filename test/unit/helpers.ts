@@ -1,10 +1,10 @@
 import { createRouter, defaultConfig, Router, RouterConfig, WorkerSpec } from "../../core/router";
-import { memStore, Store } from "../../core/store";
-import { mirrorStore } from "../../core/mirror";
-import { Features } from "../../core/request";
+import { memoryState } from "../../core/state/memory";
+import { RouterState } from "../../core/state/types";
+import { BlockHash, Features } from "../../core/types";
 
 export function mk(specs: Partial<WorkerSpec>[], cfg: Partial<RouterConfig> = {}, logs?: string[]) {
-  const st: Store = memStore();
+  const st: RouterState = memoryState();
   const demand: unknown[] = [];
   const r: Router = createRouter(st, { ...defaultConfig(), ...cfg }, {
     log: (_l, line) => logs?.push(line),
@@ -15,14 +15,14 @@ export function mk(specs: Partial<WorkerSpec>[], cfg: Partial<RouterConfig> = {}
   return { st, r, demand };
 }
 
-export const blocks = (prefix: string, n: number) => Array.from({ length: n }, (_, i) => `${prefix}${i.toString(16).padStart(14, "0")}`.slice(-16));
+export const blocks = (prefix: string, n: number) => Array.from({ length: n }, (_, i) => `${prefix}${i.toString(16).padStart(14, "0")}`.slice(-16) as BlockHash);
 
 /** Marks the first blocks as cached on worker id (through the mirror, as events would). */
-export function cache(st: Store, r: Router, id: string, bs: string[]): void {
+export function cache(st: RouterState, r: Router, id: string, bs: BlockHash[]): void {
   const w = r.worker(id)!;
-  for (const b of bs) mirrorStore(st, w.ek, "eng-" + b, b);
+  for (const b of bs) st.mirror.store(w.epochKey, "eng-" + b, b);
 }
 
-export function feats(bs: string[], extra: Partial<Features> = {}): Features {
+export function feats(bs: BlockHash[], extra: Partial<Features> = {}): Features {
   return { blocks: bs, inputTokens: bs.length * 16, exact: true, mediaHashes: [], n: 1, ...extra };
 }

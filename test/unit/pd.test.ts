@@ -68,12 +68,12 @@ test("a worker leaving keeps live reservations; late completion never touches th
 test("release never throws, even when the store fails", () => {
   const { st, r } = mk([{ id: "a" }]);
   const p = r.pick(feats(blocks("t", 2)));
-  const orig = st.incr;
-  st.incr = () => {
+  const orig = st.load.release;
+  st.load.release = () => {
     throw new Error("store down");
   };
   assert.doesNotThrow(() => p.reservation.finish());
-  st.incr = orig;
+  st.load.release = orig;
 });
 
 test("fuzz: random pick / first-token / EOF / cancel / abandon / worker-leave sequences end with every counter at zero", () => {
@@ -163,7 +163,7 @@ test("image LRU is bounded: the oldest image stops being a hit", () => {
   };
   const [A, B, C] = ["aaaaaaaaaaaaaaaa", "bbbbbbbbbbbbbbbb", "cccccccccccccccc"];
   assert.deepEqual([hits(A), hits(A), hits(B), hits(C)], [0, 1, 0, 0]);
-  assert.equal(st.get("I:" + r.worker("p")!.ek), [B, C].join(","), "most recent last, two kept");
+  assert.equal(st.images.list(r.worker("p")!.epochKey).join(","), [B, C].join(","), "most recent last, two kept");
   assert.equal(hits(A), 0, "A was evicted");
   assert.equal(hits(C), 1);
 });
@@ -260,6 +260,6 @@ test("session affinity prefill: prefill bound, decode chosen fresh", () => {
 test("session table is bounded: past 100k sessions it starts over", () => {
   const { st, r } = mk([{ id: "x" }, { id: "y" }], { sessionAffinity: "prefill" });
   for (let i = 0; i < 100001; i++) r.pick(feats([]), "s" + i).reservation.finish();
-  assert.ok(st.keys("S:").length <= 100000);
-  assert.ok(st.get("S:s100000") !== undefined, "the newest binding survives");
+  assert.ok(st.sessions.size() <= 100000);
+  assert.ok(st.sessions.get("s100000") !== null, "the newest binding survives");
 });

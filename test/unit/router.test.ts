@@ -1,7 +1,6 @@
 import { test } from "node:test";
 import * as assert from "node:assert/strict";
 import { mk, blocks, cache, feats } from "./helpers";
-import { prefixHits } from "../../core/mirror";
 import { validateConfig, defaultConfig } from "../../core/router";
 
 test("seed's worked example: W0 8 hits + 6 active -> 8, W1 0 hits + 1 active -> 11, W0 wins", () => {
@@ -29,10 +28,10 @@ test("cache_hits is the longest cached prefix, not any overlap", () => {
   const req = blocks("cc", 10);
   cache(st, r, "a", [req[0], req[1], req[3], req[4], req[5]]); // gap at block 2
   cache(st, r, "b", req.slice(0, 3));
-  const live = { [r.worker("a")!.ek]: true, [r.worker("b")!.ek]: true };
-  const h = prefixHits(st, req, live);
-  assert.equal(h[r.worker("a")!.ek], 2);
-  assert.equal(h[r.worker("b")!.ek], 3);
+  const live = { [r.worker("a")!.epochKey]: true, [r.worker("b")!.epochKey]: true };
+  const h = st.mirror.prefixHits(req, live);
+  assert.equal(h[r.worker("a")!.epochKey], 2);
+  assert.equal(h[r.worker("b")!.epochKey], 3);
   assert.equal(r.pick(feats(req)).target.id, "b");
 });
 

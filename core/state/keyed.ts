@@ -1,0 +1,291 @@
+// Router state encoded as keys of a Store: the backend njs runs on, where the
+// Store is a pair of js_shared_dict_zone dicts (strings, numbers) shared by every
+// request's VM. No Map/Set here. This file is the only place that knows the keys.
+//
+// Key schema (ek = worker epoch key "id#n", h = our block hash, eh = engine hash):
+//   strings                                  numbers
+//   WL          JSON Worker[] (the fleet)    WV          fleet version (cache check)
+//   H:<ek>      "down" when unhealthy        EP          epoch counter
+//   X:<ek>      exclusion reason             C:<name>    shared counters (round-robin)
+//   M:<h>       "ek1,ek2": who holds h       MR:<ek>:<h> engine blocks that map to h on ek
+//   ME:<ek>:<eh> our hash for eh on ek       MN:<ek>     distinct blocks held by ek
+//   MS:<ek>     last event sequence          A:<ek>:<h>  in-flight holds of block h on ek
+//   I:<ek>      "h1,h2" media LRU            AC:<ek>     distinct in-flight blocks on ek
+//   S:<sid>     JSON SessionBinding          DT:<ek>/DR:<ek> in-flight tokens / requests
+//   RP:<rid>/RM:<rid> JSON Guard (njs)       OPEN        guards held; SN sessions bound
+//                                            RID         request ids; PS:<stream> push seqs
+//                                            DD:<mode>|<input>|<agrees> demand decisions
+import { Store } from "../store";
+import { BlockHash, EngineHash, EpochKey, Guard, SessionBinding, Worker, WorkerSpec } from "../types";
+import { ImageAffinity, LoadLedger, MAX_SESSIONS, MirrorIndex, RouterState, SessionTable, WorkerRegistry } from "./types";
+
+export function keyedMirror(st: Store): MirrorIndex {
+  function addHolder(h: string, ek: string): void {
+    const cur = st.get("M:" + h);
+    if (!cur) st.set("M:" + h, ek);
+    else if (("," + cur + ",").indexOf("," + ek + ",") < 0) st.set("M:" + h, cur + "," + ek);
+  }
+  function dropHolder(h: string, ek: string): void {
+    const cur = st.get("M:" + h);
+    if (!cur) return;
+    const parts = cur.split(",");
+    const keep: string[] = [];
+    for (let i = 0; i < parts.length; i++) if (parts[i] !== ek) keep.push(parts[i]);
+    if (keep.length) st.set("M:" + h, keep.join(","));
+    else st.del("M:" + h);
+  }
+  const mirror: MirrorIndex = {
+    store(ek, eh, h) {
+      const prev = st.get("ME:" + ek + ":" + eh);
+      if (prev === h) return false;
+      if (prev !== undefined) mirror.remove(ek, eh);
+      st.set("ME:" + ek + ":" + eh, h);
+      if (st.incr("MR:" + ek + ":" + h, 1) === 1) {
+        addHolder(h, ek);
+        st.incr("MN:" + ek, 1);
+        return true;
+      }
+      return false;
+    },
+    lookup: (ek, eh) => st.get("ME:" + ek + ":" + eh) as BlockHash | undefined,
+    remove(ek, eh) {
+      const h = st.get("ME:" + ek + ":" + eh);
+      if (h === undefined) return false;
+      st.del("ME:" + ek + ":" + eh);
+      if (st.incr("MR:" + ek + ":" + h, -1) <= 0) {
+        st.delNum("MR:" + ek + ":" + h);
+        dropHolder(h, ek);
+        st.incr("MN:" + ek, -1);
+        return true;
+      }
+      return false;
+    },
+    clear(ek) {
+      const refs = st.keys("MR:" + ek + ":");
+      const pre = ("MR:" + ek + ":").length;
+      for (let i = 0; i < refs.length; i++) {
+        dropHolder(refs[i].substr(pre), ek);
+        st.delNum(refs[i]);
+      }
+      const maps = st.keys("ME:" + ek + ":");
+      for (let i = 0; i < maps.length; i++) st.del(maps[i]);
+      st.delNum("MN:" + ek);
+    },
+    count: (ek) => st.num("MN:" + ek),
+    prefixHits(blocks, live) {
+      const hits: { [ek: string]: number } = {};
+      let cand: { [ek: string]: boolean } | null = null;
+      for (let i = 0; i < blocks.length; i++) {
+        const holders = st.get("M:" + blocks[i]);
+        if (!holders) break;
+        const parts = holders.split(",");
+        const next: { [ek: string]: boolean } = {};
+        let any = false;
+        for (let j = 0; j < parts.length; j++) {
+          const ek = parts[j];
+          if (!live[ek] || (cand !== null && !cand[ek])) continue;
+          next[ek] = true;
+          hits[ek] = i + 1;
+          any = true;
+        }
+        if (!any) break;
+        cand = next;
+      }
+      return hits;
+    },
+    sequence(ek) {
+      const v = st.get("MS:" + ek);
+      return v === undefined ? undefined : Number(v);
+    },
+    setSequence(ek, seq) {
+      if (seq === undefined) st.del("MS:" + ek);
+      else st.set("MS:" + ek, String(seq));
+    },
+  };
+  return mirror;
+}
+
+export function keyedLedger(st: Store): LoadLedger {
+  return {
+    hold(ek, blocks, tokens, requests) {
+      for (let i = 0; i < blocks.length; i++) if (st.incr("A:" + ek + ":" + blocks[i], 1) === 1) st.incr("AC:" + ek, 1);
+      if (tokens) st.incr("DT:" + ek, tokens);
+      if (requests) st.incr("DR:" + ek, requests);
+      st.incr("OPEN", 1);
+      return { epochKey: ek, blocks: blocks, tokens: tokens, requests: requests, done: false };
+    },
+    release(g) {
+      const ek = g.epochKey;
+      for (let i = 0; i < g.blocks.length; i++) {
+        const k = "A:" + ek + ":" + g.blocks[i];
+        if (st.incr(k, -1) <= 0) {
+          st.delNum(k);
+          if (st.incr("AC:" + ek, -1) <= 0) st.delNum("AC:" + ek);
+        }
+      }
+      if (g.tokens && st.incr("DT:" + ek, -g.tokens) <= 0) st.delNum("DT:" + ek);
+      if (g.requests && st.incr("DR:" + ek, -g.requests) <= 0) st.delNum("DR:" + ek);
+      st.incr("OPEN", -1);
+    },
+    activeBlocks: (ek) => st.num("AC:" + ek),
+    demand: (ek) => ({ tokens: st.num("DT:" + ek), requests: st.num("DR:" + ek) }),
+    openGuards: () => st.num("OPEN"),
+  };
+}
+
+export function keyedRegistry(st: Store): WorkerRegistry {
+  // Parsed fleet, reused while the shared version number is unchanged.
+  let cache: Worker[] | null = null;
+  let cacheVer = -1;
+  function list(): Worker[] {
+    const v = st.num("WV");
+    if (cache && v === cacheVer) return cache;
+    const raw = st.get("WL");
+    cache = raw ? (JSON.parse(raw) as Worker[]) : [];
+    cacheVer = v;
+    return cache;
+  }
+  function save(l: Worker[]): void {
+    st.set("WL", JSON.stringify(l));
+    st.incr("WV", 1);
+  }
+  return {
+    list: list,
+    get(id) {
+      const l = list();
+      for (let i = 0; i < l.length; i++) if (l[i].id === id) return l[i];
+      return null;
+    },
+    add(spec: WorkerSpec) {
+      const w: Worker = { id: spec.id, address: spec.address, role: spec.role || "mixed", blockSize: spec.blockSize, events: spec.events, epochKey: (spec.id + "#" + st.incr("EP", 1)) as EpochKey };
+      save(list().concat([w]));
+      return w;
+    },
+    remove(id) {
+      const l = list();
+      const keep: Worker[] = [];
+      let gone: Worker | null = null;
+      for (let i = 0; i < l.length; i++) {
+        if (l[i].id === id) gone = l[i];
+        else keep.push(l[i]);
+      }
+      if (gone) save(keep);
+      return gone;
+    },
+    setHealthy(ek, ok) {
+      if (ok) st.del("H:" + ek);
+      else st.set("H:" + ek, "down");
+    },
+    healthy: (ek) => st.get("H:" + ek) === undefined,
+    exclude: (ek, reason) => st.set("X:" + ek, reason),
+    excluded: (ek) => {
+      const v = st.get("X:" + ek);
+      return v === undefined ? null : v;
+    },
+    forget(ek) {
+      st.del("H:" + ek);
+      st.del("X:" + ek);
+    },
+  };
+}
+
+export function keyedSessions(st: Store, max?: number): SessionTable {
+  const cap = max || MAX_SESSIONS;
+  return {
+    get(sid) {
+      const raw = st.get("S:" + sid);
+      return raw ? (JSON.parse(raw) as SessionBinding) : null;
+    },
+    bind(sid, b) {
+      if (st.get("S:" + sid) === undefined && st.incr("SN", 1) > cap) {
+        const all = st.keys("S:");
+        for (let i = 0; i < all.length; i++) st.del(all[i]);
+        st.delNum("SN");
+        st.incr("SN", 1);
+      }
+      st.set("S:" + sid, JSON.stringify(b));
+    },
+    size: () => st.keys("S:").length,
+  };
+}
+
+export function keyedImages(st: Store): ImageAffinity {
+  function list(ek: string): string[] {
+    const raw = st.get("I:" + ek);
+    return raw ? raw.split(",") : [];
+  }
+  return {
+    touch(ek, hashes, cap) {
+      let cur = list(ek);
+      for (let i = 0; i < hashes.length; i++) {
+        const keep: string[] = [];
+        for (let j = 0; j < cur.length; j++) if (cur[j] !== hashes[i]) keep.push(cur[j]);
+        keep.push(hashes[i]);
+        cur = keep;
+      }
+      if (cur.length > cap) cur = cur.slice(cur.length - cap);
+      st.set("I:" + ek, cur.join(","));
+    },
+    hits(ek, hashes) {
+      const have: { [h: string]: boolean } = {};
+      const cur = list(ek);
+      for (let i = 0; i < cur.length; i++) have[cur[i]] = true;
+      let n = 0;
+      for (let i = 0; i < hashes.length; i++) if (have[hashes[i]]) n++;
+      return n;
+    },
+    list: list,
+    drop: (ek) => st.del("I:" + ek),
+  };
+}
+
+export function keyedState(st: Store): RouterState {
+  return {
+    workers: keyedRegistry(st),
+    mirror: keyedMirror(st),
+    load: keyedLedger(st),
+    sessions: keyedSessions(st),
+    images: keyedImages(st),
+    next: (c) => st.incr("C:" + c, 1),
+  };
+}
+
+// ---- njs request plumbing kept in the same dicts ----
+
+/** A new request id, shared across VMs. */
+export function nextRequestId(st: Store): string {
+  return String(st.incr("RID", 1));
+}
+
+/** Where a request's guard waits between njs phases (popped once to release). */
+export function guardKey(rid: string, which: "prefill" | "main"): string {
+  return (which === "prefill" ? "RP:" : "RM:") + rid;
+}
+
+export function saveGuard(st: Store, rid: string, which: "prefill" | "main", g: Guard): void {
+  st.set(guardKey(rid, which), JSON.stringify(g));
+}
+
+/** Accepts a push sequence for a stream if it is newer than the last one; returns the last one otherwise. */
+export function acceptPushSeq(st: Store, stream: string, pseq: number): { ok: boolean; last: number } {
+  const key = "PS:" + stream;
+  const last = st.num(key);
+  if (pseq <= last) return { ok: false, last: last };
+  st.incr(key, pseq - last);
+  return { ok: true, last: last };
+}
+
+export function countDecision(st: Store, mode: string, input: string, agrees: boolean): void {
+  st.incr("DD:" + mode + "|" + input + "|" + agrees, 1);
+}
+
+export function decisionCounts(st: Store): { mode: string; input: string; agrees: string; count: number }[] {
+  const keys = st.keys("DD:");
+  const out: { mode: string; input: string; agrees: string; count: number }[] = [];
+  for (let i = 0; i < keys.length; i++) {
+    const p = keys[i].substr(3).split("|");
+    out.push({ mode: p[0], input: p[1], agrees: p[2], count: st.num(keys[i]) });
+  }
+  return out;
+}
+

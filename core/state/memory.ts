@@ -1,0 +1,212 @@
+// Router state in Maps and Sets, for the Node process (ext_proc server, tests).
+// Not part of the njs bundle (njs has no Map/Set); njs uses state/keyed.ts.
+import { BlockHash, EngineHash, EpochKey, Guard, SessionBinding, Worker, WorkerSpec } from "../types";
+import { ImageAffinity, LoadLedger, MAX_SESSIONS, MirrorIndex, RouterState, SessionTable, WorkerRegistry } from "./types";
+
+interface Held {
+  /** engine hash -> our hash */
+  byEngine: Map<EngineHash, BlockHash>;
+  /** our hash -> engine blocks that map to it */
+  refs: Map<BlockHash, number>;
+  seq: number | undefined;
+}
+
+export function memoryMirror(): MirrorIndex {
+  const holders = new Map<BlockHash, EpochKey[]>();
+  const targets = new Map<EpochKey, Held>();
+  const held = (ek: EpochKey): Held => {
+    let h = targets.get(ek);
+    if (!h) targets.set(ek, (h = { byEngine: new Map(), refs: new Map(), seq: undefined }));
+    return h;
+  };
+  const dropHolder = (h: BlockHash, ek: EpochKey) => {
+    const list = holders.get(h);
+    if (!list) return;
+    const i = list.indexOf(ek);
+    if (i >= 0) list.splice(i, 1);
+    if (!list.length) holders.delete(h);
+  };
+  const mirror: MirrorIndex = {
+    store(ek, eh, h) {
+      const t = held(ek);
+      const prev = t.byEngine.get(eh);
+      if (prev === h) return false;
+      if (prev !== undefined) mirror.remove(ek, eh);
+      t.byEngine.set(eh, h);
+      const n = (t.refs.get(h) ?? 0) + 1;
+      t.refs.set(h, n);
+      if (n > 1) return false;
+      const list = holders.get(h);
+      if (list) list.push(ek);
+      else holders.set(h, [ek]);
+      return true;
+    },
+    lookup: (ek, eh) => targets.get(ek)?.byEngine.get(eh),
+    remove(ek, eh) {
+      const t = targets.get(ek);
+      const h = t?.byEngine.get(eh);
+      if (!t || h === undefined) return false;
+      t.byEngine.delete(eh);
+      const n = (t.refs.get(h) ?? 0) - 1;
+      if (n > 0) {
+        t.refs.set(h, n);
+        return false;
+      }
+      t.refs.delete(h);
+      dropHolder(h, ek);
+      return true;
+    },
+    clear(ek) {
+      const t = targets.get(ek);
+      if (!t) return;
+      // Cost: the blocks this worker held, never the whole index.
+      for (const h of t.refs.keys()) dropHolder(h, ek);
+      targets.set(ek, { byEngine: new Map(), refs: new Map(), seq: t.seq });
+    },
+    count: (ek) => targets.get(ek)?.refs.size ?? 0,
+    prefixHits(blocks, live) {
+      const hits: { [ek: string]: number } = {};
+      let cand: Set<string> | null = null;
+      for (let i = 0; i < blocks.length; i++) {
+        const list = holders.get(blocks[i]);
+        if (!list) break;
+        const next = new Set<string>();
+        for (const ek of list) {
+          if (!live[ek] || (cand !== null && !cand.has(ek))) continue;
+          next.add(ek);
+          hits[ek] = i + 1;
+        }
+        if (!next.size) break;
+        cand = next;
+      }
+      return hits;
+    },
+    sequence: (ek) => targets.get(ek)?.seq,
+    setSequence(ek, seq) {
+      if (seq === undefined && !targets.has(ek)) return;
+      held(ek).seq = seq;
+    },
+  };
+  return mirror;
+}
+
+export function memoryLedger(): LoadLedger {
+  const per = new Map<EpochKey, { blocks: Map<BlockHash, number>; tokens: number; requests: number }>();
+  let open = 0;
+  return {
+    hold(ek, blocks, tokens, requests) {
+      let p = per.get(ek);
+      if (!p) per.set(ek, (p = { blocks: new Map(), tokens: 0, requests: 0 }));
+      for (const b of blocks) p.blocks.set(b, (p.blocks.get(b) ?? 0) + 1);
+      p.tokens += tokens;
+      p.requests += requests;
+      open++;
+      return { epochKey: ek, blocks, tokens, requests, done: false };
+    },
+    release(g) {
+      const p = per.get(g.epochKey);
+      open--;
+      if (!p) return;
+      for (const b of g.blocks) {
+        const n = (p.blocks.get(b) ?? 0) - 1;
+        if (n > 0) p.blocks.set(b, n);
+        else p.blocks.delete(b);
+      }
+      p.tokens -= g.tokens;
+      p.requests -= g.requests;
+      if (!p.blocks.size && p.tokens <= 0 && p.requests <= 0) per.delete(g.epochKey);
+    },
+    activeBlocks: (ek) => per.get(ek)?.blocks.size ?? 0,
+    demand(ek) {
+      const p = per.get(ek);
+      return { tokens: Math.max(0, p?.tokens ?? 0), requests: Math.max(0, p?.requests ?? 0) };
+    },
+    openGuards: () => open,
+  };
+}
+
+export function memoryRegistry(): WorkerRegistry {
+  let list: Worker[] = [];
+  let epoch = 0;
+  const down = new Set<string>();
+  const out = new Map<string, string>();
+  return {
+    list: () => list,
+    get: (id) => list.find((w) => w.id === id) ?? null,
+    add(spec) {
+      const w: Worker = { id: spec.id, address: spec.address, role: spec.role || "mixed", blockSize: spec.blockSize, events: spec.events, epochKey: (spec.id + "#" + ++epoch) as EpochKey };
+      // Copy on write: callers may hold the previous list while picking.
+      list = list.concat([w]);
+      return w;
+    },
+    remove(id) {
+      const gone = list.find((w) => w.id === id) ?? null;
+      if (gone) list = list.filter((w) => w !== gone);
+      return gone;
+    },
+    setHealthy: (ek, ok) => void (ok ? down.delete(ek) : down.add(ek)),
+    healthy: (ek) => !down.has(ek),
+    exclude: (ek, reason) => void out.set(ek, reason),
+    excluded: (ek) => out.get(ek) ?? null,
+    forget(ek) {
+      down.delete(ek);
+      out.delete(ek);
+    },
+  };
+}
+
+export function memorySessions(max = MAX_SESSIONS): SessionTable {
+  let table = new Map<string, SessionBinding>();
+  return {
+    get: (sid) => table.get(sid) ?? null,
+    bind(sid, b) {
+      if (!table.has(sid) && table.size >= max) table = new Map();
+      table.set(sid, b);
+    },
+    size: () => table.size,
+  };
+}
+
+export function memoryImages(): ImageAffinity {
+  // Map iteration order is insertion order: delete + set moves a hash to the back.
+  const lru = new Map<EpochKey, Map<string, true>>();
+  return {
+    touch(ek, hashes, cap) {
+      let m = lru.get(ek);
+      if (!m) lru.set(ek, (m = new Map()));
+      for (const h of hashes) {
+        m.delete(h);
+        m.set(h, true);
+      }
+      for (const h of m.keys()) {
+        if (m.size <= cap) break;
+        m.delete(h);
+      }
+    },
+    hits(ek, hashes) {
+      const m = lru.get(ek);
+      if (!m) return 0;
+      let n = 0;
+      for (const h of hashes) if (m.has(h)) n++;
+      return n;
+    },
+    list: (ek) => [...(lru.get(ek)?.keys() ?? [])],
+    drop: (ek) => void lru.delete(ek),
+  };
+}
+
+export function memoryState(): RouterState {
+  const counters = new Map<string, number>();
+  return {
+    workers: memoryRegistry(),
+    mirror: memoryMirror(),
+    load: memoryLedger(),
+    sessions: memorySessions(),
+    images: memoryImages(),
+    next(c) {
+      const v = (counters.get(c) ?? 0) + 1;
+      counters.set(c, v);
+      return v;
+    },
+  };
+}

@@ -1,0 +1,80 @@
+// Router state behind small interfaces. Node runs the Map/Set backend
+// (state/memory.ts); njs keeps everything in js_shared_dict_zone through the
+// key-encoded backend (state/keyed.ts). Both pass test/unit/state.test.ts.
+import { BlockHash, EngineHash, EpochKey, Guard, SessionBinding, Worker, WorkerSpec } from "../types";
+
+/** Which blocks each worker's engine holds, as reported by its KV events. */
+export interface MirrorIndex {
+  /** Records that engine block engineHash on epochKey is our blockHash. True when blockHash is new there. */
+  store(epochKey: EpochKey, engineHash: EngineHash, blockHash: BlockHash): boolean;
+  /** Our hash for an engine hash, if mirrored. */
+  lookup(epochKey: EpochKey, engineHash: EngineHash): BlockHash | undefined;
+  /** Forgets one engine block. True when its blockHash is no longer held there. */
+  remove(epochKey: EpochKey, engineHash: EngineHash): boolean;
+  /** Drops everything mirrored for epochKey (AllBlocksCleared, sequence gap, worker leave). */
+  clear(epochKey: EpochKey): void;
+  /** Distinct blocks held by epochKey. */
+  count(epochKey: EpochKey): number;
+  /** Longest cached prefix of blocks for each live epoch key (O(request blocks)). */
+  prefixHits(blocks: BlockHash[], live: { [epochKey: string]: boolean }): { [epochKey: string]: number };
+  /** Last applied event sequence number for epochKey, if any. */
+  sequence(epochKey: EpochKey): number | undefined;
+  setSequence(epochKey: EpochKey, seq: number | undefined): void;
+}
+
+/** In-flight load: distinct prompt blocks, input tokens and requests per worker epoch. */
+export interface LoadLedger {
+  /** Books load; shared prefixes count once per worker. */
+  hold(epochKey: EpochKey, blocks: BlockHash[], tokens: number, requests: number): Guard;
+  /** Gives a guard's load back. Callers make it happen once (Guard.done or an atomic pop). */
+  release(g: Guard): void;
+  activeBlocks(epochKey: EpochKey): number;
+  demand(epochKey: EpochKey): { tokens: number; requests: number };
+  /** Guards still held across all workers. */
+  openGuards(): number;
+}
+
+/** The fleet: workers with their epoch, health and exclusion. */
+export interface WorkerRegistry {
+  list(): Worker[];
+  get(id: string): Worker | null;
+  /** Adds a worker under a fresh epoch key (the caller removes an older entry first). */
+  add(spec: WorkerSpec): Worker;
+  remove(id: string): Worker | null;
+  setHealthy(epochKey: EpochKey, ok: boolean): void;
+  healthy(epochKey: EpochKey): boolean;
+  exclude(epochKey: EpochKey, reason: string): void;
+  /** Why a worker is out of every pool, or null. */
+  excluded(epochKey: EpochKey): string | null;
+  /** Per-worker bookkeeping that goes with an epoch (health, exclusion). */
+  forget(epochKey: EpochKey): void;
+}
+
+/** Session id -> where its requests went; bounded. */
+export interface SessionTable {
+  get(sessionId: string): SessionBinding | null;
+  bind(sessionId: string, b: SessionBinding): void;
+  size(): number;
+}
+
+/** Per-worker most-recently-used media hashes. */
+export interface ImageAffinity {
+  /** Marks hashes as just used on epochKey, keeping at most cap (most recent last). */
+  touch(epochKey: EpochKey, hashes: string[], cap: number): void;
+  hits(epochKey: EpochKey, hashes: string[]): number;
+  list(epochKey: EpochKey): string[];
+  drop(epochKey: EpochKey): void;
+}
+
+export interface RouterState {
+  workers: WorkerRegistry;
+  mirror: MirrorIndex;
+  load: LoadLedger;
+  sessions: SessionTable;
+  images: ImageAffinity;
+  /** Monotonic counters shared by every VM (round-robin position). */
+  next(counter: string): number;
+}
+
+/** Past this many sessions the table starts over (a session then simply picks afresh). */
+export const MAX_SESSIONS = 100000;

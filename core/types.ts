@@ -1,0 +1,78 @@
+// Domain types shared by the scheduler, the state backends and the adapters.
+
+/** Our chained XXH3-64 of one prompt block, 16 hex digits. Only hashing code makes one. */
+export type BlockHash = string & { readonly __brand: "BlockHash" };
+/** The engine's own id for a block (opaque; only used to find our hash again on removal). */
+export type EngineHash = string;
+/**
+ * A worker's identity for one stay in the fleet ("<id>#<n>"): new on every
+ * join, so a late release or event never touches a recreated entry.
+ */
+export type EpochKey = string & { readonly __brand: "EpochKey" };
+
+export type Role = "prefill" | "decode" | "mixed";
+export type Policy = "kv-aware" | "round-robin" | "random";
+export type DemandMode = "off" | "shadow" | "on";
+export type SessionAffinity = "off" | "prefill" | "both";
+
+export interface WorkerSpec {
+  id: string;
+  /** host:port the gateway proxies to. */
+  address: string;
+  role: Role;
+  /** Block size the worker reports; a mismatch with the router excludes it. */
+  blockSize?: number;
+  /** KV event endpoint (zmq tcp://… or a NATS subject). */
+  events?: string;
+}
+
+export interface Worker extends WorkerSpec {
+  epochKey: EpochKey;
+}
+
+export interface RouterConfig {
+  policy: Policy;
+  blockSize: number;
+  overlapWeight: number;
+  prefillOverlapWeight: number | null;
+  decodeOverlapWeight: number | null;
+  decodeInputDemand: DemandMode;
+  decodeRequestWeight: number;
+  sessionAffinity: SessionAffinity;
+  pdPrefillGuardRelease: "first-token" | "completion";
+  mmLruSize: number;
+}
+
+/** What routing needs from one request (see core/request.ts). */
+export interface Features {
+  blocks: BlockHash[];
+  inputTokens: number;
+  exact: boolean;
+  /** XXH3 of each media reference, in request order. */
+  mediaHashes: string[];
+  /** Requested completions (n); demand books input tokens x n. */
+  n: number;
+}
+
+/** One held piece of load; released exactly once. Plain data, so njs can keep it in a shared dict between phases. */
+export interface Guard {
+  epochKey: EpochKey;
+  blocks: BlockHash[];
+  tokens: number;
+  requests: number;
+  done: boolean;
+}
+
+/** Where a session's earlier requests went (prefill or only target, and decode). */
+export interface SessionBinding {
+  prefill?: EpochKey;
+  decode?: EpochKey;
+}
+
+/** A scored candidate as callers see it. */
+export interface Candidate {
+  id: string;
+  cost: number;
+  hits: number;
+  active: number;
+}

@@ -1,0 +1,164 @@
+// Table-driven tests of each scheduling plugin on its own: given a fleet and
+// state, the terms a scorer returns, the workers a filter keeps, the row a
+// picker chooses.
+import { test } from "node:test";
+import * as assert from "node:assert/strict";
+import { memoryState } from "../../core/state/memory";
+import { defaultConfig } from "../../core/router";
+import { PickContext, Row, runProfile, ProfileName } from "../../core/scheduling/framework";
+import { usableFilter } from "../../core/scheduling/plugins/filter/usable";
+import { rolePoolFilter } from "../../core/scheduling/plugins/filter/role-pool";
+import { prefixOverlapScorer } from "../../core/scheduling/plugins/scorer/prefix-overlap";
+import { imageAffinityScorer } from "../../core/scheduling/plugins/scorer/image-affinity";
+import { activeBlocksScorer } from "../../core/scheduling/plugins/scorer/active-blocks";
+import { lowestCostPicker } from "../../core/scheduling/plugins/picker/lowest-cost";
+import { roundRobinPicker } from "../../core/scheduling/plugins/picker/round-robin";
+import { randomPicker } from "../../core/scheduling/plugins/picker/random";
+import { decideDemand } from "../../core/scheduling/plugins/picker/decode-demand";
+import { BlockHash, Features, Role, RouterConfig, Worker } from "../../core/types";
+import "../../core/scheduling/plugins";
+
+const B = (n: number, p = "b") => Array.from({ length: n }, (_, i) => `${p}${i}` as BlockHash);
+
+function setup(roles: Role[], opts: { config?: Partial<RouterConfig>; features?: Partial<Features>; profile?: ProfileName; pd?: boolean } = {}) {
+  const state = memoryState();
+  const fleet: Worker[] = roles.map((role, i) => state.workers.add({ id: `w${i}`, address: `127.0.0.1:${9000 + i}`, role }));
+  const ctx: PickContext = {
+    features: { blocks: B(4), inputTokens: 64, exact: true, mediaHashes: [], n: 1, ...opts.features },
+    config: { ...defaultConfig(), ...opts.config },
+    state,
+    fleet,
+    profile: opts.profile ?? "prefill",
+    pd: opts.pd ?? false,
+    sessionId: null,
+    session: null,
+    previous: null,
+    random: () => 0.5,
+  };
+  const rows = (): Row[] => fleet.map((worker) => ({ worker, cost: 0, hits: 0, active: 0, terms: {} }));
+  return { state, fleet, ctx, rows };
+}
+
+test("filter usable: block size, exclusion and health", () => {
+  const cases: { name: string; prep: (s: ReturnType<typeof setup>) => void; keep: string[] }[] = [
+    { name: "all fine", prep: () => undefined, keep: ["w0", "w1", "w2"] },
+    { name: "excluded", prep: (s) => s.state.workers.exclude(s.fleet[1].epochKey, "x"), keep: ["w0", "w2"] },
+    { name: "unhealthy", prep: (s) => s.state.workers.setHealthy(s.fleet[0].epochKey, false), keep: ["w1", "w2"] },
+    { name: "block size", prep: (s) => (s.fleet[2].blockSize = 32), keep: ["w0", "w1"] },
+  ];
+  for (const c of cases) {
+    const s = setup(["mixed", "mixed", "mixed"]);
+    c.prep(s);
+    assert.deepEqual(usableFilter.filter(s.ctx, s.fleet).map((w) => w.id), c.keep, c.name);
+  }
+});
+
+test("filter role-pool: PD pools put dedicated workers first, then mixed", () => {
+  const roles: Role[] = ["mixed", "decode", "prefill", "decode"];
+  const cases: { profile: ProfileName; pd: boolean; keep: string[] }[] = [
+    { profile: "prefill", pd: true, keep: ["w2", "w0"] },
+    { profile: "decode", pd: true, keep: ["w1", "w3", "w0"] },
+    { profile: "prefill", pd: false, keep: ["w0", "w1", "w2", "w3"] },
+    { profile: "decode", pd: false, keep: [] },
+  ];
+  for (const c of cases) {
+    const s = setup(roles, { profile: c.profile, pd: c.pd });
+    assert.deepEqual(rolePoolFilter.filter(s.ctx, s.fleet).map((w) => w.id), c.keep, `${c.profile} pd=${c.pd}`);
+  }
+});
+
+test("scorer prefix-overlap: request blocks minus the longest cached prefix; weight per role", () => {
+  const cases: { cached: number[]; want: number[] }[] = [
+    { cached: [0, 0], want: [4, 4] },
+    { cached: [4, 1], want: [0, 3] },
+    { cached: [2, 3], want: [2, 1] },
+  ];
+  for (const c of cases) {
+    const s = setup(["mixed", "mixed"]);
+    c.cached.forEach((n, i) => B(n).forEach((h) => s.state.mirror.store(s.fleet[i].epochKey, "e" + h, h)));
+    const rows = s.rows();
+    assert.deepEqual(prefixOverlapScorer.score(s.ctx, rows, 1), c.want);
+    assert.deepEqual(rows.map((r) => r.hits), c.cached);
+  }
+  const weights: { config: Partial<RouterConfig>; profile: ProfileName; pd: boolean; media?: boolean; want: number }[] = [
+    { config: {}, profile: "prefill", pd: false, want: 1 },
+    { config: { overlapWeight: 0 }, profile: "prefill", pd: false, want: 0 },
+    { config: { prefillOverlapWeight: 20 }, profile: "prefill", pd: true, want: 20 },
+    { config: { prefillOverlapWeight: 20 }, profile: "prefill", pd: false, want: 1 },
+    { config: { decodeOverlapWeight: 2 }, profile: "decode", pd: true, want: 2 },
+    { config: {}, profile: "prefill", pd: false, media: true, want: 0 },
+    { config: { policy: "round-robin" }, profile: "prefill", pd: false, media: true, want: 1 },
+  ];
+  for (const w of weights) {
+    const s = setup(["mixed"], { config: w.config, profile: w.profile, pd: w.pd, features: w.media ? { mediaHashes: ["img"] } : {} });
+    assert.equal(prefixOverlapScorer.weight(s.ctx), w.want, JSON.stringify(w));
+  }
+});
+
+test("scorer image-affinity: (images - hits) x max(1, blocks/images), prefill only", () => {
+  const cases: { seen: string[][]; blocks: number; want: number[] }[] = [
+    { seen: [[], []], blocks: 4, want: [4, 4] },
+    { seen: [["i0", "i1"], ["i0"]], blocks: 4, want: [0, 2] },
+    { seen: [[], ["i1"]], blocks: 1, want: [2, 1] },
+  ];
+  for (const c of cases) {
+    const s = setup(["mixed", "mixed"], { features: { blocks: B(c.blocks), mediaHashes: ["i0", "i1"] } });
+    c.seen.forEach((h, i) => s.state.images.touch(s.fleet[i].epochKey, h, 8));
+    assert.equal(imageAffinityScorer.weight(s.ctx), 1);
+    assert.deepEqual(imageAffinityScorer.score(s.ctx, s.rows(), 1), c.want);
+  }
+  assert.equal(imageAffinityScorer.weight(setup(["mixed"], { features: { mediaHashes: [] } }).ctx), 0);
+});
+
+test("scorer active-blocks: distinct in-flight blocks", () => {
+  const s = setup(["mixed", "mixed", "mixed"]);
+  s.state.load.hold(s.fleet[0].epochKey, B(3), 0, 0);
+  s.state.load.hold(s.fleet[0].epochKey, B(5), 0, 0);
+  s.state.load.hold(s.fleet[2].epochKey, B(1, "z"), 0, 0);
+  assert.deepEqual(activeBlocksScorer.score(s.ctx, s.rows(), 1), [5, 0, 1]);
+});
+
+test("pickers: lowest cost with tie-breaks, round-robin, random", () => {
+  const cases: { rows: [number, number, number][]; want: number }[] = [
+    { rows: [[5, 0, 0], [3, 0, 0], [4, 0, 0]], want: 1 },
+    { rows: [[3, 2, 0], [3, 1, 0], [3, 1, 0]], want: 1 },
+    { rows: [[3, 1, 9], [3, 1, 2], [3, 1, 5]], want: 1 },
+    { rows: [[1, 0, 0], [1, 0, 0], [1, 0, 0]], want: 0 },
+  ];
+  for (const c of cases) {
+    const s = setup(["mixed", "mixed", "mixed"]);
+    c.rows.forEach(([, , cached], i) => B(cached, "c" + i).forEach((h) => s.state.mirror.store(s.fleet[i].epochKey, h, h)));
+    const rows = s.rows().map((r, i) => ({ ...r, cost: c.rows[i][0], active: c.rows[i][1] }));
+    assert.equal(lowestCostPicker.pick(s.ctx, rows), c.want, JSON.stringify(c.rows));
+  }
+  const s = setup(["mixed", "mixed", "mixed"]);
+  assert.deepEqual([0, 1, 2, 3].map(() => roundRobinPicker.pick(s.ctx, s.rows())), [0, 1, 2, 0]);
+  assert.equal(randomPicker.pick(s.ctx, s.rows()), 1, "random 0.5 of 3 rows");
+});
+
+test("decode-demand: in-flight tokens + this request x n + W x requests; ties by original cost", () => {
+  const cases: { held: [number, number][]; cost: number[]; w: number; n: number; mode: "shadow" | "on"; want: string; agrees: boolean }[] = [
+    { held: [[0, 0], [0, 0]], cost: [2, 1], w: 0, n: 1, mode: "on", want: "w1", agrees: false },
+    { held: [[500, 1], [100, 1]], cost: [0, 5], w: 0, n: 2, mode: "on", want: "w1", agrees: false },
+    { held: [[500, 1], [100, 1]], cost: [0, 5], w: 0, n: 2, mode: "shadow", want: "w0", agrees: false },
+    { held: [[100, 0], [0, 10]], cost: [0, 0], w: 20, n: 1, mode: "on", want: "w0", agrees: true },
+  ];
+  for (const c of cases) {
+    const s = setup(["decode", "decode"], { profile: "decode", pd: true, config: { decodeInputDemand: c.mode, decodeRequestWeight: c.w }, features: { n: c.n } });
+    c.held.forEach(([t, r], i) => s.state.load.hold(s.fleet[i].epochKey, [], t, r));
+    const rows = s.rows().map((r, i) => ({ ...r, cost: c.cost[i] }));
+    const d = decideDemand(s.ctx, rows, 0);
+    assert.equal(d.decision.actual, c.want, JSON.stringify(c));
+    assert.equal(d.decision.agrees, c.agrees);
+    assert.equal(d.decision.candidates[0].demand, c.held[0][0] + 64 * c.n + c.w * c.held[0][1]);
+  }
+});
+
+test("runProfile: cost is the weighted sum of the scorers' terms (seed's worked example)", () => {
+  const s = setup(["mixed", "mixed"], { features: { blocks: B(10, "q") } });
+  B(8, "q").forEach((h) => s.state.mirror.store(s.fleet[0].epochKey, h, h));
+  s.state.load.hold(s.fleet[0].epochKey, B(6, "l"), 0, 0);
+  s.state.load.hold(s.fleet[1].epochKey, B(1, "m"), 0, 0);
+  const rows = runProfile(s.ctx);
+  assert.deepEqual(rows.map((r) => [r.cost, r.terms["prefix-overlap"], r.terms["active-blocks"]]), [[8, 2, 6], [11, 10, 1]]);
+});

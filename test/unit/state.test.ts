@@ -1,0 +1,118 @@
+// One behaviour suite for every RouterState backend: the Map/Set one Node runs
+// and the key-encoded one njs runs over its shared dicts (here over memStore,
+// the same Store interface the shared-dict adapter implements).
+import { test } from "node:test";
+import * as assert from "node:assert/strict";
+import { memoryState } from "../../core/state/memory";
+import { keyedState } from "../../core/state/keyed";
+import { memStore } from "../../core/store";
+import { RouterState } from "../../core/state/types";
+import { BlockHash, EpochKey } from "../../core/types";
+
+const backends: [string, () => RouterState][] = [
+  ["memory", memoryState],
+  ["keyed (njs shared dict)", () => keyedState(memStore())],
+];
+const B = (s: string) => s as BlockHash;
+const E = (s: string) => s as EpochKey;
+
+for (const [name, make] of backends) {
+  test(`${name}: mirror store/lookup/remove/count, engine aliases of one block`, () => {
+    const { mirror } = make();
+    assert.equal(mirror.store(E("a#1"), "e1", B("h1")), true);
+    assert.equal(mirror.store(E("a#1"), "e1", B("h1")), false, "same engine block again");
+    assert.equal(mirror.store(E("a#1"), "e2", B("h1")), false, "second engine hash for the same block");
+    assert.equal(mirror.count(E("a#1")), 1);
+    assert.equal(mirror.lookup(E("a#1"), "e2"), "h1");
+    assert.equal(mirror.remove(E("a#1"), "e1"), false, "still held through e2");
+    assert.equal(mirror.remove(E("a#1"), "e2"), true);
+    assert.equal(mirror.remove(E("a#1"), "e2"), false);
+    assert.equal(mirror.count(E("a#1")), 0);
+    assert.equal(mirror.lookup(E("a#1"), "e2"), undefined);
+    // an engine hash re-pointed to another block moves its reference
+    mirror.store(E("a#1"), "e3", B("h3"));
+    mirror.store(E("a#1"), "e3", B("h4"));
+    assert.equal(mirror.count(E("a#1")), 1);
+    assert.deepEqual(mirror.prefixHits([B("h4")], { "a#1": true }), { "a#1": 1 });
+    assert.deepEqual(mirror.prefixHits([B("h3")], { "a#1": true }), {});
+  });
+
+  test(`${name}: prefix hits are the longest cached prefix per live worker; clear drops one worker only`, () => {
+    const { mirror } = make();
+    const req = ["p0", "p1", "p2", "p3"].map(B);
+    ["p0", "p1", "p3"].forEach((h, i) => mirror.store(E("a#1"), "a" + i, B(h)));
+    ["p0", "p1", "p2", "p3"].forEach((h, i) => mirror.store(E("b#2"), "b" + i, B(h)));
+    mirror.store(E("c#3"), "c0", B("p0"));
+    assert.deepEqual(mirror.prefixHits(req, { "a#1": true, "b#2": true, "c#3": true }), { "a#1": 2, "b#2": 4, "c#3": 1 });
+    assert.deepEqual(mirror.prefixHits(req, { "a#1": true }), { "a#1": 2 }, "only live workers count");
+    mirror.clear(E("b#2"));
+    assert.equal(mirror.count(E("b#2")), 0);
+    assert.equal(mirror.count(E("a#1")), 3);
+    assert.deepEqual(mirror.prefixHits(req, { "a#1": true, "b#2": true, "c#3": true }), { "a#1": 2, "c#3": 1 });
+    mirror.setSequence(E("a#1"), 7);
+    assert.equal(mirror.sequence(E("a#1")), 7);
+    mirror.setSequence(E("a#1"), undefined);
+    assert.equal(mirror.sequence(E("a#1")), undefined);
+  });
+
+  test(`${name}: load ledger counts distinct blocks once per worker and returns to zero`, () => {
+    const { load } = make();
+    const g1 = load.hold(E("a#1"), ["x", "y"].map(B), 100, 1);
+    const g2 = load.hold(E("a#1"), ["x", "z"].map(B), 50, 1);
+    load.hold(E("b#2"), [B("x")], 0, 0);
+    assert.equal(load.activeBlocks(E("a#1")), 3);
+    assert.deepEqual(load.demand(E("a#1")), { tokens: 150, requests: 2 });
+    assert.equal(load.openGuards(), 3);
+    load.release(g1);
+    assert.equal(load.activeBlocks(E("a#1")), 2);
+    load.release(g2);
+    assert.equal(load.activeBlocks(E("a#1")), 0);
+    assert.deepEqual(load.demand(E("a#1")), { tokens: 0, requests: 0 });
+    assert.equal(load.activeBlocks(E("b#2")), 1);
+    assert.equal(load.openGuards(), 1);
+  });
+
+  test(`${name}: registry epochs, health, exclusion`, () => {
+    const { workers } = make();
+    const a = workers.add({ id: "a", address: "127.0.0.1:1", role: "mixed" });
+    const b = workers.add({ id: "b", address: "127.0.0.1:2", role: "decode", blockSize: 16 });
+    assert.deepEqual(workers.list().map((w) => w.id), ["a", "b"]);
+    assert.equal(workers.get("b")!.blockSize, 16);
+    assert.notEqual(a.epochKey, b.epochKey);
+    workers.setHealthy(a.epochKey, false);
+    assert.equal(workers.healthy(a.epochKey), false);
+    workers.exclude(b.epochKey, "why");
+    assert.equal(workers.excluded(b.epochKey), "why");
+    assert.equal(workers.remove("a")!.id, "a");
+    assert.equal(workers.remove("a"), null);
+    workers.forget(a.epochKey);
+    const a2 = workers.add({ id: "a", address: "127.0.0.1:1", role: "mixed" });
+    assert.notEqual(a2.epochKey, a.epochKey, "a new stay, a new epoch");
+    assert.equal(workers.healthy(a2.epochKey), true);
+  });
+
+  test(`${name}: sessions bounded, image LRU most recent last`, () => {
+    const st = make();
+    st.sessions.bind("s", { prefill: E("a#1") });
+    assert.deepEqual(st.sessions.get("s"), { prefill: "a#1" });
+    assert.equal(st.sessions.get("nope"), null);
+    st.images.touch(E("a#1"), ["i1", "i2", "i3"], 2);
+    assert.deepEqual(st.images.list(E("a#1")), ["i2", "i3"]);
+    st.images.touch(E("a#1"), ["i2"], 2);
+    assert.deepEqual(st.images.list(E("a#1")), ["i3", "i2"]);
+    assert.equal(st.images.hits(E("a#1"), ["i1", "i2", "i3"]), 2);
+    st.images.drop(E("a#1"));
+    assert.equal(st.images.hits(E("a#1"), ["i2"]), 0);
+    assert.equal(st.next("RR"), 1);
+    assert.equal(st.next("RR"), 2);
+  });
+}
+
+test("keyed backend: worker ids with colons never collide with another worker's keys", () => {
+  const st = keyedState(memStore());
+  st.mirror.store(E("127.0.0.1:8001#1"), "e", B("h"));
+  st.mirror.store(E("127.0.0.1:8001#10"), "e", B("h"));
+  st.mirror.clear(E("127.0.0.1:8001#1"));
+  assert.equal(st.mirror.count(E("127.0.0.1:8001#10")), 1);
+  assert.deepEqual(st.mirror.prefixHits([B("h")], { "127.0.0.1:8001#10": true, "127.0.0.1:8001#1": true }), { "127.0.0.1:8001#10": 1 });
+});

@@ -24,9 +24,26 @@ export function hasOwn(o: object, k: string): boolean {
   return Object.prototype.hasOwnProperty.call(o, k);
 }
 
-export function httpError(status: number, message: string, type?: string): Error {
-  const e = new Error(message) as Error & { status: number; type: string };
+/** An error that becomes an HTTP answer: status and an OpenAI-style error type. */
+export interface HttpError extends Error {
+  status: number;
+  type: string;
+}
+
+export function httpError(status: number, message: string, type?: string): HttpError {
+  const e = new Error(message) as HttpError;
   e.status = status;
   e.type = type || "invalid_request_error";
   return e;
+}
+
+/** Any thrown value as an HttpError: ours keep their status, anything else is a 500. */
+export function asHttpError(e: unknown): HttpError {
+  if (e instanceof Error && typeof (e as HttpError).status === "number") return e as HttpError;
+  return httpError(500, e instanceof Error ? e.message : String(e), "internal_error");
+}
+
+/** The OpenAI error body every JSON error of ours uses. */
+export function errorPayload(status: number, message: string, type: string): { error: { message: string; type: string; code: number } } {
+  return { error: { message: message, type: type, code: status } };
 }

@@ -1,6 +1,7 @@
 // Admin/metrics HTTP: /metrics, /v1/admin/cache-view/<worker>, /v1/admin/workers, /healthz.
 import * as http from "http";
 import { App } from "./app";
+import { workerRow } from "../core/views";
 
 function json(res: http.ServerResponse, status: number, body: unknown): void {
   const b = JSON.stringify(body);
@@ -30,17 +31,7 @@ export function startAdmin(app: App, host: string, port: number): Promise<{ serv
         return json(
           res,
           200,
-          app.router.workers().map((w) => ({
-            id: w.id,
-            address: w.address,
-            role: w.role,
-            events: w.events ?? null,
-            block_count: app.router.cacheView(w.id)?.block_count ?? 0,
-            active_blocks: app.router.activeBlocks(w.id),
-            demand: app.router.demand(w.id),
-            excluded: app.router.excluded(w.id),
-            healthy: app.router.healthy(w.id),
-          })),
+          app.router.workers().map((w) => workerRow(app.router, w)),
         );
       if (p === "/v1/admin/reservations") return json(res, 200, { open_guards: app.router.openGuards() });
       return json(res, 404, { error: "not found" });

@@ -2,6 +2,7 @@
 // KV events exactly like the ext_proc server, but instead of a local mirror it
 // pushes the fleet and every event batch, in order, to nginx's internal push
 // location, where njs applies them to its shared dicts.
+import { sameWorker } from "../core/fleet";
 import { parseArgs, Options } from "./config";
 import { EventSource, eventSourceFor, Logger, makeLogger } from "./app";
 import { Fleet, startDiscovery } from "./discovery";
@@ -98,7 +99,7 @@ export class Bridge implements Fleet {
 
   private track(w: WorkerSpec): void {
     const old = this.fleet[w.id];
-    if (old && old.events === w.events && old.address === w.address && old.role === w.role) return;
+    if (old && sameWorker(old, w)) return;
     this.drop(w.id);
     this.fleet[w.id] = w;
     if (w.events)

@@ -21,6 +21,7 @@ import { HeaderValueOption_HeaderAppendAction, HeaderValueOptionSchema, HeaderVa
 import { HttpStatusSchema, StatusCode } from "./gen/envoy/type/v3/http_status_pb";
 import { ProcessingMode_BodySendMode } from "./gen/envoy/extensions/filters/http/ext_proc/v3/processing_mode_pb";
 import { endpointOf } from "../core/request";
+import { asHttpError, errorPayload } from "../core/util";
 import { Pick, Reservation } from "../core/router";
 import { App } from "./app";
 
@@ -42,10 +43,6 @@ function setHeaders(pairs: Record<string, string>, remove: string[] = []) {
   });
 }
 
-function errorBody(status: number, message: string, type: string): Buffer {
-  return Buffer.from(JSON.stringify({ error: { message, type, code: status } }));
-}
-
 function immediate(status: number, message: string, type: string): ProcessingResponse {
   return create(ProcessingResponseSchema, {
     response: {
@@ -53,7 +50,7 @@ function immediate(status: number, message: string, type: string): ProcessingRes
       value: create(ImmediateResponseSchema, {
         status: create(HttpStatusSchema, { code: status as StatusCode }),
         headers: setHeaders({ "content-type": "application/json" }),
-        body: errorBody(status, message, type),
+        body: Buffer.from(JSON.stringify(errorPayload(status, message, type))),
         details: "infera_" + type,
       }),
     },
@@ -120,11 +117,10 @@ function handleStream(app: App, call: grpc.ServerDuplexStream<ProcessingRequest,
         pick = app.router.pick({ blocks: [], inputTokens: 0, exact: false, mediaHashes: [], n: 1 });
       }
     } catch (e) {
-      const err = e as Error & { status?: number; type?: string };
-      const status = err.status ?? 500;
-      app.metrics.badRequests.inc({ status: String(status) });
-      if (status >= 500) app.log("warn", `routing failed: ${err.message}`);
-      return immediate(status, err.message, err.type ?? "internal_error");
+      const err = asHttpError(e);
+      app.metrics.badRequests.inc({ status: String(err.status) });
+      if (err.status >= 500) app.log("warn", `routing failed: ${err.message}`);
+      return immediate(err.status, err.message, err.type);
     }
     res = pick.reservation;
     // The gateway connects to the metadata value; the headers tell the worker

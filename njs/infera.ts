@@ -7,6 +7,8 @@ import { acceptPushSeq, countDecision, decisionCounts, guardKey, keyedState, nex
 import { computeFeatures, endpointOf, parseRequest, renderChatML, Tokenizer } from "../core/request";
 import { applyBatch, KvEvent } from "../core/kvevents";
 import { createBpe } from "../core/bpe";
+import { asHttpError, errorPayload } from "../core/util";
+import { workerRow } from "../core/views";
 
 const STR_ZONE = "infera_str";
 const NUM_ZONE = "infera_num";
@@ -43,7 +45,7 @@ function json(r: NjsRequest, status: number, body: unknown): void {
 }
 
 function fail(r: NjsRequest, status: number, message: string, type: string): void {
-  json(r, status, { error: { message: message, type: type, code: status } });
+  json(r, status, errorPayload(status, message, type));
 }
 
 function numVar(r: NjsRequest, name: string, dflt: number | null): number | null {
@@ -141,8 +143,8 @@ function route(r: NjsRequest): void {
       pick = c.router.pick(f, req.sessionId);
     } else pick = c.router.pick({ blocks: [], inputTokens: 0, exact: false, mediaHashes: [], n: 1 });
   } catch (e) {
-    const err = e as Error & { status?: number; type?: string };
-    return fail(r, err.status || 500, err.message, err.type || "internal_error");
+    const err = asHttpError(e);
+    return fail(r, err.status, err.message, err.type);
   }
   const g = pick.reservation.guards();
   const id = nextRequestId(c.st);
@@ -237,10 +239,7 @@ function admin(r: NjsRequest): void {
   if (r.uri === "/v1/admin/workers") {
     const ws = c.router.workers();
     const out: unknown[] = [];
-    for (let i = 0; i < ws.length; i++) {
-      const v = c.router.cacheView(ws[i].id);
-      out.push({ id: ws[i].id, address: ws[i].address, role: ws[i].role, block_count: v ? v.block_count : 0, active_blocks: c.router.activeBlocks(ws[i].id), demand: c.router.demand(ws[i].id), excluded: c.router.excluded(ws[i].id) });
-    }
+    for (let i = 0; i < ws.length; i++) out.push(workerRow(c.router, ws[i]));
     return json(r, 200, out);
   }
   if (r.uri === "/v1/admin/reservations") return json(r, 200, { open_guards: c.router.openGuards() });

@@ -1,0 +1,31 @@
+// What admin endpoints show about a worker, for the ext_proc admin server and
+// the njs admin location alike.
+import { Router } from "./router";
+import { Worker } from "./types";
+
+export interface WorkerRow {
+  id: string;
+  address: string;
+  role: string;
+  events: string | null;
+  block_count: number;
+  active_blocks: number;
+  demand: { tokens: number; requests: number };
+  excluded: string | null;
+  healthy: boolean;
+}
+
+export function workerRow(router: Router, w: Worker): WorkerRow {
+  const v = router.cacheView(w.id);
+  return {
+    id: w.id,
+    address: w.address,
+    role: w.role,
+    events: w.events === undefined ? null : w.events,
+    block_count: v ? v.block_count : 0,
+    active_blocks: router.activeBlocks(w.id),
+    demand: router.demand(w.id),
+    excluded: router.excluded(w.id),
+    healthy: router.healthy(w.id),
+  };
+}

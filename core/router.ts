@@ -204,25 +204,25 @@ export function createRouter(state: RouterState, cfg: RouterConfig, hooks?: Rout
       else if (fleet[i].role === "decode") hasDecode = true;
     }
     const ctx = context(f, fleet, hasPrefill && hasDecode, sessionId || null);
-    const prows = run(ctx, "prefill");
-    if (!prows.length) throw httpError(503, "no workers available", "service_unavailable");
-    const pi = choose(ctx, prows).index;
-    const pw = prows[pi].worker;
+    const prefillRows = run(ctx, "prefill");
+    if (!prefillRows.length) throw httpError(503, "no workers available", "service_unavailable");
+    const prefillIndex = choose(ctx, prefillRows).index;
+    const prefillWorker = prefillRows[prefillIndex].worker;
     const media = f.mediaHashes.length > 0 && cfg.policy === "kv-aware";
-    const mmHits = media ? prows[pi].hits : 0;
-    log("info", "pick policy=" + cfg.policy + " role=prefill picked=" + pw.id + " mm_images=" + f.mediaHashes.length + " mm_affinity_hits=" + mmHits);
-    if (hk.onPick) hk.onPick("prefill", { worker: pw.id, hits: media ? 0 : prows[pi].hits, blocks: f.blocks.length, policy: cfg.policy });
+    const mmHits = media ? prefillRows[prefillIndex].hits : 0;
+    log("info", "pick policy=" + cfg.policy + " role=prefill picked=" + prefillWorker.id + " mm_images=" + f.mediaHashes.length + " mm_affinity_hits=" + mmHits);
+    if (hk.onPick) hk.onPick("prefill", { worker: prefillWorker.id, hits: media ? 0 : prefillRows[prefillIndex].hits, blocks: f.blocks.length, policy: cfg.policy });
 
-    let drows: Row[] | null = null;
-    let di = -1;
+    let decodeRows: Row[] | null = null;
+    let decodeIndex = -1;
     if (ctx.pd) {
-      ctx.previous = prows;
-      drows = run(ctx, "decode");
-      const c = choose(ctx, drows);
-      di = c.index;
+      ctx.previous = prefillRows;
+      decodeRows = run(ctx, "decode");
+      const c = choose(ctx, decodeRows);
+      decodeIndex = c.index;
       if (!c.bound && cfg.decodeInputDemand !== "off") {
-        const d = decideDemand(ctx, drows, di);
-        di = d.index;
+        const d = decideDemand(ctx, decodeRows, decodeIndex);
+        decodeIndex = d.index;
         const rowsTxt: string[] = [];
         for (let i = 0; i < d.decision.candidates.length; i++) {
           const r = d.decision.candidates[i];
@@ -231,28 +231,28 @@ export function createRouter(state: RouterState, cfg: RouterConfig, hooks?: Rout
         log("debug", "decode-demand mode=" + d.decision.mode + " input=" + d.decision.input + " candidates=" + rowsTxt.join(",") + " original=" + d.decision.original + " suggestion=" + d.decision.suggestion + " actual=" + d.decision.actual);
         if (hk.onDemand) hk.onDemand(d.decision);
       }
-      const dw = drows[di].worker;
-      log("info", "pick policy=" + cfg.policy + " role=decode picked=" + dw.id + (c.bound ? " session=bound" : ""));
-      if (hk.onPick) hk.onPick("decode", { worker: dw.id, hits: drows[di].hits, blocks: f.blocks.length, policy: cfg.policy });
+      const decodeWorker = decodeRows[decodeIndex].worker;
+      log("info", "pick policy=" + cfg.policy + " role=decode picked=" + decodeWorker.id + (c.bound ? " session=bound" : ""));
+      if (hk.onPick) hk.onPick("decode", { worker: decodeWorker.id, hits: decodeRows[decodeIndex].hits, blocks: f.blocks.length, policy: cfg.policy });
     }
 
-    const result = { prefill: prows[pi], decode: drows ? drows[di] : null };
+    const result = { prefill: prefillRows[prefillIndex], decode: decodeRows ? decodeRows[decodeIndex] : null };
     const plugins = lifecyclePlugins();
     for (let i = 0; i < plugins.length; i++) {
       const p = plugins[i];
       if (p.preRequest) p.preRequest(ctx, result);
     }
 
-    const base = { candidates: candidates(prows), mmImages: f.mediaHashes.length, mmAffinityHits: mmHits };
+    const base = { candidates: candidates(prefillRows), mmImages: f.mediaHashes.length, mmAffinityHits: mmHits };
     if (!result.decode) {
-      const g = state.load.hold(pw.epochKey, f.blocks, 0, 0);
-      return { target: pw, prefill: null, reservation: reservation(null, g), candidates: base.candidates, decodeCandidates: null, mmImages: base.mmImages, mmAffinityHits: base.mmAffinityHits };
+      const g = state.load.hold(prefillWorker.epochKey, f.blocks, 0, 0);
+      return { target: prefillWorker, prefill: null, reservation: reservation(null, g), candidates: base.candidates, decodeCandidates: null, mmImages: base.mmImages, mmAffinityHits: base.mmAffinityHits };
     }
-    const dw = result.decode.worker;
+    const decodeWorker = result.decode.worker;
     const demandOn = cfg.decodeInputDemand !== "off";
-    const prefillGuard = state.load.hold(pw.epochKey, f.blocks, 0, 0);
-    const decodeGuard = state.load.hold(dw.epochKey, f.blocks, demandOn ? f.inputTokens * demandN(f) : 0, demandOn ? 1 : 0);
-    return { target: dw, prefill: pw, reservation: reservation(prefillGuard, decodeGuard), candidates: base.candidates, decodeCandidates: candidates(drows as Row[]), mmImages: base.mmImages, mmAffinityHits: base.mmAffinityHits };
+    const prefillGuard = state.load.hold(prefillWorker.epochKey, f.blocks, 0, 0);
+    const decodeGuard = state.load.hold(decodeWorker.epochKey, f.blocks, demandOn ? f.inputTokens * demandN(f) : 0, demandOn ? 1 : 0);
+    return { target: decodeWorker, prefill: prefillWorker, reservation: reservation(prefillGuard, decodeGuard), candidates: base.candidates, decodeCandidates: candidates(decodeRows as Row[]), mmImages: base.mmImages, mmAffinityHits: base.mmAffinityHits };
   }
 
   function byId<T>(id: string, f: (w: Worker) => T, none: T): T {

@@ -44,8 +44,11 @@ export interface Reservation {
   /** Response EOF, cancellation, failure, or a pick that was never used. Idempotent. */
   finish(): void;
   readonly open: boolean;
-  /** The held guards (prefill is null outside PD), for callers that release across VMs. */
-  guards(): { prefill: Guard | null; main: Guard };
+  /**
+   * The held guards, for callers that release across VMs: prefill (PD only),
+   * main, and queued (prefill work waiting for the first token; null when none).
+   */
+  guards(): { prefill: Guard | null; main: Guard; queued: Guard | null };
 }
 
 export interface Pick {
@@ -160,17 +163,19 @@ export function createRouter(state: RouterState, cfg: RouterConfig, hooks?: Rout
     }
   }
 
-  function reservation(pre: Guard | null, main: Guard): Reservation {
+  function reservation(pre: Guard | null, main: Guard, queued: Guard | null): Reservation {
     const r = {
       open: true,
       guards() {
-        return { prefill: pre, main: main };
+        return { prefill: pre, main: main, queued: queued };
       },
       firstToken() {
+        release(queued);
         if (cfg.pdPrefillGuardRelease === "first-token") release(pre);
       },
       finish() {
         r.open = false;
+        release(queued);
         release(pre);
         release(main);
       },
@@ -180,7 +185,7 @@ export function createRouter(state: RouterState, cfg: RouterConfig, hooks?: Rout
 
   function context(f: Features, fleet: Worker[], pd: boolean, sessionId: string | null): PickContext {
     const session = sessionId && cfg.sessionAffinity !== "off" ? state.sessions.get(sessionId) || {} : null;
-    return { features: f, config: cfg, state: state, fleet: fleet, profile: "prefill", pd: pd, sessionId: session ? sessionId : null, session: session, previous: null, random: rnd };
+    return { features: f, config: cfg, state: state, fleet: fleet, profile: "prefill", pd: pd, sessionId: session ? sessionId : null, session: session, previous: null, random: rnd, cycle: {} };
   }
 
   function choose(ctx: PickContext, rows: Row[]): { index: number; bound: boolean } {
@@ -244,15 +249,18 @@ export function createRouter(state: RouterState, cfg: RouterConfig, hooks?: Rout
     }
 
     const base = { candidates: candidates(prefillRows), mmImages: f.mediaHashes.length, mmAffinityHits: mmHits };
+    // The prefill target now has this request's uncached blocks to compute before its first token.
+    const uncached = media ? f.blocks.length : f.blocks.length - prefillRows[prefillIndex].hits;
+    const queued = uncached > 0 ? state.load.hold(prefillWorker.epochKey, [], 0, 0, uncached) : null;
     if (!result.decode) {
       const g = state.load.hold(prefillWorker.epochKey, f.blocks, 0, 0);
-      return { target: prefillWorker, prefill: null, reservation: reservation(null, g), candidates: base.candidates, decodeCandidates: null, mmImages: base.mmImages, mmAffinityHits: base.mmAffinityHits };
+      return { target: prefillWorker, prefill: null, reservation: reservation(null, g, queued), candidates: base.candidates, decodeCandidates: null, mmImages: base.mmImages, mmAffinityHits: base.mmAffinityHits };
     }
     const decodeWorker = result.decode.worker;
     const demandOn = cfg.decodeInputDemand !== "off";
     const prefillGuard = state.load.hold(prefillWorker.epochKey, f.blocks, 0, 0);
     const decodeGuard = state.load.hold(decodeWorker.epochKey, f.blocks, demandOn ? f.inputTokens * demandN(f) : 0, demandOn ? 1 : 0);
-    return { target: decodeWorker, prefill: prefillWorker, reservation: reservation(prefillGuard, decodeGuard), candidates: base.candidates, decodeCandidates: candidates(decodeRows as Row[]), mmImages: base.mmImages, mmAffinityHits: base.mmAffinityHits };
+    return { target: decodeWorker, prefill: prefillWorker, reservation: reservation(prefillGuard, decodeGuard, queued), candidates: base.candidates, decodeCandidates: candidates(decodeRows as Row[]), mmImages: base.mmImages, mmAffinityHits: base.mmAffinityHits };
   }
 
   function byId<T>(id: string, f: (w: Worker) => T, none: T): T {
@@ -276,7 +284,7 @@ export function createRouter(state: RouterState, cfg: RouterConfig, hooks?: Rout
     cacheView: (id) => byId(id, (w) => ({ worker_id: w.id, block_count: state.mirror.count(w.epochKey) }), null as { worker_id: string; block_count: number } | null),
     activeBlocks: (id) => byId(id, (w) => state.load.activeBlocks(w.epochKey), 0),
     demand: (id) => byId(id, (w) => state.load.demand(w.epochKey), { tokens: 0, requests: 0 }),
-    releaseGuard: (g) => release({ epochKey: g.epochKey, blocks: g.blocks, tokens: g.tokens, requests: g.requests, done: false }),
+    releaseGuard: (g) => release({ epochKey: g.epochKey, blocks: g.blocks, tokens: g.tokens, requests: g.requests, pending: g.pending || 0, done: false }),
     openGuards: () => state.load.openGuards(),
   };
 }

@@ -60,6 +60,8 @@ export interface Guard {
   blocks: BlockHash[];
   tokens: number;
   requests: number;
+  /** Prompt blocks still to prefill (uncached at the pick), until the first token. */
+  pending: number;
   done: boolean;
 }
 

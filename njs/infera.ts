@@ -150,6 +150,7 @@ function route(r: NjsRequest): void {
   const id = nextRequestId(c.st);
   r.variables.infera_rid = id;
   if (g.prefill) saveGuard(c.st, id, "prefill", g.prefill);
+  if (g.queued) saveGuard(c.st, id, "queued", g.queued);
   saveGuard(c.st, id, "main", g.main);
   r.variables.infera_upstream = pick.target.address;
   r.variables.infera_worker = pick.target.id;
@@ -173,7 +174,9 @@ function releaseKey(c: Ctx, key: string): boolean {
 function firstByte(r: NjsRequest): void {
   r.headersOut["x-infera-worker"] = r.variables.infera_worker;
   const c = ctx0(r);
-  if (c && reqId(r) && c.cfg.pdPrefillGuardRelease === "first-token") releaseKey(c, guardKey(reqId(r), "prefill"));
+  if (!c || !reqId(r)) return;
+  releaseKey(c, guardKey(reqId(r), "queued"));
+  if (c.cfg.pdPrefillGuardRelease === "first-token") releaseKey(c, guardKey(reqId(r), "prefill"));
 }
 
 /** js_set variable used in the access log: runs once per request at log phase (EOF, abort, error). */
@@ -182,9 +185,10 @@ function release(r: NjsRequest): string {
   if (!c) return "-";
   const id = reqId(r);
   if (!id) return "-";
+  const q = releaseKey(c, guardKey(id, "queued"));
   const a = releaseKey(c, guardKey(id, "prefill"));
   const b = releaseKey(c, guardKey(id, "main"));
-  return a || b ? "1" : "0";
+  return a || b || q ? "1" : "0";
 }
 
 interface PushBody {

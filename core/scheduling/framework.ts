@@ -4,7 +4,7 @@
 // a candidate's cost is the weighted sum of the terms, and the picker chooses.
 // Plugins are plain objects registered by name (njs has no classes).
 import { RouterState } from "../state/types";
-import { Features, RouterConfig, SessionBinding, Worker } from "../types";
+import { EpochKey, Features, RouterConfig, SessionBinding, Worker } from "../types";
 
 export type ProfileName = "prefill" | "decode";
 
@@ -24,6 +24,8 @@ export interface PickContext {
   /** Rows of the profile that ran before this one (decode-demand reads the decode costs). */
   previous: Row[] | null;
   random: () => number;
+  /** Per-profile-run memo shared by plugins (e.g. in-flight prefixes), cleared by runProfile. */
+  cycle: { [key: string]: unknown };
 }
 
 /** A candidate while it is scored. Scorers may fill hits/active for logs and metrics. */
@@ -113,6 +115,7 @@ export function scorers(): Scorer[] {
 
 /** Filters, then every scorer of the profile with a non-zero weight; returns the scored rows. */
 export function runProfile(ctx: PickContext): Row[] {
+  ctx.cycle = {};
   let pool = ctx.fleet;
   for (let i = 0; i < registry.filters.length; i++) {
     const f = registry.filters[i];
@@ -133,6 +136,22 @@ export function runProfile(ctx: PickContext): Row[] {
     }
   }
   return rows;
+}
+
+/**
+ * Leading request blocks in flight on each row's worker, computed once per
+ * profile run. Prefill side only: a decode worker's cache is what was
+ * transferred to it and reported, and decode load stays whole. With overlap
+ * weight 0 (pure load balance) nothing is shared either.
+ */
+export function inflightPrefix(ctx: PickContext, rows: Row[]): { [epochKey: string]: number } {
+  const memo = ctx.cycle.inflight as { [epochKey: string]: number } | undefined;
+  if (memo) return memo;
+  const eks: EpochKey[] = [];
+  for (let i = 0; i < rows.length; i++) eks.push(rows[i].worker.epochKey);
+  const out = ctx.features.blocks.length && ctx.profile === "prefill" && overlapWeight(ctx) > 0 ? ctx.state.load.activePrefix(ctx.features.blocks, eks) : {};
+  ctx.cycle.inflight = out;
+  return out;
 }
 
 /** The overlap weight of a profile: per-role weights apply under PD only. */

@@ -12,6 +12,7 @@
 //   MS:<ek>     last event sequence          A:<ek>:<h>  in-flight holds of block h on ek
 //   I:<ek>      "h1,h2" media LRU            AC:<ek>     distinct in-flight blocks on ek
 //   S:<sid>     JSON SessionBinding          DT:<ek>/DR:<ek> in-flight tokens / requests
+//   RQ:<rid>    JSON Guard (njs, queued)     PQ:<ek>     blocks queued for prefill on ek
 //   RP:<rid>/RM:<rid> JSON Guard (njs)       OPEN        guards held; SN sessions bound
 //                                            RID         request ids; PS:<stream> push seqs
 //                                            DD:<mode>|<input>|<agrees> demand decisions
@@ -107,12 +108,13 @@ export function keyedMirror(st: Store): MirrorIndex {
 
 export function keyedLedger(st: Store): LoadLedger {
   return {
-    hold(ek, blocks, tokens, requests) {
+    hold(ek, blocks, tokens, requests, pending) {
       for (let i = 0; i < blocks.length; i++) if (st.incr("A:" + ek + ":" + blocks[i], 1) === 1) st.incr("AC:" + ek, 1);
       if (tokens) st.incr("DT:" + ek, tokens);
       if (requests) st.incr("DR:" + ek, requests);
+      if (pending) st.incr("PQ:" + ek, pending);
       st.incr("OPEN", 1);
-      return { epochKey: ek, blocks: blocks, tokens: tokens, requests: requests, done: false };
+      return { epochKey: ek, blocks: blocks, tokens: tokens, requests: requests, pending: pending || 0, done: false };
     },
     release(g) {
       const ek = g.epochKey;
@@ -125,9 +127,23 @@ export function keyedLedger(st: Store): LoadLedger {
       }
       if (g.tokens && st.incr("DT:" + ek, -g.tokens) <= 0) st.delNum("DT:" + ek);
       if (g.requests && st.incr("DR:" + ek, -g.requests) <= 0) st.delNum("DR:" + ek);
+      if (g.pending && st.incr("PQ:" + ek, -g.pending) <= 0) st.delNum("PQ:" + ek);
       st.incr("OPEN", -1);
     },
     activeBlocks: (ek) => st.num("AC:" + ek),
+    pendingBlocks: (ek) => Math.max(0, st.num("PQ:" + ek)),
+    activePrefix(blocks, eks) {
+      const out: { [ek: string]: number } = {};
+      for (let i = 0; i < eks.length; i++) {
+        const ek = eks[i];
+        // An idle worker answers on the first lookup.
+        if (!st.num("AC:" + ek)) continue;
+        let n = 0;
+        while (n < blocks.length && st.num("A:" + ek + ":" + blocks[n]) > 0) n++;
+        if (n) out[ek] = n;
+      }
+      return out;
+    },
     demand: (ek) => ({ tokens: st.num("DT:" + ek), requests: st.num("DR:" + ek) }),
     openGuards: () => st.num("OPEN"),
   };
@@ -257,12 +273,14 @@ export function nextRequestId(st: Store): string {
   return String(st.incr("RID", 1));
 }
 
+export type GuardSlot = "prefill" | "main" | "queued";
+
 /** Where a request's guard waits between njs phases (popped once to release). */
-export function guardKey(rid: string, which: "prefill" | "main"): string {
-  return (which === "prefill" ? "RP:" : "RM:") + rid;
+export function guardKey(rid: string, which: GuardSlot): string {
+  return (which === "prefill" ? "RP:" : which === "queued" ? "RQ:" : "RM:") + rid;
 }
 
-export function saveGuard(st: Store, rid: string, which: "prefill" | "main", g: Guard): void {
+export function saveGuard(st: Store, rid: string, which: GuardSlot, g: Guard): void {
   st.set(guardKey(rid, which), JSON.stringify(g));
 }
 

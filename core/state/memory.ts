@@ -91,17 +91,18 @@ export function memoryMirror(): MirrorIndex {
 }
 
 export function memoryLedger(): LoadLedger {
-  const per = new Map<EpochKey, { blocks: Map<BlockHash, number>; tokens: number; requests: number }>();
+  const per = new Map<EpochKey, { blocks: Map<BlockHash, number>; tokens: number; requests: number; pending: number }>();
   let open = 0;
   return {
-    hold(ek, blocks, tokens, requests) {
+    hold(ek, blocks, tokens, requests, pending = 0) {
       let p = per.get(ek);
-      if (!p) per.set(ek, (p = { blocks: new Map(), tokens: 0, requests: 0 }));
+      if (!p) per.set(ek, (p = { blocks: new Map(), tokens: 0, requests: 0, pending: 0 }));
       for (const b of blocks) p.blocks.set(b, (p.blocks.get(b) ?? 0) + 1);
       p.tokens += tokens;
       p.requests += requests;
+      p.pending += pending;
       open++;
-      return { epochKey: ek, blocks, tokens, requests, done: false };
+      return { epochKey: ek, blocks, tokens, requests, pending, done: false };
     },
     release(g) {
       const p = per.get(g.epochKey);
@@ -114,9 +115,22 @@ export function memoryLedger(): LoadLedger {
       }
       p.tokens -= g.tokens;
       p.requests -= g.requests;
-      if (!p.blocks.size && p.tokens <= 0 && p.requests <= 0) per.delete(g.epochKey);
+      p.pending -= g.pending || 0;
+      if (!p.blocks.size && p.tokens <= 0 && p.requests <= 0 && p.pending <= 0) per.delete(g.epochKey);
     },
     activeBlocks: (ek) => per.get(ek)?.blocks.size ?? 0,
+    pendingBlocks: (ek) => Math.max(0, per.get(ek)?.pending ?? 0),
+    activePrefix(blocks, eks) {
+      const out: { [ek: string]: number } = {};
+      for (const ek of eks) {
+        const held = per.get(ek)?.blocks;
+        if (!held) continue;
+        let n = 0;
+        while (n < blocks.length && held.has(blocks[n])) n++;
+        if (n) out[ek] = n;
+      }
+      return out;
+    },
     demand(ek) {
       const p = per.get(ek);
       return { tokens: Math.max(0, p?.tokens ?? 0), requests: Math.max(0, p?.requests ?? 0) };

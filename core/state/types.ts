@@ -24,11 +24,18 @@ export interface MirrorIndex {
 
 /** In-flight load: distinct prompt blocks, input tokens and requests per worker epoch. */
 export interface LoadLedger {
-  /** Books load; shared prefixes count once per worker. */
-  hold(epochKey: EpochKey, blocks: BlockHash[], tokens: number, requests: number): Guard;
+  /** Books load; shared prefixes count once per worker. pending = blocks queued for prefill. */
+  hold(epochKey: EpochKey, blocks: BlockHash[], tokens: number, requests: number, pending?: number): Guard;
   /** Gives a guard's load back. Callers make it happen once (Guard.done or an atomic pop). */
   release(g: Guard): void;
   activeBlocks(epochKey: EpochKey): number;
+  /** Prefill work queued on the worker: uncached blocks of requests before their first token. */
+  pendingBlocks(epochKey: EpochKey): number;
+  /**
+   * For each worker, how many leading request blocks are in flight there: a
+   * request routed a moment ago is in that worker's KV cache before any event says so.
+   */
+  activePrefix(blocks: BlockHash[], epochKeys: EpochKey[]): { [epochKey: string]: number };
   demand(epochKey: EpochKey): { tokens: number; requests: number };
   /** Guards still held across all workers. */
   openGuards(): number;

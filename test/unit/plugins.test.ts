@@ -11,6 +11,7 @@ import { rolePoolFilter } from "../../core/scheduling/plugins/filter/role-pool";
 import { prefixOverlapScorer } from "../../core/scheduling/plugins/scorer/prefix-overlap";
 import { imageAffinityScorer } from "../../core/scheduling/plugins/scorer/image-affinity";
 import { activeBlocksScorer } from "../../core/scheduling/plugins/scorer/active-blocks";
+import { queuedPrefillScorer } from "../../core/scheduling/plugins/scorer/queued-prefill";
 import { lowestCostPicker } from "../../core/scheduling/plugins/picker/lowest-cost";
 import { roundRobinPicker } from "../../core/scheduling/plugins/picker/round-robin";
 import { randomPicker } from "../../core/scheduling/plugins/picker/random";
@@ -34,6 +35,7 @@ function setup(roles: Role[], opts: { config?: Partial<RouterConfig>; features?:
     session: null,
     previous: null,
     random: () => 0.5,
+    cycle: {},
   };
   const rows = (): Row[] => fleet.map((worker) => ({ worker, cost: 0, hits: 0, active: 0, terms: {} }));
   return { state, fleet, ctx, rows };
@@ -110,12 +112,29 @@ test("scorer image-affinity: (images - hits) x max(1, blocks/images), prefill on
   assert.equal(imageAffinityScorer.weight(setup(["mixed"], { features: { mediaHashes: [] } }).ctx), 0);
 });
 
-test("scorer active-blocks: distinct in-flight blocks", () => {
-  const s = setup(["mixed", "mixed", "mixed"]);
-  s.state.load.hold(s.fleet[0].epochKey, B(3), 0, 0);
-  s.state.load.hold(s.fleet[0].epochKey, B(5), 0, 0);
-  s.state.load.hold(s.fleet[2].epochKey, B(1, "z"), 0, 0);
-  assert.deepEqual(activeBlocksScorer.score(s.ctx, s.rows(), 1), [5, 0, 1]);
+test("scorer active-blocks: distinct in-flight blocks the request does not share (prefill); all of them (decode)", () => {
+  const cases: { profile: ProfileName; want: number[] }[] = [
+    { profile: "prefill", want: [1, 0, 1] },
+    { profile: "decode", want: [5, 0, 1] },
+  ];
+  for (const c of cases) {
+    const s = setup(["mixed", "mixed", "mixed"], { profile: c.profile, pd: c.profile === "decode" });
+    s.state.load.hold(s.fleet[0].epochKey, B(3), 0, 0);
+    s.state.load.hold(s.fleet[0].epochKey, B(5), 0, 0); // request blocks b0..b3 are among these
+    s.state.load.hold(s.fleet[2].epochKey, B(1, "z"), 0, 0);
+    const rows = s.rows();
+    assert.deepEqual(activeBlocksScorer.score(s.ctx, rows, 1), c.want, c.profile);
+    assert.deepEqual(rows.map((r) => r.active), [5, 0, 1]);
+  }
+});
+
+test("scorer queued-prefill: uncached blocks queued before the first token, weighted like uncached ones", () => {
+  const s = setup(["mixed", "mixed"], { config: { overlapWeight: 3 } });
+  const g = s.state.load.hold(s.fleet[1].epochKey, [], 0, 0, 40);
+  assert.equal(queuedPrefillScorer.weight(s.ctx), 3);
+  assert.deepEqual(queuedPrefillScorer.score(s.ctx, s.rows(), 3), [0, 40]);
+  s.state.load.release(g);
+  assert.deepEqual(queuedPrefillScorer.score(s.ctx, s.rows(), 3), [0, 0]);
 });
 
 test("pickers: lowest cost with tie-breaks, round-robin, random", () => {

@@ -1,16 +1,22 @@
-// Load: distinct prompt blocks in flight on the worker (shared prefixes once).
-import { Scorer } from "../../framework";
+// Load: distinct prompt blocks in flight on the worker that this request does
+// not share. Blocks it shares with requests already running there (a common
+// system prompt, the earlier turns of its conversation) sit in that worker's
+// KV cache once; counting them as load would make the worker that holds the
+// prefix look exactly as costly as a cold one.
+import { inflightPrefix, Scorer } from "../../framework";
 
 export const activeBlocksScorer: Scorer = {
   name: "active-blocks",
   profiles: ["prefill", "decode"],
   weight: () => 1,
   score(ctx, rows) {
+    const shared = inflightPrefix(ctx, rows);
     const out: number[] = [];
     for (let i = 0; i < rows.length; i++) {
-      const a = ctx.state.load.activeBlocks(rows[i].worker.epochKey);
+      const ek = rows[i].worker.epochKey;
+      const a = ctx.state.load.activeBlocks(ek);
       rows[i].active = a;
-      out.push(a);
+      out.push(a - (shared[ek] || 0));
     }
     return out;
   },

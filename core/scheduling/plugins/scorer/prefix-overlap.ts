@@ -1,6 +1,9 @@
-// weight * (request blocks - longest cached prefix on the worker). Image
-// requests on the prefill side score by image affinity instead (image-affinity.ts).
-import { overlapWeight, Scorer } from "../../framework";
+// weight * (request blocks - longest cached prefix on the worker). The cached
+// prefix is what the worker's KV events reported, or what requests in flight
+// there hold right now (their blocks are in its cache before any event says
+// so): a burst of same-prefix requests does not look cold. Image requests on
+// the prefill side score by image affinity instead (image-affinity.ts).
+import { inflightPrefix, overlapWeight, Scorer } from "../../framework";
 import { usesImageAffinity } from "./image-affinity";
 
 export const prefixOverlapScorer: Scorer = {
@@ -11,10 +14,12 @@ export const prefixOverlapScorer: Scorer = {
     const live: { [ek: string]: boolean } = {};
     for (let i = 0; i < rows.length; i++) live[rows[i].worker.epochKey] = true;
     const hits = ctx.state.mirror.prefixHits(ctx.features.blocks, live);
+    const inflight = inflightPrefix(ctx, rows);
     const nb = ctx.features.blocks.length;
     const out: number[] = [];
     for (let i = 0; i < rows.length; i++) {
-      const h = hits[rows[i].worker.epochKey] || 0;
+      const ek = rows[i].worker.epochKey;
+      const h = Math.max(hits[ek] || 0, inflight[ek] || 0);
       rows[i].hits = h;
       out.push(nb - h);
     }

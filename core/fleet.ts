@@ -4,7 +4,7 @@ import { WorkerSpec } from "./types";
 
 /** Same address, role, events endpoint and block size: nothing to redo. */
 export function sameWorker(a: WorkerSpec, b: WorkerSpec): boolean {
-  return a.address === b.address && (a.role || "mixed") === (b.role || "mixed") && a.events === b.events && a.blockSize === b.blockSize;
+  return a.address === b.address && (a.role || "mixed") === (b.role || "mixed") && a.events === b.events && a.replay === b.replay && a.blockSize === b.blockSize;
 }
 
 /** What turns fleet `cur` into fleet `want`: ids to remove, specs to (re)add. */

@@ -1,36 +1,185 @@
 // Applies engine KV events (vLLM / SGLang semantics) to a worker's mirror.
 // Engine hashes are opaque: we rehash token_ids with our own chained XXH3 and
-// keep engine-hash -> our-hash per worker so BlockRemoved can find its block.
+// keep engine-hash -> our-hash per worker (and per storage tier) so
+// BlockRemoved can find its block.
+//
+// Rules, all documented in the README ("KV events"):
+// - Tiers: each `medium` is its own mirror target (GPU under the epoch key,
+//   others under `<ek>|<TIER>`); a removal touches only its tier.
+// - KV-cache groups: only the full-attention group is mirrored. A store whose
+//   kv_cache_spec_kind / sliding window says otherwise is skipped (never
+//   checked against --block-size, never excluding the worker), and a removal
+//   applies only when its group_idx is the mirrored one (default 0).
+// - Salts: a chain that starts here (parent null) takes a root from the LoRA
+//   name and the first block's cache_salt, exactly what requests compute with
+//   chainRoot(); multimodal / prompt-embedding blocks are poisoned so no text
+//   prompt can ever hit them.
 import { chainNext, blockBuffer, Hasher, jsHasher } from "./hash";
 import { MirrorIndex } from "./state/types";
 import { BlockHash, EngineHash, EpochKey } from "./types";
 import { utf8 } from "./util";
 
+/**
+ * One entry of extra_keys per block: what the engine folded into that block's
+ * hash (LoRA name, multimodal ids as nested arrays, cache_salt, prompt-embedding
+ * bytes as { b: hex }). JSON-safe so the bridge can push it to njs.
+ */
+export type ExtraKeys = (unknown[] | null)[];
+
 export type KvEvent =
-  | { type: "BlockStored"; hashes: EngineHash[]; parent: EngineHash | null; tokens: number[]; blockSize: number; loraId?: number | null }
-  | { type: "BlockRemoved"; hashes: EngineHash[] }
-  | { type: "AllBlocksCleared" };
+  | {
+      type: "BlockStored";
+      hashes: EngineHash[];
+      parent: EngineHash | null;
+      tokens: number[];
+      blockSize: number;
+      loraId?: number | null;
+      medium?: string | null;
+      loraName?: string | null;
+      extraKeys?: ExtraKeys | null;
+      groupIdx?: number | null;
+      specKind?: string | null;
+      slidingWindow?: number | null;
+    }
+  | { type: "BlockRemoved"; hashes: EngineHash[]; medium?: string | null; groupIdx?: number | null }
+  | { type: "AllBlocksCleared"; medium?: string | null };
 
 export interface ApplyResult {
   stored: number;
   removed: number;
   cleared: boolean;
   skipped: number;
+  /** Blocks of stores from a KV-cache group we do not mirror (sliding window, mamba, ...). */
+  otherGroup: number;
   gap: boolean;
   /** Set when the worker must be excluded (block size mismatch). */
   fatal: string | null;
 }
 
+/** Storage tiers we mirror separately; anything unrecognised is EXTERNAL. */
+export const TIERS = ["GPU", "CPU", "DISK", "EXTERNAL"];
+
+/** vLLM/SGLang medium names -> our tier (None means GPU). */
+export function tierOf(medium: string | null | undefined): string {
+  if (medium === null || medium === undefined || medium === "") return "GPU";
+  const m = String(medium).toUpperCase();
+  if (m === "GPU" || m === "HBM" || m === "DEVICE") return "GPU";
+  if (m.indexOf("CPU") === 0 || m === "HOST" || m === "DRAM") return "CPU";
+  if (m.indexOf("DISK") >= 0 || m === "SSD" || m === "FILE" || m === "LOCAL") return "DISK";
+  return "EXTERNAL";
+}
+
+/** The mirror target holding one tier of a worker. GPU keeps the plain epoch key. */
+export function tierKey(ek: EpochKey, tier: string): EpochKey {
+  return (tier === "GPU" ? ek : ek + "|" + tier) as EpochKey;
+}
+
+/** Parses `gpu=1,cpu=0.75,disk=0.25` (the Dynamo defaults) into tier -> weight. */
+export function parseTierWeights(s: string): { [tier: string]: number } {
+  const out: { [tier: string]: number } = {};
+  const parts = s.split(",");
+  for (let i = 0; i < parts.length; i++) {
+    const p = parts[i].trim();
+    if (!p) continue;
+    const eq = p.indexOf("=");
+    const w = Number(p.substr(eq + 1));
+    if (eq <= 0 || !(w >= 0 && w <= 1)) throw new Error("--kv-tier-weights: '" + p + "' is not tier=weight with 0 <= weight <= 1");
+    out[tierOf(p.substr(0, eq))] = w;
+  }
+  return out;
+}
+
+export function defaultTierWeights(): { [tier: string]: number } {
+  return { GPU: 1, CPU: 0.75, DISK: 0.25, EXTERNAL: 0 };
+}
+
+/**
+ * Root of a block chain for requests and events alike: a LoRA adapter name
+ * and vLLM's cache_salt (folded into block 0 only, so the whole chain differs).
+ * null for plain base-model prompts, which keeps their hashes unchanged.
+ */
+export function chainRoot(loraName: string | null | undefined, cacheSalt: string | null | undefined, hasher?: Hasher): BlockHash | null {
+  if (!loraName && !cacheSalt) return null;
+  const h = hasher || jsHasher;
+  return h(utf8("infera-root\u0000" + (loraName || "") + "\u0000" + (cacheSalt || ""))) as BlockHash;
+}
+
+/** Where the learned full-attention group of a worker is kept (MirrorIndex meta). */
+const FULL_GROUP = "full-group";
+/** Global meta: adapter names seen in events, so a request for one salts its chain. */
+export function adapterMetaKey(name: string): string {
+  return "lora:" + name;
+}
+export const GLOBAL_META = "*" as EpochKey;
+
+function isFullAttention(kind: string | null | undefined, window: number | null | undefined): boolean | null {
+  if (window !== null && window !== undefined && window > 0) return false;
+  if (kind === null || kind === undefined || kind === "") return null;
+  const k = String(kind).toLowerCase();
+  return k.indexOf("full") >= 0 || k === "attention" || k === "mla" || k.indexOf("mla_") === 0;
+}
+
+function groupOf(v: number | null | undefined): number {
+  return v === null || v === undefined ? -1 : v;
+}
+
+/** The group index whose blocks we mirror: learned from full-attention stores, else 0. */
+function mirroredGroup(mirror: MirrorIndex, ek: EpochKey): number {
+  const g = mirror.meta(ek, FULL_GROUP);
+  return g === undefined ? 0 : Number(g);
+}
+
+/** Splits one block's extra keys into its cache salt and whether it holds non-text content. */
+function readExtra(keys: unknown[] | null | undefined, loraName: string | null | undefined): { salt: string | null; nonText: boolean } {
+  let salt: string | null = null;
+  let nonText = false;
+  if (!keys) return { salt: salt, nonText: nonText };
+  for (let i = 0; i < keys.length; i++) {
+    const k = keys[i];
+    if (typeof k === "string") {
+      if (loraName && k === loraName) continue;
+      salt = salt === null ? k : salt + "\u0000" + k;
+    } else if (k !== null && k !== undefined) nonText = true; // (mm id, offset) tuples, embedding bytes
+  }
+  return { salt: salt, nonText: nonText };
+}
+
+function lookupAnyTier(mirror: MirrorIndex, ek: EpochKey, first: string, eh: EngineHash): BlockHash | undefined {
+  const p = mirror.lookup(tierKey(ek, first), eh);
+  if (p !== undefined) return p;
+  for (let i = 0; i < TIERS.length; i++) {
+    if (TIERS[i] === first) continue;
+    const q = mirror.lookup(tierKey(ek, TIERS[i]), eh);
+    if (q !== undefined) return q;
+  }
+  return undefined;
+}
+
+/** Drops every tier of a worker's mirror (AllBlocksCleared without medium, gap, restart). */
+export function clearAllTiers(mirror: MirrorIndex, ek: EpochKey): void {
+  for (let i = 0; i < TIERS.length; i++) mirror.clear(tierKey(ek, TIERS[i]));
+}
+
+export interface ApplyOptions {
+  hasher?: Hasher;
+  /** Per-target bound on mirrored engine blocks (0 = unbounded); the oldest go first. */
+  maxBlocks?: number;
+  /** Called with the number of blocks evicted by maxBlocks. */
+  onEvict?: (target: EpochKey, n: number) => void;
+}
+
 /**
  * Applies one batch with sequence number seq. A gap (or a restart: seq going
- * backwards) clears the mirror first: we resync rather than drift.
+ * backwards) that the transport could not repair clears the mirror first: we
+ * resync rather than drift.
  */
-export function applyBatch(mirror: MirrorIndex, ek: EpochKey, seq: number, events: KvEvent[], blockSize: number, hasher?: Hasher): ApplyResult {
-  const h = hasher || jsHasher;
-  const res: ApplyResult = { stored: 0, removed: 0, cleared: false, skipped: 0, gap: false, fatal: null };
+export function applyBatch(mirror: MirrorIndex, ek: EpochKey, seq: number, events: KvEvent[], blockSize: number, hasherOrOpts?: Hasher | ApplyOptions): ApplyResult {
+  const opts: ApplyOptions = typeof hasherOrOpts === "function" ? { hasher: hasherOrOpts } : hasherOrOpts || {};
+  const h = opts.hasher || jsHasher;
+  const res: ApplyResult = { stored: 0, removed: 0, cleared: false, skipped: 0, otherGroup: 0, gap: false, fatal: null };
   const hadSeq = mirror.sequence(ek);
   if (hadSeq !== undefined && seq !== hadSeq + 1) {
-    mirror.clear(ek);
+    clearAllTiers(mirror, ek);
     res.gap = true;
   }
   mirror.setSequence(ek, seq);
@@ -38,11 +187,22 @@ export function applyBatch(mirror: MirrorIndex, ek: EpochKey, seq: number, event
   for (let i = 0; i < events.length; i++) {
     const ev = events[i];
     if (ev.type === "AllBlocksCleared") {
-      mirror.clear(ek);
+      if (ev.medium) mirror.clear(tierKey(ek, tierOf(ev.medium)));
+      else clearAllTiers(mirror, ek);
       res.cleared = true;
     } else if (ev.type === "BlockRemoved") {
-      for (let j = 0; j < ev.hashes.length; j++) if (mirror.remove(ek, ev.hashes[j])) res.removed++;
+      const g = groupOf(ev.groupIdx);
+      if (g >= 0 && g !== mirroredGroup(mirror, ek)) continue;
+      const target = tierKey(ek, tierOf(ev.medium));
+      for (let j = 0; j < ev.hashes.length; j++) if (mirror.remove(target, ev.hashes[j])) res.removed++;
     } else if (ev.type === "BlockStored") {
+      const full = isFullAttention(ev.specKind, ev.slidingWindow);
+      const g = groupOf(ev.groupIdx);
+      if (full === true && g >= 0 && mirror.meta(ek, FULL_GROUP) !== String(g)) mirror.setMeta(ek, FULL_GROUP, String(g));
+      if (full === false || (full === null && g >= 0 && g !== mirroredGroup(mirror, ek))) {
+        res.otherGroup += ev.hashes.length;
+        continue;
+      }
       if (ev.blockSize !== blockSize) {
         res.fatal = "block size " + ev.blockSize + " in KV events != router --block-size " + blockSize;
         return res;
@@ -51,20 +211,43 @@ export function applyBatch(mirror: MirrorIndex, ek: EpochKey, seq: number, event
         res.skipped += ev.hashes.length;
         continue;
       }
-      // LoRA blocks start from a salted root so they never match base-model prompts.
-      let parent: BlockHash | null = ev.loraId !== undefined && ev.loraId !== null ? (h(utf8("lora:" + ev.loraId)) as BlockHash) : null;
-      if (ev.parent !== null) {
-        const p = mirror.lookup(ek, ev.parent);
-        // Unknown parent (evicted, or we joined mid-stream): this chain cannot match a prompt.
-        if (p === undefined) {
+      const tier = tierOf(ev.medium);
+      const target = tierKey(ek, tier);
+      if (ev.loraName) mirror.setMeta(GLOBAL_META, adapterMetaKey(ev.loraName), "1");
+      const extra = ev.extraKeys || null;
+      let parent: BlockHash | null = null;
+      let found = false;
+      if (ev.parent !== null && ev.parent !== undefined) {
+        const p = lookupAnyTier(mirror, ek, tier, ev.parent);
+        if (p !== undefined) {
+          parent = p;
+          found = true;
+        } else if (ev.parent !== "0") {
+          // Unknown parent (evicted, or we joined mid-stream): this chain cannot match a prompt.
           res.skipped += ev.hashes.length;
           continue;
         }
-        parent = p;
+        // SGLang-style parent 0 that we never saw stored: the chain starts here.
+      }
+      if (!found) {
+        const first = readExtra(extra ? extra[0] : null, ev.loraName);
+        parent = chainRoot(ev.loraName, first.salt, h);
+        // Deprecated lora_id without a name: a root no request can produce.
+        if (parent === null && ev.loraId !== undefined && ev.loraId !== null) parent = h(utf8("lora:" + ev.loraId)) as BlockHash;
       }
       for (let j = 0; j < ev.hashes.length; j++) {
+        if (extra && extra[j] && readExtra(extra[j], ev.loraName).nonText)
+          parent = h(utf8("infera-nontext\u0000" + (parent || "") + "\u0000" + JSON.stringify(extra[j]))) as BlockHash;
         parent = chainNext(parent, ev.tokens, j * blockSize, blockSize, buf, h);
-        if (mirror.store(ek, ev.hashes[j], parent)) res.stored++;
+        if (mirror.store(target, ev.hashes[j], parent)) res.stored++;
+      }
+      if (opts.maxBlocks && opts.maxBlocks > 0) {
+        let n = 0;
+        while (mirror.entries(target) > opts.maxBlocks && n < 1000000) {
+          if (!mirror.evictOldest(target)) break;
+          n++;
+        }
+        if (n && opts.onEvict) opts.onEvict(target, n);
       }
     }
   }
@@ -73,4 +256,21 @@ export function applyBatch(mirror: MirrorIndex, ek: EpochKey, seq: number, event
 
 export function resetSequence(mirror: MirrorIndex, ek: EpochKey): void {
   mirror.setSequence(ek, undefined);
+}
+
+/** Block counts per tier for admin views. */
+export function tierCounts(mirror: MirrorIndex, ek: EpochKey): { [tier: string]: number } {
+  const out: { [tier: string]: number } = {};
+  for (let i = 0; i < TIERS.length; i++) out[TIERS[i]] = mirror.count(tierKey(ek, TIERS[i]));
+  return out;
+}
+
+/**
+ * The chain root of a request: its cache_salt, and its model when that is a
+ * LoRA adapter some worker's events named (lora_name), so an adapter request
+ * matches that adapter's blocks and a base-model request never does.
+ */
+export function requestRoot(mirror: MirrorIndex, model: string, cacheSalt: string | null | undefined, hasher?: Hasher): BlockHash | null {
+  const lora = model && mirror.meta(GLOBAL_META, adapterMetaKey(model)) !== undefined ? model : null;
+  return chainRoot(lora, cacheSalt, hasher);
 }

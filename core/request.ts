@@ -26,6 +26,8 @@ export interface ParsedRequest {
   sessionId: string | null;
   /** bytes/4 of the text, skipping inline binary payloads. */
   estimatedTokens: number;
+  /** vLLM's cache_salt request field: salts the block chain (KV events fold it the same way). */
+  cacheSalt?: string | null;
 }
 
 export function endpointOf(path: string): Endpoint | null {
@@ -165,6 +167,7 @@ export function parseRequest(endpoint: Endpoint, body: string, bodyBytes: number
   return {
     endpoint,
     model: j.model,
+    cacheSalt: typeof j.cache_salt === "string" && j.cache_salt ? j.cache_salt : null,
     messages,
     prompt,
     promptTokens,
@@ -195,7 +198,7 @@ export function renderChatML(messages: ChatMessage[]): string {
  * (or when it fails) the token count falls back to the bytes/4 estimate and
  * there are no blocks, so kv-aware degrades to load balance.
  */
-export function computeFeatures(req: ParsedRequest, tok: Tokenizer | null, blockSize: number, hasher?: Hasher): Features {
+export function computeFeatures(req: ParsedRequest, tok: Tokenizer | null, blockSize: number, hasher?: Hasher, root?: string | null): Features {
   const h = hasher || jsHasher;
   const mediaHashes: string[] = [];
   for (let i = 0; i < req.media.length; i++) mediaHashes.push(h(utf8(req.media[i])));
@@ -206,7 +209,8 @@ export function computeFeatures(req: ParsedRequest, tok: Tokenizer | null, block
   }
   if (!tokens) return { blocks: [], inputTokens: req.estimatedTokens, exact: false, mediaHashes, n: req.n };
   // Media requests chain from a salt of their images: same text + other images != text hit.
-  let salt: string | undefined;
-  if (mediaHashes.length) salt = h(utf8(mediaHashes.join(",")));
+  // root: LoRA adapter / cache_salt chain root (core/kvevents.ts requestRoot).
+  let salt: string | undefined = root || undefined;
+  if (mediaHashes.length) salt = h(utf8((root ? root + "|" : "") + mediaHashes.join(",")));
   return { blocks: blockHashes(tokens, blockSize, h, salt), inputTokens: tokens.length, exact: true, mediaHashes, n: req.n };
 }

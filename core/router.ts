@@ -10,6 +10,7 @@ import { sameWorker } from "./fleet";
 import "./scheduling/plugins";
 import { Candidate, Features, Guard, Policy, RouterConfig, Worker, WorkerSpec } from "./types";
 import { httpError } from "./util";
+import { clearAllTiers, defaultTierWeights, tierCounts } from "./kvevents";
 
 export type { Candidate, DemandMode, Features, Guard, Policy, Role, RouterConfig, Worker, WorkerSpec } from "./types";
 export type { DemandDecision } from "./scheduling/plugins/picker/decode-demand";
@@ -26,6 +27,7 @@ export function defaultConfig(): RouterConfig {
     sessionAffinity: "off",
     pdPrefillGuardRelease: "first-token",
     mmLruSize: 256,
+    kvTierWeights: defaultTierWeights(),
   };
 }
 
@@ -83,7 +85,8 @@ export interface Router {
   workers(): Worker[];
   worker(id: string): Worker | null;
   pick(f: Features, sessionId?: string | null): Pick;
-  cacheView(id: string): { worker_id: string; block_count: number } | null;
+  /** block_count: GPU blocks (what a hit means); tiers: blocks per storage tier. */
+  cacheView(id: string): { worker_id: string; block_count: number; tiers: { [tier: string]: number } } | null;
   activeBlocks(id: string): number;
   demand(id: string): { tokens: number; requests: number };
   /** Releases a guard rebuilt from its data (njs: popped from a shared dict, so once). */
@@ -122,7 +125,7 @@ export function createRouter(state: RouterState, cfg: RouterConfig, hooks?: Rout
     if (!gone) return false;
     // Cache contents go with the worker; in-flight reservations keep their own
     // epoch key and drain into counters nobody else reads.
-    state.mirror.clear(gone.epochKey);
+    clearAllTiers(state.mirror, gone.epochKey);
     state.mirror.setSequence(gone.epochKey, undefined);
     state.images.drop(gone.epochKey);
     reg.forget(gone.epochKey);
@@ -148,7 +151,7 @@ export function createRouter(state: RouterState, cfg: RouterConfig, hooks?: Rout
     const w = reg.get(id);
     if (!w || reg.excluded(w.epochKey) !== null) return;
     reg.exclude(w.epochKey, reason);
-    state.mirror.clear(w.epochKey);
+    clearAllTiers(state.mirror, w.epochKey);
     log("warn", "worker " + id + " excluded: " + reason);
   }
 
@@ -281,7 +284,8 @@ export function createRouter(state: RouterState, cfg: RouterConfig, hooks?: Rout
     workers: () => reg.list().slice(),
     worker: (id) => reg.get(id),
     pick: pick,
-    cacheView: (id) => byId(id, (w) => ({ worker_id: w.id, block_count: state.mirror.count(w.epochKey) }), null as { worker_id: string; block_count: number } | null),
+    cacheView: (id) =>
+      byId(id, (w) => ({ worker_id: w.id, block_count: state.mirror.count(w.epochKey), tiers: tierCounts(state.mirror, w.epochKey) }), null as { worker_id: string; block_count: number; tiers: { [tier: string]: number } } | null),
     activeBlocks: (id) => byId(id, (w) => state.load.activeBlocks(w.epochKey), 0),
     demand: (id) => byId(id, (w) => state.load.demand(w.epochKey), { tokens: 0, requests: 0 }),
     releaseGuard: (g) => release({ epochKey: g.epochKey, blocks: g.blocks, tokens: g.tokens, requests: g.requests, pending: g.pending || 0, done: false }),

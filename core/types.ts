@@ -24,6 +24,8 @@ export interface WorkerSpec {
   blockSize?: number;
   /** KV event endpoint (zmq tcp://… or a NATS subject). */
   events?: string;
+  /** The engine's KV event replay ROUTER endpoint (zmq tcp://…), used to repair gaps. */
+  replay?: string;
 }
 
 export interface Worker extends WorkerSpec {
@@ -41,6 +43,8 @@ export interface RouterConfig {
   sessionAffinity: SessionAffinity;
   pdPrefillGuardRelease: "first-token" | "completion";
   mmLruSize: number;
+  /** Share of a GPU hit a block cached on a lower tier earns (--kv-tier-weights). */
+  kvTierWeights: { [tier: string]: number };
 }
 
 /** What routing needs from one request (see core/request.ts). */

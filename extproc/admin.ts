@@ -31,7 +31,7 @@ export function startAdmin(app: App, host: string, port: number): Promise<{ serv
         return json(
           res,
           200,
-          app.router.workers().map((w) => workerRow(app.router, w)),
+          app.router.workers().map((w) => ({ ...workerRow(app.router, w), ...app.eventStatus(w.id) })),
         );
       if (p === "/v1/admin/reservations") return json(res, 200, { open_guards: app.router.openGuards() });
       return json(res, 404, { error: "not found" });

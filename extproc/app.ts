@@ -6,12 +6,12 @@ import { RouterState } from "../core/state/types";
 import { EpochKey } from "../core/types";
 import { diffFleet } from "../core/fleet";
 import { computeFeatures, Endpoint, parseRequest } from "../core/request";
-import { applyBatch, KvEvent } from "../core/kvevents";
+import { applyBatch, clearAllTiers, KvEvent, requestRoot } from "../core/kvevents";
 import { nativeHasher } from "./hasher";
 import { loadTokenizer, LoadedTokenizer } from "./tokenizer";
 import { createMetrics, Metrics } from "./metrics";
 import { Options } from "./config";
-import { subscribeZmq, Subscription } from "./events";
+import { BatchInfo, subscribeZmq, Subscription } from "./events";
 
 export interface Logger {
   (level: "debug" | "info" | "warn" | "error", line: string): void;
@@ -25,14 +25,18 @@ export function makeLogger(level: Options["logLevel"]): Logger {
 }
 
 export interface EventSource {
-  subscribe(w: WorkerSpec, onBatch: (seq: number, events: KvEvent[]) => void, onError: (reason: string) => void): Subscription;
+  subscribe(w: WorkerSpec, onBatch: (seq: number, events: KvEvent[], info?: BatchInfo) => void, onError: (reason: string) => void): Subscription;
   close(): Promise<void>;
 }
 
-function zmqEventSource(opts: Options): EventSource {
+function zmqEventSource(opts: Options, log?: Logger): EventSource {
   return {
     subscribe: (w, onBatch, onError) =>
-      subscribeZmq(w.id, w.events as string, opts.kvEventTopic, (_id, seq, evs) => onBatch(seq, evs), (_id, r) => onError(r)),
+      subscribeZmq(w.id, w.events as string, opts.kvEventTopic, (_id, seq, evs, info) => onBatch(seq, evs, info), (_id, r) => onError(r), {
+        replay: w.replay,
+        replayTimeoutMs: opts.kvReplayTimeoutMs,
+        log: log ? (l, line) => log(l, line) : undefined,
+      }),
     close: async () => undefined,
   };
 }
@@ -40,7 +44,7 @@ function zmqEventSource(opts: Options): EventSource {
 /** The KV event transport --kv-event-transport names (shared by the ext_proc app and the nginx bridge). */
 export async function eventSourceFor(opts: Options, log: Logger): Promise<EventSource> {
   if (opts.kvEventTransport === "nats") return (await import("./nats")).natsEventSource(opts.natsUrl, log);
-  return zmqEventSource(opts);
+  return zmqEventSource(opts, log);
 }
 
 export class App {
@@ -53,20 +57,25 @@ export class App {
   private healthTimer: NodeJS.Timeout | null = null;
   private failures: Record<string, number> = {};
   private eventSource: EventSource;
+  /** Per worker: when its events last arrived, picks since, whether it is flagged silent. */
+  readonly kv: Record<string, { since: number; lastEvent: number | null; picksSinceEvent: number; silent: boolean }> = {};
+  private silenceTimer: NodeJS.Timeout | null = null;
 
   constructor(readonly opts: Options, readonly log: Logger, eventSource?: EventSource) {
     this.tokenizer = loadTokenizer(opts.tokenizerPath);
-    this.metrics = createMetrics(() => this.router);
+    this.metrics = createMetrics(() => this.router, (id) => this.eventStatus(id));
     this.router = createRouter(this.state, opts.router, {
       log: (l, line) => log(l, line),
       onPick: (role, p) => {
         this.metrics.picks.inc({ worker: p.worker, role, policy: p.policy });
+        const k = this.kv[p.worker];
+        if (k) k.picksSinceEvent++;
         this.metrics.hitBlocks.inc({ worker: p.worker, role }, p.hits);
         this.metrics.reqBlocks.inc({ role }, p.blocks);
       },
       onDemand: (d) => this.metrics.decisions.inc({ mode: d.mode, input: d.input, agrees: String(d.agrees) }),
     });
-    this.eventSource = eventSource ?? zmqEventSource(opts);
+    this.eventSource = eventSource ?? zmqEventSource(opts, log);
   }
 
   /** Builds the app with the event transport named by --kv-event-transport. */
@@ -110,9 +119,11 @@ export class App {
       return;
     }
     const epochKey = w.epochKey;
+    this.kv[spec.id] = { since: Date.now(), lastEvent: null, picksSinceEvent: 0, silent: false };
+    this.startSilenceCheck();
     const sub = this.eventSource.subscribe(
       spec,
-      (seq, evs) => this.onEvents(spec.id, epochKey, seq, evs),
+      (seq, evs, info) => this.onEvents(spec.id, epochKey, seq, evs, info),
       (reason) => {
         this.metrics.eventErrors.inc({ worker: spec.id, reason: reason.startsWith("subscriber") ? "transport" : "malformed" });
         this.log("warn", `kv-events worker=${spec.id} refused frame: ${reason}`);
@@ -126,6 +137,7 @@ export class App {
     if (this.subs[id]) this.subs[id].sub.close();
     delete this.subs[id];
     delete this.failures[id];
+    delete this.kv[id];
     if (this.router.removeWorker(id)) this.log("info", `worker ${id} left; mirror dropped, in-flight reservations kept`);
   }
 
@@ -135,14 +147,58 @@ export class App {
     for (const w of d.add) this.addWorker(w);
   }
 
-  onEvents(id: string, epochKey: EpochKey, seq: number, events: KvEvent[]): void {
+  /** Flags workers whose events endpoint went quiet while they were being picked (--kv-event-silence-s). */
+  private startSilenceCheck(): void {
+    if (this.silenceTimer || !(this.opts.kvEventSilenceS > 0)) return;
+    const limit = this.opts.kvEventSilenceS * 1000;
+    this.silenceTimer = setInterval(() => {
+      const now = Date.now();
+      for (const id of Object.keys(this.kv)) {
+        const k = this.kv[id];
+        const quiet = now - (k.lastEvent ?? k.since);
+        if (!k.silent && quiet >= limit && k.picksSinceEvent > 0) {
+          k.silent = true;
+          this.log("warn", `kv-events worker=${id} sent nothing for ${Math.round(quiet / 1000)}s while serving ${k.picksSinceEvent} pick(s): check its --kv-events-config (endpoint, topic '${this.opts.kvEventTopic}')`);
+        }
+      }
+    }, Math.min(1000, limit / 2));
+    this.silenceTimer.unref();
+  }
+
+  /** Seconds since the worker's last KV event batch (since it joined when none yet), and the silence flag. */
+  eventStatus(id: string): { kv_event_age_s: number | null; kv_events_silent: boolean } {
+    const k = this.kv[id];
+    if (!k) return { kv_event_age_s: null, kv_events_silent: false };
+    return { kv_event_age_s: (Date.now() - (k.lastEvent ?? k.since)) / 1000, kv_events_silent: k.silent };
+  }
+
+  onEvents(id: string, epochKey: EpochKey, seq: number, events: KvEvent[], info?: BatchInfo): void {
     const w = this.router.worker(id);
     if (!w || w.epochKey !== epochKey) return; // a frame from a worker that already left
-    const r = applyBatch(this.state.mirror, epochKey, seq, events, this.opts.router.blockSize, nativeHasher);
+    const k = this.kv[id];
+    if (k) {
+      if (k.silent) this.log("info", `kv-events worker=${id} events flowing again`);
+      k.lastEvent = Date.now();
+      k.picksSinceEvent = 0;
+      k.silent = false;
+    }
+    if (info?.restart) {
+      clearAllTiers(this.state.mirror, epochKey);
+      this.state.mirror.setSequence(epochKey, undefined);
+      this.metrics.eventErrors.inc({ worker: id, reason: "engine_restart" });
+    }
+    if (info?.unknown) this.metrics.eventErrors.inc({ worker: id, reason: "unknown_event" }, info.unknown);
+    if (info?.replayed) this.metrics.events.inc({ worker: id, type: "replayed_batch" });
+    const r = applyBatch(this.state.mirror, epochKey, seq, events, this.opts.router.blockSize, {
+      hasher: nativeHasher,
+      maxBlocks: this.opts.maxMirrorBlocks,
+      onEvict: (_t, n) => this.metrics.events.inc({ worker: id, type: "evicted" }, n),
+    });
     if (r.gap) {
       this.metrics.eventErrors.inc({ worker: id, reason: "sequence_gap" });
-      this.log("warn", `kv-events worker=${id} sequence gap at seq=${seq}: mirror cleared, resyncing from live events`);
+      this.log("warn", `kv-events worker=${id} sequence gap at seq=${seq} that replay could not fill${w.replay ? "" : " (no replay endpoint)"}: mirror cleared, resyncing from live events`);
     }
+    if (r.otherGroup) this.metrics.events.inc({ worker: id, type: "other_group" }, r.otherGroup);
     if (r.fatal) {
       this.metrics.eventErrors.inc({ worker: id, reason: "block_size_mismatch" });
       this.router.exclude(id, r.fatal);
@@ -159,12 +215,13 @@ export class App {
     const t0 = process.hrtime.bigint();
     const req = parseRequest(endpoint, body.length <= this.opts.maxBodyBytes ? body.toString("utf8") : "", body.length, { maxBodyBytes: this.opts.maxBodyBytes }, sessionHeader);
     let feats;
+    const root = requestRoot(this.state.mirror, req.model, req.cacheSalt, nativeHasher);
     try {
-      feats = computeFeatures(req, this.tokenizer, this.opts.router.blockSize, nativeHasher);
+      feats = computeFeatures(req, this.tokenizer, this.opts.router.blockSize, nativeHasher, root);
     } catch (e) {
       // A tokenizer failure must not fail the request: fall back to the estimate.
       this.log("warn", `tokenize failed (${(e as Error).message}); routing on estimated tokens`);
-      feats = computeFeatures(req, null, this.opts.router.blockSize, nativeHasher);
+      feats = computeFeatures(req, null, this.opts.router.blockSize, nativeHasher, root);
     }
     const pick = this.router.pick(feats, req.sessionId);
     this.metrics.pickLatency.observe(Number(process.hrtime.bigint() - t0) / 1e9);
@@ -173,6 +230,7 @@ export class App {
 
   async close(): Promise<void> {
     if (this.healthTimer) clearInterval(this.healthTimer);
+    if (this.silenceTimer) clearInterval(this.silenceTimer);
     for (const id of Object.keys(this.subs)) this.subs[id].sub.close();
     this.subs = {};
     await this.eventSource.close();

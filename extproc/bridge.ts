@@ -105,7 +105,8 @@ export class Bridge implements Fleet {
     if (w.events)
       this.subs[w.id] = this.events.subscribe(
         w,
-        (seq, evs: KvEvent[]) => void this.send({ type: "events", worker: w.id, seq, events: evs }),
+        // restart: njs drops the worker's mirror (every tier) before applying the batch.
+        (seq, evs: KvEvent[], info) => void this.send(info?.restart ? { type: "events", worker: w.id, seq, events: evs, restart: true } : { type: "events", worker: w.id, seq, events: evs }),
         (reason) => this.log("warn", `kv-events worker=${w.id} refused frame: ${reason}`),
       );
   }

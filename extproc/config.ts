@@ -1,5 +1,6 @@
 // Command-line flags (and the env fallbacks the issues name) -> Options.
 import { defaultConfig, RouterConfig, Role, WorkerSpec } from "../core/router";
+import { defaultTierWeights, parseTierWeights } from "../core/kvevents";
 
 export interface Options {
   router: RouterConfig;
@@ -25,11 +26,21 @@ export interface Options {
   /** Active health checks: GET <worker>/health every N ms (0 = off). */
   healthIntervalMs: number;
   pushToken: string;
+  /** A worker with an events endpoint silent this long while serving traffic is flagged (0 = off). */
+  kvEventSilenceS: number;
+  /** Bound on engine blocks mirrored per target (worker and tier); the oldest go first (0 = none). */
+  maxMirrorBlocks: number;
+  kvReplayTimeoutMs: number;
 }
 
 const HELP = `infera-gate ext_proc server
 
-  --workers LIST                 static fleet: [role=]host:port[@kv-endpoint],... (role prefill|decode|mixed)
+  --workers LIST                 static fleet: [role=]host:port[@kv-endpoint[+replay-endpoint]],... (role prefill|decode|mixed)
+                                 replay-endpoint: the engine's KV event replay ROUTER (vLLM/SGLang replay_endpoint)
+  --kv-tier-weights LIST         share of a GPU hit per storage tier (gpu=1,cpu=0.75,disk=0.25; external=0)
+  --kv-event-silence-s S         flag a worker whose events endpoint sent nothing for S s while it got picks (30; 0 = off)
+  --max-mirror-blocks N          engine blocks mirrored per worker and tier, oldest evicted past it (1000000; 0 = no bound)
+  --kv-replay-timeout-ms N       how long a replay request may take (2000)
   --router-policy P              kv-aware (default) | round-robin | random
   --block-size N                 KV block size in tokens, must match the fleet (16)
   --kv-overlap-weight W          weight of uncached blocks in the cost (1.0)
@@ -73,13 +84,19 @@ export function parseWorkers(s: string): WorkerSpec[] {
       rest = rest.slice(eq + 1);
     }
     let events: string | undefined;
+    let replay: string | undefined;
     const at = rest.indexOf("@");
     if (at >= 0) {
       events = rest.slice(at + 1);
       rest = rest.slice(0, at);
+      const plus = events.indexOf("+");
+      if (plus >= 0) {
+        replay = events.slice(plus + 1);
+        events = events.slice(0, plus);
+      }
     }
     if (!/^[^:\s]+:\d+$/.test(rest)) throw new Error(`--workers: '${raw}' is not [role=]host:port[@kv-endpoint]`);
-    out.push({ id: rest, address: rest, role, events });
+    out.push(replay ? { id: rest, address: rest, role, events, replay } : { id: rest, address: rest, role, events });
   }
   return out;
 }
@@ -119,6 +136,9 @@ export function parseArgs(argv: string[], env: NodeJS.ProcessEnv = process.env):
     nginxPushUrl: "http://127.0.0.1:8080/_infera/push",
     healthIntervalMs: 1000,
     pushToken: env.INFERA_PUSH_TOKEN ?? "",
+    kvEventSilenceS: 30,
+    maxMirrorBlocks: 1000000,
+    kvReplayTimeoutMs: 2000,
   };
   let demandSet = false;
   let reqWeightSet = false;
@@ -165,6 +185,10 @@ export function parseArgs(argv: string[], env: NodeJS.ProcessEnv = process.env):
       case "--nginx-push-url": o.nginxPushUrl = val(); break;
       case "--health-interval-ms": o.healthIntervalMs = num(a, val()); break;
       case "--push-token": o.pushToken = val(); break;
+      case "--kv-tier-weights": r.kvTierWeights = { ...defaultTierWeights(), ...parseTierWeights(val()) }; break;
+      case "--kv-event-silence-s": o.kvEventSilenceS = num(a, val()); break;
+      case "--max-mirror-blocks": o.maxMirrorBlocks = num(a, val()); break;
+      case "--kv-replay-timeout-ms": o.kvReplayTimeoutMs = num(a, val()); break;
       case "--host": o.host = val(); break;
       case "--ext-proc-port": o.extProcPort = num(a, val()); break;
       case "--admin-port": o.adminPort = num(a, val()); break;

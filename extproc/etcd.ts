@@ -1,6 +1,7 @@
 // etcd discovery. Each worker registers, under a lease it keeps alive, the key
 //   <prefix><worker-id>  ->  {"address":"host:port","role":"prefill|decode|mixed",
-//                             "block_size":16,"kv_events":"tcp://host:5557"}
+//                             "block_size":16,"kv_events":"tcp://host:5557",
+//                             "kv_replay":"tcp://host:5558"}   (kv_replay optional: the replay ROUTER)
 // The router lists the prefix, then watches it: put = join/update, delete or
 // lease expiry = leave. On a watch error it re-lists, so an etcd restart heals.
 import { Etcd3, Lease } from "etcd3";
@@ -12,6 +13,7 @@ export interface Registration {
   role?: Role;
   block_size?: number;
   kv_events?: string;
+  kv_replay?: string;
 }
 
 export function specFromEtcd(id: string, value: string): WorkerSpec {
@@ -19,7 +21,9 @@ export function specFromEtcd(id: string, value: string): WorkerSpec {
   if (typeof r.address !== "string" || !/^[^:\s]+:\d+$/.test(r.address)) throw new Error(`registration ${id}: 'address' must be host:port`);
   const role = r.role ?? "mixed";
   if (role !== "prefill" && role !== "decode" && role !== "mixed") throw new Error(`registration ${id}: unknown role '${role}'`);
-  return { id, address: r.address, role, blockSize: r.block_size, events: r.kv_events };
+  const spec: WorkerSpec = { id, address: r.address, role, blockSize: r.block_size, events: r.kv_events };
+  if (typeof r.kv_replay === "string" && r.kv_replay) spec.replay = r.kv_replay;
+  return spec;
 }
 
 export async function startEtcdDiscovery(app: Fleet): Promise<{ close(): Promise<void> }> {

@@ -2,11 +2,19 @@
 // or NATS. Both transports feed the same decoder and core/kvevents.applyBatch.
 import { decode } from "@msgpack/msgpack";
 import * as zmq from "zeromq";
-import { KvEvent } from "../core/kvevents";
+import { createHash } from "crypto";
+import { ExtraKeys, KvEvent } from "../core/kvevents";
 
+const U64 = 1n << 64n;
+
+/**
+ * Engine block hash -> stable string key. Ints print as unsigned 64-bit (a
+ * publisher that packs the same hash signed, e.g. Python's hash(), maps to the
+ * same key); bytes (ExternalBlockHash) as hex.
+ */
 function hashKey(v: unknown): string {
-  if (typeof v === "bigint") return v.toString();
-  if (typeof v === "number" && Number.isInteger(v)) return String(v);
+  if (typeof v === "bigint") return (v < 0n ? v + U64 : v).toString();
+  if (typeof v === "number" && Number.isInteger(v)) return v < 0 ? (BigInt(v) + U64).toString() : String(v);
   if (v instanceof Uint8Array) return Buffer.from(v).toString("hex");
   if (typeof v === "string") return v;
   throw new Error("block hash of unexpected type " + typeof v);
@@ -16,6 +24,16 @@ function intOf(v: unknown, what: string): number {
   if (typeof v === "bigint") return Number(v);
   if (typeof v === "number" && Number.isInteger(v)) return v;
   throw new Error(what + " is not an integer");
+}
+
+function optInt(v: unknown, what: string): number | null {
+  return v === null || v === undefined ? null : intOf(v, what);
+}
+
+function optStr(v: unknown): string | null {
+  if (v === null || v === undefined) return null;
+  if (v instanceof Uint8Array) return Buffer.from(v).toString("utf8");
+  return String(v);
 }
 
 function list(v: unknown, what: string): unknown[] {
@@ -29,45 +47,97 @@ function uniformBlockSize(v: unknown[]): number {
   return sizes[0];
 }
 
-/** One event, array_like+tag form ["BlockStored", ...] or a map with a type/tag field. */
-export function normalizeEvent(e: unknown): KvEvent {
+/** extra_keys entries made JSON-safe (they travel to njs): bytes -> { b: hex }, big ints -> strings. */
+function jsonSafe(v: unknown): unknown {
+  if (v instanceof Uint8Array) return { b: Buffer.from(v).toString("hex") };
+  if (typeof v === "bigint") return v.toString();
+  if (Array.isArray(v)) return v.map(jsonSafe);
+  if (v && typeof v === "object") {
+    const o: Record<string, unknown> = {};
+    for (const k of Object.keys(v)) o[k] = jsonSafe((v as Record<string, unknown>)[k]);
+    return o;
+  }
+  return v === undefined ? null : v;
+}
+
+function extraKeys(v: unknown): ExtraKeys | null {
+  if (v === null || v === undefined) return null;
+  return list(v, "extra_keys").map((e) => (e === null || e === undefined ? null : Array.isArray(e) ? (jsonSafe(e) as unknown[]) : [jsonSafe(e)]));
+}
+
+// Field order of the array_like (positional) encoding, after the tag.
+const STORED_FIELDS = ["block_hashes", "parent_block_hash", "token_ids", "block_size", "lora_id", "medium", "lora_name", "extra_keys", "group_idx", "kv_cache_spec_kind", "kv_cache_spec_sliding_window"];
+const REMOVED_FIELDS = ["block_hashes", "medium", "group_idx"];
+const CLEARED_FIELDS = ["medium"];
+
+/**
+ * One event: array_like+tag form ["BlockStored", ...] (SGLang, older vLLM) or a
+ * map with a "type" tag (vLLM since 2026). Unknown fields are ignored; an
+ * unknown tag yields null (the caller skips and counts it).
+ */
+export function normalizeEvent(e: unknown): KvEvent | null {
   let tag: unknown;
-  let f: unknown[];
+  let get: (name: string) => unknown;
   if (Array.isArray(e)) {
     tag = e[0];
-    f = e.slice(1);
+    const names = tag === "BlockStored" ? STORED_FIELDS : tag === "BlockRemoved" ? REMOVED_FIELDS : CLEARED_FIELDS;
+    get = (name) => e[1 + names.indexOf(name)];
   } else if (e && typeof e === "object") {
     const o = e as Record<string, unknown>;
     tag = o.type ?? o.tag;
-    f = [o.block_hashes, o.parent_block_hash, o.token_ids, o.block_size, o.lora_id];
+    get = (name) => o[name];
   } else throw new Error("event is neither an array nor a map");
   if (tag === "BlockStored") {
+    const bs = get("block_size");
     return {
       type: "BlockStored",
-      hashes: list(f[0], "block_hashes").map(hashKey),
-      parent: f[1] === null || f[1] === undefined ? null : hashKey(f[1]),
-      tokens: list(f[2], "token_ids").map((t) => intOf(t, "token id")),
+      hashes: list(get("block_hashes"), "block_hashes").map(hashKey),
+      parent: get("parent_block_hash") === null || get("parent_block_hash") === undefined ? null : hashKey(get("parent_block_hash")),
+      tokens: list(get("token_ids"), "token_ids").map((t) => intOf(t, "token id")),
       // Early vLLM sent num_toks_per_block (a list) where block_size now stands.
-      blockSize: Array.isArray(f[3]) ? uniformBlockSize(f[3]) : intOf(f[3], "block_size"),
-      loraId: f[4] === null || f[4] === undefined ? null : intOf(f[4], "lora_id"),
+      blockSize: Array.isArray(bs) ? uniformBlockSize(bs) : intOf(bs, "block_size"),
+      loraId: optInt(get("lora_id"), "lora_id"),
+      medium: optStr(get("medium")),
+      loraName: optStr(get("lora_name")),
+      extraKeys: extraKeys(get("extra_keys")),
+      groupIdx: optInt(get("group_idx"), "group_idx"),
+      specKind: optStr(get("kv_cache_spec_kind")),
+      slidingWindow: optInt(get("kv_cache_spec_sliding_window"), "kv_cache_spec_sliding_window"),
     };
   }
-  if (tag === "BlockRemoved") return { type: "BlockRemoved", hashes: list(f[0], "block_hashes").map(hashKey) };
-  if (tag === "AllBlocksCleared") return { type: "AllBlocksCleared" };
-  throw new Error("unknown event tag " + JSON.stringify(tag));
+  if (tag === "BlockRemoved")
+    return { type: "BlockRemoved", hashes: list(get("block_hashes"), "block_hashes").map(hashKey), medium: optStr(get("medium")), groupIdx: optInt(get("group_idx"), "group_idx") };
+  if (tag === "AllBlocksCleared") return { type: "AllBlocksCleared", medium: optStr(get("medium")) };
+  return null;
 }
 
-/** msgpack EventBatch [ts, events, data_parallel_rank?] -> events. Throws on malformed input. */
-export function decodeBatch(payload: Uint8Array): { ts: number; events: KvEvent[]; dpRank: number | null } {
+export interface DecodedBatch {
+  ts: number;
+  events: KvEvent[];
+  dpRank: number | null;
+  /** Events with a tag we do not know (skipped, the rest of the batch applies). */
+  unknown: number;
+}
+
+/** msgpack EventBatch [ts, events, data_parallel_rank?] or {ts, events, data_parallel_rank} -> events. Throws on malformed input. */
+export function decodeBatch(payload: Uint8Array): DecodedBatch {
   const b = decode(payload, { useBigInt64: true }) as unknown;
   let ts: unknown, evs: unknown, dp: unknown;
   if (Array.isArray(b)) [ts, evs, dp] = b;
   else if (b && typeof b === "object") ({ ts, events: evs, data_parallel_rank: dp } = b as Record<string, unknown>);
   else throw new Error("batch is neither an array nor a map");
+  const events: KvEvent[] = [];
+  let unknown = 0;
+  for (const e of list(evs, "events")) {
+    const n = normalizeEvent(e);
+    if (n) events.push(n);
+    else unknown++;
+  }
   return {
     ts: typeof ts === "bigint" ? Number(ts) : (ts as number),
-    events: list(evs, "events").map(normalizeEvent),
+    events,
     dpRank: dp === undefined || dp === null ? null : intOf(dp, "data_parallel_rank"),
+    unknown,
   };
 }
 
@@ -77,8 +147,15 @@ export function decodeSeq(frame: Uint8Array): number {
   return Number(Buffer.from(frame).readBigUInt64BE(0));
 }
 
+/** How a batch reached us: restart = the engine restarted (drop its mirror first). */
+export interface BatchInfo {
+  restart: boolean;
+  replayed: boolean;
+  unknown: number;
+  dpRank: number | null;
+}
 export interface EventSink {
-  (workerId: string, seq: number, events: KvEvent[]): void;
+  (workerId: string, seq: number, events: KvEvent[], info: BatchInfo): void;
 }
 export interface EventErrorSink {
   (workerId: string, reason: string): void;
@@ -88,20 +165,171 @@ export interface Subscription {
   close(): void;
 }
 
-/** Subscribes to one worker's ZMQ PUB. Frames: [topic, seq, payload] (topic optional). */
-export function subscribeZmq(workerId: string, endpoint: string, topic: string, sink: EventSink, onError: EventErrorSink): Subscription {
+export interface ReplayOptions {
+  /** The worker's replay ROUTER endpoint (vLLM/SGLang --kv-events-config replay_endpoint). */
+  replay?: string;
+  /** How long one replay request may take before we give up on it (ms). */
+  replayTimeoutMs?: number;
+  log?: (level: "info" | "warn", line: string) => void;
+}
+
+const END_SEQ = -1n;
+
+/**
+ * Asks a replay ROUTER for every buffered batch with seq >= start: sends
+ * [b"", start as 8-byte BE] from a DEALER, reads [b"", seq, payload] until the
+ * END_SEQ (-1, signed 8-byte BE) terminator. Null when it does not answer in time.
+ */
+export async function requestReplay(endpoint: string, start: number, timeoutMs: number): Promise<{ seq: number; payload: Uint8Array }[] | null> {
+  const sock = new zmq.Dealer({ linger: 0, receiveTimeout: timeoutMs, sendTimeout: timeoutMs });
+  const out: { seq: number; payload: Uint8Array }[] = [];
+  try {
+    sock.connect(endpoint);
+    const b = Buffer.alloc(8);
+    b.writeBigUInt64BE(BigInt(start));
+    await sock.send([Buffer.alloc(0), b]);
+    const deadline = Date.now() + timeoutMs;
+    for (let i = 0; i < 10000000 && Date.now() < deadline; i++) {
+      const frames = await sock.receive();
+      const f = frames[0] && frames[0].length === 0 ? frames.slice(1) : frames;
+      if (f.length < 1 || f[0].length !== 8) continue;
+      const seq = Buffer.from(f[0]).readBigInt64BE(0);
+      if (seq === END_SEQ) return out;
+      out.push({ seq: Number(seq), payload: f[1] });
+    }
+    return null;
+  } catch {
+    return null;
+  } finally {
+    sock.close();
+  }
+}
+
+function digest(p: Uint8Array): string {
+  // Identity of one batch, to tell "the same engine, reconnected" from "a restarted one".
+  return createHash("sha1").update(p).digest("hex");
+}
+
+/**
+ * Subscribes to one worker's ZMQ PUB. Frames: [topic, seq, payload] (topic optional).
+ *
+ * With a replay endpoint the stream is repaired, not wiped: on joining we ask
+ * for everything buffered (a router that starts after its workers ends with
+ * the same mirror as one that saw it all); on a sequence gap we ask from the
+ * first missing seq and hold live frames until the answer is applied; when
+ * the connection comes back we replay the last applied batch and compare its
+ * bytes: a different batch under that seq means the engine restarted (its
+ * mirror is dropped, then rebuilt from its replay buffer). Only when replay
+ * cannot fill a gap does the next batch arrive with a gap (core clears).
+ * Without a replay endpoint a reconnect cannot be verified, so it counts as a
+ * restart: stale blocks are worse than a cold mirror.
+ */
+export function subscribeZmq(workerId: string, endpoint: string, topic: string, sink: EventSink, onError: EventErrorSink, ro: ReplayOptions = {}): Subscription {
   const sock = new zmq.Subscriber({ reconnectInterval: 200, reconnectMaxInterval: 2000 });
   sock.connect(endpoint);
   sock.subscribe(topic);
   let closed = false;
+  let last: number | undefined;
+  let lastDigest = "";
+  let repairing = false;
+  let pendingRestart = false;
+  let wasDisconnected = false;
+  const held: { seq: number; payload: Uint8Array }[] = [];
+  const timeout = ro.replayTimeoutMs ?? 2000;
+
+  const deliver = (seq: number, payload: Uint8Array, replayed: boolean): void => {
+    let batch: DecodedBatch;
+    try {
+      batch = decodeBatch(payload);
+    } catch (e) {
+      onError(workerId, (e as Error).message);
+      last = seq; // a refused frame is not a gap
+      return;
+    }
+    const restart = pendingRestart;
+    pendingRestart = false;
+    last = seq;
+    lastDigest = digest(payload);
+    sink(workerId, seq, batch.events, { restart, replayed, unknown: batch.unknown, dpRank: batch.dpRank });
+  };
+
+  // Replays from start, applies what came back in order, then the held live frames.
+  const repair = async (start: number, why: string): Promise<void> => {
+    repairing = true;
+    const got = closed ? null : await requestReplay(ro.replay as string, start, timeout);
+    if (closed) return;
+    if (got === null) ro.log?.("warn", `kv-events worker=${workerId} replay from seq=${start} (${why}) got no answer from ${ro.replay}`);
+    else if (got.length && got[0].seq > start && start > 0) ro.log?.("warn", `kv-events worker=${workerId} replay buffer starts at seq=${got[0].seq}, gap from ${start} cannot be filled`);
+    const all = (got || []).map((f) => ({ seq: f.seq, payload: f.payload, replayed: true })).concat(held.splice(0).map((f) => ({ seq: f.seq, payload: f.payload, replayed: false })));
+    all.sort((a, b) => a.seq - b.seq);
+    for (const f of all) {
+      if (last !== undefined && f.seq <= last) continue;
+      deliver(f.seq, f.payload, f.replayed);
+    }
+    repairing = false;
+  };
+
+  // After a reconnect: is it the same engine? Replay the last applied batch and compare.
+  const verify = async (): Promise<void> => {
+    if (last === undefined) return;
+    repairing = true;
+    const got = await requestReplay(ro.replay as string, last, timeout);
+    if (closed) return;
+    const same = got !== null && got.length > 0 && got[0].seq === last && digest(got[0].payload) === lastDigest;
+    if (!same) {
+      ro.log?.("warn", `kv-events worker=${workerId} reconnected to a different event stream (engine restart): rebuilding its mirror from replay`);
+      pendingRestart = true;
+      last = undefined;
+      await repair(0, "restart");
+      return;
+    }
+    const rest = got.slice(1).concat(held.splice(0));
+    rest.sort((a, b) => a.seq - b.seq);
+    for (const f of rest) if (last === undefined || f.seq > last) deliver(f.seq, f.payload, true);
+    repairing = false;
+  };
+
+  sock.events.on("disconnect", () => {
+    wasDisconnected = true;
+  });
+  sock.events.on("handshake", () => {
+    if (!wasDisconnected || closed || repairing) return;
+    wasDisconnected = false;
+    if (ro.replay) void verify();
+    else if (last !== undefined) {
+      pendingRestart = true;
+      ro.log?.("warn", `kv-events worker=${workerId} reconnected without a replay endpoint: cannot tell a restart from a blip, mirror dropped`);
+    }
+  });
+
+  if (ro.replay) void repair(0, "join");
+
   (async () => {
     try {
       for await (const frames of sock) {
         try {
           if (frames.length < 2) throw new Error("want [topic, seq, payload], got " + frames.length + " frame(s)");
           const seq = decodeSeq(frames[frames.length - 2]);
-          const batch = decodeBatch(frames[frames.length - 1]);
-          sink(workerId, seq, batch.events);
+          const payload = frames[frames.length - 1];
+          if (repairing) {
+            if (held.length < 1000000) held.push({ seq, payload });
+            continue;
+          }
+          if (last !== undefined && seq <= last) {
+            // The sequence went back: a restarted engine. Its earlier batches may be in its buffer.
+            pendingRestart = true;
+            last = undefined;
+            if (ro.replay) {
+              held.push({ seq, payload });
+              void repair(0, "sequence reset");
+              continue;
+            }
+          } else if (last !== undefined && seq !== last + 1 && ro.replay) {
+            held.push({ seq, payload });
+            void repair(last + 1, "gap");
+            continue;
+          }
+          deliver(seq, payload, false);
         } catch (e) {
           onError(workerId, (e as Error).message);
         }

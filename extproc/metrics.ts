@@ -3,7 +3,10 @@ import { Router } from "../core/router";
 
 export type Metrics = ReturnType<typeof createMetrics>;
 
-export function createMetrics(router: () => Router) {
+/** What the KV-event gauges read at scrape time (the app's per-worker event status). */
+export type EventStatus = (id: string) => { kv_event_age_s: number | null; kv_events_silent: boolean };
+
+export function createMetrics(router: () => Router, eventStatus?: EventStatus) {
   const registry = new client.Registry();
   client.collectDefaultMetrics({ register: registry });
   const picks = new client.Counter({ name: "infera_router_picks_total", help: "Picks per worker and role", labelNames: ["worker", "role", "policy"], registers: [registry] });
@@ -63,6 +66,44 @@ export function createMetrics(router: () => Router) {
     collect() {
       this.reset();
       for (const w of router().workers()) this.set({ worker: w.id }, router().cacheView(w.id)?.block_count ?? 0);
+    },
+  });
+  new client.Gauge({
+    name: "infera_router_kv_event_age_seconds",
+    help: "Seconds since each worker's last KV event batch (since it joined, if none yet)",
+    labelNames: ["worker"],
+    registers: [registry],
+    collect() {
+      this.reset();
+      if (!eventStatus) return;
+      for (const w of router().workers()) {
+        const s = eventStatus(w.id);
+        if (w.events && s.kv_event_age_s !== null) this.set({ worker: w.id }, s.kv_event_age_s);
+      }
+    },
+  });
+  new client.Gauge({
+    name: "infera_router_kv_events_silent",
+    help: "1 when a worker with a KV events endpoint sent nothing for --kv-event-silence-s while serving picks",
+    labelNames: ["worker"],
+    registers: [registry],
+    collect() {
+      this.reset();
+      if (!eventStatus) return;
+      for (const w of router().workers()) if (w.events) this.set({ worker: w.id }, eventStatus(w.id).kv_events_silent ? 1 : 0);
+    },
+  });
+  new client.Gauge({
+    name: "infera_router_mirror_tier_blocks",
+    help: "Blocks mirrored per worker and storage tier (medium)",
+    labelNames: ["worker", "tier"],
+    registers: [registry],
+    collect() {
+      this.reset();
+      for (const w of router().workers()) {
+        const t = router().cacheView(w.id)?.tiers ?? {};
+        for (const k of Object.keys(t)) this.set({ worker: w.id, tier: k }, t[k]);
+      }
     },
   });
   new client.Gauge({

@@ -33,7 +33,8 @@ export async function natsEventSource(url: string, log: Logger): Promise<EventSo
           try {
             const s = m.headers?.get(SEQ_HEADER);
             if (!s || !/^\d+$/.test(s)) throw new Error(`missing or bad ${SEQ_HEADER} header`);
-            onBatch(Number(s), decodeBatch(m.data).events);
+            const b = decodeBatch(m.data);
+            onBatch(Number(s), b.events, { restart: false, replayed: false, unknown: b.unknown, dpRank: b.dpRank });
           } catch (e) {
             onError((e as Error).message);
           }

@@ -13,10 +13,10 @@ async function main(): Promise<void> {
   const id = get("--id");
   const address = get("--address");
   if (!id || !address) {
-    process.stderr.write("usage: infera-register --id ID --address host:port [--role mixed|prefill|decode] [--block-size 16] [--kv-events tcp://…|subject] [--etcd-endpoint URL] [--etcd-prefix /infera/workers/] [--ttl 5]\n");
+    process.stderr.write("usage: infera-register --id ID --address host:port [--role mixed|prefill|decode] [--block-size 16] [--kv-events tcp://…|subject] [--kv-replay tcp://…] [--etcd-endpoint URL] [--etcd-prefix /infera/workers/] [--ttl 5]\n");
     process.exit(2);
   }
-  const reg: Registration = { address, role: (get("--role", "mixed") as Registration["role"]), block_size: Number(get("--block-size", "16")), kv_events: get("--kv-events") };
+  const reg: Registration = { address, role: (get("--role", "mixed") as Registration["role"]), block_size: Number(get("--block-size", "16")), kv_events: get("--kv-events"), kv_replay: get("--kv-replay") };
   const r = await registerWorker(get("--etcd-endpoint", "http://127.0.0.1:2379")!, get("--etcd-prefix", "/infera/workers/")!, id, reg, Number(get("--ttl", "5")));
   process.stderr.write(`registered ${id} -> ${JSON.stringify(reg)}\n`);
   const stop = () => r.close().then(() => process.exit(0));

@@ -5,7 +5,7 @@ import { createRouter, defaultConfig, Guard, Router, RouterConfig } from "../cor
 import { Store } from "../core/store";
 import { acceptPushSeq, countDecision, decisionCounts, guardKey, keyedState, nextRequestId, saveGuard } from "../core/state/keyed";
 import { computeFeatures, endpointOf, parseRequest, renderChatML, Tokenizer } from "../core/request";
-import { applyBatch, KvEvent } from "../core/kvevents";
+import { applyBatch, clearAllTiers, defaultTierWeights, KvEvent, parseTierWeights, requestRoot } from "../core/kvevents";
 import { createBpe } from "../core/bpe";
 import { asHttpError, errorPayload } from "../core/util";
 import { workerRow } from "../core/views";
@@ -69,6 +69,12 @@ function config(r: NjsRequest): RouterConfig {
   if (v.infera_session_affinity) c.sessionAffinity = v.infera_session_affinity as RouterConfig["sessionAffinity"];
   if (v.infera_pd_prefill_guard_release) c.pdPrefillGuardRelease = v.infera_pd_prefill_guard_release as RouterConfig["pdPrefillGuardRelease"];
   c.mmLruSize = numVar(r, "infera_mm_lru_size", 256) as number;
+  if (v.infera_kv_tier_weights) {
+    const tw = defaultTierWeights();
+    const given = parseTierWeights(v.infera_kv_tier_weights);
+    for (const k in given) tw[k] = given[k];
+    c.kvTierWeights = tw;
+  }
   return c;
 }
 
@@ -139,7 +145,7 @@ function route(r: NjsRequest): void {
       const bytes = r.requestBuffer ? r.requestBuffer.length : body.length;
       const maxBody = numVar(r, "infera_max_body_bytes", 8388608) as number;
       const req = parseRequest(ep, body, bytes, { maxBodyBytes: maxBody }, r.headersIn[r.variables.infera_session_header || "x-session-id"] || null);
-      const f = computeFeatures(req, tokenizer(), c.cfg.blockSize);
+      const f = computeFeatures(req, tokenizer(), c.cfg.blockSize, undefined, requestRoot(c.router.state.mirror, req.model, req.cacheSalt));
       pick = c.router.pick(f, req.sessionId);
     } else pick = c.router.pick({ blocks: [], inputTokens: 0, exact: false, mediaHashes: [], n: 1 });
   } catch (e) {
@@ -198,6 +204,8 @@ interface PushBody {
   worker?: string;
   seq?: number;
   events?: KvEvent[];
+  /** The bridge saw the engine restart: drop this worker's mirror first. */
+  restart?: boolean;
 }
 
 /**
@@ -226,7 +234,11 @@ function push(r: NjsRequest): void {
   }
   const w = c.router.worker(b.worker || "");
   if (!w) return fail(r, 404, "unknown worker " + b.worker, "not_found");
-  const res = applyBatch(c.router.state.mirror, w.epochKey, b.seq || 0, b.events || [], c.cfg.blockSize);
+  if (b.restart) {
+    clearAllTiers(c.router.state.mirror, w.epochKey);
+    c.router.state.mirror.setSequence(w.epochKey, undefined);
+  }
+  const res = applyBatch(c.router.state.mirror, w.epochKey, b.seq || 0, b.events || [], c.cfg.blockSize, { maxBlocks: numVar(r, "infera_max_mirror_blocks", 1000000) as number });
   if (res.fatal) c.router.exclude(w.id, res.fatal);
   json(r, 200, res);
 }

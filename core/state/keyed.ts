@@ -16,6 +16,9 @@
 //   RP:<rid>/RM:<rid> JSON Guard (njs)       OPEN        guards held; SN sessions bound
 //                                            RID         request ids; PS:<stream> push seqs
 //                                            DD:<mode>|<input>|<agrees> demand decisions
+//   MQ:<ek>:<n> eh stored n-th (eviction)    MQH:<ek>/MQT:<ek> eviction queue head / tail
+//   MX:<ek>><name> mirror meta (kvevents)    MQP:<ek>:<eh> queue slot of eh; MEN:<ek> engine blocks
+// A mirror target ek is a worker's epoch key (GPU) or "<ek>|<TIER>" (core/kvevents.ts tierKey).
 import { Store } from "../store";
 import { BlockHash, EngineHash, EpochKey, Guard, SessionBinding, Worker, WorkerSpec } from "../types";
 import { ImageAffinity, LoadLedger, MAX_SESSIONS, MirrorIndex, RouterState, SessionTable, WorkerRegistry } from "./types";
@@ -41,6 +44,10 @@ export function keyedMirror(st: Store): MirrorIndex {
       if (prev === h) return false;
       if (prev !== undefined) mirror.remove(ek, eh);
       st.set("ME:" + ek + ":" + eh, h);
+      st.incr("MEN:" + ek, 1);
+      const slot = st.incr("MQT:" + ek, 1) - 1;
+      st.set("MQ:" + ek + ":" + slot, eh);
+      st.incr("MQP:" + ek + ":" + eh, slot + 1);
       if (st.incr("MR:" + ek + ":" + h, 1) === 1) {
         addHolder(h, ek);
         st.incr("MN:" + ek, 1);
@@ -53,6 +60,10 @@ export function keyedMirror(st: Store): MirrorIndex {
       const h = st.get("ME:" + ek + ":" + eh);
       if (h === undefined) return false;
       st.del("ME:" + ek + ":" + eh);
+      st.incr("MEN:" + ek, -1);
+      const slot = st.num("MQP:" + ek + ":" + eh);
+      if (slot > 0) st.del("MQ:" + ek + ":" + (slot - 1));
+      st.delNum("MQP:" + ek + ":" + eh);
       if (st.incr("MR:" + ek + ":" + h, -1) <= 0) {
         st.delNum("MR:" + ek + ":" + h);
         dropHolder(h, ek);
@@ -71,25 +82,62 @@ export function keyedMirror(st: Store): MirrorIndex {
       const maps = st.keys("ME:" + ek + ":");
       for (let i = 0; i < maps.length; i++) st.del(maps[i]);
       st.delNum("MN:" + ek);
+      const q = st.keys("MQ:" + ek + ":");
+      for (let i = 0; i < q.length; i++) st.del(q[i]);
+      const qp = st.keys("MQP:" + ek + ":");
+      for (let i = 0; i < qp.length; i++) st.delNum(qp[i]);
+      st.delNum("MQH:" + ek);
+      st.delNum("MQT:" + ek);
+      st.delNum("MEN:" + ek);
+    },
+    entries: (ek) => st.num("MEN:" + ek),
+    evictOldest(ek) {
+      // Slots of blocks removed since are holes; each is skipped once, so this is amortized O(1).
+      const tail = st.num("MQT:" + ek);
+      for (let head = st.num("MQH:" + ek); head < tail; head++) {
+        const eh = st.get("MQ:" + ek + ":" + head);
+        if (eh === undefined) continue;
+        st.incr("MQH:" + ek, head + 1 - st.num("MQH:" + ek));
+        mirror.remove(ek, eh);
+        return true;
+      }
+      st.incr("MQH:" + ek, tail - st.num("MQH:" + ek));
+      return false;
+    },
+    meta: (ek, name) => st.get("MX:" + ek + ">" + name),
+    setMeta(ek, name, value) {
+      if (value === undefined) st.del("MX:" + ek + ">" + name);
+      else st.set("MX:" + ek + ">" + name, value);
     },
     count: (ek) => st.num("MN:" + ek),
-    prefixHits(blocks, live) {
+    prefixHits(blocks, live, weights) {
       const hits: { [ek: string]: number } = {};
       let cand: { [ek: string]: boolean } | null = null;
       for (let i = 0; i < blocks.length; i++) {
         const holders = st.get("M:" + blocks[i]);
         if (!holders) break;
         const parts = holders.split(",");
-        const next: { [ek: string]: boolean } = {};
+        const best: { [ek: string]: number } = {};
         let any = false;
         for (let j = 0; j < parts.length; j++) {
-          const ek = parts[j];
-          if (!live[ek] || (cand !== null && !cand[ek])) continue;
-          next[ek] = true;
-          hits[ek] = i + 1;
+          const t = parts[j];
+          const bar = t.indexOf("|");
+          const base = bar < 0 ? t : t.substr(0, bar);
+          let w = bar < 0 ? 1 : 0;
+          if (weights) {
+            const x = weights[bar < 0 ? "GPU" : t.substr(bar + 1)];
+            w = x === undefined ? 0 : x;
+          }
+          if (w <= 0 || !live[base] || (cand !== null && !cand[base])) continue;
+          if (!(best[base] >= w)) best[base] = w;
           any = true;
         }
         if (!any) break;
+        const next: { [ek: string]: boolean } = {};
+        for (const ek in best) {
+          hits[ek] = (hits[ek] || 0) + best[ek];
+          next[ek] = true;
+        }
         cand = next;
       }
       return hits;

@@ -9,6 +9,7 @@ interface Held {
   /** our hash -> engine blocks that map to it */
   refs: Map<BlockHash, number>;
   seq: number | undefined;
+  meta: { [name: string]: string };
 }
 
 export function memoryMirror(): MirrorIndex {
@@ -16,7 +17,7 @@ export function memoryMirror(): MirrorIndex {
   const targets = new Map<EpochKey, Held>();
   const held = (ek: EpochKey): Held => {
     let h = targets.get(ek);
-    if (!h) targets.set(ek, (h = { byEngine: new Map(), refs: new Map(), seq: undefined }));
+    if (!h) targets.set(ek, (h = { byEngine: new Map(), refs: new Map(), seq: undefined, meta: {} }));
     return h;
   };
   const dropHolder = (h: BlockHash, ek: EpochKey) => {
@@ -61,25 +62,49 @@ export function memoryMirror(): MirrorIndex {
       if (!t) return;
       // Cost: the blocks this worker held, never the whole index.
       for (const h of t.refs.keys()) dropHolder(h, ek);
-      targets.set(ek, { byEngine: new Map(), refs: new Map(), seq: t.seq });
+      targets.set(ek, { byEngine: new Map(), refs: new Map(), seq: t.seq, meta: t.meta });
     },
     count: (ek) => targets.get(ek)?.refs.size ?? 0,
-    prefixHits(blocks, live) {
+    prefixHits(blocks, live, weights) {
       const hits: { [ek: string]: number } = {};
-      let cand: Set<string> | null = null;
+      let cand: { [ek: string]: boolean } | null = null;
       for (let i = 0; i < blocks.length; i++) {
         const list = holders.get(blocks[i]);
         if (!list) break;
-        const next = new Set<string>();
-        for (const ek of list) {
-          if (!live[ek] || (cand !== null && !cand.has(ek))) continue;
-          next.add(ek);
-          hits[ek] = i + 1;
+        const best: { [ek: string]: number } = {};
+        let any = false;
+        for (const t of list) {
+          const bar = t.indexOf("|");
+          const base = bar < 0 ? t : t.slice(0, bar);
+          const w = weights ? weights[bar < 0 ? "GPU" : t.slice(bar + 1)] ?? 0 : bar < 0 ? 1 : 0;
+          if (w <= 0 || !live[base] || (cand !== null && !cand[base])) continue;
+          if (!(best[base] >= w)) best[base] = w;
+          any = true;
         }
-        if (!next.size) break;
-        cand = next;
+        if (!any) break;
+        cand = {};
+        for (const ek in best) {
+          hits[ek] = (hits[ek] ?? 0) + best[ek];
+          cand[ek] = true;
+        }
       }
       return hits;
+    },
+    entries: (ek) => targets.get(ek)?.byEngine.size ?? 0,
+    evictOldest(ek) {
+      const t = targets.get(ek);
+      if (!t) return false;
+      const first = t.byEngine.keys().next();
+      if (first.done) return false;
+      mirror.remove(ek, first.value);
+      return true;
+    },
+    meta: (ek, name) => targets.get(ek)?.meta[name],
+    setMeta(ek, name, value) {
+      if (value === undefined) {
+        const t = targets.get(ek);
+        if (t) delete t.meta[name];
+      } else held(ek).meta[name] = value;
     },
     sequence: (ek) => targets.get(ek)?.seq,
     setSequence(ek, seq) {

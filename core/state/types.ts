@@ -15,8 +15,21 @@ export interface MirrorIndex {
   clear(epochKey: EpochKey): void;
   /** Distinct blocks held by epochKey. */
   count(epochKey: EpochKey): number;
-  /** Longest cached prefix of blocks for each live epoch key (O(request blocks)). */
-  prefixHits(blocks: BlockHash[], live: { [epochKey: string]: boolean }): { [epochKey: string]: number };
+  /**
+   * Longest cached prefix of blocks for each live epoch key (O(request blocks)).
+   * Without weights only the GPU target (the plain epoch key) counts. With
+   * tier weights, a block counts the best weight among the tiers holding it
+   * (targets `<ek>|<TIER>`, see core/kvevents.ts tierKey) and the prefix runs
+   * while some tier with a weight > 0 holds the next block.
+   */
+  prefixHits(blocks: BlockHash[], live: { [epochKey: string]: boolean }, weights?: { [tier: string]: number }): { [epochKey: string]: number };
+  /** Engine blocks mirrored for a target (>= count: several engine blocks may share one hash). */
+  entries(epochKey: EpochKey): number;
+  /** Forgets the engine block mirrored longest ago on a target (the --max-mirror-blocks bound). False when empty. */
+  evictOldest(epochKey: EpochKey): boolean;
+  /** Small per-worker facts learned from events (e.g. the full-attention group); "*" for global ones. */
+  meta(epochKey: EpochKey, name: string): string | undefined;
+  setMeta(epochKey: EpochKey, name: string, value: string | undefined): void;
   /** Last applied event sequence number for epochKey, if any. */
   sequence(epochKey: EpochKey): number | undefined;
   setSequence(epochKey: EpochKey, seq: number | undefined): void;

@@ -29,7 +29,9 @@ test("decodes vLLM's wire format: array_like tagged events, u64 hashes, 8-byte B
   assert.equal(decodeSeq(seq), 258);
   assert.throws(() => decodeSeq(Buffer.from([1, 2])), /8/);
   assert.throws(() => decodeBatch(Buffer.from([0xc1])), /./);
-  assert.throws(() => decodeBatch(encode([0, [["Bogus"]]])), /unknown event tag/);
+  // an unknown event type is skipped and counted, the rest of the batch applies
+  const u = decodeBatch(encode([0, [["Bogus", 1], ["AllBlocksCleared"], { type: "Future", x: 1 }]]));
+  assert.deepEqual([u.unknown, u.events.length, u.events[0].type], [2, 1, "AllBlocksCleared"]);
   // older vLLM without data_parallel_rank, and map-shaped events
   assert.equal(decodeBatch(encode([0, [{ type: "AllBlocksCleared" }]])).events[0].type, "AllBlocksCleared");
 });

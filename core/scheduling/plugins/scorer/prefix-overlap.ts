@@ -13,7 +13,8 @@ export const prefixOverlapScorer: Scorer = {
   score(ctx, rows) {
     const live: { [ek: string]: boolean } = {};
     for (let i = 0; i < rows.length; i++) live[rows[i].worker.epochKey] = true;
-    const hits = ctx.state.mirror.prefixHits(ctx.features.blocks, live);
+    // Tiers: a block offloaded to CPU/disk earns its tier's share of a GPU hit (--kv-tier-weights).
+    const hits = ctx.state.mirror.prefixHits(ctx.features.blocks, live, ctx.config.kvTierWeights);
     const inflight = inflightPrefix(ctx, rows);
     const nb = ctx.features.blocks.length;
     const out: number[] = [];

@@ -1,0 +1,133 @@
+// A KV event publisher that behaves like vLLM's ZmqEventPublisher: PUB socket
+// with multipart [topic, seq u64 BE, msgpack EventBatch], a bounded replay
+// buffer served on a ROUTER socket ([b"", start u64 BE] in; [b"", seq, payload]
+// per buffered batch with seq >= start, then [b"", -1 as i64 BE, b""]), events
+// encoded as tagged maps (vLLM 2026) or array_like arrays (SGLang, older vLLM).
+// Used by the simulator (sim/engine.ts) and by tests that need a real publisher
+// they can make drop frames or restart.
+import { encode } from "@msgpack/msgpack";
+import * as zmq from "zeromq";
+
+export type Encoding = "map" | "array";
+
+/** One event with vLLM's field names; fields left out are not sent (omit_defaults). */
+export interface SimKvEvent {
+  type: "BlockStored" | "BlockRemoved" | "AllBlocksCleared" | string;
+  [field: string]: unknown;
+}
+
+const FIELDS: { [type: string]: string[] } = {
+  BlockStored: ["block_hashes", "parent_block_hash", "token_ids", "block_size", "lora_id", "medium", "lora_name", "extra_keys", "group_idx", "kv_cache_spec_kind", "kv_cache_spec_sliding_window"],
+  BlockRemoved: ["block_hashes", "medium", "group_idx"],
+  AllBlocksCleared: [],
+};
+// The first fields are required (no default) in vLLM's structs: always sent, null or not.
+const REQUIRED: { [type: string]: number } = { BlockStored: 7, BlockRemoved: 2, AllBlocksCleared: 0 };
+
+/** Encodes one event the way msgspec does for the given struct options. */
+export function encodeEvent(e: SimKvEvent, enc: Encoding): unknown {
+  const names = FIELDS[e.type] || Object.keys(e).filter((k) => k !== "type");
+  if (enc === "map") {
+    const o: Record<string, unknown> = { type: e.type };
+    names.forEach((n, i) => {
+      if (e[n] !== undefined && (e[n] !== null || i < (REQUIRED[e.type] ?? 0))) o[n] = e[n];
+      else if (i < (REQUIRED[e.type] ?? 0)) o[n] = null;
+    });
+    return o;
+  }
+  // array_like + omit_defaults: trailing default fields are dropped.
+  const arr: unknown[] = [e.type];
+  let lastSet = (REQUIRED[e.type] ?? 0) - 1;
+  names.forEach((n, i) => {
+    if (e[n] !== undefined && e[n] !== null) lastSet = Math.max(lastSet, i);
+  });
+  for (let i = 0; i <= lastSet; i++) arr.push(e[names[i]] === undefined ? null : e[names[i]]);
+  return arr;
+}
+
+export interface PublisherOptions {
+  host: string;
+  port: number;
+  /** ROUTER replay port; null = no replay socket. */
+  replayPort: number | null;
+  topic: string;
+  encoding: Encoding;
+  /** Batches kept for replay (vLLM buffer_steps). */
+  bufferSteps: number;
+  /** EventBatch.data_parallel_rank. */
+  dpRank: number | null;
+}
+
+export class KvPublisher {
+  private pub: zmq.Publisher | null = null;
+  private router: zmq.Router | null = null;
+  private seq = 0;
+  private buffer: { seq: number; payload: Buffer }[] = [];
+  private chain: Promise<void> = Promise.resolve();
+  private closed = false;
+
+  constructor(readonly o: PublisherOptions) {}
+
+  async bind(): Promise<void> {
+    this.pub = new zmq.Publisher({ sendHighWaterMark: 100000, linger: 0 });
+    await this.pub.bind(`tcp://${this.o.host}:${this.o.port}`);
+    if (this.o.replayPort !== null) {
+      this.router = new zmq.Router({ linger: 0 });
+      await this.router.bind(`tcp://${this.o.host}:${this.o.replayPort}`);
+      void this.serveReplay(this.router);
+    }
+  }
+
+  private async serveReplay(sock: zmq.Router): Promise<void> {
+    const end = Buffer.alloc(8);
+    end.writeBigInt64BE(-1n);
+    try {
+      for await (const frames of sock) {
+        // [identity, b"", start u64 BE]
+        if (frames.length !== 3 || frames[2].length !== 8) continue;
+        const start = Number(frames[2].readBigUInt64BE(0));
+        for (const b of this.buffer.slice()) {
+          if (b.seq < start) continue;
+          const s = Buffer.alloc(8);
+          s.writeBigUInt64BE(BigInt(b.seq));
+          await sock.send([frames[0], Buffer.alloc(0), s, b.payload]);
+        }
+        await sock.send([frames[0], Buffer.alloc(0), end, Buffer.alloc(0)]);
+      }
+    } catch {
+      /* socket closed */
+    }
+  }
+
+  /** Next sequence number to be published. */
+  nextSeq(): number {
+    return this.seq;
+  }
+
+  /**
+   * Publishes one batch. live=false keeps it only in the replay buffer, as if
+   * the subscriber missed it (a slow router, a dropped frame).
+   */
+  publish(events: SimKvEvent[], live = true): Promise<void> {
+    const seq = this.seq++;
+    const batch = this.o.encoding === "map" ? { ts: Date.now() / 1000, events: events.map((e) => encodeEvent(e, "map")), data_parallel_rank: this.o.dpRank } : [Date.now() / 1000, events.map((e) => encodeEvent(e, "array")), this.o.dpRank];
+    const payload = Buffer.from(encode(batch, { useBigInt64: true }));
+    this.buffer.push({ seq, payload });
+    if (this.buffer.length > this.o.bufferSteps) this.buffer.shift();
+    if (!live) return Promise.resolve();
+    const s = Buffer.alloc(8);
+    s.writeBigUInt64BE(BigInt(seq));
+    const pub = this.pub;
+    this.chain = this.chain.then(async () => {
+      if (pub && !this.closed) await pub.send([this.o.topic, s, payload]);
+    });
+    return this.chain.catch(() => undefined);
+  }
+
+  async close(): Promise<void> {
+    await this.chain.catch(() => undefined);
+    this.closed = true;
+    this.pub?.close();
+    this.router?.close();
+  }
+}

@@ -7,6 +7,7 @@
 import * as http from "http";
 import * as crypto from "crypto";
 import * as zmq from "zeromq";
+import { KvPublisher } from "./kvpublisher";
 import { encode } from "@msgpack/msgpack";
 import { loadTokenizer } from "../extproc/tokenizer";
 import { endpointOf, parseRequest, Tokenizer } from "../core/request";
@@ -42,6 +43,10 @@ export interface SimOptions {
    * lora_name (the shape vllm-router's kv_aware index decodes); null = off.
    */
   kvEventsMapPort: number | null;
+  /** vLLM replay_endpoint: a ROUTER serving the last batches (sim/kvpublisher.ts); null = none. */
+  kvReplayPort: number | null;
+  /** Event encoding on the main port with --kv-replay-port: vLLM's tagged maps or array_like. */
+  kvEventEncoding: "map" | "array";
   role: "mixed" | "prefill" | "decode";
   /** Send a malformed frame every N batches (fault tests); 0 = never. */
   malformedEvery: number;
@@ -75,6 +80,8 @@ export function simDefaults(): SimOptions {
     streamInterval: 1,
     modelName: "sim-model",
     kvEventsMapPort: null,
+    kvReplayPort: null,
+    kvEventEncoding: "array",
     role: "mixed",
     malformedEvery: 0,
     tokenizerPath: null,
@@ -198,6 +205,8 @@ export class EngineSim {
   private runner: Runner;
   private pub: zmq.Publisher | null = null;
   private mapPub: zmq.Publisher | null = null;
+  /** With --kv-replay-port: the vLLM-like publisher (PUB + replay ROUTER) replaces pub. */
+  private kvp: KvPublisher | null = null;
   private seq = 0;
   private sendChain: Promise<void> = Promise.resolve();
   private server: http.Server | null = null;
@@ -211,7 +220,10 @@ export class EngineSim {
   }
 
   async start(): Promise<void> {
-    if (this.o.kvEventsPort !== null) {
+    if (this.o.kvEventsPort !== null && this.o.kvReplayPort !== null) {
+      this.kvp = new KvPublisher({ host: this.o.host, port: this.o.kvEventsPort, replayPort: this.o.kvReplayPort, topic: this.o.topic, encoding: this.o.kvEventEncoding, bufferSteps: 10000, dpRank: null });
+      await this.kvp.bind();
+    } else if (this.o.kvEventsPort !== null) {
       this.pub = new zmq.Publisher({ sendHighWaterMark: 100000 });
       await this.pub.bind(`tcp://${this.o.host}:${this.o.kvEventsPort}`);
     }
@@ -232,6 +244,7 @@ export class EngineSim {
     await this.sendChain.catch(() => undefined);
     this.pub?.close();
     this.mapPub?.close();
+    await this.kvp?.close();
   }
 
   cachedBlocks(): number {
@@ -240,6 +253,12 @@ export class EngineSim {
 
   private publishModel(events: ModelEvent[]): void {
     const bs = this.o.blockSize;
+    if (this.kvp) {
+      if (!events.length) return;
+      this.stats.batches++;
+      void this.kvp.publish(events.map((e) => (e.type === "stored" ? { type: "BlockStored", block_hashes: e.hashes, parent_block_hash: e.parent, token_ids: e.tokens, block_size: bs, lora_id: null, medium: "GPU", lora_name: null } : { type: "BlockRemoved", block_hashes: e.hashes, medium: "GPU" })));
+      return;
+    }
     // BlockStored: [tag, block_hashes, parent_block_hash, token_ids, block_size, lora_id, medium]
     this.publish(
       events.map((e) => (e.type === "stored" ? ["BlockStored", e.hashes, e.parent, e.tokens, bs, null, "GPU"] : ["BlockRemoved", e.hashes, "GPU"])),
@@ -270,6 +289,7 @@ export class EngineSim {
 
   clear(): void {
     this.model.clearCache();
+    if (this.kvp) return void this.kvp.publish([{ type: "AllBlocksCleared" }]);
     this.publish([["AllBlocksCleared"]], [{ type: "AllBlocksCleared", lora_name: null }]);
   }
 
@@ -521,6 +541,8 @@ export function parseSimArgs(argv: string[]): SimOptions {
       case "--stream-interval": o.streamInterval = Math.max(1, Number(v())); break;
       case "--served-model-name": o.modelName = v(); break;
       case "--kv-events-map-port": o.kvEventsMapPort = Number(v()); break;
+      case "--kv-replay-port": o.kvReplayPort = Number(v()); break;
+      case "--kv-event-encoding": { const x = v(); if (x !== "map" && x !== "array") throw new Error("--kv-event-encoding: map | array"); o.kvEventEncoding = x; break; }
       case "--role": o.role = v() as SimOptions["role"]; break;
       case "--malformed-every": o.malformedEvery = Number(v()); break;
       case "--tokenizer-path": o.tokenizerPath = v(); break;
@@ -535,7 +557,8 @@ export function parseSimArgs(argv: string[]): SimOptions {
             "  [--decode-ms-per-token 6.3  (fixed cost of every step)] [--prefill-us-per-token 35] [--prefill-attn-us-per-kctx 1]\n" +
             "  [--decode-us-per-seq 60] [--kv-read-us-per-ktoken 55] [--prefill-base-ms 0  (extra per step with prefill)]\n" +
             "  [--time-scale 1  (engine time runs N times faster)] [--stream-interval 1  (tokens per SSE chunk)] [--served-model-name sim-model]\n" +
-            "  [--kv-events-map-port N  (same events as tagged maps, for vllm-router's kv_aware)]\n",
+            "  [--kv-events-map-port N  (same events as tagged maps, for vllm-router's kv_aware)]\n" +
+            "  [--kv-replay-port N  (vLLM replay ROUTER; events then come from sim/kvpublisher.ts)] [--kv-event-encoding array|map]\n",
         );
         process.exit(0);
       default: throw new Error(`unknown flag ${a}`);
@@ -555,7 +578,7 @@ if (require.main === module) {
     process.stderr.write(`sim ${o.id} role=${o.role} http=${o.host}:${o.port} kv-events=${events ?? "off"}\n`);
     if (o.etcdEndpoint) {
       const { registerWorker } = await import("../extproc/etcd");
-      await registerWorker(o.etcdEndpoint, o.etcdPrefix, o.id, { address: `${host}:${o.port}`, role: o.role, block_size: o.blockSize, kv_events: events }, 2);
+      await registerWorker(o.etcdEndpoint, o.etcdPrefix, o.id, { address: `${host}:${o.port}`, role: o.role, block_size: o.blockSize, kv_events: events, kv_replay: o.kvReplayPort === null ? undefined : `tcp://${host}:${o.kvReplayPort}` }, 2);
       process.stderr.write(`sim ${o.id} registered in etcd ${o.etcdEndpoint}${o.etcdPrefix}${o.id}\n`);
     }
   });

@@ -26,6 +26,13 @@ export interface WorkerSpec {
   events?: string;
   /** The engine's KV event replay ROUTER endpoint (zmq tcp://…), used to repair gaps. */
   replay?: string;
+  /**
+   * Data-parallel rank this target is, on an engine serving several behind one
+   * address (core/fleet.ts expandDp). The pick sends it as X-data-parallel-rank.
+   */
+  dpRank?: number;
+  /** DP events: "port" (vLLM: endpoint port + rank) or "tagged" (one socket, batches tagged with the rank). */
+  dpEvents?: "port" | "tagged";
 }
 
 export interface Worker extends WorkerSpec {

@@ -35,6 +35,7 @@ function zmqEventSource(opts: Options, log?: Logger): EventSource {
       subscribeZmq(w.id, w.events as string, opts.kvEventTopic, (_id, seq, evs, info) => onBatch(seq, evs, info), (_id, r) => onError(r), {
         replay: w.replay,
         replayTimeoutMs: opts.kvReplayTimeoutMs,
+        dpRank: w.dpEvents === "tagged" ? w.dpRank : undefined,
         log: log ? (l, line) => log(l, line) : undefined,
       }),
     close: async () => undefined,

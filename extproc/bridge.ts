@@ -38,7 +38,7 @@ export class Bridge implements Fleet {
   }
 
   private fleetBody(): Record<string, unknown> {
-    return { type: "workers", workers: Object.values(this.fleet).map((w) => ({ id: w.id, address: w.address, role: w.role, blockSize: w.blockSize })) };
+    return { type: "workers", workers: Object.values(this.fleet).map((w) => ({ id: w.id, address: w.address, role: w.role, blockSize: w.blockSize, dpRank: w.dpRank })) };
   }
 
   private send(body: Record<string, unknown>): Promise<void> {

@@ -1,6 +1,7 @@
 // Command-line flags (and the env fallbacks the issues name) -> Options.
 import { defaultConfig, RouterConfig, Role, WorkerSpec } from "../core/router";
 import { defaultTierWeights, parseTierWeights } from "../core/kvevents";
+import { expandDp } from "../core/fleet";
 
 export interface Options {
   router: RouterConfig;
@@ -35,7 +36,8 @@ export interface Options {
 
 const HELP = `infera-gate ext_proc server
 
-  --workers LIST                 static fleet: [role=]host:port[@kv-endpoint[+replay-endpoint]],... (role prefill|decode|mixed)
+  --workers LIST                 static fleet: [role=]host:port[/dp=N[/tagged]][@kv-endpoint[+replay-endpoint]],... (role prefill|decode|mixed)
+                                 /dp=N: N data-parallel ranks = N targets; events on port+rank, or one socket tagged with the rank
                                  replay-endpoint: the engine's KV event replay ROUTER (vLLM/SGLang replay_endpoint)
   --kv-tier-weights LIST         share of a GPU hit per storage tier (gpu=1,cpu=0.75,disk=0.25; external=0)
   --kv-event-silence-s S         flag a worker whose events endpoint sent nothing for S s while it got picks (30; 0 = off)
@@ -95,8 +97,18 @@ export function parseWorkers(s: string): WorkerSpec[] {
         events = events.slice(0, plus);
       }
     }
-    if (!/^[^:\s]+:\d+$/.test(rest)) throw new Error(`--workers: '${raw}' is not [role=]host:port[@kv-endpoint]`);
-    out.push(replay ? { id: rest, address: rest, role, events, replay } : { id: rest, address: rest, role, events });
+    // host:port/dp=N[/tagged]: an engine with N data-parallel ranks, N route targets.
+    let dp = 1;
+    let dpMode: "port" | "tagged" = "port";
+    const dpm = /\/dp=(\d+)(\/tagged)?$/.exec(rest);
+    if (dpm) {
+      dp = Number(dpm[1]);
+      if (dpm[2]) dpMode = "tagged";
+      rest = rest.slice(0, dpm.index);
+    }
+    if (!/^[^:\s]+:\d+$/.test(rest)) throw new Error(`--workers: '${raw}' is not [role=]host:port[/dp=N[/tagged]][@kv-endpoint[+replay-endpoint]]`);
+    const base: WorkerSpec = replay ? { id: rest, address: rest, role, events, replay } : { id: rest, address: rest, role, events };
+    out.push(...expandDp(base, dp, dpMode));
   }
   return out;
 }

@@ -1,12 +1,14 @@
 // etcd discovery. Each worker registers, under a lease it keeps alive, the key
 //   <prefix><worker-id>  ->  {"address":"host:port","role":"prefill|decode|mixed",
 //                             "block_size":16,"kv_events":"tcp://host:5557",
-//                             "kv_replay":"tcp://host:5558"}   (kv_replay optional: the replay ROUTER)
+//                             "kv_replay":"tcp://host:5558",   (optional: the replay ROUTER)
+//                             "dp_size":2,"dp_events":"port|tagged"}  (optional: DP ranks = targets <id>/dp<r>)
 // The router lists the prefix, then watches it: put = join/update, delete or
 // lease expiry = leave. On a watch error it re-lists, so an etcd restart heals.
 import { Etcd3, Lease } from "etcd3";
 import { Fleet } from "./discovery";
 import { Role, WorkerSpec } from "../core/router";
+import { expandDp } from "../core/fleet";
 
 export interface Registration {
   address: string;
@@ -14,6 +16,8 @@ export interface Registration {
   block_size?: number;
   kv_events?: string;
   kv_replay?: string;
+  dp_size?: number;
+  dp_events?: "port" | "tagged";
 }
 
 export function specFromEtcd(id: string, value: string): WorkerSpec {
@@ -26,15 +30,33 @@ export function specFromEtcd(id: string, value: string): WorkerSpec {
   return spec;
 }
 
+/** A registration's route targets: one, or one per data-parallel rank. */
+export function specsFromEtcd(id: string, value: string): WorkerSpec[] {
+  const spec = specFromEtcd(id, value);
+  const r = JSON.parse(value) as Registration;
+  const n = typeof r.dp_size === "number" ? r.dp_size : 1;
+  return expandDp(spec, n, r.dp_events === "tagged" ? "tagged" : "port");
+}
+
 export async function startEtcdDiscovery(app: Fleet): Promise<{ close(): Promise<void> }> {
   const prefix = app.opts.etcdPrefix;
   const client = new Etcd3({ hosts: app.opts.etcdEndpoint.split(","), dialTimeout: 2000 });
   let closed = false;
+  // Registration id -> the target ids it expanded to (DP ranks), to remove them together.
+  const targets: Record<string, string[]> = {};
   const apply = (key: string, value: string | null) => {
     const id = key.slice(prefix.length);
-    if (value === null) return app.removeWorker(id);
+    if (value === null) {
+      for (const t of targets[id] ?? [id]) app.removeWorker(t);
+      delete targets[id];
+      return;
+    }
     try {
-      app.addWorker(specFromEtcd(id, value));
+      const specs = specsFromEtcd(id, value);
+      const now = specs.map((s) => s.id);
+      for (const t of targets[id] ?? []) if (!now.includes(t)) app.removeWorker(t);
+      targets[id] = now;
+      for (const s of specs) app.addWorker(s);
     } catch (e) {
       app.log("warn", `etcd: ignoring ${key}: ${(e as Error).message}`);
     }
@@ -44,7 +66,9 @@ export async function startEtcdDiscovery(app: Fleet): Promise<{ close(): Promise
     const specs: WorkerSpec[] = [];
     for (const [k, v] of Object.entries(all)) {
       try {
-        specs.push(specFromEtcd(k.slice(prefix.length), v));
+        const got = specsFromEtcd(k.slice(prefix.length), v);
+        targets[k.slice(prefix.length)] = got.map((s) => s.id);
+        specs.push(...got);
       } catch (e) {
         app.log("warn", `etcd: ignoring ${k}: ${(e as Error).message}`);
       }

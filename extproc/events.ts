@@ -170,6 +170,8 @@ export interface ReplayOptions {
   replay?: string;
   /** How long one replay request may take before we give up on it (ms). */
   replayTimeoutMs?: number;
+  /** One socket for several DP ranks: keep only batches tagged with this rank (others still advance the sequence). */
+  dpRank?: number;
   log?: (level: "info" | "warn", line: string) => void;
 }
 
@@ -250,7 +252,8 @@ export function subscribeZmq(workerId: string, endpoint: string, topic: string, 
     pendingRestart = false;
     last = seq;
     lastDigest = digest(payload);
-    sink(workerId, seq, batch.events, { restart, replayed, unknown: batch.unknown, dpRank: batch.dpRank });
+    const other = ro.dpRank !== undefined && batch.dpRank !== null && batch.dpRank !== ro.dpRank;
+    sink(workerId, seq, other ? [] : batch.events, { restart, replayed, unknown: batch.unknown, dpRank: batch.dpRank });
   };
 
   // Replays from start, applies what came back in order, then the held live frames.

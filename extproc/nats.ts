@@ -34,7 +34,8 @@ export async function natsEventSource(url: string, log: Logger): Promise<EventSo
             const s = m.headers?.get(SEQ_HEADER);
             if (!s || !/^\d+$/.test(s)) throw new Error(`missing or bad ${SEQ_HEADER} header`);
             const b = decodeBatch(m.data);
-            onBatch(Number(s), b.events, { restart: false, replayed: false, unknown: b.unknown, dpRank: b.dpRank });
+            const other = w.dpEvents === "tagged" && b.dpRank !== null && b.dpRank !== w.dpRank;
+            onBatch(Number(s), other ? [] : b.events, { restart: false, replayed: false, unknown: b.unknown, dpRank: b.dpRank });
           } catch (e) {
             onError((e as Error).message);
           }

@@ -65,9 +65,12 @@ export const DEST_KEY = "x-gateway-destination-endpoint";
  * Client-sent headers that only the router may set. A gateway config may route
  * or trust on them, so they never survive the request-headers phase.
  */
+/** vLLM's data-parallel rank request header (case-insensitive; SGLang honours it too). */
+export const DP_RANK_HEADER = "x-data-parallel-rank";
+
 export function isRoutingHeader(name: string, opts: { upstreamHeader: string; prefillHeader: string }): boolean {
   const n = name.toLowerCase();
-  return n.startsWith("x-infera-") || n.startsWith(DEST_KEY) || n === opts.upstreamHeader || n === opts.prefillHeader;
+  return n.startsWith("x-infera-") || n.startsWith(DEST_KEY) || n === opts.upstreamHeader || n === opts.prefillHeader || n === DP_RANK_HEADER;
 }
 const CONTINUE_RESP_HEADERS = create(ProcessingResponseSchema, {
   response: { case: "responseHeaders", value: create(HeadersResponseSchema, { response: create(CommonResponseSchema, {}) }) },
@@ -133,6 +136,8 @@ function handleStream(app: App, call: grpc.ServerDuplexStream<ProcessingRequest,
     }
     const hdrs: Record<string, string> = { [app.opts.upstreamHeader]: pick.target.address, "x-infera-worker": pick.target.id };
     if (pick.prefill) hdrs[app.opts.prefillHeader] = pick.prefill.address;
+    // A data-parallel rank target: vLLM and SGLang pin the request to that rank by this header.
+    if (pick.target.dpRank !== undefined) hdrs[DP_RANK_HEADER] = String(pick.target.dpRank);
     // The prefill header is removed again here: only the router names prefill peers.
     const remove = [...new Set([...strip, app.opts.prefillHeader])].filter((h) => !(h in hdrs));
     const common = create(CommonResponseSchema, { headerMutation: setHeaders(hdrs, remove), clearRouteCache: true });

@@ -159,6 +159,7 @@ function route(r: NjsRequest): void {
   if (g.queued) saveGuard(c.st, id, "queued", g.queued);
   saveGuard(c.st, id, "main", g.main);
   r.variables.infera_upstream = pick.target.address;
+  r.variables.infera_dp_rank = pick.target.dpRank === undefined ? "" : String(pick.target.dpRank);
   r.variables.infera_worker = pick.target.id;
   r.variables.infera_prefill = pick.prefill ? pick.prefill.address : "";
   r.internalRedirect("@infera_upstream");
@@ -200,7 +201,7 @@ function release(r: NjsRequest): string {
 interface PushBody {
   type: "workers" | "events";
   pseq: number;
-  workers?: { id: string; address: string; role: "prefill" | "decode" | "mixed"; blockSize?: number }[];
+  workers?: { id: string; address: string; role: "prefill" | "decode" | "mixed"; blockSize?: number; dpRank?: number }[];
   worker?: string;
   seq?: number;
   events?: KvEvent[];

@@ -8,6 +8,7 @@ import * as http from "http";
 import * as crypto from "crypto";
 import * as zmq from "zeromq";
 import { KvPublisher } from "./kvpublisher";
+import { KvExtras } from "./kvextras";
 import { encode } from "@msgpack/msgpack";
 import { loadTokenizer } from "../extproc/tokenizer";
 import { endpointOf, parseRequest, Tokenizer } from "../core/request";
@@ -47,6 +48,15 @@ export interface SimOptions {
   kvReplayPort: number | null;
   /** Event encoding on the main port with --kv-replay-port: vLLM's tagged maps or array_like. */
   kvEventEncoding: "map" | "array";
+  /** CPU tier (offload then evict) in blocks, 0 = none; second KV group's sliding window, null = none (sim/kvextras.ts). */
+  kvCpuBlocks: number;
+  kvSlidingWindow: number | null;
+  /** Model names served as LoRA adapters: their blocks carry lora_name and hash apart. */
+  loraModules: string[];
+  /** This engine's data-parallel rank (sim/dp.ts), tagged on its event batches. */
+  dpRank: number | null;
+  /** --data-parallel-size: N engines behind one HTTP port (sim/dp.ts). */
+  dpSize: number;
   role: "mixed" | "prefill" | "decode";
   /** Send a malformed frame every N batches (fault tests); 0 = never. */
   malformedEvery: number;
@@ -82,6 +92,11 @@ export function simDefaults(): SimOptions {
     kvEventsMapPort: null,
     kvReplayPort: null,
     kvEventEncoding: "array",
+    kvCpuBlocks: 0,
+    kvSlidingWindow: null,
+    loraModules: [],
+    dpRank: null,
+    dpSize: 1,
     role: "mixed",
     malformedEvery: 0,
     tokenizerPath: null,
@@ -207,6 +222,7 @@ export class EngineSim {
   private mapPub: zmq.Publisher | null = null;
   /** With --kv-replay-port: the vLLM-like publisher (PUB + replay ROUTER) replaces pub. */
   private kvp: KvPublisher | null = null;
+  private extras: KvExtras;
   private seq = 0;
   private sendChain: Promise<void> = Promise.resolve();
   private server: http.Server | null = null;
@@ -217,11 +233,12 @@ export class EngineSim {
     this.tok = loadTokenizer(o.tokenizerPath);
     this.model = new EngineModel(modelConfig(o));
     this.runner = new Runner(this.model, o.timeScale, (e) => this.publishModel(e));
+    this.extras = new KvExtras({ blockSize: o.blockSize, cpuBlocks: o.kvCpuBlocks, slidingWindow: o.kvSlidingWindow });
   }
 
   async start(): Promise<void> {
-    if (this.o.kvEventsPort !== null && this.o.kvReplayPort !== null) {
-      this.kvp = new KvPublisher({ host: this.o.host, port: this.o.kvEventsPort, replayPort: this.o.kvReplayPort, topic: this.o.topic, encoding: this.o.kvEventEncoding, bufferSteps: 10000, dpRank: null });
+    if (this.o.kvEventsPort !== null && (this.o.kvReplayPort !== null || this.o.dpRank !== null || this.o.kvEventEncoding === "map")) {
+      this.kvp = new KvPublisher({ host: this.o.host, port: this.o.kvEventsPort, replayPort: this.o.kvReplayPort, topic: this.o.topic, encoding: this.o.kvEventEncoding, bufferSteps: 10000, dpRank: this.o.dpRank });
       await this.kvp.bind();
     } else if (this.o.kvEventsPort !== null) {
       this.pub = new zmq.Publisher({ sendHighWaterMark: 100000 });
@@ -256,7 +273,7 @@ export class EngineSim {
     if (this.kvp) {
       if (!events.length) return;
       this.stats.batches++;
-      void this.kvp.publish(events.map((e) => (e.type === "stored" ? { type: "BlockStored", block_hashes: e.hashes, parent_block_hash: e.parent, token_ids: e.tokens, block_size: bs, lora_id: null, medium: "GPU", lora_name: null } : { type: "BlockRemoved", block_hashes: e.hashes, medium: "GPU" })));
+      void this.kvp.publish(this.extras.events(events));
       return;
     }
     // BlockStored: [tag, block_hashes, parent_block_hash, token_ids, block_size, lora_id, medium]
@@ -335,7 +352,7 @@ export class EngineSim {
       if (url === "/sim/stats") {
         res.setHeader("content-type", "application/json");
         const m = this.model;
-        return void res.end(JSON.stringify({ id: this.o.id, role: this.o.role, cached_blocks: m.cachedBlocks(), running: m.numRunning(), waiting: m.numWaiting(), kv_usage: m.usage(), ...m.stats, ...this.stats }));
+        return void res.end(JSON.stringify({ id: this.o.id, role: this.o.role, cached_blocks: m.cachedBlocks(), running: m.numRunning(), waiting: m.numWaiting(), kv_usage: m.usage(), cpu_blocks: this.extras.cpuBlocks(), ...m.stats, ...this.stats }));
       }
       if (url === "/v1/models") {
         res.setHeader("content-type", "application/json");
@@ -343,6 +360,14 @@ export class EngineSim {
       }
       res.statusCode = 404;
       return void res.end();
+    }
+    if (req.method === "POST" && url === "/sim/restart") {
+      // An engine restart: empty cache, new event stream (sequence from 0, empty replay buffer), no AllBlocksCleared.
+      this.model.clearCache();
+      this.model.drainEvents();
+      this.extras.reset();
+      await this.kvp?.restart();
+      return void res.end("restarted");
     }
     if (req.method === "POST" && url === "/sim/clear") {
       this.clear();
@@ -360,7 +385,10 @@ export class EngineSim {
     // Tokens for the cache: the real prompt tokens (rendered + tokenized as the engine would).
     const tokens = pr.promptTokens ?? (this.tok ? this.tok.encode(pr.messages ? this.tok.renderChat(pr.messages) : (pr.prompt as string)) : []);
     if (tokens.length === 0) tokens.push(0); // an engine always runs at least one token (BOS)
-    const extra = pr.media.join("\n"); // media feed the first block's hash, like vLLM's mm extra keys
+    // media, cache_salt and a LoRA adapter feed the first block's hash, like vLLM's extra keys
+    const lora = this.o.loraModules.includes(String(pr.model)) ? String(pr.model) : null;
+    const salt = typeof j.cache_salt === "string" && j.cache_salt ? j.cache_salt : null;
+    const extra = pr.media.join("\n") + (salt || lora ? `\u0000${salt ?? ""}\u0000${lora ?? ""}` : "");
     this.stats.requests++;
     this.stats.inflight++;
     const id = `${this.o.id}-${++reqCounter}`;
@@ -396,6 +424,7 @@ export class EngineSim {
       if (aborted) return;
       const n = stage === "prefill" ? 1 : maxTokens;
       const hashes = blockHashesOf(tokens, this.o.blockSize, extra);
+      if (this.kvp) this.extras.noteRequest(hashes, lora, salt, pr.media);
       const model = String(pr.model ?? this.o.modelName);
       const stream = !!pr.stream && stage !== "prefill";
       const w = new Writer(res, ep, model, id, this.o.streamInterval);
@@ -542,6 +571,10 @@ export function parseSimArgs(argv: string[]): SimOptions {
       case "--served-model-name": o.modelName = v(); break;
       case "--kv-events-map-port": o.kvEventsMapPort = Number(v()); break;
       case "--kv-replay-port": o.kvReplayPort = Number(v()); break;
+      case "--kv-cpu-blocks": o.kvCpuBlocks = Number(v()); break;
+      case "--kv-sliding-window": o.kvSlidingWindow = Number(v()); break;
+      case "--lora-modules": o.loraModules = v().split(",").filter(Boolean); break;
+      case "--data-parallel-size": o.dpSize = Number(v()); break;
       case "--kv-event-encoding": { const x = v(); if (x !== "map" && x !== "array") throw new Error("--kv-event-encoding: map | array"); o.kvEventEncoding = x; break; }
       case "--role": o.role = v() as SimOptions["role"]; break;
       case "--malformed-every": o.malformedEvery = Number(v()); break;
@@ -558,7 +591,9 @@ export function parseSimArgs(argv: string[]): SimOptions {
             "  [--decode-us-per-seq 60] [--kv-read-us-per-ktoken 55] [--prefill-base-ms 0  (extra per step with prefill)]\n" +
             "  [--time-scale 1  (engine time runs N times faster)] [--stream-interval 1  (tokens per SSE chunk)] [--served-model-name sim-model]\n" +
             "  [--kv-events-map-port N  (same events as tagged maps, for vllm-router's kv_aware)]\n" +
-            "  [--kv-replay-port N  (vLLM replay ROUTER; events then come from sim/kvpublisher.ts)] [--kv-event-encoding array|map]\n",
+            "  [--kv-replay-port N  (vLLM replay ROUTER; events then come from sim/kvpublisher.ts)] [--kv-event-encoding array|map]\n" +
+            "  [--kv-cpu-blocks N  (CPU tier: offload then evict)] [--kv-sliding-window W  (second KV group)] [--lora-modules a,b]\n" +
+            "  [--data-parallel-size N  (N engines behind one port, rank from X-data-parallel-rank; events/replay on port + rank)]\n",
         );
         process.exit(0);
       default: throw new Error(`unknown flag ${a}`);
@@ -569,7 +604,9 @@ export function parseSimArgs(argv: string[]): SimOptions {
   return o;
 }
 
-if (require.main === module) {
+if (require.main === module && parseSimArgs(process.argv.slice(2)).dpSize > 1) {
+  void import("./dp").then((m) => m.dpMain(parseSimArgs(process.argv.slice(2))));
+} else if (require.main === module) {
   const o = parseSimArgs(process.argv.slice(2));
   const sim = new EngineSim(o);
   sim.start().then(async () => {

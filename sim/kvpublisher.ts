@@ -108,9 +108,9 @@ export class KvPublisher {
    * Publishes one batch. live=false keeps it only in the replay buffer, as if
    * the subscriber missed it (a slow router, a dropped frame).
    */
-  publish(events: SimKvEvent[], live = true): Promise<void> {
+  publish(events: SimKvEvent[], live = true, dpRank: number | null = this.o.dpRank): Promise<void> {
     const seq = this.seq++;
-    const batch = this.o.encoding === "map" ? { ts: Date.now() / 1000, events: events.map((e) => encodeEvent(e, "map")), data_parallel_rank: this.o.dpRank } : [Date.now() / 1000, events.map((e) => encodeEvent(e, "array")), this.o.dpRank];
+    const batch = this.o.encoding === "map" ? { ts: Date.now() / 1000, events: events.map((e) => encodeEvent(e, "map")), data_parallel_rank: dpRank } : [Date.now() / 1000, events.map((e) => encodeEvent(e, "array")), dpRank];
     const payload = Buffer.from(encode(batch, { useBigInt64: true }));
     this.buffer.push({ seq, payload });
     if (this.buffer.length > this.o.bufferSteps) this.buffer.shift();
@@ -122,6 +122,28 @@ export class KvPublisher {
       if (pub && !this.closed) await pub.send([this.o.topic, s, payload]);
     });
     return this.chain.catch(() => undefined);
+  }
+
+  /**
+   * An engine restart: sockets closed and bound again, sequence back to 0, replay
+   * buffer empty (a new process has none of the old batches).
+   */
+  async restart(): Promise<void> {
+    await this.chain.catch(() => undefined);
+    this.pub?.close();
+    this.router?.close();
+    this.seq = 0;
+    this.buffer = [];
+    await new Promise((r) => setTimeout(r, 100));
+    for (let i = 0; ; i++) {
+      try {
+        await this.bind();
+        return;
+      } catch (e) {
+        if (i >= 50) throw e; // the old socket may hold the port for a moment
+        await new Promise((r) => setTimeout(r, 100));
+      }
+    }
   }
 
   async close(): Promise<void> {

@@ -21,7 +21,7 @@
 // A mirror target ek is a worker's epoch key (GPU) or "<ek>|<TIER>" (core/kvevents.ts tierKey).
 import { Store } from "../store";
 import { BlockHash, EngineHash, EpochKey, Guard, SessionBinding, Worker, WorkerSpec } from "../types";
-import { ImageAffinity, LoadLedger, MAX_SESSIONS, MirrorIndex, RouterState, SessionTable, WorkerRegistry } from "./types";
+import { copyEventFields, ImageAffinity, LoadLedger, MAX_SESSIONS, MirrorIndex, RouterState, SessionTable, WorkerRegistry } from "./types";
 
 export function keyedMirror(st: Store): MirrorIndex {
   function addHolder(h: string, ek: string): void {
@@ -222,6 +222,7 @@ export function keyedRegistry(st: Store): WorkerRegistry {
     },
     add(spec: WorkerSpec) {
       const w: Worker = { id: spec.id, address: spec.address, role: spec.role || "mixed", blockSize: spec.blockSize, events: spec.events, epochKey: (spec.id + "#" + st.incr("EP", 1)) as EpochKey };
+      copyEventFields(spec, w);
       save(list().concat([w]));
       return w;
     },

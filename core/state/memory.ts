@@ -1,7 +1,7 @@
 // Router state in Maps and Sets, for the Node process (ext_proc server, tests).
 // Not part of the njs bundle (njs has no Map/Set); njs uses state/keyed.ts.
 import { BlockHash, EngineHash, EpochKey, Guard, SessionBinding, Worker, WorkerSpec } from "../types";
-import { ImageAffinity, LoadLedger, MAX_SESSIONS, MirrorIndex, RouterState, SessionTable, WorkerRegistry } from "./types";
+import { copyEventFields, ImageAffinity, LoadLedger, MAX_SESSIONS, MirrorIndex, RouterState, SessionTable, WorkerRegistry } from "./types";
 
 interface Held {
   /** engine hash -> our hash */
@@ -174,6 +174,7 @@ export function memoryRegistry(): WorkerRegistry {
     get: (id) => list.find((w) => w.id === id) ?? null,
     add(spec) {
       const w: Worker = { id: spec.id, address: spec.address, role: spec.role || "mixed", blockSize: spec.blockSize, events: spec.events, epochKey: (spec.id + "#" + ++epoch) as EpochKey };
+      copyEventFields(spec, w);
       // Copy on write: callers may hold the previous list while picking.
       list = list.concat([w]);
       return w;

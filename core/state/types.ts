@@ -96,5 +96,12 @@ export interface RouterState {
   next(counter: string): number;
 }
 
+/** The optional spec fields a registered worker keeps (replay endpoint, DP rank), present only when set. */
+export function copyEventFields(spec: WorkerSpec, w: Worker): void {
+  if (spec.replay !== undefined) w.replay = spec.replay;
+  if (spec.dpRank !== undefined) w.dpRank = spec.dpRank;
+  if (spec.dpEvents !== undefined) w.dpEvents = spec.dpEvents;
+}
+
 /** Past this many sessions the table starts over (a session then simply picks afresh). */
 export const MAX_SESSIONS = 100000;

@@ -151,3 +151,110 @@ test("simulator e2e (tagged maps + replay ROUTER): a router started after traffi
     await stopAll();
   }
 });
+
+test("tagged DP events on one socket: each rank's target mirrors only its batches, without false gaps", async () => {
+  const p = await publisher("map");
+  const a = new App(parseArgs(["--workers", `127.0.0.1:9/dp=2/tagged@tcp://127.0.0.1:${p.o.port}+tcp://127.0.0.1:${p.o.replayPort}`, "--kv-event-topic", "kv", "--health-interval-ms", "0"], {}), () => undefined);
+  a.setWorkers(a.opts.workers);
+  opened.push({ close: () => a.close() });
+  await sleep(400);
+  for (let i = 0; i < 6; i++) await p.publish(batch(i), true, i % 2);
+  const t = (r: number) => a.router.worker(`127.0.0.1:9/dp${r}`)!.epochKey;
+  await waitFor("both ranks at seq 5", async () => a.state.mirror.sequence(t(0)) === 5 && a.state.mirror.sequence(t(1)) === 5, 10000);
+  assert.deepEqual([tierCounts(a.state.mirror, t(0)), tierCounts(a.state.mirror, t(1))], [
+    { GPU: 6, CPU: 3, DISK: 0, EXTERNAL: 0 },
+    { GPU: 6, CPU: 3, DISK: 0, EXTERNAL: 0 },
+  ]);
+  assert.doesNotMatch(await a.metrics.registry.metrics(), /sequence_gap/);
+});
+
+type RankStats = { cached_blocks: number; cpu_blocks: number; requests: number };
+
+test("simulator with --data-parallel-size 2: two targets, events per rank port, the picked rank reaches the engine", async () => {
+  const rp = await freePort();
+  const sim = await startSim("kvdp", ["--data-parallel-size", "2", "--kv-replay-port", String(rp), "--kv-event-encoding", "map", "--time-scale", "20"]);
+  try {
+    const a = new App(parseArgs(["--workers", `${sim.address}/dp=2@${sim.events}+tcp://127.0.0.1:${rp}`, "--health-interval-ms", "0"], {}), () => undefined);
+    a.setWorkers(a.opts.workers);
+    opened.push({ close: () => a.close() });
+    await sleep(400);
+    const ranks = async () => ((await (await fetch(`http://${sim.address}/sim/stats`)).json()) as { ranks: RankStats[] }).ranks;
+    // prompt A cached on rank 0, prompt B on rank 1, through the engine's own header
+    await chat(`http://${sim.address}`, longText("dpA-", 300), { maxTokens: 2, headers: { "x-data-parallel-rank": "0" } });
+    await chat(`http://${sim.address}`, longText("dpB-", 300), { maxTokens: 2, headers: { "x-data-parallel-rank": "1" } });
+    const st = await ranks();
+    assert.ok(st[0].cached_blocks > 10 && st[1].cached_blocks > 10);
+    const count = (r: number) => a.state.mirror.count(a.router.worker(`${sim.address}/dp${r}`)!.epochKey);
+    await waitFor("per-rank mirrors = per-rank engine caches", async () => count(0) === st[0].cached_blocks && count(1) === st[1].cached_blocks, 10000);
+    const route = (seed: string) => a.route("chat", Buffer.from(JSON.stringify({ model: "m", messages: [{ role: "user", content: longText(seed, 300) }] })), null);
+    const pa = route("dpA-");
+    const pb = route("dpB-");
+    assert.deepEqual([pa.target.dpRank, pb.target.dpRank], [0, 1], "each prompt goes to the rank holding it");
+    pa.reservation.finish();
+    pb.reservation.finish();
+    // the header picks the rank that serves (what ext_proc and nginx send)
+    const r = await fetch(`http://${sim.address}/v1/chat/completions`, { method: "POST", headers: { "content-type": "application/json", "x-data-parallel-rank": "1" }, body: JSON.stringify({ model: "m", max_tokens: 1, messages: [{ role: "user", content: "hi" }] }) });
+    await r.text();
+    assert.equal(r.headers.get("x-sim-dp-rank"), "1");
+  } finally {
+    await stopAll();
+  }
+});
+
+test("simulator tiers, second KV group, salts, LoRA names, restart: the router's mirror follows the engine exactly", async () => {
+  const rp = await freePort();
+  const sim = await startSim("kvx", ["--kv-replay-port", String(rp), "--kv-event-encoding", "array", "--time-scale", "20", "--capacity-blocks", "64", "--kv-cpu-blocks", "40", "--kv-sliding-window", "256", "--lora-modules", "sql-lora"]);
+  try {
+    const a = new App(parseArgs(["--workers", `${sim.address}@${sim.events}+tcp://127.0.0.1:${rp}`, "--health-interval-ms", "0"], {}), () => undefined);
+    a.setWorkers(a.opts.workers);
+    opened.push({ close: () => a.close() });
+    await sleep(400);
+    const ek = () => a.router.worker(sim.address)!.epochKey;
+    const stats = async () => (await sim.stats()) as unknown as RankStats;
+    // 6 prompts of ~33 blocks into 64 GPU blocks: evictions offload to CPU, CPU evicts past 40
+    for (let i = 0; i < 6; i++) assert.equal((await chat(`http://${sim.address}`, longText(`tier${i}-`, 60), { maxTokens: 2 })).status, 200);
+    let s = await stats();
+    assert.equal(s.cpu_blocks, 40);
+    await waitFor("GPU and CPU tiers = engine", async () => {
+      const t = tierCounts(a.state.mirror, ek());
+      return t.GPU === s.cached_blocks && t.CPU === 40;
+    }, 10000);
+    assert.match(await a.metrics.registry.metrics(), /infera_router_kv_events_total\{worker="[^"]+",type="other_group"\} [1-9]/);
+    // the oldest prompt is now only on CPU: a hit worth 0.75 per block
+    const body = (seed: string, extra: Record<string, unknown> = {}) => Buffer.from(JSON.stringify({ model: "m", messages: [{ role: "user", content: longText(seed, 60) }], ...extra }));
+    const hits = (seed: string, extra: Record<string, unknown> = {}) => {
+      const p = a.route("chat", body(seed, extra), null);
+      p.reservation.finish();
+      return p.candidates[0].hits;
+    };
+    const h5 = hits("tier5-");
+    assert.ok(h5 >= 10 && Number.isInteger(h5), `latest prompt on GPU: ${h5}`);
+    // an older prompt offloaded to CPU scores 0.75 per block (default --kv-tier-weights)
+    const older = [0, 1, 2, 3, 4].map((i) => hits(`tier${i}-`));
+    assert.ok(older.some((h) => h > 0 && h % 0.75 === 0 && !Number.isInteger(h)), `CPU-weighted hits among ${older}`);
+    // salts: the engine isolates them, the router too
+    await chat(`http://${sim.address}`, longText("salted-", 60), { maxTokens: 2, extra: { cache_salt: "tenant-a" } });
+    await waitFor("salted blocks mirrored", async () => tierCounts(a.state.mirror, ek()).GPU === (await stats()).cached_blocks, 10000);
+    assert.ok(hits("salted-", { cache_salt: "tenant-a" }) >= 10);
+    assert.equal(hits("salted-", { cache_salt: "tenant-b" }), 0);
+    assert.equal(hits("salted-"), 0);
+    // LoRA by name: the adapter's blocks match requests for the adapter only
+    await chat(`http://${sim.address}`, longText("lora-", 60), { maxTokens: 2, extra: { model: "sql-lora" } });
+    await waitFor("adapter blocks mirrored", async () => tierCounts(a.state.mirror, ek()).GPU === (await stats()).cached_blocks, 10000);
+    assert.ok(hits("lora-", { model: "sql-lora" }) >= 10);
+    assert.equal(hits("lora-"), 0);
+    // restart: new event stream from seq 0, empty cache; the router drops the old mirror
+    const r = await fetch(`http://${sim.address}/sim/restart`, { method: "POST" });
+    assert.equal(await r.text(), "restarted");
+    await chat(`http://${sim.address}`, longText("after-", 60), { maxTokens: 2 });
+    s = await stats();
+    await waitFor("mirror = restarted engine", async () => {
+      const t = tierCounts(a.state.mirror, ek());
+      return t.GPU === s.cached_blocks && t.CPU === 0;
+    }, 10000);
+    assert.equal(hits("salted-", { cache_salt: "tenant-a" }), 0, "nothing from before the restart");
+    assert.match(await a.metrics.registry.metrics(), /reason="engine_restart"\} 1/);
+  } finally {
+    await stopAll();
+  }
+});

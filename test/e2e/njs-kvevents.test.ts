@@ -1,0 +1,62 @@
+// Issue 12 through nginx: the bridge repairs and forwards every field; njs
+// mirrors per tier and group, folds salts and adapter names, routes DP ranks
+// and sends X-data-parallel-rank to the engine.
+import { test, before, after } from "node:test";
+import * as assert from "node:assert/strict";
+import * as fs from "fs";
+import * as path from "path";
+import { ROOT, nginx08, startSim, startNginx, startBridge, chat, longText, stopAll, waitFor, sleep, Sim, freePort } from "../harness";
+
+const n8 = nginx08();
+const built = fs.existsSync(path.join(ROOT, "njs/dist/infera.js"));
+const skip = !n8 ? "njs >= 0.8 not set up (bash scripts/njs08.sh)" : !built ? "run npm run build:njs" : false;
+let ng: { url: string };
+let sim: Sim;
+let dp: Sim;
+
+before(async () => {
+  if (skip) return;
+  const rp = await freePort();
+  const drp = await freePort();
+  sim = await startSim("ngx", ["--kv-replay-port", String(rp), "--kv-event-encoding", "map", "--time-scale", "20", "--capacity-blocks", "64", "--kv-cpu-blocks", "40", "--kv-sliding-window", "256", "--lora-modules", "sql-lora"]);
+  dp = await startSim("ngxdp", ["--data-parallel-size", "2", "--kv-replay-port", String(drp), "--time-scale", "20"]);
+  ng = await startNginx(n8!);
+  await startBridge(["--workers", `${sim.address}@${sim.events}+tcp://127.0.0.1:${rp},${dp.address}/dp=2@${dp.events}+tcp://127.0.0.1:${drp}`], `${ng.url}/_infera/push`);
+  await waitFor("fleet in nginx", async () => ((await (await fetch(`${ng.url}/v1/admin/workers`)).json()) as unknown[]).length === 3);
+});
+after(stopAll);
+
+type View = { block_count: number; tiers: { GPU: number; CPU: number } };
+const view = async (id: string) => (await (await fetch(`${ng.url}/v1/admin/cache-view/${encodeURIComponent(id)}`)).json()) as View;
+const simStats = async (s: Sim) => (await s.stats()) as unknown as { cached_blocks: number; cpu_blocks: number };
+
+test("nginx+njs: tiers and the second KV group follow the engine; salts and adapters only match their own", { skip }, async () => {
+  for (let i = 0; i < 6; i++) assert.equal((await chat(`http://${sim.address}`, longText(`ngt${i}-`, 60), { maxTokens: 2 })).status, 200);
+  await chat(`http://${sim.address}`, longText("ngsalt-", 60), { maxTokens: 2, extra: { cache_salt: "tenant-a" } });
+  await chat(`http://${sim.address}`, longText("nglora-", 60), { maxTokens: 2, extra: { model: "sql-lora" } });
+  const s = await simStats(sim);
+  assert.equal(s.cpu_blocks, 40);
+  await waitFor("nginx mirror = engine (GPU and CPU)", async () => {
+    const v = await view(sim.address);
+    return v.tiers.GPU === s.cached_blocks && v.tiers.CPU === 40 && v.block_count === s.cached_blocks;
+  }, 15000);
+  // through nginx: the salted prompt goes to the worker holding it only with the same salt
+  const cached = async (seed: string, extra: Record<string, unknown>) => (await chat(ng.url, longText(seed, 60), { maxTokens: 1, extra })).cachedTokens;
+  assert.ok((await cached("ngsalt-", { cache_salt: "tenant-a" })) > 100);
+  assert.equal(await cached("ngsalt-", { cache_salt: "tenant-b" }), 0);
+  assert.ok((await cached("nglora-", { model: "sql-lora" })) > 100);
+});
+
+test("nginx+njs: a DP engine is two targets; the prompt goes to the rank holding it, told by X-data-parallel-rank", { skip }, async () => {
+  await chat(`http://${dp.address}`, longText("ngdpA-", 200), { maxTokens: 2, headers: { "x-data-parallel-rank": "1" } });
+  const st = ((await (await fetch(`http://${dp.address}/sim/stats`)).json()) as { ranks: { cached_blocks: number }[] }).ranks;
+  await waitFor("rank 1 mirrored in nginx", async () => (await view(`${dp.address}/dp1`)).block_count === st[1].cached_blocks && st[1].cached_blocks > 10, 15000);
+  assert.equal((await view(`${dp.address}/dp0`)).block_count, st[0].cached_blocks);
+  const r = await chat(ng.url, longText("ngdpA-", 200), { maxTokens: 1 });
+  assert.equal(r.status, 200, r.body);
+  assert.equal(r.worker, "ngxdp/dp1", "served by the rank nginx picked and named in the header");
+  assert.ok(r.cachedTokens > 100);
+  // twice more: without the header the engine's round-robin would alternate ranks
+  for (let i = 0; i < 2; i++) assert.equal((await chat(ng.url, longText("ngdpA-", 200), { maxTokens: 1 })).worker, "ngxdp/dp1");
+  await sleep(100);
+});

@@ -220,3 +220,35 @@ test("session affinity over ext_proc: the x-session-id header pins the worker wh
     await a2.close();
   }
 });
+
+test("a data-parallel target: the pick sets X-data-parallel-rank for the engine; a client-sent one is stripped", async () => {
+  const dpApp = new App(parseArgs(["--workers", "127.0.0.1:7003/dp=2", "--health-interval-ms", "0"], {}), () => undefined, { subscribe: () => ({ close() {} }), close: async () => undefined });
+  dpApp.setWorkers(dpApp.opts.workers);
+  const s2 = await startExtProc(dpApp, "127.0.0.1", 0);
+  const c2 = new grpc.Client(`127.0.0.1:${s2.port}`, grpc.credentials.createInsecure());
+  try {
+    const ranks: string[] = [];
+    const open: ReturnType<typeof stream>[] = [];
+    for (let i = 0; i < 2; i++) {
+      const s = stream(c2);
+      open.push(s);
+      s.send(reqHeaders("/v1/chat/completions", "POST", false, { "x-data-parallel-rank": "7" }));
+      const h = await s.next();
+      const hm = (h.response.value as { response?: { headerMutation?: { removeHeaders: string[] } } }).response?.headerMutation;
+      assert.ok(hm?.removeHeaders.includes("x-data-parallel-rank"), "the client's rank header never reaches the engine");
+      s.send(reqBody(body(`rank test ${i} `.repeat(40))));
+      const r = await s.next();
+      const mut = (r.response.value as { response: { headerMutation: { setHeaders: { header: { key: string; rawValue: Uint8Array } }[] } } }).response.headerMutation;
+      const set = Object.fromEntries(mut.setHeaders.map((x) => [x.header.key, Buffer.from(x.header.rawValue).toString()]));
+      assert.equal(set["x-infera-upstream"], "127.0.0.1:7003");
+      assert.equal(set["x-infera-worker"], `127.0.0.1:7003/dp${set["x-data-parallel-rank"]}`);
+      ranks.push(set["x-data-parallel-rank"]);
+    }
+    for (const s of open) s.call.cancel();
+    assert.deepEqual(ranks.sort(), ["0", "1"], "two in-flight requests spread over both ranks");
+  } finally {
+    c2.close();
+    s2.server.forceShutdown();
+    await dpApp.close();
+  }
+});

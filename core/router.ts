@@ -26,6 +26,7 @@ export function defaultConfig(): RouterConfig {
     sessionAffinity: "off",
     pdPrefillGuardRelease: "first-token",
     mmLruSize: 256,
+    scorerWeights: {},
   };
 }
 
@@ -36,6 +37,7 @@ export function validateConfig(c: RouterConfig): void {
   if (c.decodeInputDemand !== "off" && c.policy !== "kv-aware")
     throw new Error("--decode-input-demand " + c.decodeInputDemand + " needs --router-policy kv-aware (got " + c.policy + ")");
   if (!(c.decodeRequestWeight >= 0)) throw new Error("--decode-request-weight must be >= 0");
+  for (const k in c.scorerWeights) if (!(c.scorerWeights[k] >= 0)) throw new Error("--scorer-weights " + k + " must be >= 0");
 }
 
 export interface Reservation {

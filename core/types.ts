@@ -41,6 +41,8 @@ export interface RouterConfig {
   sessionAffinity: SessionAffinity;
   pdPrefillGuardRelease: "first-token" | "completion";
   mmLruSize: number;
+  /** Per-scorer weight overrides by plugin name (--scorer-weights); a scorer that does not apply stays off. */
+  scorerWeights: { [scorer: string]: number };
 }
 
 /** What routing needs from one request (see core/request.ts). */

@@ -42,6 +42,7 @@ const HELP = `infera-gate ext_proc server
   --session-header H             header carrying the session id (x-session-id); body field: session_id
   --pd-prefill-guard-release R   first-token (default) | completion
   --mm-lru-size N                images remembered per worker for affinity (256)
+  --scorer-weights LIST          override scorer weights: name=w,... (prefix-overlap, active-blocks, queued-prefill, image-affinity)
   --max-body-bytes N             request bodies above this get a 400 (8388608)
   --kv-event-transport T         zmq (default) | nats
   --kv-event-topic T             ZMQ topic to subscribe to ("")
@@ -80,6 +81,17 @@ export function parseWorkers(s: string): WorkerSpec[] {
     }
     if (!/^[^:\s]+:\d+$/.test(rest)) throw new Error(`--workers: '${raw}' is not [role=]host:port[@kv-endpoint]`);
     out.push({ id: rest, address: rest, role, events });
+  }
+  return out;
+}
+
+/** name=weight,... (scorer plugin names, see docs/architecture.md). */
+export function parseWeights(flag: string, v: string): { [name: string]: number } {
+  const out: { [name: string]: number } = {};
+  for (const part of v.split(",").map((x) => x.trim()).filter(Boolean)) {
+    const eq = part.indexOf("=");
+    if (eq <= 0) throw new Error(`${flag}: '${part}' is not name=weight`);
+    out[part.slice(0, eq)] = num(flag, part.slice(eq + 1));
   }
   return out;
 }
@@ -154,6 +166,7 @@ export function parseArgs(argv: string[], env: NodeJS.ProcessEnv = process.env):
       case "--session-header": o.sessionHeader = val().toLowerCase(); break;
       case "--pd-prefill-guard-release": r.pdPrefillGuardRelease = oneOf(a, val(), ["first-token", "completion"] as const); break;
       case "--mm-lru-size": r.mmLruSize = num(a, val()); break;
+      case "--scorer-weights": r.scorerWeights = parseWeights(a, val()); break;
       case "--max-body-bytes": o.maxBodyBytes = num(a, val()); break;
       case "--kv-event-transport": o.kvEventTransport = oneOf(a, val(), ["zmq", "nats"] as const); break;
       case "--kv-event-topic": o.kvEventTopic = val(); break;

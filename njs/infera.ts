@@ -69,6 +69,11 @@ function config(r: NjsRequest): RouterConfig {
   if (v.infera_session_affinity) c.sessionAffinity = v.infera_session_affinity as RouterConfig["sessionAffinity"];
   if (v.infera_pd_prefill_guard_release) c.pdPrefillGuardRelease = v.infera_pd_prefill_guard_release as RouterConfig["pdPrefillGuardRelease"];
   c.mmLruSize = numVar(r, "infera_mm_lru_size", 256) as number;
+  const sw = v.infera_scorer_weights ? String(v.infera_scorer_weights).split(",") : [];
+  for (let i = 0; i < sw.length; i++) {
+    const eq = sw[i].indexOf("=");
+    if (eq > 0) c.scorerWeights[sw[i].slice(0, eq).trim()] = Number(sw[i].slice(eq + 1));
+  }
   return c;
 }
 

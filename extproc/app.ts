@@ -5,6 +5,7 @@ import { memoryState } from "../core/state/memory";
 import { RouterState } from "../core/state/types";
 import { EpochKey } from "../core/types";
 import { diffFleet } from "../core/fleet";
+import { checkSessionId } from "../core/limits";
 import { computeFeatures, Endpoint, parseRequest } from "../core/request";
 import { applyBatch, KvEvent } from "../core/kvevents";
 import { nativeHasher } from "./hasher";
@@ -166,6 +167,7 @@ export class App {
       this.log("warn", `tokenize failed (${(e as Error).message}); routing on estimated tokens`);
       feats = computeFeatures(req, null, this.opts.router.blockSize, nativeHasher);
     }
+    checkSessionId(req.sessionId, this.opts.maxSessionIdBytes);
     const pick = this.router.pick(feats, req.sessionId);
     this.metrics.pickLatency.observe(Number(process.hrtime.bigint() - t0) / 1e9);
     return pick;

@@ -1,5 +1,6 @@
 // Command-line flags (and the env fallbacks the issues name) -> Options.
 import { defaultConfig, RouterConfig, Role, WorkerSpec } from "../core/router";
+import { DEFAULT_MAX_SESSION_ID_BYTES } from "../core/limits";
 
 export interface Options {
   router: RouterConfig;
@@ -9,6 +10,7 @@ export interface Options {
   workers: WorkerSpec[];
   tokenizerPath: string | null;
   maxBodyBytes: number;
+  maxSessionIdBytes: number;
   sessionHeader: string;
   upstreamHeader: string;
   prefillHeader: string;
@@ -44,6 +46,7 @@ const HELP = `infera-gate ext_proc server
   --mm-lru-size N                images remembered per worker for affinity (256)
   --scorer-weights LIST          override scorer weights: name=w,... (prefix-overlap, active-blocks, queued-prefill, image-affinity)
   --max-body-bytes N             request bodies above this get a 400 (8388608)
+  --max-session-id-bytes N       longer session ids (header or body) get a 400 (256)
   --kv-event-transport T         zmq (default) | nats
   --kv-event-topic T             ZMQ topic to subscribe to ("")
   --nats-url URL                 NATS server (nats://127.0.0.1:4222)
@@ -117,6 +120,7 @@ export function parseArgs(argv: string[], env: NodeJS.ProcessEnv = process.env):
     workers: [],
     tokenizerPath: null,
     maxBodyBytes: 8 * 1024 * 1024,
+    maxSessionIdBytes: DEFAULT_MAX_SESSION_ID_BYTES,
     sessionHeader: "x-session-id",
     upstreamHeader: "x-infera-upstream",
     prefillHeader: "x-infera-prefill",
@@ -168,6 +172,7 @@ export function parseArgs(argv: string[], env: NodeJS.ProcessEnv = process.env):
       case "--mm-lru-size": r.mmLruSize = num(a, val()); break;
       case "--scorer-weights": r.scorerWeights = parseWeights(a, val()); break;
       case "--max-body-bytes": o.maxBodyBytes = num(a, val()); break;
+      case "--max-session-id-bytes": o.maxSessionIdBytes = num(a, val()); break;
       case "--kv-event-transport": o.kvEventTransport = oneOf(a, val(), ["zmq", "nats"] as const); break;
       case "--kv-event-topic": o.kvEventTopic = val(); break;
       case "--nats-url": o.natsUrl = val(); break;

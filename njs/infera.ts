@@ -8,6 +8,7 @@ import { computeFeatures, endpointOf, parseRequest, renderChatML, Tokenizer } fr
 import { applyBatch, KvEvent } from "../core/kvevents";
 import { createBpe } from "../core/bpe";
 import { asHttpError, errorPayload } from "../core/util";
+import { checkSessionId, DEFAULT_MAX_SESSION_ID_BYTES } from "../core/limits";
 import { workerRow } from "../core/views";
 
 const STR_ZONE = "infera_str";
@@ -144,6 +145,7 @@ function route(r: NjsRequest): void {
       const bytes = r.requestBuffer ? r.requestBuffer.length : body.length;
       const maxBody = numVar(r, "infera_max_body_bytes", 8388608) as number;
       const req = parseRequest(ep, body, bytes, { maxBodyBytes: maxBody }, r.headersIn[r.variables.infera_session_header || "x-session-id"] || null);
+      checkSessionId(req.sessionId, numVar(r, "infera_max_session_id_bytes", DEFAULT_MAX_SESSION_ID_BYTES) as number);
       const f = computeFeatures(req, tokenizer(), c.cfg.blockSize);
       pick = c.router.pick(f, req.sessionId);
     } else pick = c.router.pick({ blocks: [], inputTokens: 0, exact: false, mediaHashes: [], n: 1 });

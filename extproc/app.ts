@@ -54,6 +54,7 @@ export class App {
   private healthTimer: NodeJS.Timeout | null = null;
   private failures: Record<string, number> = {};
   private eventSource: EventSource;
+  private discoverySynced = false;
 
   constructor(readonly opts: Options, readonly log: Logger, eventSource?: EventSource) {
     this.tokenizer = loadTokenizer(opts.tokenizerPath);
@@ -101,9 +102,12 @@ export class App {
 
   /** Adds or updates a worker and (re)subscribes to its KV events. */
   addWorker(spec: WorkerSpec): void {
+    const before = this.router.worker(spec.id);
     const w = this.router.addWorker(spec);
     const prev = this.subs[spec.id];
     if (prev && prev.epochKey === w.epochKey) return;
+    // Unchanged and without events (setWorkers re-adds the whole fleet): nothing to (re)say.
+    if (!prev && !spec.events && before && before.epochKey === w.epochKey) return;
     if (prev) prev.sub.close();
     delete this.subs[spec.id];
     if (!spec.events) {
@@ -153,6 +157,27 @@ export class App {
     if (r.removed) this.metrics.events.inc({ worker: id, type: "removed" }, r.removed);
     if (r.cleared) this.metrics.events.inc({ worker: id, type: "cleared" });
     if (r.skipped) this.metrics.eventErrors.inc({ worker: id, reason: "unknown_parent" }, r.skipped);
+  }
+
+  setSynced(v: boolean): void {
+    this.discoverySynced = v;
+  }
+
+  /**
+   * gRPC readiness: discovery has delivered its first view, some worker can
+   * take a pick, and every worker that names a KV-event endpoint has its
+   * subscription open. An idle engine publishes nothing, so "events flow" is
+   * judged by the subscription, not by a recent event (that would keep an
+   * idle fleet unready forever: no traffic, no events).
+   */
+  readiness(): { ready: boolean; reason: string } {
+    if (!this.discoverySynced) return { ready: false, reason: "discovery has not synced" };
+    const ws = this.router.workers();
+    const usable = ws.filter((w) => this.router.healthy(w.id) && !this.router.excluded(w.id));
+    if (!usable.length) return { ready: false, reason: ws.length ? "no worker is healthy" : "no workers known" };
+    const noSub = ws.filter((w) => w.events && !this.subs[w.id]);
+    if (noSub.length) return { ready: false, reason: `no KV-event subscription for ${noSub.map((w) => w.id).join(",")}` };
+    return { ready: true, reason: `${usable.length} worker(s)` };
   }
 
   /** Parse, tokenize once, pick. Throws httpError(4xx/503) for the caller to render. */

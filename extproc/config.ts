@@ -18,7 +18,7 @@ export interface Options {
   kvEventTransport: "zmq" | "nats";
   kvEventTopic: string;
   natsUrl: string;
-  discovery: "static" | "etcd";
+  discovery: "static" | "etcd" | "k8s";
   etcdEndpoint: string;
   etcdPrefix: string;
   requestTransport: "http";
@@ -27,6 +27,14 @@ export interface Options {
   /** Active health checks: GET <worker>/health every N ms (0 = off). */
   healthIntervalMs: number;
   pushToken: string;
+  /** k8s discovery (see k8s.ts). */
+  kubeconfig: string | null;
+  k8sNamespace: string;
+  inferencePool: string;
+  k8sSelector: string;
+  k8sTargetPorts: number[];
+  /** Endpoint Picker Protocol: next-best endpoints listed after the pick for the gateway's retries. */
+  eppFallbackCount: number;
 }
 
 const HELP = `infera-gate ext_proc server
@@ -50,7 +58,13 @@ const HELP = `infera-gate ext_proc server
   --kv-event-transport T         zmq (default) | nats
   --kv-event-topic T             ZMQ topic to subscribe to ("")
   --nats-url URL                 NATS server (nats://127.0.0.1:4222)
-  --discovery-backend B          static (default) | etcd
+  --discovery-backend B          static (default) | etcd | k8s
+  --kubeconfig PATH              k8s: kubeconfig file (default: KUBECONFIG, ~/.kube/config, in-cluster)
+  --k8s-namespace NS             k8s: namespace of the pool and pods (default: the context's, else "default")
+  --inference-pool NAME          k8s: watch the pods behind this InferencePool (inference.networking.k8s.io/v1)
+  --k8s-selector LABELS          k8s: or a plain label selector (app=vllm,tier=llm)
+  --k8s-target-port N[,N..]      k8s: with --k8s-selector, the engine port(s) (8000)
+  --epp-fallback-endpoints N     EPP: next-best endpoints listed after the pick (2; 0 = pick only)
   --etcd-endpoint URL            etcd endpoint (http://127.0.0.1:2379)
   --etcd-prefix P                registration prefix (/infera/workers/)
   --request-transport T          http (the only transport; requests go to workers over HTTP/1.1)
@@ -135,6 +149,12 @@ export function parseArgs(argv: string[], env: NodeJS.ProcessEnv = process.env):
     nginxPushUrl: "http://127.0.0.1:8080/_infera/push",
     healthIntervalMs: 1000,
     pushToken: env.INFERA_PUSH_TOKEN ?? "",
+    kubeconfig: null,
+    k8sNamespace: "",
+    inferencePool: "",
+    k8sSelector: "",
+    k8sTargetPorts: [8000],
+    eppFallbackCount: 2,
   };
   let demandSet = false;
   let reqWeightSet = false;
@@ -176,7 +196,13 @@ export function parseArgs(argv: string[], env: NodeJS.ProcessEnv = process.env):
       case "--kv-event-transport": o.kvEventTransport = oneOf(a, val(), ["zmq", "nats"] as const); break;
       case "--kv-event-topic": o.kvEventTopic = val(); break;
       case "--nats-url": o.natsUrl = val(); break;
-      case "--discovery-backend": o.discovery = oneOf(a, val(), ["static", "etcd"] as const); break;
+      case "--discovery-backend": o.discovery = oneOf(a, val(), ["static", "etcd", "k8s"] as const); break;
+      case "--kubeconfig": o.kubeconfig = val(); break;
+      case "--k8s-namespace": o.k8sNamespace = val(); break;
+      case "--inference-pool": o.inferencePool = val(); break;
+      case "--k8s-selector": o.k8sSelector = val(); break;
+      case "--k8s-target-port": o.k8sTargetPorts = val().split(",").map((x) => num(a, x.trim())); break;
+      case "--epp-fallback-endpoints": o.eppFallbackCount = num(a, val()); break;
       case "--etcd-endpoint": o.etcdEndpoint = val(); break;
       case "--etcd-prefix": o.etcdPrefix = val(); break;
       case "--request-transport": o.requestTransport = oneOf(a, val(), ["http"] as const); break;
@@ -193,6 +219,8 @@ export function parseArgs(argv: string[], env: NodeJS.ProcessEnv = process.env):
   if (!demandSet && env.INFERA_DECODE_INPUT_DEMAND)
     r.decodeInputDemand = oneOf("INFERA_DECODE_INPUT_DEMAND", env.INFERA_DECODE_INPUT_DEMAND, ["off", "shadow", "on"] as const);
   if (!reqWeightSet && env.INFERA_DECODE_REQUEST_WEIGHT) r.decodeRequestWeight = num("INFERA_DECODE_REQUEST_WEIGHT", env.INFERA_DECODE_REQUEST_WEIGHT);
+  if (o.discovery === "k8s" && !o.inferencePool && !o.k8sSelector) throw new Error("--discovery-backend k8s needs --inference-pool NAME or --k8s-selector LABELS");
+  if (!(Number.isInteger(o.eppFallbackCount) && o.eppFallbackCount >= 0)) throw new Error("--epp-fallback-endpoints must be an integer >= 0");
   if (o.discovery === "static" && o.workers.length === 0) throw new Error("--workers is required with --discovery-backend static");
   return o;
 }

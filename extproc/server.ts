@@ -24,6 +24,7 @@ import { endpointOf } from "../core/request";
 import { asHttpError, errorPayload } from "../core/util";
 import { Pick, Reservation } from "../core/router";
 import { App } from "./app";
+import { addHealth } from "./health";
 
 function headerMap(m: HeaderMap | undefined): Record<string, string> {
   const out: Record<string, string> = {};
@@ -230,6 +231,13 @@ function handleStream(app: App, call: grpc.ServerDuplexStream<ProcessingRequest,
 export async function startExtProc(app: App, host: string, port: number): Promise<{ server: grpc.Server; port: number }> {
   const server = new grpc.Server({ "grpc.max_receive_message_length": 64 * 1024 * 1024 });
   server.addService(ExtProcService, { Process: (call: grpc.ServerDuplexStream<ProcessingRequest, ProcessingResponse>) => handleStream(app, call) });
+  // grpc.health.v1 on the same port (Endpoint Picker Protocol: liveness, readiness, ext_proc).
+  const health = addHealth(server, app);
+  const shutdown = server.forceShutdown.bind(server);
+  server.forceShutdown = () => {
+    health.stop();
+    shutdown();
+  };
   const bound = await new Promise<number>((resolve, reject) =>
     server.bindAsync(`${host}:${port}`, grpc.ServerCredentials.createInsecure(), (err, p) => (err ? reject(err) : resolve(p))),
   );

@@ -74,7 +74,10 @@ export interface Router {
   healthy(id: string): boolean;
   workers(): Worker[];
   worker(id: string): Worker | null;
-  pick(f: Features, sessionId?: string | null): Pick;
+  /** allow: an optional candidate filter (e.g. the gateway's endpoint subset); nothing allowed = 503. */
+  pick(f: Features, sessionId?: string | null, allow?: (w: Worker) => boolean): Pick;
+  /** Holds a guard's load again on another worker (the gateway served the request elsewhere); null if unknown. */
+  holdOn(id: string, g: Guard): Guard | null;
   cacheView(id: string): { worker_id: string; block_count: number } | null;
   activeBlocks(id: string): number;
   demand(id: string): { tokens: number; requests: number };
@@ -161,8 +164,8 @@ export function createRouter(state: RouterState, cfg: RouterConfig, hooks?: Rout
     return runProfile(ctx);
   }
 
-  function pick(f: Features, sessionId?: string | null): Pick {
-    const fleet = reg.list();
+  function pick(f: Features, sessionId?: string | null, allow?: (w: Worker) => boolean): Pick {
+    const fleet = allow ? reg.list().filter(allow) : reg.list();
     let hasPrefill = false;
     let hasDecode = false;
     for (let i = 0; i < fleet.length; i++) {
@@ -246,6 +249,7 @@ export function createRouter(state: RouterState, cfg: RouterConfig, hooks?: Rout
     cacheView: (id) => byId(id, (w) => ({ worker_id: w.id, block_count: state.mirror.count(w.epochKey) }), null as { worker_id: string; block_count: number } | null),
     activeBlocks: (id) => byId(id, (w) => state.load.activeBlocks(w.epochKey), 0),
     demand: (id) => byId(id, (w) => state.load.demand(w.epochKey), { tokens: 0, requests: 0 }),
+    holdOn: (id, g) => byId(id, (w) => state.load.hold(w.epochKey, g.blocks, g.tokens, g.requests) as Guard | null, null),
     releaseGuard: (g) => held.releaseCopy(g),
     openGuards: () => state.load.openGuards(),
   };

@@ -1,6 +1,6 @@
 // Composes core with Node: tokenizer, native hash, KV event intake, metrics.
 // Transports (gRPC ext_proc, admin HTTP) sit on top of this.
-import { createRouter, Pick, Router, WorkerSpec } from "../core/router";
+import { createRouter, Pick, Router, Worker, WorkerSpec } from "../core/router";
 import { memoryState } from "../core/state/memory";
 import { RouterState } from "../core/state/types";
 import { EpochKey } from "../core/types";
@@ -181,7 +181,7 @@ export class App {
   }
 
   /** Parse, tokenize once, pick. Throws httpError(4xx/503) for the caller to render. */
-  route(endpoint: Endpoint, body: Buffer, sessionHeader: string | null): Pick {
+  route(endpoint: Endpoint, body: Buffer, sessionHeader: string | null, allow?: (w: Worker) => boolean): Pick {
     const t0 = process.hrtime.bigint();
     const req = parseRequest(endpoint, body.length <= this.opts.maxBodyBytes ? body.toString("utf8") : "", body.length, { maxBodyBytes: this.opts.maxBodyBytes }, sessionHeader);
     let feats;
@@ -193,7 +193,7 @@ export class App {
       feats = computeFeatures(req, null, this.opts.router.blockSize, nativeHasher);
     }
     checkSessionId(req.sessionId, this.opts.maxSessionIdBytes);
-    const pick = this.router.pick(feats, req.sessionId);
+    const pick = this.router.pick(feats, req.sessionId, allow);
     this.metrics.pickLatency.observe(Number(process.hrtime.bigint() - t0) / 1e9);
     return pick;
   }

@@ -35,6 +35,9 @@ export interface Options {
   k8sTargetPorts: number[];
   /** Endpoint Picker Protocol: next-best endpoints listed after the pick for the gateway's retries. */
   eppFallbackCount: number;
+  /** EPP load shedding: requests of these objectives get a 429 while every candidate holds >= N active blocks (0 = off). */
+  eppShedActiveBlocks: number;
+  eppSheddableObjectives: string[];
 }
 
 const HELP = `infera-gate ext_proc server
@@ -64,7 +67,10 @@ const HELP = `infera-gate ext_proc server
   --inference-pool NAME          k8s: watch the pods behind this InferencePool (inference.networking.k8s.io/v1)
   --k8s-selector LABELS          k8s: or a plain label selector (app=vllm,tier=llm)
   --k8s-target-port N[,N..]      k8s: with --k8s-selector, the engine port(s) (8000)
-  --epp-fallback-endpoints N     EPP: next-best endpoints listed after the pick (2; 0 = pick only)
+  --epp-fallback-endpoints N     EPP: next-best endpoints listed after the pick, for gateways whose
+                                 override_host LB retries down the list (0 = pick only; ORIGINAL_DST needs 0)
+  --epp-shed-active-blocks N     EPP: 429 for sheddable requests while every candidate holds >= N active blocks (0 = off)
+  --epp-sheddable-objectives L   EPP: x-gateway-inference-objective values that may be shed (comma list)
   --etcd-endpoint URL            etcd endpoint (http://127.0.0.1:2379)
   --etcd-prefix P                registration prefix (/infera/workers/)
   --request-transport T          http (the only transport; requests go to workers over HTTP/1.1)
@@ -154,7 +160,9 @@ export function parseArgs(argv: string[], env: NodeJS.ProcessEnv = process.env):
     inferencePool: "",
     k8sSelector: "",
     k8sTargetPorts: [8000],
-    eppFallbackCount: 2,
+    eppFallbackCount: 0,
+    eppShedActiveBlocks: 0,
+    eppSheddableObjectives: [],
   };
   let demandSet = false;
   let reqWeightSet = false;
@@ -203,6 +211,8 @@ export function parseArgs(argv: string[], env: NodeJS.ProcessEnv = process.env):
       case "--k8s-selector": o.k8sSelector = val(); break;
       case "--k8s-target-port": o.k8sTargetPorts = val().split(",").map((x) => num(a, x.trim())); break;
       case "--epp-fallback-endpoints": o.eppFallbackCount = num(a, val()); break;
+      case "--epp-shed-active-blocks": o.eppShedActiveBlocks = num(a, val()); break;
+      case "--epp-sheddable-objectives": o.eppSheddableObjectives = val().split(",").map((x) => x.trim()).filter(Boolean); break;
       case "--etcd-endpoint": o.etcdEndpoint = val(); break;
       case "--etcd-prefix": o.etcdPrefix = val(); break;
       case "--request-transport": o.requestTransport = oneOf(a, val(), ["http"] as const); break;

@@ -22,6 +22,8 @@ export interface SimOptions {
   prefillBaseMs: number;
   decodeMsPerToken: number;
   role: "mixed" | "prefill" | "decode";
+  /** Decode role: the request header naming the prefill peer (llm-d's sidecar reads x-prefiller-host-port). */
+  prefillHeader: string;
   /** Send a malformed frame every N batches (fault tests); 0 = never. */
   malformedEvery: number;
   tokenizerPath: string | null;
@@ -45,6 +47,7 @@ export function simDefaults(): SimOptions {
     prefillBaseMs: 2,
     decodeMsPerToken: 2,
     role: "mixed",
+    prefillHeader: "x-infera-prefill",
     malformedEvery: 0,
     tokenizerPath: null,
     etcdEndpoint: null,
@@ -242,7 +245,7 @@ export class EngineSim {
     });
     try {
       const stage = req.headers["x-infera-pd-stage"];
-      const prefillPeer = req.headers["x-infera-prefill"] as string | undefined;
+      const prefillPeer = req.headers[this.o.prefillHeader] as string | undefined;
       const adm = this.admit(tokens, extra);
       let cached = adm.cachedTokens;
       const t0 = Date.now();
@@ -323,6 +326,7 @@ export function parseSimArgs(argv: string[]): SimOptions {
       case "--capacity-blocks": o.capacityBlocks = Number(v()); break;
       case "--prefill-us-per-token": o.prefillUsPerToken = Number(v()); break;
       case "--prefill-base-ms": o.prefillBaseMs = Number(v()); break;
+      case "--prefill-header": o.prefillHeader = v().toLowerCase(); break;
       case "--decode-ms-per-token": o.decodeMsPerToken = Number(v()); break;
       case "--role": o.role = v() as SimOptions["role"]; break;
       case "--malformed-every": o.malformedEvery = Number(v()); break;
@@ -331,7 +335,7 @@ export function parseSimArgs(argv: string[]): SimOptions {
       case "--etcd-prefix": o.etcdPrefix = v(); break;
       case "--advertise": o.advertise = v(); break;
       case "--help":
-        process.stdout.write("infera-sim --id ID --port N --kv-events-port N|none [--role mixed|prefill|decode] [--block-size 16] [--capacity-blocks 8192] [--prefill-us-per-token 100] [--decode-ms-per-token 2] [--malformed-every N]\n");
+        process.stdout.write("infera-sim --id ID --port N --kv-events-port N|none [--role mixed|prefill|decode] [--prefill-header x-infera-prefill] [--block-size 16] [--capacity-blocks 8192] [--prefill-us-per-token 100] [--decode-ms-per-token 2] [--malformed-every N]\n");
         process.exit(0);
       default: throw new Error(`unknown flag ${a}`);
     }

@@ -11,6 +11,9 @@ import "./scheduling/plugins";
 import { Candidate, Features, Guard, Policy, RouterConfig, Worker, WorkerSpec } from "./types";
 import { httpError } from "./util";
 import { clearAllTiers, defaultTierWeights, tierCounts } from "./kvevents";
+import { Reservation, reservations } from "./reservation";
+
+export type { Reservation } from "./reservation";
 
 export type { Candidate, DemandMode, Features, Guard, Policy, Role, RouterConfig, Worker, WorkerSpec } from "./types";
 export type { DemandDecision } from "./scheduling/plugins/picker/decode-demand";
@@ -28,6 +31,7 @@ export function defaultConfig(): RouterConfig {
     pdPrefillGuardRelease: "first-token",
     mmLruSize: 256,
     kvTierWeights: defaultTierWeights(),
+    scorerWeights: {},
   };
 }
 
@@ -38,19 +42,7 @@ export function validateConfig(c: RouterConfig): void {
   if (c.decodeInputDemand !== "off" && c.policy !== "kv-aware")
     throw new Error("--decode-input-demand " + c.decodeInputDemand + " needs --router-policy kv-aware (got " + c.policy + ")");
   if (!(c.decodeRequestWeight >= 0)) throw new Error("--decode-request-weight must be >= 0");
-}
-
-export interface Reservation {
-  /** Response started streaming (first token): releases prefill load unless held to completion. */
-  firstToken(): void;
-  /** Response EOF, cancellation, failure, or a pick that was never used. Idempotent. */
-  finish(): void;
-  readonly open: boolean;
-  /**
-   * The held guards, for callers that release across VMs: prefill (PD only),
-   * main, and queued (prefill work waiting for the first token; null when none).
-   */
-  guards(): { prefill: Guard | null; main: Guard; queued: Guard | null };
+  for (const k in c.scorerWeights) if (!(c.scorerWeights[k] >= 0)) throw new Error("--scorer-weights " + k + " must be >= 0");
 }
 
 export interface Pick {
@@ -84,7 +76,10 @@ export interface Router {
   healthy(id: string): boolean;
   workers(): Worker[];
   worker(id: string): Worker | null;
-  pick(f: Features, sessionId?: string | null): Pick;
+  /** allow: an optional candidate filter (e.g. the gateway's endpoint subset); nothing allowed = 503. */
+  pick(f: Features, sessionId?: string | null, allow?: (w: Worker) => boolean): Pick;
+  /** Holds a guard's load again on another worker (the gateway served the request elsewhere); null if unknown. */
+  holdOn(id: string, g: Guard): Guard | null;
   /** block_count: GPU blocks (what a hit means); tiers: blocks per storage tier. */
   cacheView(id: string): { worker_id: string; block_count: number; tiers: { [tier: string]: number } } | null;
   activeBlocks(id: string): number;
@@ -107,6 +102,7 @@ export function createRouter(state: RouterState, cfg: RouterConfig, hooks?: Rout
   const log = hk.log || (() => undefined);
   const rnd = hk.random || Math.random;
   const reg = state.workers;
+  const held = reservations(state, cfg, log);
 
   function addWorker(spec: WorkerSpec): Worker {
     const old = reg.get(spec.id);
@@ -155,37 +151,6 @@ export function createRouter(state: RouterState, cfg: RouterConfig, hooks?: Rout
     log("warn", "worker " + id + " excluded: " + reason);
   }
 
-  function release(g: Guard | null): void {
-    if (!g || g.done) return;
-    g.done = true;
-    try {
-      state.load.release(g);
-    } catch (e) {
-      // Release must never throw into a response path; the log says what broke.
-      log("warn", "release failed for " + g.epochKey + ": " + String(e));
-    }
-  }
-
-  function reservation(pre: Guard | null, main: Guard, queued: Guard | null): Reservation {
-    const r = {
-      open: true,
-      guards() {
-        return { prefill: pre, main: main, queued: queued };
-      },
-      firstToken() {
-        release(queued);
-        if (cfg.pdPrefillGuardRelease === "first-token") release(pre);
-      },
-      finish() {
-        r.open = false;
-        release(queued);
-        release(pre);
-        release(main);
-      },
-    };
-    return r;
-  }
-
   function context(f: Features, fleet: Worker[], pd: boolean, sessionId: string | null): PickContext {
     const session = sessionId && cfg.sessionAffinity !== "off" ? state.sessions.get(sessionId) || {} : null;
     return { features: f, config: cfg, state: state, fleet: fleet, profile: "prefill", pd: pd, sessionId: session ? sessionId : null, session: session, previous: null, random: rnd, cycle: {} };
@@ -202,8 +167,8 @@ export function createRouter(state: RouterState, cfg: RouterConfig, hooks?: Rout
     return runProfile(ctx);
   }
 
-  function pick(f: Features, sessionId?: string | null): Pick {
-    const fleet = reg.list();
+  function pick(f: Features, sessionId?: string | null, allow?: (w: Worker) => boolean): Pick {
+    const fleet = allow ? reg.list().filter(allow) : reg.list();
     let hasPrefill = false;
     let hasDecode = false;
     for (let i = 0; i < fleet.length; i++) {
@@ -251,19 +216,19 @@ export function createRouter(state: RouterState, cfg: RouterConfig, hooks?: Rout
       if (p.preRequest) p.preRequest(ctx, result);
     }
 
-    const base = { candidates: candidates(prefillRows), mmImages: f.mediaHashes.length, mmAffinityHits: mmHits };
     // The prefill target now has this request's uncached blocks to compute before its first token.
     const uncached = media ? f.blocks.length : f.blocks.length - prefillRows[prefillIndex].hits;
     const queued = uncached > 0 ? state.load.hold(prefillWorker.epochKey, [], 0, 0, uncached) : null;
+    const out = { candidates: candidates(prefillRows), mmImages: f.mediaHashes.length, mmAffinityHits: mmHits };
     if (!result.decode) {
-      const g = state.load.hold(prefillWorker.epochKey, f.blocks, 0, 0);
-      return { target: prefillWorker, prefill: null, reservation: reservation(null, g, queued), candidates: base.candidates, decodeCandidates: null, mmImages: base.mmImages, mmAffinityHits: base.mmAffinityHits };
+      const main = state.load.hold(prefillWorker.epochKey, f.blocks, 0, 0);
+      return { target: prefillWorker, prefill: null, reservation: held.open(null, main, queued), decodeCandidates: null, candidates: out.candidates, mmImages: out.mmImages, mmAffinityHits: out.mmAffinityHits };
     }
     const decodeWorker = result.decode.worker;
     const demandOn = cfg.decodeInputDemand !== "off";
     const prefillGuard = state.load.hold(prefillWorker.epochKey, f.blocks, 0, 0);
     const decodeGuard = state.load.hold(decodeWorker.epochKey, f.blocks, demandOn ? f.inputTokens * demandN(f) : 0, demandOn ? 1 : 0);
-    return { target: decodeWorker, prefill: prefillWorker, reservation: reservation(prefillGuard, decodeGuard, queued), candidates: base.candidates, decodeCandidates: candidates(decodeRows as Row[]), mmImages: base.mmImages, mmAffinityHits: base.mmAffinityHits };
+    return { target: decodeWorker, prefill: prefillWorker, reservation: held.open(prefillGuard, decodeGuard, queued), decodeCandidates: candidates(decodeRows as Row[]), candidates: out.candidates, mmImages: out.mmImages, mmAffinityHits: out.mmAffinityHits };
   }
 
   function byId<T>(id: string, f: (w: Worker) => T, none: T): T {
@@ -288,7 +253,8 @@ export function createRouter(state: RouterState, cfg: RouterConfig, hooks?: Rout
       byId(id, (w) => ({ worker_id: w.id, block_count: state.mirror.count(w.epochKey), tiers: tierCounts(state.mirror, w.epochKey) }), null as { worker_id: string; block_count: number; tiers: { [tier: string]: number } } | null),
     activeBlocks: (id) => byId(id, (w) => state.load.activeBlocks(w.epochKey), 0),
     demand: (id) => byId(id, (w) => state.load.demand(w.epochKey), { tokens: 0, requests: 0 }),
-    releaseGuard: (g) => release({ epochKey: g.epochKey, blocks: g.blocks, tokens: g.tokens, requests: g.requests, pending: g.pending || 0, done: false }),
+    holdOn: (id, g) => byId(id, (w) => state.load.hold(w.epochKey, g.blocks, g.tokens, g.requests) as Guard | null, null),
+    releaseGuard: (g) => held.releaseCopy(g),
     openGuards: () => state.load.openGuards(),
   };
 }

@@ -52,6 +52,8 @@ export interface RouterConfig {
   mmLruSize: number;
   /** Share of a GPU hit a block cached on a lower tier earns (--kv-tier-weights). */
   kvTierWeights: { [tier: string]: number };
+  /** Per-scorer weight overrides by plugin name (--scorer-weights); a scorer that does not apply stays off. */
+  scorerWeights: { [scorer: string]: number };
 }
 
 /** What routing needs from one request (see core/request.ts). */

@@ -1,10 +1,11 @@
 // Composes core with Node: tokenizer, native hash, KV event intake, metrics.
 // Transports (gRPC ext_proc, admin HTTP) sit on top of this.
-import { createRouter, Pick, Router, WorkerSpec } from "../core/router";
+import { createRouter, Pick, Router, Worker, WorkerSpec } from "../core/router";
 import { memoryState } from "../core/state/memory";
 import { RouterState } from "../core/state/types";
 import { EpochKey } from "../core/types";
 import { diffFleet } from "../core/fleet";
+import { checkSessionId } from "../core/limits";
 import { computeFeatures, Endpoint, parseRequest } from "../core/request";
 import { applyBatch, clearAllTiers, KvEvent, requestRoot } from "../core/kvevents";
 import { nativeHasher } from "./hasher";
@@ -61,6 +62,7 @@ export class App {
   /** Per worker: when its events last arrived, picks since, whether it is flagged silent. */
   readonly kv: Record<string, { since: number; lastEvent: number | null; picksSinceEvent: number; silent: boolean }> = {};
   private silenceTimer: NodeJS.Timeout | null = null;
+  private discoverySynced = false;
 
   constructor(readonly opts: Options, readonly log: Logger, eventSource?: EventSource) {
     this.tokenizer = loadTokenizer(opts.tokenizerPath);
@@ -110,9 +112,12 @@ export class App {
 
   /** Adds or updates a worker and (re)subscribes to its KV events. */
   addWorker(spec: WorkerSpec): void {
+    const before = this.router.worker(spec.id);
     const w = this.router.addWorker(spec);
     const prev = this.subs[spec.id];
     if (prev && prev.epochKey === w.epochKey) return;
+    // Unchanged and without events (setWorkers re-adds the whole fleet): nothing to (re)say.
+    if (!prev && !spec.events && before && before.epochKey === w.epochKey) return;
     if (prev) prev.sub.close();
     delete this.subs[spec.id];
     if (!spec.events) {
@@ -211,8 +216,29 @@ export class App {
     if (r.skipped) this.metrics.eventErrors.inc({ worker: id, reason: "unknown_parent" }, r.skipped);
   }
 
+  setSynced(v: boolean): void {
+    this.discoverySynced = v;
+  }
+
+  /**
+   * gRPC readiness: discovery has delivered its first view, some worker can
+   * take a pick, and every worker that names a KV-event endpoint has its
+   * subscription open. An idle engine publishes nothing, so "events flow" is
+   * judged by the subscription, not by a recent event (that would keep an
+   * idle fleet unready forever: no traffic, no events).
+   */
+  readiness(): { ready: boolean; reason: string } {
+    if (!this.discoverySynced) return { ready: false, reason: "discovery has not synced" };
+    const ws = this.router.workers();
+    const usable = ws.filter((w) => this.router.healthy(w.id) && !this.router.excluded(w.id));
+    if (!usable.length) return { ready: false, reason: ws.length ? "no worker is healthy" : "no workers known" };
+    const noSub = ws.filter((w) => w.events && !this.subs[w.id]);
+    if (noSub.length) return { ready: false, reason: `no KV-event subscription for ${noSub.map((w) => w.id).join(",")}` };
+    return { ready: true, reason: `${usable.length} worker(s)` };
+  }
+
   /** Parse, tokenize once, pick. Throws httpError(4xx/503) for the caller to render. */
-  route(endpoint: Endpoint, body: Buffer, sessionHeader: string | null): Pick {
+  route(endpoint: Endpoint, body: Buffer, sessionHeader: string | null, allow?: (w: Worker) => boolean): Pick {
     const t0 = process.hrtime.bigint();
     const req = parseRequest(endpoint, body.length <= this.opts.maxBodyBytes ? body.toString("utf8") : "", body.length, { maxBodyBytes: this.opts.maxBodyBytes }, sessionHeader);
     let feats;
@@ -224,7 +250,8 @@ export class App {
       this.log("warn", `tokenize failed (${(e as Error).message}); routing on estimated tokens`);
       feats = computeFeatures(req, null, this.opts.router.blockSize, nativeHasher, root);
     }
-    const pick = this.router.pick(feats, req.sessionId);
+    checkSessionId(req.sessionId, this.opts.maxSessionIdBytes);
+    const pick = this.router.pick(feats, req.sessionId, allow);
     this.metrics.pickLatency.observe(Number(process.hrtime.bigint() - t0) / 1e9);
     return pick;
   }

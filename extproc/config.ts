@@ -2,6 +2,7 @@
 import { defaultConfig, RouterConfig, Role, WorkerSpec } from "../core/router";
 import { defaultTierWeights, parseTierWeights } from "../core/kvevents";
 import { expandDp } from "../core/fleet";
+import { DEFAULT_MAX_SESSION_ID_BYTES } from "../core/limits";
 
 export interface Options {
   router: RouterConfig;
@@ -11,6 +12,7 @@ export interface Options {
   workers: WorkerSpec[];
   tokenizerPath: string | null;
   maxBodyBytes: number;
+  maxSessionIdBytes: number;
   sessionHeader: string;
   upstreamHeader: string;
   prefillHeader: string;
@@ -18,7 +20,7 @@ export interface Options {
   kvEventTransport: "zmq" | "nats";
   kvEventTopic: string;
   natsUrl: string;
-  discovery: "static" | "etcd";
+  discovery: "static" | "etcd" | "k8s";
   etcdEndpoint: string;
   etcdPrefix: string;
   requestTransport: "http";
@@ -32,6 +34,17 @@ export interface Options {
   /** Bound on engine blocks mirrored per target (worker and tier); the oldest go first (0 = none). */
   maxMirrorBlocks: number;
   kvReplayTimeoutMs: number;
+  /** k8s discovery (see k8s.ts). */
+  kubeconfig: string | null;
+  k8sNamespace: string;
+  inferencePool: string;
+  k8sSelector: string;
+  k8sTargetPorts: number[];
+  /** Endpoint Picker Protocol: next-best endpoints listed after the pick for the gateway's retries. */
+  eppFallbackCount: number;
+  /** EPP load shedding: requests of these objectives get a 429 while every candidate holds >= N active blocks (0 = off). */
+  eppShedActiveBlocks: number;
+  eppSheddableObjectives: string[];
 }
 
 const HELP = `infera-gate ext_proc server
@@ -55,11 +68,22 @@ const HELP = `infera-gate ext_proc server
   --session-header H             header carrying the session id (x-session-id); body field: session_id
   --pd-prefill-guard-release R   first-token (default) | completion
   --mm-lru-size N                images remembered per worker for affinity (256)
+  --scorer-weights LIST          override scorer weights: name=w,... (prefix-overlap, active-blocks, queued-prefill, image-affinity)
   --max-body-bytes N             request bodies above this get a 400 (8388608)
+  --max-session-id-bytes N       longer session ids (header or body) get a 400 (256)
   --kv-event-transport T         zmq (default) | nats
   --kv-event-topic T             ZMQ topic to subscribe to ("")
   --nats-url URL                 NATS server (nats://127.0.0.1:4222)
-  --discovery-backend B          static (default) | etcd
+  --discovery-backend B          static (default) | etcd | k8s
+  --kubeconfig PATH              k8s: kubeconfig file (default: KUBECONFIG, ~/.kube/config, in-cluster)
+  --k8s-namespace NS             k8s: namespace of the pool and pods (default: the context's, else "default")
+  --inference-pool NAME          k8s: watch the pods behind this InferencePool (inference.networking.k8s.io/v1)
+  --k8s-selector LABELS          k8s: or a plain label selector (app=vllm,tier=llm)
+  --k8s-target-port N[,N..]      k8s: with --k8s-selector, the engine port(s) (8000)
+  --epp-fallback-endpoints N     EPP: next-best endpoints listed after the pick, for gateways whose
+                                 override_host LB retries down the list (0 = pick only; ORIGINAL_DST needs 0)
+  --epp-shed-active-blocks N     EPP: 429 for sheddable requests while every candidate holds >= N active blocks (0 = off)
+  --epp-sheddable-objectives L   EPP: x-gateway-inference-objective values that may be shed (comma list)
   --etcd-endpoint URL            etcd endpoint (http://127.0.0.1:2379)
   --etcd-prefix P                registration prefix (/infera/workers/)
   --request-transport T          http (the only transport; requests go to workers over HTTP/1.1)
@@ -113,6 +137,17 @@ export function parseWorkers(s: string): WorkerSpec[] {
   return out;
 }
 
+/** name=weight,... (scorer plugin names, see docs/architecture.md). */
+export function parseWeights(flag: string, v: string): { [name: string]: number } {
+  const out: { [name: string]: number } = {};
+  for (const part of v.split(",").map((x) => x.trim()).filter(Boolean)) {
+    const eq = part.indexOf("=");
+    if (eq <= 0) throw new Error(`${flag}: '${part}' is not name=weight`);
+    out[part.slice(0, eq)] = num(flag, part.slice(eq + 1));
+  }
+  return out;
+}
+
 function num(flag: string, v: string): number {
   const n = Number(v);
   if (!Number.isFinite(n)) throw new Error(`${flag}: '${v}' is not a number`);
@@ -134,6 +169,7 @@ export function parseArgs(argv: string[], env: NodeJS.ProcessEnv = process.env):
     workers: [],
     tokenizerPath: null,
     maxBodyBytes: 8 * 1024 * 1024,
+    maxSessionIdBytes: DEFAULT_MAX_SESSION_ID_BYTES,
     sessionHeader: "x-session-id",
     upstreamHeader: "x-infera-upstream",
     prefillHeader: "x-infera-prefill",
@@ -151,6 +187,14 @@ export function parseArgs(argv: string[], env: NodeJS.ProcessEnv = process.env):
     kvEventSilenceS: 30,
     maxMirrorBlocks: 1000000,
     kvReplayTimeoutMs: 2000,
+    kubeconfig: null,
+    k8sNamespace: "",
+    inferencePool: "",
+    k8sSelector: "",
+    k8sTargetPorts: [8000],
+    eppFallbackCount: 0,
+    eppShedActiveBlocks: 0,
+    eppSheddableObjectives: [],
   };
   let demandSet = false;
   let reqWeightSet = false;
@@ -186,11 +230,21 @@ export function parseArgs(argv: string[], env: NodeJS.ProcessEnv = process.env):
       case "--session-header": o.sessionHeader = val().toLowerCase(); break;
       case "--pd-prefill-guard-release": r.pdPrefillGuardRelease = oneOf(a, val(), ["first-token", "completion"] as const); break;
       case "--mm-lru-size": r.mmLruSize = num(a, val()); break;
+      case "--scorer-weights": r.scorerWeights = parseWeights(a, val()); break;
       case "--max-body-bytes": o.maxBodyBytes = num(a, val()); break;
+      case "--max-session-id-bytes": o.maxSessionIdBytes = num(a, val()); break;
       case "--kv-event-transport": o.kvEventTransport = oneOf(a, val(), ["zmq", "nats"] as const); break;
       case "--kv-event-topic": o.kvEventTopic = val(); break;
       case "--nats-url": o.natsUrl = val(); break;
-      case "--discovery-backend": o.discovery = oneOf(a, val(), ["static", "etcd"] as const); break;
+      case "--discovery-backend": o.discovery = oneOf(a, val(), ["static", "etcd", "k8s"] as const); break;
+      case "--kubeconfig": o.kubeconfig = val(); break;
+      case "--k8s-namespace": o.k8sNamespace = val(); break;
+      case "--inference-pool": o.inferencePool = val(); break;
+      case "--k8s-selector": o.k8sSelector = val(); break;
+      case "--k8s-target-port": o.k8sTargetPorts = val().split(",").map((x) => num(a, x.trim())); break;
+      case "--epp-fallback-endpoints": o.eppFallbackCount = num(a, val()); break;
+      case "--epp-shed-active-blocks": o.eppShedActiveBlocks = num(a, val()); break;
+      case "--epp-sheddable-objectives": o.eppSheddableObjectives = val().split(",").map((x) => x.trim()).filter(Boolean); break;
       case "--etcd-endpoint": o.etcdEndpoint = val(); break;
       case "--etcd-prefix": o.etcdPrefix = val(); break;
       case "--request-transport": o.requestTransport = oneOf(a, val(), ["http"] as const); break;
@@ -211,6 +265,8 @@ export function parseArgs(argv: string[], env: NodeJS.ProcessEnv = process.env):
   if (!demandSet && env.INFERA_DECODE_INPUT_DEMAND)
     r.decodeInputDemand = oneOf("INFERA_DECODE_INPUT_DEMAND", env.INFERA_DECODE_INPUT_DEMAND, ["off", "shadow", "on"] as const);
   if (!reqWeightSet && env.INFERA_DECODE_REQUEST_WEIGHT) r.decodeRequestWeight = num("INFERA_DECODE_REQUEST_WEIGHT", env.INFERA_DECODE_REQUEST_WEIGHT);
+  if (o.discovery === "k8s" && !o.inferencePool && !o.k8sSelector) throw new Error("--discovery-backend k8s needs --inference-pool NAME or --k8s-selector LABELS");
+  if (!(Number.isInteger(o.eppFallbackCount) && o.eppFallbackCount >= 0)) throw new Error("--epp-fallback-endpoints must be an integer >= 0");
   if (o.discovery === "static" && o.workers.length === 0) throw new Error("--workers is required with --discovery-backend static");
   return o;
 }

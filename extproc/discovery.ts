@@ -1,4 +1,4 @@
-// Fleet membership: the static --workers list, or etcd (see etcd.ts).
+// Fleet membership: the static --workers list, etcd (see etcd.ts) or Kubernetes (k8s.ts).
 import { Logger } from "./app";
 import { Options } from "./config";
 import { WorkerSpec } from "../core/router";
@@ -10,6 +10,8 @@ export interface Fleet {
   setWorkers(list: WorkerSpec[]): void;
   addWorker(w: WorkerSpec): void;
   removeWorker(id: string): void;
+  /** Discovery has applied its first full view of the fleet (gRPC readiness waits for it). */
+  setSynced?(v: boolean): void;
 }
 
 export interface Discovery {
@@ -21,6 +23,11 @@ export async function startDiscovery(app: Fleet): Promise<Discovery> {
     const { startEtcdDiscovery } = await import("./etcd");
     return startEtcdDiscovery(app);
   }
+  if (app.opts.discovery === "k8s") {
+    const { startK8sDiscovery } = await import("./k8s");
+    return startK8sDiscovery(app);
+  }
   app.setWorkers(app.opts.workers);
+  app.setSynced?.(true);
   return { close: async () => undefined };
 }

@@ -74,6 +74,7 @@ export async function startEtcdDiscovery(app: Fleet): Promise<{ close(): Promise
       }
     }
     app.setWorkers(specs);
+    app.setSynced?.(true);
     app.log("info", `etcd: ${specs.length} worker(s) under ${prefix}`);
   };
   const watch = async (): Promise<void> => {

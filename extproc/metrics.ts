@@ -21,6 +21,7 @@ export function createMetrics(router: () => Router, eventStatus?: EventStatus) {
   const events = new client.Counter({ name: "infera_router_kv_events_total", help: "KV events applied", labelNames: ["worker", "type"], registers: [registry] });
   const eventErrors = new client.Counter({ name: "infera_router_kv_event_errors_total", help: "KV event frames refused or resyncs", labelNames: ["worker", "reason"], registers: [registry] });
   const badRequests = new client.Counter({ name: "infera_router_bad_requests_total", help: "Requests refused with 4xx", labelNames: ["status"], registers: [registry] });
+  const eppFallbacks = new client.Counter({ name: "infera_router_epp_served_elsewhere_total", help: "Responses the gateway reports served from an endpoint other than the pick (known: a worker we track)", labelNames: ["known"], registers: [registry] });
   const decisions = new client.Counter({
     name: "infera_router_decode_demand_decisions_total",
     help: "Decode input-demand decisions; agrees=whether the demand suggestion matched the original choice",
@@ -114,5 +115,5 @@ export function createMetrics(router: () => Router, eventStatus?: EventStatus) {
       this.set(router().workers().length);
     },
   });
-  return { registry, picks, hitBlocks, reqBlocks, pickLatency, events, eventErrors, badRequests, decisions };
+  return { registry, picks, hitBlocks, reqBlocks, pickLatency, events, eventErrors, badRequests, decisions, eppFallbacks };
 }

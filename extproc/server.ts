@@ -6,8 +6,11 @@
 import * as grpc from "@grpc/grpc-js";
 import { create, fromBinary, toBinary } from "@bufbuild/protobuf";
 import {
+  BodyMutationSchema,
   BodyResponseSchema,
+  CommonResponse_ResponseStatus,
   CommonResponseSchema,
+  StreamedBodyResponseSchema,
   HeadersResponseSchema,
   HeaderMutationSchema,
   ImmediateResponseSchema,
@@ -21,9 +24,10 @@ import { HeaderValueOption_HeaderAppendAction, HeaderValueOptionSchema, HeaderVa
 import { HttpStatusSchema, StatusCode } from "./gen/envoy/type/v3/http_status_pb";
 import { ProcessingMode_BodySendMode } from "./gen/envoy/extensions/filters/http/ext_proc/v3/processing_mode_pb";
 import { endpointOf } from "../core/request";
-import { asHttpError, errorPayload } from "../core/util";
-import { Pick, Reservation } from "../core/router";
+import { asHttpError, errorPayload, httpError } from "../core/util";
+import { Guard, Pick, Reservation, Worker } from "../core/router";
 import { App } from "./app";
+import { addHealth } from "./health";
 
 function headerMap(m: HeaderMap | undefined): Record<string, string> {
   const out: Record<string, string> = {};
@@ -91,17 +95,56 @@ export const ExtProcService: grpc.ServiceDefinition = {
   },
 };
 
+/** Metadata namespace and key a gateway may name the allowed endpoints under (Endpoint Picker Protocol). */
+export const SUBSET_NAMESPACE = "envoy.lb.subset_hint";
+export const SUBSET_KEY = "x-gateway-destination-endpoint-subset";
+/** Metadata key (namespace envoy.lb) under which the gateway reports the endpoint that served. */
+export const SERVED_KEY = "x-gateway-destination-endpoint-served";
+/** The llm-d P/D routing sidecar reads the prefill peer (host:port) from this header. */
+export const LLMD_PREFILL_HEADER = "x-prefiller-host-port";
+/** Objective header the Inference Extension gateways pass (InferenceObjective name). */
+export const OBJECTIVE_HEADER = "x-gateway-inference-objective";
+// Body pieces sent back in FULL_DUPLEX_STREAMED stay well under gRPC message limits.
+const BODY_PIECE = 64 * 1024;
+
+/** The gateway's candidate subset from the request's metadata_context, or null when it sent none. */
+export function subsetOf(m: ProcessingRequest): string[] | null {
+  const ns = m.metadataContext?.filterMetadata?.[SUBSET_NAMESPACE];
+  if (!ns || !(SUBSET_KEY in ns)) return null;
+  const v = ns[SUBSET_KEY];
+  if (Array.isArray(v)) return v.filter((x): x is string => typeof x === "string").map((x) => x.trim());
+  // Not the protocol's list, but some gateways can only write strings.
+  if (typeof v === "string") return v.split(",").map((x) => x.trim()).filter(Boolean);
+  return [];
+}
+
+function servedOf(m: ProcessingRequest): string | null {
+  const v = m.metadataContext?.filterMetadata?.[DEST_NAMESPACE]?.[SERVED_KEY];
+  return typeof v === "string" && v ? v.split(",")[0].trim() : null;
+}
+
 /** One Envoy HTTP stream = one gRPC stream. */
 function handleStream(app: App, call: grpc.ServerDuplexStream<ProcessingRequest, ProcessingResponse>): void {
   let headers: Record<string, string> = {};
   let bodyChunks: Buffer[] = [];
   let res: Reservation | null = null;
+  let picked: Worker | null = null;
+  // Load moved to the endpoint the gateway reports it actually served from.
+  let moved: Guard | null = null;
   let sawBody = false;
   let decided = false;
-  // Envoy names its body mode on the first message; older Envoys do not.
+  // Envoy names its body modes on the first message; older Envoys do not.
   let bodyMode: ProcessingMode_BodySendMode | null = null;
+  let respBodyMode: ProcessingMode_BodySendMode | null = null;
+  let subset: string[] | null = null;
+  let strip: string[] = [];
   const done = () => {
     if (res) res.finish();
+    if (moved) {
+      const g = moved;
+      moved = null;
+      app.router.releaseGuard(g);
+    }
   };
   const send = (m: ProcessingResponse) => {
     if (!call.writable) return;
@@ -111,35 +154,57 @@ function handleStream(app: App, call: grpc.ServerDuplexStream<ProcessingRequest,
   const decide = (body: Buffer, phase: Phase, strip: string[]): ProcessingResponse => {
     decided = true;
     const ep = endpointOf(headers[":path"] || "/");
+    const allow = subset ? ((set: Record<string, true>) => (w: Worker) => set[w.address] === true)(Object.fromEntries(subset.map((a) => [a, true as const]))) : undefined;
     let pick: Pick;
     try {
+      if (subset && !subset.length) throw httpError(503, "the gateway's endpoint subset is empty", "service_unavailable");
       if (ep && (headers[":method"] || "POST") === "POST") {
-        pick = app.route(ep, body, headers[app.opts.sessionHeader] || null);
+        pick = app.route(ep, body, headers[app.opts.sessionHeader] || null, allow);
       } else {
         // Not an LLM call (e.g. GET /v1/models): any worker can answer; route by load alone.
-        pick = app.router.pick({ blocks: [], inputTokens: 0, exact: false, mediaHashes: [], n: 1 });
+        pick = app.router.pick({ blocks: [], inputTokens: 0, exact: false, mediaHashes: [], n: 1 }, null, allow);
       }
     } catch (e) {
       const err = asHttpError(e);
       app.metrics.badRequests.inc({ status: String(err.status) });
-      if (err.status >= 500) app.log("warn", `routing failed: ${err.message}`);
+      if (err.status >= 500) app.log("warn", `routing failed: ${err.message}${subset ? ` (gateway subset: ${subset.join(",") || "empty"})` : ""}`);
       return immediate(err.status, err.message, err.type);
     }
+    // The target's pool, cheapest first: the pick, then the fallbacks a retrying gateway walks.
+    const pool = (pick.decodeCandidates ?? pick.candidates).slice().sort((a, b) => a.cost - b.cost || a.active - b.active);
+    const shedAt = app.opts.eppShedActiveBlocks;
+    if (shedAt > 0 && app.opts.eppSheddableObjectives.includes(headers[OBJECTIVE_HEADER] ?? "") && pool.every((c) => c.active >= shedAt)) {
+      pick.reservation.finish();
+      app.metrics.badRequests.inc({ status: "429" });
+      app.log("info", `shed a '${headers[OBJECTIVE_HEADER]}' request: every candidate holds >= ${shedAt} active blocks`);
+      return immediate(429, "all endpoints are saturated; sheddable request dropped", "rate_limited");
+    }
     res = pick.reservation;
-    // The gateway connects to the metadata value; the headers tell the worker
-    // (and logs) what was picked.
-    const dynamicMetadata = { [DEST_NAMESPACE]: { [DEST_KEY]: pick.target.address } };
+    picked = pick.target;
+    const fallbacks: string[] = [];
+    for (const c of pool) {
+      if (fallbacks.length >= app.opts.eppFallbackCount) break;
+      const w = c.id === pick.target.id ? null : app.router.worker(c.id);
+      if (w && !fallbacks.includes(w.address) && w.address !== pick.target.address) fallbacks.push(w.address);
+    }
+    const dest = [pick.target.address, ...fallbacks].join(",");
+    // The gateway connects to the metadata value; the header carries the same
+    // value (the protocol forbids the two differing) for header-driven gateways.
+    const dynamicMetadata = { [DEST_NAMESPACE]: { [DEST_KEY]: dest } };
     if (phase === "requestTrailers") {
       // Headers can no longer change once trailers arrive; the metadata still routes.
       if (pick.prefill) app.log("warn", `request ended with trailers: prefill peer ${pick.prefill.id} cannot be named in a header, the decode worker prefills itself`);
       return create(ProcessingResponseSchema, { response: { case: "requestTrailers", value: create(TrailersResponseSchema, {}) }, dynamicMetadata });
     }
-    const hdrs: Record<string, string> = { [app.opts.upstreamHeader]: pick.target.address, "x-infera-worker": pick.target.id };
-    if (pick.prefill) hdrs[app.opts.prefillHeader] = pick.prefill.address;
-    // A data-parallel rank target: vLLM and SGLang pin the request to that rank by this header.
+    const hdrs: Record<string, string> = { [app.opts.upstreamHeader]: pick.target.address, "x-infera-worker": pick.target.id, [DEST_KEY]: dest };
+    if (pick.prefill) {
+      hdrs[app.opts.prefillHeader] = pick.prefill.address;
+      hdrs[LLMD_PREFILL_HEADER] = pick.prefill.address;
+    }
+    // A data-parallel rank target: vLLM (and SGLang's HTTP server) pin the request to that rank by this header.
     if (pick.target.dpRank !== undefined) hdrs[DP_RANK_HEADER] = String(pick.target.dpRank);
-    // The prefill header is removed again here: only the router names prefill peers.
-    const remove = [...new Set([...strip, app.opts.prefillHeader])].filter((h) => !(h in hdrs));
+    // The prefill headers are removed again here: only the router names prefill peers.
+    const remove = [...new Set([...strip, app.opts.prefillHeader, LLMD_PREFILL_HEADER, "x-prefiller-url"])].filter((h) => !(h in hdrs));
     const common = create(CommonResponseSchema, { headerMutation: setHeaders(hdrs, remove), clearRouteCache: true });
     return create(ProcessingResponseSchema, {
       response:
@@ -150,20 +215,42 @@ function handleStream(app: App, call: grpc.ServerDuplexStream<ProcessingRequest,
     });
   };
 
+  // FULL_DUPLEX_STREAMED: nothing reaches the upstream until we answer, so the
+  // headers answer (carrying the pick) waits for the whole body; then the body
+  // goes back unchanged as streamed pieces.
+  const duplexRelease = (trailersFollow: boolean) => {
+    const body = Buffer.concat(bodyChunks);
+    bodyChunks = [];
+    const r = decide(body, "requestHeaders", strip);
+    send(r);
+    if (r.response.case === "immediateResponse") return;
+    const pieces = Math.max(1, Math.ceil(body.length / BODY_PIECE));
+    for (let i = 0; i < pieces; i++) {
+      const last = i === pieces - 1;
+      send(streamedBody("requestBody", body.subarray(i * BODY_PIECE, (i + 1) * BODY_PIECE), last && !trailersFollow));
+    }
+  };
+
   call.on("data", (m: ProcessingRequest) => {
     try {
       const r = m.request;
-      if (m.protocolConfig && bodyMode === null) bodyMode = m.protocolConfig.requestBodyMode;
+      if (m.protocolConfig && bodyMode === null) {
+        bodyMode = m.protocolConfig.requestBodyMode;
+        respBodyMode = m.protocolConfig.responseBodyMode;
+      }
+      const fullDuplex = bodyMode === ProcessingMode_BodySendMode.FULL_DUPLEX_STREAMED;
       switch (r.case) {
         case "requestHeaders": {
           headers = headerMap(r.value.headers);
+          subset = subsetOf(m);
           // Always a removal (of our own names at least): Envoy re-resolves the
           // route only after a header mutation, and the route must be resolved
           // again once the pick's metadata exists, even when no body phase follows.
-          const strip = [...new Set([app.opts.upstreamHeader, app.opts.prefillHeader, DEST_KEY, ...Object.keys(headers).filter((h) => isRoutingHeader(h, app.opts))])];
+          strip = [...new Set([app.opts.upstreamHeader, app.opts.prefillHeader, DEST_KEY, LLMD_PREFILL_HEADER, ...Object.keys(headers).filter((h) => isRoutingHeader(h, app.opts) || h.startsWith("x-prefiller-"))])];
           for (const h of strip) delete headers[h];
           // No body coming (GET, or an empty POST): decide now.
           if (r.value.endOfStream) send(decide(Buffer.alloc(0), "requestHeaders", strip));
+          else if (fullDuplex) break; // answered once the body is complete
           else
             send(
               create(ProcessingResponseSchema, {
@@ -177,6 +264,10 @@ function handleStream(app: App, call: grpc.ServerDuplexStream<ProcessingRequest,
         }
         case "requestBody":
           bodyChunks.push(Buffer.from(r.value.body));
+          if (fullDuplex) {
+            if (r.value.endOfStream) duplexRelease(false);
+            break;
+          }
           // BUFFERED sends the body once it is whole; without end_of_stream it
           // means trailers follow (and Envoy waits for this answer before sending them).
           if (r.value.endOfStream || bodyMode === ProcessingMode_BodySendMode.BUFFERED) {
@@ -186,11 +277,16 @@ function handleStream(app: App, call: grpc.ServerDuplexStream<ProcessingRequest,
           } else {
             // A partial body (STREAMED / BUFFERED_PARTIAL): the upstream header can no
             // longer be set once chunks flow, so say what to fix instead of misrouting.
-            app.log("warn", "ext_proc got a partial request body: set request_body_mode: BUFFERED");
-            send(immediate(500, "gateway misconfigured: ext_proc request_body_mode must be BUFFERED (routing needs the whole body)", "server_misconfigured"));
+            app.log("warn", "ext_proc got a partial request body: set request_body_mode: BUFFERED or FULL_DUPLEX_STREAMED");
+            send(immediate(500, "gateway misconfigured: ext_proc request_body_mode must be BUFFERED or FULL_DUPLEX_STREAMED (routing needs the whole body)", "server_misconfigured"));
           }
           break;
         case "requestTrailers":
+          if (fullDuplex && !decided) {
+            duplexRelease(true);
+            send(create(ProcessingResponseSchema, { response: { case: "requestTrailers", value: create(TrailersResponseSchema, {}) } }));
+            break;
+          }
           // An HTTP/2 request may end with trailers, with or without body frames:
           // that is its end of body, and the pick happens here.
           if (!decided) {
@@ -199,14 +295,31 @@ function handleStream(app: App, call: grpc.ServerDuplexStream<ProcessingRequest,
             send(decide(body, "requestTrailers", []));
           } else send(create(ProcessingResponseSchema, { response: { case: "requestTrailers", value: create(TrailersResponseSchema, {}) } }));
           break;
-        case "responseHeaders":
+        case "responseHeaders": {
+          const served = servedOf(m);
+          if (served && picked && res && !moved && served !== picked.address) {
+            // The gateway fell back down the list (or past it): the load sits
+            // where the request went, not where we sent it.
+            const w = app.router.workers().find((x) => x.address === served);
+            const g = res.guards().main;
+            const again = w && !g.done ? app.router.holdOn(w.id, g) : null;
+            if (again) {
+              app.router.releaseGuard(g);
+              g.done = true;
+              moved = again;
+            }
+            app.metrics.eppFallbacks.inc({ known: String(!!again) });
+            app.log("info", `gateway served from ${served} instead of ${picked.address}${again ? `: load moved to ${w!.id}` : " (not a known worker)"}`);
+          }
           send(CONTINUE_RESP_HEADERS);
           if (r.value.endOfStream) done();
           break;
+        }
         case "responseBody":
           if (!sawBody && res) res.firstToken();
           sawBody = true;
-          send(CONTINUE_RESP_BODY);
+          if (respBodyMode === ProcessingMode_BodySendMode.FULL_DUPLEX_STREAMED) send(streamedBody("responseBody", Buffer.from(r.value.body), r.value.endOfStream));
+          else send(CONTINUE_RESP_BODY);
           if (r.value.endOfStream) done();
           break;
         case "responseTrailers":
@@ -232,9 +345,30 @@ function handleStream(app: App, call: grpc.ServerDuplexStream<ProcessingRequest,
   call.on("close", done);
 }
 
+function streamedBody(phase: "requestBody" | "responseBody", body: Buffer, endOfStream: boolean): ProcessingResponse {
+  return create(ProcessingResponseSchema, {
+    response: {
+      case: phase,
+      value: create(BodyResponseSchema, {
+        response: create(CommonResponseSchema, {
+          status: CommonResponse_ResponseStatus.CONTINUE_AND_REPLACE,
+          bodyMutation: create(BodyMutationSchema, { mutation: { case: "streamedResponse", value: create(StreamedBodyResponseSchema, { body, endOfStream }) } }),
+        }),
+      }),
+    },
+  });
+}
+
 export async function startExtProc(app: App, host: string, port: number): Promise<{ server: grpc.Server; port: number }> {
   const server = new grpc.Server({ "grpc.max_receive_message_length": 64 * 1024 * 1024 });
   server.addService(ExtProcService, { Process: (call: grpc.ServerDuplexStream<ProcessingRequest, ProcessingResponse>) => handleStream(app, call) });
+  // grpc.health.v1 on the same port (Endpoint Picker Protocol: liveness, readiness, ext_proc).
+  const health = addHealth(server, app);
+  const shutdown = server.forceShutdown.bind(server);
+  server.forceShutdown = () => {
+    health.stop();
+    shutdown();
+  };
   const bound = await new Promise<number>((resolve, reject) =>
     server.bindAsync(`${host}:${port}`, grpc.ServerCredentials.createInsecure(), (err, p) => (err ? reject(err) : resolve(p))),
   );

@@ -8,6 +8,7 @@ import { computeFeatures, endpointOf, parseRequest, renderChatML, Tokenizer } fr
 import { applyBatch, clearAllTiers, defaultTierWeights, KvEvent, parseTierWeights, requestRoot } from "../core/kvevents";
 import { createBpe } from "../core/bpe";
 import { asHttpError, errorPayload } from "../core/util";
+import { checkSessionId, DEFAULT_MAX_SESSION_ID_BYTES } from "../core/limits";
 import { workerRow } from "../core/views";
 
 const STR_ZONE = "infera_str";
@@ -74,6 +75,11 @@ function config(r: NjsRequest): RouterConfig {
     const given = parseTierWeights(v.infera_kv_tier_weights);
     for (const k in given) tw[k] = given[k];
     c.kvTierWeights = tw;
+  }
+  const sw = v.infera_scorer_weights ? String(v.infera_scorer_weights).split(",") : [];
+  for (let i = 0; i < sw.length; i++) {
+    const eq = sw[i].indexOf("=");
+    if (eq > 0) c.scorerWeights[sw[i].slice(0, eq).trim()] = Number(sw[i].slice(eq + 1));
   }
   return c;
 }
@@ -145,6 +151,7 @@ function route(r: NjsRequest): void {
       const bytes = r.requestBuffer ? r.requestBuffer.length : body.length;
       const maxBody = numVar(r, "infera_max_body_bytes", 8388608) as number;
       const req = parseRequest(ep, body, bytes, { maxBodyBytes: maxBody }, r.headersIn[r.variables.infera_session_header || "x-session-id"] || null);
+      checkSessionId(req.sessionId, numVar(r, "infera_max_session_id_bytes", DEFAULT_MAX_SESSION_ID_BYTES) as number);
       const f = computeFeatures(req, tokenizer(), c.cfg.blockSize, undefined, requestRoot(c.router.state.mirror, req.model, req.cacheSalt));
       pick = c.router.pick(f, req.sessionId);
     } else pick = c.router.pick({ blocks: [], inputTokens: 0, exact: false, mediaHashes: [], n: 1 });

@@ -58,6 +58,8 @@ export interface SimOptions {
   /** --data-parallel-size: N engines behind one HTTP port (sim/dp.ts). */
   dpSize: number;
   role: "mixed" | "prefill" | "decode";
+  /** Decode role: the request header naming the prefill peer (llm-d's sidecar reads x-prefiller-host-port). */
+  prefillHeader: string;
   /** Send a malformed frame every N batches (fault tests); 0 = never. */
   malformedEvery: number;
   tokenizerPath: string | null;
@@ -98,6 +100,7 @@ export function simDefaults(): SimOptions {
     dpRank: null,
     dpSize: 1,
     role: "mixed",
+    prefillHeader: "x-infera-prefill",
     malformedEvery: 0,
     tokenizerPath: null,
     etcdEndpoint: null,
@@ -403,7 +406,7 @@ export class EngineSim {
     });
     try {
       const stage = req.headers["x-infera-pd-stage"];
-      const prefillPeer = req.headers["x-infera-prefill"] as string | undefined;
+      const prefillPeer = req.headers[this.o.prefillHeader] as string | undefined;
       const t0 = performance.now();
       let preloaded = false;
       let peerCached = -1;
@@ -560,6 +563,7 @@ export function parseSimArgs(argv: string[]): SimOptions {
       case "--capacity-blocks": o.capacityBlocks = Number(v()); break;
       case "--prefill-us-per-token": o.prefillUsPerToken = Number(v()); break;
       case "--prefill-base-ms": o.prefillBaseMs = Number(v()); break;
+      case "--prefill-header": o.prefillHeader = v().toLowerCase(); break;
       case "--decode-ms-per-token": o.decodeMsPerToken = Number(v()); break;
       case "--prefill-attn-us-per-kctx": o.prefillAttnUsPerKCtx = Number(v()); break;
       case "--decode-us-per-seq": o.decodeUsPerSeq = Number(v()); break;
@@ -584,7 +588,7 @@ export function parseSimArgs(argv: string[]): SimOptions {
       case "--advertise": o.advertise = v(); break;
       case "--help":
         process.stdout.write(
-          "infera-sim --id ID --port N --kv-events-port N|none [--role mixed|prefill|decode] [--block-size 16] [--malformed-every N]\n" +
+          "infera-sim --id ID --port N --kv-events-port N|none [--role mixed|prefill|decode] [--prefill-header x-infera-prefill] [--block-size 16] [--malformed-every N]\n" +
             "  engine model (defaults: Llama-3.1-8B BF16 on one H100 80GB, see README):\n" +
             "  [--capacity-blocks 26000] [--max-num-batched-tokens 8192] [--max-num-seqs 256]\n" +
             "  [--decode-ms-per-token 6.3  (fixed cost of every step)] [--prefill-us-per-token 35] [--prefill-attn-us-per-kctx 1]\n" +

@@ -127,7 +127,10 @@ export function runProfile(ctx: PickContext): Row[] {
   for (let i = 0; i < registry.scorers.length; i++) {
     const s = registry.scorers[i];
     if (s.profiles.indexOf(ctx.profile) < 0) continue;
-    const w = s.weight(ctx);
+    let w = s.weight(ctx);
+    if (!(w > 0)) continue;
+    const o = ctx.config.scorerWeights ? ctx.config.scorerWeights[s.name] : undefined;
+    if (o !== undefined) w = o;
     if (!(w > 0)) continue;
     const terms = s.score(ctx, rows, w);
     for (let j = 0; j < rows.length; j++) {

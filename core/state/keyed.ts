@@ -13,6 +13,7 @@
 //   I:<ek>      "h1,h2" media LRU            AC:<ek>     distinct in-flight blocks on ek
 //   S:<sid>     JSON SessionBinding          DT:<ek>/DR:<ek> in-flight tokens / requests
 //   RQ:<rid>    JSON Guard (njs, queued)     PQ:<ek>     blocks queued for prefill on ek
+//                                            AG:<ek>     guards held on ek
 //   RP:<rid>/RM:<rid> JSON Guard (njs)       OPEN        guards held; SN sessions bound
 //                                            RID         request ids; PS:<stream> push seqs
 //                                            DD:<mode>|<input>|<agrees> demand decisions
@@ -161,6 +162,7 @@ export function keyedLedger(st: Store): LoadLedger {
       if (tokens) st.incr("DT:" + ek, tokens);
       if (requests) st.incr("DR:" + ek, requests);
       if (pending) st.incr("PQ:" + ek, pending);
+      st.incr("AG:" + ek, 1);
       st.incr("OPEN", 1);
       return { epochKey: ek, blocks: blocks, tokens: tokens, requests: requests, pending: pending || 0, done: false };
     },
@@ -176,9 +178,11 @@ export function keyedLedger(st: Store): LoadLedger {
       if (g.tokens && st.incr("DT:" + ek, -g.tokens) <= 0) st.delNum("DT:" + ek);
       if (g.requests && st.incr("DR:" + ek, -g.requests) <= 0) st.delNum("DR:" + ek);
       if (g.pending && st.incr("PQ:" + ek, -g.pending) <= 0) st.delNum("PQ:" + ek);
+      if (st.incr("AG:" + ek, -1) <= 0) st.delNum("AG:" + ek);
       st.incr("OPEN", -1);
     },
     activeBlocks: (ek) => st.num("AC:" + ek),
+    heldGuards: (ek) => st.num("AG:" + ek),
     pendingBlocks: (ek) => Math.max(0, st.num("PQ:" + ek)),
     activePrefix(blocks, eks) {
       const out: { [ek: string]: number } = {};

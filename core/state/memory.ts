@@ -116,12 +116,13 @@ export function memoryMirror(): MirrorIndex {
 }
 
 export function memoryLedger(): LoadLedger {
-  const per = new Map<EpochKey, { blocks: Map<BlockHash, number>; tokens: number; requests: number; pending: number }>();
+  const per = new Map<EpochKey, { blocks: Map<BlockHash, number>; tokens: number; requests: number; pending: number; guards: number }>();
   let open = 0;
   return {
     hold(ek, blocks, tokens, requests, pending = 0) {
       let p = per.get(ek);
-      if (!p) per.set(ek, (p = { blocks: new Map(), tokens: 0, requests: 0, pending: 0 }));
+      if (!p) per.set(ek, (p = { blocks: new Map(), tokens: 0, requests: 0, pending: 0, guards: 0 }));
+      p.guards++;
       for (const b of blocks) p.blocks.set(b, (p.blocks.get(b) ?? 0) + 1);
       p.tokens += tokens;
       p.requests += requests;
@@ -141,9 +142,11 @@ export function memoryLedger(): LoadLedger {
       p.tokens -= g.tokens;
       p.requests -= g.requests;
       p.pending -= g.pending || 0;
-      if (!p.blocks.size && p.tokens <= 0 && p.requests <= 0 && p.pending <= 0) per.delete(g.epochKey);
+      p.guards--;
+      if (p.guards <= 0) per.delete(g.epochKey);
     },
     activeBlocks: (ek) => per.get(ek)?.blocks.size ?? 0,
+    heldGuards: (ek) => Math.max(0, per.get(ek)?.guards ?? 0),
     pendingBlocks: (ek) => Math.max(0, per.get(ek)?.pending ?? 0),
     activePrefix(blocks, eks) {
       const out: { [ek: string]: number } = {};

@@ -42,6 +42,8 @@ export interface LoadLedger {
   /** Gives a guard's load back. Callers make it happen once (Guard.done or an atomic pop). */
   release(g: Guard): void;
   activeBlocks(epochKey: EpochKey): number;
+  /** Guards held on the worker: in-flight requests, whether or not they hold blocks. */
+  heldGuards(epochKey: EpochKey): number;
   /** Prefill work queued on the worker: uncached blocks of requests before their first token. */
   pendingBlocks(epochKey: EpochKey): number;
   /**

@@ -62,3 +62,14 @@ test("400s for malformed requests come out of route() with status and type", () 
   assert.deepEqual(err("{"), [400, "invalid_request_error"]);
   assert.deepEqual(err(JSON.stringify({ model: "m", messages: [{ role: "user", content: "x".repeat(200) }] })), [400, "request_too_large"]);
 });
+
+test("a session id over --max-session-id-bytes is refused with a 400 before it reaches the session table", () => {
+  const app = new App(parseArgs(["--workers", "127.0.0.1:7001", "--health-interval-ms", "0", "--session-affinity", "prefill", "--max-session-id-bytes", "64"], {}), () => undefined, { subscribe: () => ({ close() {} }), close: async () => undefined });
+  app.setWorkers(app.opts.workers);
+  const body = Buffer.from(JSON.stringify({ model: "m", messages: [{ role: "user", content: "hi" }] }));
+  assert.throws(() => app.route("chat", body, "s".repeat(65)), (e: Error & { status?: number }) => e.status === 400 && /65 bytes, over the 64-byte limit/.test(e.message));
+  assert.throws(() => app.route("chat", body, "é".repeat(33)), /66 bytes/);
+  assert.equal(app.state.sessions.size(), 0);
+  app.route("chat", body, "s".repeat(64)).reservation.finish();
+  assert.equal(app.state.sessions.size(), 1);
+});

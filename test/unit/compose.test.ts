@@ -49,7 +49,7 @@ test("the in-place edits compose makes to envoy.yaml and nginx.conf still match 
 });
 
 test("the Istio EnvoyFilter example carries the same ext_proc settings as envoy/envoy.yaml", () => {
-  const ef = parse(fs.readFileSync(path.join(ROOT, "envoy/istio/envoyfilter.yaml"), "utf8"));
+  const ef = parse(fs.readFileSync(path.join(ROOT, "deploy/examples/istio/envoyfilter.yaml"), "utf8"));
   const envoy = parse(fs.readFileSync(path.join(ROOT, "envoy/envoy.yaml"), "utf8"));
   const hcm = envoy.static_resources.listeners[0].filter_chains[0].filters[0].typed_config;
   const ours = hcm.http_filters.find((f: { name: string }) => f.name === "envoy.filters.http.ext_proc").typed_config;

@@ -70,3 +70,12 @@ test("weight 0 stays pure load balance: no cache, no in-flight prefix pulls", ()
   assert.deepEqual(Object.fromEntries(two.candidates.map((c) => [c.id, c.cost])), { [one.target.id]: 50, [one.target.id === "a" ? "b" : "a"]: 0 });
   assert.notEqual(two.target.id, one.target.id);
 });
+
+test("prompts under one block and non-LLM calls balance by requests in flight, not worker order", () => {
+  const { r } = mk([{ id: "a" }, { id: "b" }, { id: "c" }]);
+  const held = Array.from({ length: 60 }, () => r.pick(feats([])));
+  const per = Object.fromEntries(["a", "b", "c"].map((id) => [id, held.filter((p) => p.target.id === id).length]));
+  assert.deepEqual(per, { a: 20, b: 20, c: 20 });
+  for (const p of held) p.reservation.finish();
+  assert.equal(r.openGuards(), 0);
+});

@@ -37,6 +37,11 @@ test("field numbers are Envoy's for the messages the server relies on", () => {
     "bool clear_route_cache = 5;",
     "repeated config.core.v3.HeaderValueOption set_headers = 1;",
     "bool end_of_stream = 3;",
+    // Endpoint Picker Protocol: subset hint / served endpoint in, pick out, body modes named
+    "config.core.v3.Metadata metadata_context = 8;",
+    "google.protobuf.Struct dynamic_metadata = 8;",
+    "ProtocolConfiguration protocol_config = 11;",
+    "StreamedBodyResponse streamed_response = 3;",
   ])
     assert.ok(p.includes(line), line);
 });

@@ -63,12 +63,15 @@ for (const [name, make] of backends) {
     assert.equal(load.activeBlocks(E("a#1")), 3);
     assert.deepEqual(load.demand(E("a#1")), { tokens: 150, requests: 2 });
     assert.equal(load.openGuards(), 3);
+    assert.equal(load.heldGuards(E("a#1")), 2);
     load.release(g1);
     assert.equal(load.activeBlocks(E("a#1")), 2);
     load.release(g2);
     assert.equal(load.activeBlocks(E("a#1")), 0);
     assert.deepEqual(load.demand(E("a#1")), { tokens: 0, requests: 0 });
     assert.equal(load.activeBlocks(E("b#2")), 1);
+    assert.equal(load.heldGuards(E("a#1")), 0);
+    assert.equal(load.heldGuards(E("b#2")), 1);
     assert.equal(load.openGuards(), 1);
   });
 

@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Renders every manifest under deploy/ (Kustomize bases and examples, the Helm
+# chart with its default and non-default values) and schema-validates the
+# output with scripts/validate-k8s.py. Needs helm and kustomize (.ci/run
+# installs both with `go install`) and pip's kubernetes-validate.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+GOBIN="$(go env GOPATH 2>/dev/null)/bin"
+HELM="${HELM:-$(command -v helm || echo "$GOBIN/helm")}"
+KUSTOMIZE="${KUSTOMIZE:-$(command -v kustomize || echo "$GOBIN/kustomize")}"
+out="$(mktemp -d)"
+trap 'rm -rf "$out"' EXIT
+
+"$KUSTOMIZE" build deploy/kustomize > "$out/kustomize.yaml"
+"$KUSTOMIZE" build deploy/examples/istio > "$out/istio.yaml"
+"$HELM" lint --strict deploy/helm/infera-gate
+"$HELM" template llm deploy/helm/infera-gate --namespace llm > "$out/helm-default.yaml"
+"$HELM" template llm deploy/helm/infera-gate --namespace llm \
+  --set inferencePool.create=false --set router.shedActiveBlocks=64 \
+  --set 'router.sheddableObjectives={batch,eval}' --set router.kvEventTransport=nats \
+  --set router.natsUrl=nats://nats:4222 --set 'inferencePool.targetPorts={8000,8001}' > "$out/helm-options.yaml"
+python3 scripts/validate-k8s.py "$out"/*.yaml deploy/examples/gateway/*.yaml deploy/examples/istio/gateway.yaml

@@ -46,7 +46,7 @@ const view = (a: App) => {
   const w = a.router.worker(W)!;
   return tierCounts(a.state.mirror, w.epochKey);
 };
-const applied = async (a: App, seq: number) => waitFor(`seq ${seq} applied`, async () => a.state.mirror.sequence(a.router.worker(W)!.epochKey) === seq, 10000);
+const applied = async (a: App, seq: number) => waitFor(`seq ${seq} applied`, async () => a.state.mirror.sequence(a.router.worker(W)!.epochKey) === seq, 20000);
 
 for (const encoding of ["map", "array"] as const) {
   test(`${encoding}: a gap is repaired from replay, not wiped; a late router ends with the same mirror`, async () => {
@@ -133,9 +133,9 @@ test("simulator e2e (tagged maps + replay ROUTER): a router started after traffi
     for (let i = 0; i < 6; i++) await chat(`http://${sim.address}`, longText(`kvrep${i % 3}-`, 300), { maxTokens: 4 });
     const engine = (await sim.stats()).cached_blocks;
     assert.ok(engine > 20, `engine cached ${engine} blocks`);
-    await waitFor("early mirror = engine", async () => gpu(early) === engine, 10000);
+    await waitFor("early mirror = engine", async () => gpu(early) === engine, 20000);
     const late = mk();
-    await waitFor("late mirror = engine", async () => gpu(late) === engine, 10000);
+    await waitFor("late mirror = engine", async () => gpu(late) === engine, 20000);
     // same blocks, not only the same count: every engine block maps to the same hash on both
     const ek = (a: App) => a.router.worker(sim.address)!.epochKey;
     const body = Buffer.from(JSON.stringify({ model: "m", messages: [{ role: "user", content: longText("kvrep1-", 300) }] }));
@@ -160,7 +160,7 @@ test("tagged DP events on one socket: each rank's target mirrors only its batche
   await sleep(400);
   for (let i = 0; i < 6; i++) await p.publish(batch(i), true, i % 2);
   const t = (r: number) => a.router.worker(`127.0.0.1:9/dp${r}`)!.epochKey;
-  await waitFor("both ranks at seq 5", async () => a.state.mirror.sequence(t(0)) === 5 && a.state.mirror.sequence(t(1)) === 5, 10000);
+  await waitFor("both ranks at seq 5", async () => a.state.mirror.sequence(t(0)) === 5 && a.state.mirror.sequence(t(1)) === 5, 20000);
   assert.deepEqual([tierCounts(a.state.mirror, t(0)), tierCounts(a.state.mirror, t(1))], [
     { GPU: 6, CPU: 3, DISK: 0, EXTERNAL: 0 },
     { GPU: 6, CPU: 3, DISK: 0, EXTERNAL: 0 },
@@ -185,7 +185,7 @@ test("simulator with --data-parallel-size 2: two targets, events per rank port, 
     const st = await ranks();
     assert.ok(st[0].cached_blocks > 10 && st[1].cached_blocks > 10);
     const count = (r: number) => a.state.mirror.count(a.router.worker(`${sim.address}/dp${r}`)!.epochKey);
-    await waitFor("per-rank mirrors = per-rank engine caches", async () => count(0) === st[0].cached_blocks && count(1) === st[1].cached_blocks, 10000);
+    await waitFor("per-rank mirrors = per-rank engine caches", async () => count(0) === st[0].cached_blocks && count(1) === st[1].cached_blocks, 20000);
     const route = (seed: string) => a.route("chat", Buffer.from(JSON.stringify({ model: "m", messages: [{ role: "user", content: longText(seed, 300) }] })), null);
     const pa = route("dpA-");
     const pb = route("dpB-");
@@ -218,7 +218,7 @@ test("simulator tiers, second KV group, salts, LoRA names, restart: the router's
     await waitFor("GPU and CPU tiers = engine", async () => {
       const t = tierCounts(a.state.mirror, ek());
       return t.GPU === s.cached_blocks && t.CPU === 40;
-    }, 10000);
+    }, 20000);
     assert.match(await a.metrics.registry.metrics(), /infera_router_kv_events_total\{worker="[^"]+",type="other_group"\} [1-9]/);
     // the oldest prompt is now only on CPU: a hit worth 0.75 per block
     const body = (seed: string, extra: Record<string, unknown> = {}) => Buffer.from(JSON.stringify({ model: "m", messages: [{ role: "user", content: longText(seed, 60) }], ...extra }));
@@ -234,13 +234,13 @@ test("simulator tiers, second KV group, salts, LoRA names, restart: the router's
     assert.ok(older.some((h) => h > 0 && h % 0.75 === 0 && !Number.isInteger(h)), `CPU-weighted hits among ${older}`);
     // salts: the engine isolates them, the router too
     await chat(`http://${sim.address}`, longText("salted-", 60), { maxTokens: 2, extra: { cache_salt: "tenant-a" } });
-    await waitFor("salted blocks mirrored", async () => tierCounts(a.state.mirror, ek()).GPU === (await stats()).cached_blocks, 10000);
+    await waitFor("salted blocks mirrored", async () => tierCounts(a.state.mirror, ek()).GPU === (await stats()).cached_blocks, 20000);
     assert.ok(hits("salted-", { cache_salt: "tenant-a" }) >= 10);
     assert.equal(hits("salted-", { cache_salt: "tenant-b" }), 0);
     assert.equal(hits("salted-"), 0);
     // LoRA by name: the adapter's blocks match requests for the adapter only
     await chat(`http://${sim.address}`, longText("lora-", 60), { maxTokens: 2, extra: { model: "sql-lora" } });
-    await waitFor("adapter blocks mirrored", async () => tierCounts(a.state.mirror, ek()).GPU === (await stats()).cached_blocks, 10000);
+    await waitFor("adapter blocks mirrored", async () => tierCounts(a.state.mirror, ek()).GPU === (await stats()).cached_blocks, 20000);
     assert.ok(hits("lora-", { model: "sql-lora" }) >= 10);
     assert.equal(hits("lora-"), 0);
     // restart: new event stream from seq 0, empty cache; the router drops the old mirror
@@ -251,7 +251,7 @@ test("simulator tiers, second KV group, salts, LoRA names, restart: the router's
     await waitFor("mirror = restarted engine", async () => {
       const t = tierCounts(a.state.mirror, ek());
       return t.GPU === s.cached_blocks && t.CPU === 0;
-    }, 10000);
+    }, 20000);
     assert.equal(hits("salted-", { cache_salt: "tenant-a" }), 0, "nothing from before the restart");
     assert.match(await a.metrics.registry.metrics(), /reason="engine_restart"\} 1/);
   } finally {

@@ -45,7 +45,7 @@ function zmqEventSource(opts: Options, log?: Logger): EventSource {
 
 /** The KV event transport --kv-event-transport names (shared by the ext_proc app and the nginx bridge). */
 export async function eventSourceFor(opts: Options, log: Logger): Promise<EventSource> {
-  if (opts.kvEventTransport === "nats") return (await import("./nats")).natsEventSource(opts.natsUrl, log);
+  if (opts.kvEventTransport === "nats") return (await import("./nats")).natsEventSource(opts.natsUrl, log, opts.kvReplayTimeoutMs);
   return zmqEventSource(opts, log);
 }
 

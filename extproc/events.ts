@@ -212,8 +212,17 @@ function digest(p: Uint8Array): string {
   return createHash("sha1").update(p).digest("hex");
 }
 
+/** Feeds one worker's frames, in arrival order, through gap repair and restart detection. */
+export interface Sequencer {
+  /** One live frame: its sequence number and msgpack EventBatch payload. */
+  frame(seq: number, payload: Uint8Array): void;
+  /** The transport reconnected: the same engine, or a restarted one? */
+  reconnected(): void;
+  close(): void;
+}
+
 /**
- * Subscribes to one worker's ZMQ PUB. Frames: [topic, seq, payload] (topic optional).
+ * Repair, don't wipe: the sequencing shared by the ZMQ and NATS transports.
  *
  * With a replay endpoint the stream is repaired, not wiped: on joining we ask
  * for everything buffered (a router that starts after its workers ends with
@@ -226,16 +235,12 @@ function digest(p: Uint8Array): string {
  * Without a replay endpoint a reconnect cannot be verified, so it counts as a
  * restart: stale blocks are worse than a cold mirror.
  */
-export function subscribeZmq(workerId: string, endpoint: string, topic: string, sink: EventSink, onError: EventErrorSink, ro: ReplayOptions = {}): Subscription {
-  const sock = new zmq.Subscriber({ reconnectInterval: 200, reconnectMaxInterval: 2000 });
-  sock.connect(endpoint);
-  sock.subscribe(topic);
+export function createSequencer(workerId: string, sink: EventSink, onError: EventErrorSink, ro: ReplayOptions = {}): Sequencer {
   let closed = false;
   let last: number | undefined;
   let lastDigest = "";
   let repairing = false;
   let pendingRestart = false;
-  let wasDisconnected = false;
   const held: { seq: number; payload: Uint8Array }[] = [];
   const timeout = ro.replayTimeoutMs ?? 2000;
 
@@ -292,47 +297,67 @@ export function subscribeZmq(workerId: string, endpoint: string, topic: string, 
     repairing = false;
   };
 
+  if (ro.replay) void repair(0, "join");
+
+  return {
+    frame(seq, payload) {
+      if (closed) return;
+      if (repairing) {
+        if (held.length < 1000000) held.push({ seq, payload });
+        return;
+      }
+      if (last !== undefined && seq <= last) {
+        // The sequence went back: a restarted engine. Its earlier batches may be in its buffer.
+        pendingRestart = true;
+        last = undefined;
+        if (ro.replay) {
+          held.push({ seq, payload });
+          void repair(0, "sequence reset");
+          return;
+        }
+      } else if (last !== undefined && seq !== last + 1 && ro.replay) {
+        held.push({ seq, payload });
+        void repair(last + 1, "gap");
+        return;
+      }
+      deliver(seq, payload, false);
+    },
+    reconnected() {
+      if (closed || repairing) return;
+      if (ro.replay) void verify();
+      else if (last !== undefined) {
+        pendingRestart = true;
+        ro.log?.("warn", `kv-events worker=${workerId} reconnected without a replay endpoint: cannot tell a restart from a blip, mirror dropped`);
+      }
+    },
+    close() {
+      closed = true;
+    },
+  };
+}
+
+/** Subscribes to one worker's ZMQ PUB. Frames: [topic, seq, payload] (topic optional); sequencing in createSequencer. */
+export function subscribeZmq(workerId: string, endpoint: string, topic: string, sink: EventSink, onError: EventErrorSink, ro: ReplayOptions = {}): Subscription {
+  const sock = new zmq.Subscriber({ reconnectInterval: 200, reconnectMaxInterval: 2000 });
+  sock.connect(endpoint);
+  sock.subscribe(topic);
+  let closed = false;
+  let wasDisconnected = false;
+  const seqr = createSequencer(workerId, sink, onError, ro);
   sock.events.on("disconnect", () => {
     wasDisconnected = true;
   });
   sock.events.on("handshake", () => {
-    if (!wasDisconnected || closed || repairing) return;
+    if (!wasDisconnected || closed) return;
     wasDisconnected = false;
-    if (ro.replay) void verify();
-    else if (last !== undefined) {
-      pendingRestart = true;
-      ro.log?.("warn", `kv-events worker=${workerId} reconnected without a replay endpoint: cannot tell a restart from a blip, mirror dropped`);
-    }
+    seqr.reconnected();
   });
-
-  if (ro.replay) void repair(0, "join");
-
   (async () => {
     try {
       for await (const frames of sock) {
         try {
           if (frames.length < 2) throw new Error("want [topic, seq, payload], got " + frames.length + " frame(s)");
-          const seq = decodeSeq(frames[frames.length - 2]);
-          const payload = frames[frames.length - 1];
-          if (repairing) {
-            if (held.length < 1000000) held.push({ seq, payload });
-            continue;
-          }
-          if (last !== undefined && seq <= last) {
-            // The sequence went back: a restarted engine. Its earlier batches may be in its buffer.
-            pendingRestart = true;
-            last = undefined;
-            if (ro.replay) {
-              held.push({ seq, payload });
-              void repair(0, "sequence reset");
-              continue;
-            }
-          } else if (last !== undefined && seq !== last + 1 && ro.replay) {
-            held.push({ seq, payload });
-            void repair(last + 1, "gap");
-            continue;
-          }
-          deliver(seq, payload, false);
+          seqr.frame(decodeSeq(frames[frames.length - 2]), frames[frames.length - 1]);
         } catch (e) {
           onError(workerId, (e as Error).message);
         }
@@ -344,6 +369,7 @@ export function subscribeZmq(workerId: string, endpoint: string, topic: string, 
   return {
     close() {
       closed = true;
+      seqr.close();
       try {
         sock.close();
       } catch {

@@ -3,7 +3,7 @@
 // with the sequence number in the `Infera-Seq` header. extproc/relay.ts moves a
 // worker's ZMQ stream onto NATS unchanged.
 import { connect, NatsConnection, headers as natsHeaders } from "nats";
-import { decodeBatch } from "./events";
+import { createSequencer } from "./events";
 import { EventSource, Logger } from "./app";
 
 export const SEQ_HEADER = "Infera-Seq";
@@ -23,25 +23,40 @@ export async function natsConnect(url: string, log: Logger, name: string): Promi
   return nc;
 }
 
-export async function natsEventSource(url: string, log: Logger): Promise<EventSource> {
+/**
+ * Batches from NATS go through the same sequencer as ZMQ: with the worker's
+ * replay endpoint (the engine's ZMQ ROUTER) a gap is repaired and a late
+ * router rebuilds from replay. A NATS reconnect is the relay's link, not the
+ * engine's, so it is no restart signal; gaps and sequence resets still are.
+ */
+export async function natsEventSource(url: string, log: Logger, replayTimeoutMs = 2000): Promise<EventSource> {
   const nc = await natsConnect(url, log, "infera-gate-router");
   return {
     subscribe(w, onBatch, onError) {
       const sub = nc.subscribe(natsSubject(w.id, w.events as string));
+      const seqr = createSequencer(w.id, (_id, seq, evs, info) => onBatch(seq, evs, info), (_id, reason) => onError(reason), {
+        replay: w.replay,
+        replayTimeoutMs,
+        dpRank: w.dpEvents === "tagged" ? w.dpRank : undefined,
+        log: (l, line) => log(l, line),
+      });
       (async () => {
         for await (const m of sub) {
           try {
             const s = m.headers?.get(SEQ_HEADER);
             if (!s || !/^\d+$/.test(s)) throw new Error(`missing or bad ${SEQ_HEADER} header`);
-            const b = decodeBatch(m.data);
-            const other = w.dpEvents === "tagged" && b.dpRank !== null && b.dpRank !== w.dpRank;
-            onBatch(Number(s), other ? [] : b.events, { restart: false, replayed: false, unknown: b.unknown, dpRank: b.dpRank });
+            seqr.frame(Number(s), m.data);
           } catch (e) {
             onError((e as Error).message);
           }
         }
       })().catch((e) => onError("subscriber stopped: " + (e as Error).message));
-      return { close: () => sub.unsubscribe() };
+      return {
+        close: () => {
+          seqr.close();
+          sub.unsubscribe();
+        },
+      };
     },
     close: async () => {
       await nc.drain().catch(() => undefined);

@@ -7,7 +7,8 @@ import * as assert from "node:assert/strict";
 import { App } from "../../extproc/app";
 import { parseArgs } from "../../extproc/config";
 import { KvPublisher, SimKvEvent } from "../../sim/kvpublisher";
-import { freePort, waitFor, sleep, startSim, stopAll, chat, longText } from "../harness";
+import { freePort, waitFor, sleep, startSim, stopAll, chat, longText, startNats } from "../harness";
+import { runRelay } from "../../extproc/relay";
 import { tierCounts } from "../../core/kvevents";
 
 const toks = (n: number, base: number) => Array.from({ length: n }, (_, i) => base + i);
@@ -254,6 +255,32 @@ test("simulator tiers, second KV group, salts, LoRA names, restart: the router's
     }, 20000);
     assert.equal(hits("salted-", { cache_salt: "tenant-a" }), 0, "nothing from before the restart");
     assert.match(await a.metrics.registry.metrics(), /reason="engine_restart"\} 1/);
+  } finally {
+    await stopAll();
+  }
+});
+
+test("NATS transport (relay): a gap the relay never saw is repaired from the engine's replay ROUTER; a late router catches up", async () => {
+  const nats = await startNats();
+  const p = await publisher("map");
+  const relay = await runRelay(`tcp://127.0.0.1:${p.o.port}`, nats.url, "infera.kv.natsw");
+  opened.push(relay);
+  try {
+    const mk = async () => {
+      const o = parseArgs(["--workers", `127.0.0.1:9@infera.kv.natsw+tcp://127.0.0.1:${p.o.replayPort}`, "--kv-event-transport", "nats", "--nats-url", nats.url, "--health-interval-ms", "0"], {});
+      const a = await App.create(o, () => undefined);
+      a.setWorkers(o.workers);
+      opened.push({ close: () => a.close() });
+      return a;
+    };
+    const early = await mk();
+    await sleep(600);
+    for (let i = 0; i < 8; i++) await p.publish(batch(i), i !== 3);
+    await applied(early, 7);
+    assert.deepEqual(view(early), { GPU: 16, CPU: 8, DISK: 0, EXTERNAL: 0 });
+    const late = await mk();
+    await applied(late, 7);
+    assert.deepEqual(view(late), view(early));
   } finally {
     await stopAll();
   }

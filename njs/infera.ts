@@ -1,7 +1,7 @@
 // NGINX njs entry: the same core as the ext_proc server, with its state in
 // js_shared_dict_zone (each request gets a fresh VM, so nothing may live in
 // globals). Requires njs >= 0.8.0; see nginx/README.md.
-import { createRouter, defaultConfig, Guard, Router, RouterConfig } from "../core/router";
+import { createRouter, defaultConfig, DEFAULT_OVERLAP_WEIGHT, Guard, Router, RouterConfig } from "../core/router";
 import { Store } from "../core/store";
 import { acceptPushSeq, countDecision, decisionCounts, guardKey, keyedState, nextRequestId, saveGuard } from "../core/state/keyed";
 import { computeFeatures, endpointOf, parseRequest, renderChatML, Tokenizer } from "../core/request";
@@ -62,7 +62,7 @@ function config(r: NjsRequest): RouterConfig {
   const v = r.variables;
   if (v.infera_policy) c.policy = v.infera_policy as RouterConfig["policy"];
   c.blockSize = numVar(r, "infera_block_size", 16) as number;
-  c.overlapWeight = numVar(r, "infera_kv_overlap_weight", 1) as number;
+  c.overlapWeight = numVar(r, "infera_kv_overlap_weight", DEFAULT_OVERLAP_WEIGHT) as number;
   c.prefillOverlapWeight = numVar(r, "infera_kv_prefill_overlap_weight", null);
   c.decodeOverlapWeight = numVar(r, "infera_kv_decode_overlap_weight", null);
   if (v.infera_decode_input_demand) c.decodeInputDemand = v.infera_decode_input_demand as RouterConfig["decodeInputDemand"];

@@ -6,6 +6,11 @@ export interface Options {
   router: RouterConfig;
   host: string;
   extProcPort: number;
+  /** TLS for the ext_proc gRPC server: PEM files; a client CA turns on mTLS. */
+  extProcTls: { cert: string; key: string; clientCa: string | null } | null;
+  /** A stream with no message for this long is ended and its load released (direct clients). */
+  extProcStreamIdleS: number;
+  extProcMaxStreams: number;
   adminPort: number;
   workers: WorkerSpec[];
   tokenizerPath: string | null;
@@ -78,6 +83,10 @@ const HELP = `infera-gate ext_proc server
   --push-token T                 bridge: shared secret for pushes (env INFERA_PUSH_TOKEN)
   --host H                       bind address for gRPC and admin (127.0.0.1)
   --ext-proc-port N              gRPC ext_proc port (9002)
+  --ext-proc-tls-cert F, --ext-proc-tls-key F   serve ext_proc over TLS (PEM)
+  --ext-proc-tls-client-ca F     require client certificates signed by this CA (mTLS)
+  --ext-proc-stream-idle-s N     end a stream silent this long and release its load (600)
+  --ext-proc-max-streams N       concurrent streams per gRPC connection (10000)
   --admin-port N                 /metrics and /v1/admin port (9100)
   --health-interval-ms N         GET /health on every worker each N ms; 2 failures = no picks (1000; 0 = off)
   --log-level L                  debug | info | warn (info)
@@ -136,6 +145,9 @@ export function parseArgs(argv: string[], env: NodeJS.ProcessEnv = process.env):
     router: r,
     host: "127.0.0.1",
     extProcPort: 9002,
+    extProcTls: null,
+    extProcStreamIdleS: 600,
+    extProcMaxStreams: 10000,
     adminPort: 9100,
     workers: [],
     tokenizerPath: null,
@@ -221,6 +233,11 @@ export function parseArgs(argv: string[], env: NodeJS.ProcessEnv = process.env):
       case "--push-token": o.pushToken = val(); break;
       case "--host": o.host = val(); break;
       case "--ext-proc-port": o.extProcPort = num(a, val()); break;
+      case "--ext-proc-tls-cert": o.extProcTls = { cert: val(), key: o.extProcTls?.key ?? "", clientCa: o.extProcTls?.clientCa ?? null }; break;
+      case "--ext-proc-tls-key": o.extProcTls = { cert: o.extProcTls?.cert ?? "", key: val(), clientCa: o.extProcTls?.clientCa ?? null }; break;
+      case "--ext-proc-tls-client-ca": o.extProcTls = { cert: o.extProcTls?.cert ?? "", key: o.extProcTls?.key ?? "", clientCa: val() }; break;
+      case "--ext-proc-stream-idle-s": o.extProcStreamIdleS = num(a, val()); break;
+      case "--ext-proc-max-streams": o.extProcMaxStreams = num(a, val()); break;
       case "--admin-port": o.adminPort = num(a, val()); break;
       case "--log-level": o.logLevel = oneOf(a, val(), ["debug", "info", "warn"] as const); break;
       default: throw new Error(`unknown flag ${a} (see --help)`);
@@ -231,6 +248,9 @@ export function parseArgs(argv: string[], env: NodeJS.ProcessEnv = process.env):
   if (!reqWeightSet && env.INFERA_DECODE_REQUEST_WEIGHT) r.decodeRequestWeight = num("INFERA_DECODE_REQUEST_WEIGHT", env.INFERA_DECODE_REQUEST_WEIGHT);
   if (o.discovery === "k8s" && !o.inferencePool && !o.k8sSelector) throw new Error("--discovery-backend k8s needs --inference-pool NAME or --k8s-selector LABELS");
   if (!(Number.isInteger(o.eppFallbackCount) && o.eppFallbackCount >= 0)) throw new Error("--epp-fallback-endpoints must be an integer >= 0");
+  if (o.extProcTls && (!o.extProcTls.cert || !o.extProcTls.key)) throw new Error("--ext-proc-tls-cert and --ext-proc-tls-key go together");
+  if (!(o.extProcStreamIdleS > 0)) throw new Error("--ext-proc-stream-idle-s must be > 0");
+  if (!(o.extProcMaxStreams >= 1)) throw new Error("--ext-proc-max-streams must be >= 1");
   if (o.discovery === "static" && o.workers.length === 0) throw new Error("--workers is required with --discovery-backend static");
   return o;
 }

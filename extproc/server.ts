@@ -3,6 +3,7 @@
 // mutation naming the upstream for the ORIGINAL_DST cluster (use_http_header).
 // Response body chunks are observed (STREAMED) to release load at first token
 // and at end_of_stream; a reset/closed stream releases whatever is left.
+import * as fs from "fs";
 import * as grpc from "@grpc/grpc-js";
 import { create, fromBinary, toBinary } from "@bufbuild/protobuf";
 import {
@@ -143,9 +144,38 @@ function handleStream(app: App, call: grpc.ServerDuplexStream<ProcessingRequest,
       app.router.releaseGuard(g);
     }
   };
+  // Envoy's streams see a message at least per response chunk; a direct client
+  // that goes quiet must not hold its pick's load forever.
+  let idle: NodeJS.Timeout | null = null;
+  const stopIdle = () => {
+    if (idle) clearTimeout(idle);
+    idle = null;
+  };
+  const touch = () => {
+    stopIdle();
+    idle = setTimeout(() => {
+      app.log("warn", `ext_proc stream idle for ${app.opts.extProcStreamIdleS}s: ended, its load released`);
+      done();
+      // grpc-js turns an 'error' on a server stream into the call's status.
+      call.emit("error", { code: grpc.status.DEADLINE_EXCEEDED, details: `no message for ${app.opts.extProcStreamIdleS}s` });
+    }, app.opts.extProcStreamIdleS * 1000);
+    idle.unref();
+  };
+  touch();
   const send = (m: ProcessingResponse) => {
     if (!call.writable) return;
     call.write(m);
+    // Envoy sends nothing after an immediate response: close our side with OK
+    // rather than wait for Envoy to reset the stream (resets at line rate trip
+    // Node's HTTP/2 reset-flood guard, which then refuses streams).
+    if (m.response.case === "immediateResponse") call.end();
+  };
+  /** The last answer of the exchange: release, then end the call cleanly. */
+  const last = (m: ProcessingResponse) => {
+    send(m);
+    stopIdle();
+    done();
+    if (call.writable) call.end();
   };
   type Phase = "requestHeaders" | "requestBody" | "requestTrailers";
   const decide = (body: Buffer, phase: Phase, strip: string[]): ProcessingResponse => {
@@ -227,6 +257,7 @@ function handleStream(app: App, call: grpc.ServerDuplexStream<ProcessingRequest,
   };
 
   call.on("data", (m: ProcessingRequest) => {
+    touch();
     try {
       const r = m.request;
       if (m.protocolConfig && bodyMode === null) {
@@ -306,20 +337,22 @@ function handleStream(app: App, call: grpc.ServerDuplexStream<ProcessingRequest,
             app.metrics.eppFallbacks.inc({ known: String(!!again) });
             app.log("info", `gateway served from ${served} instead of ${picked.address}${again ? `: load moved to ${w!.id}` : " (not a known worker)"}`);
           }
-          send(CONTINUE_RESP_HEADERS);
-          if (r.value.endOfStream) done();
+          if (r.value.endOfStream) last(CONTINUE_RESP_HEADERS);
+          else send(CONTINUE_RESP_HEADERS);
           break;
         }
         case "responseBody":
           if (!sawBody && res) res.firstToken();
           sawBody = true;
-          if (respBodyMode === ProcessingMode_BodySendMode.FULL_DUPLEX_STREAMED) send(streamedBody("responseBody", Buffer.from(r.value.body), r.value.endOfStream));
-          else send(CONTINUE_RESP_BODY);
-          if (r.value.endOfStream) done();
+          {
+            const reply = respBodyMode === ProcessingMode_BodySendMode.FULL_DUPLEX_STREAMED ? streamedBody("responseBody", Buffer.from(r.value.body), r.value.endOfStream) : CONTINUE_RESP_BODY;
+            // end_of_stream on a body chunk means no trailers follow (they would carry it).
+            if (r.value.endOfStream) last(reply);
+            else send(reply);
+          }
           break;
         case "responseTrailers":
-          send(create(ProcessingResponseSchema, { response: { case: "responseTrailers", value: create(TrailersResponseSchema, {}) } }));
-          done();
+          last(create(ProcessingResponseSchema, { response: { case: "responseTrailers", value: create(TrailersResponseSchema, {}) } }));
           break;
         default:
           break;
@@ -332,12 +365,17 @@ function handleStream(app: App, call: grpc.ServerDuplexStream<ProcessingRequest,
   });
   // Client abort, upstream reset, Envoy closing the stream: all end up here.
   call.on("end", () => {
+    stopIdle();
     done();
     call.end();
   });
-  call.on("cancelled", done);
-  call.on("error", done);
-  call.on("close", done);
+  const gone = () => {
+    stopIdle();
+    done();
+  };
+  call.on("cancelled", gone);
+  call.on("error", gone);
+  call.on("close", gone);
 }
 
 function streamedBody(phase: "requestBody" | "responseBody", body: Buffer, endOfStream: boolean): ProcessingResponse {
@@ -354,8 +392,19 @@ function streamedBody(phase: "requestBody" | "responseBody", body: Buffer, endOf
   });
 }
 
+/** Server credentials from the --ext-proc-tls-* flags (insecure without them). */
+export function extProcCredentials(tls: App["opts"]["extProcTls"]): grpc.ServerCredentials {
+  if (!tls) return grpc.ServerCredentials.createInsecure();
+  const ca = tls.clientCa ? fs.readFileSync(tls.clientCa) : null;
+  return grpc.ServerCredentials.createSsl(ca, [{ cert_chain: fs.readFileSync(tls.cert), private_key: fs.readFileSync(tls.key) }], !!ca);
+}
+
 export async function startExtProc(app: App, host: string, port: number): Promise<{ server: grpc.Server; port: number }> {
-  const server = new grpc.Server({ "grpc.max_receive_message_length": 64 * 1024 * 1024 });
+  const server = new grpc.Server({
+    // A whole buffered body plus its headers: nothing larger can be a request we route.
+    "grpc.max_receive_message_length": app.opts.maxBodyBytes + 1024 * 1024,
+    "grpc.max_concurrent_streams": app.opts.extProcMaxStreams,
+  });
   server.addService(ExtProcService, { Process: (call: grpc.ServerDuplexStream<ProcessingRequest, ProcessingResponse>) => handleStream(app, call) });
   // grpc.health.v1 on the same port (Endpoint Picker Protocol: liveness, readiness, ext_proc).
   const health = addHealth(server, app);
@@ -365,7 +414,7 @@ export async function startExtProc(app: App, host: string, port: number): Promis
     shutdown();
   };
   const bound = await new Promise<number>((resolve, reject) =>
-    server.bindAsync(`${host}:${port}`, grpc.ServerCredentials.createInsecure(), (err, p) => (err ? reject(err) : resolve(p))),
+    server.bindAsync(`${host}:${port}`, extProcCredentials(app.opts.extProcTls), (err, p) => (err ? reject(err) : resolve(p))),
   );
   return { server, port: bound };
 }

@@ -220,3 +220,31 @@ test("session affinity over ext_proc: the x-session-id header pins the worker wh
     await a2.close();
   }
 });
+
+test("the server ends its side of the call after the last answer (response EOS, immediate response), status OK", async () => {
+  const ended = (s: ReturnType<typeof stream>) =>
+    new Promise<number>((resolve) => {
+      s.call.on("status", (st: grpc.StatusObject) => resolve(st.code));
+    });
+  // A full exchange ending with the response body's end of stream.
+  const a = stream();
+  const aEnd = ended(a);
+  a.send(reqHeaders("/v1/chat/completions"));
+  await a.next();
+  a.send(reqBody(body("end cleanly ".repeat(10))));
+  await a.next();
+  a.send(respHeaders());
+  await a.next();
+  a.send(respBody(true));
+  await a.next();
+  assert.equal(await aEnd, grpc.status.OK, "Envoy never has to reset the stream");
+  assert.ok(await until(() => app.router.openGuards() === 0));
+  // An immediate response is also the last word.
+  const b = stream();
+  const bEnd = ended(b);
+  b.send(reqHeaders("/v1/chat/completions"));
+  await b.next();
+  b.send(reqBody("{broken"));
+  assert.equal((await b.next()).response.case, "immediateResponse");
+  assert.equal(await bEnd, grpc.status.OK);
+});

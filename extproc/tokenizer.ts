@@ -4,7 +4,8 @@ import * as fs from "fs";
 import * as path from "path";
 import { Tokenizer as HfTokenizer } from "@huggingface/tokenizers";
 import { Template } from "@huggingface/jinja";
-import { ChatMessage, renderChatML, Tokenizer } from "../core/request";
+import { renderChatML, Tokenizer } from "../core/request";
+import { ChatInput, detectContentFormat, renderPrepare, renderFinish, RenderOptions } from "../core/chat";
 
 export function defaultTokenizerDir(): string {
   // The package exports only its JS entry; its tokenizer files sit beside it in models/.
@@ -13,8 +14,21 @@ export function defaultTokenizerDir(): string {
   return path.join(dir, "models");
 }
 
+/** transformers' special_tokens_map: the named special tokens that are set, as strings. */
+export function specialTokens(cfg: { [k: string]: unknown }): { [k: string]: string } {
+  const out: { [k: string]: string } = {};
+  for (const k of ["bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token"]) {
+    const t = cfg[k];
+    const s = typeof t === "string" ? t : t && typeof t === "object" ? (t as { content?: string }).content : undefined;
+    if (typeof s === "string") out[k] = s;
+  }
+  return out;
+}
+
 export interface LoadedTokenizer extends Tokenizer {
   source: string;
+  template: string | null;
+  special: { [k: string]: string };
   /** Raw tokenizer.json text (njs preloads the same vocabulary). */
   jsonPath: string;
 }
@@ -40,22 +54,34 @@ export function loadTokenizer(p?: string | null): LoadedTokenizer | null {
     tpl = d ? d.template : null;
   }
   const template = tpl ? new Template(tpl) : null;
-  const tokStr = (t: unknown) => (typeof t === "string" ? t : t && typeof t === "object" ? (t as { content?: string }).content || "" : "");
+  const opts: RenderOptions = { format: detectContentFormat(tpl) };
+  const special = specialTokens(cfg);
   return {
     source: jsonPath,
     jsonPath,
+    template: tpl,
+    special,
     encode(text: string): number[] {
       // Chat templates already carry their special tokens.
       return hf.encode(text, { add_special_tokens: false }).ids;
     },
-    renderChat(messages: ChatMessage[]): string {
-      if (!template) return renderChatML(messages);
-      return template.render({
-        messages,
-        add_generation_prompt: true,
-        bos_token: tokStr(cfg.bos_token),
-        eos_token: tokStr(cfg.eos_token),
-      });
+    encodeSpecial(text: string): number[] {
+      return hf.encode(text, { add_special_tokens: true }).ids;
+    },
+    renderChat(chat: ChatInput): string {
+      if (!template) return renderChatML(chat);
+      const p = renderPrepare(chat, opts, special, tpl as string);
+      let out: string;
+      try {
+        out = template.render(p.ctx);
+      } catch (e) {
+        // raise_exception() in a template is the engine's 400 too.
+        const err = new Error("chat template: " + (e as Error).message) as Error & { status: number; type: string };
+        err.status = 400;
+        err.type = "invalid_request_error";
+        throw err;
+      }
+      return renderFinish(out, p);
     },
   };
 }

@@ -232,7 +232,7 @@ export class EngineSim {
     const j = JSON.parse(body.toString("utf8"));
     const maxTokens = Math.max(1, Math.min(4096, Number(j.max_tokens ?? j.max_completion_tokens ?? 16) || 16));
     // Tokens for the cache: the real prompt tokens (rendered + tokenized as the engine would).
-    const tokens = pr.promptTokens ?? (this.tok ? this.tok.encode(pr.messages ? this.tok.renderChat(pr.messages) : (pr.prompt as string)) : []);
+    const tokens = pr.promptTokens ?? (this.tok ? (pr.chat ? this.tok.encode(this.tok.renderChat(pr.chat)) : pr.addSpecialTokens && this.tok.encodeSpecial ? this.tok.encodeSpecial(pr.prompt as string) : this.tok.encode(pr.prompt as string)) : []);
     const extra = pr.media.join("\n"); // media feed the first block's hash, like vLLM's mm extra keys
     this.stats.requests++;
     this.stats.inflight++;

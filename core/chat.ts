@@ -15,6 +15,7 @@
 //   ({type, function:{name, description, parameters, ...extras}});
 // - chat_template_kwargs override the request-level template variables.
 import { httpError } from "./util";
+import { renderTemplate } from "./jinja";
 
 export type ContentFormat = "string" | "openai";
 
@@ -445,4 +446,12 @@ function pyRstrip(s: string): string {
 /** A chat of plain messages with the engine's defaults (generation prompt on). */
 export function plainChat(messages: any[]): ChatInput {
   return { messages: messages, tools: null, documents: null, addGenerationPrompt: true, continueFinalMessage: false, reasoningEffort: null, kwargs: {} };
+}
+
+/** Chat renderer for a parsed template (extproc/jinja.ts templateAst), Envoy and nginx alike. */
+export function chatRenderer(ast: any, special: { [k: string]: string }, format: ContentFormat, templateSrcHasContent: boolean): (chat: ChatInput) => string {
+  return function (chat: ChatInput): string {
+    const p = renderPrepare(chat, { format: format }, special, templateSrcHasContent ? "content" : "");
+    return renderFinish(renderTemplate(ast, p.ctx), p);
+  };
 }

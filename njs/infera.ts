@@ -4,9 +4,9 @@
 import { createRouter, defaultConfig, DEFAULT_OVERLAP_WEIGHT, Guard, Router, RouterConfig } from "../core/router";
 import { Store } from "../core/store";
 import { acceptPushSeq, countDecision, decisionCounts, guardKey, keyedState, nextRequestId, saveGuard } from "../core/state/keyed";
-import { computeFeatures, endpointOf, parseRequest, renderChatML, Tokenizer } from "../core/request";
+import { computeFeatures, endpointOf, parseRequest, Tokenizer } from "../core/request";
 import { applyBatch, KvEvent } from "../core/kvevents";
-import { createBpe } from "../core/bpe";
+import { compactTokenizer } from "../core/bpe";
 import { asHttpError, errorPayload } from "../core/util";
 import { checkSessionId, DEFAULT_MAX_SESSION_ID_BYTES } from "../core/limits";
 import { workerRow } from "../core/views";
@@ -122,8 +122,7 @@ let bpeTok: Tokenizer | null = null;
 function tokenizer(): Tokenizer | null {
   if (bpeTok) return bpeTok;
   if (typeof infera_vocab === "undefined") return null;
-  const bpe = createBpe(infera_vocab);
-  bpeTok = { encode: bpe.encode, renderChat: renderChatML };
+  bpeTok = compactTokenizer(infera_vocab);
   return bpeTok;
 }
 

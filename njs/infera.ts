@@ -96,6 +96,10 @@ function build(r: NjsRequest): Ctx | string {
       log: (l: string, line: string) => (l === "warn" ? r.warn("infera: " + line) : r.log("infera: " + line)),
       // Decision counters live in the number dict so /metrics sees every VM's.
       onDemand: (d: { mode: string; input: string; agrees: boolean }) => countDecision(st, d.mode, d.input, d.agrees),
+      // Same counter as the ext_proc server's: how many request blocks the pick found cached.
+      onPick: (role: string, p: { worker: string; hits: number }) => {
+        if (p.hits > 0) st.incr("HB:" + p.worker + "|" + role, p.hits);
+      },
     };
     return { st: st, cfg: cfg, router: createRouter(keyedState(st), cfg, hooks) };
   } catch (e) {
@@ -278,6 +282,12 @@ function metrics(r: NjsRequest): void {
   for (let i = 0; i < counts.length; i++) {
     const d = counts[i];
     lines.push('infera_router_decode_demand_decisions_total{mode="' + d.mode + '",input="' + d.input + '",agrees="' + d.agrees + '"} ' + d.count);
+  }
+  lines.push("# HELP infera_router_cache_hit_blocks_total Prompt blocks already cached on the picked worker", "# TYPE infera_router_cache_hit_blocks_total counter");
+  const hb = c.st.keys("HB:");
+  for (let i = 0; i < hb.length; i++) {
+    const p = hb[i].substr(3).split("|");
+    lines.push('infera_router_cache_hit_blocks_total{worker="' + p[0] + '",role="' + p[1] + '"} ' + c.st.num(hb[i]));
   }
   r.headersOut["Content-Type"] = "text/plain; version=0.0.4";
   r.return(200, lines.join("\n") + "\n");

@@ -9,6 +9,7 @@ import * as zmq from "zeromq";
 import { encode } from "@msgpack/msgpack";
 import { loadTokenizer } from "../extproc/tokenizer";
 import { endpointOf, parseRequest, Tokenizer } from "../core/request";
+import { simRender, SimRender } from "./render";
 
 export interface SimOptions {
   id: string;
@@ -32,6 +33,9 @@ export interface SimOptions {
   etcdPrefix: string;
   /** host the fleet should use to reach us (registrations); default: --host. */
   advertise: string | null;
+  /** See sim/render.ts: reference-rendered prompt ids, and a deliberately divergent renderer. */
+  renderFixture: string | null;
+  renderDivergent: boolean;
 }
 
 export function simDefaults(): SimOptions {
@@ -53,6 +57,8 @@ export function simDefaults(): SimOptions {
     etcdEndpoint: null,
     etcdPrefix: "/infera/workers/",
     advertise: null,
+    renderFixture: null,
+    renderDivergent: false,
   };
 }
 
@@ -81,10 +87,12 @@ export class EngineSim {
   private prefillChain: Promise<void> = Promise.resolve();
   private server: http.Server | null = null;
   private tok: Tokenizer | null;
+  private render: SimRender;
   stats = { requests: 0, promptTokens: 0, cachedTokens: 0, aborted: 0, inflight: 0, batches: 0 };
 
   constructor(readonly o: SimOptions) {
     this.tok = loadTokenizer(o.tokenizerPath);
+    this.render = simRender(this.tok, { fixture: o.renderFixture, divergent: o.renderDivergent });
   }
 
   async start(): Promise<void> {
@@ -222,6 +230,11 @@ export class EngineSim {
       this.clear();
       return void res.end("cleared");
     }
+    if (req.method === "POST" && url === "/tokenize") {
+      const t = this.render.tokenize((await this.readBody(req)).toString("utf8"), 32768);
+      res.writeHead(t.status, { "content-type": "application/json" });
+      return void res.end(JSON.stringify(t.json));
+    }
     const ep = endpointOf(url);
     if (req.method !== "POST" || !ep) {
       res.statusCode = 404;
@@ -232,7 +245,7 @@ export class EngineSim {
     const j = JSON.parse(body.toString("utf8"));
     const maxTokens = Math.max(1, Math.min(4096, Number(j.max_tokens ?? j.max_completion_tokens ?? 16) || 16));
     // Tokens for the cache: the real prompt tokens (rendered + tokenized as the engine would).
-    const tokens = pr.promptTokens ?? (this.tok ? (pr.chat ? this.tok.encode(this.tok.renderChat(pr.chat)) : pr.addSpecialTokens && this.tok.encodeSpecial ? this.tok.encodeSpecial(pr.prompt as string) : this.tok.encode(pr.prompt as string)) : []);
+    const tokens = this.render.promptTokens(pr, body.toString("utf8"));
     const extra = pr.media.join("\n"); // media feed the first block's hash, like vLLM's mm extra keys
     this.stats.requests++;
     this.stats.inflight++;
@@ -334,6 +347,8 @@ export function parseSimArgs(argv: string[]): SimOptions {
       case "--etcd-endpoint": o.etcdEndpoint = v(); break;
       case "--etcd-prefix": o.etcdPrefix = v(); break;
       case "--advertise": o.advertise = v(); break;
+      case "--render-fixture": o.renderFixture = v(); break;
+      case "--render-divergent": o.renderDivergent = true; break;
       case "--help":
         process.stdout.write("infera-sim --id ID --port N --kv-events-port N|none [--role mixed|prefill|decode] [--prefill-header x-infera-prefill] [--block-size 16] [--capacity-blocks 8192] [--prefill-us-per-token 100] [--decode-ms-per-token 2] [--malformed-every N]\n");
         process.exit(0);

@@ -13,6 +13,7 @@ import { loadTokenizer, LoadedTokenizer } from "./tokenizer";
 import { createMetrics, Metrics } from "./metrics";
 import { Options } from "./config";
 import { subscribeZmq, Subscription } from "./events";
+import { RenderProbes } from "./probe";
 
 export interface Logger {
   (level: "debug" | "info" | "warn" | "error", line: string): void;
@@ -55,6 +56,8 @@ export class App {
   private failures: Record<string, number> = {};
   private eventSource: EventSource;
   private discoverySynced = false;
+  /** Render-parity probe per worker (null with --render-probe-api off). */
+  readonly probes: RenderProbes | null;
 
   constructor(readonly opts: Options, readonly log: Logger, eventSource?: EventSource) {
     this.tokenizer = loadTokenizer(opts.tokenizerPath);
@@ -69,6 +72,10 @@ export class App {
       onDemand: (d) => this.metrics.decisions.inc({ mode: d.mode, input: d.input, agrees: String(d.agrees) }),
     });
     this.eventSource = eventSource ?? zmqEventSource(opts);
+    this.probes =
+      opts.renderProbeApi === "off"
+        ? null
+        : new RenderProbes(this.tokenizer, { intervalMs: opts.renderProbeIntervalMs, api: opts.renderProbeApi, timeoutMs: 5000 }, (l, line) => log(l, line), this.metrics.registry);
   }
 
   /** Builds the app with the event transport named by --kv-event-transport. */
@@ -100,10 +107,15 @@ export class App {
     this.healthTimer.unref();
   }
 
+  startRenderProbes(): void {
+    this.probes?.start();
+  }
+
   /** Adds or updates a worker and (re)subscribes to its KV events. */
   addWorker(spec: WorkerSpec): void {
     const before = this.router.worker(spec.id);
     const w = this.router.addWorker(spec);
+    if (this.probes) void this.probes.join(spec.id, w.address);
     const prev = this.subs[spec.id];
     if (prev && prev.epochKey === w.epochKey) return;
     // Unchanged and without events (setWorkers re-adds the whole fleet): nothing to (re)say.
@@ -128,6 +140,7 @@ export class App {
   }
 
   removeWorker(id: string): void {
+    this.probes?.leave(id);
     if (this.subs[id]) this.subs[id].sub.close();
     delete this.subs[id];
     delete this.failures[id];
@@ -200,6 +213,7 @@ export class App {
 
   async close(): Promise<void> {
     if (this.healthTimer) clearInterval(this.healthTimer);
+    this.probes?.stop();
     for (const id of Object.keys(this.subs)) this.subs[id].sub.close();
     this.subs = {};
     await this.eventSource.close();

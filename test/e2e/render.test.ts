@@ -138,3 +138,57 @@ test("nginx: a tool-using multi-turn conversation hits every block the engine ca
   const rows = await converse(ng.url, `${ng.url}/metrics`, sims, view);
   check(rows, "nginx");
 });
+
+test("render-parity probe: a faithful engine is exact, a divergent one diverged (admin, metric, warn log without prompt text)", async () => {
+  const good = await startSim("pg", []);
+  const bad = await startSim("pb", ["--render-divergent"]);
+  const router = await startRouter(["--workers", workerArg([good, bad]), "--render-probe-interval", "1s"]);
+  type W = { id: string; render_parity: { status: string; probe?: string; position?: number; checked_at: string | null } };
+  let ws: W[] = [];
+  await waitFor("probes", async () => {
+    ws = (await router.workers()) as unknown as W[];
+    return ws.length === 2 && ws.every((w) => w.render_parity.status !== "unchecked");
+  });
+  const byId = (s: Sim) => ws.find((w) => w.id === s.address)!.render_parity;
+  assert.equal(byId(good).status, "exact");
+  assert.equal(byId(bad).status, "diverged");
+  assert.equal(byId(bad).probe, "tools-parallel-calls");
+  assert.ok(typeof byId(bad).position === "number" && byId(bad).position! > 0);
+  const m = await router.metrics();
+  assert.match(m, new RegExp(`infera_router_render_parity\\{worker="${good.address}",status="exact"\\} 1`));
+  assert.match(m, new RegExp(`infera_router_render_parity\\{worker="${bad.address}",status="diverged"\\} 1`));
+  assert.match(m, new RegExp(`infera_router_render_parity\\{worker="${bad.address}",status="exact"\\} 0`));
+  const log = router.proc.log();
+  assert.match(log, new RegExp(`warn render parity: worker ${bad.address.replace(/[.]/g, "\\.")} diverged at token ${byId(bad).position} of probe tools-parallel-calls`));
+  assert.ok(!/Zürich|get_weather|東京/.test(log), "no prompt text in the log");
+  // Re-probed on the interval: checked_at moves.
+  const first = byId(good).checked_at;
+  await waitFor("re-probe", async () => {
+    ws = (await router.workers()) as unknown as W[];
+    return byId(good).checked_at !== first;
+  }, 10000);
+});
+
+test("render-parity probe: no tokenize endpoint -> unchecked with the reason", async () => {
+  const http = await import("http");
+  const srv = http.createServer((_q, r) => {
+    r.statusCode = 404;
+    r.end();
+  });
+  await new Promise<void>((r) => srv.listen(0, "127.0.0.1", r));
+  const addr = `127.0.0.1:${(srv.address() as { port: number }).port}`;
+  try {
+    const router = await startRouter(["--workers", addr, "--health-interval-ms", "0"]);
+    type W = { render_parity: { status: string; reason?: string; checked_at: string | null } };
+    let w: W | undefined;
+    await waitFor("probe", async () => {
+      w = ((await router.workers()) as unknown as W[])[0];
+      return !!w && w.render_parity.checked_at !== null;
+    });
+    assert.equal(w!.render_parity.status, "unchecked");
+    assert.match(w!.render_parity.reason!, /POST \/tokenize answered 404/);
+    assert.match(await router.metrics(), new RegExp(`infera_router_render_parity\\{worker="${addr}",status="unchecked"\\} 1`));
+  } finally {
+    srv.close();
+  }
+});

@@ -210,9 +210,9 @@ export function computeFeatures(req: ParsedRequest, tok: Tokenizer | null, block
   const mediaHashes: string[] = [];
   for (let i = 0; i < req.media.length; i++) mediaHashes.push(h(utf8(req.media[i])));
   const tokens = promptTokenIds(req, tok);
-  if (!tokens) return { blocks: [], inputTokens: req.estimatedTokens, exact: false, mediaHashes, n: req.n };
+  if (!tokens) return { blocks: [], inputTokens: req.estimatedTokens, exact: false, mediaHashes, n: req.n, model: req.model };
   // Media requests chain from a salt of their images: same text + other images != text hit.
   let salt: string | undefined;
   if (mediaHashes.length) salt = h(utf8(mediaHashes.join(",")));
-  return { blocks: blockHashes(tokens, blockSize, h, salt), inputTokens: tokens.length, exact: true, mediaHashes, n: req.n };
+  return { blocks: blockHashes(tokens, blockSize, h, salt), inputTokens: tokens.length, exact: true, mediaHashes, n: req.n, model: req.model };
 }

@@ -33,6 +33,7 @@ export function startAdmin(app: App, host: string, port: number): Promise<{ serv
           200,
           app.router.workers().map((w) => ({
             ...workerRow(app.router, w),
+            models: app.models.get(w.id),
             render_parity: app.probes ? app.probes.state(w.id) : { status: "unchecked", checked_at: null, reason: "--render-probe-api off" },
           })),
         );

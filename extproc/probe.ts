@@ -72,18 +72,19 @@ function firstDiff(a: number[], b: number[]): number {
 }
 
 /** Probes one worker. Never throws: failures are `unchecked` with a reason. */
-export async function probeWorker(address: string, tok: Tokenizer | null, api: "vllm" | "sglang", model: string, timeoutMs: number): Promise<ParityState> {
+export async function probeWorker(address: string, tok: Tokenizer | null, api: "vllm" | "sglang", model: string | null, timeoutMs: number): Promise<ParityState> {
   const now = () => new Date().toISOString();
   if (!tok) return { status: "unchecked", checked_at: now(), reason: "router has no tokenizer", api };
   for (const p of PROBES) {
-    const body = { model, add_generation_prompt: true, ...p.body };
-    const text = JSON.stringify(body);
+    // vLLM checks `model` against what it serves; without a known name it is left out.
+    const body: Record<string, unknown> = model ? { model, add_generation_prompt: true, ...p.body } : { add_generation_prompt: true, ...p.body };
+    const text = JSON.stringify({ model: model ?? "probe", ...body });
     let mine: number[];
     let payload: unknown;
     try {
       const req = parseRequest("chat", text, text.length, { maxBodyBytes: 1 << 24 });
       mine = promptTokenIds(req, tok) as number[];
-      payload = api === "vllm" ? body : { model, prompt: tok.renderChat(req.chat!), add_special_tokens: false };
+      payload = api === "vllm" ? body : { ...(model ? { model } : {}), prompt: tok.renderChat(req.chat!), add_special_tokens: false };
     } catch (e) {
       return { status: "unchecked", checked_at: now(), reason: "router cannot render probe " + p.name + ": " + (e as Error).message, api };
     }
@@ -119,7 +120,8 @@ export class RenderProbes {
   private timer: NodeJS.Timeout | null = null;
 
   constructor(
-    private readonly tok: Tokenizer | null,
+    /** The worker's tokenizer and a model name it serves (null: unknown). */
+    private readonly target: (id: string) => { tok: Tokenizer | null; model: string | null },
     private readonly o: ProbeOptions,
     private readonly log: (level: "info" | "warn", line: string) => void,
     registry: client.Registry,
@@ -157,7 +159,8 @@ export class RenderProbes {
   async check(id: string): Promise<void> {
     const address = this.addresses[id];
     if (!address) return;
-    const s = await probeWorker(address, this.tok, this.o.api, "probe", this.o.timeoutMs);
+    const t = this.target(id);
+    const s = await probeWorker(address, t.tok, this.o.api, t.model, this.o.timeoutMs);
     if (this.addresses[id] !== address) return; // left or moved meanwhile
     const prev = this.states[id];
     this.states[id] = s;

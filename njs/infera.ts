@@ -10,6 +10,7 @@ import { compactTokenizer } from "../core/bpe";
 import { asHttpError, errorPayload } from "../core/util";
 import { checkSessionId, DEFAULT_MAX_SESSION_ID_BYTES } from "../core/limits";
 import { workerRow } from "../core/views";
+import { storeModelTable, withModels } from "../core/models";
 
 const STR_ZONE = "infera_str";
 const NUM_ZONE = "infera_num";
@@ -45,8 +46,8 @@ function json(r: NjsRequest, status: number, body: unknown): void {
   r.return(status, JSON.stringify(body));
 }
 
-function fail(r: NjsRequest, status: number, message: string, type: string): void {
-  json(r, status, errorPayload(status, message, type));
+function fail(r: NjsRequest, status: number, message: string, type: string, param?: string): void {
+  json(r, status, errorPayload(status, message, type, param));
 }
 
 function numVar(r: NjsRequest, name: string, dflt: number | null): number | null {
@@ -101,7 +102,7 @@ function build(r: NjsRequest): Ctx | string {
         if (p.hits > 0) st.incr("HB:" + p.worker + "|" + role, p.hits);
       },
     };
-    return { st: st, cfg: cfg, router: createRouter(keyedState(st), cfg, hooks) };
+    return { st: st, cfg: cfg, router: createRouter(withModels(keyedState(st), storeModelTable(st)), cfg, hooks) };
   } catch (e) {
     return "infera-gate config: " + (e as Error).message;
   }
@@ -154,7 +155,7 @@ function route(r: NjsRequest): void {
     } else pick = c.router.pick({ blocks: [], inputTokens: 0, exact: false, mediaHashes: [], n: 1 });
   } catch (e) {
     const err = asHttpError(e);
-    return fail(r, err.status, err.message, err.type);
+    return fail(r, err.status, err.message, err.type, err.param);
   }
   const g = pick.reservation.guards();
   const id = nextRequestId(c.st);
@@ -204,7 +205,7 @@ function release(r: NjsRequest): string {
 interface PushBody {
   type: "workers" | "events";
   pseq: number;
-  workers?: { id: string; address: string; role: "prefill" | "decode" | "mixed"; blockSize?: number }[];
+  workers?: { id: string; address: string; role: "prefill" | "decode" | "mixed"; blockSize?: number; models?: string[] | null }[];
   worker?: string;
   seq?: number;
   events?: KvEvent[];
@@ -231,7 +232,10 @@ function push(r: NjsRequest): void {
   const seqOk = acceptPushSeq(c.st, b.type === "workers" ? "workers" : "ev:" + b.worker, b.pseq);
   if (!seqOk.ok) return fail(r, 409, "stale push: pseq " + b.pseq + " <= " + seqOk.last, "stale");
   if (b.type === "workers") {
-    c.router.setWorkers(b.workers || []);
+    const ws = b.workers || [];
+    c.router.setWorkers(ws);
+    const mt = storeModelTable(c.st);
+    for (let i = 0; i < ws.length; i++) mt.set(ws[i].id, ws[i].models || null);
     return json(r, 200, { workers: c.router.workers().length });
   }
   const w = c.router.worker(b.worker || "");

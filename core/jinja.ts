@@ -434,6 +434,12 @@ function binary(op: string, a: any, b: any): any {
     throw TemplateError("unsupported operand type(s) for +: '" + typeName(a) + "' and '" + typeName(b) + "'");
   }
   if (op === "*" && typeof a === "string" && isInt(b)) return new Array(Math.max(0, b) + 1).join(a);
+  if (op === "*" && typeof b === "string" && isInt(a)) return new Array(Math.max(0, a) + 1).join(b);
+  if (op === "*" && isArr(a) && isInt(b)) {
+    let out: any[] = [];
+    for (let i = 0; i < b; i++) out = out.concat(a);
+    return out;
+  }
   if (op === "<" || op === ">" || op === "<=" || op === ">=") {
     if (!((num(a) && num(b)) || (typeof a === "string" && typeof b === "string")))
       throw TemplateError("'" + op + "' not supported between instances of '" + typeName(a) + "' and '" + typeName(b) + "'");

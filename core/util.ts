@@ -28,6 +28,8 @@ export function hasOwn(o: object, k: string): boolean {
 export interface HttpError extends Error {
   status: number;
   type: string;
+  /** The request field at fault, when there is one (vLLM's 404 for an unknown model names "model"). */
+  param?: string;
 }
 
 export function httpError(status: number, message: string, type?: string): HttpError {
@@ -44,6 +46,7 @@ export function asHttpError(e: unknown): HttpError {
 }
 
 /** The OpenAI error body every JSON error of ours uses. */
-export function errorPayload(status: number, message: string, type: string): { error: { message: string; type: string; code: number } } {
+export function errorPayload(status: number, message: string, type: string, param?: string): { error: { message: string; type: string; param?: string; code: number } } {
+  if (param) return { error: { message: message, type: type, param: param, code: status } };
   return { error: { message: message, type: type, code: status } };
 }

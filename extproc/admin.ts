@@ -31,7 +31,11 @@ export function startAdmin(app: App, host: string, port: number): Promise<{ serv
         return json(
           res,
           200,
-          app.router.workers().map((w) => workerRow(app.router, w)),
+          app.router.workers().map((w) => ({
+            ...workerRow(app.router, w),
+            models: app.models.get(w.id),
+            render_parity: app.probes ? app.probes.state(w.id) : { status: "unchecked", checked_at: null, reason: "--render-probe-api off" },
+          })),
         );
       if (p === "/v1/admin/reservations") return json(res, 200, { open_guards: app.router.openGuards() });
       return json(res, 404, { error: "not found" });

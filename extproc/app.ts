@@ -13,6 +13,44 @@ import { loadTokenizer, LoadedTokenizer } from "./tokenizer";
 import { createMetrics, Metrics } from "./metrics";
 import { Options } from "./config";
 import { subscribeZmq, Subscription } from "./events";
+import { RenderProbes } from "./probe";
+import { memoryModelTable, ModelTable, withModels } from "../core/models";
+
+/** GET <worker>/v1/models: served model ids (base models and LoRA adapters) and each adapter's parent. */
+export async function fetchModels(address: string, timeoutMs = 3000): Promise<{ ids: string[]; parent: Record<string, string> } | null> {
+  try {
+    const r = await fetch(`http://${address}/v1/models`, { signal: AbortSignal.timeout(timeoutMs) });
+    if (!r.ok) {
+      await r.arrayBuffer().catch(() => undefined);
+      return null;
+    }
+    const j = (await r.json()) as { data?: { id?: unknown; parent?: unknown; root?: unknown }[] };
+    if (!Array.isArray(j.data)) return null;
+    const ids: string[] = [];
+    const parent: Record<string, string> = {};
+    for (const m of j.data) {
+      if (typeof m.id !== "string") continue;
+      ids.push(m.id);
+      if (typeof m.parent === "string" && m.parent) parent[m.id] = m.parent;
+    }
+    return { ids, parent };
+  } catch {
+    return null;
+  }
+}
+
+/** --router-tokenizer-path: one path (every model) or "model=path,model=path[,path]" (a bare path is the default). */
+export function tokenizerPaths(v: string | null): { byModel: Record<string, string>; dflt: string | null } {
+  if (!v || v.indexOf("=") < 0) return { byModel: {}, dflt: v };
+  const byModel: Record<string, string> = {};
+  let dflt: string | null = null;
+  for (const part of v.split(",")) {
+    const eq = part.indexOf("=");
+    if (eq < 0) dflt = part.trim();
+    else byModel[part.slice(0, eq).trim()] = part.slice(eq + 1).trim();
+  }
+  return { byModel, dflt };
+}
 
 export interface Logger {
   (level: "debug" | "info" | "warn" | "error", line: string): void;
@@ -45,19 +83,31 @@ export async function eventSourceFor(opts: Options, log: Logger): Promise<EventS
 }
 
 export class App {
-  readonly state: RouterState = memoryState();
+  /** Which models each worker serves (GET /v1/models); the router's model filter reads it. */
+  readonly models: ModelTable = memoryModelTable();
+  readonly state: RouterState = withModels(memoryState(), this.models);
   readonly router: Router;
   readonly metrics: Metrics;
+  /** The default tokenizer (models without their own). */
   readonly tokenizer: LoadedTokenizer | null;
+  /** Per-model tokenizers from --router-tokenizer-path model=path,... */
+  readonly tokenizers: Record<string, LoadedTokenizer | null> = {};
+  /** LoRA adapter -> base model, from the workers' /v1/models (an adapter renders like its base). */
+  private modelParent: Record<string, string> = {};
   /** KV-event subscription per worker, tagged with the epoch it feeds. */
   private subs: Record<string, { sub: Subscription; epochKey: EpochKey }> = {};
   private healthTimer: NodeJS.Timeout | null = null;
+  private modelTimer: NodeJS.Timeout | null = null;
   private failures: Record<string, number> = {};
   private eventSource: EventSource;
   private discoverySynced = false;
+  /** Render-parity probe per worker (null with --render-probe-api off). */
+  readonly probes: RenderProbes | null;
 
   constructor(readonly opts: Options, readonly log: Logger, eventSource?: EventSource) {
-    this.tokenizer = loadTokenizer(opts.tokenizerPath);
+    const tp = tokenizerPaths(opts.tokenizerPath);
+    this.tokenizer = loadTokenizer(tp.dflt);
+    for (const m of Object.keys(tp.byModel)) this.tokenizers[m] = loadTokenizer(tp.byModel[m]);
     this.metrics = createMetrics(() => this.router);
     this.router = createRouter(this.state, opts.router, {
       log: (l, line) => log(l, line),
@@ -69,6 +119,10 @@ export class App {
       onDemand: (d) => this.metrics.decisions.inc({ mode: d.mode, input: d.input, agrees: String(d.agrees) }),
     });
     this.eventSource = eventSource ?? zmqEventSource(opts);
+    this.probes =
+      opts.renderProbeApi === "off"
+        ? null
+        : new RenderProbes((id) => this.probeTarget(id), { intervalMs: opts.renderProbeIntervalMs, api: opts.renderProbeApi, timeoutMs: 5000 }, (l, line) => log(l, line), this.metrics.registry);
   }
 
   /** Builds the app with the event transport named by --kv-event-transport. */
@@ -100,10 +154,46 @@ export class App {
     this.healthTimer.unref();
   }
 
+  /** Asks a worker which models it serves; workers without /v1/models serve anything. */
+  async refreshModels(id: string, address: string): Promise<void> {
+    const m = await fetchModels(address);
+    const w = this.router.worker(id);
+    if (!w || w.address !== address || !m) return;
+    this.models.set(id, m.ids);
+    for (const k of Object.keys(m.parent)) this.modelParent[k] = m.parent[k];
+  }
+
+  private probeTarget(id: string): { tok: LoadedTokenizer | null; model: string | null } {
+    const ms = this.models.get(id);
+    const model = ms && ms.length ? ms[0] : null;
+    return { tok: model ? this.tokenizerFor(model) : this.tokenizer, model };
+  }
+
+  /** The tokenizer for a model: its own, its base model's (LoRA), else the default. */
+  tokenizerFor(model: string): LoadedTokenizer | null {
+    if (model in this.tokenizers) return this.tokenizers[model];
+    const base = this.modelParent[model];
+    if (base !== undefined && base in this.tokenizers) return this.tokenizers[base];
+    return this.tokenizer;
+  }
+
+  startRenderProbes(): void {
+    this.probes?.start();
+    // Model lists change when adapters are loaded/unloaded; refresh them every 30 s.
+    if (!this.modelTimer) {
+      this.modelTimer = setInterval(() => {
+        for (const w of this.router.workers()) void this.refreshModels(w.id, w.address);
+      }, 30000);
+      this.modelTimer.unref();
+    }
+  }
+
   /** Adds or updates a worker and (re)subscribes to its KV events. */
   addWorker(spec: WorkerSpec): void {
     const before = this.router.worker(spec.id);
     const w = this.router.addWorker(spec);
+    // Models first: the probe names one the worker serves and uses its tokenizer.
+    void this.refreshModels(spec.id, w.address).then(() => this.probes?.join(spec.id, w.address));
     const prev = this.subs[spec.id];
     if (prev && prev.epochKey === w.epochKey) return;
     // Unchanged and without events (setWorkers re-adds the whole fleet): nothing to (re)say.
@@ -128,6 +218,8 @@ export class App {
   }
 
   removeWorker(id: string): void {
+    this.probes?.leave(id);
+    this.models.set(id, null);
     if (this.subs[id]) this.subs[id].sub.close();
     delete this.subs[id];
     delete this.failures[id];
@@ -186,13 +278,15 @@ export class App {
     const req = parseRequest(endpoint, body.length <= this.opts.maxBodyBytes ? body.toString("utf8") : "", body.length, { maxBodyBytes: this.opts.maxBodyBytes }, sessionHeader);
     let feats;
     try {
-      feats = computeFeatures(req, this.tokenizer, this.opts.router.blockSize, nativeHasher);
+      feats = computeFeatures(req, this.tokenizerFor(req.model), this.opts.router.blockSize, nativeHasher);
     } catch (e) {
       // A tokenizer failure must not fail the request: fall back to the estimate.
       this.log("warn", `tokenize failed (${(e as Error).message}); routing on estimated tokens`);
       feats = computeFeatures(req, null, this.opts.router.blockSize, nativeHasher);
     }
     checkSessionId(req.sessionId, this.opts.maxSessionIdBytes);
+    // A worker that renders differently counts other tokens than ours: demand is then an estimate.
+    if (feats.exact && this.probes && this.probes.anyDiverged()) feats = { ...feats, exact: false };
     const pick = this.router.pick(feats, req.sessionId, allow);
     this.metrics.pickLatency.observe(Number(process.hrtime.bigint() - t0) / 1e9);
     return pick;
@@ -200,6 +294,8 @@ export class App {
 
   async close(): Promise<void> {
     if (this.healthTimer) clearInterval(this.healthTimer);
+    this.probes?.stop();
+    if (this.modelTimer) clearInterval(this.modelTimer);
     for (const id of Object.keys(this.subs)) this.subs[id].sub.close();
     this.subs = {};
     await this.eventSource.close();

@@ -4,7 +4,7 @@
 // location, where njs applies them to its shared dicts.
 import { sameWorker } from "../core/fleet";
 import { parseArgs, Options } from "./config";
-import { EventSource, eventSourceFor, Logger, makeLogger } from "./app";
+import { EventSource, eventSourceFor, fetchModels, Logger, makeLogger } from "./app";
 import { Fleet, startDiscovery } from "./discovery";
 import { Subscription } from "./events";
 import { KvEvent } from "../core/kvevents";
@@ -12,6 +12,8 @@ import { WorkerSpec } from "../core/router";
 
 export class Bridge implements Fleet {
   private fleet: Record<string, WorkerSpec> = {};
+  /** Each worker's GET /v1/models ids, pushed with the fleet so njs routes by model. */
+  private models: Record<string, string[]> = {};
   private subs: Record<string, Subscription> = {};
   private chain: Promise<void> = Promise.resolve();
   private lastPseq = 0;
@@ -38,7 +40,7 @@ export class Bridge implements Fleet {
   }
 
   private fleetBody(): Record<string, unknown> {
-    return { type: "workers", workers: Object.values(this.fleet).map((w) => ({ id: w.id, address: w.address, role: w.role, blockSize: w.blockSize })) };
+    return { type: "workers", workers: Object.values(this.fleet).map((w) => ({ id: w.id, address: w.address, role: w.role, blockSize: w.blockSize, models: this.models[w.id] ?? null })) };
   }
 
   private send(body: Record<string, unknown>): Promise<void> {
@@ -102,6 +104,11 @@ export class Bridge implements Fleet {
     if (old && sameWorker(old, w)) return;
     this.drop(w.id);
     this.fleet[w.id] = w;
+    void fetchModels(w.address).then((m) => {
+      if (!m || this.fleet[w.id] !== w) return;
+      this.models[w.id] = m.ids;
+      void this.pushFleet();
+    });
     if (w.events)
       this.subs[w.id] = this.events.subscribe(
         w,
@@ -114,6 +121,7 @@ export class Bridge implements Fleet {
     this.subs[id]?.close();
     delete this.subs[id];
     delete this.fleet[id];
+    delete this.models[id];
   }
 
   /** Resolves when every queued push has been sent. */

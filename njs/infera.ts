@@ -4,12 +4,13 @@
 import { createRouter, defaultConfig, DEFAULT_OVERLAP_WEIGHT, Guard, Router, RouterConfig } from "../core/router";
 import { Store } from "../core/store";
 import { acceptPushSeq, countDecision, decisionCounts, guardKey, keyedState, nextRequestId, saveGuard } from "../core/state/keyed";
-import { computeFeatures, endpointOf, parseRequest, renderChatML, Tokenizer } from "../core/request";
+import { computeFeatures, endpointOf, parseRequest, Tokenizer } from "../core/request";
 import { applyBatch, KvEvent } from "../core/kvevents";
-import { createBpe } from "../core/bpe";
+import { compactTokenizer } from "../core/bpe";
 import { asHttpError, errorPayload } from "../core/util";
 import { checkSessionId, DEFAULT_MAX_SESSION_ID_BYTES } from "../core/limits";
 import { workerRow } from "../core/views";
+import { storeModelTable, withModels } from "../core/models";
 
 const STR_ZONE = "infera_str";
 const NUM_ZONE = "infera_num";
@@ -45,8 +46,8 @@ function json(r: NjsRequest, status: number, body: unknown): void {
   r.return(status, JSON.stringify(body));
 }
 
-function fail(r: NjsRequest, status: number, message: string, type: string): void {
-  json(r, status, errorPayload(status, message, type));
+function fail(r: NjsRequest, status: number, message: string, type: string, param?: string): void {
+  json(r, status, errorPayload(status, message, type, param));
 }
 
 function numVar(r: NjsRequest, name: string, dflt: number | null): number | null {
@@ -96,8 +97,12 @@ function build(r: NjsRequest): Ctx | string {
       log: (l: string, line: string) => (l === "warn" ? r.warn("infera: " + line) : r.log("infera: " + line)),
       // Decision counters live in the number dict so /metrics sees every VM's.
       onDemand: (d: { mode: string; input: string; agrees: boolean }) => countDecision(st, d.mode, d.input, d.agrees),
+      // Same counter as the ext_proc server's: how many request blocks the pick found cached.
+      onPick: (role: string, p: { worker: string; hits: number }) => {
+        if (p.hits > 0) st.incr("HB:" + p.worker + "|" + role, p.hits);
+      },
     };
-    return { st: st, cfg: cfg, router: createRouter(keyedState(st), cfg, hooks) };
+    return { st: st, cfg: cfg, router: createRouter(withModels(keyedState(st), storeModelTable(st)), cfg, hooks) };
   } catch (e) {
     return "infera-gate config: " + (e as Error).message;
   }
@@ -122,8 +127,7 @@ let bpeTok: Tokenizer | null = null;
 function tokenizer(): Tokenizer | null {
   if (bpeTok) return bpeTok;
   if (typeof infera_vocab === "undefined") return null;
-  const bpe = createBpe(infera_vocab);
-  bpeTok = { encode: bpe.encode, renderChat: renderChatML };
+  bpeTok = compactTokenizer(infera_vocab);
   return bpeTok;
 }
 
@@ -151,7 +155,7 @@ function route(r: NjsRequest): void {
     } else pick = c.router.pick({ blocks: [], inputTokens: 0, exact: false, mediaHashes: [], n: 1 });
   } catch (e) {
     const err = asHttpError(e);
-    return fail(r, err.status, err.message, err.type);
+    return fail(r, err.status, err.message, err.type, err.param);
   }
   const g = pick.reservation.guards();
   const id = nextRequestId(c.st);
@@ -201,7 +205,7 @@ function release(r: NjsRequest): string {
 interface PushBody {
   type: "workers" | "events";
   pseq: number;
-  workers?: { id: string; address: string; role: "prefill" | "decode" | "mixed"; blockSize?: number }[];
+  workers?: { id: string; address: string; role: "prefill" | "decode" | "mixed"; blockSize?: number; models?: string[] | null }[];
   worker?: string;
   seq?: number;
   events?: KvEvent[];
@@ -228,7 +232,10 @@ function push(r: NjsRequest): void {
   const seqOk = acceptPushSeq(c.st, b.type === "workers" ? "workers" : "ev:" + b.worker, b.pseq);
   if (!seqOk.ok) return fail(r, 409, "stale push: pseq " + b.pseq + " <= " + seqOk.last, "stale");
   if (b.type === "workers") {
-    c.router.setWorkers(b.workers || []);
+    const ws = b.workers || [];
+    c.router.setWorkers(ws);
+    const mt = storeModelTable(c.st);
+    for (let i = 0; i < ws.length; i++) mt.set(ws[i].id, ws[i].models || null);
     return json(r, 200, { workers: c.router.workers().length });
   }
   const w = c.router.worker(b.worker || "");
@@ -279,6 +286,12 @@ function metrics(r: NjsRequest): void {
   for (let i = 0; i < counts.length; i++) {
     const d = counts[i];
     lines.push('infera_router_decode_demand_decisions_total{mode="' + d.mode + '",input="' + d.input + '",agrees="' + d.agrees + '"} ' + d.count);
+  }
+  lines.push("# HELP infera_router_cache_hit_blocks_total Prompt blocks already cached on the picked worker", "# TYPE infera_router_cache_hit_blocks_total counter");
+  const hb = c.st.keys("HB:");
+  for (let i = 0; i < hb.length; i++) {
+    const p = hb[i].substr(3).split("|");
+    lines.push('infera_router_cache_hit_blocks_total{worker="' + p[0] + '",role="' + p[1] + '"} ' + c.st.num(hb[i]));
   }
   r.headersOut["Content-Type"] = "text/plain; version=0.0.4";
   r.return(200, lines.join("\n") + "\n");

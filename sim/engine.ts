@@ -9,6 +9,7 @@ import * as zmq from "zeromq";
 import { encode } from "@msgpack/msgpack";
 import { loadTokenizer } from "../extproc/tokenizer";
 import { endpointOf, parseRequest, Tokenizer } from "../core/request";
+import { simRender, SimRender } from "./render";
 
 export interface SimOptions {
   id: string;
@@ -32,6 +33,12 @@ export interface SimOptions {
   etcdPrefix: string;
   /** host the fleet should use to reach us (registrations); default: --host. */
   advertise: string | null;
+  /** See sim/render.ts: reference-rendered prompt ids, and a deliberately divergent renderer. */
+  renderFixture: string | null;
+  renderDivergent: boolean;
+  /** GET /v1/models: --served-model-name a,b and --lora-modules x,y (adapters of the first name). */
+  servedModels: string[];
+  loraModules: string[];
 }
 
 export function simDefaults(): SimOptions {
@@ -53,6 +60,10 @@ export function simDefaults(): SimOptions {
     etcdEndpoint: null,
     etcdPrefix: "/infera/workers/",
     advertise: null,
+    renderFixture: null,
+    renderDivergent: false,
+    servedModels: [],
+    loraModules: [],
   };
 }
 
@@ -81,10 +92,12 @@ export class EngineSim {
   private prefillChain: Promise<void> = Promise.resolve();
   private server: http.Server | null = null;
   private tok: Tokenizer | null;
+  private render: SimRender;
   stats = { requests: 0, promptTokens: 0, cachedTokens: 0, aborted: 0, inflight: 0, batches: 0 };
 
   constructor(readonly o: SimOptions) {
     this.tok = loadTokenizer(o.tokenizerPath);
+    this.render = simRender(this.tok, { fixture: o.renderFixture, divergent: o.renderDivergent });
   }
 
   async start(): Promise<void> {
@@ -213,7 +226,10 @@ export class EngineSim {
       }
       if (url === "/v1/models") {
         res.setHeader("content-type", "application/json");
-        return void res.end(JSON.stringify({ object: "list", data: [{ id: "sim-model", object: "model", owned_by: this.o.id }] }));
+        // vLLM's shape: served names, then LoRA adapters with their base model as parent. None given: an empty list (serves any model).
+        const base = this.o.servedModels[0];
+        const data = this.o.servedModels.map((id) => ({ id, object: "model", owned_by: this.o.id, root: id, parent: null as string | null })).concat(this.o.loraModules.map((id) => ({ id, object: "model", owned_by: this.o.id, root: id, parent: base ?? null })));
+        return void res.end(JSON.stringify({ object: "list", data }));
       }
       res.statusCode = 404;
       return void res.end();
@@ -221,6 +237,11 @@ export class EngineSim {
     if (req.method === "POST" && url === "/sim/clear") {
       this.clear();
       return void res.end("cleared");
+    }
+    if (req.method === "POST" && url === "/tokenize") {
+      const t = this.render.tokenize((await this.readBody(req)).toString("utf8"), 32768);
+      res.writeHead(t.status, { "content-type": "application/json" });
+      return void res.end(JSON.stringify(t.json));
     }
     const ep = endpointOf(url);
     if (req.method !== "POST" || !ep) {
@@ -232,7 +253,7 @@ export class EngineSim {
     const j = JSON.parse(body.toString("utf8"));
     const maxTokens = Math.max(1, Math.min(4096, Number(j.max_tokens ?? j.max_completion_tokens ?? 16) || 16));
     // Tokens for the cache: the real prompt tokens (rendered + tokenized as the engine would).
-    const tokens = pr.promptTokens ?? (this.tok ? this.tok.encode(pr.messages ? this.tok.renderChat(pr.messages) : (pr.prompt as string)) : []);
+    const tokens = this.render.promptTokens(pr, body.toString("utf8"));
     const extra = pr.media.join("\n"); // media feed the first block's hash, like vLLM's mm extra keys
     this.stats.requests++;
     this.stats.inflight++;
@@ -334,6 +355,10 @@ export function parseSimArgs(argv: string[]): SimOptions {
       case "--etcd-endpoint": o.etcdEndpoint = v(); break;
       case "--etcd-prefix": o.etcdPrefix = v(); break;
       case "--advertise": o.advertise = v(); break;
+      case "--render-fixture": o.renderFixture = v(); break;
+      case "--render-divergent": o.renderDivergent = true; break;
+      case "--served-model-name": o.servedModels = v().split(",").filter(Boolean); break;
+      case "--lora-modules": o.loraModules = v().split(",").map((x) => x.split("=")[0]).filter(Boolean); break;
       case "--help":
         process.stdout.write("infera-sim --id ID --port N --kv-events-port N|none [--role mixed|prefill|decode] [--prefill-header x-infera-prefill] [--block-size 16] [--capacity-blocks 8192] [--prefill-us-per-token 100] [--decode-ms-per-token 2] [--malformed-every N]\n");
         process.exit(0);

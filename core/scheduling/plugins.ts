@@ -3,6 +3,7 @@
 import { register } from "./framework";
 import { usableFilter } from "./plugins/filter/usable";
 import { rolePoolFilter } from "./plugins/filter/role-pool";
+import { modelFilter } from "./plugins/filter/model";
 import { prefixOverlapScorer } from "./plugins/scorer/prefix-overlap";
 import { imageAffinityScorer } from "./plugins/scorer/image-affinity";
 import { activeBlocksScorer } from "./plugins/scorer/active-blocks";
@@ -14,6 +15,7 @@ import { imageTouch, sessionBind } from "./plugins/lifecycle/remember";
 
 register.filter(usableFilter);
 register.filter(rolePoolFilter);
+register.filter(modelFilter);
 register.scorer(prefixOverlapScorer);
 register.scorer(imageAffinityScorer);
 register.scorer(activeBlocksScorer);

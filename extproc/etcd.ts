@@ -40,7 +40,7 @@ const sleep = (ms: number, stop: () => boolean) =>
 export async function startEtcdDiscovery(app: Fleet): Promise<{ close(): Promise<void> }> {
   const prefix = app.opts.etcdPrefix;
   const client = new Etcd3({ hosts: app.opts.etcdEndpoint.split(","), dialTimeout: 2000 });
-  const state = stateLogger(app.log, `etcd discovery (${app.opts.etcdEndpoint})`);
+  const state = stateLogger(app.log, `etcd: discovery at ${app.opts.etcdEndpoint}`);
   const report = (ok: boolean, detail: string) => app.setDiscoveryState?.(ok, detail);
   report(false, "connecting to etcd");
   let closed = false;
@@ -126,7 +126,7 @@ export async function startEtcdDiscovery(app: Fleet): Promise<{ close(): Promise
 export async function registerWorker(endpoint: string, prefix: string, id: string, reg: Registration, ttlSeconds = 5, log?: Logger): Promise<{ close(): Promise<void> }> {
   const client = new Etcd3({ hosts: endpoint.split(","), dialTimeout: 2000 });
   const logger: Logger = log ?? makeLogger("warn", "text", { component: "register" });
-  const state = stateLogger(logger, `etcd registration of ${id} (${endpoint})`);
+  const state = stateLogger(logger, `etcd: registration of ${id} at ${endpoint}`);
   let lease: Lease | null = null;
   let closed = false;
   const hooks: { wake: () => void; first: (ok: boolean) => void } = { wake: () => undefined, first: () => undefined };

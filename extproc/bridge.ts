@@ -26,41 +26,81 @@ interface ShadowBlock {
   tokens: number[];
   blockSize: number;
   loraId: number | null;
+  /** false = evicted by the engine, kept only because a resident block chains from it. */
+  live: boolean;
+  /** Resident or ghost blocks whose parent this is. */
+  kids: number;
 }
 
-/** One worker's resident blocks as nginx should see them. */
+/**
+ * One worker's blocks as nginx should see them. A block's mirror hash chains
+ * from its parent's, so an evicted parent whose children are still resident
+ * is kept as a ghost: a replay stores it (so the children can chain) and then
+ * removes it, leaving nginx with exactly what live streaming would have.
+ */
 class Shadow {
   seq: number | null = null;
   blocks = new Map<string, ShadowBlock>();
+  live = 0;
 
   apply(seq: number, events: KvEvent[]): void {
     this.seq = seq;
     for (const ev of events) {
-      if (ev.type === "AllBlocksCleared") this.blocks.clear();
-      else if (ev.type === "BlockRemoved") for (const h of ev.hashes) this.blocks.delete(h);
+      if (ev.type === "AllBlocksCleared") {
+        this.blocks.clear();
+        this.live = 0;
+      } else if (ev.type === "BlockRemoved") for (const h of ev.hashes) this.remove(h);
       else if (ev.tokens.length === ev.hashes.length * ev.blockSize) {
         let parent = ev.parent;
         ev.hashes.forEach((h, j) => {
-          this.blocks.delete(h); // re-stored: move after its (new) parent
-          this.blocks.set(h, { parent, tokens: ev.tokens.slice(j * ev.blockSize, (j + 1) * ev.blockSize), blockSize: ev.blockSize, loraId: ev.loraId ?? null });
+          const had = this.blocks.get(h);
+          if (had) {
+            if (!had.live) this.live++;
+            had.live = true;
+          } else {
+            this.blocks.set(h, { parent, tokens: ev.tokens.slice(j * ev.blockSize, (j + 1) * ev.blockSize), blockSize: ev.blockSize, loraId: ev.loraId ?? null, live: true, kids: 0 });
+            this.live++;
+            const p: ShadowBlock | undefined = parent === null ? undefined : this.blocks.get(parent);
+            if (p) p.kids++;
+          }
           parent = h;
         });
       }
     }
   }
 
-  /** The state as event batches: clear, then the blocks in store order, consecutive chains merged; at most maxBlocks per batch. */
+  private remove(h: string): void {
+    let b = this.blocks.get(h);
+    if (!b || !b.live) return;
+    b.live = false;
+    this.live--;
+    // Drop ghosts nothing chains from any more, up the chain.
+    let key: string | null = h;
+    while (b && !b.live && b.kids === 0 && key !== null) {
+      this.blocks.delete(key);
+      const parentKey: string | null = b.parent;
+      const p: ShadowBlock | undefined = parentKey === null ? undefined : this.blocks.get(parentKey);
+      if (!p) break;
+      p.kids--;
+      key = parentKey;
+      b = p;
+    }
+  }
+
+  /** The state as event batches: clear, the blocks in store order (chains merged), then the ghosts removed; at most maxBlocks per batch. */
   replay(maxBlocks: number): KvEvent[][] {
     const batches: KvEvent[][] = [[{ type: "AllBlocksCleared" }]];
     let cur: (KvEvent & { type: "BlockStored" }) | null = null;
     let inBatch = 0;
     let last: string | null = null;
+    const ghosts: string[] = [];
     for (const [h, b] of this.blocks) {
       if (inBatch >= maxBlocks) {
         batches.push([]);
         inBatch = 0;
         cur = null;
       }
+      if (!b.live) ghosts.push(h);
       if (cur && b.parent === last && b.blockSize === cur.blockSize && (b.loraId ?? null) === (cur.loraId ?? null)) {
         cur.hashes.push(h);
         for (const t of b.tokens) cur.tokens.push(t);
@@ -71,6 +111,7 @@ class Shadow {
       inBatch++;
       last = h;
     }
+    if (ghosts.length) batches[batches.length - 1].push({ type: "BlockRemoved", hashes: ghosts });
     return batches;
   }
 }
@@ -173,7 +214,7 @@ export class Bridge implements Fleet {
     this.stats.resyncs++;
     this.m.resyncs.inc();
     this.m.dirty.set(0);
-    this.log("info", "nginx resynced", { workers: Object.keys(this.fleet).length, blocks: Object.values(this.shadows).reduce((a, s) => a + s.blocks.size, 0) });
+    this.log("info", "nginx resynced", { workers: Object.keys(this.fleet).length, blocks: Object.values(this.shadows).reduce((a, s) => a + s.live, 0) });
   }
 
   private async pump(): Promise<void> {
@@ -274,7 +315,7 @@ export class Bridge implements Fleet {
         (seq, evs: KvEvent[]) => {
           if (this.fleet[w.id] !== w) return;
           shadow.apply(seq, evs);
-          this.m.blocks.set({ worker: w.id }, shadow.blocks.size);
+          this.m.blocks.set({ worker: w.id }, shadow.live);
           this.enqueue({ type: "events", worker: w.id, seq, events: evs });
         },
         (reason) => this.log("warn", `kv-events worker=${w.id} refused frame: ${reason}`),

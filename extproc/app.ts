@@ -116,19 +116,27 @@ export class App {
       return;
     }
     const epochKey = w.epochKey;
-    const sub = this.eventSource.subscribe(
-      spec,
-      (seq, evs) => this.onEvents(spec.id, epochKey, seq, evs),
-      (reason) => {
-        this.metrics.eventErrors.inc({ worker: spec.id, reason: reason.startsWith("subscriber") ? "transport" : "malformed" });
-        this.log("warn", `kv-events worker=${spec.id} refused frame: ${reason}`);
-      },
-      (up) => {
-        if (this.subs[spec.id]?.epochKey !== epochKey) return;
-        if (this.eventsUp[spec.id] !== up) this.log(up ? "info" : "warn", `kv-events worker=${spec.id} ${up ? "connected" : "disconnected"}`, { worker: spec.id, events: spec.events });
-        this.eventsUp[spec.id] = up;
-      },
-    );
+    let sub: Subscription;
+    try {
+      sub = this.eventSource.subscribe(
+        spec,
+        (seq, evs) => this.onEvents(spec.id, epochKey, seq, evs),
+        (reason) => {
+          this.metrics.eventErrors.inc({ worker: spec.id, reason: reason.startsWith("subscriber") ? "transport" : "malformed" });
+          this.log("warn", `kv-events worker=${spec.id} refused frame: ${reason}`);
+        },
+        (up) => {
+          if (this.subs[spec.id]?.epochKey !== epochKey) return;
+          if (this.eventsUp[spec.id] !== up) this.log(up ? "info" : "warn", `kv-events worker=${spec.id} ${up ? "connected" : "disconnected"}`, { worker: spec.id, events: spec.events });
+          this.eventsUp[spec.id] = up;
+        },
+      );
+    } catch (e) {
+      // A transport refusing the endpoint must not take the process down: route by load.
+      this.metrics.eventErrors.inc({ worker: spec.id, reason: "transport" });
+      this.log("warn", `kv-events worker=${spec.id} cannot subscribe to ${spec.events}: ${(e as Error).message}; routing to it by load only`);
+      return;
+    }
     this.subs[spec.id] = { sub, epochKey };
     this.log("info", `worker ${spec.id} joined role=${w.role} address=${w.address} events=${spec.events}`);
   }

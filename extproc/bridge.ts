@@ -310,16 +310,20 @@ export class Bridge implements Fleet {
     const shadow = new Shadow();
     this.shadows[w.id] = shadow;
     if (w.events)
-      this.subs[w.id] = this.events.subscribe(
-        w,
-        (seq, evs: KvEvent[]) => {
-          if (this.fleet[w.id] !== w) return;
-          shadow.apply(seq, evs);
-          this.m.blocks.set({ worker: w.id }, shadow.live);
-          this.enqueue({ type: "events", worker: w.id, seq, events: evs });
-        },
-        (reason) => this.log("warn", `kv-events worker=${w.id} refused frame: ${reason}`),
-      );
+      try {
+        this.subs[w.id] = this.events.subscribe(
+          w,
+          (seq, evs: KvEvent[]) => {
+            if (this.fleet[w.id] !== w) return;
+            shadow.apply(seq, evs);
+            this.m.blocks.set({ worker: w.id }, shadow.live);
+            this.enqueue({ type: "events", worker: w.id, seq, events: evs });
+          },
+          (reason) => this.log("warn", `kv-events worker=${w.id} refused frame: ${reason}`),
+        );
+      } catch (e) {
+        this.log("warn", `kv-events worker=${w.id} cannot subscribe to ${w.events}: ${(e as Error).message}`);
+      }
     return true;
   }
 

@@ -6,6 +6,7 @@
 // the last known fleet meanwhile, so an etcd restart heals.
 import { Etcd3, Lease, Watcher } from "etcd3";
 import { backoff, Logger, makeLogger, stateLogger } from "../runtime/log";
+import { badEventEndpoint } from "./config";
 import { Fleet } from "./discovery";
 import { Role, WorkerSpec } from "../core/router";
 
@@ -21,6 +22,9 @@ export function specFromEtcd(id: string, value: string): WorkerSpec {
   if (typeof r.address !== "string" || !/^[^:\s]+:\d+$/.test(r.address)) throw new Error(`registration ${id}: 'address' must be host:port`);
   const role = r.role ?? "mixed";
   if (role !== "prefill" && role !== "decode" && role !== "mixed") throw new Error(`registration ${id}: unknown role '${role}'`);
+  if (r.block_size !== undefined && !(Number.isInteger(r.block_size) && r.block_size >= 1)) throw new Error(`registration ${id}: 'block_size' must be a positive integer`);
+  const why = r.kv_events === undefined || r.kv_events === null ? null : typeof r.kv_events !== "string" ? "must be a string" : badEventEndpoint(r.kv_events);
+  if (why) throw new Error(`registration ${id}: 'kv_events' ${why}`);
   return { id, address: r.address, role, blockSize: r.block_size, events: r.kv_events };
 }
 

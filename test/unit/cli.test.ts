@@ -11,6 +11,8 @@ import { parseCommand, helpText, COMMANDS } from "../../cli/args";
 import { FLAGS, flagsFor, routerConfigFromVars, nginxFlag, envName } from "../../core/flags";
 import { parseArgs } from "../../extproc/config";
 import { renderReadme } from "../../scripts/flags-doc";
+import { specFromEtcd } from "../../extproc/etcd";
+import { App } from "../../extproc/app";
 
 const ROOT = path.resolve(__dirname, "../..");
 const pkg = JSON.parse(fs.readFileSync(path.join(ROOT, "package.json"), "utf8"));
@@ -144,4 +146,21 @@ test("bad flags, busy ports and bad worker endpoints end the process with one li
   } finally {
     holder.close();
   }
+});
+
+test("etcd registrations are checked like flags; a transport that refuses an endpoint does not take the router down", () => {
+  assert.throws(() => specFromEtcd("w", JSON.stringify({ address: "127.0.0.1:1", kv_events: "tcp://nohost" })), /registration w: 'kv_events' .*needs tcp:\/\/host:port/);
+  assert.throws(() => specFromEtcd("w", JSON.stringify({ address: "127.0.0.1:1", block_size: -4 })), /'block_size' must be a positive integer/);
+  assert.throws(() => specFromEtcd("w", JSON.stringify({ address: "127.0.0.1:1", role: "bogus" })), /unknown role 'bogus'/);
+  assert.equal(specFromEtcd("w", JSON.stringify({ address: "127.0.0.1:1", kv_events: "tcp://127.0.0.1:5557" })).events, "tcp://127.0.0.1:5557");
+  const lines: string[] = [];
+  const app = new App(parseArgs(["--workers", "127.0.0.1:1@tcp://127.0.0.1:5557", "--health-interval-ms", "0", "--router-tokenizer-path", "none"], {}), (l, m) => lines.push(`${l} ${m}`), {
+    subscribe: () => {
+      throw new Error("Invalid argument");
+    },
+    close: async () => undefined,
+  });
+  assert.doesNotThrow(() => app.setWorkers(app.opts.workers));
+  assert.equal(app.router.workers().length, 1, "the worker stays, routed by load");
+  assert.ok(lines.some((l) => /cannot subscribe to tcp:\/\/127.0.0.1:5557: Invalid argument/.test(l)));
 });

@@ -164,3 +164,14 @@ test("etcd registrations are checked like flags; a transport that refuses an end
   assert.equal(app.router.workers().length, 1, "the worker stays, routed by load");
   assert.ok(lines.some((l) => /cannot subscribe to tcp:\/\/127.0.0.1:5557: Invalid argument/.test(l)));
 });
+
+test("list-valued flags (--scorer-weights) parse the same from argv, env, file and nginx", () => {
+  assert.deepEqual(parseArgs(["--workers", "127.0.0.1:1", "--scorer-weights", "prefix-overlap=2, active-blocks=0"], {}).router.scorerWeights, { "prefix-overlap": 2, "active-blocks": 0 });
+  assert.deepEqual(parseArgs(["--workers", "127.0.0.1:1"], {}).router.scorerWeights, {}, "unset keeps the empty default");
+  assert.deepEqual(parseArgs(["--workers", "127.0.0.1:1"], { INFERA_SCORER_WEIGHTS: "queued-prefill=3" }).router.scorerWeights, { "queued-prefill": 3 });
+  assert.throws(() => parseArgs(["--workers", "127.0.0.1:1", "--scorer-weights", "prefix-overlap"], {}), /--scorer-weights: 'prefix-overlap' is not name=weight/);
+  assert.throws(() => parseArgs(["--workers", "127.0.0.1:1", "--scorer-weights", "a=-1"], {}), /weight of a must be a number >= 0/);
+  assert.deepEqual(routerConfigFromVars((n) => (n === "infera_scorer_weights" ? "image-affinity=4" : undefined)).scorerWeights, { "image-affinity": 4 });
+  assert.equal(parseArgs(["--workers", "127.0.0.1:1", "--max-session-id-bytes", "64"], {}).maxSessionIdBytes, 64);
+  assert.equal(nginxFlag("max-session-id-bytes", () => undefined), 256);
+});

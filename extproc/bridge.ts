@@ -38,7 +38,7 @@ interface ShadowBlock {
  * is kept as a ghost: a replay stores it (so the children can chain) and then
  * removes it, leaving nginx with exactly what live streaming would have.
  */
-class Shadow {
+export class Shadow {
   seq: number | null = null;
   blocks = new Map<string, ShadowBlock>();
   live = 0;

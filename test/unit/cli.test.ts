@@ -134,6 +134,7 @@ test("bad flags, busy ports and bad worker endpoints end the process with one li
   oneLine(runCli(ENTRY.router, ["--workers", "127.0.0.1:1@tcp://nohost", "--router-tokenizer-path", "none"]), /^infera-gate: --workers: .*needs tcp:\/\/host:port/);
   oneLine(runCli(ENTRY.register, ["--id", "w0", "--address", "127.0.0.1:1", "--role", "bogus"]), /^infera-register: --role: 'bogus' is not one of/);
   oneLine(runCli(ENTRY.bridge, ["--workers", "127.0.0.1:1"]), /^infera-bridge: --push-token .* is required/);
+  oneLine(runCli(ENTRY.relay, ["tcp://nohost", "nats://127.0.0.1:1", "infera.kv.w0"]), /^infera-kv-relay: --zmq-endpoint: .*needs tcp:\/\/host:port/);
   // A port someone else holds.
   const holder = net.createServer();
   await new Promise<void>((r) => holder.listen(0, "127.0.0.1", r));

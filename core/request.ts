@@ -110,7 +110,7 @@ export interface ParseOptions {
 
 export function parseRequest(endpoint: Endpoint, body: string, bodyBytes: number, opts: ParseOptions, sessionHeader?: string | null): ParsedRequest {
   if (bodyBytes > opts.maxBodyBytes)
-    throw httpError(400, "request body is " + bodyBytes + " bytes, over the " + opts.maxBodyBytes + "-byte limit", "request_too_large");
+    throw httpError(413, "request body is " + bodyBytes + " bytes, over the " + opts.maxBodyBytes + "-byte limit", "request_too_large");
   let j: any;
   try {
     j = JSON.parse(body);

@@ -51,27 +51,20 @@ export function tokenizerPaths(v: string | null): { byModel: Record<string, stri
   }
   return { byModel, dflt };
 }
+import { Logger } from "../runtime/log";
 
-export interface Logger {
-  (level: "debug" | "info" | "warn" | "error", line: string): void;
-}
-
-export function makeLogger(level: Options["logLevel"]): Logger {
-  const rank = { debug: 0, info: 1, warn: 2, error: 3 };
-  return (l, line) => {
-    if (rank[l] >= rank[level]) process.stderr.write(`${new Date().toISOString()} ${l} ${line}\n`);
-  };
-}
+export { Logger, makeLogger } from "../runtime/log";
 
 export interface EventSource {
-  subscribe(w: WorkerSpec, onBatch: (seq: number, events: KvEvent[]) => void, onError: (reason: string) => void): Subscription;
+  /** onState reports the transport's connection state for this subscription, when the transport knows it. */
+  subscribe(w: WorkerSpec, onBatch: (seq: number, events: KvEvent[]) => void, onError: (reason: string) => void, onState?: (connected: boolean) => void): Subscription;
   close(): Promise<void>;
 }
 
 function zmqEventSource(opts: Options): EventSource {
   return {
-    subscribe: (w, onBatch, onError) =>
-      subscribeZmq(w.id, w.events as string, opts.kvEventTopic, (_id, seq, evs) => onBatch(seq, evs), (_id, r) => onError(r)),
+    subscribe: (w, onBatch, onError, onState) =>
+      subscribeZmq(w.id, w.events as string, opts.kvEventTopic, (_id, seq, evs) => onBatch(seq, evs), (_id, r) => onError(r), onState),
     close: async () => undefined,
   };
 }
@@ -103,6 +96,14 @@ export class App {
   private discoverySynced = false;
   /** Render-parity probe per worker (null with --render-probe-api off). */
   readonly probes: RenderProbes | null;
+  /** Per worker: is its KV event transport connected (absent = unknown yet). */
+  private eventsUp: Record<string, boolean> = {};
+  /** Per worker: has a KV event batch arrived (transports without connection state). */
+  private eventsSeen: Record<string, boolean> = {};
+  /** Set on SIGTERM: readiness goes false so load balancers stop sending. */
+  draining = false;
+  /** Discovery's connection state (static discovery is always connected). */
+  discoveryState: { ok: boolean; detail: string } = { ok: true, detail: "connected" };
 
   constructor(readonly opts: Options, readonly log: Logger, eventSource?: EventSource) {
     const tp = tokenizerPaths(opts.tokenizerPath);
@@ -205,14 +206,27 @@ export class App {
       return;
     }
     const epochKey = w.epochKey;
-    const sub = this.eventSource.subscribe(
-      spec,
-      (seq, evs) => this.onEvents(spec.id, epochKey, seq, evs),
-      (reason) => {
-        this.metrics.eventErrors.inc({ worker: spec.id, reason: reason.startsWith("subscriber") ? "transport" : "malformed" });
-        this.log("warn", `kv-events worker=${spec.id} refused frame: ${reason}`);
-      },
-    );
+    let sub: Subscription;
+    try {
+      sub = this.eventSource.subscribe(
+        spec,
+        (seq, evs) => this.onEvents(spec.id, epochKey, seq, evs),
+        (reason) => {
+          this.metrics.eventErrors.inc({ worker: spec.id, reason: reason.startsWith("subscriber") ? "transport" : "malformed" });
+          this.log("warn", `kv-events worker=${spec.id} refused frame: ${reason}`);
+        },
+        (up) => {
+          if (this.subs[spec.id]?.epochKey !== epochKey) return;
+          if (this.eventsUp[spec.id] !== up) this.log(up ? "info" : "warn", `kv-events worker=${spec.id} ${up ? "connected" : "disconnected"}`, { worker: spec.id, events: spec.events });
+          this.eventsUp[spec.id] = up;
+        },
+      );
+    } catch (e) {
+      // A transport refusing the endpoint must not take the process down: route by load.
+      this.metrics.eventErrors.inc({ worker: spec.id, reason: "transport" });
+      this.log("warn", `kv-events worker=${spec.id} cannot subscribe to ${spec.events}: ${(e as Error).message}; routing to it by load only`);
+      return;
+    }
     this.subs[spec.id] = { sub, epochKey };
     this.log("info", `worker ${spec.id} joined role=${w.role} address=${w.address} events=${spec.events}`);
   }
@@ -220,10 +234,16 @@ export class App {
   removeWorker(id: string): void {
     this.probes?.leave(id);
     this.models.set(id, null);
+    delete this.eventsUp[id];
+    delete this.eventsSeen[id];
     if (this.subs[id]) this.subs[id].sub.close();
     delete this.subs[id];
     delete this.failures[id];
     if (this.router.removeWorker(id)) this.log("info", `worker ${id} left; mirror dropped, in-flight reservations kept`);
+  }
+
+  listWorkerCount(): number {
+    return this.router.workers().length;
   }
 
   setWorkers(list: WorkerSpec[]): void {
@@ -232,9 +252,15 @@ export class App {
     for (const w of d.add) this.addWorker(w);
   }
 
+  /** Discovery reports whether it can see the registry (etcd up, watch live). */
+  setDiscoveryState(ok: boolean, detail: string): void {
+    this.discoveryState = { ok, detail };
+  }
+
   onEvents(id: string, epochKey: EpochKey, seq: number, events: KvEvent[]): void {
     const w = this.router.worker(id);
     if (!w || w.epochKey !== epochKey) return; // a frame from a worker that already left
+    this.eventsSeen[id] = true;
     const r = applyBatch(this.state.mirror, epochKey, seq, events, this.opts.router.blockSize, nativeHasher);
     if (r.gap) {
       this.metrics.eventErrors.inc({ worker: id, reason: "sequence_gap" });
@@ -256,20 +282,37 @@ export class App {
   }
 
   /**
-   * gRPC readiness: discovery has delivered its first view, some worker can
-   * take a pick, and every worker that names a KV-event endpoint has its
-   * subscription open. An idle engine publishes nothing, so "events flow" is
-   * judged by the subscription, not by a recent event (that would keep an
-   * idle fleet unready forever: no traffic, no events).
+   * Readiness, for /readyz and gRPC health: not draining; discovery has
+   * delivered its first view and is connected (etcd watch live; static always);
+   * some worker can take a pick (healthy, not excluded); and KV events flow:
+   * every worker naming an event endpoint has its subscription open, and among
+   * routable ones at least one stream is not reported down by its transport. An idle
+   * engine publishes nothing, so "flowing" is judged by the connection, not by
+   * a recent event (that would keep an idle fleet unready forever).
    */
-  readiness(): { ready: boolean; reason: string } {
-    if (!this.discoverySynced) return { ready: false, reason: "discovery has not synced" };
+  readiness(): { ready: boolean; reason: string; checks: Record<string, { ok: boolean; detail: string }> } {
     const ws = this.router.workers();
-    const usable = ws.filter((w) => this.router.healthy(w.id) && !this.router.excluded(w.id));
-    if (!usable.length) return { ready: false, reason: ws.length ? "no worker is healthy" : "no workers known" };
+    const routable = ws.filter((w) => this.router.healthy(w.id) && !this.router.excluded(w.id));
+    const withEvents = routable.filter((w) => w.events);
+    // A stream counts until its transport reports it down (an endpoint still
+    // connecting is not known to be broken); one that delivered counts anyway.
+    const flowing = withEvents.filter((w) => this.eventsUp[w.id] !== false || this.eventsSeen[w.id] === true);
     const noSub = ws.filter((w) => w.events && !this.subs[w.id]);
-    if (noSub.length) return { ready: false, reason: `no KV-event subscription for ${noSub.map((w) => w.id).join(",")}` };
-    return { ready: true, reason: `${usable.length} worker(s)` };
+    const checks = {
+      draining: { ok: !this.draining, detail: this.draining ? "shutting down" : "no" },
+      discovery: { ok: this.discoverySynced && this.discoveryState.ok, detail: this.discoverySynced ? this.discoveryState.detail : "discovery has not synced" },
+      workers: { ok: routable.length > 0, detail: ws.length ? `${routable.length} routable of ${ws.length}` : "no workers known" },
+      events: {
+        ok: noSub.length === 0 && (withEvents.length === 0 || flowing.length > 0),
+        detail: noSub.length
+          ? `no KV-event subscription for ${noSub.map((w) => w.id).join(",")}`
+          : withEvents.length === 0
+            ? "no worker publishes KV events (load-only routing)"
+            : `${flowing.length} of ${withEvents.length} streams up`,
+      },
+    };
+    const failing = Object.entries(checks).find(([, c]) => !c.ok);
+    return { ready: !failing, reason: failing ? `${failing[0]}: ${failing[1].detail}` : `${routable.length} worker(s)`, checks };
   }
 
   /** Parse, tokenize once, pick. Throws httpError(4xx/503) for the caller to render. */
@@ -288,7 +331,19 @@ export class App {
     // A worker that renders differently counts other tokens than ours: demand is then an estimate.
     if (feats.exact && this.probes && this.probes.anyDiverged()) feats = { ...feats, exact: false };
     const pick = this.router.pick(feats, req.sessionId, allow);
-    this.metrics.pickLatency.observe(Number(process.hrtime.bigint() - t0) / 1e9);
+    const secs = Number(process.hrtime.bigint() - t0) / 1e9;
+    this.metrics.pickLatency.observe(secs);
+    // Costs and counts only: prompt text never reaches the logs.
+    if (this.opts.logLevel === "debug") this.log("debug", "pick", {
+      endpoint,
+      worker: pick.target.id,
+      prefill: pick.prefill?.id ?? null,
+      blocks: feats.blocks.length,
+      input_tokens: feats.inputTokens,
+      candidates: pick.candidates.map((c) => ({ id: c.id, cost: c.cost, hits: c.hits, active: c.active })),
+      decode_candidates: pick.decodeCandidates?.map((c) => ({ id: c.id, cost: c.cost, hits: c.hits, active: c.active })) ?? null,
+      pick_ms: +(secs * 1000).toFixed(3),
+    });
     return pick;
   }
 

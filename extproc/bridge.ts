@@ -2,24 +2,154 @@
 // KV events exactly like the ext_proc server, but instead of a local mirror it
 // pushes the fleet and every event batch, in order, to nginx's internal push
 // location, where njs applies them to its shared dicts.
+//
+// It never drops: besides the push queue it keeps a shadow of each worker's
+// resident blocks (the raw BlockStored data, in store order). Any failed push,
+// a queue over --bridge-queue-max, or nginx found empty (restarted) marks
+// nginx dirty; the bridge then backs off exponentially and, once nginx
+// answers, replaces nginx's whole state (fleet, then per worker: clear + every
+// resident block) before it resumes streaming live batches.
+import * as http from "http";
 import { sameWorker } from "../core/fleet";
-import { parseArgs, Options } from "./config";
-import { EventSource, eventSourceFor, fetchModels, Logger, makeLogger } from "./app";
+import { Counter, Gauge, Registry } from "prom-client";
+import { Options, optionsFrom } from "./config";
+import { EventSource, eventSourceFor, fetchModels } from "./app";
 import { Fleet, startDiscovery } from "./discovery";
 import { Subscription } from "./events";
 import { KvEvent } from "../core/kvevents";
 import { WorkerSpec } from "../core/router";
+import { backoff, Logger, makeLogger, stateLogger } from "../runtime/log";
+import { listenError, runCommand, version } from "../cli/args";
+
+interface ShadowBlock {
+  parent: string | null;
+  tokens: number[];
+  blockSize: number;
+  loraId: number | null;
+  /** false = evicted by the engine, kept only because a resident block chains from it. */
+  live: boolean;
+  /** Resident or ghost blocks whose parent this is. */
+  kids: number;
+}
+
+/**
+ * One worker's blocks as nginx should see them. A block's mirror hash chains
+ * from its parent's, so an evicted parent whose children are still resident
+ * is kept as a ghost: a replay stores it (so the children can chain) and then
+ * removes it, leaving nginx with exactly what live streaming would have.
+ */
+export class Shadow {
+  seq: number | null = null;
+  blocks = new Map<string, ShadowBlock>();
+  live = 0;
+
+  apply(seq: number, events: KvEvent[]): void {
+    this.seq = seq;
+    for (const ev of events) {
+      if (ev.type === "AllBlocksCleared") {
+        this.blocks.clear();
+        this.live = 0;
+      } else if (ev.type === "BlockRemoved") for (const h of ev.hashes) this.remove(h);
+      else if (ev.tokens.length === ev.hashes.length * ev.blockSize) {
+        let parent = ev.parent;
+        ev.hashes.forEach((h, j) => {
+          const had = this.blocks.get(h);
+          if (had) {
+            if (!had.live) this.live++;
+            had.live = true;
+          } else {
+            this.blocks.set(h, { parent, tokens: ev.tokens.slice(j * ev.blockSize, (j + 1) * ev.blockSize), blockSize: ev.blockSize, loraId: ev.loraId ?? null, live: true, kids: 0 });
+            this.live++;
+            const p: ShadowBlock | undefined = parent === null ? undefined : this.blocks.get(parent);
+            if (p) p.kids++;
+          }
+          parent = h;
+        });
+      }
+    }
+  }
+
+  private remove(h: string): void {
+    let b = this.blocks.get(h);
+    if (!b || !b.live) return;
+    b.live = false;
+    this.live--;
+    // Drop ghosts nothing chains from any more, up the chain.
+    let key: string | null = h;
+    while (b && !b.live && b.kids === 0 && key !== null) {
+      this.blocks.delete(key);
+      const parentKey: string | null = b.parent;
+      const p: ShadowBlock | undefined = parentKey === null ? undefined : this.blocks.get(parentKey);
+      if (!p) break;
+      p.kids--;
+      key = parentKey;
+      b = p;
+    }
+  }
+
+  /** The state as event batches: clear, the blocks in store order (chains merged), then the ghosts removed; at most maxBlocks per batch. */
+  replay(maxBlocks: number): KvEvent[][] {
+    const batches: KvEvent[][] = [[{ type: "AllBlocksCleared" }]];
+    let cur: (KvEvent & { type: "BlockStored" }) | null = null;
+    let inBatch = 0;
+    let last: string | null = null;
+    const ghosts: string[] = [];
+    for (const [h, b] of this.blocks) {
+      if (inBatch >= maxBlocks) {
+        batches.push([]);
+        inBatch = 0;
+        cur = null;
+      }
+      if (!b.live) ghosts.push(h);
+      if (cur && b.parent === last && b.blockSize === cur.blockSize && (b.loraId ?? null) === (cur.loraId ?? null)) {
+        cur.hashes.push(h);
+        for (const t of b.tokens) cur.tokens.push(t);
+      } else {
+        cur = { type: "BlockStored", hashes: [h], parent: b.parent, tokens: b.tokens.slice(), blockSize: b.blockSize, loraId: b.loraId };
+        batches[batches.length - 1].push(cur);
+      }
+      inBatch++;
+      last = h;
+    }
+    if (ghosts.length) batches[batches.length - 1].push({ type: "BlockRemoved", hashes: ghosts });
+    return batches;
+  }
+}
+
+type Push = Record<string, unknown>;
 
 export class Bridge implements Fleet {
   private fleet: Record<string, WorkerSpec> = {};
   /** Each worker's GET /v1/models ids, pushed with the fleet so njs routes by model. */
   private models: Record<string, string[]> = {};
   private subs: Record<string, Subscription> = {};
-  private chain: Promise<void> = Promise.resolve();
+  private shadows: Record<string, Shadow> = {};
+  private queue: Push[] = [];
+  private pumping = false;
+  private closed = false;
   private lastPseq = 0;
-  stats = { pushed: 0, refused: 0, failed: 0 };
+  private attempt = 0;
+  private heartbeat: NodeJS.Timeout | null = null;
+  /** nginx may hold less than we pushed: the next successful contact is a full resync. */
+  dirty = true;
+  /** Discovery's state (for readiness). */
+  discoveryState = { ok: true, detail: "static" };
+  readonly nginxState: ReturnType<typeof stateLogger>;
+  readonly registry = new Registry();
+  readonly m = {
+    pushes: new Counter({ name: "infera_bridge_pushes_total", help: "Pushes to nginx by result", labelNames: ["type", "result"], registers: [this.registry] }),
+    resyncs: new Counter({ name: "infera_bridge_resyncs_total", help: "Full resyncs of nginx's state (fleet + mirrors)", registers: [this.registry] }),
+    overflow: new Counter({ name: "infera_bridge_queue_overflows_total", help: "Times the queue passed --bridge-queue-max and was replaced by a resync", registers: [this.registry] }),
+    queue: new Gauge({ name: "infera_bridge_queue_depth", help: "Pushes waiting", registers: [this.registry] }),
+    dirty: new Gauge({ name: "infera_bridge_nginx_dirty", help: "1 while nginx may be missing state (a resync is pending)", registers: [this.registry] }),
+    blocks: new Gauge({ name: "infera_bridge_shadow_blocks", help: "Resident blocks per worker as the bridge last saw them", labelNames: ["worker"], registers: [this.registry] }),
+  };
+  stats = { pushed: 0, refused: 0, failed: 0, resyncs: 0 };
 
-  constructor(readonly opts: Options, readonly log: Logger, private events: EventSource) {}
+  constructor(readonly opts: Options, readonly log: Logger, private events: EventSource) {
+    this.nginxState = stateLogger(log, `nginx push (${opts.nginxPushUrl})`);
+    this.m.dirty.set(1);
+  }
 
   static async create(opts: Options, log: Logger): Promise<Bridge> {
     return new Bridge(opts, log, await eventSourceFor(opts, log));
@@ -31,130 +161,247 @@ export class Bridge implements Fleet {
     return this.lastPseq;
   }
 
-  private post(body: Record<string, unknown>): Promise<Response> {
-    return fetch(this.opts.nginxPushUrl, {
+  private async post(body: Push): Promise<void> {
+    const r = await fetch(this.opts.nginxPushUrl, {
       method: "POST",
       headers: { "content-type": "application/json", "x-infera-push-token": this.opts.pushToken },
       body: JSON.stringify({ ...body, pseq: this.pseq() }),
+      signal: AbortSignal.timeout(10000),
     });
+    const text = await r.text();
+    if (!r.ok) {
+      this.m.pushes.inc({ type: String(body.type), result: String(r.status) });
+      throw new Error(`nginx answered ${r.status}: ${text.slice(0, 200)}`);
+    }
+    this.m.pushes.inc({ type: String(body.type), result: "ok" });
+    this.stats.pushed++;
   }
 
-  private fleetBody(): Record<string, unknown> {
+  private fleetBody(): Push {
     return { type: "workers", workers: Object.values(this.fleet).map((w) => ({ id: w.id, address: w.address, role: w.role, blockSize: w.blockSize, models: this.models[w.id] ?? null })) };
   }
 
-  private send(body: Record<string, unknown>): Promise<void> {
-    const run = this.chain.then(async () => {
-      for (let attempt = 0; attempt < 50; attempt++) {
+  private enqueue(p: Push): void {
+    if (this.dirty) return void this.pump(); // the coming resync carries it
+    if (this.queue.length >= this.opts.bridgeQueueMax) {
+      this.m.overflow.inc();
+      this.log("warn", `push queue passed --bridge-queue-max ${this.opts.bridgeQueueMax}: resyncing nginx in full instead`);
+      this.markDirty();
+    } else this.queue.push(p);
+    this.m.queue.set(this.queue.length);
+    void this.pump();
+  }
+
+  private markDirty(): void {
+    this.dirty = true;
+    this.queue = [];
+    this.m.queue.set(0);
+    this.m.dirty.set(1);
+  }
+
+  /** Replaces nginx's state with ours: the fleet, then per worker a clear and every resident block. */
+  private async resync(): Promise<void> {
+    // Snapshot synchronously: batches arriving from now on queue behind it, in order.
+    const bodies: Push[] = [this.fleetBody()];
+    for (const id of Object.keys(this.fleet)) {
+      const sh = this.shadows[id];
+      if (!sh || sh.seq === null) continue;
+      const batches = sh.replay(2000);
+      // Sequence numbers end at the shadow's, so the next live batch follows on.
+      batches.forEach((events, i) => bodies.push({ type: "events", worker: id, seq: (sh.seq as number) - (batches.length - 1 - i), events }));
+    }
+    this.queue = [];
+    this.dirty = false;
+    for (const b of bodies) await this.post(b);
+    this.stats.resyncs++;
+    this.m.resyncs.inc();
+    this.m.dirty.set(0);
+    this.log("info", "nginx resynced", { workers: Object.keys(this.fleet).length, blocks: Object.values(this.shadows).reduce((a, s) => a + s.live, 0) });
+  }
+
+  private async pump(): Promise<void> {
+    if (this.pumping || this.closed) return;
+    this.pumping = true;
+    try {
+      while (!this.closed && (this.dirty || this.queue.length)) {
         try {
-          const r = await this.post(body);
-          if (r.ok) {
-            this.stats.pushed++;
-            return;
+          if (this.dirty) await this.resync();
+          else {
+            await this.post(this.queue[0]);
+            this.queue.shift();
+            this.m.queue.set(this.queue.length);
           }
-          const text = await r.text();
-          if (r.status === 404 && body.type === "events") {
-            // nginx restarted and lost the fleet: send it again, then this batch.
-            await this.pushFleetNow();
-            continue;
-          }
-          this.stats.refused++;
-          this.log("warn", `push refused (${r.status}): ${text}`);
-          return;
+          this.nginxState.ok();
+          this.attempt = 0;
         } catch (e) {
           this.stats.failed++;
-          if (attempt % 10 === 0) this.log("warn", `push to ${this.opts.nginxPushUrl} failed: ${(e as Error).message}; retrying`);
-          await new Promise((res) => setTimeout(res, 200));
+          this.markDirty();
+          this.nginxState.fail((e as Error).message.split("\n")[0]);
+          const wait = backoff(this.attempt++, this.opts.bridgeBackoffMaxMs);
+          await new Promise((r) => setTimeout(r, wait));
         }
       }
-    });
-    this.chain = run.catch(() => undefined);
-    return run;
+    } finally {
+      this.pumping = false;
+    }
   }
 
-  // Outside the push chain: called from inside it, when nginx has lost the fleet.
-  private async pushFleetNow(): Promise<void> {
-    const r = await this.post(this.fleetBody());
-    if (!r.ok) throw new Error(`fleet push refused: ${r.status}`);
+  /**
+   * Notices an nginx that restarted (empty fleet) or went away while nothing
+   * was being pushed, so the fleet is back without waiting for an event.
+   */
+  startHeartbeat(everyMs = 1000): void {
+    const url = new URL("/v1/admin/workers", this.opts.nginxPushUrl).toString();
+    this.heartbeat = setInterval(async () => {
+      if (this.pumping || this.dirty) return;
+      try {
+        const r = await fetch(url, { signal: AbortSignal.timeout(2000) });
+        const ws = (await r.json()) as unknown[];
+        if (r.ok && Array.isArray(ws) && ws.length !== Object.keys(this.fleet).length) {
+          this.log("warn", `nginx holds ${ws.length} worker(s), the fleet has ${Object.keys(this.fleet).length} (nginx restarted?): resyncing`);
+          this.markDirty();
+          void this.pump();
+        }
+      } catch (e) {
+        this.nginxState.fail(`nginx unreachable: ${(e as Error).message}`);
+        this.markDirty();
+        void this.pump();
+      }
+    }, everyMs);
+    this.heartbeat.unref();
   }
 
-  private pushFleet(): Promise<void> {
-    return this.send(this.fleetBody());
+  readiness(): { ready: boolean; checks: Record<string, { ok: boolean; detail: string }> } {
+    const checks = {
+      nginx: { ok: !this.dirty && !this.nginxState.failing, detail: this.dirty ? "resync pending (nginx unreachable or refused a push)" : "in sync" },
+      discovery: { ok: this.discoveryState.ok, detail: this.discoveryState.detail },
+      workers: { ok: Object.keys(this.fleet).length > 0, detail: `${Object.keys(this.fleet).length} worker(s)` },
+    };
+    return { ready: Object.values(checks).every((c) => c.ok), checks };
+  }
+
+  setDiscoveryState(ok: boolean, detail: string): void {
+    this.discoveryState = { ok, detail };
+  }
+
+  listWorkerCount(): number {
+    return Object.keys(this.fleet).length;
   }
 
   setWorkers(list: WorkerSpec[]): void {
     const want = new Set(list.map((w) => w.id));
-    for (const id of Object.keys(this.fleet)) if (!want.has(id)) this.drop(id);
-    for (const w of list) this.track(w);
-    void this.pushFleet();
+    let changed = false;
+    for (const id of Object.keys(this.fleet)) if (!want.has(id)) changed = this.drop(id) || changed;
+    for (const w of list) changed = this.track(w) || changed;
+    if (changed || this.dirty) this.enqueue(this.fleetBody());
   }
 
   addWorker(w: WorkerSpec): void {
-    this.track(w);
-    void this.pushFleet();
+    if (this.track(w)) this.enqueue(this.fleetBody());
   }
 
   removeWorker(id: string): void {
-    this.drop(id);
-    void this.pushFleet();
+    if (this.drop(id)) this.enqueue(this.fleetBody());
   }
 
-  private track(w: WorkerSpec): void {
+  private track(w: WorkerSpec): boolean {
     const old = this.fleet[w.id];
-    if (old && sameWorker(old, w)) return;
+    if (old && sameWorker(old, w)) return false;
     this.drop(w.id);
     this.fleet[w.id] = w;
     void fetchModels(w.address).then((m) => {
       if (!m || this.fleet[w.id] !== w) return;
       this.models[w.id] = m.ids;
-      void this.pushFleet();
+      this.enqueue(this.fleetBody());
     });
+    const shadow = new Shadow();
+    this.shadows[w.id] = shadow;
     if (w.events)
-      this.subs[w.id] = this.events.subscribe(
-        w,
-        (seq, evs: KvEvent[]) => void this.send({ type: "events", worker: w.id, seq, events: evs }),
-        (reason) => this.log("warn", `kv-events worker=${w.id} refused frame: ${reason}`),
-      );
+      try {
+        this.subs[w.id] = this.events.subscribe(
+          w,
+          (seq, evs: KvEvent[]) => {
+            if (this.fleet[w.id] !== w) return;
+            shadow.apply(seq, evs);
+            this.m.blocks.set({ worker: w.id }, shadow.live);
+            this.enqueue({ type: "events", worker: w.id, seq, events: evs });
+          },
+          (reason) => this.log("warn", `kv-events worker=${w.id} refused frame: ${reason}`),
+        );
+      } catch (e) {
+        this.log("warn", `kv-events worker=${w.id} cannot subscribe to ${w.events}: ${(e as Error).message}`);
+      }
+    return true;
   }
 
-  private drop(id: string): void {
+  private drop(id: string): boolean {
+    if (!this.fleet[id]) return false;
     this.subs[id]?.close();
     delete this.subs[id];
     delete this.fleet[id];
     delete this.models[id];
+    delete this.shadows[id];
+    this.m.blocks.remove({ worker: id });
+    return true;
   }
 
-  /** Resolves when every queued push has been sent. */
-  flush(): Promise<void> {
-    return this.chain;
+  /** Resolves once nothing is queued and nginx is in sync (or after timeoutMs). */
+  async flush(timeoutMs = 30000): Promise<void> {
+    const end = Date.now() + timeoutMs;
+    while ((this.pumping || this.dirty || this.queue.length) && Date.now() < end) await new Promise((r) => setTimeout(r, 20));
   }
 
   async close(): Promise<void> {
+    this.closed = true;
+    if (this.heartbeat) clearInterval(this.heartbeat);
     for (const id of Object.keys(this.subs)) this.subs[id].close();
     await this.events.close();
   }
 }
 
-if (require.main === module) {
-  (async () => {
-    let opts: Options;
-    try {
-      opts = parseArgs(process.argv.slice(2));
-      if (!opts.pushToken) throw new Error("--push-token (or INFERA_PUSH_TOKEN) is required");
-    } catch (e) {
-      process.stderr.write(`infera-bridge: ${(e as Error).message}\n`);
-      process.exit(2);
+function serveAdmin(b: Bridge, host: string, port: number): Promise<http.Server> {
+  const server = http.createServer(async (req, res) => {
+    const send = (status: number, body: unknown) => {
+      const s = JSON.stringify(body);
+      res.writeHead(status, { "content-type": "application/json" });
+      res.end(s);
+    };
+    const p = new URL(req.url || "/", "http://x").pathname;
+    if (p === "/metrics") {
+      res.writeHead(200, { "content-type": b.registry.contentType });
+      return res.end(await b.registry.metrics());
     }
-    const log = makeLogger(opts.logLevel);
+    if (p === "/livez") return send(200, { status: "alive" });
+    if (p === "/readyz" || p === "/healthz") {
+      const r = b.readiness();
+      return send(r.ready ? 200 : 503, { status: r.ready ? "ready" : "not_ready", checks: r.checks });
+    }
+    send(404, { error: { message: "not found", type: "not_found", code: 404 } });
+  });
+  return new Promise((resolve, reject) => {
+    server.once("error", reject);
+    server.listen(port, host, () => resolve(server));
+  });
+}
+
+export function startBridge(argv: string[]): Promise<void> {
+  return runCommand("bridge", argv, async (p) => {
+    const opts = optionsFrom(p.values, "bridge");
+    const log = makeLogger(opts.logLevel, opts.logFormat, { component: "bridge" });
     const b = await Bridge.create(opts, log);
+    const admin = await serveAdmin(b, opts.host, opts.adminPort).catch((e) => Promise.reject(listenError("--admin-port", opts.host, opts.adminPort, e)));
     const d = await startDiscovery(b);
-    log("info", `bridge pushing to ${opts.nginxPushUrl}`);
+    b.startHeartbeat();
+    log("info", "bridge started", { version: version(), push_url: opts.nginxPushUrl, admin: `${opts.host}:${(admin.address() as { port: number }).port}` });
     const stop = async () => {
+      admin.close();
       await d.close();
       await b.close();
       process.exit(0);
     };
     process.on("SIGTERM", stop);
     process.on("SIGINT", stop);
-  })();
+  });
 }
+
+if (require.main === module) void startBridge(process.argv.slice(2));

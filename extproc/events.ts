@@ -88,9 +88,18 @@ export interface Subscription {
   close(): void;
 }
 
+/** Transport connection state of one subscription (readiness: "events flowing"). */
+export interface EventStateSink {
+  (connected: boolean): void;
+}
+
 /** Subscribes to one worker's ZMQ PUB. Frames: [topic, seq, payload] (topic optional). */
-export function subscribeZmq(workerId: string, endpoint: string, topic: string, sink: EventSink, onError: EventErrorSink): Subscription {
+export function subscribeZmq(workerId: string, endpoint: string, topic: string, sink: EventSink, onError: EventErrorSink, onState?: EventStateSink): Subscription {
   const sock = new zmq.Subscriber({ reconnectInterval: 200, reconnectMaxInterval: 2000 });
+  if (onState) {
+    sock.events.on("connect", () => onState(true));
+    sock.events.on("disconnect", () => onState(false));
+  }
   sock.connect(endpoint);
   sock.subscribe(topic);
   let closed = false;

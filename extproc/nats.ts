@@ -25,9 +25,22 @@ export async function natsConnect(url: string, log: Logger, name: string): Promi
 
 export async function natsEventSource(url: string, log: Logger): Promise<EventSource> {
   const nc = await natsConnect(url, log, "infera-gate-router");
+  // Connection state for readiness: every subscription shares the one connection.
+  const watchers = new Set<(up: boolean) => void>();
+  (async () => {
+    for await (const s of nc.status()) {
+      if (s.type === "disconnect") watchers.forEach((f) => f(false));
+      if (s.type === "reconnect") watchers.forEach((f) => f(true));
+    }
+  })().catch(() => undefined);
   return {
-    subscribe(w, onBatch, onError) {
+    subscribe(w, onBatch, onError, onState) {
       const sub = nc.subscribe(natsSubject(w.id, w.events as string));
+      if (onState) {
+        watchers.add(onState);
+        // After subscribe() returns: the caller registers the subscription first.
+        queueMicrotask(() => onState(!nc.isClosed()));
+      }
       (async () => {
         for await (const m of sub) {
           try {
@@ -39,7 +52,12 @@ export async function natsEventSource(url: string, log: Logger): Promise<EventSo
           }
         }
       })().catch((e) => onError("subscriber stopped: " + (e as Error).message));
-      return { close: () => sub.unsubscribe() };
+      return {
+        close: () => {
+          if (onState) watchers.delete(onState);
+          sub.unsubscribe();
+        },
+      };
     },
     close: async () => {
       await nc.drain().catch(() => undefined);

@@ -3,25 +3,28 @@
 //   infera-register --etcd-endpoint http://127.0.0.1:2379 --id w0 \
 //     --address 10.0.0.5:8000 --role decode --block-size 16 --kv-events tcp://10.0.0.5:5557
 import { registerWorker, Registration } from "./etcd";
+import { CliError, runCommand } from "../cli/args";
+import { badEventEndpoint } from "./config";
+import { Level, makeLogger } from "../runtime/log";
 
-async function main(): Promise<void> {
-  const a = process.argv.slice(2);
-  const get = (f: string, d?: string) => {
-    const i = a.indexOf(f);
-    return i >= 0 ? a[i + 1] : d;
-  };
-  const id = get("--id");
-  const address = get("--address");
-  if (!id || !address) {
-    process.stderr.write("usage: infera-register --id ID --address host:port [--role mixed|prefill|decode] [--block-size 16] [--kv-events tcp://…|subject] [--etcd-endpoint URL] [--etcd-prefix /infera/workers/] [--ttl 5]\n");
-    process.exit(2);
-  }
-  const reg: Registration = { address, role: (get("--role", "mixed") as Registration["role"]), block_size: Number(get("--block-size", "16")), kv_events: get("--kv-events") };
-  const r = await registerWorker(get("--etcd-endpoint", "http://127.0.0.1:2379")!, get("--etcd-prefix", "/infera/workers/")!, id, reg, Number(get("--ttl", "5")));
-  process.stderr.write(`registered ${id} -> ${JSON.stringify(reg)}\n`);
-  const stop = () => r.close().then(() => process.exit(0));
-  process.on("SIGTERM", stop);
-  process.on("SIGINT", stop);
+export function startRegister(argv: string[]): Promise<void> {
+  return runCommand("register", argv, async (p) => {
+    const v = p.values;
+    const log = makeLogger(v["log-level"] as Level, v["log-format"] as "json" | "text", { component: "register" });
+    const kv = v["kv-events"] as string | null;
+    if (kv) {
+      const why = badEventEndpoint(kv);
+      if (why) throw new CliError(`--kv-events: ${why}`);
+    }
+    const id = v.id as string;
+    if (!/^[A-Za-z0-9_.:-]+$/.test(id)) throw new CliError(`--id: '${id}' may use letters, digits and _ . : - only`);
+    const reg: Registration = { address: v.address as string, role: v.role as Registration["role"], block_size: v["block-size"] as number, kv_events: kv ?? undefined };
+    const r = await registerWorker(v["etcd-endpoint"] as string, v["etcd-prefix"] as string, id, reg, v.ttl as number, log);
+    log("info", "registered", { id, registration: reg });
+    const stop = () => r.close().then(() => process.exit(0));
+    process.on("SIGTERM", stop);
+    process.on("SIGINT", stop);
+  });
 }
 
-main();
+if (require.main === module) void startRegister(process.argv.slice(2));

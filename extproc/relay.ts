@@ -4,10 +4,11 @@
 import * as zmq from "zeromq";
 import { natsConnect, natsPublish } from "./nats";
 import { decodeSeq } from "./events";
-import { makeLogger } from "./app";
+import { Level, Logger, makeLogger } from "../runtime/log";
+import { CliError, runCommand } from "../cli/args";
+import { badEventEndpoint } from "./config";
 
-export async function runRelay(zmqEndpoint: string, natsUrl: string, subject: string, topic = ""): Promise<{ close(): Promise<void> }> {
-  const log = makeLogger("info");
+export async function runRelay(zmqEndpoint: string, natsUrl: string, subject: string, topic = "", log: Logger = makeLogger("info")): Promise<{ close(): Promise<void> }> {
   const nc = await natsConnect(natsUrl, log, "infera-kv-relay");
   const sock = new zmq.Subscriber({ reconnectInterval: 200 });
   sock.connect(zmqEndpoint);
@@ -30,11 +31,19 @@ export async function runRelay(zmqEndpoint: string, natsUrl: string, subject: st
   };
 }
 
-if (require.main === module) {
-  const [zmqEndpoint, natsUrl, subject] = process.argv.slice(2);
-  if (!zmqEndpoint || !natsUrl || !subject) {
-    process.stderr.write("usage: infera-kv-relay <zmq-endpoint> <nats-url> <subject>\n");
-    process.exit(2);
-  }
-  runRelay(zmqEndpoint, natsUrl, subject).then(() => process.stderr.write(`relaying ${zmqEndpoint} -> ${natsUrl} ${subject}\n`));
+export function startRelay(argv: string[]): Promise<void> {
+  return runCommand("relay", argv, async (p) => {
+    const v = p.values;
+    const log = makeLogger(v["log-level"] as Level, v["log-format"] as "json" | "text", { component: "relay" });
+    const ep = v["zmq-endpoint"] as string;
+    const why = /^[a-z]+:\/\//.test(ep) ? badEventEndpoint(ep) : `'${ep}' needs tcp://host:port or ipc://path`;
+    if (why) throw new CliError(`--zmq-endpoint: ${why}`);
+    const r = await runRelay(v["zmq-endpoint"] as string, v["nats-url"] as string, v.subject as string, v["kv-event-topic"] as string, log);
+    log("info", "relaying", { from: v["zmq-endpoint"], to: v["nats-url"], subject: v.subject });
+    const stop = () => r.close().then(() => process.exit(0));
+    process.on("SIGTERM", stop);
+    process.on("SIGINT", stop);
+  });
 }
+
+if (require.main === module) void startRelay(process.argv.slice(2));

@@ -25,10 +25,12 @@ import { HeaderValueOption_HeaderAppendAction, HeaderValueOptionSchema, HeaderVa
 import { HttpStatusSchema, StatusCode } from "./gen/envoy/type/v3/http_status_pb";
 import { ProcessingMode_BodySendMode } from "./gen/envoy/extensions/filters/http/ext_proc/v3/processing_mode_pb";
 import { endpointOf } from "../core/request";
-import { asHttpError, errorPayload, httpError } from "../core/util";
+import { asHttpError, httpError } from "../core/util";
 import { Guard, Pick, Reservation, Worker } from "../core/router";
 import { App } from "./app";
 import { addHealth } from "./health";
+import { errorJson } from "../core/errors";
+import { withRequestId } from "../runtime/log";
 
 function headerMap(m: HeaderMap | undefined): Record<string, string> {
   const out: Record<string, string> = {};
@@ -48,14 +50,14 @@ function setHeaders(pairs: Record<string, string>, remove: string[] = []) {
   });
 }
 
-function immediate(status: number, message: string, type: string, param?: string): ProcessingResponse {
+function immediate(status: number, message: string, type: string, path = "", param?: string): ProcessingResponse {
   return create(ProcessingResponseSchema, {
     response: {
       case: "immediateResponse",
       value: create(ImmediateResponseSchema, {
         status: create(HttpStatusSchema, { code: status as StatusCode }),
         headers: setHeaders({ "content-type": "application/json" }),
-        body: Buffer.from(JSON.stringify(errorPayload(status, message, type, param))),
+        body: Buffer.from(errorJson(path, status, message, type, param)),
         details: "infera_" + type,
       }),
     },
@@ -195,7 +197,7 @@ function handleStream(app: App, call: grpc.ServerDuplexStream<ProcessingRequest,
       const err = asHttpError(e);
       app.metrics.badRequests.inc({ status: String(err.status) });
       if (err.status >= 500) app.log("warn", `routing failed: ${err.message}${subset ? ` (gateway subset: ${subset.join(",") || "empty"})` : ""}`);
-      return immediate(err.status, err.message, err.type, err.param);
+      return immediate(err.status, err.message, err.type, headers[":path"] || "", err.param);
     }
     // The target's pool, cheapest first: the pick, then the fallbacks a retrying gateway walks.
     const pool = (pick.decodeCandidates ?? pick.candidates).slice().sort((a, b) => a.cost - b.cost || a.active - b.active);
@@ -204,7 +206,7 @@ function handleStream(app: App, call: grpc.ServerDuplexStream<ProcessingRequest,
       pick.reservation.finish();
       app.metrics.badRequests.inc({ status: "429" });
       app.log("info", `shed a '${headers[OBJECTIVE_HEADER]}' request: every candidate holds >= ${shedAt} active blocks`);
-      return immediate(429, "all endpoints are saturated; sheddable request dropped", "rate_limited");
+      return immediate(429, "all endpoints are saturated; sheddable request dropped", "rate_limited", headers[":path"] || "");
     }
     res = pick.reservation;
     picked = pick.target;
@@ -258,6 +260,11 @@ function handleStream(app: App, call: grpc.ServerDuplexStream<ProcessingRequest,
 
   call.on("data", (m: ProcessingRequest) => {
     touch();
+    // Envoy's x-request-id tags every log line of this request.
+    if (m.request.case === "requestHeaders") headers = headerMap(m.request.value.headers);
+    withRequestId(headers["x-request-id"], () => onMessage(m));
+  });
+  const onMessage = (m: ProcessingRequest) => {
     try {
       const r = m.request;
       if (m.protocolConfig && bodyMode === null) {
@@ -304,7 +311,7 @@ function handleStream(app: App, call: grpc.ServerDuplexStream<ProcessingRequest,
             // A partial body (STREAMED / BUFFERED_PARTIAL): the upstream header can no
             // longer be set once chunks flow, so say what to fix instead of misrouting.
             app.log("warn", "ext_proc got a partial request body: set request_body_mode: BUFFERED or FULL_DUPLEX_STREAMED");
-            send(immediate(500, "gateway misconfigured: ext_proc request_body_mode must be BUFFERED or FULL_DUPLEX_STREAMED (routing needs the whole body)", "server_misconfigured"));
+            send(immediate(500, "gateway misconfigured: ext_proc request_body_mode must be BUFFERED or FULL_DUPLEX_STREAMED (routing needs the whole body)", "server_misconfigured", headers[":path"] || ""));
           }
           break;
         case "requestTrailers":
@@ -362,7 +369,7 @@ function handleStream(app: App, call: grpc.ServerDuplexStream<ProcessingRequest,
       done();
       call.destroy(e as Error);
     }
-  });
+  };
   // Client abort, upstream reset, Envoy closing the stream: all end up here.
   call.on("end", () => {
     stopIdle();

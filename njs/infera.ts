@@ -1,16 +1,18 @@
 // NGINX njs entry: the same core as the ext_proc server, with its state in
 // js_shared_dict_zone (each request gets a fresh VM, so nothing may live in
 // globals). Requires njs >= 0.8.0; see nginx/README.md.
-import { createRouter, defaultConfig, DEFAULT_OVERLAP_WEIGHT, Guard, Router, RouterConfig } from "../core/router";
+import { createRouter, Guard, Router, RouterConfig } from "../core/router";
 import { Store } from "../core/store";
 import { acceptPushSeq, countDecision, decisionCounts, guardKey, keyedState, nextRequestId, saveGuard } from "../core/state/keyed";
 import { computeFeatures, endpointOf, parseRequest, Tokenizer } from "../core/request";
 import { applyBatch, KvEvent } from "../core/kvevents";
 import { compactTokenizer } from "../core/bpe";
-import { asHttpError, errorPayload } from "../core/util";
-import { checkSessionId, DEFAULT_MAX_SESSION_ID_BYTES } from "../core/limits";
+import { asHttpError } from "../core/util";
+import { checkSessionId } from "../core/limits";
 import { workerRow } from "../core/views";
 import { storeModelTable, withModels } from "../core/models";
+import { nginxFlag, routerConfigFromVars } from "../core/flags";
+import { errorJson } from "../core/errors";
 
 const STR_ZONE = "infera_str";
 const NUM_ZONE = "infera_num";
@@ -47,36 +49,20 @@ function json(r: NjsRequest, status: number, body: unknown): void {
 }
 
 function fail(r: NjsRequest, status: number, message: string, type: string, param?: string): void {
-  json(r, status, errorPayload(status, message, type, param));
+  r.headersOut["Content-Type"] = "application/json";
+  r.return(status, errorJson(r.uri, status, message, type, param));
 }
 
-function numVar(r: NjsRequest, name: string, dflt: number | null): number | null {
-  const v = r.variables[name];
-  if (v === undefined || v === "") return dflt;
-  const x = Number(v);
-  return isFinite(x) ? x : dflt;
+function getVar(r: NjsRequest): (name: string) => string | undefined {
+  return function (name: string) {
+    return r.variables[name];
+  };
 }
 
-// Router flags come from nginx variables ($infera_policy, ...), same names as the CLI flags.
+// Router flags come from nginx variables ($infera_policy, ...): core/flags.ts
+// maps each CLI flag to its variable; a bad value is a 500 naming the variable.
 function config(r: NjsRequest): RouterConfig {
-  const c = defaultConfig();
-  const v = r.variables;
-  if (v.infera_policy) c.policy = v.infera_policy as RouterConfig["policy"];
-  c.blockSize = numVar(r, "infera_block_size", 16) as number;
-  c.overlapWeight = numVar(r, "infera_kv_overlap_weight", DEFAULT_OVERLAP_WEIGHT) as number;
-  c.prefillOverlapWeight = numVar(r, "infera_kv_prefill_overlap_weight", null);
-  c.decodeOverlapWeight = numVar(r, "infera_kv_decode_overlap_weight", null);
-  if (v.infera_decode_input_demand) c.decodeInputDemand = v.infera_decode_input_demand as RouterConfig["decodeInputDemand"];
-  c.decodeRequestWeight = numVar(r, "infera_decode_request_weight", 0) as number;
-  if (v.infera_session_affinity) c.sessionAffinity = v.infera_session_affinity as RouterConfig["sessionAffinity"];
-  if (v.infera_pd_prefill_guard_release) c.pdPrefillGuardRelease = v.infera_pd_prefill_guard_release as RouterConfig["pdPrefillGuardRelease"];
-  c.mmLruSize = numVar(r, "infera_mm_lru_size", 256) as number;
-  const sw = v.infera_scorer_weights ? String(v.infera_scorer_weights).split(",") : [];
-  for (let i = 0; i < sw.length; i++) {
-    const eq = sw[i].indexOf("=");
-    if (eq > 0) c.scorerWeights[sw[i].slice(0, eq).trim()] = Number(sw[i].slice(eq + 1));
-  }
-  return c;
+  return routerConfigFromVars(getVar(r));
 }
 
 interface Ctx {
@@ -147,9 +133,9 @@ function route(r: NjsRequest): void {
     if (ep && r.method === "POST") {
       const body = r.requestText || "";
       const bytes = r.requestBuffer ? r.requestBuffer.length : body.length;
-      const maxBody = numVar(r, "infera_max_body_bytes", 8388608) as number;
-      const req = parseRequest(ep, body, bytes, { maxBodyBytes: maxBody }, r.headersIn[r.variables.infera_session_header || "x-session-id"] || null);
-      checkSessionId(req.sessionId, numVar(r, "infera_max_session_id_bytes", DEFAULT_MAX_SESSION_ID_BYTES) as number);
+      const maxBody = nginxFlag("max-body-bytes", getVar(r)) as number;
+      const req = parseRequest(ep, body, bytes, { maxBodyBytes: maxBody }, r.headersIn[nginxFlag("session-header", getVar(r)) as string] || null);
+      checkSessionId(req.sessionId, nginxFlag("max-session-id-bytes", getVar(r)) as number);
       const f = computeFeatures(req, tokenizer(), c.cfg.blockSize);
       pick = c.router.pick(f, req.sessionId);
     } else pick = c.router.pick({ blocks: [], inputTokens: 0, exact: false, mediaHashes: [], n: 1 });
@@ -217,8 +203,11 @@ interface PushBody {
  * sequence not newer than the last accepted one for that stream (409, stale).
  */
 function push(r: NjsRequest): void {
-  const want = r.variables.infera_push_token || "";
-  if (!want) return fail(r, 503, "push refused: $infera_push_token is not set", "push_disabled");
+  // The token comes from the environment (nginx.conf: env INFERA_PUSH_TOKEN;)
+  // or, if set, from $infera_push_token (e.g. an included secrets file).
+  const env = typeof process !== "undefined" && process.env ? process.env.INFERA_PUSH_TOKEN : undefined;
+  const want = r.variables.infera_push_token || env || "";
+  if (!want) return fail(r, 503, "push refused: set INFERA_PUSH_TOKEN in nginx's environment (env INFERA_PUSH_TOKEN;) or $infera_push_token", "push_disabled");
   if (r.headersIn["X-Infera-Push-Token"] !== want) return fail(r, 403, "push refused: bad token", "forbidden");
   const c = ctx(r);
   if (!c) return;

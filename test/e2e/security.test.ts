@@ -131,7 +131,7 @@ test("a gateway whose ext_proc failed open never connects to a client-named addr
 const n8 = nginx08();
 test("nginx: client-sent x-infera-* headers never reach a worker", { skip: skip || (n8 ? false : "njs >= 0.8 not set up (bash scripts/njs08.sh)") }, async () => {
   const ng = await startNginx(n8!);
-  const bridge = await startBridge(["--workers", workers.map((w) => w.address).join(","), "--health-interval-ms", "0"], `${ng.url}/_infera/push`);
+  const bridge = await startBridge(["--workers", workers.map((w) => w.address).join(",")], `${ng.url}/_infera/push`);
   await waitFor("bridge fleet push", async () => {
     const r = await fetch(`${ng.url}/v1/admin/workers`).catch(() => null);
     return !!r && r.ok && ((await r.json()) as unknown[]).length === 2;

@@ -60,7 +60,7 @@ test("400s for malformed requests come out of route() with status and type", () 
     return null;
   };
   assert.deepEqual(err("{"), [400, "invalid_request_error"]);
-  assert.deepEqual(err(JSON.stringify({ model: "m", messages: [{ role: "user", content: "x".repeat(200) }] })), [400, "request_too_large"]);
+  assert.deepEqual(err(JSON.stringify({ model: "m", messages: [{ role: "user", content: "x".repeat(200) }] })), [413, "request_too_large"]);
 });
 
 test("a session id over --max-session-id-bytes is refused with a 400 before it reaches the session table", () => {

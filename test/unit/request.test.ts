@@ -37,7 +37,7 @@ test("malformed bodies are 400s with a message, never a crash", () => {
   assert.deepEqual(status(() => parse("chat", { model: "m", messages: [{ role: "user", content: [{ type: "image_url" }] }] })), [400, "image_url part needs a url"]);
   const big = JSON.stringify({ model: "m", messages: [{ role: "user", content: "x".repeat(100) }] });
   const [st, msg] = status(() => parseRequest("chat", big, big.length, { maxBodyBytes: 50 }));
-  assert.equal(st, 400);
+  assert.equal(st, 413, "over the body limit is 413 Payload Too Large (issue 15)");
   assert.match(String(msg), /over the 50-byte limit/);
 });
 

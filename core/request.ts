@@ -136,6 +136,7 @@ export function parseRequest(endpoint: Endpoint, body: string, bodyBytes: number
     else if (p instanceof Array) {
       for (let i = 0; i < p.length; i++)
         if (typeof p[i] !== "number" || p[i] < 0 || p[i] % 1 !== 0) throw httpError(400, "'prompt' token ids must be non-negative integers");
+        else if (p[i] > 4294967295) throw httpError(400, "'prompt' token id " + p[i] + " does not fit in 32 bits");
       promptTokens = p as number[];
     } else throw httpError(400, "'prompt' must be a string, token ids, or an array of them");
   }

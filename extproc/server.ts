@@ -408,8 +408,10 @@ export function extProcCredentials(tls: App["opts"]["extProcTls"]): grpc.ServerC
 
 export async function startExtProc(app: App, host: string, port: number): Promise<{ server: grpc.Server; port: number }> {
   const server = new grpc.Server({
-    // A whole buffered body plus its headers: nothing larger can be a request we route.
-    "grpc.max_receive_message_length": app.opts.maxBodyBytes + 1024 * 1024,
+    // Tied to the body limit: bodies up to twice --max-body-bytes still reach us
+    // and get a clean 413 (Envoy's own buffer, 16 MiB in the shipped config, is
+    // twice the default limit and answers beyond it); nothing larger is read.
+    "grpc.max_receive_message_length": 2 * app.opts.maxBodyBytes + 1024 * 1024,
     "grpc.max_concurrent_streams": app.opts.extProcMaxStreams,
   });
   server.addService(ExtProcService, { Process: (call: grpc.ServerDuplexStream<ProcessingRequest, ProcessingResponse>) => handleStream(app, call) });

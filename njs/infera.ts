@@ -3,11 +3,11 @@
 // globals). Requires njs >= 0.8.0; see nginx/README.md.
 import { createRouter, Guard, Router, RouterConfig } from "../core/router";
 import { Store } from "../core/store";
-import { acceptPushSeq, countDecision, decisionCounts, guardKey, keyedState, nextRequestId, saveGuard } from "../core/state/keyed";
+import { MAX_PUSH_SEQ_AHEAD_US, acceptPushSeq, countDecision, decisionCounts, guardKey, keyedState, nextRequestId, saveGuard } from "../core/state/keyed";
 import { computeFeatures, endpointOf, parseRequest, Tokenizer } from "../core/request";
 import { applyBatch, KvEvent } from "../core/kvevents";
 import { compactTokenizer } from "../core/bpe";
-import { asHttpError } from "../core/util";
+import { asHttpError, promLabel, sameSecret } from "../core/util";
 import { checkSessionId } from "../core/limits";
 import { workerRow } from "../core/views";
 import { storeModelTable, withModels } from "../core/models";
@@ -208,7 +208,7 @@ function push(r: NjsRequest): void {
   const env = typeof process !== "undefined" && process.env ? process.env.INFERA_PUSH_TOKEN : undefined;
   const want = r.variables.infera_push_token || env || "";
   if (!want) return fail(r, 503, "push refused: set INFERA_PUSH_TOKEN in nginx's environment (env INFERA_PUSH_TOKEN;) or $infera_push_token", "push_disabled");
-  if (r.headersIn["X-Infera-Push-Token"] !== want) return fail(r, 403, "push refused: bad token", "forbidden");
+  if (!sameSecret(String(r.headersIn["X-Infera-Push-Token"] || ""), want)) return fail(r, 403, "push refused: bad token", "forbidden");
   const c = ctx(r);
   if (!c) return;
   let b: PushBody;
@@ -218,6 +218,7 @@ function push(r: NjsRequest): void {
     return fail(r, 400, "push body is not JSON", "invalid_request_error");
   }
   if (typeof b.pseq !== "number") return fail(r, 400, "push needs a numeric pseq", "invalid_request_error");
+  if (b.pseq > Date.now() * 1000 + MAX_PUSH_SEQ_AHEAD_US) return fail(r, 400, "push refused: pseq " + b.pseq + " is more than 10 minutes ahead of this host's clock (microseconds since the epoch)", "invalid_request_error");
   const seqOk = acceptPushSeq(c.st, b.type === "workers" ? "workers" : "ev:" + b.worker, b.pseq);
   if (!seqOk.ok) return fail(r, 409, "stale push: pseq " + b.pseq + " <= " + seqOk.last, "stale");
   if (b.type === "workers") {
@@ -261,7 +262,7 @@ function metrics(r: NjsRequest): void {
   const lines: string[] = [];
   const gauge = (name: string, help: string, label: string, value: (id: string) => number, decodeOnly: boolean) => {
     lines.push("# HELP " + name + " " + help, "# TYPE " + name + " gauge");
-    for (let i = 0; i < ws.length; i++) if (!decodeOnly || ws[i].role !== "prefill") lines.push(name + "{" + label + '="' + ws[i].id + '"} ' + value(ws[i].id));
+    for (let i = 0; i < ws.length; i++) if (!decodeOnly || ws[i].role !== "prefill") lines.push(name + "{" + label + '="' + promLabel(ws[i].id) + '"} ' + value(ws[i].id));
   };
   gauge("infera_router_decode_demand_tokens", "In-flight input tokens booked on each decode target", "target", (id) => c.router.demand(id).tokens, true);
   gauge("infera_router_decode_demand_requests", "Requests held on each decode target", "target", (id) => c.router.demand(id).requests, true);

@@ -159,7 +159,8 @@ test("render-parity probe: a faithful engine is exact, a divergent one diverged 
   assert.match(m, new RegExp(`infera_router_render_parity\\{worker="${bad.address}",status="diverged"\\} 1`));
   assert.match(m, new RegExp(`infera_router_render_parity\\{worker="${bad.address}",status="exact"\\} 0`));
   const log = router.proc.log();
-  assert.match(log, new RegExp(`warn render parity: worker ${bad.address.replace(/[.]/g, "\\.")} diverged at token ${byId(bad).position} of probe tools-parallel-calls`));
+  // JSON log lines (the default format): the warn names the worker and the first differing token.
+  assert.match(log, new RegExp(`"level":"warn","msg":"render parity: worker ${bad.address.replace(/[.]/g, "\\.")} diverged at token ${byId(bad).position} of probe tools-parallel-calls`));
   assert.ok(!/Zürich|get_weather|東京/.test(log), "no prompt text in the log");
   // Re-probed on the interval: checked_at moves.
   const first = byId(good).checked_at;

@@ -88,10 +88,10 @@ test("a stream that goes quiet after its pick is ended and its load released", a
   c.close();
 });
 
-test("gRPC messages larger than the body limit (plus headers) are refused by the transport", async () => {
+test("gRPC messages larger than twice the body limit (plus headers) are refused by the transport", async () => {
   const { port } = await serve(["--max-body-bytes", "65536"]);
   const c = new grpc.Client(`127.0.0.1:${port}`, grpc.credentials.createInsecure());
-  const big = create(ProcessingRequestSchema, { request: { case: "requestBody", value: create(HttpBodySchema, { body: Buffer.alloc(2 * 1024 * 1024, 120), endOfStream: true }) } });
+  const big = create(ProcessingRequestSchema, { request: { case: "requestBody", value: create(HttpBodySchema, { body: Buffer.alloc(2 * 65536 + 1024 * 1024 + 1, 120), endOfStream: true }) } });
   assert.equal(await roundTrip(c, big), "error:RESOURCE_EXHAUSTED");
   c.close();
 });

@@ -193,3 +193,8 @@ test("--router-tokenizer-path takes a Hugging Face model id, resolved offline fr
     fs.rmSync(root, { recursive: true, force: true });
   }
 });
+
+test("token ids that do not fit in 32 bits are refused, not truncated", () => {
+  assert.deepEqual(status(() => parse("completions", { model: "m", prompt: [1, 4294967296] })), [400, "'prompt' token id 4294967296 does not fit in 32 bits"]);
+  assert.doesNotThrow(() => parse("completions", { model: "m", prompt: [0, 4294967295] }));
+});

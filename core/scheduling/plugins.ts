@@ -12,6 +12,7 @@ import { lowestCostPicker } from "./plugins/picker/lowest-cost";
 import { roundRobinPicker } from "./plugins/picker/round-robin";
 import { randomPicker } from "./plugins/picker/random";
 import { imageTouch, sessionBind } from "./plugins/lifecycle/remember";
+import { loadReservation } from "./plugins/lifecycle/load";
 
 register.filter(usableFilter);
 register.filter(rolePoolFilter);
@@ -25,3 +26,4 @@ register.picker(roundRobinPicker);
 register.picker(randomPicker);
 register.lifecycle(imageTouch);
 register.lifecycle(sessionBind);
+register.lifecycle(loadReservation);

@@ -6,9 +6,9 @@
 // Usage: npm run bench [-- --skip-ttft] [-- --skip-pick] [-- --quick]
 import * as fs from "fs";
 import * as path from "path";
-import { App } from "../extproc/app";
-import { parseArgs } from "../extproc/config";
-import { nativeHasher } from "../extproc/hasher";
+import { App } from "../runtime/app";
+import { parseArgs } from "../runtime/config";
+import { nativeHasher } from "../runtime/hasher";
 import { jsHasher, blockHashes } from "../core/hash";
 import { applyBatch } from "../core/kvevents";
 import { plainChat } from "../core/chat";

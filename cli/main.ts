@@ -1,9 +1,9 @@
 // infera-gate <command> [flags]: one entry point for the image and `npx`.
 // Commands: router (default), bridge, relay, register, sim.
-import { startRouter } from "../extproc/main";
-import { startBridge } from "../extproc/bridge";
-import { startRelay } from "../extproc/relay";
-import { startRegister } from "../extproc/register";
+import { startRouter } from "./router";
+import { startBridge } from "../njs/bridge";
+import { startRelay } from "./relay";
+import { startRegister } from "./register";
 import { version } from "./args";
 import { spawn } from "child_process";
 

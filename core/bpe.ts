@@ -12,7 +12,7 @@ export interface CompactTokenizer {
   merges: { [pair: string]: number };
   added: [string, number][];
   pattern: string;
-  /** The model's chat template, parsed at build time (extproc/jinja.ts templateAst). */
+  /** The model's chat template, parsed at build time (runtime/jinja.ts templateAst). */
   chat?: { ast: any; special: { [k: string]: string }; format: ContentFormat; readsContent: boolean };
   /** Ids add_special_tokens=true puts around a prompt (e.g. Llama's BOS). */
   specialPrefix?: number[];

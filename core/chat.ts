@@ -448,7 +448,7 @@ export function plainChat(messages: any[]): ChatInput {
   return { messages: messages, tools: null, documents: null, addGenerationPrompt: true, continueFinalMessage: false, reasoningEffort: null, kwargs: {} };
 }
 
-/** Chat renderer for a parsed template (extproc/jinja.ts templateAst), Envoy and nginx alike. */
+/** Chat renderer for a parsed template (runtime/jinja.ts templateAst), Envoy and nginx alike. */
 export function chatRenderer(ast: any, special: { [k: string]: string }, format: ContentFormat, templateSrcHasContent: boolean): (chat: ChatInput) => string {
   return function (chat: ChatInput): string {
     const p = renderPrepare(chat, { format: format }, special, templateSrcHasContent ? "content" : "");

@@ -27,7 +27,7 @@ import { ProcessingMode_BodySendMode } from "./gen/envoy/extensions/filters/http
 import { endpointOf } from "../core/request";
 import { asHttpError, httpError } from "../core/util";
 import { Guard, Pick, Reservation, Worker } from "../core/router";
-import { App } from "./app";
+import { App } from "../runtime/app";
 import { addHealth } from "./health";
 import { errorJson } from "../core/errors";
 import { withRequestId } from "../runtime/log";

@@ -6,8 +6,8 @@ import * as fs from "fs";
 import * as path from "path";
 import { build } from "esbuild";
 import { compact } from "../scripts/compact-tokenizer";
-import { defaultTokenizerDir, loadTokenizer } from "../extproc/tokenizer";
-import { templateAst } from "../extproc/jinja";
+import { defaultTokenizerDir, loadTokenizer } from "../runtime/tokenizer";
+import { templateAst } from "../runtime/jinja";
 import { detectContentFormat } from "../core/chat";
 import { CompactTokenizer } from "../core/bpe";
 

@@ -198,7 +198,7 @@ interface PushBody {
 }
 
 /**
- * js_content for the internal push location. The bridge (extproc/bridge.ts)
+ * js_content for the internal push location. The bridge (njs/bridge.ts)
  * sends the fleet and KV event batches. Refused: wrong token (403), a push
  * sequence not newer than the last accepted one for that stream (409, stale).
  */

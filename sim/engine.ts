@@ -7,7 +7,7 @@ import * as http from "http";
 import * as crypto from "crypto";
 import * as zmq from "zeromq";
 import { encode } from "@msgpack/msgpack";
-import { loadTokenizer } from "../extproc/tokenizer";
+import { loadTokenizer } from "../runtime/tokenizer";
 import { endpointOf, parseRequest, Tokenizer } from "../core/request";
 import { simRender, SimRender } from "./render";
 
@@ -28,7 +28,7 @@ export interface SimOptions {
   /** Send a malformed frame every N batches (fault tests); 0 = never. */
   malformedEvery: number;
   tokenizerPath: string | null;
-  /** Register in etcd under a lease (see extproc/etcd.ts for the keys). */
+  /** Register in etcd under a lease (see runtime/etcd.ts for the keys). */
   etcdEndpoint: string | null;
   etcdPrefix: string;
   /** host the fleet should use to reach us (registrations); default: --host. */
@@ -376,7 +376,7 @@ if (require.main === module) {
     const events = o.kvEventsPort === null ? undefined : `tcp://${host}:${o.kvEventsPort}`;
     process.stderr.write(`sim ${o.id} role=${o.role} http=${o.host}:${o.port} kv-events=${events ?? "off"}\n`);
     if (o.etcdEndpoint) {
-      const { registerWorker } = await import("../extproc/etcd");
+      const { registerWorker } = await import("../runtime/etcd");
       await registerWorker(o.etcdEndpoint, o.etcdPrefix, o.id, { address: `${host}:${o.port}`, role: o.role, block_size: o.blockSize, kv_events: events }, 2);
       process.stderr.write(`sim ${o.id} registered in etcd ${o.etcdEndpoint}${o.etcdPrefix}${o.id}\n`);
     }

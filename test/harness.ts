@@ -161,7 +161,7 @@ export function startRouter(args: string[], env: Record<string, string> = {}): P
 async function startRouterOnce(args: string[], env: Record<string, string>): Promise<RouterProc> {
   const grpcPort = await freePort();
   const adminPort = await freePort();
-  const proc = run("router", process.execPath, [...TSX, "extproc/main.ts", "--host", "127.0.0.1", "--ext-proc-port", String(grpcPort), "--admin-port", String(adminPort), ...args], env);
+  const proc = run("router", process.execPath, [...TSX, "cli/router.ts", "--host", "127.0.0.1", "--ext-proc-port", String(grpcPort), "--admin-port", String(adminPort), ...args], env);
   const admin = `http://127.0.0.1:${adminPort}`;
   await waitFor("router admin", async () => {
     if (proc.child.exitCode !== null) throw fatal(`router exited: ${proc.log().slice(-1000)}`);
@@ -327,7 +327,7 @@ async function startNginxOnce(fl: NginxFlavor, vars: Record<string, string>): Pr
 
 export async function startBridge(args: string[], pushUrl: string, token = "test-token"): Promise<Proc> {
   const adminPort = await freePort();
-  return run("bridge", process.execPath, [TSX[0], TSX[1], "extproc/bridge.ts", "--nginx-push-url", pushUrl, "--push-token", token, "--admin-port", String(adminPort), ...args]);
+  return run("bridge", process.execPath, [TSX[0], TSX[1], "njs/bridge.ts", "--nginx-push-url", pushUrl, "--push-token", token, "--admin-port", String(adminPort), ...args]);
 }
 
 export async function startEtcd(dataDir?: string, ports?: { client: number; peer: number }): Promise<{ endpoint: string; proc: Proc; dataDir: string; ports: { client: number; peer: number } }> {
@@ -350,7 +350,7 @@ export async function startNats(port?: number): Promise<{ url: string; proc: Pro
 }
 
 export function startRelay(sim: Sim, natsUrl: string, subject: string): Proc {
-  return run(`relay-${sim.id}`, process.execPath, [TSX[0], TSX[1], "extproc/relay.ts", sim.events, natsUrl, subject]);
+  return run(`relay-${sim.id}`, process.execPath, [TSX[0], TSX[1], "cli/relay.ts", sim.events, natsUrl, subject]);
 }
 
 /**

@@ -6,7 +6,7 @@ import { spawnSync } from "child_process";
 import * as fs from "fs";
 import * as os from "os";
 import * as path from "path";
-import { defaultTokenizerDir, packageModelsDir } from "../extproc/tokenizer";
+import { defaultTokenizerDir, packageModelsDir } from "../runtime/tokenizer";
 
 const ROOT = path.resolve(__dirname, "..");
 

@@ -20,7 +20,7 @@ test("a 20 s etcd outage: last fleet kept, re-listed on return, registrants neit
   const etcd = await startEtcd();
   const s0 = await startSim("h0", ["--etcd-endpoint", etcd.endpoint]);
   const s1 = await startSim("h1");
-  const reg = run("register-h1", process.execPath, ["--import", "tsx", "extproc/register.ts", "--etcd-endpoint", etcd.endpoint, "--id", "h1", "--address", s1.address, "--kv-events", s1.events, "--ttl", "2", "--log-format", "text"]);
+  const reg = run("register-h1", process.execPath, ["--import", "tsx", "cli/register.ts", "--etcd-endpoint", etcd.endpoint, "--id", "h1", "--address", s1.address, "--kv-events", s1.events, "--ttl", "2", "--log-format", "text"]);
   const router = await startRouter(["--discovery-backend", "etcd", "--etcd-endpoint", etcd.endpoint, "--health-interval-ms", "200", "--router-tokenizer-path", "none", "--log-format", "text"]);
   const ids = async () => (await router.workers()).map((w) => w.id).sort().join();
   await waitFor("both workers from etcd", async () => (await ids()) === "h0,h1", 15000);

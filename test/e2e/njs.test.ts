@@ -7,7 +7,7 @@ import * as fs from "fs";
 import * as os from "os";
 import * as path from "path";
 import { ROOT, nginx08, nginxSystem, startSim, startNginx, startBridge, workerArg, chat, longText, openStream, stopAll, sleep, waitFor, Sim, renderNginx, freePort } from "../harness";
-import { loadTokenizer } from "../../extproc/tokenizer";
+import { loadTokenizer } from "../../runtime/tokenizer";
 import { xxh3Hex } from "../../core/xxh3";
 import { corpus, reference } from "../render-corpus";
 

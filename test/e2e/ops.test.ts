@@ -42,7 +42,7 @@ test("SIGTERM drains: not ready at once, an in-flight stream through Envoy compl
   const sim = await startSim("d0", ["--decode-ms-per-token", "8"]);
   const grpcPort = await freePort();
   const adminPort = await freePort();
-  const args = ["--import", "tsx", "extproc/main.ts", "--workers", workerArg([sim]), "--ext-proc-port", String(grpcPort), "--admin-port", String(adminPort), "--router-tokenizer-path", "none", "--drain-timeout-s", "30", "--log-level", "debug"];
+  const args = ["--import", "tsx", "cli/router.ts", "--workers", workerArg([sim]), "--ext-proc-port", String(grpcPort), "--admin-port", String(adminPort), "--router-tokenizer-path", "none", "--drain-timeout-s", "30", "--log-level", "debug"];
   const admin = `http://127.0.0.1:${adminPort}`;
   const r1 = run("router-drain-1", process.execPath, args);
   await waitFor("router 1", async () => {

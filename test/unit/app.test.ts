@@ -2,8 +2,8 @@
 // metrics on /metrics, env fallbacks for flags.
 import { test } from "node:test";
 import * as assert from "node:assert/strict";
-import { App } from "../../extproc/app";
-import { parseArgs, parseWorkers } from "../../extproc/config";
+import { App } from "../../runtime/app";
+import { parseArgs, parseWorkers } from "../../runtime/config";
 
 const noEvents = { subscribe: () => ({ close() {} }), close: async () => undefined };
 

@@ -5,7 +5,7 @@
 // keep agreeing as live batches continue after the replay.
 import { test } from "node:test";
 import * as assert from "node:assert/strict";
-import { Shadow } from "../../extproc/bridge";
+import { Shadow } from "../../njs/bridge";
 import { applyBatch, KvEvent } from "../../core/kvevents";
 import { memoryState } from "../../core/state/memory";
 import { MirrorIndex } from "../../core/state/types";

@@ -9,14 +9,14 @@ import * as os from "os";
 import * as path from "path";
 import { parseCommand, helpText, COMMANDS } from "../../cli/args";
 import { FLAGS, flagsFor, routerConfigFromVars, nginxFlag, envName } from "../../core/flags";
-import { parseArgs } from "../../extproc/config";
+import { parseArgs } from "../../runtime/config";
 import { renderReadme } from "../../scripts/flags-doc";
-import { specFromEtcd } from "../../extproc/etcd";
-import { App } from "../../extproc/app";
+import { specFromEtcd } from "../../runtime/etcd";
+import { App } from "../../runtime/app";
 
 const ROOT = path.resolve(__dirname, "../..");
 const pkg = JSON.parse(fs.readFileSync(path.join(ROOT, "package.json"), "utf8"));
-const ENTRY: Record<string, string> = { router: "extproc/main.ts", bridge: "extproc/bridge.ts", relay: "extproc/relay.ts", register: "extproc/register.ts" };
+const ENTRY: Record<string, string> = { router: "cli/router.ts", bridge: "njs/bridge.ts", relay: "cli/relay.ts", register: "cli/register.ts" };
 
 function runCli(script: string, args: string[], env: Record<string, string> = {}) {
   // Strip any INFERA_* of the caller's: only what the test sets counts.

@@ -7,7 +7,7 @@ import { spawnSync } from "child_process";
 import * as fs from "fs";
 import * as path from "path";
 import { parse } from "yaml";
-import { parseArgs } from "../../extproc/config";
+import { parseArgs } from "../../runtime/config";
 import { parseCommand } from "../../cli/args";
 import { parseSimArgs } from "../../sim/engine";
 

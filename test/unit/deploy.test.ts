@@ -8,7 +8,7 @@ import * as assert from "node:assert/strict";
 import { spawnSync } from "child_process";
 import * as path from "path";
 import { parseAllDocuments } from "yaml";
-import { parseArgs } from "../../extproc/config";
+import { parseArgs } from "../../runtime/config";
 
 const ROOT = path.resolve(__dirname, "../..");
 const gobin = spawnSync("go", ["env", "GOPATH"], { encoding: "utf8" }).stdout?.trim();

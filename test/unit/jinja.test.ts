@@ -6,7 +6,7 @@ import assert from "node:assert/strict";
 import { spawnSync } from "child_process";
 import * as path from "path";
 import { renderTemplate } from "../../core/jinja";
-import { templateAst } from "../../extproc/jinja";
+import { templateAst } from "../../runtime/jinja";
 
 const msgs = [
   { role: "system", content: "  Be brief.\n" },

@@ -3,7 +3,7 @@
 import { test } from "node:test";
 import * as assert from "node:assert/strict";
 import { backoff, makeLogger, stateLogger, withRequestId } from "../../runtime/log";
-import { parseArgs } from "../../extproc/config";
+import { parseArgs } from "../../runtime/config";
 
 function capture(level: "debug" | "info" | "warn" | "error", format: "json" | "text") {
   const lines: string[] = [];

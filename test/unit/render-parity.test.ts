@@ -6,7 +6,7 @@ import assert from "node:assert/strict";
 import { corpus, CorpusItem, FAMILIES, reference, RefResult } from "../render-corpus";
 import { parseRequest, promptTokenIds } from "../../core/request";
 import { ChatInput } from "../../core/chat";
-import { loadTokenizer, LoadedTokenizer } from "../../extproc/tokenizer";
+import { loadTokenizer, LoadedTokenizer } from "../../runtime/tokenizer";
 
 
 type Renderer = (it: CorpusItem, tok: LoadedTokenizer) => number[];

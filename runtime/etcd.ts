@@ -5,7 +5,7 @@
 // lease expiry = leave. On a watch error it backs off and re-lists, keeping
 // the last known fleet meanwhile, so an etcd restart heals.
 import { Etcd3, Lease, Watcher } from "etcd3";
-import { backoff, Logger, makeLogger, stateLogger } from "../runtime/log";
+import { backoff, Logger, makeLogger, stateLogger } from "./log";
 import { badEventEndpoint } from "./config";
 import { Fleet } from "./discovery";
 import { Role, WorkerSpec } from "../core/router";

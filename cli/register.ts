@@ -2,9 +2,9 @@
 // launchers of real engines (run it beside `vllm serve` or SGLang):
 //   infera-register --etcd-endpoint http://127.0.0.1:2379 --id w0 \
 //     --address 10.0.0.5:8000 --role decode --block-size 16 --kv-events tcp://10.0.0.5:5557
-import { registerWorker, Registration } from "./etcd";
-import { CliError, runCommand } from "../cli/args";
-import { badEventEndpoint } from "./config";
+import { registerWorker, Registration } from "../runtime/etcd";
+import { CliError, runCommand } from "./args";
+import { badEventEndpoint } from "../runtime/config";
 import { Level, makeLogger } from "../runtime/log";
 
 export function startRegister(argv: string[]): Promise<void> {

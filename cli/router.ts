@@ -1,11 +1,11 @@
 // infera-gate ext_proc server entry point.
 import * as grpc from "@grpc/grpc-js";
-import { optionsFrom } from "./config";
-import { App } from "./app";
-import { startExtProc } from "./server";
-import { startAdmin } from "./admin";
-import { startDiscovery } from "./discovery";
-import { listenError, runCommand, version } from "../cli/args";
+import { optionsFrom } from "../runtime/config";
+import { App } from "../runtime/app";
+import { startExtProc } from "../extproc/server";
+import { startAdmin } from "../runtime/admin";
+import { startDiscovery } from "../runtime/discovery";
+import { listenError, runCommand, version } from "./args";
 import { makeLogger } from "../runtime/log";
 import { drainGrpc } from "../runtime/drain";
 

@@ -52,7 +52,7 @@ export interface Options {
   drainTimeoutS: number;
   bridgeQueueMax: number;
   bridgeBackoffMaxMs: number;
-  /** Render-parity probe (extproc/probe.ts): period in ms (0 = on join only), and the engine's tokenize API. */
+  /** Render-parity probe (runtime/probe.ts): period in ms (0 = on join only), and the engine's tokenize API. */
   renderProbeIntervalMs: number;
   renderProbeApi: "vllm" | "sglang" | "off";
 }

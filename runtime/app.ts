@@ -51,9 +51,9 @@ export function tokenizerPaths(v: string | null): { byModel: Record<string, stri
   }
   return { byModel, dflt };
 }
-import { Logger } from "../runtime/log";
+import { Logger } from "./log";
 
-export { Logger, makeLogger } from "../runtime/log";
+export { Logger, makeLogger } from "./log";
 
 export interface EventSource {
   /** onState reports the transport's connection state for this subscription, when the transport knows it. */

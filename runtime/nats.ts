@@ -1,6 +1,6 @@
 // KV events over NATS: one subject per worker (its `events` value, e.g.
 // infera.kv.w0). Each message is the same msgpack EventBatch vLLM puts on ZMQ,
-// with the sequence number in the `Infera-Seq` header. extproc/relay.ts moves a
+// with the sequence number in the `Infera-Seq` header. cli/relay.ts moves a
 // worker's ZMQ stream onto NATS unchanged.
 import { connect, NatsConnection, headers as natsHeaders } from "nats";
 import { decodeBatch } from "./events";

@@ -12,10 +12,10 @@
 import * as http from "http";
 import { sameWorker } from "../core/fleet";
 import { Counter, Gauge, Registry } from "prom-client";
-import { Options, optionsFrom } from "./config";
-import { EventSource, eventSourceFor, fetchModels } from "./app";
-import { Fleet, startDiscovery } from "./discovery";
-import { Subscription } from "./events";
+import { Options, optionsFrom } from "../runtime/config";
+import { EventSource, eventSourceFor, fetchModels } from "../runtime/app";
+import { Fleet, startDiscovery } from "../runtime/discovery";
+import { Subscription } from "../runtime/events";
 import { KvEvent } from "../core/kvevents";
 import { WorkerSpec } from "../core/router";
 import { backoff, Logger, makeLogger, stateLogger } from "../runtime/log";

@@ -2,11 +2,11 @@
 // every batch, byte for byte, on a NATS subject (run it beside each engine
 // when the router uses --kv-event-transport nats).
 import * as zmq from "zeromq";
-import { natsConnect, natsPublish } from "./nats";
-import { decodeSeq } from "./events";
+import { natsConnect, natsPublish } from "../runtime/nats";
+import { decodeSeq } from "../runtime/events";
 import { Level, Logger, makeLogger } from "../runtime/log";
-import { CliError, runCommand } from "../cli/args";
-import { badEventEndpoint } from "./config";
+import { CliError, runCommand } from "./args";
+import { badEventEndpoint } from "../runtime/config";
 
 export async function runRelay(zmqEndpoint: string, natsUrl: string, subject: string, topic = "", log: Logger = makeLogger("info")): Promise<{ close(): Promise<void> }> {
   const nc = await natsConnect(natsUrl, log, "infera-kv-relay");

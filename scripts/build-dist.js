@@ -6,7 +6,7 @@ const fs = require("fs");
 const path = require("path");
 
 const ROOT = path.resolve(__dirname, "..");
-const DIRS = ["core", "cli", "runtime", "extproc", "sim"];
+const DIRS = ["core", "cli", "runtime", "extproc", "njs", "sim"];
 
 function walk(dir, out) {
   for (const e of fs.readdirSync(dir, { withFileTypes: true })) {

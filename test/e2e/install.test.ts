@@ -23,7 +23,7 @@ test("npm ci --omit=dev && npm start works without dev dependencies", async () =
   assert.equal(ci.status, 0, ci.stderr);
   assert.ok(!fs.existsSync(path.join(dir, "node_modules", "tsx")), "tsx is not installed");
   assert.ok(!fs.existsSync(path.join(dir, "node_modules", "typescript")), "typescript is not installed");
-  assert.ok(fs.existsSync(path.join(dir, "dist", "extproc", "main.js")), "prepare compiled dist/");
+  assert.ok(fs.existsSync(path.join(dir, "dist", "cli", "router.js")), "prepare compiled dist/");
 
   const v = spawnSync("npm", ["start", "-s", "--", "--version"], { cwd: dir, encoding: "utf8", timeout: 30000 });
   assert.equal(v.status, 0, v.stderr);

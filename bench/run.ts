@@ -6,11 +6,12 @@
 // Usage: npm run bench [-- --skip-ttft] [-- --skip-pick] [-- --quick]
 import * as fs from "fs";
 import * as path from "path";
-import { App } from "../extproc/app";
-import { parseArgs } from "../extproc/config";
-import { nativeHasher } from "../extproc/hasher";
+import { App } from "../runtime/app";
+import { parseArgs } from "../runtime/config";
+import { nativeHasher } from "../runtime/hasher";
 import { jsHasher, blockHashes } from "../core/hash";
 import { applyBatch } from "../core/kvevents";
+import { plainChat } from "../core/chat";
 import { startSim, startRouter, startEnvoy, workerArg, chat, longText, stopAll, envoyBin, Sim } from "../test/harness";
 
 const quick = process.argv.includes("--quick");
@@ -37,13 +38,13 @@ async function pickLatency(): Promise<string[]> {
     const ws = app.router.workers();
     // every worker caches an unrelated 2k-token prompt; worker 3 also holds the benchmark prefix
     for (let i = 0; i < ws.length; i++) {
-      const t = tok.encode(tok.renderChat([{ role: "user", content: longText(`bg${i}`, wordsFor(2000)) }]));
+      const t = tok.encode(tok.renderChat(plainChat([{ role: "user", content: longText(`bg${i}`, wordsFor(2000)) }])));
       const n = Math.floor(t.length / 16);
       applyBatch(app.state.mirror, ws[i].epochKey, 0, [{ type: "BlockStored", hashes: Array.from({ length: n }, (_, k) => `${i}-${k}`), parent: null, tokens: t.slice(0, n * 16), blockSize: 16 }], 16, nativeHasher);
     }
     for (const size of [1000, 4000, 32000]) {
       const content = longText(`q${size}`, wordsFor(size));
-      const t = tok.encode(tok.renderChat([{ role: "user", content }]));
+      const t = tok.encode(tok.renderChat(plainChat([{ role: "user", content }])));
       const half = Math.floor(t.length / 32) * 16;
       applyBatch(app.state.mirror, ws[3].epochKey, 1, [{ type: "BlockStored", hashes: Array.from({ length: half / 16 }, (_, k) => `p${size}-${k}`), parent: null, tokens: t.slice(0, half), blockSize: 16 }], 16, nativeHasher);
       const body = Buffer.from(JSON.stringify({ model: "m", messages: [{ role: "user", content }] }));

@@ -4,12 +4,42 @@
 //   { vocab: {token: id}, merges: {"a b": rank}, added: [[content, id]], pattern }
 
 import { utf8 } from "./util";
+import { ChatInput, chatRenderer, ContentFormat } from "./chat";
+import { renderChatML, Tokenizer } from "./request";
 
 export interface CompactTokenizer {
   vocab: { [tok: string]: number };
   merges: { [pair: string]: number };
   added: [string, number][];
   pattern: string;
+  /** The model's chat template, parsed at build time (runtime/jinja.ts templateAst). */
+  chat?: { ast: any; special: { [k: string]: string }; format: ContentFormat; readsContent: boolean };
+  /** Ids add_special_tokens=true puts around a prompt (e.g. Llama's BOS). */
+  specialPrefix?: number[];
+  specialSuffix?: number[];
+}
+
+/** The router Tokenizer over a compact vocabulary: what njs uses. */
+export function compactTokenizer(t: CompactTokenizer): Tokenizer {
+  const bpe = createBpe(t);
+  const chat = t.chat;
+  const render = chat ? chatRenderer(chat.ast, chat.special, chat.format, chat.readsContent) : renderChatML;
+  return {
+    encode: bpe.encode,
+    encodeSpecial: function (text: string): number[] {
+      const out: number[] = [];
+      const pre = t.specialPrefix || [];
+      const suf = t.specialSuffix || [];
+      for (let i = 0; i < pre.length; i++) out.push(pre[i]);
+      const ids = bpe.encode(text);
+      for (let i = 0; i < ids.length; i++) out.push(ids[i]);
+      for (let i = 0; i < suf.length; i++) out.push(suf[i]);
+      return out;
+    },
+    renderChat: function (c: ChatInput): string {
+      return render(c);
+    },
+  };
 }
 
 // GPT-2 bytes_to_unicode: printable bytes map to themselves, the rest to U+0100+.

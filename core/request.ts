@@ -3,21 +3,20 @@
 import { httpError, utf8 } from "./util";
 import { blockHashes, Hasher, jsHasher } from "./hash";
 import { Features } from "./types";
+import { ChatInput, chatInputOf, conversation } from "./chat";
 
 export type { Features } from "./types";
 
 export type Endpoint = "chat" | "completions" | "messages";
 
-export interface ChatMessage {
-  role: string;
-  content: string;
-}
-
 export interface ParsedRequest {
   endpoint: Endpoint;
   model: string;
-  messages: ChatMessage[] | null;
+  /** Chat/messages requests: what reaches the chat template (see core/chat.ts). */
+  chat: ChatInput | null;
   prompt: string | null;
+  /** The request's add_special_tokens, or the engine default for its endpoint (chat: false, completions: true). */
+  addSpecialTokens: boolean;
   promptTokens: number[] | null;
   /** Image/audio references: http(s) URL or the whole data: URI. */
   media: string[];
@@ -97,15 +96,13 @@ function contentText(c: any, media: string[], where: string): string {
   return s;
 }
 
-function normalizeMessages(raw: any, media: string[]): ChatMessage[] {
-  if (!(raw instanceof Array) || raw.length === 0) throw httpError(400, "'messages' must be a non-empty array");
-  const out: ChatMessage[] = [];
-  for (let i = 0; i < raw.length; i++) {
-    const m = raw[i];
+// Media references of every message, in order (hashing salts blocks with them).
+function collectMedia(msgs: any[], media: string[]): void {
+  for (let i = 0; i < msgs.length; i++) {
+    const m = msgs[i];
     if (!isObj(m) || typeof m.role !== "string") throw httpError(400, "messages[" + i + "] needs a string 'role'");
-    out.push({ role: m.role, content: contentText(m.content, media, "messages[" + i + "]") });
+    contentText(m.content, media, "messages[" + i + "]");
   }
-  return out;
 }
 
 export interface ParseOptions {
@@ -115,7 +112,7 @@ export interface ParseOptions {
 
 export function parseRequest(endpoint: Endpoint, body: string, bodyBytes: number, opts: ParseOptions, sessionHeader?: string | null): ParsedRequest {
   if (bodyBytes > opts.maxBodyBytes)
-    throw httpError(400, "request body is " + bodyBytes + " bytes, over the " + opts.maxBodyBytes + "-byte limit", "request_too_large");
+    throw httpError(413, "request body is " + bodyBytes + " bytes, over the " + opts.maxBodyBytes + "-byte limit", "request_too_large");
   let j: any;
   try {
     j = JSON.parse(body);
@@ -125,17 +122,13 @@ export function parseRequest(endpoint: Endpoint, body: string, bodyBytes: number
   if (!isObj(j)) throw httpError(400, "request body must be a JSON object");
   if (typeof j.model !== "string" || !j.model) throw httpError(400, "'model' is required");
   const media: string[] = [];
-  let messages: ChatMessage[] | null = null;
+  let chat: ChatInput | null = null;
   let prompt: string | null = null;
   let promptTokens: number[] | null = null;
-  if (endpoint === "chat") {
+  if (endpoint === "chat" || endpoint === "messages") {
     if (j.messages === undefined) throw httpError(400, "'messages' is required");
-    messages = normalizeMessages(j.messages, media);
-  } else if (endpoint === "messages") {
-    if (j.messages === undefined) throw httpError(400, "'messages' is required");
-    const msgs = normalizeMessages(j.messages, media);
-    if (j.system !== undefined) msgs.unshift({ role: "system", content: contentText(j.system, media, "system") });
-    messages = msgs;
+    chat = chatInputOf(endpoint, j);
+    collectMedia(chat.messages, media);
   } else {
     let p = j.prompt;
     if (p === undefined) throw httpError(400, "'prompt' is required");
@@ -145,6 +138,7 @@ export function parseRequest(endpoint: Endpoint, body: string, bodyBytes: number
     else if (p instanceof Array) {
       for (let i = 0; i < p.length; i++)
         if (typeof p[i] !== "number" || p[i] < 0 || p[i] % 1 !== 0) throw httpError(400, "'prompt' token ids must be non-negative integers");
+        else if (p[i] > 4294967295) throw httpError(400, "'prompt' token id " + p[i] + " does not fit in 32 bits");
       promptTokens = p as number[];
     } else throw httpError(400, "'prompt' must be a string, token ids, or an array of them");
   }
@@ -164,12 +158,15 @@ export function parseRequest(endpoint: Endpoint, body: string, bodyBytes: number
   const est = promptTokens
     ? promptTokens.length
     : Math.ceil(textBytes(endpoint === "completions" ? prompt : [j.system, j.messages], "") / 4);
+  let addSpecialTokens = endpoint === "completions";
+  if (typeof j.add_special_tokens === "boolean") addSpecialTokens = j.add_special_tokens;
   return {
     endpoint,
     model: j.model,
     cacheSalt: typeof j.cache_salt === "string" && j.cache_salt ? j.cache_salt : null,
-    messages,
+    chat,
     prompt,
+    addSpecialTokens,
     promptTokens,
     media,
     n,
@@ -180,17 +177,31 @@ export function parseRequest(endpoint: Endpoint, body: string, bodyBytes: number
 }
 
 export interface Tokenizer {
+  /** Token ids of text, without added special tokens (the engine's chat path). */
   encode(text: string): number[];
-  /** Renders chat messages to the prompt text the engine sees (chat template). */
-  renderChat(messages: ChatMessage[]): string;
+  /** Token ids with the special tokens the tokenizer adds (BOS ...), as add_special_tokens=true does. */
+  encodeSpecial?(text: string): number[];
+  /** Renders a chat request to the prompt text the engine sees (chat template). */
+  renderChat(chat: ChatInput): string;
 }
 
-/** The ChatML rendering Qwen-family templates produce for plain text turns. */
-export function renderChatML(messages: ChatMessage[]): string {
+/**
+ * Plain ChatML for plain text turns: only a fallback for a tokenizer without a
+ * chat template (tools, reasoning and media are not rendered).
+ */
+export function renderChatML(chat: ChatInput): string {
+  const conv = conversation(chat, { format: "string" });
   let s = "";
-  for (let i = 0; i < messages.length; i++)
-    s += "<|im_start|>" + messages[i].role + "\n" + messages[i].content + "<|im_end|>\n";
-  return s + "<|im_start|>assistant\n";
+  for (let i = 0; i < conv.length; i++) s += "<|im_start|>" + conv[i].role + "\n" + conv[i].content + "<|im_end|>\n";
+  return chat.addGenerationPrompt ? s + "<|im_start|>assistant\n" : s;
+}
+
+/** The prompt's token ids as the engine computes them, or null without a tokenizer. */
+export function promptTokenIds(req: ParsedRequest, tok: Tokenizer | null): number[] | null {
+  if (req.promptTokens) return req.promptTokens;
+  if (!tok) return null;
+  const text = req.chat ? tok.renderChat(req.chat) : (req.prompt as string);
+  return req.addSpecialTokens && tok.encodeSpecial ? tok.encodeSpecial(text) : tok.encode(text);
 }
 
 /**
@@ -202,15 +213,12 @@ export function computeFeatures(req: ParsedRequest, tok: Tokenizer | null, block
   const h = hasher || jsHasher;
   const mediaHashes: string[] = [];
   for (let i = 0; i < req.media.length; i++) mediaHashes.push(h(utf8(req.media[i])));
-  let tokens: number[] | null = req.promptTokens;
-  if (!tokens && tok) {
-    const text = req.messages ? tok.renderChat(req.messages) : (req.prompt as string);
-    tokens = tok.encode(text);
-  }
-  if (!tokens) return { blocks: [], inputTokens: req.estimatedTokens, exact: false, mediaHashes, n: req.n };
+  const tokens = promptTokenIds(req, tok);
+  if (!tokens) return { blocks: [], inputTokens: req.estimatedTokens, exact: false, mediaHashes, n: req.n, model: req.model };
   // Media requests chain from a salt of their images: same text + other images != text hit.
   // root: LoRA adapter / cache_salt chain root (core/kvevents.ts requestRoot).
   let salt: string | undefined = root || undefined;
   if (mediaHashes.length) salt = h(utf8((root ? root + "|" : "") + mediaHashes.join(",")));
-  return { blocks: blockHashes(tokens, blockSize, h, salt), inputTokens: tokens.length, exact: true, mediaHashes, n: req.n };
+  // Media expand into engine-side tokens the router never sees: the count is a lower bound.
+  return { blocks: blockHashes(tokens, blockSize, h, salt), inputTokens: tokens.length, exact: mediaHashes.length === 0, mediaHashes, n: req.n, model: req.model };
 }

@@ -1,8 +1,8 @@
-// Load held by a pick, given back exactly once: at the first token (queued
-// prefill, and the PD prefill worker's load in first-token mode) and at the
-// end of the response, a reset or cancel, an error, or a pick never used.
+// A pick's reservation: the request lifecycle's first-token and completion
+// hooks, each run once, with a release that gives every guard back exactly once.
 import { RouterState } from "./state/types";
-import { Guard, RouterConfig } from "./types";
+import { Guard } from "./types";
+import { LifecyclePlugin, PickResult, Release } from "./scheduling/framework";
 
 export interface Reservation {
   /** Response started streaming (first token): releases queued prefill, and prefill load unless held to completion. */
@@ -17,8 +17,8 @@ export interface Reservation {
   guards(): { prefill: Guard | null; main: Guard; queued: Guard | null };
 }
 
-export function reservations(state: RouterState, cfg: RouterConfig, log: (level: "warn", line: string) => void) {
-  function release(g: Guard | null): void {
+export function reservations(state: RouterState, log: (level: "warn", line: string) => void) {
+  const release: Release = (g) => {
     if (!g || g.done) return;
     g.done = true;
     try {
@@ -27,23 +27,35 @@ export function reservations(state: RouterState, cfg: RouterConfig, log: (level:
       // Release must never throw into a response path; the log says what broke.
       log("warn", "release failed for " + g.epochKey + ": " + String(e));
     }
+  };
+  function each(plugins: LifecyclePlugin[], hook: "firstToken" | "complete", result: PickResult): void {
+    for (let i = 0; i < plugins.length; i++) {
+      const f = plugins[i][hook];
+      if (!f) continue;
+      try {
+        f(result, release);
+      } catch (e) {
+        log("warn", "lifecycle " + plugins[i].name + " " + hook + " failed: " + String(e));
+      }
+    }
   }
   return {
-    open(pre: Guard | null, main: Guard, queued: Guard | null): Reservation {
+    open(result: PickResult, plugins: LifecyclePlugin[]): Reservation {
+      let started = false;
       const r = {
         open: true,
         guards() {
-          return { prefill: pre, main: main, queued: queued };
+          return { prefill: result.guards.prefill, main: result.guards.main as Guard, queued: result.guards.queued };
         },
         firstToken() {
-          release(queued);
-          if (cfg.pdPrefillGuardRelease === "first-token") release(pre);
+          if (started || !r.open) return;
+          started = true;
+          each(plugins, "firstToken", result);
         },
         finish() {
+          if (!r.open) return;
           r.open = false;
-          release(queued);
-          release(pre);
-          release(main);
+          each(plugins, "complete", result);
         },
       };
       return r;

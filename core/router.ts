@@ -2,8 +2,8 @@
 // router state (core/state) and keeps load accounting honest through
 // reservations. Adapters (ext_proc, njs) talk to this interface only.
 import { RouterState } from "./state/types";
-import { decideDemand, DemandDecision, demandN } from "./scheduling/plugins/picker/decode-demand";
-import { lifecyclePlugins, PickContext, picker, ProfileName, Row, runProfile } from "./scheduling/framework";
+import { decideDemand, DemandDecision } from "./scheduling/plugins/picker/decode-demand";
+import { lifecyclePlugins, PickContext, picker, PickResult, ProfileName, Row, runProfile } from "./scheduling/framework";
 import { boundRow } from "./scheduling/plugins/picker/session";
 import { isUsable } from "./scheduling/plugins/filter/usable";
 import { sameWorker } from "./fleet";
@@ -18,11 +18,19 @@ export type { Reservation } from "./reservation";
 export type { Candidate, DemandMode, Features, Guard, Policy, Role, RouterConfig, Worker, WorkerSpec } from "./types";
 export type { DemandDecision } from "./scheduling/plugins/picker/decode-demand";
 
+/**
+ * Uncached blocks cost 8x an in-flight or queued one by default: on the routing
+ * benchmark (README, "Routing quality benchmark") weight 1 let every momentarily
+ * busy worker lose the prompts it caches to idle ones, and 8 kept each shared
+ * prefix on one worker without piling up queues.
+ */
+export const DEFAULT_OVERLAP_WEIGHT = 8;
+
 export function defaultConfig(): RouterConfig {
   return {
     policy: "kv-aware",
     blockSize: 16,
-    overlapWeight: 1,
+    overlapWeight: DEFAULT_OVERLAP_WEIGHT,
     prefillOverlapWeight: null,
     decodeOverlapWeight: null,
     decodeInputDemand: "off",
@@ -102,7 +110,7 @@ export function createRouter(state: RouterState, cfg: RouterConfig, hooks?: Rout
   const log = hk.log || (() => undefined);
   const rnd = hk.random || Math.random;
   const reg = state.workers;
-  const held = reservations(state, cfg, log);
+  const held = reservations(state, log);
 
   function addWorker(spec: WorkerSpec): Worker {
     const old = reg.get(spec.id);
@@ -209,26 +217,21 @@ export function createRouter(state: RouterState, cfg: RouterConfig, hooks?: Rout
       if (hk.onPick) hk.onPick("decode", { worker: decodeWorker.id, hits: decodeRows[decodeIndex].hits, blocks: f.blocks.length, policy: cfg.policy });
     }
 
-    const result = { prefill: prefillRows[prefillIndex], decode: decodeRows ? decodeRows[decodeIndex] : null };
+    const result: PickResult = { config: cfg, prefill: prefillRows[prefillIndex], decode: decodeRows ? decodeRows[decodeIndex] : null, guards: { prefill: null, main: null, queued: null } };
     const plugins = lifecyclePlugins();
     for (let i = 0; i < plugins.length; i++) {
       const p = plugins[i];
       if (p.preRequest) p.preRequest(ctx, result);
     }
-
-    // The prefill target now has this request's uncached blocks to compute before its first token.
-    const uncached = media ? f.blocks.length : f.blocks.length - prefillRows[prefillIndex].hits;
-    const queued = uncached > 0 ? state.load.hold(prefillWorker.epochKey, [], 0, 0, uncached) : null;
-    const out = { candidates: candidates(prefillRows), mmImages: f.mediaHashes.length, mmAffinityHits: mmHits };
-    if (!result.decode) {
-      const main = state.load.hold(prefillWorker.epochKey, f.blocks, 0, 0);
-      return { target: prefillWorker, prefill: null, reservation: held.open(null, main, queued), decodeCandidates: null, candidates: out.candidates, mmImages: out.mmImages, mmAffinityHits: out.mmAffinityHits };
-    }
-    const decodeWorker = result.decode.worker;
-    const demandOn = cfg.decodeInputDemand !== "off";
-    const prefillGuard = state.load.hold(prefillWorker.epochKey, f.blocks, 0, 0);
-    const decodeGuard = state.load.hold(decodeWorker.epochKey, f.blocks, demandOn ? f.inputTokens * demandN(f) : 0, demandOn ? 1 : 0);
-    return { target: decodeWorker, prefill: prefillWorker, reservation: held.open(prefillGuard, decodeGuard, queued), decodeCandidates: candidates(decodeRows as Row[]), candidates: out.candidates, mmImages: out.mmImages, mmAffinityHits: out.mmAffinityHits };
+    return {
+      target: result.decode ? result.decode.worker : prefillWorker,
+      prefill: result.decode ? prefillWorker : null,
+      reservation: held.open(result, plugins),
+      candidates: candidates(prefillRows),
+      decodeCandidates: decodeRows ? candidates(decodeRows) : null,
+      mmImages: f.mediaHashes.length,
+      mmAffinityHits: mmHits,
+    };
   }
 
   function byId<T>(id: string, f: (w: Worker) => T, none: T): T {

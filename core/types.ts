@@ -65,6 +65,8 @@ export interface Features {
   mediaHashes: string[];
   /** Requested completions (n); demand books input tokens x n. */
   n: number;
+  /** The request's `model`: only workers serving it are eligible (core/models.ts). */
+  model?: string;
 }
 
 /** One held piece of load; released exactly once. Plain data, so njs can keep it in a shared dict between phases. */

@@ -24,10 +24,25 @@ export function hasOwn(o: object, k: string): boolean {
   return Object.prototype.hasOwnProperty.call(o, k);
 }
 
+/** Equal strings in time that depends on their lengths only, not on where they differ (secrets). */
+export function sameSecret(a: string, b: string): boolean {
+  let diff = a.length ^ b.length;
+  const n = a.length > b.length ? a.length : b.length;
+  for (let i = 0; i < n; i++) diff |= (i < a.length ? a.charCodeAt(i) : 0) ^ (i < b.length ? b.charCodeAt(i) : 0);
+  return diff === 0;
+}
+
+/** A Prometheus label value: backslash, double quote and newline escaped, so a worker id cannot forge lines. */
+export function promLabel(v: string): string {
+  return v.replace(/\\/g, "\\\\").replace(/"/g, '\\"').replace(/\n/g, "\\n");
+}
+
 /** An error that becomes an HTTP answer: status and an OpenAI-style error type. */
 export interface HttpError extends Error {
   status: number;
   type: string;
+  /** The request field at fault, when there is one (vLLM's 404 for an unknown model names "model"). */
+  param?: string;
 }
 
 export function httpError(status: number, message: string, type?: string): HttpError {
@@ -44,6 +59,7 @@ export function asHttpError(e: unknown): HttpError {
 }
 
 /** The OpenAI error body every JSON error of ours uses. */
-export function errorPayload(status: number, message: string, type: string): { error: { message: string; type: string; code: number } } {
+export function errorPayload(status: number, message: string, type: string, param?: string): { error: { message: string; type: string; param?: string; code: number } } {
+  if (param) return { error: { message: message, type: type, param: param, code: status } };
   return { error: { message: message, type: type, code: status } };
 }

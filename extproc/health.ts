@@ -21,10 +21,13 @@ export function addHealth(server: grpc.Server, src: HealthSource, intervalMs = 2
   impl.addToServer(server);
   let last: ServingStatus = "NOT_SERVING";
   let lastReason = "";
+  let primed = false;
   const refresh = () => {
     const r = src.readiness();
     const s: ServingStatus = r.ready ? "SERVING" : "NOT_SERVING";
-    if (s !== last || (!r.ready && r.reason !== lastReason)) src.log(r.ready ? "info" : "warn", `readiness ${s}: ${r.reason}`);
+    // Not at the first evaluation: NOT_SERVING before discovery syncs is the expected start, not news.
+    if (primed && (s !== last || (!r.ready && r.reason !== lastReason))) src.log(r.ready ? "info" : "warn", `readiness ${s}: ${r.reason}`);
+    primed = true;
     last = s;
     lastReason = r.reason;
     impl.setStatus("readiness", s);

@@ -3,6 +3,7 @@
 // mutation naming the upstream for the ORIGINAL_DST cluster (use_http_header).
 // Response body chunks are observed (STREAMED) to release load at first token
 // and at end_of_stream; a reset/closed stream releases whatever is left.
+import * as fs from "fs";
 import * as grpc from "@grpc/grpc-js";
 import { create, fromBinary, toBinary } from "@bufbuild/protobuf";
 import {
@@ -24,10 +25,12 @@ import { HeaderValueOption_HeaderAppendAction, HeaderValueOptionSchema, HeaderVa
 import { HttpStatusSchema, StatusCode } from "./gen/envoy/type/v3/http_status_pb";
 import { ProcessingMode_BodySendMode } from "./gen/envoy/extensions/filters/http/ext_proc/v3/processing_mode_pb";
 import { endpointOf } from "../core/request";
-import { asHttpError, errorPayload, httpError } from "../core/util";
+import { asHttpError, httpError } from "../core/util";
 import { Guard, Pick, Reservation, Worker } from "../core/router";
-import { App } from "./app";
+import { App } from "../runtime/app";
 import { addHealth } from "./health";
+import { errorJson } from "../core/errors";
+import { withRequestId } from "../runtime/log";
 
 function headerMap(m: HeaderMap | undefined): Record<string, string> {
   const out: Record<string, string> = {};
@@ -47,14 +50,14 @@ function setHeaders(pairs: Record<string, string>, remove: string[] = []) {
   });
 }
 
-function immediate(status: number, message: string, type: string): ProcessingResponse {
+function immediate(status: number, message: string, type: string, path = "", param?: string): ProcessingResponse {
   return create(ProcessingResponseSchema, {
     response: {
       case: "immediateResponse",
       value: create(ImmediateResponseSchema, {
         status: create(HttpStatusSchema, { code: status as StatusCode }),
         headers: setHeaders({ "content-type": "application/json" }),
-        body: Buffer.from(JSON.stringify(errorPayload(status, message, type))),
+        body: Buffer.from(errorJson(path, status, message, type, param)),
         details: "infera_" + type,
       }),
     },
@@ -146,9 +149,38 @@ function handleStream(app: App, call: grpc.ServerDuplexStream<ProcessingRequest,
       app.router.releaseGuard(g);
     }
   };
+  // Envoy's streams see a message at least per response chunk; a direct client
+  // that goes quiet must not hold its pick's load forever.
+  let idle: NodeJS.Timeout | null = null;
+  const stopIdle = () => {
+    if (idle) clearTimeout(idle);
+    idle = null;
+  };
+  const touch = () => {
+    stopIdle();
+    idle = setTimeout(() => {
+      app.log("warn", `ext_proc stream idle for ${app.opts.extProcStreamIdleS}s: ended, its load released`);
+      done();
+      // grpc-js turns an 'error' on a server stream into the call's status.
+      call.emit("error", { code: grpc.status.DEADLINE_EXCEEDED, details: `no message for ${app.opts.extProcStreamIdleS}s` });
+    }, app.opts.extProcStreamIdleS * 1000);
+    idle.unref();
+  };
+  touch();
   const send = (m: ProcessingResponse) => {
     if (!call.writable) return;
     call.write(m);
+    // Envoy sends nothing after an immediate response: close our side with OK
+    // rather than wait for Envoy to reset the stream (resets at line rate trip
+    // Node's HTTP/2 reset-flood guard, which then refuses streams).
+    if (m.response.case === "immediateResponse") call.end();
+  };
+  /** The last answer of the exchange: release, then end the call cleanly. */
+  const last = (m: ProcessingResponse) => {
+    send(m);
+    stopIdle();
+    done();
+    if (call.writable) call.end();
   };
   type Phase = "requestHeaders" | "requestBody" | "requestTrailers";
   const decide = (body: Buffer, phase: Phase, strip: string[]): ProcessingResponse => {
@@ -168,7 +200,7 @@ function handleStream(app: App, call: grpc.ServerDuplexStream<ProcessingRequest,
       const err = asHttpError(e);
       app.metrics.badRequests.inc({ status: String(err.status) });
       if (err.status >= 500) app.log("warn", `routing failed: ${err.message}${subset ? ` (gateway subset: ${subset.join(",") || "empty"})` : ""}`);
-      return immediate(err.status, err.message, err.type);
+      return immediate(err.status, err.message, err.type, headers[":path"] || "", err.param);
     }
     // The target's pool, cheapest first: the pick, then the fallbacks a retrying gateway walks.
     const pool = (pick.decodeCandidates ?? pick.candidates).slice().sort((a, b) => a.cost - b.cost || a.active - b.active);
@@ -177,7 +209,7 @@ function handleStream(app: App, call: grpc.ServerDuplexStream<ProcessingRequest,
       pick.reservation.finish();
       app.metrics.badRequests.inc({ status: "429" });
       app.log("info", `shed a '${headers[OBJECTIVE_HEADER]}' request: every candidate holds >= ${shedAt} active blocks`);
-      return immediate(429, "all endpoints are saturated; sheddable request dropped", "rate_limited");
+      return immediate(429, "all endpoints are saturated; sheddable request dropped", "rate_limited", headers[":path"] || "");
     }
     res = pick.reservation;
     picked = pick.target;
@@ -232,6 +264,12 @@ function handleStream(app: App, call: grpc.ServerDuplexStream<ProcessingRequest,
   };
 
   call.on("data", (m: ProcessingRequest) => {
+    touch();
+    // Envoy's x-request-id tags every log line of this request.
+    if (m.request.case === "requestHeaders") headers = headerMap(m.request.value.headers);
+    withRequestId(headers["x-request-id"], () => onMessage(m));
+  });
+  const onMessage = (m: ProcessingRequest) => {
     try {
       const r = m.request;
       if (m.protocolConfig && bodyMode === null) {
@@ -278,7 +316,7 @@ function handleStream(app: App, call: grpc.ServerDuplexStream<ProcessingRequest,
             // A partial body (STREAMED / BUFFERED_PARTIAL): the upstream header can no
             // longer be set once chunks flow, so say what to fix instead of misrouting.
             app.log("warn", "ext_proc got a partial request body: set request_body_mode: BUFFERED or FULL_DUPLEX_STREAMED");
-            send(immediate(500, "gateway misconfigured: ext_proc request_body_mode must be BUFFERED or FULL_DUPLEX_STREAMED (routing needs the whole body)", "server_misconfigured"));
+            send(immediate(500, "gateway misconfigured: ext_proc request_body_mode must be BUFFERED or FULL_DUPLEX_STREAMED (routing needs the whole body)", "server_misconfigured", headers[":path"] || ""));
           }
           break;
         case "requestTrailers":
@@ -311,20 +349,22 @@ function handleStream(app: App, call: grpc.ServerDuplexStream<ProcessingRequest,
             app.metrics.eppFallbacks.inc({ known: String(!!again) });
             app.log("info", `gateway served from ${served} instead of ${picked.address}${again ? `: load moved to ${w!.id}` : " (not a known worker)"}`);
           }
-          send(CONTINUE_RESP_HEADERS);
-          if (r.value.endOfStream) done();
+          if (r.value.endOfStream) last(CONTINUE_RESP_HEADERS);
+          else send(CONTINUE_RESP_HEADERS);
           break;
         }
         case "responseBody":
           if (!sawBody && res) res.firstToken();
           sawBody = true;
-          if (respBodyMode === ProcessingMode_BodySendMode.FULL_DUPLEX_STREAMED) send(streamedBody("responseBody", Buffer.from(r.value.body), r.value.endOfStream));
-          else send(CONTINUE_RESP_BODY);
-          if (r.value.endOfStream) done();
+          {
+            const reply = respBodyMode === ProcessingMode_BodySendMode.FULL_DUPLEX_STREAMED ? streamedBody("responseBody", Buffer.from(r.value.body), r.value.endOfStream) : CONTINUE_RESP_BODY;
+            // end_of_stream on a body chunk means no trailers follow (they would carry it).
+            if (r.value.endOfStream) last(reply);
+            else send(reply);
+          }
           break;
         case "responseTrailers":
-          send(create(ProcessingResponseSchema, { response: { case: "responseTrailers", value: create(TrailersResponseSchema, {}) } }));
-          done();
+          last(create(ProcessingResponseSchema, { response: { case: "responseTrailers", value: create(TrailersResponseSchema, {}) } }));
           break;
         default:
           break;
@@ -334,15 +374,20 @@ function handleStream(app: App, call: grpc.ServerDuplexStream<ProcessingRequest,
       done();
       call.destroy(e as Error);
     }
-  });
+  };
   // Client abort, upstream reset, Envoy closing the stream: all end up here.
   call.on("end", () => {
+    stopIdle();
     done();
     call.end();
   });
-  call.on("cancelled", done);
-  call.on("error", done);
-  call.on("close", done);
+  const gone = () => {
+    stopIdle();
+    done();
+  };
+  call.on("cancelled", gone);
+  call.on("error", gone);
+  call.on("close", gone);
 }
 
 function streamedBody(phase: "requestBody" | "responseBody", body: Buffer, endOfStream: boolean): ProcessingResponse {
@@ -359,8 +404,21 @@ function streamedBody(phase: "requestBody" | "responseBody", body: Buffer, endOf
   });
 }
 
+/** Server credentials from the --ext-proc-tls-* flags (insecure without them). */
+export function extProcCredentials(tls: App["opts"]["extProcTls"]): grpc.ServerCredentials {
+  if (!tls) return grpc.ServerCredentials.createInsecure();
+  const ca = tls.clientCa ? fs.readFileSync(tls.clientCa) : null;
+  return grpc.ServerCredentials.createSsl(ca, [{ cert_chain: fs.readFileSync(tls.cert), private_key: fs.readFileSync(tls.key) }], !!ca);
+}
+
 export async function startExtProc(app: App, host: string, port: number): Promise<{ server: grpc.Server; port: number }> {
-  const server = new grpc.Server({ "grpc.max_receive_message_length": 64 * 1024 * 1024 });
+  const server = new grpc.Server({
+    // Tied to the body limit: bodies up to twice --max-body-bytes still reach us
+    // and get a clean 413 (Envoy's own buffer, 16 MiB in the shipped config, is
+    // twice the default limit and answers beyond it); nothing larger is read.
+    "grpc.max_receive_message_length": 2 * app.opts.maxBodyBytes + 1024 * 1024,
+    "grpc.max_concurrent_streams": app.opts.extProcMaxStreams,
+  });
   server.addService(ExtProcService, { Process: (call: grpc.ServerDuplexStream<ProcessingRequest, ProcessingResponse>) => handleStream(app, call) });
   // grpc.health.v1 on the same port (Endpoint Picker Protocol: liveness, readiness, ext_proc).
   const health = addHealth(server, app);
@@ -370,7 +428,7 @@ export async function startExtProc(app: App, host: string, port: number): Promis
     shutdown();
   };
   const bound = await new Promise<number>((resolve, reject) =>
-    server.bindAsync(`${host}:${port}`, grpc.ServerCredentials.createInsecure(), (err, p) => (err ? reject(err) : resolve(p))),
+    server.bindAsync(`${host}:${port}`, extProcCredentials(app.opts.extProcTls), (err, p) => (err ? reject(err) : resolve(p))),
   );
   return { server, port: bound };
 }

@@ -6,7 +6,10 @@ import * as fs from "fs";
 import * as path from "path";
 import { build } from "esbuild";
 import { compact } from "../scripts/compact-tokenizer";
-import { defaultTokenizerDir } from "../extproc/tokenizer";
+import { defaultTokenizerDir, loadTokenizer } from "../runtime/tokenizer";
+import { templateAst } from "../runtime/jinja";
+import { detectContentFormat } from "../core/chat";
+import { CompactTokenizer } from "../core/bpe";
 
 const ROOT = path.resolve(__dirname, "..");
 const OUT = path.join(ROOT, "njs", "dist");
@@ -56,6 +59,22 @@ function njsLoadCheck(): void {
   }
 }
 
+/** The compact vocabulary plus the chat template (parsed here: njs cannot run the parser) and special-token ids. */
+export function compactWithChat(dir: string): CompactTokenizer {
+  const c = compact(path.join(dir, "tokenizer.json"));
+  const tok = loadTokenizer(dir)!;
+  if (tok.template) c.chat = { ast: templateAst(tok.template), special: tok.special, format: detectContentFormat(tok.template), readsContent: tok.template.indexOf("content") >= 0 };
+  const plain = tok.encode("a");
+  const withSpecial = tok.encodeSpecial!("a");
+  let at = -1;
+  for (let i = 0; i + plain.length <= withSpecial.length && at < 0; i++) if (plain.every((x, k) => withSpecial[i + k] === x)) at = i;
+  if (at >= 0) {
+    c.specialPrefix = withSpecial.slice(0, at);
+    c.specialSuffix = withSpecial.slice(at + plain.length);
+  }
+  return c;
+}
+
 export async function buildNjs(): Promise<{ bundle: string; cli: string; vocab: string }> {
   fs.rmSync(path.join(ROOT, "njs", "build"), { recursive: true, force: true });
   fs.mkdirSync(OUT, { recursive: true });
@@ -82,7 +101,7 @@ export async function buildNjs(): Promise<{ bundle: string; cli: string; vocab: 
   }
   njsLoadCheck();
   const vocab = path.join(OUT, "tokenizer.json");
-  fs.writeFileSync(vocab, JSON.stringify(compact(path.join(process.env.INFERA_TOKENIZER_PATH || defaultTokenizerDir(), "tokenizer.json"))));
+  fs.writeFileSync(vocab, JSON.stringify(compactWithChat(process.env.INFERA_TOKENIZER_PATH || defaultTokenizerDir())));
   return { bundle: outs["infera"], cli: outs["njs-bench"], vocab };
 }
 

@@ -1,15 +1,18 @@
 // NGINX njs entry: the same core as the ext_proc server, with its state in
 // js_shared_dict_zone (each request gets a fresh VM, so nothing may live in
 // globals). Requires njs >= 0.8.0; see nginx/README.md.
-import { createRouter, defaultConfig, Guard, Router, RouterConfig } from "../core/router";
+import { createRouter, Guard, Router, RouterConfig } from "../core/router";
 import { Store } from "../core/store";
-import { acceptPushSeq, countDecision, decisionCounts, guardKey, keyedState, nextRequestId, saveGuard } from "../core/state/keyed";
-import { computeFeatures, endpointOf, parseRequest, renderChatML, Tokenizer } from "../core/request";
+import { MAX_PUSH_SEQ_AHEAD_US, acceptPushSeq, countDecision, decisionCounts, guardKey, keyedState, nextRequestId, saveGuard } from "../core/state/keyed";
+import { computeFeatures, endpointOf, parseRequest, Tokenizer } from "../core/request";
 import { applyBatch, clearAllTiers, defaultTierWeights, KvEvent, parseTierWeights, requestRoot } from "../core/kvevents";
-import { createBpe } from "../core/bpe";
-import { asHttpError, errorPayload } from "../core/util";
-import { checkSessionId, DEFAULT_MAX_SESSION_ID_BYTES } from "../core/limits";
+import { compactTokenizer } from "../core/bpe";
+import { asHttpError, promLabel, sameSecret } from "../core/util";
+import { checkSessionId } from "../core/limits";
 import { workerRow } from "../core/views";
+import { storeModelTable, withModels } from "../core/models";
+import { nginxFlag, routerConfigFromVars } from "../core/flags";
+import { errorJson } from "../core/errors";
 
 const STR_ZONE = "infera_str";
 const NUM_ZONE = "infera_num";
@@ -45,41 +48,27 @@ function json(r: NjsRequest, status: number, body: unknown): void {
   r.return(status, JSON.stringify(body));
 }
 
-function fail(r: NjsRequest, status: number, message: string, type: string): void {
-  json(r, status, errorPayload(status, message, type));
+function fail(r: NjsRequest, status: number, message: string, type: string, param?: string): void {
+  r.headersOut["Content-Type"] = "application/json";
+  r.return(status, errorJson(r.uri, status, message, type, param));
 }
 
-function numVar(r: NjsRequest, name: string, dflt: number | null): number | null {
-  const v = r.variables[name];
-  if (v === undefined || v === "") return dflt;
-  const x = Number(v);
-  return isFinite(x) ? x : dflt;
+function getVar(r: NjsRequest): (name: string) => string | undefined {
+  return function (name: string) {
+    return r.variables[name];
+  };
 }
 
-// Router flags come from nginx variables ($infera_policy, ...), same names as the CLI flags.
+// Router flags come from nginx variables ($infera_policy, ...): core/flags.ts
+// maps each CLI flag to its variable; a bad value is a 500 naming the variable.
 function config(r: NjsRequest): RouterConfig {
-  const c = defaultConfig();
-  const v = r.variables;
-  if (v.infera_policy) c.policy = v.infera_policy as RouterConfig["policy"];
-  c.blockSize = numVar(r, "infera_block_size", 16) as number;
-  c.overlapWeight = numVar(r, "infera_kv_overlap_weight", 1) as number;
-  c.prefillOverlapWeight = numVar(r, "infera_kv_prefill_overlap_weight", null);
-  c.decodeOverlapWeight = numVar(r, "infera_kv_decode_overlap_weight", null);
-  if (v.infera_decode_input_demand) c.decodeInputDemand = v.infera_decode_input_demand as RouterConfig["decodeInputDemand"];
-  c.decodeRequestWeight = numVar(r, "infera_decode_request_weight", 0) as number;
-  if (v.infera_session_affinity) c.sessionAffinity = v.infera_session_affinity as RouterConfig["sessionAffinity"];
-  if (v.infera_pd_prefill_guard_release) c.pdPrefillGuardRelease = v.infera_pd_prefill_guard_release as RouterConfig["pdPrefillGuardRelease"];
-  c.mmLruSize = numVar(r, "infera_mm_lru_size", 256) as number;
-  if (v.infera_kv_tier_weights) {
+  const c = routerConfigFromVars(getVar(r));
+  const tv = getVar(r)("infera_kv_tier_weights");
+  if (tv) {
     const tw = defaultTierWeights();
-    const given = parseTierWeights(v.infera_kv_tier_weights);
+    const given = parseTierWeights(tv);
     for (const k in given) tw[k] = given[k];
     c.kvTierWeights = tw;
-  }
-  const sw = v.infera_scorer_weights ? String(v.infera_scorer_weights).split(",") : [];
-  for (let i = 0; i < sw.length; i++) {
-    const eq = sw[i].indexOf("=");
-    if (eq > 0) c.scorerWeights[sw[i].slice(0, eq).trim()] = Number(sw[i].slice(eq + 1));
   }
   return c;
 }
@@ -102,8 +91,12 @@ function build(r: NjsRequest): Ctx | string {
       log: (l: string, line: string) => (l === "warn" ? r.warn("infera: " + line) : r.log("infera: " + line)),
       // Decision counters live in the number dict so /metrics sees every VM's.
       onDemand: (d: { mode: string; input: string; agrees: boolean }) => countDecision(st, d.mode, d.input, d.agrees),
+      // Same counter as the ext_proc server's: how many request blocks the pick found cached.
+      onPick: (role: string, p: { worker: string; hits: number }) => {
+        if (p.hits > 0) st.incr("HB:" + p.worker + "|" + role, p.hits);
+      },
     };
-    return { st: st, cfg: cfg, router: createRouter(keyedState(st), cfg, hooks) };
+    return { st: st, cfg: cfg, router: createRouter(withModels(keyedState(st), storeModelTable(st)), cfg, hooks) };
   } catch (e) {
     return "infera-gate config: " + (e as Error).message;
   }
@@ -128,8 +121,7 @@ let bpeTok: Tokenizer | null = null;
 function tokenizer(): Tokenizer | null {
   if (bpeTok) return bpeTok;
   if (typeof infera_vocab === "undefined") return null;
-  const bpe = createBpe(infera_vocab);
-  bpeTok = { encode: bpe.encode, renderChat: renderChatML };
+  bpeTok = compactTokenizer(infera_vocab);
   return bpeTok;
 }
 
@@ -149,15 +141,15 @@ function route(r: NjsRequest): void {
     if (ep && r.method === "POST") {
       const body = r.requestText || "";
       const bytes = r.requestBuffer ? r.requestBuffer.length : body.length;
-      const maxBody = numVar(r, "infera_max_body_bytes", 8388608) as number;
-      const req = parseRequest(ep, body, bytes, { maxBodyBytes: maxBody }, r.headersIn[r.variables.infera_session_header || "x-session-id"] || null);
-      checkSessionId(req.sessionId, numVar(r, "infera_max_session_id_bytes", DEFAULT_MAX_SESSION_ID_BYTES) as number);
+      const maxBody = nginxFlag("max-body-bytes", getVar(r)) as number;
+      const req = parseRequest(ep, body, bytes, { maxBodyBytes: maxBody }, r.headersIn[nginxFlag("session-header", getVar(r)) as string] || null);
+      checkSessionId(req.sessionId, nginxFlag("max-session-id-bytes", getVar(r)) as number);
       const f = computeFeatures(req, tokenizer(), c.cfg.blockSize, undefined, requestRoot(c.router.state.mirror, req.model, req.cacheSalt));
       pick = c.router.pick(f, req.sessionId);
     } else pick = c.router.pick({ blocks: [], inputTokens: 0, exact: false, mediaHashes: [], n: 1 });
   } catch (e) {
     const err = asHttpError(e);
-    return fail(r, err.status, err.message, err.type);
+    return fail(r, err.status, err.message, err.type, err.param);
   }
   const g = pick.reservation.guards();
   const id = nextRequestId(c.st);
@@ -208,7 +200,7 @@ function release(r: NjsRequest): string {
 interface PushBody {
   type: "workers" | "events";
   pseq: number;
-  workers?: { id: string; address: string; role: "prefill" | "decode" | "mixed"; blockSize?: number; dpRank?: number }[];
+  workers?: { id: string; address: string; role: "prefill" | "decode" | "mixed"; blockSize?: number; models?: string[] | null }[];
   worker?: string;
   seq?: number;
   events?: KvEvent[];
@@ -217,14 +209,17 @@ interface PushBody {
 }
 
 /**
- * js_content for the internal push location. The bridge (extproc/bridge.ts)
+ * js_content for the internal push location. The bridge (njs/bridge.ts)
  * sends the fleet and KV event batches. Refused: wrong token (403), a push
  * sequence not newer than the last accepted one for that stream (409, stale).
  */
 function push(r: NjsRequest): void {
-  const want = r.variables.infera_push_token || "";
-  if (!want) return fail(r, 503, "push refused: $infera_push_token is not set", "push_disabled");
-  if (r.headersIn["X-Infera-Push-Token"] !== want) return fail(r, 403, "push refused: bad token", "forbidden");
+  // The token comes from the environment (nginx.conf: env INFERA_PUSH_TOKEN;)
+  // or, if set, from $infera_push_token (e.g. an included secrets file).
+  const env = typeof process !== "undefined" && process.env ? process.env.INFERA_PUSH_TOKEN : undefined;
+  const want = r.variables.infera_push_token || env || "";
+  if (!want) return fail(r, 503, "push refused: set INFERA_PUSH_TOKEN in nginx's environment (env INFERA_PUSH_TOKEN;) or $infera_push_token", "push_disabled");
+  if (!sameSecret(String(r.headersIn["X-Infera-Push-Token"] || ""), want)) return fail(r, 403, "push refused: bad token", "forbidden");
   const c = ctx(r);
   if (!c) return;
   let b: PushBody;
@@ -234,10 +229,14 @@ function push(r: NjsRequest): void {
     return fail(r, 400, "push body is not JSON", "invalid_request_error");
   }
   if (typeof b.pseq !== "number") return fail(r, 400, "push needs a numeric pseq", "invalid_request_error");
+  if (b.pseq > Date.now() * 1000 + MAX_PUSH_SEQ_AHEAD_US) return fail(r, 400, "push refused: pseq " + b.pseq + " is more than 10 minutes ahead of this host's clock (microseconds since the epoch)", "invalid_request_error");
   const seqOk = acceptPushSeq(c.st, b.type === "workers" ? "workers" : "ev:" + b.worker, b.pseq);
   if (!seqOk.ok) return fail(r, 409, "stale push: pseq " + b.pseq + " <= " + seqOk.last, "stale");
   if (b.type === "workers") {
-    c.router.setWorkers(b.workers || []);
+    const ws = b.workers || [];
+    c.router.setWorkers(ws);
+    const mt = storeModelTable(c.st);
+    for (let i = 0; i < ws.length; i++) mt.set(ws[i].id, ws[i].models || null);
     return json(r, 200, { workers: c.router.workers().length });
   }
   const w = c.router.worker(b.worker || "");
@@ -246,7 +245,7 @@ function push(r: NjsRequest): void {
     clearAllTiers(c.router.state.mirror, w.epochKey);
     c.router.state.mirror.setSequence(w.epochKey, undefined);
   }
-  const res = applyBatch(c.router.state.mirror, w.epochKey, b.seq || 0, b.events || [], c.cfg.blockSize, { maxBlocks: numVar(r, "infera_max_mirror_blocks", 1000000) as number });
+  const res = applyBatch(c.router.state.mirror, w.epochKey, b.seq || 0, b.events || [], c.cfg.blockSize, { maxBlocks: nginxFlag("max-mirror-blocks", getVar(r)) as number });
   if (res.fatal) c.router.exclude(w.id, res.fatal);
   json(r, 200, res);
 }
@@ -278,7 +277,7 @@ function metrics(r: NjsRequest): void {
   const lines: string[] = [];
   const gauge = (name: string, help: string, label: string, value: (id: string) => number, decodeOnly: boolean) => {
     lines.push("# HELP " + name + " " + help, "# TYPE " + name + " gauge");
-    for (let i = 0; i < ws.length; i++) if (!decodeOnly || ws[i].role !== "prefill") lines.push(name + "{" + label + '="' + ws[i].id + '"} ' + value(ws[i].id));
+    for (let i = 0; i < ws.length; i++) if (!decodeOnly || ws[i].role !== "prefill") lines.push(name + "{" + label + '="' + promLabel(ws[i].id) + '"} ' + value(ws[i].id));
   };
   gauge("infera_router_decode_demand_tokens", "In-flight input tokens booked on each decode target", "target", (id) => c.router.demand(id).tokens, true);
   gauge("infera_router_decode_demand_requests", "Requests held on each decode target", "target", (id) => c.router.demand(id).requests, true);
@@ -292,6 +291,12 @@ function metrics(r: NjsRequest): void {
   for (let i = 0; i < counts.length; i++) {
     const d = counts[i];
     lines.push('infera_router_decode_demand_decisions_total{mode="' + d.mode + '",input="' + d.input + '",agrees="' + d.agrees + '"} ' + d.count);
+  }
+  lines.push("# HELP infera_router_cache_hit_blocks_total Prompt blocks already cached on the picked worker", "# TYPE infera_router_cache_hit_blocks_total counter");
+  const hb = c.st.keys("HB:");
+  for (let i = 0; i < hb.length; i++) {
+    const p = hb[i].substr(3).split("|");
+    lines.push('infera_router_cache_hit_blocks_total{worker="' + p[0] + '",role="' + p[1] + '"} ' + c.st.num(hb[i]));
   }
   r.headersOut["Content-Type"] = "text/plain; version=0.0.4";
   r.return(200, lines.join("\n") + "\n");

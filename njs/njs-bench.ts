@@ -1,10 +1,10 @@
 // Runs inside the `njs` CLI (no nginx): checks BPE parity and times
 // tokenize + hash + pick on the native njs engine. See test/e2e/njs.test.ts.
-import { createBpe, CompactTokenizer } from "../core/bpe";
+import { compactTokenizer, createBpe, CompactTokenizer } from "../core/bpe";
 import { memStore } from "../core/store";
 import { keyedState } from "../core/state/keyed";
 import { createRouter, defaultConfig } from "../core/router";
-import { computeFeatures, parseRequest, renderChatML } from "../core/request";
+import { computeFeatures, Endpoint, parseRequest, promptTokenIds } from "../core/request";
 import { xxh3Hex } from "../core/xxh3";
 import { blockHashes } from "../core/hash";
 
@@ -23,8 +23,6 @@ function hashes(inputs: number[][]): string[] {
 
 /** ms per request (median of reps) for a chat prompt of about `words` words over 8 workers. */
 function timePick(vocab: CompactTokenizer, text: string, reps: number): { tokens: number; ms: number } {
-  const bpe = createBpe(vocab);
-  const tok = { encode: bpe.encode, renderChat: renderChatML };
   const r = createRouter(keyedState(memStore()), defaultConfig());
   for (let i = 0; i < 8; i++) r.addWorker({ id: "w" + i, address: "127.0.0.1:" + (9000 + i), role: "mixed" });
   const body = JSON.stringify({ model: "m", messages: [{ role: "user", content: text }] });
@@ -32,8 +30,7 @@ function timePick(vocab: CompactTokenizer, text: string, reps: number): { tokens
   let tokens = 0;
   for (let k = 0; k < reps; k++) {
     // fresh BPE cache each time: an nginx request gets a fresh VM
-    const fresh = createBpe(vocab);
-    tok.encode = fresh.encode;
+    const tok = compactTokenizer(vocab);
     const t0 = Date.now();
     const f = computeFeatures(parseRequest("chat", body, body.length, { maxBodyBytes: 1 << 26 }), tok, 16);
     const p = r.pick(f);
@@ -47,4 +44,19 @@ function timePick(vocab: CompactTokenizer, text: string, reps: number): { tokens
   return { tokens: tokens, ms: times[Math.floor(times.length / 2)] };
 }
 
-export default { encodeAll: encodeAll, hashes: hashes, timePick: timePick, blockHashes: blockHashes };
+/** Parse + render + tokenize each request as the njs router does: ids, or the error the router answers with. */
+function renderIds(vocab: CompactTokenizer, items: { endpoint: Endpoint; body: string }[]): { ids?: number[]; error?: string }[] {
+  const tok = compactTokenizer(vocab);
+  const out: { ids?: number[]; error?: string }[] = [];
+  for (let i = 0; i < items.length; i++) {
+    try {
+      const b = items[i].body;
+      out.push({ ids: promptTokenIds(parseRequest(items[i].endpoint, b, b.length, { maxBodyBytes: 1 << 30 }), tok) as number[] });
+    } catch (e) {
+      out.push({ error: String((e as Error).message) });
+    }
+  }
+  return out;
+}
+
+export default { encodeAll: encodeAll, hashes: hashes, timePick: timePick, blockHashes: blockHashes, renderIds: renderIds };

@@ -2,7 +2,7 @@
 // tokenizer.json: vocab, merge ranks, added tokens and the split pattern.
 import * as fs from "fs";
 import * as path from "path";
-import { defaultTokenizerDir } from "../extproc/tokenizer";
+import { defaultTokenizerDir } from "../runtime/tokenizer";
 import { CompactTokenizer } from "../core/bpe";
 
 export function compact(tokenizerJson: string): CompactTokenizer {

@@ -10,9 +10,10 @@ import * as zmq from "zeromq";
 import { KvPublisher } from "./kvpublisher";
 import { KvExtras } from "./kvextras";
 import { encode } from "@msgpack/msgpack";
-import { loadTokenizer } from "../extproc/tokenizer";
+import { loadTokenizer } from "../runtime/tokenizer";
 import { endpointOf, parseRequest, Tokenizer } from "../core/request";
 import { EngineModel, ModelConfig, ModelEvent, StepPlan, TokenOut, llama8bH100 } from "./model";
+import { simRender, SimRender } from "./render";
 
 export interface SimOptions {
   id: string;
@@ -51,8 +52,6 @@ export interface SimOptions {
   /** CPU tier (offload then evict) in blocks, 0 = none; second KV group's sliding window, null = none (sim/kvextras.ts). */
   kvCpuBlocks: number;
   kvSlidingWindow: number | null;
-  /** Model names served as LoRA adapters: their blocks carry lora_name and hash apart. */
-  loraModules: string[];
   /** This engine's data-parallel rank (sim/dp.ts), tagged on its event batches. */
   dpRank: number | null;
   /** --data-parallel-size: N engines behind one HTTP port (sim/dp.ts). */
@@ -63,11 +62,17 @@ export interface SimOptions {
   /** Send a malformed frame every N batches (fault tests); 0 = never. */
   malformedEvery: number;
   tokenizerPath: string | null;
-  /** Register in etcd under a lease (see extproc/etcd.ts for the keys). */
+  /** Register in etcd under a lease (see runtime/etcd.ts for the keys). */
   etcdEndpoint: string | null;
   etcdPrefix: string;
   /** host the fleet should use to reach us (registrations); default: --host. */
   advertise: string | null;
+  /** See sim/render.ts: reference-rendered prompt ids, and a deliberately divergent renderer. */
+  renderFixture: string | null;
+  renderDivergent: boolean;
+  /** GET /v1/models: --served-model-name a,b and --lora-modules x,y (adapters of the first name). */
+  servedModels: string[];
+  loraModules: string[];
 }
 
 export function simDefaults(): SimOptions {
@@ -96,7 +101,6 @@ export function simDefaults(): SimOptions {
     kvEventEncoding: "array",
     kvCpuBlocks: 0,
     kvSlidingWindow: null,
-    loraModules: [],
     dpRank: null,
     dpSize: 1,
     role: "mixed",
@@ -106,6 +110,10 @@ export function simDefaults(): SimOptions {
     etcdEndpoint: null,
     etcdPrefix: "/infera/workers/",
     advertise: null,
+    renderFixture: null,
+    renderDivergent: false,
+    servedModels: [],
+    loraModules: [],
   };
 }
 
@@ -230,6 +238,7 @@ export class EngineSim {
   private sendChain: Promise<void> = Promise.resolve();
   private server: http.Server | null = null;
   private tok: Tokenizer | null;
+  private render: SimRender;
   stats = { requests: 0, promptTokens: 0, cachedTokens: 0, aborted: 0, inflight: 0, batches: 0 };
 
   constructor(readonly o: SimOptions) {
@@ -237,6 +246,7 @@ export class EngineSim {
     this.model = new EngineModel(modelConfig(o));
     this.runner = new Runner(this.model, o.timeScale, (e) => this.publishModel(e));
     this.extras = new KvExtras({ blockSize: o.blockSize, cpuBlocks: o.kvCpuBlocks, slidingWindow: o.kvSlidingWindow });
+    this.render = simRender(this.tok, { fixture: o.renderFixture, divergent: o.renderDivergent });
   }
 
   async start(): Promise<void> {
@@ -359,7 +369,10 @@ export class EngineSim {
       }
       if (url === "/v1/models") {
         res.setHeader("content-type", "application/json");
-        return void res.end(JSON.stringify({ object: "list", data: [{ id: this.o.modelName, object: "model", created: 0, owned_by: this.o.id }] }));
+        // vLLM's shape: served names, then LoRA adapters with their base model as parent. None given: an empty list (serves any model).
+        const base = this.o.servedModels[0];
+        const data = this.o.servedModels.map((id) => ({ id, object: "model", owned_by: this.o.id, root: id, parent: null as string | null })).concat(this.o.loraModules.map((id) => ({ id, object: "model", owned_by: this.o.id, root: id, parent: base ?? null })));
+        return void res.end(JSON.stringify({ object: "list", data }));
       }
       res.statusCode = 404;
       return void res.end();
@@ -376,6 +389,11 @@ export class EngineSim {
       this.clear();
       return void res.end("cleared");
     }
+    if (req.method === "POST" && url === "/tokenize") {
+      const t = this.render.tokenize((await this.readBody(req)).toString("utf8"), 32768);
+      res.writeHead(t.status, { "content-type": "application/json" });
+      return void res.end(JSON.stringify(t.json));
+    }
     const ep = endpointOf(url);
     if (req.method !== "POST" || !ep) {
       res.statusCode = 404;
@@ -386,8 +404,7 @@ export class EngineSim {
     const j = JSON.parse(body.toString("utf8"));
     const maxTokens = Math.max(1, Math.min(32768, Number(j.max_tokens ?? j.max_completion_tokens ?? 16) || 16));
     // Tokens for the cache: the real prompt tokens (rendered + tokenized as the engine would).
-    const tokens = pr.promptTokens ?? (this.tok ? this.tok.encode(pr.messages ? this.tok.renderChat(pr.messages) : (pr.prompt as string)) : []);
-    if (tokens.length === 0) tokens.push(0); // an engine always runs at least one token (BOS)
+    const tokens = this.render.promptTokens(pr, body.toString("utf8"));
     // media, cache_salt and a LoRA adapter feed the first block's hash, like vLLM's extra keys
     const lora = this.o.loraModules.includes(String(pr.model)) ? String(pr.model) : null;
     const salt = typeof j.cache_salt === "string" && j.cache_salt ? j.cache_salt : null;
@@ -577,7 +594,6 @@ export function parseSimArgs(argv: string[]): SimOptions {
       case "--kv-replay-port": o.kvReplayPort = Number(v()); break;
       case "--kv-cpu-blocks": o.kvCpuBlocks = Number(v()); break;
       case "--kv-sliding-window": o.kvSlidingWindow = Number(v()); break;
-      case "--lora-modules": o.loraModules = v().split(",").filter(Boolean); break;
       case "--data-parallel-size": o.dpSize = Number(v()); break;
       case "--kv-event-encoding": { const x = v(); if (x !== "map" && x !== "array") throw new Error("--kv-event-encoding: map | array"); o.kvEventEncoding = x; break; }
       case "--role": o.role = v() as SimOptions["role"]; break;
@@ -586,6 +602,10 @@ export function parseSimArgs(argv: string[]): SimOptions {
       case "--etcd-endpoint": o.etcdEndpoint = v(); break;
       case "--etcd-prefix": o.etcdPrefix = v(); break;
       case "--advertise": o.advertise = v(); break;
+      case "--render-fixture": o.renderFixture = v(); break;
+      case "--render-divergent": o.renderDivergent = true; break;
+      case "--served-model-name": o.servedModels = v().split(",").filter(Boolean); break;
+      case "--lora-modules": o.loraModules = v().split(",").map((x) => x.split("=")[0]).filter(Boolean); break;
       case "--help":
         process.stdout.write(
           "infera-sim --id ID --port N --kv-events-port N|none [--role mixed|prefill|decode] [--prefill-header x-infera-prefill] [--block-size 16] [--malformed-every N]\n" +
@@ -618,7 +638,7 @@ if (require.main === module && parseSimArgs(process.argv.slice(2)).dpSize > 1) {
     const events = o.kvEventsPort === null ? undefined : `tcp://${host}:${o.kvEventsPort}`;
     process.stderr.write(`sim ${o.id} role=${o.role} http=${o.host}:${o.port} kv-events=${events ?? "off"}\n`);
     if (o.etcdEndpoint) {
-      const { registerWorker } = await import("../extproc/etcd");
+      const { registerWorker } = await import("../runtime/etcd");
       await registerWorker(o.etcdEndpoint, o.etcdPrefix, o.id, { address: `${host}:${o.port}`, role: o.role, block_size: o.blockSize, kv_events: events, kv_replay: o.kvReplayPort === null ? undefined : `tcp://${host}:${o.kvReplayPort}` }, 2);
       process.stderr.write(`sim ${o.id} registered in etcd ${o.etcdEndpoint}${o.etcdPrefix}${o.id}\n`);
     }

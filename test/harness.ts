@@ -161,11 +161,11 @@ export function startRouter(args: string[], env: Record<string, string> = {}): P
 async function startRouterOnce(args: string[], env: Record<string, string>): Promise<RouterProc> {
   const grpcPort = await freePort();
   const adminPort = await freePort();
-  const proc = run("router", process.execPath, [...TSX, "extproc/main.ts", "--host", "127.0.0.1", "--ext-proc-port", String(grpcPort), "--admin-port", String(adminPort), ...args], env);
+  const proc = run("router", process.execPath, [...TSX, "cli/router.ts", "--host", "127.0.0.1", "--ext-proc-port", String(grpcPort), "--admin-port", String(adminPort), ...args], env);
   const admin = `http://127.0.0.1:${adminPort}`;
   await waitFor("router admin", async () => {
     if (proc.child.exitCode !== null) throw fatal(`router exited: ${proc.log().slice(-1000)}`);
-    return httpOk(`${admin}/healthz`);
+    return httpOk(`${admin}/livez`);
   });
   return {
     grpcPort,
@@ -300,7 +300,7 @@ export function renderNginx(fl: NginxFlavor, port: number, dir: string, vars: Re
     .replace("pid /tmp/infera-nginx.pid", `pid ${dir}/nginx.pid`)
     .replace("access_log /dev/stdout infera", `access_log ${dir}/access.log infera`)
     .replace(/\/tmp\/infera-nginx-(body|proxy)/g, `${dir}/$1`)
-    .replace('set $infera_push_token "change-me"', `set $infera_push_token "${vars.push_token ?? "test-token"}"`);
+;
   for (const [k, v] of Object.entries(vars)) c = c.replace(new RegExp(`set \\$infera_${k} [^;]*;`), `set $infera_${k} ${v};`);
   const file = path.join(dir, "nginx.conf");
   fs.writeFileSync(file, c);
@@ -315,7 +315,8 @@ async function startNginxOnce(fl: NginxFlavor, vars: Record<string, string>): Pr
   const port = await freePort();
   const dir = fs.mkdtempSync(path.join(os.tmpdir(), "infera-nginx-"));
   const file = renderNginx(fl, port, dir, vars);
-  const proc = run(`nginx-${fl.label}`, fl.bin, ["-p", dir, "-c", file, "-e", "stderr", "-g", "daemon off;"]);
+  // The push token reaches njs through nginx's environment (env INFERA_PUSH_TOKEN;).
+  const proc = run(`nginx-${fl.label}`, fl.bin, ["-p", dir, "-c", file, "-e", "stderr", "-g", "daemon off;"], { INFERA_PUSH_TOKEN: vars.push_token ?? "test-token" });
   await waitFor(`nginx ${fl.label}`, async () => {
     if (proc.child.exitCode !== null) throw fatal(`nginx exited: ${proc.log()}`);
     const r = await fetch(`http://127.0.0.1:${port}/v1/admin/reservations`).catch(() => null);
@@ -326,7 +327,7 @@ async function startNginxOnce(fl: NginxFlavor, vars: Record<string, string>): Pr
 
 export async function startBridge(args: string[], pushUrl: string, token = "test-token"): Promise<Proc> {
   const adminPort = await freePort();
-  return run("bridge", process.execPath, [TSX[0], TSX[1], "extproc/bridge.ts", "--nginx-push-url", pushUrl, "--push-token", token, "--admin-port", String(adminPort), ...args]);
+  return run("bridge", process.execPath, [TSX[0], TSX[1], "njs/bridge.ts", "--nginx-push-url", pushUrl, "--push-token", token, "--admin-port", String(adminPort), ...args]);
 }
 
 export async function startEtcd(dataDir?: string, ports?: { client: number; peer: number }): Promise<{ endpoint: string; proc: Proc; dataDir: string; ports: { client: number; peer: number } }> {
@@ -349,7 +350,7 @@ export async function startNats(port?: number): Promise<{ url: string; proc: Pro
 }
 
 export function startRelay(sim: Sim, natsUrl: string, subject: string): Proc {
-  return run(`relay-${sim.id}`, process.execPath, [TSX[0], TSX[1], "extproc/relay.ts", sim.events, natsUrl, subject]);
+  return run(`relay-${sim.id}`, process.execPath, [TSX[0], TSX[1], "cli/relay.ts", sim.events, natsUrl, subject]);
 }
 
 /**

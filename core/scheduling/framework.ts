@@ -4,7 +4,7 @@
 // a candidate's cost is the weighted sum of the terms, and the picker chooses.
 // Plugins are plain objects registered by name (njs has no classes).
 import { RouterState } from "../state/types";
-import { EpochKey, Features, RouterConfig, SessionBinding, Worker } from "../types";
+import { EpochKey, Features, Guard, RouterConfig, SessionBinding, Worker } from "../types";
 
 export type ProfileName = "prefill" | "decode";
 
@@ -60,15 +60,27 @@ export interface Picker {
   pick(ctx: PickContext, rows: Row[]): number;
 }
 
-/** Request lifecycle hooks (EPP requestcontrol): after a pick, at first byte, at completion. */
+/** Gives a guard's load back, once whatever the number of calls (Guard.done). */
+export type Release = (g: Guard | null) => void;
+
+/**
+ * Request lifecycle hooks (the EPP's requestcontrol): after the pick, when the
+ * response starts (first token), and when the request is over (EOF, reset,
+ * cancel, error, or a pick never used). Each runs once per request.
+ */
 export interface LifecyclePlugin {
   name: string;
   preRequest?(ctx: PickContext, result: PickResult): void;
+  firstToken?(result: PickResult, release: Release): void;
+  complete?(result: PickResult, release: Release): void;
 }
 
 export interface PickResult {
+  config: RouterConfig;
   prefill: Row;
   decode: Row | null;
+  /** Load held for the request (filled by the load-reservation plugin). */
+  guards: { prefill: Guard | null; main: Guard | null; queued: Guard | null };
 }
 
 interface Registry {

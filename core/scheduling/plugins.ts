@@ -3,6 +3,7 @@
 import { register } from "./framework";
 import { usableFilter } from "./plugins/filter/usable";
 import { rolePoolFilter } from "./plugins/filter/role-pool";
+import { modelFilter } from "./plugins/filter/model";
 import { prefixOverlapScorer } from "./plugins/scorer/prefix-overlap";
 import { imageAffinityScorer } from "./plugins/scorer/image-affinity";
 import { activeBlocksScorer } from "./plugins/scorer/active-blocks";
@@ -11,9 +12,11 @@ import { lowestCostPicker } from "./plugins/picker/lowest-cost";
 import { roundRobinPicker } from "./plugins/picker/round-robin";
 import { randomPicker } from "./plugins/picker/random";
 import { imageTouch, sessionBind } from "./plugins/lifecycle/remember";
+import { loadReservation } from "./plugins/lifecycle/load";
 
 register.filter(usableFilter);
 register.filter(rolePoolFilter);
+register.filter(modelFilter);
 register.scorer(prefixOverlapScorer);
 register.scorer(imageAffinityScorer);
 register.scorer(activeBlocksScorer);
@@ -23,3 +26,4 @@ register.picker(roundRobinPicker);
 register.picker(randomPicker);
 register.lifecycle(imageTouch);
 register.lifecycle(sessionBind);
+register.lifecycle(loadReservation);

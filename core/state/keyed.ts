@@ -338,6 +338,9 @@ export function saveGuard(st: Store, rid: string, which: GuardSlot, g: Guard): v
 }
 
 /** Accepts a push sequence for a stream if it is newer than the last one; returns the last one otherwise. */
+/** Push sequences are microseconds since the epoch; one from beyond this much ahead would lock every later push out. */
+export const MAX_PUSH_SEQ_AHEAD_US = 600e6;
+
 export function acceptPushSeq(st: Store, stream: string, pseq: number): { ok: boolean; last: number } {
   const key = "PS:" + stream;
   const last = st.num(key);

@@ -2,6 +2,7 @@
 // (state/memory.ts); njs keeps everything in js_shared_dict_zone through the
 // key-encoded backend (state/keyed.ts). Both pass test/unit/state.test.ts.
 import { BlockHash, EngineHash, EpochKey, Guard, SessionBinding, Worker, WorkerSpec } from "../types";
+import type { ModelTable } from "../models";
 
 /** Which blocks each worker's engine holds, as reported by its KV events. */
 export interface MirrorIndex {
@@ -96,6 +97,8 @@ export interface RouterState {
   images: ImageAffinity;
   /** Monotonic counters shared by every VM (round-robin position). */
   next(counter: string): number;
+  /** Which models each worker serves (core/models.ts); absent = no model routing. */
+  models?: ModelTable;
 }
 
 /** The optional spec fields a registered worker keeps (replay endpoint, DP rank), present only when set. */

@@ -83,7 +83,7 @@ test("bad requests get a 400 JSON error through Envoy; non-LLM paths still route
   assert.match(m, /infera_router_pick_latency_seconds_count \d+/);
 });
 
-test("multi-MB bodies (inline base64 images) pass Envoy's buffer; over --max-body-bytes the router answers 400", { skip }, async () => {
+test("multi-MB bodies (inline base64 images) pass Envoy's buffer; over --max-body-bytes the router answers 413", { skip }, async () => {
   const img = "data:image/png;base64," + Buffer.alloc(3 * 1024 * 1024, 7).toString("base64");
   const content = [{ type: "text", text: "what is in this picture?" }, { type: "image_url", image_url: { url: img } }];
   const a = await chat(envoy.url, content);
@@ -93,7 +93,7 @@ test("multi-MB bodies (inline base64 images) pass Envoy's buffer; over --max-bod
   assert.match(router.proc.log(), /mm_images=1 mm_affinity_hits=1/);
   const huge = "x".repeat(9 * 1024 * 1024);
   const r = await fetch(`${envoy.url}/v1/chat/completions`, { method: "POST", headers: { "content-type": "application/json" }, body: JSON.stringify({ model: "m", messages: [{ role: "user", content: huge }] }) });
-  assert.equal(r.status, 400);
+  assert.equal(r.status, 413);
   assert.match(((await r.json()) as { error: { message: string } }).error.message, /over the 8388608-byte limit/);
 });
 
@@ -122,8 +122,13 @@ test("bounded load: 120 requests at concurrency 12, a quarter aborted mid-stream
   }, 10000);
 });
 
-test("with ext_proc down Envoy fails closed (failure_mode_allow: false -> 500)", { skip }, async () => {
+test("with ext_proc down Envoy fails closed: 503 JSON with retry-after, in each API's shape", { skip }, async () => {
   await router.proc.kill();
   const r = await fetch(`${envoy.url}/v1/chat/completions`, { method: "POST", headers: { "content-type": "application/json" }, body: JSON.stringify({ model: "m", messages: [{ role: "user", content: "hi" }] }) });
-  assert.equal(r.status, 500);
+  assert.equal(r.status, 503);
+  assert.equal(r.headers.get("retry-after"), "1");
+  assert.equal(((await r.json()) as { error: { type: string; code: number } }).error.code, 503);
+  const a = await fetch(`${envoy.url}/v1/messages`, { method: "POST", headers: { "content-type": "application/json" }, body: JSON.stringify({ model: "m", max_tokens: 5, messages: [{ role: "user", content: "hi" }] }) });
+  assert.equal(a.status, 503);
+  assert.deepEqual(await a.json(), { type: "error", error: { type: "overloaded_error", message: "no worker was picked for this request; retry shortly" } });
 });

@@ -7,8 +7,9 @@ import * as fs from "fs";
 import * as os from "os";
 import * as path from "path";
 import { ROOT, nginx08, nginxSystem, startSim, startNginx, startBridge, workerArg, chat, longText, openStream, stopAll, sleep, waitFor, Sim, renderNginx, freePort } from "../harness";
-import { loadTokenizer } from "../../extproc/tokenizer";
+import { loadTokenizer } from "../../runtime/tokenizer";
 import { xxh3Hex } from "../../core/xxh3";
+import { corpus, reference } from "../render-corpus";
 
 const DIST = path.join(ROOT, "njs", "dist");
 const built = fs.existsSync(path.join(DIST, "infera.js")) && fs.existsSync(path.join(DIST, "tokenizer.json"));
@@ -34,7 +35,7 @@ function runNjs(bin: string, script: string): string {
   const dir = fs.mkdtempSync(path.join(os.tmpdir(), "infera-njs-"));
   const f = path.join(dir, "t.mjs");
   fs.writeFileSync(f, script);
-  const r = spawnSync(bin, ["-p", DIST, f], { encoding: "utf8", timeout: 120000 });
+  const r = spawnSync(bin, ["-p", DIST, f], { encoding: "utf8", timeout: 120000, maxBuffer: 1 << 28 });
   if (r.status !== 0) throw new Error(`${bin} failed (${r.status}): ${r.stderr}${r.stdout}`);
   return r.stdout;
 }
@@ -57,6 +58,47 @@ console.log(JSON.stringify({ ids: cli.encodeAll(vocab, ${JSON.stringify(CORPUS)}
     for (let i = 0; i < CORPUS.length; i++) assert.deepEqual(got.ids[i], expected[i], `${label}: ${JSON.stringify(CORPUS[i])}`);
     assert.deepEqual(got.hashes, bytes.map((b) => xxh3Hex(new Uint8Array(b))), label);
   }
+});
+
+test("render parity in njs: the Qwen3 corpus renders + tokenizes to transformers' ids on njs's engine", { skip: !built ? "run npm run build:njs" : clis.length === 0 ? "no njs CLI" : false }, () => {
+  const items = corpus().filter((c) => c.family === "qwen3");
+  const ref = reference(items);
+  const dir = fs.mkdtempSync(path.join(os.tmpdir(), "njs-parity-"));
+  const input = path.join(dir, "items.json");
+  fs.writeFileSync(input, JSON.stringify(items.map((c) => ({ endpoint: c.endpoint, body: JSON.stringify(c.body) }))));
+  for (const [label, bin] of clis) {
+    const out = runNjs(
+      bin,
+      `import cli from 'infera-cli.js';
+import fs from 'fs';
+const vocab = JSON.parse(fs.readFileSync(${JSON.stringify(path.join(DIST, "tokenizer.json"))}));
+const items = JSON.parse(fs.readFileSync(${JSON.stringify(input)}));
+const res = cli.renderIds(vocab, items);
+for (let i = 0; i < res.length; i++) {
+  const s = JSON.stringify(res[i]);
+  for (let k = 0; k < s.length; k += 1000) console.log(i + "\t" + s.slice(k, k + 1000));
+}`,
+    );
+    // njs's console.log cuts lines at 2048 bytes: results come in indexed chunks.
+    const parts: string[] = [];
+    for (const l of out.split("\n")) {
+      const m = /^(\d+)\t(.*)$/.exec(l);
+      if (m) parts[Number(m[1])] = (parts[Number(m[1])] || "") + m[2];
+    }
+    const got = parts.map((p) => JSON.parse(p)) as { ids?: number[]; error?: string }[];
+    assert.equal(got.length, items.length, label + ": one result per request");
+    let exact = 0;
+    const misses: string[] = [];
+    items.forEach((it, i) => {
+      const want = ref.get(it.id)!;
+      const ok = want.error ? !!got[i].error : !got[i].error && JSON.stringify(got[i].ids) === JSON.stringify(want.ids);
+      if (ok) exact++;
+      else if (misses.length < 5) misses.push(`${it.id}: ${got[i].error || "ids differ"}${want.error ? " (engine: " + want.error + ")" : ""}`);
+    });
+    process.stdout.write(`# ${label}: render parity ${exact}/${items.length}\n`);
+    assert.equal(exact, items.length, `${label}: ${misses.join("; ")}`);
+  }
+  fs.rmSync(dir, { recursive: true, force: true });
 });
 
 test("njs tokenize + hash + pick time for 1k and 8k-token prompts (reported in README)", { skip: !built || clis.length === 0 }, () => {

@@ -131,7 +131,7 @@ test("a gateway whose ext_proc failed open never connects to a client-named addr
 const n8 = nginx08();
 test("nginx: client-sent x-infera-* headers never reach a worker", { skip: skip || (n8 ? false : "njs >= 0.8 not set up (bash scripts/njs08.sh)") }, async () => {
   const ng = await startNginx(n8!);
-  const bridge = await startBridge(["--workers", workers.map((w) => w.address).join(","), "--health-interval-ms", "0"], `${ng.url}/_infera/push`);
+  const bridge = await startBridge(["--workers", workers.map((w) => w.address).join(",")], `${ng.url}/_infera/push`);
   await waitFor("bridge fleet push", async () => {
     const r = await fetch(`${ng.url}/v1/admin/workers`).catch(() => null);
     return !!r && r.ok && ((await r.json()) as unknown[]).length === 2;
@@ -150,4 +150,17 @@ test("nginx: client-sent x-infera-* headers never reach a worker", { skip: skip 
   assertClean(seen);
   assert.notEqual(seen["x-infera-worker"], "evil");
   assert.equal(secret.hits.length, 0);
+});
+
+test("nginx push: a pseq far in the future is refused (no lock-out), worker ids cannot inject /metrics lines", { skip: n8 ? false : "njs >= 0.8 not set up (bash scripts/njs08.sh)" }, async () => {
+  const ng = await startNginx(n8!);
+  const push = (body: unknown) => fetch(`${ng.url}/_infera/push`, { method: "POST", headers: { "content-type": "application/json", "x-infera-push-token": "test-token" }, body: JSON.stringify(body) });
+  const future = await push({ type: "workers", pseq: 9e15, workers: [] });
+  assert.equal(future.status, 400, await future.clone().text());
+  const evil = 'w"} 1\ninfera_router_owned{x="';
+  const ok = await push({ type: "workers", pseq: Date.now() * 1000, workers: [{ id: evil, address: "127.0.0.1:9", role: "mixed" }] });
+  assert.equal(ok.status, 200, "later pushes are not locked out");
+  const metrics = await (await fetch(`${ng.url}/metrics`)).text();
+  assert.ok(!/^infera_router_owned/m.test(metrics), metrics);
+  assert.match(metrics, /infera_router_active_blocks\{worker="w\\"\} 1\\ninfera_router_owned\{x=\\""\} 0/);
 });

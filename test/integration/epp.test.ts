@@ -6,8 +6,8 @@ import { test, before, after } from "node:test";
 import * as assert from "node:assert/strict";
 import * as grpc from "@grpc/grpc-js";
 import { create } from "@bufbuild/protobuf";
-import { App } from "../../extproc/app";
-import { parseArgs } from "../../extproc/config";
+import { App } from "../../runtime/app";
+import { parseArgs } from "../../runtime/config";
 import { ExtProcService, startExtProc } from "../../extproc/server";
 import {
   ProcessingRequest,

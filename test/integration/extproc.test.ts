@@ -5,8 +5,8 @@ import { test, before, after } from "node:test";
 import * as assert from "node:assert/strict";
 import * as grpc from "@grpc/grpc-js";
 import { create } from "@bufbuild/protobuf";
-import { App } from "../../extproc/app";
-import { parseArgs } from "../../extproc/config";
+import { App } from "../../runtime/app";
+import { parseArgs } from "../../runtime/config";
 import { ExtProcService, startExtProc } from "../../extproc/server";
 import { ProcessingRequest, ProcessingRequestSchema, ProcessingResponse, HttpHeadersSchema, HttpBodySchema } from "../../extproc/gen/envoy/service/ext_proc/v3/external_processor_pb";
 import { HeaderMapSchema, HeaderValueSchema } from "../../extproc/gen/envoy/config/core/v3/base_pb";
@@ -251,4 +251,32 @@ test("a data-parallel target: the pick sets X-data-parallel-rank for the engine;
     s2.server.forceShutdown();
     await dpApp.close();
   }
+});
+
+test("the server ends its side of the call after the last answer (response EOS, immediate response), status OK", async () => {
+  const ended = (s: ReturnType<typeof stream>) =>
+    new Promise<number>((resolve) => {
+      s.call.on("status", (st: grpc.StatusObject) => resolve(st.code));
+    });
+  // A full exchange ending with the response body's end of stream.
+  const a = stream();
+  const aEnd = ended(a);
+  a.send(reqHeaders("/v1/chat/completions"));
+  await a.next();
+  a.send(reqBody(body("end cleanly ".repeat(10))));
+  await a.next();
+  a.send(respHeaders());
+  await a.next();
+  a.send(respBody(true));
+  await a.next();
+  assert.equal(await aEnd, grpc.status.OK, "Envoy never has to reset the stream");
+  assert.ok(await until(() => app.router.openGuards() === 0));
+  // An immediate response is also the last word.
+  const b = stream();
+  const bEnd = ended(b);
+  b.send(reqHeaders("/v1/chat/completions"));
+  await b.next();
+  b.send(reqBody("{broken"));
+  assert.equal((await b.next()).response.case, "immediateResponse");
+  assert.equal(await bEnd, grpc.status.OK);
 });

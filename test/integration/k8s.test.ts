@@ -9,11 +9,11 @@ import * as fs from "fs";
 import * as os from "os";
 import * as path from "path";
 import * as grpc from "@grpc/grpc-js";
-import { App } from "../../extproc/app";
-import { parseArgs } from "../../extproc/config";
-import { startDiscovery, Discovery } from "../../extproc/discovery";
+import { App } from "../../runtime/app";
+import { parseArgs } from "../../runtime/config";
+import { startDiscovery, Discovery } from "../../runtime/discovery";
 import { startExtProc } from "../../extproc/server";
-import { specsFromPod } from "../../extproc/k8s";
+import { specsFromPod } from "../../runtime/k8s";
 import { FakeApi, pod, startFakeApi } from "../k8s-api";
 
 const NS = "llm";

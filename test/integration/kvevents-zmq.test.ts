@@ -4,11 +4,11 @@
 // a restart whose first batches were lost is detected, silence is flagged.
 import { test, after } from "node:test";
 import * as assert from "node:assert/strict";
-import { App } from "../../extproc/app";
-import { parseArgs } from "../../extproc/config";
+import { App } from "../../runtime/app";
+import { parseArgs } from "../../runtime/config";
 import { KvPublisher, SimKvEvent } from "../../sim/kvpublisher";
 import { freePort, waitFor, sleep, startSim, stopAll, chat, longText, startNats } from "../harness";
-import { runRelay } from "../../extproc/relay";
+import { runRelay } from "../../cli/relay";
 import { tierCounts } from "../../core/kvevents";
 
 const toks = (n: number, base: number) => Array.from({ length: n }, (_, i) => base + i);

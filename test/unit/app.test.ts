@@ -2,8 +2,8 @@
 // metrics on /metrics, env fallbacks for flags.
 import { test } from "node:test";
 import * as assert from "node:assert/strict";
-import { App } from "../../extproc/app";
-import { parseArgs, parseWorkers } from "../../extproc/config";
+import { App } from "../../runtime/app";
+import { parseArgs, parseWorkers } from "../../runtime/config";
 
 const noEvents = { subscribe: () => ({ close() {} }), close: async () => undefined };
 
@@ -60,7 +60,7 @@ test("400s for malformed requests come out of route() with status and type", () 
     return null;
   };
   assert.deepEqual(err("{"), [400, "invalid_request_error"]);
-  assert.deepEqual(err(JSON.stringify({ model: "m", messages: [{ role: "user", content: "x".repeat(200) }] })), [400, "request_too_large"]);
+  assert.deepEqual(err(JSON.stringify({ model: "m", messages: [{ role: "user", content: "x".repeat(200) }] })), [413, "request_too_large"]);
 });
 
 test("a session id over --max-session-id-bytes is refused with a 400 before it reaches the session table", () => {
@@ -72,4 +72,39 @@ test("a session id over --max-session-id-bytes is refused with a 400 before it r
   assert.equal(app.state.sessions.size(), 0);
   app.route("chat", body, "s".repeat(64)).reservation.finish();
   assert.equal(app.state.sessions.size(), 1);
+});
+
+test("decode-demand input is an estimate for multimodal requests and once a worker's render diverged", async () => {
+  const http = await import("http");
+  // A worker whose /tokenize disagrees with the router (e.g. another chat template).
+  const srv = http.createServer((q, r) => {
+    if (q.url === "/tokenize") {
+      r.setHeader("content-type", "application/json");
+      return void r.end(JSON.stringify({ count: 3, max_model_len: 4096, tokens: [1, 2, 3] }));
+    }
+    r.statusCode = 404;
+    r.end();
+  });
+  await new Promise<void>((res) => srv.listen(0, "127.0.0.1", res));
+  const diverging = `127.0.0.1:${(srv.address() as { port: number }).port}`;
+  const app = new App(parseArgs(["--workers", "prefill=127.0.0.1:1,decode=127.0.0.1:2", "--decode-input-demand", "shadow"], {}), () => undefined, noEvents);
+  try {
+    app.setWorkers(app.opts.workers);
+    const text = (s: string) => Buffer.from(JSON.stringify({ model: "m", messages: [{ role: "user", content: s }] }));
+    app.route("chat", text("plain ".repeat(40)), null).reservation.finish();
+    const img = Buffer.from(JSON.stringify({ model: "m", messages: [{ role: "user", content: [{ type: "text", text: "what is this" }, { type: "image_url", image_url: { url: "https://img/1.png" } }] }] }));
+    app.route("chat", img, null).reservation.finish();
+    let m = await app.metrics.registry.metrics();
+    assert.match(m, /infera_router_decode_demand_decisions_total\{mode="shadow",input="exact",agrees="(true|false)"\} 1/);
+    assert.match(m, /infera_router_decode_demand_decisions_total\{mode="shadow",input="estimate",agrees="(true|false)"\} 1/, "multimodal -> estimate");
+    app.addWorker({ id: "x", address: diverging, role: "mixed" });
+    for (let i = 0; i < 100 && app.probes!.state("x").status !== "diverged"; i++) await new Promise((r) => setTimeout(r, 50));
+    assert.equal(app.probes!.state("x").status, "diverged");
+    app.route("chat", text("plain again ".repeat(40)), null).reservation.finish();
+    m = await app.metrics.registry.metrics();
+    assert.match(m, /infera_router_decode_demand_decisions_total\{mode="shadow",input="estimate",agrees="(true|false)"\} 2/, "a diverged worker -> estimate");
+  } finally {
+    await app.close();
+    srv.close();
+  }
 });

@@ -7,7 +7,8 @@ import { spawnSync } from "child_process";
 import * as fs from "fs";
 import * as path from "path";
 import { parse } from "yaml";
-import { parseArgs } from "../../extproc/config";
+import { parseArgs } from "../../runtime/config";
+import { parseCommand } from "../../cli/args";
 import { parseSimArgs } from "../../sim/engine";
 
 const ROOT = path.resolve(__dirname, "../..");
@@ -15,26 +16,59 @@ const compose = parse(fs.readFileSync(path.join(ROOT, "docker-compose.yml"), "ut
 const dc = spawnSync("sh", ["-c", "command -v docker-compose || (docker compose version >/dev/null 2>&1 && echo docker)"], { encoding: "utf8" }).stdout.trim();
 
 test("compose file passes docker-compose's own schema check", { skip: dc ? false : "docker-compose not installed" }, () => {
-  const r = dc === "docker" ? spawnSync("docker", ["compose", "-f", "docker-compose.yml", "config", "-q"], { cwd: ROOT, encoding: "utf8" }) : spawnSync(dc, ["-f", "docker-compose.yml", "config", "-q"], { cwd: ROOT, encoding: "utf8" });
+  const r = dc === "docker" ? spawnSync("docker", ["compose", "-f", "docker-compose.yml", "config", "-q"], { cwd: ROOT, encoding: "utf8", env: { ...process.env, INFERA_PUSH_TOKEN: "schema-check" } }) : spawnSync(dc, ["-f", "docker-compose.yml", "config", "-q"], { cwd: ROOT, encoding: "utf8", env: { ...process.env, INFERA_PUSH_TOKEN: "schema-check" } });
   assert.equal(r.status, 0, r.stderr);
 });
 
 test("services reference existing services, files and valid flags", () => {
-  const services = compose.services as Record<string, { command?: string | string[]; depends_on?: string[]; volumes?: string[]; network_mode?: string }>;
+  type Svc = { command?: string | string[]; depends_on?: Record<string, { condition: string }>; volumes?: string[]; network_mode?: string; build?: string; restart?: string; ports?: string[]; environment?: Record<string, string> };
+  const services = compose.services as Record<string, Svc>;
   for (const want of ["envoy", "nginx", "router", "etcd", "nats", "sim0", "sim1", "bridge"]) assert.ok(services[want], `service ${want}`);
   for (const [name, s] of Object.entries(services)) {
-    for (const d of s.depends_on ?? []) assert.ok(services[d], `${name} depends on unknown ${d}`);
+    assert.ok(!Array.isArray(s.depends_on), `${name}: depends_on uses the long form with conditions`);
+    for (const [d, c] of Object.entries(s.depends_on ?? {})) {
+      assert.ok(services[d], `${name} depends on unknown ${d}`);
+      assert.match(c.condition, /^service_(started|healthy|completed_successfully)$/);
+    }
     if (s.network_mode?.startsWith("service:")) assert.ok(services[s.network_mode.slice(8)], `${name} network_mode`);
     for (const v of s.volumes ?? []) if (v.startsWith("./")) assert.ok(fs.existsSync(path.join(ROOT, v.split(":")[0])), `${name} mounts ${v}`);
-    const cmd = Array.isArray(s.command) ? s.command : s.command ? s.command.trim().split(/\s+/) : [];
-    const i = cmd.indexOf("--import");
-    if (i < 0) continue;
-    const script = cmd[i + 2];
-    assert.ok(fs.existsSync(path.join(ROOT, script)), `${name} runs ${script}`);
-    const args = cmd.slice(i + 3);
-    if (script === "sim/engine.ts") assert.doesNotThrow(() => parseSimArgs(args), name);
-    if (script === "extproc/main.ts" || script === "extproc/bridge.ts") assert.doesNotThrow(() => parseArgs(args, {}), name);
+    assert.ok(s.restart, `${name} has a restart policy`);
+    if (!s.build || name === "njs-build") continue;
+    // The image's entrypoint is infera-gate <command>; check each command's flags with its own parser.
+    const cmd = s.command as string[];
+    assert.ok(Array.isArray(cmd), `${name}: command is a list`);
+    const env: Record<string, string> = { INFERA_PUSH_TOKEN: "x" };
+    for (const [k, v] of Object.entries(s.environment ?? {})) if (k !== "INFERA_PUSH_TOKEN") env[k] = v;
+    if (cmd[0] === "sim") assert.doesNotThrow(() => parseSimArgs(cmd.slice(1)), name);
+    else if (cmd[0] === "router" || cmd[0] === "bridge") assert.doesNotThrow(() => parseArgs(cmd.slice(1), env, cmd[0] as "router" | "bridge"), name);
+    else assert.doesNotThrow(() => parseCommand(cmd[0] as "relay", cmd.slice(1), env), name);
   }
+  assert.deepEqual(services["nginx"].depends_on, { "njs-build": { condition: "service_completed_successfully" } });
+  assert.equal(services["envoy"].depends_on?.router.condition, "service_healthy", "Envoy waits for a router that answers");
+});
+
+test("compose is v2, binds admin ports to loopback, and bakes in no secret", () => {
+  const raw = fs.readFileSync(path.join(ROOT, "docker-compose.yml"), "utf8");
+  assert.equal(compose.version, undefined, "no obsolete top-level version key");
+  for (const [name, s] of Object.entries(compose.services as Record<string, { ports?: string[] }>))
+    for (const p of s.ports ?? []) if (/:(9100|9101|9002|9901)$/.test(p)) assert.match(p, /^127\.0\.0\.1:/, `${name} publishes ${p} beyond loopback`);
+  assert.doesNotMatch(raw, /change-me|compose-token|--push-token/, "the push token comes from the environment");
+  assert.match(raw, /INFERA_PUSH_TOKEN: \$\{INFERA_PUSH_TOKEN:\?/);
+});
+
+test("the Dockerfile is multi-stage, non-root, health-checked, and runs compiled JavaScript", () => {
+  const df = fs.readFileSync(path.join(ROOT, "Dockerfile"), "utf8");
+  const stages = df.split(/^FROM /m).slice(1);
+  assert.ok(stages.length >= 2, "multi-stage");
+  const last = stages[stages.length - 1];
+  assert.match(last, /npm ci --omit=dev/);
+  assert.doesNotMatch(last, /^COPY \. /m, "the runtime stage copies no sources or tests");
+  assert.doesNotMatch(last, /tsx/);
+  assert.match(last, /^USER (?!root)\w+/m);
+  assert.match(last, /^HEALTHCHECK .*\n?.*\/livez/m);
+  assert.match(last, /^ENTRYPOINT \["node", "dist\/cli\/main.js"\]/m);
+  assert.match(last, /^CMD \["router"\]/m);
+  assert.doesNotMatch(df, /--help/);
 });
 
 test("the in-place edits compose makes to envoy.yaml and nginx.conf still match those files", () => {
@@ -43,7 +77,8 @@ test("the in-place edits compose makes to envoy.yaml and nginx.conf still match 
   assert.ok(envoy.includes("address: 127.0.0.1, port_value: 10000"));
   assert.ok(envoy.includes("address: 127.0.0.1, port_value: 9002"), "ext_proc reached over the shared namespace");
   assert.ok(nginx.includes("listen 127.0.0.1:8080"));
-  assert.ok(nginx.includes('"change-me"'));
+  assert.ok(!nginx.includes("change-me"), "no push token literal");
+  assert.match(nginx, /^env INFERA_PUSH_TOKEN;/m, "njs reads the token from nginx's environment");
   assert.ok(nginx.includes("/usr/lib/nginx/modules/ngx_http_js_module.so"));
   assert.ok(nginx.includes("/opt/infera-gate/njs/dist"), "the njs-dist volume mount point");
 });

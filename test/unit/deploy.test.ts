@@ -8,7 +8,7 @@ import * as assert from "node:assert/strict";
 import { spawnSync } from "child_process";
 import * as path from "path";
 import { parseAllDocuments } from "yaml";
-import { parseArgs } from "../../extproc/config";
+import { parseArgs } from "../../runtime/config";
 
 const ROOT = path.resolve(__dirname, "../..");
 const gobin = spawnSync("go", ["env", "GOPATH"], { encoding: "utf8" }).stdout?.trim();
@@ -59,7 +59,7 @@ for (const [label, cmd, args] of [
     const docs = render(cmd === "helm" ? helm! : kustomize!, [...args]);
     const dep = docs.find((d) => d.kind === "Deployment")!;
     const c = dep.spec.template.spec.containers[0];
-    assert.deepEqual(c.command, ["node", "--import", "tsx", "extproc/main.ts"]);
+    assert.deepEqual(c.command, ["node", "dist/cli/main.js", "router"], "the image runs compiled JavaScript (no tsx at run time)");
     const o = parseArgs(c.args, {});
     assert.equal(o.discovery, "k8s");
     assert.equal(o.host, "0.0.0.0");

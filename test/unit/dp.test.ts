@@ -2,10 +2,10 @@
 // fleet re-list without a new epoch (no mirror churn).
 import { test } from "node:test";
 import * as assert from "node:assert/strict";
-import { parseWorkers, parseArgs } from "../../extproc/config";
-import { specsFromEtcd } from "../../extproc/etcd";
+import { parseWorkers, parseArgs } from "../../runtime/config";
+import { specsFromEtcd } from "../../runtime/etcd";
 import { expandDp, offsetPort } from "../../core/fleet";
-import { App } from "../../extproc/app";
+import { App } from "../../runtime/app";
 import { isRoutingHeader } from "../../extproc/server";
 
 const noEvents = { subscribe: () => ({ close() {} }), close: async () => undefined };

@@ -11,7 +11,7 @@ import { keyedMirror } from "../../core/state/keyed";
 import { memStore } from "../../core/store";
 import { MirrorIndex } from "../../core/state/types";
 import { EpochKey } from "../../core/types";
-import { decodeBatch } from "../../extproc/events";
+import { decodeBatch } from "../../runtime/events";
 import { encodeEvent, SimKvEvent } from "../../sim/kvpublisher";
 import { computeFeatures, parseRequest } from "../../core/request";
 

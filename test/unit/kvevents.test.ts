@@ -5,7 +5,7 @@ import { applyBatch, KvEvent } from "../../core/kvevents";
 import { blockHashes } from "../../core/hash";
 import { memoryMirror } from "../../core/state/memory";
 import { EpochKey } from "../../core/types";
-import { decodeBatch, decodeSeq } from "../../extproc/events";
+import { decodeBatch, decodeSeq } from "../../runtime/events";
 
 const W1 = "w#1" as EpochKey;
 const W2 = "w#2" as EpochKey;

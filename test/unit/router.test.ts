@@ -6,7 +6,7 @@ import { validateConfig, defaultConfig } from "../../core/router";
 test("seed's worked example: W0 8 hits + 6 active -> 8, W1 0 hits + 1 active -> 11, W0 wins", () => {
   const req = blocks("aa", 10);
   // 6 distinct in-flight blocks on W0, 1 on W1
-  const s2 = mk([{ id: "W0" }, { id: "W1" }]);
+  const s2 = mk([{ id: "W0" }, { id: "W1" }], { overlapWeight: 1 }); // the seed's example is worked at weight 1
   cache(s2.st, s2.r, "W0", req.slice(0, 8));
   cache(s2.st, s2.r, "W0", blocks("l0", 6)); // so load requests land on W0
   s2.r.pick(feats(blocks("l0", 6)), null);

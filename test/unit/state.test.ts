@@ -119,3 +119,12 @@ test("keyed backend: worker ids with colons never collide with another worker's 
   assert.equal(st.mirror.count(E("127.0.0.1:8001#10")), 1);
   assert.deepEqual(st.mirror.prefixHits([B("h")], { "127.0.0.1:8001#10": true, "127.0.0.1:8001#1": true }), { "127.0.0.1:8001#10": 1 });
 });
+
+test("prometheus label values are escaped and secrets compare by content", async () => {
+  const { promLabel, sameSecret } = await import("../../core/util");
+  assert.equal(promLabel('w"1\\\n'), 'w\\"1\\\\\\n');
+  assert.equal(sameSecret("abc", "abc"), true);
+  assert.equal(sameSecret("abc", "abd"), false);
+  assert.equal(sameSecret("abc", "abcd"), false);
+  assert.equal(sameSecret("", ""), true);
+});

@@ -4,7 +4,7 @@ import { xxh3 } from "@node-rs/xxhash";
 import { createXXHash3 } from "hash-wasm";
 import { xxh3Hex } from "../../core/xxh3";
 import { jsHasher } from "../../core/hash";
-import { nativeHasher } from "../../extproc/hasher";
+import { nativeHasher } from "../../runtime/hasher";
 
 // Deterministic PRNG so a failure names a reproducible input.
 function rng(seed: number) {

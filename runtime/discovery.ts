@@ -12,6 +12,10 @@ export interface Fleet {
   removeWorker(id: string): void;
   /** Discovery has applied its first full view of the fleet (gRPC readiness waits for it). */
   setSynced?(v: boolean): void;
+  /** Discovery's connection state, for readiness. */
+  setDiscoveryState?(ok: boolean, detail: string): void;
+  /** How many workers the fleet holds (for logs). */
+  listWorkerCount?(): number;
 }
 
 export interface Discovery {

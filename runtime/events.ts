@@ -165,6 +165,11 @@ export interface Subscription {
   close(): void;
 }
 
+/** Transport connection state of one subscription (readiness: "events flowing"). */
+export interface EventStateSink {
+  (connected: boolean): void;
+}
+
 export interface ReplayOptions {
   /** The worker's replay ROUTER endpoint (vLLM/SGLang --kv-events-config replay_endpoint). */
   replay?: string;
@@ -337,8 +342,12 @@ export function createSequencer(workerId: string, sink: EventSink, onError: Even
 }
 
 /** Subscribes to one worker's ZMQ PUB. Frames: [topic, seq, payload] (topic optional); sequencing in createSequencer. */
-export function subscribeZmq(workerId: string, endpoint: string, topic: string, sink: EventSink, onError: EventErrorSink, ro: ReplayOptions = {}): Subscription {
+export function subscribeZmq(workerId: string, endpoint: string, topic: string, sink: EventSink, onError: EventErrorSink, onState?: EventStateSink, ro: ReplayOptions = {}): Subscription {
   const sock = new zmq.Subscriber({ reconnectInterval: 200, reconnectMaxInterval: 2000 });
+  if (onState) {
+    sock.events.on("connect", () => onState(true));
+    sock.events.on("disconnect", () => onState(false));
+  }
   sock.connect(endpoint);
   sock.subscribe(topic);
   let closed = false;

@@ -13,27 +13,58 @@ import { loadTokenizer, LoadedTokenizer } from "./tokenizer";
 import { createMetrics, Metrics } from "./metrics";
 import { Options } from "./config";
 import { BatchInfo, subscribeZmq, Subscription } from "./events";
+import { RenderProbes } from "./probe";
+import { memoryModelTable, ModelTable, withModels } from "../core/models";
 
-export interface Logger {
-  (level: "debug" | "info" | "warn" | "error", line: string): void;
+/** GET <worker>/v1/models: served model ids (base models and LoRA adapters) and each adapter's parent. */
+export async function fetchModels(address: string, timeoutMs = 3000): Promise<{ ids: string[]; parent: Record<string, string> } | null> {
+  try {
+    const r = await fetch(`http://${address}/v1/models`, { signal: AbortSignal.timeout(timeoutMs) });
+    if (!r.ok) {
+      await r.arrayBuffer().catch(() => undefined);
+      return null;
+    }
+    const j = (await r.json()) as { data?: { id?: unknown; parent?: unknown; root?: unknown }[] };
+    if (!Array.isArray(j.data)) return null;
+    const ids: string[] = [];
+    const parent: Record<string, string> = {};
+    for (const m of j.data) {
+      if (typeof m.id !== "string") continue;
+      ids.push(m.id);
+      if (typeof m.parent === "string" && m.parent) parent[m.id] = m.parent;
+    }
+    return { ids, parent };
+  } catch {
+    return null;
+  }
 }
 
-export function makeLogger(level: Options["logLevel"]): Logger {
-  const rank = { debug: 0, info: 1, warn: 2, error: 3 };
-  return (l, line) => {
-    if (rank[l] >= rank[level]) process.stderr.write(`${new Date().toISOString()} ${l} ${line}\n`);
-  };
+/** --router-tokenizer-path: one path (every model) or "model=path,model=path[,path]" (a bare path is the default). */
+export function tokenizerPaths(v: string | null): { byModel: Record<string, string>; dflt: string | null } {
+  if (!v || v.indexOf("=") < 0) return { byModel: {}, dflt: v };
+  const byModel: Record<string, string> = {};
+  let dflt: string | null = null;
+  for (const part of v.split(",")) {
+    const eq = part.indexOf("=");
+    if (eq < 0) dflt = part.trim();
+    else byModel[part.slice(0, eq).trim()] = part.slice(eq + 1).trim();
+  }
+  return { byModel, dflt };
 }
+import { Logger } from "./log";
+
+export { Logger, makeLogger } from "./log";
 
 export interface EventSource {
-  subscribe(w: WorkerSpec, onBatch: (seq: number, events: KvEvent[], info?: BatchInfo) => void, onError: (reason: string) => void): Subscription;
+  /** onState reports the transport's connection state for this subscription, when the transport knows it. */
+  subscribe(w: WorkerSpec, onBatch: (seq: number, events: KvEvent[], info?: BatchInfo) => void, onError: (reason: string) => void, onState?: (connected: boolean) => void): Subscription;
   close(): Promise<void>;
 }
 
 function zmqEventSource(opts: Options, log?: Logger): EventSource {
   return {
-    subscribe: (w, onBatch, onError) =>
-      subscribeZmq(w.id, w.events as string, opts.kvEventTopic, (_id, seq, evs, info) => onBatch(seq, evs, info), (_id, r) => onError(r), {
+    subscribe: (w, onBatch, onError, onState) =>
+      subscribeZmq(w.id, w.events as string, opts.kvEventTopic, (_id, seq, evs, info) => onBatch(seq, evs, info), (_id, r) => onError(r), onState, {
         replay: w.replay,
         replayTimeoutMs: opts.kvReplayTimeoutMs,
         dpRank: w.dpEvents === "tagged" ? w.dpRank : undefined,
@@ -50,22 +81,42 @@ export async function eventSourceFor(opts: Options, log: Logger): Promise<EventS
 }
 
 export class App {
-  readonly state: RouterState = memoryState();
+  /** Which models each worker serves (GET /v1/models); the router's model filter reads it. */
+  readonly models: ModelTable = memoryModelTable();
+  readonly state: RouterState = withModels(memoryState(), this.models);
   readonly router: Router;
   readonly metrics: Metrics;
+  /** The default tokenizer (models without their own). */
   readonly tokenizer: LoadedTokenizer | null;
+  /** Per-model tokenizers from --router-tokenizer-path model=path,... */
+  readonly tokenizers: Record<string, LoadedTokenizer | null> = {};
+  /** LoRA adapter -> base model, from the workers' /v1/models (an adapter renders like its base). */
+  private modelParent: Record<string, string> = {};
   /** KV-event subscription per worker, tagged with the epoch it feeds. */
   private subs: Record<string, { sub: Subscription; epochKey: EpochKey }> = {};
   private healthTimer: NodeJS.Timeout | null = null;
+  private modelTimer: NodeJS.Timeout | null = null;
   private failures: Record<string, number> = {};
   private eventSource: EventSource;
+  private discoverySynced = false;
   /** Per worker: when its events last arrived, picks since, whether it is flagged silent. */
   readonly kv: Record<string, { since: number; lastEvent: number | null; picksSinceEvent: number; silent: boolean }> = {};
   private silenceTimer: NodeJS.Timeout | null = null;
-  private discoverySynced = false;
+  /** Render-parity probe per worker (null with --render-probe-api off). */
+  readonly probes: RenderProbes | null;
+  /** Per worker: is its KV event transport connected (absent = unknown yet). */
+  private eventsUp: Record<string, boolean> = {};
+  /** Per worker: has a KV event batch arrived (transports without connection state). */
+  private eventsSeen: Record<string, boolean> = {};
+  /** Set on SIGTERM: readiness goes false so load balancers stop sending. */
+  draining = false;
+  /** Discovery's connection state (static discovery is always connected). */
+  discoveryState: { ok: boolean; detail: string } = { ok: true, detail: "connected" };
 
   constructor(readonly opts: Options, readonly log: Logger, eventSource?: EventSource) {
-    this.tokenizer = loadTokenizer(opts.tokenizerPath);
+    const tp = tokenizerPaths(opts.tokenizerPath);
+    this.tokenizer = loadTokenizer(tp.dflt);
+    for (const m of Object.keys(tp.byModel)) this.tokenizers[m] = loadTokenizer(tp.byModel[m]);
     this.metrics = createMetrics(() => this.router, (id) => this.eventStatus(id));
     this.router = createRouter(this.state, opts.router, {
       log: (l, line) => log(l, line),
@@ -79,6 +130,10 @@ export class App {
       onDemand: (d) => this.metrics.decisions.inc({ mode: d.mode, input: d.input, agrees: String(d.agrees) }),
     });
     this.eventSource = eventSource ?? zmqEventSource(opts, log);
+    this.probes =
+      opts.renderProbeApi === "off"
+        ? null
+        : new RenderProbes((id) => this.probeTarget(id), { intervalMs: opts.renderProbeIntervalMs, api: opts.renderProbeApi, timeoutMs: 5000 }, (l, line) => log(l, line), this.metrics.registry);
   }
 
   /** Builds the app with the event transport named by --kv-event-transport. */
@@ -110,10 +165,46 @@ export class App {
     this.healthTimer.unref();
   }
 
+  /** Asks a worker which models it serves; workers without /v1/models serve anything. */
+  async refreshModels(id: string, address: string): Promise<void> {
+    const m = await fetchModels(address);
+    const w = this.router.worker(id);
+    if (!w || w.address !== address || !m) return;
+    this.models.set(id, m.ids);
+    for (const k of Object.keys(m.parent)) this.modelParent[k] = m.parent[k];
+  }
+
+  private probeTarget(id: string): { tok: LoadedTokenizer | null; model: string | null } {
+    const ms = this.models.get(id);
+    const model = ms && ms.length ? ms[0] : null;
+    return { tok: model ? this.tokenizerFor(model) : this.tokenizer, model };
+  }
+
+  /** The tokenizer for a model: its own, its base model's (LoRA), else the default. */
+  tokenizerFor(model: string): LoadedTokenizer | null {
+    if (model in this.tokenizers) return this.tokenizers[model];
+    const base = this.modelParent[model];
+    if (base !== undefined && base in this.tokenizers) return this.tokenizers[base];
+    return this.tokenizer;
+  }
+
+  startRenderProbes(): void {
+    this.probes?.start();
+    // Model lists change when adapters are loaded/unloaded; refresh them every 30 s.
+    if (!this.modelTimer) {
+      this.modelTimer = setInterval(() => {
+        for (const w of this.router.workers()) void this.refreshModels(w.id, w.address);
+      }, 30000);
+      this.modelTimer.unref();
+    }
+  }
+
   /** Adds or updates a worker and (re)subscribes to its KV events. */
   addWorker(spec: WorkerSpec): void {
     const before = this.router.worker(spec.id);
     const w = this.router.addWorker(spec);
+    // Models first: the probe names one the worker serves and uses its tokenizer.
+    void this.refreshModels(spec.id, w.address).then(() => this.probes?.join(spec.id, w.address));
     const prev = this.subs[spec.id];
     if (prev && prev.epochKey === w.epochKey) return;
     // Unchanged and without events (setWorkers re-adds the whole fleet): nothing to (re)say.
@@ -127,19 +218,36 @@ export class App {
     const epochKey = w.epochKey;
     this.kv[spec.id] = { since: Date.now(), lastEvent: null, picksSinceEvent: 0, silent: false };
     this.startSilenceCheck();
-    const sub = this.eventSource.subscribe(
-      spec,
-      (seq, evs, info) => this.onEvents(spec.id, epochKey, seq, evs, info),
-      (reason) => {
-        this.metrics.eventErrors.inc({ worker: spec.id, reason: reason.startsWith("subscriber") ? "transport" : "malformed" });
-        this.log("warn", `kv-events worker=${spec.id} refused frame: ${reason}`);
-      },
-    );
+    let sub: Subscription;
+    try {
+      sub = this.eventSource.subscribe(
+        spec,
+        (seq, evs, info) => this.onEvents(spec.id, epochKey, seq, evs, info),
+        (reason) => {
+          this.metrics.eventErrors.inc({ worker: spec.id, reason: reason.startsWith("subscriber") ? "transport" : "malformed" });
+          this.log("warn", `kv-events worker=${spec.id} refused frame: ${reason}`);
+        },
+        (up) => {
+          if (this.subs[spec.id]?.epochKey !== epochKey) return;
+          if (this.eventsUp[spec.id] !== up) this.log(up ? "info" : "warn", `kv-events worker=${spec.id} ${up ? "connected" : "disconnected"}`, { worker: spec.id, events: spec.events });
+          this.eventsUp[spec.id] = up;
+        },
+      );
+    } catch (e) {
+      // A transport refusing the endpoint must not take the process down: route by load.
+      this.metrics.eventErrors.inc({ worker: spec.id, reason: "transport" });
+      this.log("warn", `kv-events worker=${spec.id} cannot subscribe to ${spec.events}: ${(e as Error).message}; routing to it by load only`);
+      return;
+    }
     this.subs[spec.id] = { sub, epochKey };
     this.log("info", `worker ${spec.id} joined role=${w.role} address=${w.address} events=${spec.events}`);
   }
 
   removeWorker(id: string): void {
+    this.probes?.leave(id);
+    this.models.set(id, null);
+    delete this.eventsUp[id];
+    delete this.eventsSeen[id];
     if (this.subs[id]) this.subs[id].sub.close();
     delete this.subs[id];
     delete this.failures[id];
@@ -147,10 +255,19 @@ export class App {
     if (this.router.removeWorker(id)) this.log("info", `worker ${id} left; mirror dropped, in-flight reservations kept`);
   }
 
+  listWorkerCount(): number {
+    return this.router.workers().length;
+  }
+
   setWorkers(list: WorkerSpec[]): void {
     const d = diffFleet(this.router.workers(), list);
     for (const id of d.remove) this.removeWorker(id);
     for (const w of d.add) this.addWorker(w);
+  }
+
+  /** Discovery reports whether it can see the registry (etcd up, watch live). */
+  setDiscoveryState(ok: boolean, detail: string): void {
+    this.discoveryState = { ok, detail };
   }
 
   /** Flags workers whose events endpoint went quiet while they were being picked (--kv-event-silence-s). */
@@ -181,6 +298,7 @@ export class App {
   onEvents(id: string, epochKey: EpochKey, seq: number, events: KvEvent[], info?: BatchInfo): void {
     const w = this.router.worker(id);
     if (!w || w.epochKey !== epochKey) return; // a frame from a worker that already left
+    this.eventsSeen[id] = true;
     const k = this.kv[id];
     if (k) {
       if (k.silent) this.log("info", `kv-events worker=${id} events flowing again`);
@@ -221,20 +339,37 @@ export class App {
   }
 
   /**
-   * gRPC readiness: discovery has delivered its first view, some worker can
-   * take a pick, and every worker that names a KV-event endpoint has its
-   * subscription open. An idle engine publishes nothing, so "events flow" is
-   * judged by the subscription, not by a recent event (that would keep an
-   * idle fleet unready forever: no traffic, no events).
+   * Readiness, for /readyz and gRPC health: not draining; discovery has
+   * delivered its first view and is connected (etcd watch live; static always);
+   * some worker can take a pick (healthy, not excluded); and KV events flow:
+   * every worker naming an event endpoint has its subscription open, and among
+   * routable ones at least one stream is not reported down by its transport. An idle
+   * engine publishes nothing, so "flowing" is judged by the connection, not by
+   * a recent event (that would keep an idle fleet unready forever).
    */
-  readiness(): { ready: boolean; reason: string } {
-    if (!this.discoverySynced) return { ready: false, reason: "discovery has not synced" };
+  readiness(): { ready: boolean; reason: string; checks: Record<string, { ok: boolean; detail: string }> } {
     const ws = this.router.workers();
-    const usable = ws.filter((w) => this.router.healthy(w.id) && !this.router.excluded(w.id));
-    if (!usable.length) return { ready: false, reason: ws.length ? "no worker is healthy" : "no workers known" };
+    const routable = ws.filter((w) => this.router.healthy(w.id) && !this.router.excluded(w.id));
+    const withEvents = routable.filter((w) => w.events);
+    // A stream counts until its transport reports it down (an endpoint still
+    // connecting is not known to be broken); one that delivered counts anyway.
+    const flowing = withEvents.filter((w) => this.eventsUp[w.id] !== false || this.eventsSeen[w.id] === true);
     const noSub = ws.filter((w) => w.events && !this.subs[w.id]);
-    if (noSub.length) return { ready: false, reason: `no KV-event subscription for ${noSub.map((w) => w.id).join(",")}` };
-    return { ready: true, reason: `${usable.length} worker(s)` };
+    const checks = {
+      draining: { ok: !this.draining, detail: this.draining ? "shutting down" : "no" },
+      discovery: { ok: this.discoverySynced && this.discoveryState.ok, detail: this.discoverySynced ? this.discoveryState.detail : "discovery has not synced" },
+      workers: { ok: routable.length > 0, detail: ws.length ? `${routable.length} routable of ${ws.length}` : "no workers known" },
+      events: {
+        ok: noSub.length === 0 && (withEvents.length === 0 || flowing.length > 0),
+        detail: noSub.length
+          ? `no KV-event subscription for ${noSub.map((w) => w.id).join(",")}`
+          : withEvents.length === 0
+            ? "no worker publishes KV events (load-only routing)"
+            : `${flowing.length} of ${withEvents.length} streams up`,
+      },
+    };
+    const failing = Object.entries(checks).find(([, c]) => !c.ok);
+    return { ready: !failing, reason: failing ? `${failing[0]}: ${failing[1].detail}` : `${routable.length} worker(s)`, checks };
   }
 
   /** Parse, tokenize once, pick. Throws httpError(4xx/503) for the caller to render. */
@@ -244,21 +379,37 @@ export class App {
     let feats;
     const root = requestRoot(this.state.mirror, req.model, req.cacheSalt, nativeHasher);
     try {
-      feats = computeFeatures(req, this.tokenizer, this.opts.router.blockSize, nativeHasher, root);
+      feats = computeFeatures(req, this.tokenizerFor(req.model), this.opts.router.blockSize, nativeHasher, root);
     } catch (e) {
       // A tokenizer failure must not fail the request: fall back to the estimate.
       this.log("warn", `tokenize failed (${(e as Error).message}); routing on estimated tokens`);
       feats = computeFeatures(req, null, this.opts.router.blockSize, nativeHasher, root);
     }
     checkSessionId(req.sessionId, this.opts.maxSessionIdBytes);
+    // A worker that renders differently counts other tokens than ours: demand is then an estimate.
+    if (feats.exact && this.probes && this.probes.anyDiverged()) feats = { ...feats, exact: false };
     const pick = this.router.pick(feats, req.sessionId, allow);
-    this.metrics.pickLatency.observe(Number(process.hrtime.bigint() - t0) / 1e9);
+    const secs = Number(process.hrtime.bigint() - t0) / 1e9;
+    this.metrics.pickLatency.observe(secs);
+    // Costs and counts only: prompt text never reaches the logs.
+    if (this.opts.logLevel === "debug") this.log("debug", "pick", {
+      endpoint,
+      worker: pick.target.id,
+      prefill: pick.prefill?.id ?? null,
+      blocks: feats.blocks.length,
+      input_tokens: feats.inputTokens,
+      candidates: pick.candidates.map((c) => ({ id: c.id, cost: c.cost, hits: c.hits, active: c.active })),
+      decode_candidates: pick.decodeCandidates?.map((c) => ({ id: c.id, cost: c.cost, hits: c.hits, active: c.active })) ?? null,
+      pick_ms: +(secs * 1000).toFixed(3),
+    });
     return pick;
   }
 
   async close(): Promise<void> {
     if (this.healthTimer) clearInterval(this.healthTimer);
     if (this.silenceTimer) clearInterval(this.silenceTimer);
+    this.probes?.stop();
+    if (this.modelTimer) clearInterval(this.modelTimer);
     for (const id of Object.keys(this.subs)) this.subs[id].sub.close();
     this.subs = {};
     await this.eventSource.close();

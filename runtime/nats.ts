@@ -1,6 +1,6 @@
 // KV events over NATS: one subject per worker (its `events` value, e.g.
 // infera.kv.w0). Each message is the same msgpack EventBatch vLLM puts on ZMQ,
-// with the sequence number in the `Infera-Seq` header. extproc/relay.ts moves a
+// with the sequence number in the `Infera-Seq` header. cli/relay.ts moves a
 // worker's ZMQ stream onto NATS unchanged.
 import { connect, NatsConnection, headers as natsHeaders } from "nats";
 import { createSequencer } from "./events";
@@ -31,8 +31,16 @@ export async function natsConnect(url: string, log: Logger, name: string): Promi
  */
 export async function natsEventSource(url: string, log: Logger, replayTimeoutMs = 2000): Promise<EventSource> {
   const nc = await natsConnect(url, log, "infera-gate-router");
+  // Connection state for readiness: every subscription shares the one connection.
+  const watchers = new Set<(up: boolean) => void>();
+  (async () => {
+    for await (const s of nc.status()) {
+      if (s.type === "disconnect") watchers.forEach((f) => f(false));
+      if (s.type === "reconnect") watchers.forEach((f) => f(true));
+    }
+  })().catch(() => undefined);
   return {
-    subscribe(w, onBatch, onError) {
+    subscribe(w, onBatch, onError, onState) {
       const sub = nc.subscribe(natsSubject(w.id, w.events as string));
       const seqr = createSequencer(w.id, (_id, seq, evs, info) => onBatch(seq, evs, info), (_id, reason) => onError(reason), {
         replay: w.replay,
@@ -40,6 +48,11 @@ export async function natsEventSource(url: string, log: Logger, replayTimeoutMs 
         dpRank: w.dpEvents === "tagged" ? w.dpRank : undefined,
         log: (l, line) => log(l, line),
       });
+      if (onState) {
+        watchers.add(onState);
+        // After subscribe() returns: the caller registers the subscription first.
+        queueMicrotask(() => onState(!nc.isClosed()));
+      }
       (async () => {
         for await (const m of sub) {
           try {
@@ -54,6 +67,7 @@ export async function natsEventSource(url: string, log: Logger, replayTimeoutMs 
       return {
         close: () => {
           seqr.close();
+          if (onState) watchers.delete(onState);
           sub.unsubscribe();
         },
       };

@@ -1,7 +1,13 @@
-// Admin/metrics HTTP: /metrics, /v1/admin/cache-view/<worker>, /v1/admin/workers, /healthz.
+// Admin/metrics HTTP: /metrics, /v1/admin/cache-view/<worker>, /v1/admin/workers,
+// /livez (the process answers), /readyz (it can route; see App.readiness), and
+// /healthz, kept as an alias of /readyz.
 import * as http from "http";
 import { App } from "./app";
 import { workerRow } from "../core/views";
+
+function fail(res: http.ServerResponse, status: number, message: string, type: string): void {
+  json(res, status, { error: { message, type, code: status } });
+}
 
 function json(res: http.ServerResponse, status: number, body: unknown): void {
   const b = JSON.stringify(body);
@@ -14,29 +20,38 @@ export function startAdmin(app: App, host: string, port: number): Promise<{ serv
     try {
       const url = new URL(req.url || "/", "http://x");
       const p = url.pathname;
-      if (req.method !== "GET") return json(res, 405, { error: "method not allowed" });
+      if (req.method !== "GET") return fail(res, 405, "method not allowed", "invalid_request_error");
       if (p === "/metrics") {
         const body = await app.metrics.registry.metrics();
         res.writeHead(200, { "content-type": app.metrics.registry.contentType });
         return res.end(body);
       }
-      if (p === "/healthz") return json(res, 200, { status: "ok", workers: app.router.workers().length });
+      if (p === "/livez") return json(res, 200, { status: "alive" });
+      if (p === "/readyz" || p === "/healthz") {
+        const r = app.readiness();
+        return json(res, r.ready ? 200 : 503, { status: r.ready ? "ready" : "not_ready", checks: r.checks });
+      }
       const m = /^\/v1\/admin\/cache-view\/(.+)$/.exec(p);
       if (m) {
         const id = decodeURIComponent(m[1]);
         const v = app.router.cacheView(id);
-        return v ? json(res, 200, v) : json(res, 404, { error: `unknown worker '${id}'` });
+        return v ? json(res, 200, v) : fail(res, 404, `unknown worker '${id}'`, "not_found");
       }
       if (p === "/v1/admin/workers")
         return json(
           res,
           200,
-          app.router.workers().map((w) => ({ ...workerRow(app.router, w), ...app.eventStatus(w.id) })),
+          app.router.workers().map((w) => ({
+            ...workerRow(app.router, w),
+            models: app.models.get(w.id),
+            render_parity: app.probes ? app.probes.state(w.id) : { status: "unchecked", checked_at: null, reason: "--render-probe-api off" },
+            ...app.eventStatus(w.id),
+          })),
         );
       if (p === "/v1/admin/reservations") return json(res, 200, { open_guards: app.router.openGuards() });
-      return json(res, 404, { error: "not found" });
+      return fail(res, 404, "not found", "not_found");
     } catch (e) {
-      json(res, 500, { error: (e as Error).message });
+      fail(res, 500, (e as Error).message, "internal_error");
     }
   });
   return new Promise((resolve, reject) => {

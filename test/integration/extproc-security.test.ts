@@ -1,0 +1,97 @@
+// The ext_proc server's own doors: TLS and mTLS, a stream that goes quiet,
+// and a gRPC message limit tied to the body limit. A gRPC client plays Envoy.
+import { test, after } from "node:test";
+import * as assert from "node:assert/strict";
+import { execFileSync } from "child_process";
+import * as fs from "fs";
+import * as os from "os";
+import * as path from "path";
+import * as grpc from "@grpc/grpc-js";
+import { create } from "@bufbuild/protobuf";
+import { App } from "../../runtime/app";
+import { parseArgs } from "../../runtime/config";
+import { ExtProcService, startExtProc } from "../../extproc/server";
+import { ProcessingRequest, ProcessingRequestSchema, ProcessingResponse, HttpHeadersSchema, HttpBodySchema } from "../../extproc/gen/envoy/service/ext_proc/v3/external_processor_pb";
+import { HeaderMapSchema, HeaderValueSchema } from "../../extproc/gen/envoy/config/core/v3/base_pb";
+
+const noEvents = { subscribe: () => ({ close() {} }), close: async () => undefined };
+const def = ExtProcService.Process;
+const cleanup: (() => void)[] = [];
+after(() => cleanup.forEach((f) => f()));
+
+function pki(): { dir: string; ca: string; cert: string; key: string; clientCert: string; clientKey: string } {
+  const dir = fs.mkdtempSync(path.join(os.tmpdir(), "infera-tls-"));
+  const o = (...a: string[]) => execFileSync("openssl", a, { cwd: dir, stdio: "pipe" });
+  o("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out", "ca.pem", "-days", "1", "-subj", "/CN=infera-test-ca");
+  fs.writeFileSync(path.join(dir, "san.ext"), "subjectAltName=IP:127.0.0.1,DNS:localhost\n");
+  for (const who of ["server", "client"]) {
+    o("req", "-newkey", "rsa:2048", "-nodes", "-keyout", `${who}.key`, "-out", `${who}.csr`, "-subj", `/CN=${who}`);
+    o("x509", "-req", "-in", `${who}.csr`, "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial", "-out", `${who}.pem`, "-days", "1", "-extfile", "san.ext");
+  }
+  const p = (f: string) => path.join(dir, f);
+  return { dir, ca: p("ca.pem"), cert: p("server.pem"), key: p("server.key"), clientCert: p("client.pem"), clientKey: p("client.key") };
+}
+
+async function serve(args: string[]) {
+  const app = new App(parseArgs(["--workers", "127.0.0.1:7001", "--health-interval-ms", "0", ...args], {}), () => undefined, noEvents);
+  app.setWorkers(app.opts.workers);
+  const s = await startExtProc(app, "127.0.0.1", 0);
+  cleanup.push(() => s.server.forceShutdown());
+  return { app, port: s.port };
+}
+
+const hdrs = (pairs: Record<string, string>) => create(HeaderMapSchema, { headers: Object.entries(pairs).map(([key, v]) => create(HeaderValueSchema, { key, rawValue: Buffer.from(v) })) });
+const getModels = (): ProcessingRequest => create(ProcessingRequestSchema, { request: { case: "requestHeaders", value: create(HttpHeadersSchema, { headers: hdrs({ ":path": "/v1/models", ":method": "GET" }), endOfStream: true }) } });
+
+/** One bodiless request; resolves with the first answer's case or the call's error code. */
+function roundTrip(c: grpc.Client, first: ProcessingRequest = getModels()): Promise<string> {
+  return new Promise((resolve) => {
+    const call = c.makeBidiStreamRequest(def.path, def.requestSerialize, def.responseDeserialize, new grpc.Metadata(), { deadline: Date.now() + 5000 }) as grpc.ClientDuplexStream<ProcessingRequest, ProcessingResponse>;
+    call.on("data", (m: ProcessingResponse) => {
+      resolve(String(m.response.case));
+      call.cancel();
+    });
+    call.on("error", (e: grpc.ServiceError) => resolve("error:" + grpc.status[e.code]));
+    call.write(first);
+  });
+}
+
+test("TLS: a TLS client is served, a plaintext one is not; mTLS wants a client certificate from the CA", async () => {
+  const k = pki();
+  const tls = await serve(["--ext-proc-tls-cert", k.cert, "--ext-proc-tls-key", k.key]);
+  const ca = fs.readFileSync(k.ca);
+  const ok = new grpc.Client(`127.0.0.1:${tls.port}`, grpc.credentials.createSsl(ca));
+  assert.equal(await roundTrip(ok), "requestHeaders");
+  const plain = new grpc.Client(`127.0.0.1:${tls.port}`, grpc.credentials.createInsecure());
+  assert.match(await roundTrip(plain), /^error:/);
+  const m = await serve(["--ext-proc-tls-cert", k.cert, "--ext-proc-tls-key", k.key, "--ext-proc-tls-client-ca", k.ca]);
+  const anon = new grpc.Client(`127.0.0.1:${m.port}`, grpc.credentials.createSsl(ca));
+  assert.match(await roundTrip(anon), /^error:/);
+  const mutual = new grpc.Client(`127.0.0.1:${m.port}`, grpc.credentials.createSsl(ca, fs.readFileSync(k.clientKey), fs.readFileSync(k.clientCert)));
+  assert.equal(await roundTrip(mutual), "requestHeaders");
+  for (const c of [ok, plain, anon, mutual]) c.close();
+  assert.throws(() => parseArgs(["--workers", "127.0.0.1:1", "--ext-proc-tls-cert", k.cert], {}), /go together/);
+});
+
+test("a stream that goes quiet after its pick is ended and its load released", async () => {
+  const { app, port } = await serve(["--ext-proc-stream-idle-s", "0.3"]);
+  const c = new grpc.Client(`127.0.0.1:${port}`, grpc.credentials.createInsecure());
+  const call = c.makeBidiStreamRequest(def.path, def.requestSerialize, def.responseDeserialize) as grpc.ClientDuplexStream<ProcessingRequest, ProcessingResponse>;
+  const errored = new Promise<void>((resolve) => call.on("error", () => resolve()));
+  call.on("data", () => undefined);
+  call.write(create(ProcessingRequestSchema, { request: { case: "requestHeaders", value: create(HttpHeadersSchema, { headers: hdrs({ ":path": "/v1/chat/completions", ":method": "POST" }) }) } }));
+  call.write(create(ProcessingRequestSchema, { request: { case: "requestBody", value: create(HttpBodySchema, { body: Buffer.from(JSON.stringify({ model: "m", messages: [{ role: "user", content: "hold me ".repeat(30) }] })), endOfStream: true }) } }));
+  for (let i = 0; i < 50 && app.router.openGuards() === 0; i++) await new Promise((r) => setTimeout(r, 10));
+  assert.ok(app.router.openGuards() > 0, "the pick holds load while the stream is open");
+  await errored;
+  assert.equal(app.router.openGuards(), 0);
+  c.close();
+});
+
+test("gRPC messages larger than twice the body limit (plus headers) are refused by the transport", async () => {
+  const { port } = await serve(["--max-body-bytes", "65536"]);
+  const c = new grpc.Client(`127.0.0.1:${port}`, grpc.credentials.createInsecure());
+  const big = create(ProcessingRequestSchema, { request: { case: "requestBody", value: create(HttpBodySchema, { body: Buffer.alloc(2 * 65536 + 1024 * 1024 + 1, 120), endOfStream: true }) } });
+  assert.equal(await roundTrip(c, big), "error:RESOURCE_EXHAUSTED");
+  c.close();
+});

@@ -589,7 +589,7 @@ export function parseSimArgs(argv: string[]): SimOptions {
       case "--max-num-seqs": o.maxNumSeqs = Number(v()); break;
       case "--time-scale": o.timeScale = Number(v()); break;
       case "--stream-interval": o.streamInterval = Math.max(1, Number(v())); break;
-      case "--served-model-name": o.modelName = v(); break;
+      case "--served-model-name": { const names = v().split(",").filter(Boolean); o.servedModels = names; if (names.length) o.modelName = names[0]; break; }
       case "--kv-events-map-port": o.kvEventsMapPort = Number(v()); break;
       case "--kv-replay-port": o.kvReplayPort = Number(v()); break;
       case "--kv-cpu-blocks": o.kvCpuBlocks = Number(v()); break;
@@ -604,7 +604,6 @@ export function parseSimArgs(argv: string[]): SimOptions {
       case "--advertise": o.advertise = v(); break;
       case "--render-fixture": o.renderFixture = v(); break;
       case "--render-divergent": o.renderDivergent = true; break;
-      case "--served-model-name": o.servedModels = v().split(",").filter(Boolean); break;
       case "--lora-modules": o.loraModules = v().split(",").map((x) => x.split("=")[0]).filter(Boolean); break;
       case "--help":
         process.stdout.write(

@@ -18,7 +18,7 @@ before(async () => {
   if (skip) return;
   const rp = await freePort();
   const drp = await freePort();
-  sim = await startSim("ngx", ["--kv-replay-port", String(rp), "--kv-event-encoding", "map", "--time-scale", "20", "--capacity-blocks", "64", "--kv-cpu-blocks", "40", "--kv-sliding-window", "256", "--lora-modules", "sql-lora"]);
+  sim = await startSim("ngx", ["--kv-replay-port", String(rp), "--kv-event-encoding", "map", "--time-scale", "20", "--capacity-blocks", "64", "--kv-cpu-blocks", "40", "--kv-sliding-window", "256", "--lora-modules", "sql-lora", "--served-model-name", "sim-model"]);
   dp = await startSim("ngxdp", ["--data-parallel-size", "2", "--kv-replay-port", String(drp), "--time-scale", "20"]);
   ng = await startNginx(n8!);
   await startBridge(["--workers", `${sim.address}@${sim.events}+tcp://127.0.0.1:${rp},${dp.address}/dp=2@${dp.events}+tcp://127.0.0.1:${drp}`], `${ng.url}/_infera/push`);

@@ -204,7 +204,7 @@ test("simulator with --data-parallel-size 2: two targets, events per rank port, 
 
 test("simulator tiers, second KV group, salts, LoRA names, restart: the router's mirror follows the engine exactly", async () => {
   const rp = await freePort();
-  const sim = await startSim("kvx", ["--kv-replay-port", String(rp), "--kv-event-encoding", "array", "--time-scale", "20", "--capacity-blocks", "64", "--kv-cpu-blocks", "40", "--kv-sliding-window", "256", "--lora-modules", "sql-lora"]);
+  const sim = await startSim("kvx", ["--kv-replay-port", String(rp), "--kv-event-encoding", "array", "--time-scale", "20", "--capacity-blocks", "64", "--kv-cpu-blocks", "40", "--kv-sliding-window", "256", "--lora-modules", "sql-lora", "--served-model-name", "sim-model"]);
   try {
     const a = new App(parseArgs(["--workers", `${sim.address}@${sim.events}+tcp://127.0.0.1:${rp}`, "--health-interval-ms", "0"], {}), () => undefined);
     a.setWorkers(a.opts.workers);
@@ -222,7 +222,7 @@ test("simulator tiers, second KV group, salts, LoRA names, restart: the router's
     }, 20000);
     assert.match(await a.metrics.registry.metrics(), /infera_router_kv_events_total\{worker="[^"]+",type="other_group"\} [1-9]/);
     // the oldest prompt is now only on CPU: a hit worth 0.75 per block
-    const body = (seed: string, extra: Record<string, unknown> = {}) => Buffer.from(JSON.stringify({ model: "m", messages: [{ role: "user", content: longText(seed, 60) }], ...extra }));
+    const body = (seed: string, extra: Record<string, unknown> = {}) => Buffer.from(JSON.stringify({ model: "sim-model", messages: [{ role: "user", content: longText(seed, 60) }], ...extra }));
     const hits = (seed: string, extra: Record<string, unknown> = {}) => {
       const p = a.route("chat", body(seed, extra), null);
       p.reservation.finish();

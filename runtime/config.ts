@@ -1,5 +1,6 @@
 // Router and bridge Options, built from the shared flag table (core/flags.ts)
 // by the shared CLI layer (cli/args.ts).
+import * as fs from "fs";
 import { defaultConfig, RouterConfig, Role, WorkerSpec } from "../core/router";
 import { flagsFor, FlagValue } from "../core/flags";
 import { DEFAULT_MAX_SESSION_ID_BYTES } from "../core/limits";
@@ -15,6 +16,9 @@ export interface Options {
   /** A stream with no message for this long is ended and its load released (direct clients). */
   extProcStreamIdleS: number;
   extProcMaxStreams: number;
+  /** Bearer token for /metrics and /v1/admin/* (probes stay open); empty = none. */
+  adminToken: string;
+  adminTls: { cert: string; key: string } | null;
   adminPort: number;
   workers: WorkerSpec[];
   tokenizerPath: string | null;
@@ -55,6 +59,18 @@ export interface Options {
   /** Render-parity probe (runtime/probe.ts): period in ms (0 = on join only), and the engine's tokenize API. */
   renderProbeIntervalMs: number;
   renderProbeApi: "vllm" | "sglang" | "off";
+}
+
+/** A secret from a flag or env value, or read from a file (a mounted Kubernetes Secret); trailing newline dropped. */
+export function secretFrom(value: string | null, file: string | null): string {
+  if (file) {
+    try {
+      return fs.readFileSync(file, "utf8").replace(/\r?\n$/, "");
+    } catch (e) {
+      throw new CliError(`secret file '${file}': ${(e as Error).message}`);
+    }
+  }
+  return value ?? "";
 }
 
 /** Why a KV event endpoint cannot work, or null: ZMQ tcp://host:port / ipc://path, or a NATS subject. */
@@ -126,7 +142,7 @@ export function optionsFrom(values: Record<string, FlagValue>, cmd: "router" | "
     requestTransport: "http",
     nginxPushUrl: (v("nginx-push-url") as string) ?? "",
     healthIntervalMs: (v("health-interval-ms") as number) ?? 0,
-    pushToken: (v("push-token") as string) ?? "",
+    pushToken: secretFrom((v("push-token") as string) ?? "", v("push-token-file") as string | null),
     kubeconfig: (v("kubeconfig") as string | null) ?? null,
     k8sNamespace: (v("k8s-namespace") as string) ?? "",
     inferencePool: (v("inference-pool") as string) ?? "",
@@ -147,7 +163,10 @@ export function optionsFrom(values: Record<string, FlagValue>, cmd: "router" | "
     extProcTls: v("ext-proc-tls-cert") || v("ext-proc-tls-key") ? { cert: (v("ext-proc-tls-cert") as string) ?? "", key: (v("ext-proc-tls-key") as string) ?? "", clientCa: (v("ext-proc-tls-client-ca") as string | null) ?? null } : null,
     extProcStreamIdleS: (v("ext-proc-stream-idle-s") as number) ?? 600,
     extProcMaxStreams: (v("ext-proc-max-streams") as number) ?? 10000,
+    adminToken: secretFrom(v("admin-token") as string | null, v("admin-token-file") as string | null),
+    adminTls: v("admin-tls-cert") || v("admin-tls-key") ? { cert: (v("admin-tls-cert") as string) ?? "", key: (v("admin-tls-key") as string) ?? "" } : null,
   };
+  if (o.adminTls && (!o.adminTls.cert || !o.adminTls.key)) throw new CliError("--admin-tls-cert and --admin-tls-key go together");
   if (o.extProcTls && (!o.extProcTls.cert || !o.extProcTls.key)) throw new CliError("--ext-proc-tls-cert and --ext-proc-tls-key go together");
   if (!o.extProcTls && v("ext-proc-tls-client-ca")) throw new CliError("--ext-proc-tls-client-ca needs --ext-proc-tls-cert and --ext-proc-tls-key");
   if (o.discovery === "k8s" && !o.inferencePool && !o.k8sSelector) throw new CliError("--discovery-backend k8s needs --inference-pool NAME or --k8s-selector LABELS");

@@ -95,3 +95,31 @@ test("gRPC messages larger than twice the body limit (plus headers) are refused 
   assert.equal(await roundTrip(c, big), "error:RESOURCE_EXHAUSTED");
   c.close();
 });
+
+test("admin: a bearer token guards /metrics and /v1/admin/* (probes stay open); HTTPS with --admin-tls-*; tokens from files", async () => {
+  const { startAdmin } = await import("../../runtime/admin");
+  const k = pki();
+  const tokenFile = path.join(k.dir, "admin-token");
+  fs.writeFileSync(tokenFile, "s3cret-token\n");
+  const app = new App(parseArgs(["--workers", "127.0.0.1:7001", "--health-interval-ms", "0", "--admin-token-file", tokenFile, "--admin-tls-cert", k.cert, "--admin-tls-key", k.key], {}), () => undefined, noEvents);
+  app.setWorkers(app.opts.workers);
+  assert.equal(app.opts.adminToken, "s3cret-token", "the file's trailing newline is not part of the token");
+  const a = await startAdmin(app, "127.0.0.1", 0);
+  cleanup.push(() => a.server.close());
+  const https = await import("https");
+  const ca = fs.readFileSync(k.ca);
+  const get = (p: string, auth?: string) =>
+    new Promise<number>((resolve, reject) => {
+      const req = https.get({ host: "127.0.0.1", port: a.port, path: p, ca, headers: auth ? { authorization: auth } : {} }, (res) => {
+        res.resume();
+        resolve(res.statusCode!);
+      });
+      req.on("error", reject);
+    });
+  assert.equal(await get("/metrics"), 401);
+  assert.equal(await get("/v1/admin/workers", "Bearer wrong"), 401);
+  assert.equal(await get("/metrics", "Bearer s3cret-token"), 200);
+  assert.equal(await get("/v1/admin/workers", "Bearer s3cret-token"), 200);
+  assert.equal(await get("/livez"), 200);
+  await assert.rejects(fetch(`http://127.0.0.1:${a.port}/livez`), "plain HTTP is not served");
+});

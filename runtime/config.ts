@@ -4,6 +4,7 @@ import * as fs from "fs";
 import { defaultConfig, RouterConfig, Role, WorkerSpec } from "../core/router";
 import { flagsFor, FlagValue } from "../core/flags";
 import { DEFAULT_MAX_SESSION_ID_BYTES } from "../core/limits";
+import { configureTransportSecurity } from "./transport-security";
 import { parseInterval } from "./probe";
 import { CliError, helpText, parseCommand, version } from "../cli/args";
 
@@ -117,6 +118,7 @@ export function parseWorkers(s: string): WorkerSpec[] {
 /** Options for the router (or the bridge) from the shared flag table (core/flags.ts). */
 export function optionsFrom(values: Record<string, FlagValue>, cmd: "router" | "bridge" = "router"): Options {
   const v = (k: string) => values[k];
+  configureTransportSecurity(values);
   const r = defaultConfig() as unknown as Record<string, FlagValue>;
   for (const f of flagsFor("router")) if (f.routerKey && values[f.name] !== undefined && !(values[f.name] === null && f.kind === "weights")) r[f.routerKey] = values[f.name];
   const o: Options = {

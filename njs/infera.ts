@@ -134,7 +134,8 @@ function route(r: NjsRequest): void {
       const body = r.requestText || "";
       const bytes = r.requestBuffer ? r.requestBuffer.length : body.length;
       const maxBody = nginxFlag("max-body-bytes", getVar(r)) as number;
-      const req = parseRequest(ep, body, bytes, { maxBodyBytes: maxBody }, r.headersIn[nginxFlag("session-header", getVar(r)) as string] || null);
+      const lim = { maxBodyBytes: maxBody, maxMessages: nginxFlag("max-messages", getVar(r)) as number, maxMedia: nginxFlag("max-images", getVar(r)) as number, maxJsonDepth: nginxFlag("max-json-depth", getVar(r)) as number };
+      const req = parseRequest(ep, body, bytes, lim, r.headersIn[nginxFlag("session-header", getVar(r)) as string] || null);
       checkSessionId(req.sessionId, nginxFlag("max-session-id-bytes", getVar(r)) as number);
       const f = computeFeatures(req, tokenizer(), c.cfg.blockSize);
       pick = c.router.pick(f, req.sessionId);

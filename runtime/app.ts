@@ -318,7 +318,7 @@ export class App {
   /** Parse, tokenize once, pick. Throws httpError(4xx/503) for the caller to render. */
   route(endpoint: Endpoint, body: Buffer, sessionHeader: string | null, allow?: (w: Worker) => boolean): Pick {
     const t0 = process.hrtime.bigint();
-    const req = parseRequest(endpoint, body.length <= this.opts.maxBodyBytes ? body.toString("utf8") : "", body.length, { maxBodyBytes: this.opts.maxBodyBytes }, sessionHeader);
+    const req = parseRequest(endpoint, body.length <= this.opts.maxBodyBytes ? body.toString("utf8") : "", body.length, { maxBodyBytes: this.opts.maxBodyBytes, maxMessages: this.opts.maxMessages, maxMedia: this.opts.maxImages, maxJsonDepth: this.opts.maxJsonDepth }, sessionHeader);
     let feats;
     try {
       feats = computeFeatures(req, this.tokenizerFor(req.model), this.opts.router.blockSize, nativeHasher);

@@ -25,6 +25,9 @@ export interface Options {
   tokenizerPath: string | null;
   maxBodyBytes: number;
   maxSessionIdBytes: number;
+  maxMessages: number;
+  maxImages: number;
+  maxJsonDepth: number;
   sessionHeader: string;
   upstreamHeader: string;
   prefillHeader: string;
@@ -130,6 +133,9 @@ export function optionsFrom(values: Record<string, FlagValue>, cmd: "router" | "
     tokenizerPath: (v("router-tokenizer-path") as string | null) ?? null,
     maxBodyBytes: (v("max-body-bytes") as number) ?? 8 * 1024 * 1024,
     maxSessionIdBytes: (v("max-session-id-bytes") as number) ?? DEFAULT_MAX_SESSION_ID_BYTES,
+    maxMessages: (v("max-messages") as number) ?? 4096,
+    maxImages: (v("max-images") as number) ?? 512,
+    maxJsonDepth: (v("max-json-depth") as number) ?? 64,
     sessionHeader: ((v("session-header") as string) ?? "x-session-id").toLowerCase(),
     upstreamHeader: "x-infera-upstream",
     prefillHeader: "x-infera-prefill",

@@ -164,3 +164,33 @@ test("nginx push: a pseq far in the future is refused (no lock-out), worker ids 
   assert.ok(!/^infera_router_owned/m.test(metrics), metrics);
   assert.match(metrics, /infera_router_active_blocks\{worker="w\\"\} 1\\ninfera_router_owned\{x=\\""\} 0/);
 });
+
+test("one request cannot stall either gateway: 100k messages and 10k-deep JSON get a fast 400 through Envoy and nginx", { skip }, async () => {
+  const deep = '{"model":"m","messages":[{"role":"user","content":"hi","x":' + "[".repeat(10000) + "1" + "]".repeat(10000) + "}]}";
+  const many = JSON.stringify({ model: "m", messages: Array.from({ length: 100000 }, (_, i) => ({ role: i % 2 ? "assistant" : "user", content: "m" + i })) });
+  const bases = [envoy.url];
+  if (n8) {
+    const ng = await startNginx(n8);
+    const bridge = await startBridge(["--workers", workers.map((w) => w.address).join(",")], `${ng.url}/_infera/push`);
+    await waitFor("fleet in nginx", async () => {
+      const r = await fetch(`${ng.url}/v1/admin/workers`).catch(() => null);
+      return !!r && r.ok && ((await r.json()) as unknown[]).length === 2;
+    }, 20000).catch((e) => {
+      throw new Error(`${(e as Error).message}\n${bridge.log().slice(-1500)}`);
+    });
+    bases.push(ng.url);
+  }
+  for (const base of bases)
+    for (const [what, body, msg] of [["10k-deep", deep, /nests deeper than 64/], ["100k messages", many, /100000 messages, over the limit/]] as const) {
+      const t0 = Date.now();
+      const r = await fetch(`${base}/v1/chat/completions`, { method: "POST", headers: { "content-type": "application/json" }, body });
+      const text = await r.text();
+      assert.equal(r.status, 400, `${base} ${what}: ${text.slice(0, 200)}`);
+      // njs's own JSON parser stops at its nesting limit first: a 400 either way, never a crash.
+      assert.match(text, base !== envoy.url && what === "10k-deep" ? /nests deeper than 64|not valid JSON/ : msg, `${base} ${what}`);
+      assert.ok(Date.now() - t0 < 3000, `${base} ${what} took ${Date.now() - t0} ms`);
+    }
+  // and the gateway still routes
+  const ok = await fetch(`${envoy.url}/v1/chat/completions`, { method: "POST", headers: { "content-type": "application/json" }, body: chatBody });
+  assert.equal(ok.status, 200);
+});

@@ -302,7 +302,11 @@ export function renderNginx(fl: NginxFlavor, port: number, dir: string, vars: Re
     .replace("access_log /dev/stdout infera", `access_log ${dir}/access.log infera`)
     .replace(/\/tmp\/infera-nginx-(body|proxy)/g, `${dir}/$1`)
 ;
-  for (const [k, v] of Object.entries(vars)) c = c.replace(new RegExp(`set \\$infera_${k} [^;]*;`), `set $infera_${k} ${v};`);
+  for (const [k, v] of Object.entries(vars)) {
+    // zone_str / zone_num resize the shared dicts (e.g. "1m" to test a full zone)
+    if (k === "zone_str" || k === "zone_num") c = c.replace(new RegExp(`zone=infera_${k.slice(5)}:[0-9]+[km]`), `zone=infera_${k.slice(5)}:${v}`);
+    else c = c.replace(new RegExp(`set \\$infera_${k} [^;]*;`), `set $infera_${k} ${v};`);
+  }
   const file = path.join(dir, "nginx.conf");
   fs.writeFileSync(file, c);
   return file;

@@ -194,3 +194,27 @@ test("one request cannot stall either gateway: 100k messages and 10k-deep JSON g
   const ok = await fetch(`${envoy.url}/v1/chat/completions`, { method: "POST", headers: { "content-type": "application/json" }, body: chatBody });
   assert.equal(ok.status, 200);
 });
+
+test("nginx with a full shared-dict zone keeps routing (load-free) and says why, instead of answering 500", { skip: n8 ? false : "njs >= 0.8 not set up (bash scripts/njs08.sh)" }, async () => {
+  const ng = await startNginx(n8!, { zone_str: "1m", zone_num: "1m" });
+  const push = (body: unknown) => fetch(`${ng.url}/_infera/push`, { method: "POST", headers: { "content-type": "application/json", "x-infera-push-token": "test-token" }, body: JSON.stringify(body) });
+  assert.equal((await push({ type: "workers", pseq: Date.now() * 1000, workers: workers.map((w) => ({ id: w.address, address: w.address, role: "mixed" })) })).status, 200);
+  // flood one worker's mirror until the zone refuses (bounded: at most 400 batches)
+  const toks = Array.from({ length: 16 * 64 }, (_, i) => i + 1);
+  let full = false;
+  for (let b = 0; b < 400 && !full; b++) {
+    const hashes = Array.from({ length: 64 }, (_, i) => `f${b}-${i}`);
+    const r = await push({ type: "events", pseq: Date.now() * 1000 + b + 1, worker: workers[0].address, seq: b, events: [{ type: "BlockStored", hashes, parent: null, tokens: toks.map((t) => t + b * 100000), blockSize: 16 }] });
+    if (r.status === 507) full = true;
+    else assert.equal(r.status, 200, await r.text());
+  }
+  assert.ok(full, "a 1 MiB zone fills");
+  const before = workers.map((w) => w.hits.length);
+  for (let i = 0; i < 6; i++) {
+    const res = await fetch(`${ng.url}/v1/chat/completions`, { method: "POST", headers: { "content-type": "application/json" }, body: JSON.stringify({ model: "m", max_tokens: 1, messages: [{ role: "user", content: "still routed " + i + " ".repeat(200) }] }) });
+    assert.equal(res.status, 200, await res.clone().text());
+    await res.arrayBuffer();
+  }
+  assert.equal(workers.reduce((n, w, i) => n + w.hits.length - before[i], 0), 6);
+  await waitFor("the zone warning in nginx's log", async () => /shared dict zone full or nearly/.test(ng.proc.log()), 5000);
+});

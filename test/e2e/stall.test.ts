@@ -21,7 +21,7 @@ test("a SIGSTOPped worker: its streams end by the route idle timeout, new reques
     return { worker: res.headers.get("x-sim-worker"), reader, ac };
   };
   // one long stream on each worker
-  const streams = [];
+  const streams: Awaited<ReturnType<typeof open>>[] = [];
   for (let i = 0; i < 6 && new Set(streams.map((s) => s.worker)).size < 2; i++) streams.push(await open("s" + i));
   const victim = sims.find((s) => s.id === streams[0].worker)!;
   const other = sims.find((s) => s !== victim)!;
@@ -38,7 +38,7 @@ test("a SIGSTOPped worker: its streams end by the route idle timeout, new reques
     }));
     assert.ok(Date.now() - t0 < 8000, `victim streams ended after ${Date.now() - t0} ms`);
     // new requests succeed on the other worker once health checks see the victim
-    await waitFor("victim out of the pool", async () => (await router.workers()).some((w) => w.id === victim.address && !w.healthy), 5000);
+    await waitFor("victim out of the pool", async () => (await router.workers()).some((w) => w.id === victim.address && !(w as unknown as { healthy: boolean }).healthy), 5000);
     for (let i = 0; i < 6; i++) {
       const r = await fetch(`${envoy.url}/v1/chat/completions`, { method: "POST", headers: { "content-type": "application/json" }, body: JSON.stringify({ model: "m", max_tokens: 2, messages: [{ role: "user", content: "after " + i }] }) });
       assert.equal(r.status, 200);

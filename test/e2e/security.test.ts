@@ -129,15 +129,20 @@ test("a gateway whose ext_proc failed open never connects to a client-named addr
 });
 
 const n8 = nginx08();
-test("nginx: client-sent x-infera-* headers never reach a worker", { skip: skip || (n8 ? false : "njs >= 0.8 not set up (bash scripts/njs08.sh)") }, async () => {
-  const ng = await startNginx(n8!);
-  const bridge = await startBridge(["--workers", workers.map((w) => w.address).join(",")], `${ng.url}/_infera/push`);
-  await waitFor("bridge fleet push", async () => {
-    const r = await fetch(`${ng.url}/v1/admin/workers`).catch(() => null);
+
+/** A bridge pushing the recorder workers to nginx, once nginx lists them. */
+async function bridgeFleet(nginxUrl: string): Promise<void> {
+  const bridge = await startBridge(["--workers", workers.map((w) => w.address).join(",")], `${nginxUrl}/_infera/push`);
+  await waitFor("fleet in nginx", async () => {
+    const r = await fetch(`${nginxUrl}/v1/admin/workers`).catch(() => null);
     return !!r && r.ok && ((await r.json()) as unknown[]).length === 2;
   }, 20000).catch((e) => {
     throw new Error(`${(e as Error).message}\n${bridge.log().slice(-2000)}`);
   });
+}
+test("nginx: client-sent x-infera-* headers never reach a worker", { skip: skip || (n8 ? false : "njs >= 0.8 not set up (bash scripts/njs08.sh)") }, async () => {
+  const ng = await startNginx(n8!);
+  await bridgeFleet(ng.url);
   const before = workers.map((w) => w.hits.length);
   const res = await fetch(`${ng.url}/v1/chat/completions`, {
     method: "POST",
@@ -171,13 +176,7 @@ test("one request cannot stall either gateway: 100k messages and 10k-deep JSON g
   const bases = [envoy.url];
   if (n8) {
     const ng = await startNginx(n8);
-    const bridge = await startBridge(["--workers", workers.map((w) => w.address).join(",")], `${ng.url}/_infera/push`);
-    await waitFor("fleet in nginx", async () => {
-      const r = await fetch(`${ng.url}/v1/admin/workers`).catch(() => null);
-      return !!r && r.ok && ((await r.json()) as unknown[]).length === 2;
-    }, 20000).catch((e) => {
-      throw new Error(`${(e as Error).message}\n${bridge.log().slice(-1500)}`);
-    });
+    await bridgeFleet(ng.url);
     bases.push(ng.url);
   }
   for (const base of bases)

@@ -3,33 +3,22 @@
 // wants client certificates. Real nats-server and etcd on 127.0.0.1.
 import { test, after } from "node:test";
 import * as assert from "node:assert/strict";
-import { execFileSync, spawnSync } from "child_process";
+import { spawnSync } from "child_process";
 import * as fs from "fs";
 import * as net from "net";
 import * as os from "os";
 import * as path from "path";
 import { startSim, startRouter, stopAll, waitFor, freePort, run, chat, longText, ROOT } from "../harness";
+import { makePki } from "../pki";
 
 after(stopAll);
 const has = (bin: string) => spawnSync("which", [bin]).status === 0;
 
-function pki() {
-  const dir = fs.mkdtempSync(path.join(os.tmpdir(), "infera-tls-"));
-  const o = (...a: string[]) => execFileSync("openssl", a, { cwd: dir, stdio: "pipe" });
-  o("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out", "ca.pem", "-days", "1", "-subj", "/CN=infera-test-ca");
-  fs.writeFileSync(path.join(dir, "san.ext"), "subjectAltName=IP:127.0.0.1,DNS:localhost\nextendedKeyUsage=serverAuth,clientAuth\n");
-  for (const who of ["server", "client"]) {
-    o("req", "-newkey", "rsa:2048", "-nodes", "-keyout", `${who}.key`, "-out", `${who}.csr`, "-subj", `/CN=${who}`);
-    o("x509", "-req", "-in", `${who}.csr`, "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial", "-out", `${who}.pem`, "-days", "1", "-extfile", "san.ext");
-  }
-  const p = (f: string) => path.join(dir, f);
-  return { dir, ca: p("ca.pem"), cert: p("server.pem"), key: p("server.key"), clientCert: p("client.pem"), clientKey: p("client.key") };
-}
 
 const TSX = ["--import", "tsx"];
 
 test("KV events over a TLS nats-server that wants a token: relay and router connect with --nats-ca-file/--nats-token-file", { skip: has("nats-server") ? false : "nats-server not installed" }, async () => {
-  const k = pki();
+  const k = makePki();
   const token = path.join(k.dir, "nats-token");
   fs.writeFileSync(token, "nats-s3cret\n");
   const port = await freePort();
@@ -56,7 +45,7 @@ test("KV events over a TLS nats-server that wants a token: relay and router conn
 });
 
 test("etcd over mTLS: register and router discovery use --etcd-ca-file/--etcd-cert-file/--etcd-key-file; without them nothing is seen", { skip: has("etcd") ? false : "etcd not installed" }, async () => {
-  const k = pki();
+  const k = makePki();
   const client = await freePort();
   const peer = await freePort();
   const endpoint = `https://127.0.0.1:${client}`;

@@ -109,7 +109,7 @@ export class App {
     const tp = tokenizerPaths(opts.tokenizerPath);
     this.tokenizer = loadTokenizer(tp.dflt);
     for (const m of Object.keys(tp.byModel)) this.tokenizers[m] = loadTokenizer(tp.byModel[m]);
-    this.metrics = createMetrics(() => this.router);
+    this.metrics = createMetrics(() => this.router, () => (this.tokenizer ? this.tokenizer.cacheStats() : null));
     this.router = createRouter(this.state, opts.router, {
       log: (l, line) => log(l, line),
       onPick: (role, p) => {

@@ -3,7 +3,7 @@ import { Router } from "../core/router";
 
 export type Metrics = ReturnType<typeof createMetrics>;
 
-export function createMetrics(router: () => Router) {
+export function createMetrics(router: () => Router, tokenizerCache?: () => { hitTokens: number; missTokens: number; pieces: number; chars: number } | null) {
   const registry = new client.Registry();
   client.collectDefaultMetrics({ register: registry });
   const picks = new client.Counter({ name: "infera_router_picks_total", help: "Picks per worker and role", labelNames: ["worker", "role", "policy"], registers: [registry] });
@@ -72,6 +72,18 @@ export function createMetrics(router: () => Router) {
     registers: [registry],
     collect() {
       this.set(router().workers().length);
+    },
+  });
+  new client.Gauge({
+    name: "infera_router_tokenizer_piece_cache_tokens",
+    help: "Prompt tokens served from the tokenizer's piece cache (hit) or encoded afresh (miss), since start",
+    labelNames: ["result"],
+    registers: [registry],
+    collect() {
+      const s = tokenizerCache ? tokenizerCache() : null;
+      if (!s) return;
+      this.set({ result: "hit" }, s.hitTokens);
+      this.set({ result: "miss" }, s.missTokens);
     },
   });
   return { registry, picks, hitBlocks, reqBlocks, pickLatency, events, eventErrors, badRequests, decisions, eppFallbacks };

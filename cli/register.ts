@@ -5,11 +5,13 @@
 import { registerWorker, Registration } from "../runtime/etcd";
 import { CliError, runCommand } from "./args";
 import { badEventEndpoint } from "../runtime/config";
+import { configureTransportSecurity } from "../runtime/transport-security";
 import { Level, makeLogger } from "../runtime/log";
 
 export function startRegister(argv: string[]): Promise<void> {
   return runCommand("register", argv, async (p) => {
     const v = p.values;
+    configureTransportSecurity(v);
     const log = makeLogger(v["log-level"] as Level, v["log-format"] as "json" | "text", { component: "register" });
     const kv = v["kv-events"] as string | null;
     if (kv) {

@@ -7,6 +7,7 @@ import { decodeSeq } from "../runtime/events";
 import { Level, Logger, makeLogger } from "../runtime/log";
 import { CliError, runCommand } from "./args";
 import { badEventEndpoint } from "../runtime/config";
+import { configureTransportSecurity } from "../runtime/transport-security";
 
 export async function runRelay(zmqEndpoint: string, natsUrl: string, subject: string, topic = "", log: Logger = makeLogger("info")): Promise<{ close(): Promise<void> }> {
   const nc = await natsConnect(natsUrl, log, "infera-kv-relay");
@@ -34,6 +35,7 @@ export async function runRelay(zmqEndpoint: string, natsUrl: string, subject: st
 export function startRelay(argv: string[]): Promise<void> {
   return runCommand("relay", argv, async (p) => {
     const v = p.values;
+    configureTransportSecurity(v);
     const log = makeLogger(v["log-level"] as Level, v["log-format"] as "json" | "text", { component: "relay" });
     const ep = v["zmq-endpoint"] as string;
     const why = /^[a-z]+:\/\//.test(ep) ? badEventEndpoint(ep) : `'${ep}' needs tcp://host:port or ipc://path`;

@@ -41,17 +41,53 @@ function isObj(v: unknown): v is { [k: string]: any } {
   return typeof v === "object" && v !== null && !(v instanceof Array);
 }
 
-// Bytes of text that reach the prompt; inline binaries (data: URLs, base64) are skipped.
-function textBytes(v: any, key: string): number {
-  if (typeof v === "string") {
-    if (key === "data" || v.indexOf("data:") === 0) return 0;
-    return utf8(v).length;
-  }
+// Bytes of text that reach the prompt; inline binaries (data: URLs, base64) are
+// skipped. Iterative: a body's nesting must never decide our stack depth.
+function textBytes(root: any, rootKey: string): number {
   let t = 0;
-  if (v instanceof Array) for (let i = 0; i < v.length; i++) t += textBytes(v[i], key);
-  else if (isObj(v)) for (const k in v) t += textBytes(v[k], k);
+  const stack: any[] = [root];
+  const keys: string[] = [rootKey];
+  while (stack.length) {
+    const v = stack.pop();
+    const key = keys.pop() as string;
+    if (typeof v === "string") {
+      if (key !== "data" && v.indexOf("data:") !== 0) t += utf8(v).length;
+    } else if (v instanceof Array) {
+      for (let i = v.length - 1; i >= 0; i--) {
+        stack.push(v[i]);
+        keys.push(key);
+      }
+    } else if (isObj(v))
+      for (const k in v) {
+        stack.push(v[k]);
+        keys.push(k);
+      }
+  }
   return t;
 }
+
+/** How deep a parsed JSON value nests (iterative; stops counting past limit). */
+function depthOver(root: unknown, limit: number): boolean {
+  const stack: unknown[] = [root];
+  const depth: number[] = [0];
+  while (stack.length) {
+    const v = stack.pop();
+    const d = depth.pop() as number;
+    if (d > limit) return true;
+    if (v instanceof Array) for (let i = 0; i < v.length; i++) {
+      stack.push(v[i]);
+      depth.push(d + 1);
+    }
+    else if (isObj(v)) for (const k in v) {
+      stack.push(v[k]);
+      depth.push(d + 1);
+    }
+  }
+  return false;
+}
+
+/** Per-request bounds (flags): work per request stays linear and small. */
+export const REQUEST_LIMITS = { maxMessages: 4096, maxMedia: 512, maxJsonDepth: 64 };
 
 // Collects media references from one content part (OpenAI or Anthropic shape).
 function mediaOf(part: { [k: string]: any }, out: string[]): void {
@@ -108,6 +144,12 @@ function collectMedia(msgs: any[], media: string[]): void {
 export interface ParseOptions {
   maxBodyBytes: number;
   sessionHeader?: string | null;
+  /** Messages per chat request (--max-messages). */
+  maxMessages?: number;
+  /** Images/audio per request (--max-images). */
+  maxMedia?: number;
+  /** JSON nesting depth (--max-json-depth). */
+  maxJsonDepth?: number;
 }
 
 export function parseRequest(endpoint: Endpoint, body: string, bodyBytes: number, opts: ParseOptions, sessionHeader?: string | null): ParsedRequest {
@@ -120,7 +162,12 @@ export function parseRequest(endpoint: Endpoint, body: string, bodyBytes: number
     throw httpError(400, "request body is not valid JSON");
   }
   if (!isObj(j)) throw httpError(400, "request body must be a JSON object");
+  const maxDepth = opts.maxJsonDepth || REQUEST_LIMITS.maxJsonDepth;
+  if (depthOver(j, maxDepth)) throw httpError(400, "request body nests deeper than " + maxDepth + " levels (--max-json-depth)");
   if (typeof j.model !== "string" || !j.model) throw httpError(400, "'model' is required");
+  const maxMessages = opts.maxMessages || REQUEST_LIMITS.maxMessages;
+  if (j.messages instanceof Array && j.messages.length > maxMessages)
+    throw httpError(400, "request has " + j.messages.length + " messages, over the limit of " + maxMessages + " (--max-messages)");
   const media: string[] = [];
   let chat: ChatInput | null = null;
   let prompt: string | null = null;
@@ -151,6 +198,8 @@ export function parseRequest(endpoint: Endpoint, body: string, bodyBytes: number
       else throw httpError(400, "images[" + i + "] must be a string or {url}");
     }
   }
+  const maxMedia = opts.maxMedia || REQUEST_LIMITS.maxMedia;
+  if (media.length > maxMedia) throw httpError(400, "request has " + media.length + " images or audio parts, over the limit of " + maxMedia + " (--max-images)");
   let n = 1;
   if (typeof j.n === "number" && j.n >= 1 && j.n % 1 === 0 && j.n <= 128) n = j.n;
   let sessionId: string | null = sessionHeader || null;

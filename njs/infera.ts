@@ -1,7 +1,7 @@
 // NGINX njs entry: the same core as the ext_proc server, with its state in
 // js_shared_dict_zone (each request gets a fresh VM, so nothing may live in
 // globals). Requires njs >= 0.8.0; see nginx/README.md.
-import { createRouter, Guard, Router, RouterConfig } from "../core/router";
+import { createRouter, Guard, Router, RouterConfig, Worker } from "../core/router";
 import { Store } from "../core/store";
 import { MAX_PUSH_SEQ_AHEAD_US, acceptPushSeq, countDecision, decisionCounts, guardKey, keyedState, nextRequestId, saveGuard } from "../core/state/keyed";
 import { computeFeatures, endpointOf, parseRequest, Tokenizer } from "../core/request";
@@ -142,26 +142,74 @@ function route(r: NjsRequest): void {
       const body = r.requestText || "";
       const bytes = r.requestBuffer ? r.requestBuffer.length : body.length;
       const maxBody = nginxFlag("max-body-bytes", getVar(r)) as number;
-      const req = parseRequest(ep, body, bytes, { maxBodyBytes: maxBody }, r.headersIn[nginxFlag("session-header", getVar(r)) as string] || null);
+      const lim = { maxBodyBytes: maxBody, maxMessages: nginxFlag("max-messages", getVar(r)) as number, maxMedia: nginxFlag("max-images", getVar(r)) as number, maxJsonDepth: nginxFlag("max-json-depth", getVar(r)) as number };
+      const req = parseRequest(ep, body, bytes, lim, r.headersIn[nginxFlag("session-header", getVar(r)) as string] || null);
       checkSessionId(req.sessionId, nginxFlag("max-session-id-bytes", getVar(r)) as number);
       const f = computeFeatures(req, tokenizer(), c.cfg.blockSize, undefined, requestRoot(c.router.state.mirror, req.model, req.cacheSalt));
       pick = c.router.pick(f, req.sessionId);
     } else pick = c.router.pick({ blocks: [], inputTokens: 0, exact: false, mediaHashes: [], n: 1 });
   } catch (e) {
+    // Ours carry an HTTP status; anything else is the state failing under us
+    // (a full shared-dict zone): route by load-free choice rather than fail.
+    if (!(e instanceof Error && typeof (e as { status?: unknown }).status === "number") && degrade(r, c, e)) return;
     const err = asHttpError(e);
     return fail(r, err.status, err.message, err.type, err.param);
   }
   const g = pick.reservation.guards();
-  const id = nextRequestId(c.st);
+  let id = "";
+  try {
+    id = nextRequestId(c.st);
+    if (g.prefill) saveGuard(c.st, id, "prefill", g.prefill);
+    if (g.queued) saveGuard(c.st, id, "queued", g.queued);
+    saveGuard(c.st, id, "main", g.main);
+  } catch (e) {
+    // No room to remember the guards: give the load back now, keep routing.
+    pick.reservation.finish();
+    id = "";
+    zoneWarning(r, "guards");
+  }
   r.variables.infera_rid = id;
-  if (g.prefill) saveGuard(c.st, id, "prefill", g.prefill);
-  if (g.queued) saveGuard(c.st, id, "queued", g.queued);
-  saveGuard(c.st, id, "main", g.main);
   r.variables.infera_upstream = pick.target.address;
   r.variables.infera_dp_rank = pick.target.dpRank === undefined ? "" : String(pick.target.dpRank);
   r.variables.infera_worker = pick.target.id;
   r.variables.infera_prefill = pick.prefill ? pick.prefill.address : "";
   r.internalRedirect("@infera_upstream");
+}
+
+/** Logs (at most once a minute across VMs, best effort) that a zone is full or nearly so. */
+function zoneWarning(r: NjsRequest, what: string): void {
+  const sh = ngx.shared as { [z: string]: NjsSharedDict };
+  const parts: string[] = [];
+  const zones = [STR_ZONE, NUM_ZONE];
+  for (let i = 0; i < zones.length; i++) {
+    const z = sh[zones[i]];
+    if (z && typeof z.freeSpace === "function") parts.push(zones[i] + " " + z.freeSpace() + "/" + z.capacity + " bytes free");
+  }
+  let last = 0;
+  try {
+    last = Number(sh[NUM_ZONE].get("ZW") || 0);
+    if (Date.now() - last < 60000) return;
+    sh[NUM_ZONE].set("ZW", Date.now());
+  } catch (e) {
+    /* the number zone is full too: log anyway */
+  }
+  r.warn("infera: shared dict zone full or nearly (" + what + "): " + parts.join(", ") + "; routing continues, cache affinity degrades; raise the js_shared_dict_zone size");
+}
+
+/** Routing when the state cannot be written: a usable worker chosen at random, no load held. */
+function degrade(r: NjsRequest, c: Ctx, e: unknown): boolean {
+  const ws = c.router.workers();
+  const ok: Worker[] = [];
+  for (let i = 0; i < ws.length; i++) if (c.router.healthy(ws[i].id) && !c.router.excluded(ws[i].id)) ok.push(ws[i]);
+  if (!ok.length) return false;
+  const w = ok[Math.floor(Math.random() * ok.length)];
+  zoneWarning(r, "pick: " + String(e));
+  r.variables.infera_rid = "";
+  r.variables.infera_upstream = w.address;
+  r.variables.infera_worker = w.id;
+  r.variables.infera_prefill = "";
+  r.internalRedirect("@infera_upstream");
+  return true;
 }
 
 function releaseKey(c: Ctx, key: string): boolean {
@@ -245,7 +293,15 @@ function push(r: NjsRequest): void {
     clearAllTiers(c.router.state.mirror, w.epochKey);
     c.router.state.mirror.setSequence(w.epochKey, undefined);
   }
-  const res = applyBatch(c.router.state.mirror, w.epochKey, b.seq || 0, b.events || [], c.cfg.blockSize, { maxBlocks: nginxFlag("max-mirror-blocks", getVar(r)) as number });
+  let res;
+  try {
+    res = applyBatch(c.router.state.mirror, w.epochKey, b.seq || 0, b.events || [], c.cfg.blockSize, { maxBlocks: nginxFlag("max-mirror-blocks", getVar(r)) as number });
+  } catch (e) {
+    zoneWarning(r, "kv events of " + w.id);
+    return fail(r, 507, "shared dict zone full: events of " + w.id + " not applied (" + String(e) + ")", "insufficient_storage");
+  }
+  const str = (ngx.shared as { [z: string]: NjsSharedDict })[STR_ZONE];
+  if (typeof str.freeSpace === "function" && str.freeSpace() < str.capacity / 10) zoneWarning(r, "after events of " + w.id);
   if (res.fatal) c.router.exclude(w.id, res.fatal);
   json(r, 200, res);
 }

@@ -6,6 +6,9 @@ interface NjsSharedDict {
   incr(key: string, delta: number, init?: number): number;
   pop(key: string): string | number | undefined;
   keys(maxCount?: number): string[];
+  /** njs >= 0.8: zone size in bytes, and what is left. */
+  readonly capacity: number;
+  freeSpace(): number;
 }
 interface NjsRequest {
   uri: string;

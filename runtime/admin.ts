@@ -1,9 +1,12 @@
 // Admin/metrics HTTP: /metrics, /v1/admin/cache-view/<worker>, /v1/admin/workers,
 // /livez (the process answers), /readyz (it can route; see App.readiness), and
 // /healthz, kept as an alias of /readyz.
+import * as fs from "fs";
 import * as http from "http";
+import * as https from "https";
 import { App } from "./app";
 import { workerRow } from "../core/views";
+import { sameSecret } from "../core/util";
 
 function fail(res: http.ServerResponse, status: number, message: string, type: string): void {
   json(res, status, { error: { message, type, code: status } });
@@ -15,12 +18,24 @@ function json(res: http.ServerResponse, status: number, body: unknown): void {
   res.end(b);
 }
 
+/** Probes stay open (kubelet, load balancers); everything else wants the bearer token when one is set. */
+const OPEN_PATHS: { [p: string]: boolean } = { "/livez": true, "/readyz": true, "/healthz": true };
+
 export function startAdmin(app: App, host: string, port: number): Promise<{ server: http.Server; port: number }> {
-  const server = http.createServer(async (req, res) => {
+  const handler = async (req: http.IncomingMessage, res: http.ServerResponse) => {
     try {
       const url = new URL(req.url || "/", "http://x");
       const p = url.pathname;
       if (req.method !== "GET") return fail(res, 405, "method not allowed", "invalid_request_error");
+      const token = app.opts.adminToken;
+      if (token && !OPEN_PATHS[p]) {
+        const auth = String(req.headers.authorization || "");
+        const given = auth.startsWith("Bearer ") ? auth.slice(7) : "";
+        if (!sameSecret(given, token)) {
+          res.setHeader("www-authenticate", 'Bearer realm="infera-gate admin"');
+          return fail(res, 401, "admin endpoints need Authorization: Bearer <--admin-token>", "authentication_error");
+        }
+      }
       if (p === "/metrics") {
         const body = await app.metrics.registry.metrics();
         res.writeHead(200, { "content-type": app.metrics.registry.contentType });
@@ -53,7 +68,11 @@ export function startAdmin(app: App, host: string, port: number): Promise<{ serv
     } catch (e) {
       fail(res, 500, (e as Error).message, "internal_error");
     }
-  });
+  };
+  const tls = app.opts.adminTls;
+  const server: http.Server = tls
+    ? (https.createServer({ cert: fs.readFileSync(tls.cert), key: fs.readFileSync(tls.key) }, handler) as unknown as http.Server)
+    : http.createServer(handler);
   return new Promise((resolve, reject) => {
     server.once("error", reject);
     server.listen(port, host, () => resolve({ server, port: (server.address() as { port: number }).port }));

@@ -117,7 +117,11 @@ export class App {
     const tp = tokenizerPaths(opts.tokenizerPath);
     this.tokenizer = loadTokenizer(tp.dflt);
     for (const m of Object.keys(tp.byModel)) this.tokenizers[m] = loadTokenizer(tp.byModel[m]);
-    this.metrics = createMetrics(() => this.router, (id) => this.eventStatus(id));
+    this.metrics = createMetrics(
+      () => this.router,
+      () => (this.tokenizer ? this.tokenizer.cacheStats() : null),
+      (id) => this.eventStatus(id),
+    );
     this.router = createRouter(this.state, opts.router, {
       log: (l, line) => log(l, line),
       onPick: (role, p) => {
@@ -375,7 +379,7 @@ export class App {
   /** Parse, tokenize once, pick. Throws httpError(4xx/503) for the caller to render. */
   route(endpoint: Endpoint, body: Buffer, sessionHeader: string | null, allow?: (w: Worker) => boolean): Pick {
     const t0 = process.hrtime.bigint();
-    const req = parseRequest(endpoint, body.length <= this.opts.maxBodyBytes ? body.toString("utf8") : "", body.length, { maxBodyBytes: this.opts.maxBodyBytes }, sessionHeader);
+    const req = parseRequest(endpoint, body.length <= this.opts.maxBodyBytes ? body.toString("utf8") : "", body.length, { maxBodyBytes: this.opts.maxBodyBytes, maxMessages: this.opts.maxMessages, maxMedia: this.opts.maxImages, maxJsonDepth: this.opts.maxJsonDepth }, sessionHeader);
     let feats;
     const root = requestRoot(this.state.mirror, req.model, req.cacheSalt, nativeHasher);
     try {

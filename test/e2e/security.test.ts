@@ -129,15 +129,20 @@ test("a gateway whose ext_proc failed open never connects to a client-named addr
 });
 
 const n8 = nginx08();
-test("nginx: client-sent x-infera-* headers never reach a worker", { skip: skip || (n8 ? false : "njs >= 0.8 not set up (bash scripts/njs08.sh)") }, async () => {
-  const ng = await startNginx(n8!);
-  const bridge = await startBridge(["--workers", workers.map((w) => w.address).join(",")], `${ng.url}/_infera/push`);
-  await waitFor("bridge fleet push", async () => {
-    const r = await fetch(`${ng.url}/v1/admin/workers`).catch(() => null);
+
+/** A bridge pushing the recorder workers to nginx, once nginx lists them. */
+async function bridgeFleet(nginxUrl: string): Promise<void> {
+  const bridge = await startBridge(["--workers", workers.map((w) => w.address).join(",")], `${nginxUrl}/_infera/push`);
+  await waitFor("fleet in nginx", async () => {
+    const r = await fetch(`${nginxUrl}/v1/admin/workers`).catch(() => null);
     return !!r && r.ok && ((await r.json()) as unknown[]).length === 2;
   }, 20000).catch((e) => {
     throw new Error(`${(e as Error).message}\n${bridge.log().slice(-2000)}`);
   });
+}
+test("nginx: client-sent x-infera-* headers never reach a worker", { skip: skip || (n8 ? false : "njs >= 0.8 not set up (bash scripts/njs08.sh)") }, async () => {
+  const ng = await startNginx(n8!);
+  await bridgeFleet(ng.url);
   const before = workers.map((w) => w.hits.length);
   const res = await fetch(`${ng.url}/v1/chat/completions`, {
     method: "POST",
@@ -163,4 +168,52 @@ test("nginx push: a pseq far in the future is refused (no lock-out), worker ids 
   const metrics = await (await fetch(`${ng.url}/metrics`)).text();
   assert.ok(!/^infera_router_owned/m.test(metrics), metrics);
   assert.match(metrics, /infera_router_active_blocks\{worker="w\\"\} 1\\ninfera_router_owned\{x=\\""\} 0/);
+});
+
+test("one request cannot stall either gateway: 100k messages and 10k-deep JSON get a fast 400 through Envoy and nginx", { skip }, async () => {
+  const deep = '{"model":"m","messages":[{"role":"user","content":"hi","x":' + "[".repeat(10000) + "1" + "]".repeat(10000) + "}]}";
+  const many = JSON.stringify({ model: "m", messages: Array.from({ length: 100000 }, (_, i) => ({ role: i % 2 ? "assistant" : "user", content: "m" + i })) });
+  const bases = [envoy.url];
+  if (n8) {
+    const ng = await startNginx(n8);
+    await bridgeFleet(ng.url);
+    bases.push(ng.url);
+  }
+  for (const base of bases)
+    for (const [what, body, msg] of [["10k-deep", deep, /nests deeper than 64/], ["100k messages", many, /100000 messages, over the limit/]] as const) {
+      const t0 = Date.now();
+      const r = await fetch(`${base}/v1/chat/completions`, { method: "POST", headers: { "content-type": "application/json" }, body });
+      const text = await r.text();
+      assert.equal(r.status, 400, `${base} ${what}: ${text.slice(0, 200)}`);
+      // njs's own JSON parser stops at its nesting limit first: a 400 either way, never a crash.
+      assert.match(text, base !== envoy.url && what === "10k-deep" ? /nests deeper than 64|not valid JSON/ : msg, `${base} ${what}`);
+      assert.ok(Date.now() - t0 < 3000, `${base} ${what} took ${Date.now() - t0} ms`);
+    }
+  // and the gateway still routes
+  const ok = await fetch(`${envoy.url}/v1/chat/completions`, { method: "POST", headers: { "content-type": "application/json" }, body: chatBody });
+  assert.equal(ok.status, 200);
+});
+
+test("nginx with a full shared-dict zone keeps routing (load-free) and says why, instead of answering 500", { skip: n8 ? false : "njs >= 0.8 not set up (bash scripts/njs08.sh)" }, async () => {
+  const ng = await startNginx(n8!, { zone_str: "1m", zone_num: "1m" });
+  const push = (body: unknown) => fetch(`${ng.url}/_infera/push`, { method: "POST", headers: { "content-type": "application/json", "x-infera-push-token": "test-token" }, body: JSON.stringify(body) });
+  assert.equal((await push({ type: "workers", pseq: Date.now() * 1000, workers: workers.map((w) => ({ id: w.address, address: w.address, role: "mixed" })) })).status, 200);
+  // flood one worker's mirror until the zone refuses (bounded: at most 400 batches)
+  const toks = Array.from({ length: 16 * 64 }, (_, i) => i + 1);
+  let full = false;
+  for (let b = 0; b < 400 && !full; b++) {
+    const hashes = Array.from({ length: 64 }, (_, i) => `f${b}-${i}`);
+    const r = await push({ type: "events", pseq: Date.now() * 1000 + b + 1, worker: workers[0].address, seq: b, events: [{ type: "BlockStored", hashes, parent: null, tokens: toks.map((t) => t + b * 100000), blockSize: 16 }] });
+    if (r.status === 507) full = true;
+    else assert.equal(r.status, 200, await r.text());
+  }
+  assert.ok(full, "a 1 MiB zone fills");
+  const before = workers.map((w) => w.hits.length);
+  for (let i = 0; i < 6; i++) {
+    const res = await fetch(`${ng.url}/v1/chat/completions`, { method: "POST", headers: { "content-type": "application/json" }, body: JSON.stringify({ model: "m", max_tokens: 1, messages: [{ role: "user", content: "still routed " + i + " ".repeat(200) }] }) });
+    assert.equal(res.status, 200, await res.clone().text());
+    await res.arrayBuffer();
+  }
+  assert.equal(workers.reduce((n, w, i) => n + w.hits.length - before[i], 0), 6);
+  await waitFor("the zone warning in nginx's log", async () => /shared dict zone full or nearly/.test(ng.proc.log()), 5000);
 });

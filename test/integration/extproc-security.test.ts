@@ -2,9 +2,7 @@
 // and a gRPC message limit tied to the body limit. A gRPC client plays Envoy.
 import { test, after } from "node:test";
 import * as assert from "node:assert/strict";
-import { execFileSync } from "child_process";
 import * as fs from "fs";
-import * as os from "os";
 import * as path from "path";
 import * as grpc from "@grpc/grpc-js";
 import { create } from "@bufbuild/protobuf";
@@ -13,24 +11,13 @@ import { parseArgs } from "../../runtime/config";
 import { ExtProcService, startExtProc } from "../../extproc/server";
 import { ProcessingRequest, ProcessingRequestSchema, ProcessingResponse, HttpHeadersSchema, HttpBodySchema } from "../../extproc/gen/envoy/service/ext_proc/v3/external_processor_pb";
 import { HeaderMapSchema, HeaderValueSchema } from "../../extproc/gen/envoy/config/core/v3/base_pb";
+import { makePki } from "../pki";
 
 const noEvents = { subscribe: () => ({ close() {} }), close: async () => undefined };
 const def = ExtProcService.Process;
 const cleanup: (() => void)[] = [];
 after(() => cleanup.forEach((f) => f()));
 
-function pki(): { dir: string; ca: string; cert: string; key: string; clientCert: string; clientKey: string } {
-  const dir = fs.mkdtempSync(path.join(os.tmpdir(), "infera-tls-"));
-  const o = (...a: string[]) => execFileSync("openssl", a, { cwd: dir, stdio: "pipe" });
-  o("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out", "ca.pem", "-days", "1", "-subj", "/CN=infera-test-ca");
-  fs.writeFileSync(path.join(dir, "san.ext"), "subjectAltName=IP:127.0.0.1,DNS:localhost\n");
-  for (const who of ["server", "client"]) {
-    o("req", "-newkey", "rsa:2048", "-nodes", "-keyout", `${who}.key`, "-out", `${who}.csr`, "-subj", `/CN=${who}`);
-    o("x509", "-req", "-in", `${who}.csr`, "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial", "-out", `${who}.pem`, "-days", "1", "-extfile", "san.ext");
-  }
-  const p = (f: string) => path.join(dir, f);
-  return { dir, ca: p("ca.pem"), cert: p("server.pem"), key: p("server.key"), clientCert: p("client.pem"), clientKey: p("client.key") };
-}
 
 async function serve(args: string[]) {
   const app = new App(parseArgs(["--workers", "127.0.0.1:7001", "--health-interval-ms", "0", ...args], {}), () => undefined, noEvents);
@@ -57,7 +44,7 @@ function roundTrip(c: grpc.Client, first: ProcessingRequest = getModels()): Prom
 }
 
 test("TLS: a TLS client is served, a plaintext one is not; mTLS wants a client certificate from the CA", async () => {
-  const k = pki();
+  const k = makePki();
   const tls = await serve(["--ext-proc-tls-cert", k.cert, "--ext-proc-tls-key", k.key]);
   const ca = fs.readFileSync(k.ca);
   const ok = new grpc.Client(`127.0.0.1:${tls.port}`, grpc.credentials.createSsl(ca));
@@ -94,4 +81,32 @@ test("gRPC messages larger than twice the body limit (plus headers) are refused 
   const big = create(ProcessingRequestSchema, { request: { case: "requestBody", value: create(HttpBodySchema, { body: Buffer.alloc(2 * 65536 + 1024 * 1024 + 1, 120), endOfStream: true }) } });
   assert.equal(await roundTrip(c, big), "error:RESOURCE_EXHAUSTED");
   c.close();
+});
+
+test("admin: a bearer token guards /metrics and /v1/admin/* (probes stay open); HTTPS with --admin-tls-*; tokens from files", async () => {
+  const { startAdmin } = await import("../../runtime/admin");
+  const k = makePki();
+  const tokenFile = path.join(k.dir, "admin-token");
+  fs.writeFileSync(tokenFile, "s3cret-token\n");
+  const app = new App(parseArgs(["--workers", "127.0.0.1:7001", "--health-interval-ms", "0", "--admin-token-file", tokenFile, "--admin-tls-cert", k.cert, "--admin-tls-key", k.key], {}), () => undefined, noEvents);
+  app.setWorkers(app.opts.workers);
+  assert.equal(app.opts.adminToken, "s3cret-token", "the file's trailing newline is not part of the token");
+  const a = await startAdmin(app, "127.0.0.1", 0);
+  cleanup.push(() => a.server.close());
+  const https = await import("https");
+  const ca = fs.readFileSync(k.ca);
+  const get = (p: string, auth?: string) =>
+    new Promise<number>((resolve, reject) => {
+      const req = https.get({ host: "127.0.0.1", port: a.port, path: p, ca, headers: auth ? { authorization: auth } : {} }, (res) => {
+        res.resume();
+        resolve(res.statusCode!);
+      });
+      req.on("error", reject);
+    });
+  assert.equal(await get("/metrics"), 401);
+  assert.equal(await get("/v1/admin/workers", "Bearer wrong"), 401);
+  assert.equal(await get("/metrics", "Bearer s3cret-token"), 200);
+  assert.equal(await get("/v1/admin/workers", "Bearer s3cret-token"), 200);
+  assert.equal(await get("/livez"), 200);
+  await assert.rejects(fetch(`http://127.0.0.1:${a.port}/livez`), "plain HTTP is not served");
 });

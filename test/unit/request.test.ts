@@ -198,3 +198,18 @@ test("token ids that do not fit in 32 bits are refused, not truncated", () => {
   assert.deepEqual(status(() => parse("completions", { model: "m", prompt: [1, 4294967296] })), [400, "'prompt' token id 4294967296 does not fit in 32 bits"]);
   assert.doesNotThrow(() => parse("completions", { model: "m", prompt: [0, 4294967295] }));
 });
+
+test("bounded work per request: deep nesting, too many messages or images get a clear 400 fast", () => {
+  const deep = '{"model":"m","messages":[{"role":"user","content":"hi","x":' + "[".repeat(10000) + "1" + "]".repeat(10000) + "}]}";
+  const t0 = Date.now();
+  assert.deepEqual(status(() => parseRequest("chat", deep, deep.length, P)), [400, "request body nests deeper than 64 levels (--max-json-depth)"]);
+  const many = JSON.stringify({ model: "m", messages: Array.from({ length: 5000 }, (_, i) => ({ role: "user", content: "m" + i })) });
+  assert.deepEqual(status(() => parseRequest("chat", many, many.length, P)), [400, "request has 5000 messages, over the limit of 4096 (--max-messages)"]);
+  const imgs = JSON.stringify({ model: "m", messages: [{ role: "user", content: Array.from({ length: 600 }, (_, i) => ({ type: "image_url", image_url: { url: "http://x/" + i } })) }] });
+  assert.deepEqual(status(() => parseRequest("chat", imgs, imgs.length, P)), [400, "request has 600 images or audio parts, over the limit of 512 (--max-images)"]);
+  assert.ok(Date.now() - t0 < 2000, `refusals took ${Date.now() - t0} ms`);
+  // the limits are flags
+  assert.doesNotThrow(() => parseRequest("chat", many, many.length, { ...P, maxMessages: 5000 }));
+  const nested = '{"model":"m","messages":[{"role":"user","content":"hi","x":' + "[".repeat(60) + "1" + "]".repeat(60) + "}]}";
+  assert.doesNotThrow(() => parseRequest("chat", nested, nested.length, P));
+});

@@ -1,8 +1,9 @@
-// Engine simulator: an OpenAI-compatible worker with a block-level LRU prefix
-// cache that publishes KV events exactly as vLLM does (ZMQ PUB, multipart
-// [topic, seq u64 BE, msgpack EventBatch]). Prefill time grows with uncached
-// tokens and prefills run one at a time per worker, so cache hits and load
-// both show up in TTFT.
+// Engine simulator: an OpenAI/Anthropic-compatible worker in front of a
+// vLLM-like engine model (sim/model.ts: continuous batching with chunked
+// prefill, KV blocks with a prefix cache and LRU eviction, step time from a
+// cost model calibrated to Llama-3.1-8B on an H100). It publishes KV events
+// exactly as vLLM does (ZMQ PUB, multipart [topic, seq u64 BE, msgpack
+// EventBatch]) and serves vLLM's scheduler gauges on /metrics.
 import * as http from "http";
 import * as crypto from "crypto";
 import * as zmq from "zeromq";
@@ -10,6 +11,7 @@ import { encode } from "@msgpack/msgpack";
 import { loadTokenizer } from "../runtime/tokenizer";
 import { endpointOf, parseRequest, Tokenizer } from "../core/request";
 import { simRender, SimRender } from "./render";
+import { EngineModel, ModelConfig, ModelEvent, StepPlan, TokenOut, llama8bH100 } from "./model";
 
 export interface SimOptions {
   id: string;
@@ -18,10 +20,23 @@ export interface SimOptions {
   kvEventsPort: number | null;
   topic: string;
   blockSize: number;
+  /** KV capacity in blocks (vLLM's num_gpu_blocks). */
   capacityBlocks: number;
+  /** Linear-layer cost per prefill token (µs). */
   prefillUsPerToken: number;
+  /** Extra cost of a step that carries prefill (ms). */
   prefillBaseMs: number;
+  /** Fixed cost of every step (ms): the decode time per token of a lone request. */
   decodeMsPerToken: number;
+  prefillAttnUsPerKCtx: number;
+  decodeUsPerSeq: number;
+  kvReadUsPerKToken: number;
+  maxNumBatchedTokens: number;
+  maxNumSeqs: number;
+  /** Engine time runs this many times faster than wall time. */
+  timeScale: number;
+  /** Tokens per SSE chunk after the first (vLLM's --stream-interval). */
+  streamInterval: number;
   role: "mixed" | "prefill" | "decode";
   /** Decode role: the request header naming the prefill peer (llm-d's sidecar reads x-prefiller-host-port). */
   prefillHeader: string;
@@ -42,17 +57,25 @@ export interface SimOptions {
 }
 
 export function simDefaults(): SimOptions {
+  const m = llama8bH100();
   return {
     id: "sim",
     host: "127.0.0.1",
     port: 8001,
     kvEventsPort: 5557,
     topic: "",
-    blockSize: 16,
-    capacityBlocks: 8192,
-    prefillUsPerToken: 100,
-    prefillBaseMs: 2,
-    decodeMsPerToken: 2,
+    blockSize: m.blockSize,
+    capacityBlocks: m.numBlocks,
+    prefillUsPerToken: m.prefillUsPerToken,
+    prefillBaseMs: m.prefillStepMs,
+    decodeMsPerToken: m.stepBaseMs,
+    prefillAttnUsPerKCtx: m.prefillAttnUsPerKCtx,
+    decodeUsPerSeq: m.decodeUsPerSeq,
+    kvReadUsPerKToken: m.kvReadUsPerKToken,
+    maxNumBatchedTokens: m.maxNumBatchedTokens,
+    maxNumSeqs: m.maxNumSeqs,
+    timeScale: 1,
+    streamInterval: 1,
     role: "mixed",
     prefillHeader: "x-infera-prefill",
     malformedEvery: 0,
@@ -64,6 +87,21 @@ export function simDefaults(): SimOptions {
     renderDivergent: false,
     servedModels: [],
     loraModules: [],
+  };
+}
+
+export function modelConfig(o: SimOptions): ModelConfig {
+  return {
+    stepBaseMs: o.decodeMsPerToken,
+    prefillUsPerToken: o.prefillUsPerToken,
+    prefillAttnUsPerKCtx: o.prefillAttnUsPerKCtx,
+    decodeUsPerSeq: o.decodeUsPerSeq,
+    kvReadUsPerKToken: o.kvReadUsPerKToken,
+    prefillStepMs: o.prefillBaseMs,
+    blockSize: o.blockSize,
+    numBlocks: o.capacityBlocks,
+    maxNumBatchedTokens: o.maxNumBatchedTokens,
+    maxNumSeqs: o.maxNumSeqs,
   };
 }
 
@@ -84,12 +122,89 @@ function engineHash(parent: bigint | null, tokens: number[], extra: string): big
   return h.digest().readBigUInt64BE(0);
 }
 
+export function blockHashesOf(tokens: number[], blockSize: number, extra: string): bigint[] {
+  const n = Math.floor(tokens.length / blockSize);
+  const hashes: bigint[] = [];
+  let parent: bigint | null = null;
+  for (let i = 0; i < n; i++) {
+    parent = engineHash(parent, tokens.slice(i * blockSize, (i + 1) * blockSize), i === 0 ? extra : "");
+    hashes.push(parent);
+  }
+  return hashes;
+}
+
+/** Runs the engine model against the wall clock, time-scaled. */
+class Runner {
+  private timer: NodeJS.Timeout | null = null;
+  /** Wall time (performance.now()) at which the step in flight ends. */
+  private stepEnd = 0;
+  private listeners = new Map<string, (t: TokenOut) => void>();
+  constructor(private model: EngineModel, private scale: number, private onEvents: (e: ModelEvent[]) => void) {}
+
+  submit(req: Parameters<EngineModel["add"]>[0], onToken: (t: TokenOut) => void): void {
+    this.model.add(req);
+    this.listeners.set(req.id, onToken);
+    this.kick();
+  }
+
+  abort(id: string): void {
+    this.listeners.delete(id);
+    this.model.abort(id);
+  }
+
+  stop(): void {
+    if (this.timer) clearTimeout(this.timer);
+    this.timer = null;
+  }
+
+  private kick(): void {
+    if (this.timer) return;
+    this.next(performance.now());
+  }
+
+  /**
+   * Starts the next step at `start`. Steps chain on engine time, not on when
+   * the timer fired, so event-loop lag does not slow the engine down (we catch
+   * up, bounded, instead of drifting).
+   */
+  private next(start: number): void {
+    const plan = this.model.schedule();
+    this.emit();
+    if (!plan) {
+      this.timer = null;
+      return;
+    }
+    const now = performance.now();
+    const begin = Math.max(start, now - 20);
+    this.stepEnd = begin + plan.ms / this.scale;
+    this.timer = setTimeout(() => this.finish(plan), Math.max(0, this.stepEnd - now));
+  }
+
+  private finish(plan: StepPlan): void {
+    const out = this.model.complete(plan);
+    this.emit();
+    for (const t of out) {
+      const l = this.listeners.get(t.id);
+      if (t.done) this.listeners.delete(t.id);
+      if (l) l(t);
+    }
+    this.next(this.stepEnd);
+  }
+
+  private emit(): void {
+    const e = this.model.drainEvents();
+    if (e.length) this.onEvents(e);
+  }
+}
+
+let reqCounter = 0;
+
 export class EngineSim {
-  private cache = new Map<bigint, true>(); // insertion order = LRU order
+  private model: EngineModel;
+  private runner: Runner;
   private pub: zmq.Publisher | null = null;
   private seq = 0;
   private sendChain: Promise<void> = Promise.resolve();
-  private prefillChain: Promise<void> = Promise.resolve();
   private server: http.Server | null = null;
   private tok: Tokenizer | null;
   private render: SimRender;
@@ -98,6 +213,8 @@ export class EngineSim {
   constructor(readonly o: SimOptions) {
     this.tok = loadTokenizer(o.tokenizerPath);
     this.render = simRender(this.tok, { fixture: o.renderFixture, divergent: o.renderDivergent });
+    this.model = new EngineModel(modelConfig(o));
+    this.runner = new Runner(this.model, o.timeScale, (e) => this.publishModel(e));
   }
 
   async start(): Promise<void> {
@@ -112,6 +229,7 @@ export class EngineSim {
   }
 
   async stop(): Promise<void> {
+    this.runner.stop();
     await new Promise<void>((r) => (this.server ? this.server.close(() => r()) : r()));
     this.server?.closeAllConnections?.();
     await this.sendChain.catch(() => undefined);
@@ -119,7 +237,13 @@ export class EngineSim {
   }
 
   cachedBlocks(): number {
-    return this.cache.size;
+    return this.model.cachedBlocks();
+  }
+
+  private publishModel(events: ModelEvent[]): void {
+    const bs = this.o.blockSize;
+    // BlockStored: [tag, block_hashes, parent_block_hash, token_ids, block_size, lora_id, medium]
+    this.publish(events.map((e) => (e.type === "stored" ? ["BlockStored", e.hashes, e.parent, e.tokens, bs, null, "GPU"] : ["BlockRemoved", e.hashes, "GPU"])));
   }
 
   private publish(events: unknown[]): void {
@@ -141,71 +265,32 @@ export class EngineSim {
       .catch(() => undefined);
   }
 
-  /** Inserts blocks after a prefill; returns how many prompt tokens were cached before. */
-  private admit(tokens: number[], extra: string): { cachedTokens: number; hashes: bigint[] } {
-    const bs = this.o.blockSize;
-    const n = Math.floor(tokens.length / bs);
-    const hashes: bigint[] = [];
-    let parent: bigint | null = null;
-    for (let i = 0; i < n; i++) {
-      parent = engineHash(parent, tokens.slice(i * bs, (i + 1) * bs), i === 0 ? extra : "");
-      hashes.push(parent);
-    }
-    let hit = 0;
-    while (hit < n && this.cache.has(hashes[hit])) hit++;
-    return { cachedTokens: hit * bs, hashes };
-  }
-
-  private store(tokens: number[], hashes: bigint[]): void {
-    const bs = this.o.blockSize;
-    const stored: unknown[] = [];
-    let runStart = -1;
-    const flush = (end: number) => {
-      if (runStart < 0) return;
-      // BlockStored: [tag, block_hashes, parent_block_hash, token_ids, block_size, lora_id, medium]
-      stored.push(["BlockStored", hashes.slice(runStart, end), runStart > 0 ? hashes[runStart - 1] : null, tokens.slice(runStart * bs, end * bs), bs, null, "GPU"]);
-      runStart = -1;
-    };
-    for (let i = 0; i < hashes.length; i++) {
-      if (this.cache.has(hashes[i])) {
-        flush(i);
-        this.cache.delete(hashes[i]); // refresh LRU position
-        this.cache.set(hashes[i], true);
-      } else {
-        if (runStart < 0) runStart = i;
-        this.cache.set(hashes[i], true);
-      }
-    }
-    flush(hashes.length);
-    const removed: bigint[] = [];
-    while (this.cache.size > this.o.capacityBlocks) {
-      const oldest = this.cache.keys().next().value as bigint;
-      this.cache.delete(oldest);
-      removed.push(oldest);
-    }
-    const events: unknown[] = [...stored];
-    if (removed.length) events.push(["BlockRemoved", removed, "GPU"]);
-    this.publish(events);
-  }
-
   clear(): void {
-    this.cache.clear();
+    this.model.clearCache();
     this.publish([["AllBlocksCleared"]]);
   }
 
-  /** Serialized prefill: uncached tokens cost time, one prefill at a time. */
-  private prefill(uncached: number): Promise<void> {
-    const ms = this.o.prefillBaseMs + (uncached * this.o.prefillUsPerToken) / 1000;
-    const run = this.prefillChain.then(() => sleep(ms));
-    this.prefillChain = run.catch(() => undefined);
-    return run;
+  metrics(): string {
+    const l = `{engine="0",model_name="${this.o.servedModels[0] ?? "sim-model"}"}`;
+    const m = this.model;
+    const g = (name: string, help: string, type: string, v: number) => `# HELP ${name} ${help}\n# TYPE ${name} ${type}\n${name}${l} ${v}\n`;
+    return (
+      g("vllm:num_requests_running", "Number of requests in model execution batches.", "gauge", m.numRunning()) +
+      g("vllm:num_requests_waiting", "Number of requests waiting to be processed.", "gauge", m.numWaiting()) +
+      g("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", "gauge", m.usage()) +
+      g("vllm:prefix_cache_queries_total", "Prefix cache queries, in terms of number of queried tokens.", "counter", m.stats.queries) +
+      g("vllm:prefix_cache_hits_total", "Prefix cache hits, in terms of number of cached tokens.", "counter", m.stats.hits) +
+      g("vllm:num_preemptions_total", "Cumulative number of preemption from the engine.", "counter", m.stats.preemptions) +
+      g("vllm:prompt_tokens_total", "Number of prefill tokens processed.", "counter", m.stats.promptTokens) +
+      g("vllm:generation_tokens_total", "Number of generation tokens processed.", "counter", m.stats.generated)
+    );
   }
 
   private fail(res: http.ServerResponse, e: unknown): void {
     const err = e as Error & { status?: number; type?: string };
     if (res.headersSent) return void res.destroy();
     const status = err.status ?? 500;
-    const b = JSON.stringify({ error: { message: err.message, type: err.type ?? "internal_error", code: status } });
+    const b = JSON.stringify({ error: { message: err.message, type: err.type ?? (status === 400 ? "BadRequestError" : "internal_error"), code: status } });
     res.writeHead(status, { "content-type": "application/json" });
     res.end(b);
   }
@@ -217,18 +302,23 @@ export class EngineSim {
   }
 
   private async handle(req: http.IncomingMessage, res: http.ServerResponse): Promise<void> {
-    const url = req.url || "/";
+    const url = (req.url || "/").split("?")[0];
     if (req.method === "GET") {
       if (url === "/health") return void res.end("ok");
+      if (url === "/metrics") {
+        res.setHeader("content-type", "text/plain; version=0.0.4");
+        return void res.end(this.metrics());
+      }
       if (url === "/sim/stats") {
         res.setHeader("content-type", "application/json");
-        return void res.end(JSON.stringify({ id: this.o.id, role: this.o.role, cached_blocks: this.cache.size, ...this.stats }));
+        const m = this.model;
+        return void res.end(JSON.stringify({ id: this.o.id, role: this.o.role, cached_blocks: m.cachedBlocks(), running: m.numRunning(), waiting: m.numWaiting(), kv_usage: m.usage(), ...m.stats, ...this.stats }));
       }
       if (url === "/v1/models") {
         res.setHeader("content-type", "application/json");
         // vLLM's shape: served names, then LoRA adapters with their base model as parent. None given: an empty list (serves any model).
         const base = this.o.servedModels[0];
-        const data = this.o.servedModels.map((id) => ({ id, object: "model", owned_by: this.o.id, root: id, parent: null as string | null })).concat(this.o.loraModules.map((id) => ({ id, object: "model", owned_by: this.o.id, root: id, parent: base ?? null })));
+        const data = this.o.servedModels.map((id) => ({ id, object: "model", created: 0, owned_by: this.o.id, root: id, parent: null as string | null })).concat(this.o.loraModules.map((id) => ({ id, object: "model", created: 0, owned_by: this.o.id, root: id, parent: base ?? null })));
         return void res.end(JSON.stringify({ object: "list", data }));
       }
       res.statusCode = 404;
@@ -251,25 +341,29 @@ export class EngineSim {
     const body = await this.readBody(req);
     const pr = parseRequest(ep, body.toString("utf8"), body.length, { maxBodyBytes: 64 << 20 });
     const j = JSON.parse(body.toString("utf8"));
-    const maxTokens = Math.max(1, Math.min(4096, Number(j.max_tokens ?? j.max_completion_tokens ?? 16) || 16));
+    const maxTokens = Math.max(1, Math.min(32768, Number(j.max_tokens ?? j.max_completion_tokens ?? 16) || 16));
     // Tokens for the cache: the real prompt tokens (rendered + tokenized as the engine would).
     const tokens = this.render.promptTokens(pr, body.toString("utf8"));
+    if (tokens.length === 0) tokens.push(0); // an engine always runs at least one token (BOS)
     const extra = pr.media.join("\n"); // media feed the first block's hash, like vLLM's mm extra keys
     this.stats.requests++;
     this.stats.inflight++;
+    const id = `${this.o.id}-${++reqCounter}`;
     let aborted = false;
+    let finished = false;
     res.on("close", () => {
       if (!res.writableFinished) {
         aborted = true;
         this.stats.aborted++;
+        this.runner.abort(id);
       }
     });
     try {
       const stage = req.headers["x-infera-pd-stage"];
       const prefillPeer = req.headers[this.o.prefillHeader] as string | undefined;
-      const adm = this.admit(tokens, extra);
-      let cached = adm.cachedTokens;
-      const t0 = Date.now();
+      const t0 = performance.now();
+      let preloaded = false;
+      let peerCached = -1;
       if (this.o.role === "decode" && prefillPeer && stage !== "prefill") {
         // PD: the named prefill worker computes the KV; we then "receive" it.
         const pres = await fetch(`http://${prefillPeer}${url}`, {
@@ -279,45 +373,120 @@ export class EngineSim {
         });
         if (!pres.ok) throw Object.assign(new Error(`prefill worker ${prefillPeer} answered ${pres.status}`), { status: 502 });
         const pj = (await pres.json()) as { usage?: { prompt_tokens_details?: { cached_tokens?: number }; cache_read_input_tokens?: number } };
-        cached = pj.usage?.prompt_tokens_details?.cached_tokens ?? pj.usage?.cache_read_input_tokens ?? 0;
+        peerCached = pj.usage?.prompt_tokens_details?.cached_tokens ?? pj.usage?.cache_read_input_tokens ?? 0;
         res.setHeader("x-sim-prefill-worker", prefillPeer);
-        await sleep(1); // KV transfer
-      } else {
-        await this.prefill(tokens.length - cached);
+        await sleep(1 / this.o.timeScale); // KV transfer
+        preloaded = true;
       }
       if (aborted) return;
-      this.store(tokens, adm.hashes);
-      this.stats.promptTokens += tokens.length;
-      this.stats.cachedTokens += cached;
-      const usage = { prompt_tokens: tokens.length, completion_tokens: maxTokens, total_tokens: tokens.length + maxTokens, prompt_tokens_details: { cached_tokens: cached } };
-      res.setHeader("x-sim-worker", this.o.id);
-      res.setHeader("x-sim-cached-tokens", String(cached));
-      res.setHeader("x-sim-prefill-ms", String(Date.now() - t0));
-      if (stage === "prefill" || !pr.stream) {
-        const n = stage === "prefill" ? 1 : maxTokens;
-        for (let i = 1; i < n && !aborted; i++) await sleep(this.o.decodeMsPerToken);
-        const text = words(n);
-        res.setHeader("content-type", "application/json");
-        if (ep === "messages")
-          return void res.end(JSON.stringify({ id: "msg_sim", type: "message", role: "assistant", model: pr.model, content: [{ type: "text", text }], stop_reason: "max_tokens", usage: { input_tokens: tokens.length, output_tokens: n, cache_read_input_tokens: cached } }));
-        const choice = ep === "chat" ? { index: 0, message: { role: "assistant", content: text }, finish_reason: "length" } : { index: 0, text, finish_reason: "length" };
-        return void res.end(JSON.stringify({ id: "cmpl-sim", object: ep === "chat" ? "chat.completion" : "text_completion", model: pr.model, choices: [choice], usage }));
-      }
-      res.writeHead(200, { "content-type": "text/event-stream", "cache-control": "no-cache" });
-      for (let i = 0; i < maxTokens; i++) {
-        if (aborted) return;
-        if (i > 0) await sleep(this.o.decodeMsPerToken);
-        const piece = (i ? " " : "") + "tok" + i;
-        let chunk: unknown;
-        if (ep === "chat") chunk = { id: "chatcmpl-sim", object: "chat.completion.chunk", model: pr.model, choices: [{ index: 0, delta: i ? { content: piece } : { role: "assistant", content: piece }, finish_reason: null }] };
-        else if (ep === "completions") chunk = { id: "cmpl-sim", object: "text_completion", model: pr.model, choices: [{ index: 0, text: piece, finish_reason: null }] };
-        else chunk = { type: "content_block_delta", index: 0, delta: { type: "text_delta", text: piece } };
-        res.write(ep === "messages" ? `event: content_block_delta\ndata: ${JSON.stringify(chunk)}\n\n` : `data: ${JSON.stringify(chunk)}\n\n`);
-      }
-      if (ep === "messages") res.end(`event: message_stop\ndata: {"type":"message_stop"}\n\n`);
-      else res.end(`data: ${JSON.stringify({ id: "sim", object: "chat.completion.chunk", choices: [{ index: 0, delta: {}, finish_reason: "length" }], usage })}\n\ndata: [DONE]\n\n`);
+      const n = stage === "prefill" ? 1 : maxTokens;
+      const hashes = blockHashesOf(tokens, this.o.blockSize, extra);
+      const model = String(pr.model ?? this.o.servedModels[0] ?? "sim-model");
+      const stream = !!pr.stream && stage !== "prefill";
+      const w = new Writer(res, ep, model, id, this.o.streamInterval);
+      await new Promise<void>((resolve, reject) => {
+        res.on("close", () => resolve());
+        try {
+          this.runner.submit({ id, tokens, hashes, maxTokens: n, preloaded }, (t) => {
+            if (aborted) return;
+            const cached = peerCached >= 0 ? peerCached : t.cachedTokens;
+            if (t.index === 0) {
+              this.stats.promptTokens += tokens.length;
+              this.stats.cachedTokens += cached;
+              res.setHeader("x-sim-worker", this.o.id);
+              res.setHeader("x-sim-cached-tokens", String(cached));
+              res.setHeader("x-sim-prefill-ms", String(Math.round((performance.now() - t0) * this.o.timeScale)));
+            }
+            const usage = { prompt: tokens.length, completion: t.index + 1, cached };
+            if (stream) w.token(t.index, t.done, usage);
+            if (t.done) {
+              finished = true;
+              if (!stream) w.whole(t.index + 1, usage);
+              resolve();
+            }
+          });
+        } catch (e) {
+          reject(e);
+        }
+      });
+      if (!finished && !aborted) res.destroy();
     } finally {
       this.stats.inflight--;
+    }
+  }
+}
+
+interface Usage {
+  prompt: number;
+  completion: number;
+  cached: number;
+}
+
+/** Writes responses in each API's own shape (what the official SDKs parse). */
+class Writer {
+  private pending: string[] = [];
+  private created = Math.floor(Date.now() / 1000);
+  constructor(private res: http.ServerResponse, private ep: string, private model: string, private id: string, private interval: number) {}
+
+  private openaiUsage(u: Usage) {
+    return { prompt_tokens: u.prompt, completion_tokens: u.completion, total_tokens: u.prompt + u.completion, prompt_tokens_details: { cached_tokens: u.cached } };
+  }
+
+  private anthropicUsage(u: Usage, output: number) {
+    // Anthropic counts cached input apart from input_tokens.
+    return { input_tokens: u.prompt - u.cached, output_tokens: output, cache_read_input_tokens: u.cached, cache_creation_input_tokens: 0 };
+  }
+
+  whole(n: number, u: Usage): void {
+    const text = words(n);
+    this.res.setHeader("content-type", "application/json");
+    if (this.ep === "messages") {
+      this.res.end(JSON.stringify({ id: `msg_${this.id}`, type: "message", role: "assistant", model: this.model, content: [{ type: "text", text }], stop_reason: "max_tokens", stop_sequence: null, usage: this.anthropicUsage(u, n) }));
+      return;
+    }
+    const choice = this.ep === "chat" ? { index: 0, message: { role: "assistant", content: text }, logprobs: null, finish_reason: "length" } : { index: 0, text, logprobs: null, finish_reason: "length" };
+    this.res.end(JSON.stringify({ id: `${this.ep === "chat" ? "chatcmpl" : "cmpl"}-${this.id}`, object: this.ep === "chat" ? "chat.completion" : "text_completion", created: this.created, model: this.model, choices: [choice], usage: this.openaiUsage(u) }));
+  }
+
+  private sse(event: string | null, data: unknown): string {
+    return (event ? `event: ${event}\n` : "") + `data: ${JSON.stringify(data)}\n\n`;
+  }
+
+  token(i: number, done: boolean, u: Usage): void {
+    const res = this.res;
+    if (i === 0) {
+      res.writeHead(200, { "content-type": "text/event-stream", "cache-control": "no-cache" });
+      if (this.ep === "messages") {
+        this.pending.push(
+          this.sse("message_start", { type: "message_start", message: { id: `msg_${this.id}`, type: "message", role: "assistant", model: this.model, content: [], stop_reason: null, stop_sequence: null, usage: this.anthropicUsage(u, 1) } }),
+          this.sse("content_block_start", { type: "content_block_start", index: 0, content_block: { type: "text", text: "" } }),
+        );
+      }
+    }
+    const piece = (i ? " " : "") + "tok" + i;
+    if (this.ep === "chat") this.pending.push(this.sse(null, { id: `chatcmpl-${this.id}`, object: "chat.completion.chunk", created: this.created, model: this.model, choices: [{ index: 0, delta: i ? { content: piece } : { role: "assistant", content: piece }, logprobs: null, finish_reason: null }] }));
+    else if (this.ep === "completions") this.pending.push(this.sse(null, { id: `cmpl-${this.id}`, object: "text_completion", created: this.created, model: this.model, choices: [{ index: 0, text: piece, logprobs: null, finish_reason: null }] }));
+    else this.pending.push(this.sse("content_block_delta", { type: "content_block_delta", index: 0, delta: { type: "text_delta", text: piece } }));
+    if (done) {
+      if (this.ep === "messages") {
+        this.pending.push(
+          this.sse("content_block_stop", { type: "content_block_stop", index: 0 }),
+          this.sse("message_delta", { type: "message_delta", delta: { stop_reason: "max_tokens", stop_sequence: null }, usage: { output_tokens: u.completion } }),
+          this.sse("message_stop", { type: "message_stop" }),
+        );
+      } else {
+        const object = this.ep === "chat" ? "chat.completion.chunk" : "text_completion";
+        const choice = this.ep === "chat" ? { index: 0, delta: {}, logprobs: null, finish_reason: "length" } : { index: 0, text: "", logprobs: null, finish_reason: "length" };
+        // usage rides on the last chunk (vLLM sends it with stream_options.include_usage; we always do, clients ignore it)
+        this.pending.push(this.sse(null, { id: `${this.ep === "chat" ? "chatcmpl" : "cmpl"}-${this.id}`, object, created: this.created, model: this.model, choices: [choice], usage: this.openaiUsage(u) }), "data: [DONE]\n\n");
+      }
+      res.end(this.pending.join(""));
+      this.pending = [];
+      return;
+    }
+    if (i === 0 || this.pending.length >= this.interval || (i + 1) % this.interval === 0) {
+      res.write(this.pending.join(""));
+      this.pending = [];
     }
   }
 }
@@ -347,24 +516,41 @@ export function parseSimArgs(argv: string[]): SimOptions {
       case "--capacity-blocks": o.capacityBlocks = Number(v()); break;
       case "--prefill-us-per-token": o.prefillUsPerToken = Number(v()); break;
       case "--prefill-base-ms": o.prefillBaseMs = Number(v()); break;
-      case "--prefill-header": o.prefillHeader = v().toLowerCase(); break;
       case "--decode-ms-per-token": o.decodeMsPerToken = Number(v()); break;
+      case "--prefill-attn-us-per-kctx": o.prefillAttnUsPerKCtx = Number(v()); break;
+      case "--decode-us-per-seq": o.decodeUsPerSeq = Number(v()); break;
+      case "--kv-read-us-per-ktoken": o.kvReadUsPerKToken = Number(v()); break;
+      case "--max-num-batched-tokens": o.maxNumBatchedTokens = Number(v()); break;
+      case "--max-num-seqs": o.maxNumSeqs = Number(v()); break;
+      case "--time-scale": o.timeScale = Number(v()); break;
+      case "--stream-interval": o.streamInterval = Math.max(1, Number(v())); break;
       case "--role": o.role = v() as SimOptions["role"]; break;
       case "--malformed-every": o.malformedEvery = Number(v()); break;
       case "--tokenizer-path": o.tokenizerPath = v(); break;
       case "--etcd-endpoint": o.etcdEndpoint = v(); break;
       case "--etcd-prefix": o.etcdPrefix = v(); break;
       case "--advertise": o.advertise = v(); break;
+      case "--prefill-header": o.prefillHeader = v().toLowerCase(); break;
       case "--render-fixture": o.renderFixture = v(); break;
       case "--render-divergent": o.renderDivergent = true; break;
       case "--served-model-name": o.servedModels = v().split(",").filter(Boolean); break;
       case "--lora-modules": o.loraModules = v().split(",").map((x) => x.split("=")[0]).filter(Boolean); break;
       case "--help":
-        process.stdout.write("infera-sim --id ID --port N --kv-events-port N|none [--role mixed|prefill|decode] [--prefill-header x-infera-prefill] [--block-size 16] [--capacity-blocks 8192] [--prefill-us-per-token 100] [--decode-ms-per-token 2] [--malformed-every N]\n");
+        process.stdout.write(
+          "infera-sim --id ID --port N --kv-events-port N|none [--role mixed|prefill|decode] [--block-size 16] [--malformed-every N]\n" +
+            "  engine model (defaults: Llama-3.1-8B BF16 on one H100 80GB, see README):\n" +
+            "  [--capacity-blocks 26000] [--max-num-batched-tokens 8192] [--max-num-seqs 256]\n" +
+            "  [--decode-ms-per-token 6.3  (fixed cost of every step)] [--prefill-us-per-token 35] [--prefill-attn-us-per-kctx 1]\n" +
+            "  [--decode-us-per-seq 60] [--kv-read-us-per-ktoken 55] [--prefill-base-ms 0  (extra per step with prefill)]\n" +
+            "  [--time-scale 1  (engine time runs N times faster)] [--stream-interval 1  (tokens per SSE chunk)]\n" +
+            "  [--prefill-header x-infera-prefill] [--served-model-name a,b] [--lora-modules x,y] [--render-fixture F] [--render-divergent]\n",
+        );
         process.exit(0);
       default: throw new Error(`unknown flag ${a}`);
     }
   }
+  for (const [k, v] of Object.entries(o)) if (typeof v === "number" && !Number.isFinite(v)) throw new Error(`bad value for ${k}`);
+  if (!(o.timeScale > 0)) throw new Error("--time-scale must be > 0");
   return o;
 }
 

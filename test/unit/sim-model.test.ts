@@ -1,0 +1,199 @@
+// The engine model behind the simulator: batching, chunked prefill, KV memory,
+// prefix cache with LRU eviction, and KV events that match what it holds.
+import { test } from "node:test";
+import assert from "node:assert/strict";
+import { EngineModel, ModelConfig, ModelEvent, TokenOut, llama8bH100 } from "../../sim/model";
+import { blockHashesOf } from "../../sim/engine";
+
+function cfg(over: Partial<ModelConfig> = {}): ModelConfig {
+  return { ...llama8bH100(), ...over };
+}
+
+function prompt(seed: number, len: number, shared?: number[]): number[] {
+  const t = shared ? shared.slice(0, len) : [];
+  for (let i = t.length; i < len; i++) t.push((seed * 7919 + i * 104729) % 150000);
+  return t;
+}
+
+function req(id: string, tokens: number[], maxTokens = 4) {
+  return { id, tokens, hashes: blockHashesOf(tokens, 16, ""), maxTokens };
+}
+
+/** Mirror of the model's cache built only from its events, as a router builds it. */
+class Mirror {
+  held = new Set<bigint>();
+  apply(evs: ModelEvent[]): void {
+    for (const e of evs) {
+      if (e.type === "stored") {
+        assert.equal(e.tokens.length, e.hashes.length * 16, "token ids cover the stored blocks");
+        if (e.parent !== null) assert.ok(this.held.has(e.parent), "parent of a stored run is held");
+        for (const h of e.hashes) {
+          assert.ok(!this.held.has(h), "a hash is stored once while held");
+          this.held.add(h);
+        }
+      } else for (const h of e.hashes) assert.ok(this.held.delete(h), "removed hash was held");
+    }
+  }
+}
+
+/** Runs the model until idle; returns tokens, per-step plans and engine time. */
+function drain(m: EngineModel, mirror?: Mirror, maxSteps = 100000) {
+  const out: TokenOut[] = [];
+  const steps: { ms: number; prefill: number; decode: number }[] = [];
+  let t = 0;
+  for (let i = 0; i < maxSteps; i++) {
+    const p = m.schedule();
+    mirror?.apply(m.drainEvents());
+    if (!p) return { out, steps, t };
+    t += p.ms;
+    steps.push({ ms: p.ms, prefill: p.prefillTokens, decode: p.decodeSeqs });
+    out.push(...m.complete(p));
+    mirror?.apply(m.drainEvents());
+  }
+  throw new Error("model did not go idle");
+}
+
+test("a repeated prompt hits the prefix cache in whole blocks, leaving one token to compute", () => {
+  const m = new EngineModel(cfg());
+  const mir = new Mirror();
+  const p = prompt(1, 100);
+  m.add(req("a", p));
+  const a = drain(m, mir);
+  assert.equal(a.out[0].cachedTokens, 0);
+  assert.equal(mir.held.size, 6, "100 tokens = 6 full blocks stored");
+  assert.equal(m.cachedBlocks(), 6);
+  m.add(req("b", p));
+  const b = drain(m, mir);
+  assert.equal(b.out[0].cachedTokens, 96);
+  assert.equal(b.steps[0].prefill, 4, "only the 4 uncached tokens are prefilled");
+  // a 96-token prompt is fully cached, but the last block is recomputed so a token can be sampled
+  m.add(req("c", p.slice(0, 96)));
+  assert.equal(drain(m, mir).out[0].cachedTokens, 80);
+});
+
+test("long prompts are prefilled in chunks of the token budget, and decodes share the step", () => {
+  const m = new EngineModel(cfg({ maxNumBatchedTokens: 2048 }));
+  m.add(req("long", prompt(2, 5000), 3));
+  m.add(req("short", prompt(3, 50), 50));
+  const r = drain(m);
+  const firstLong = r.out.findIndex((o) => o.id === "long");
+  assert.ok(firstLong >= 0);
+  assert.deepEqual(r.steps.slice(0, 3).map((s) => s.prefill), [2048, 2048, 954], "5000 + 50 tokens over three 2048-token steps");
+  // the short request got its first token in step 3 and decodes alongside the rest
+  assert.ok(r.steps[3].decode === 2);
+  assert.ok(r.steps[0].ms > r.steps[3].ms * 10, "a 2k-token prefill step costs far more than a decode step");
+});
+
+test("step time grows with running sequences and KV tokens read", () => {
+  const time = (n: number, len: number) => {
+    const m = new EngineModel(cfg());
+    for (let i = 0; i < n; i++) m.add(req("r" + i, prompt(10 + i, len), 100));
+    // prefill (one step each for short prompts fits the budget), then a pure decode step
+    let p = m.schedule()!;
+    while (p.prefillTokens > 0) {
+      m.complete(p);
+      p = m.schedule()!;
+    }
+    assert.equal(p.decodeSeqs, n);
+    return p.ms;
+  };
+  const one = time(1, 200);
+  const sixteen = time(16, 200);
+  const sixteenLong = time(16, 4000);
+  assert.ok(one > 6 && one < 7, `lone decode step ${one.toFixed(2)} ms (H100, Llama-3.1-8B: ~6.5 ms TPOT)`);
+  assert.ok(sixteen > one + 1, `16 sequences ${sixteen.toFixed(2)} ms > 1 sequence ${one.toFixed(2)} ms`);
+  assert.ok(sixteenLong > sixteen + 2, `more KV read costs more: ${sixteenLong.toFixed(2)} vs ${sixteen.toFixed(2)} ms`);
+});
+
+test("requests wait when KV memory is full and run when it frees", () => {
+  const m = new EngineModel(cfg({ numBlocks: 40 }));
+  m.add(req("a", prompt(4, 400), 20)); // 420 tokens -> 27 blocks at the end
+  m.add(req("b", prompt(5, 400), 20));
+  const p = m.schedule()!;
+  assert.equal(m.numRunning(), 1);
+  assert.equal(m.numWaiting(), 1, "b does not fit next to a");
+  assert.ok(m.usage() > 0.6);
+  m.complete(p);
+  const r = drain(m);
+  assert.deepEqual(r.out.filter((o) => o.done).map((o) => o.id), ["a", "b"]);
+  assert.equal(m.numWaiting(), 0);
+  assert.equal(m.usage(), 0, "everything freed (cached blocks count as free)");
+});
+
+test("a request larger than the whole KV cache is refused", () => {
+  const m = new EngineModel(cfg({ numBlocks: 10 }));
+  assert.throws(() => m.add(req("big", prompt(6, 400))), /KV blocks/);
+});
+
+test("freed blocks stay cached and are evicted least recently used first, with BlockRemoved", () => {
+  const m = new EngineModel(cfg({ numBlocks: 30 }));
+  const mir = new Mirror();
+  const a = prompt(7, 160);
+  const b = prompt(8, 160);
+  m.add(req("a", a, 1));
+  drain(m, mir);
+  m.add(req("b", b, 1));
+  drain(m, mir);
+  assert.equal(m.cachedBlocks(), 20, "a and b both cached after finishing");
+  // touch a again so b is the least recently used
+  m.add(req("a2", a, 1));
+  drain(m, mir);
+  // c needs 15 blocks: the 10 never-cached ones go first, then b's blocks tail first
+  const c = prompt(9, 240);
+  m.add(req("c", c, 1));
+  drain(m, mir);
+  const ah = blockHashesOf(a, 16, "");
+  const bh = blockHashesOf(b, 16, "");
+  const ch = blockHashesOf(c, 16, "");
+  assert.ok(ah.every((h) => m.holds(h)), "recently used a survives");
+  assert.ok(!m.holds(bh[9]) && !m.holds(bh[5]), "b's tail went first");
+  assert.ok(m.holds(bh[4]) && m.holds(bh[0]), "b's head outlives its tail");
+  assert.ok(ch.every((h) => m.holds(h)));
+  assert.equal(m.cachedBlocks(), 10 + 5 + 15);
+  const cmp = (x: bigint, y: bigint) => (x < y ? -1 : x > y ? 1 : 0);
+  assert.deepEqual([...mir.held].sort(cmp), [...ah, ...bh, ...ch].filter((h) => m.holds(h)).sort(cmp), "the event mirror names exactly the held blocks");
+});
+
+test("under memory pressure the newest running request is preempted and recomputed", () => {
+  const m = new EngineModel(cfg({ numBlocks: 24 }));
+  m.add(req("a", prompt(11, 150), 100));
+  m.add(req("b", prompt(12, 150), 100));
+  const r = drain(m);
+  assert.ok(m.stats.preemptions > 0);
+  assert.equal(r.out.filter((o) => o.done).length, 2);
+  assert.equal(r.out.filter((o) => o.id === "a").length, 100);
+  assert.equal(r.out.filter((o) => o.id === "b").length, 100);
+});
+
+test("KV events always match what the engine holds (shared prefixes, duplicates, eviction, aborts)", () => {
+  const m = new EngineModel(cfg({ numBlocks: 300, maxNumBatchedTokens: 512 }));
+  const mir = new Mirror();
+  const docs = [0, 1, 2, 3, 4].map((d) => prompt(100 + d, 1200));
+  let seed = 12345;
+  const rnd = (n: number) => {
+    seed = (Math.imul(seed, 1103515245) + 12345) >>> 0;
+    return seed % n;
+  };
+  let id = 0;
+  for (let round = 0; round < 60; round++) {
+    for (let k = 0; k < 1 + rnd(4); k++) {
+      const d = docs[rnd(docs.length)];
+      const len = 200 + rnd(1000);
+      m.add(req("q" + id++, prompt(1000 + id, len + 50, d.slice(0, len)), 1 + rnd(40)));
+    }
+    for (let s = 0; s < 1 + rnd(30); s++) {
+      const p = m.schedule();
+      mir.apply(m.drainEvents());
+      if (!p) break;
+      m.complete(p);
+      mir.apply(m.drainEvents());
+    }
+    if (rnd(5) === 0) m.abort("q" + rnd(id));
+    assert.equal(mir.held.size, m.cachedBlocks(), `round ${round}: mirror size == engine`);
+    for (const h of mir.held) assert.ok(m.holds(h));
+  }
+  drain(m, mir);
+  assert.equal(mir.held.size, m.cachedBlocks());
+  assert.ok(m.stats.hits > 0, "shared documents produced cache hits");
+  assert.equal(m.usage(), 0);
+});

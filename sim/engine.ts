@@ -37,6 +37,11 @@ export interface SimOptions {
   timeScale: number;
   /** Tokens per SSE chunk after the first (vLLM's --stream-interval). */
   streamInterval: number;
+  /**
+   * A second PUB port with the same batches, events as tagged maps with
+   * lora_name (the shape vllm-router's kv_aware index decodes); null = off.
+   */
+  kvEventsMapPort: number | null;
   role: "mixed" | "prefill" | "decode";
   /** Decode role: the request header naming the prefill peer (llm-d's sidecar reads x-prefiller-host-port). */
   prefillHeader: string;
@@ -76,6 +81,7 @@ export function simDefaults(): SimOptions {
     maxNumSeqs: m.maxNumSeqs,
     timeScale: 1,
     streamInterval: 1,
+    kvEventsMapPort: null,
     role: "mixed",
     prefillHeader: "x-infera-prefill",
     malformedEvery: 0,
@@ -203,6 +209,7 @@ export class EngineSim {
   private model: EngineModel;
   private runner: Runner;
   private pub: zmq.Publisher | null = null;
+  private mapPub: zmq.Publisher | null = null;
   private seq = 0;
   private sendChain: Promise<void> = Promise.resolve();
   private server: http.Server | null = null;
@@ -222,6 +229,10 @@ export class EngineSim {
       this.pub = new zmq.Publisher({ sendHighWaterMark: 100000 });
       await this.pub.bind(`tcp://${this.o.host}:${this.o.kvEventsPort}`);
     }
+    if (this.o.kvEventsMapPort !== null && this.pub) {
+      this.mapPub = new zmq.Publisher({ sendHighWaterMark: 100000 });
+      await this.mapPub.bind(`tcp://${this.o.host}:${this.o.kvEventsMapPort}`);
+    }
     this.server = http.createServer((req, res) => this.handle(req, res).catch((e) => this.fail(res, e)));
     this.server.keepAliveTimeout = 60000;
     await new Promise<void>((r) => this.server!.listen(this.o.port, this.o.host, r));
@@ -234,6 +245,7 @@ export class EngineSim {
     this.server?.closeAllConnections?.();
     await this.sendChain.catch(() => undefined);
     this.pub?.close();
+    this.mapPub?.close();
   }
 
   cachedBlocks(): number {
@@ -243,10 +255,13 @@ export class EngineSim {
   private publishModel(events: ModelEvent[]): void {
     const bs = this.o.blockSize;
     // BlockStored: [tag, block_hashes, parent_block_hash, token_ids, block_size, lora_id, medium]
-    this.publish(events.map((e) => (e.type === "stored" ? ["BlockStored", e.hashes, e.parent, e.tokens, bs, null, "GPU"] : ["BlockRemoved", e.hashes, "GPU"])));
+    this.publish(
+      events.map((e) => (e.type === "stored" ? ["BlockStored", e.hashes, e.parent, e.tokens, bs, null, "GPU"] : ["BlockRemoved", e.hashes, "GPU"])),
+      events.map((e) => (e.type === "stored" ? { type: "BlockStored", block_hashes: e.hashes, parent_block_hash: e.parent, token_ids: e.tokens, block_size: bs, lora_id: null, medium: "GPU", lora_name: null } : { type: "BlockRemoved", block_hashes: e.hashes, medium: "GPU", lora_name: null })),
+    );
   }
 
-  private publish(events: unknown[]): void {
+  private publish(events: unknown[], mapEvents?: unknown[]): void {
     if (!this.pub || events.length === 0) return;
     const seq = this.seq++;
     this.stats.batches++;
@@ -256,18 +271,20 @@ export class EngineSim {
     const payload = encode([Date.now() / 1000, events, null], { useBigInt64: true });
     const bad = this.o.malformedEvery > 0 && this.stats.batches % this.o.malformedEvery === 0;
     const pub = this.pub;
+    const mapPub = this.mapPub;
     // zeromq.js allows one send at a time: chain them.
     this.sendChain = this.sendChain
       .then(async () => {
         if (bad) await pub.send([this.o.topic, Buffer.from("bogus"), Buffer.from([0xc1, 0xff, 0x00])]);
         await pub.send([this.o.topic, seqBuf, Buffer.from(payload)]);
+        if (mapPub && mapEvents) await mapPub.send([this.o.topic, seqBuf, Buffer.from(encode([Date.now() / 1000, mapEvents, null], { useBigInt64: true }))]);
       })
       .catch(() => undefined);
   }
 
   clear(): void {
     this.model.clearCache();
-    this.publish([["AllBlocksCleared"]]);
+    this.publish([["AllBlocksCleared"]], [{ type: "AllBlocksCleared", lora_name: null }]);
   }
 
   metrics(): string {
@@ -524,6 +541,7 @@ export function parseSimArgs(argv: string[]): SimOptions {
       case "--max-num-seqs": o.maxNumSeqs = Number(v()); break;
       case "--time-scale": o.timeScale = Number(v()); break;
       case "--stream-interval": o.streamInterval = Math.max(1, Number(v())); break;
+      case "--kv-events-map-port": o.kvEventsMapPort = Number(v()); break;
       case "--role": o.role = v() as SimOptions["role"]; break;
       case "--malformed-every": o.malformedEvery = Number(v()); break;
       case "--tokenizer-path": o.tokenizerPath = v(); break;
@@ -543,7 +561,8 @@ export function parseSimArgs(argv: string[]): SimOptions {
             "  [--decode-ms-per-token 6.3  (fixed cost of every step)] [--prefill-us-per-token 35] [--prefill-attn-us-per-kctx 1]\n" +
             "  [--decode-us-per-seq 60] [--kv-read-us-per-ktoken 55] [--prefill-base-ms 0  (extra per step with prefill)]\n" +
             "  [--time-scale 1  (engine time runs N times faster)] [--stream-interval 1  (tokens per SSE chunk)]\n" +
-            "  [--prefill-header x-infera-prefill] [--served-model-name a,b] [--lora-modules x,y] [--render-fixture F] [--render-divergent]\n",
+            "  [--prefill-header x-infera-prefill] [--served-model-name a,b] [--lora-modules x,y] [--render-fixture F] [--render-divergent]\n" +
+            "  [--kv-events-map-port N  (same events as tagged maps, for vllm-router's kv_aware)]\n",
         );
         process.exit(0);
       default: throw new Error(`unknown flag ${a}`);

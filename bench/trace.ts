@@ -273,7 +273,8 @@ async function drive(base: string, w: Workload): Promise<{ results: Result[]; wa
     // closed loop: `concurrency` clients; a conversation's next turn only after its previous one
     const queues = w.convs!.map((c) => c.slice());
     const busy = new Set<number>();
-    let wake: (() => void) | null = null;
+    // every waiting client is woken on each completion (one resolver slot lost waiters and hung the run)
+    let waiters: (() => void)[] = [];
     // A seeded random pick among the conversations that are ready: turns of one
     // conversation are interleaved with others' (as with many users), so no
     // fixed rotation can line a conversation up with round-robin's counter.
@@ -295,15 +296,15 @@ async function drive(base: string, w: Workload): Promise<{ results: Result[]; wa
         const j = nextJob();
         if (j === null) return;
         if (j === "wait") {
-          await new Promise<void>((r) => (wake = r));
+          await new Promise<void>((r) => waiters.push(r));
           continue;
         }
         busy.add(j.c);
         results.push(await send(base, j.r));
         busy.delete(j.c);
-        const wk = wake as (() => void) | null;
-        wake = null;
-        wk?.();
+        const ws = waiters;
+        waiters = [];
+        for (const w of ws) w();
       }
     };
     await Promise.all(Array.from({ length: w.concurrency }, client));

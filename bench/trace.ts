@@ -437,7 +437,7 @@ async function clearFleet(sims: Sim[]): Promise<void> {
 async function main(): Promise<void> {
   const ws = workloads();
   const ts = targets();
-  const simArgs = ["--stream-interval", "4", "--time-scale", String(timeScale)];
+  const simArgs = ["--stream-interval", "4", "--time-scale", String(timeScale), "--served-model-name", "sim-model"];
   const mapPorts = await Promise.all([0, 1, 2, 3].map(() => freePort()));
   const sims = await Promise.all(["s0", "s1", "s2", "s3"].map((id, i) => startSim(id, [...simArgs, "--kv-events-map-port", String(mapPorts[i])])));
   const rows: Row[] = [];

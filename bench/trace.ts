@@ -480,16 +480,21 @@ async function main(): Promise<void> {
         firstErr: results.find((x) => !x.ok)?.err,
       };
       rows.push(row);
+      save(rows, ws); // a run cut short still leaves every finished row on disk
       log(`${w.name.padEnd(28)} ${t.name.padEnd(40)} ttft mean ${row.ttftMean.toFixed(1)} p50 ${row.ttftP50.toFixed(1)} p90 ${row.ttftP90.toFixed(1)} itl ${row.itl.toFixed(2)} hit ${row.hit === null ? "n/a" : (row.hit * 100).toFixed(1) + "%"} spread ${row.spread} err ${row.errors}${row.firstErr ? " (" + row.firstErr.slice(0, 120) + ")" : ""}`);
     }
   }
   await stopAll();
+  process.stdout.write(save(rows, ws));
+}
+
+function save(rows: Row[], ws: Workload[]): string {
   const md = report(rows, ws);
-  process.stdout.write(md);
   const out = opt("--out", path.join(ROOT, "bench", "results", "trace.md"));
   fs.mkdirSync(path.dirname(out), { recursive: true });
   fs.writeFileSync(out, md);
   fs.writeFileSync(out.replace(/\.md$/, ".json"), JSON.stringify(rows, null, 1));
+  return md;
 }
 
 function report(rows: Row[], ws: Workload[]): string {

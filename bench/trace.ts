@@ -382,9 +382,9 @@ const idsRefused = (w: Workload) => (w.name.includes("ids") ? "smg refuses token
 
 function targets(): Target[] {
   const all: Target[] = [
-    inferaTarget("infera-gate kv-aware (default, weight 1)", []),
+    inferaTarget("infera-gate kv-aware (default, weight 8)", []),
     inferaTarget("infera-gate kv-aware weight 4", ["--kv-overlap-weight", "4"]),
-    inferaTarget("infera-gate kv-aware weight 16", ["--kv-overlap-weight", "16"]),
+    inferaTarget("infera-gate kv-aware weight 1 (the seed's default)", ["--kv-overlap-weight", "1"]),
     inferaTarget("infera-gate round-robin", ["--router-policy", "round-robin"]),
   ];
   if (!flag("--no-peers")) {

@@ -273,31 +273,38 @@ async function drive(base: string, w: Workload): Promise<{ results: Result[]; wa
     // closed loop: `concurrency` clients; a conversation's next turn only after its previous one
     const queues = w.convs!.map((c) => c.slice());
     const busy = new Set<number>();
-    let wake: (() => void) | null = null;
+    // every waiting client is woken on each completion (one resolver slot lost waiters and hung the run)
+    let waiters: (() => void)[] = [];
+    // A seeded random pick among the conversations that are ready: turns of one
+    // conversation are interleaved with others' (as with many users), so no
+    // fixed rotation can line a conversation up with round-robin's counter.
+    const pickRng = rng(424242);
     const nextJob = (): { c: number; r: Req } | null | "wait" => {
+      const ready: number[] = [];
       let pendingAny = false;
       for (let c = 0; c < queues.length; c++) {
         if (!queues[c].length) continue;
         pendingAny = true;
-        if (busy.has(c)) continue;
-        return { c, r: queues[c].shift()! };
+        if (!busy.has(c)) ready.push(c);
       }
-      return pendingAny ? "wait" : null;
+      if (!ready.length) return pendingAny ? "wait" : null;
+      const c = ready[pickRng(ready.length)];
+      return { c, r: queues[c].shift()! };
     };
     const client = async () => {
       for (;;) {
         const j = nextJob();
         if (j === null) return;
         if (j === "wait") {
-          await new Promise<void>((r) => (wake = r));
+          await new Promise<void>((r) => waiters.push(r));
           continue;
         }
         busy.add(j.c);
         results.push(await send(base, j.r));
         busy.delete(j.c);
-        const wk = wake as (() => void) | null;
-        wake = null;
-        wk?.();
+        const ws = waiters;
+        waiters = [];
+        for (const w of ws) w();
       }
     };
     await Promise.all(Array.from({ length: w.concurrency }, client));
@@ -375,9 +382,9 @@ const idsRefused = (w: Workload) => (w.name.includes("ids") ? "smg refuses token
 
 function targets(): Target[] {
   const all: Target[] = [
-    inferaTarget("infera-gate kv-aware (default, weight 1)", []),
+    inferaTarget("infera-gate kv-aware (default, weight 8)", []),
     inferaTarget("infera-gate kv-aware weight 4", ["--kv-overlap-weight", "4"]),
-    inferaTarget("infera-gate kv-aware weight 16", ["--kv-overlap-weight", "16"]),
+    inferaTarget("infera-gate kv-aware weight 1 (the seed's default)", ["--kv-overlap-weight", "1"]),
     inferaTarget("infera-gate round-robin", ["--router-policy", "round-robin"]),
   ];
   if (!flag("--no-peers")) {
@@ -430,7 +437,7 @@ async function clearFleet(sims: Sim[]): Promise<void> {
 async function main(): Promise<void> {
   const ws = workloads();
   const ts = targets();
-  const simArgs = ["--stream-interval", "4", "--time-scale", String(timeScale)];
+  const simArgs = ["--stream-interval", "4", "--time-scale", String(timeScale), "--served-model-name", "sim-model"];
   const mapPorts = await Promise.all([0, 1, 2, 3].map(() => freePort()));
   const sims = await Promise.all(["s0", "s1", "s2", "s3"].map((id, i) => startSim(id, [...simArgs, "--kv-events-map-port", String(mapPorts[i])])));
   const rows: Row[] = [];
@@ -473,16 +480,21 @@ async function main(): Promise<void> {
         firstErr: results.find((x) => !x.ok)?.err,
       };
       rows.push(row);
+      save(rows, ws); // a run cut short still leaves every finished row on disk
       log(`${w.name.padEnd(28)} ${t.name.padEnd(40)} ttft mean ${row.ttftMean.toFixed(1)} p50 ${row.ttftP50.toFixed(1)} p90 ${row.ttftP90.toFixed(1)} itl ${row.itl.toFixed(2)} hit ${row.hit === null ? "n/a" : (row.hit * 100).toFixed(1) + "%"} spread ${row.spread} err ${row.errors}${row.firstErr ? " (" + row.firstErr.slice(0, 120) + ")" : ""}`);
     }
   }
   await stopAll();
+  process.stdout.write(save(rows, ws));
+}
+
+function save(rows: Row[], ws: Workload[]): string {
   const md = report(rows, ws);
-  process.stdout.write(md);
   const out = opt("--out", path.join(ROOT, "bench", "results", "trace.md"));
   fs.mkdirSync(path.dirname(out), { recursive: true });
   fs.writeFileSync(out, md);
   fs.writeFileSync(out.replace(/\.md$/, ".json"), JSON.stringify(rows, null, 1));
+  return md;
 }
 
 function report(rows: Row[], ws: Workload[]): string {
@@ -507,6 +519,11 @@ function report(rows: Row[], ws: Workload[]): string {
   }
   return lines.join("\n") + "\n";
 }
+
+for (const sig of ["SIGINT", "SIGTERM"] as const)
+  process.on(sig, () => {
+    void stopAll().then(() => process.exit(130));
+  });
 
 main().catch(async (e) => {
   await stopAll();

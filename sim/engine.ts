@@ -39,7 +39,6 @@ export interface SimOptions {
   timeScale: number;
   /** Tokens per SSE chunk after the first (vLLM's --stream-interval). */
   streamInterval: number;
-  modelName: string;
   /**
    * A second PUB port with the same batches, events as tagged maps with
    * lora_name (the shape vllm-router's kv_aware index decodes); null = off.
@@ -95,7 +94,6 @@ export function simDefaults(): SimOptions {
     maxNumSeqs: m.maxNumSeqs,
     timeScale: 1,
     streamInterval: 1,
-    modelName: "sim-model",
     kvEventsMapPort: null,
     kvReplayPort: null,
     kvEventEncoding: "array",
@@ -247,6 +245,8 @@ export class EngineSim {
     this.runner = new Runner(this.model, o.timeScale, (e) => this.publishModel(e));
     this.extras = new KvExtras({ blockSize: o.blockSize, cpuBlocks: o.kvCpuBlocks, slidingWindow: o.kvSlidingWindow });
     this.render = simRender(this.tok, { fixture: o.renderFixture, divergent: o.renderDivergent });
+    this.model = new EngineModel(modelConfig(o));
+    this.runner = new Runner(this.model, o.timeScale, (e) => this.publishModel(e));
   }
 
   async start(): Promise<void> {
@@ -324,7 +324,7 @@ export class EngineSim {
   }
 
   metrics(): string {
-    const l = `{engine="0",model_name="${this.o.modelName}"}`;
+    const l = `{engine="0",model_name="${this.o.servedModels[0] ?? "sim-model"}"}`;
     const m = this.model;
     const g = (name: string, help: string, type: string, v: number) => `# HELP ${name} ${help}\n# TYPE ${name} ${type}\n${name}${l} ${v}\n`;
     return (
@@ -371,7 +371,7 @@ export class EngineSim {
         res.setHeader("content-type", "application/json");
         // vLLM's shape: served names, then LoRA adapters with their base model as parent. None given: an empty list (serves any model).
         const base = this.o.servedModels[0];
-        const data = this.o.servedModels.map((id) => ({ id, object: "model", owned_by: this.o.id, root: id, parent: null as string | null })).concat(this.o.loraModules.map((id) => ({ id, object: "model", owned_by: this.o.id, root: id, parent: base ?? null })));
+        const data = this.o.servedModels.map((id) => ({ id, object: "model", created: 0, owned_by: this.o.id, root: id, parent: null as string | null })).concat(this.o.loraModules.map((id) => ({ id, object: "model", created: 0, owned_by: this.o.id, root: id, parent: base ?? null })));
         return void res.end(JSON.stringify({ object: "list", data }));
       }
       res.statusCode = 404;
@@ -405,6 +405,7 @@ export class EngineSim {
     const maxTokens = Math.max(1, Math.min(32768, Number(j.max_tokens ?? j.max_completion_tokens ?? 16) || 16));
     // Tokens for the cache: the real prompt tokens (rendered + tokenized as the engine would).
     const tokens = this.render.promptTokens(pr, body.toString("utf8"));
+    if (tokens.length === 0) tokens.push(0); // an engine always runs at least one token (BOS)
     // media, cache_salt and a LoRA adapter feed the first block's hash, like vLLM's extra keys
     const lora = this.o.loraModules.includes(String(pr.model)) ? String(pr.model) : null;
     const salt = typeof j.cache_salt === "string" && j.cache_salt ? j.cache_salt : null;
@@ -445,7 +446,7 @@ export class EngineSim {
       const n = stage === "prefill" ? 1 : maxTokens;
       const hashes = blockHashesOf(tokens, this.o.blockSize, extra);
       if (this.kvp) this.extras.noteRequest(hashes, lora, salt, pr.media);
-      const model = String(pr.model ?? this.o.modelName);
+      const model = String(pr.model ?? this.o.servedModels[0] ?? "sim-model");
       const stream = !!pr.stream && stage !== "prefill";
       const w = new Writer(res, ep, model, id, this.o.streamInterval);
       await new Promise<void>((resolve, reject) => {
@@ -580,7 +581,6 @@ export function parseSimArgs(argv: string[]): SimOptions {
       case "--capacity-blocks": o.capacityBlocks = Number(v()); break;
       case "--prefill-us-per-token": o.prefillUsPerToken = Number(v()); break;
       case "--prefill-base-ms": o.prefillBaseMs = Number(v()); break;
-      case "--prefill-header": o.prefillHeader = v().toLowerCase(); break;
       case "--decode-ms-per-token": o.decodeMsPerToken = Number(v()); break;
       case "--prefill-attn-us-per-kctx": o.prefillAttnUsPerKCtx = Number(v()); break;
       case "--decode-us-per-seq": o.decodeUsPerSeq = Number(v()); break;
@@ -589,7 +589,6 @@ export function parseSimArgs(argv: string[]): SimOptions {
       case "--max-num-seqs": o.maxNumSeqs = Number(v()); break;
       case "--time-scale": o.timeScale = Number(v()); break;
       case "--stream-interval": o.streamInterval = Math.max(1, Number(v())); break;
-      case "--served-model-name": { const names = v().split(",").filter(Boolean); o.servedModels = names; if (names.length) o.modelName = names[0]; break; }
       case "--kv-events-map-port": o.kvEventsMapPort = Number(v()); break;
       case "--kv-replay-port": o.kvReplayPort = Number(v()); break;
       case "--kv-cpu-blocks": o.kvCpuBlocks = Number(v()); break;
@@ -602,20 +601,23 @@ export function parseSimArgs(argv: string[]): SimOptions {
       case "--etcd-endpoint": o.etcdEndpoint = v(); break;
       case "--etcd-prefix": o.etcdPrefix = v(); break;
       case "--advertise": o.advertise = v(); break;
+      case "--prefill-header": o.prefillHeader = v().toLowerCase(); break;
       case "--render-fixture": o.renderFixture = v(); break;
       case "--render-divergent": o.renderDivergent = true; break;
+      case "--served-model-name": o.servedModels = v().split(",").filter(Boolean); break;
       case "--lora-modules": o.loraModules = v().split(",").map((x) => x.split("=")[0]).filter(Boolean); break;
       case "--help":
         process.stdout.write(
-          "infera-sim --id ID --port N --kv-events-port N|none [--role mixed|prefill|decode] [--prefill-header x-infera-prefill] [--block-size 16] [--malformed-every N]\n" +
+          "infera-sim --id ID --port N --kv-events-port N|none [--role mixed|prefill|decode] [--block-size 16] [--malformed-every N]\n" +
             "  engine model (defaults: Llama-3.1-8B BF16 on one H100 80GB, see README):\n" +
             "  [--capacity-blocks 26000] [--max-num-batched-tokens 8192] [--max-num-seqs 256]\n" +
             "  [--decode-ms-per-token 6.3  (fixed cost of every step)] [--prefill-us-per-token 35] [--prefill-attn-us-per-kctx 1]\n" +
             "  [--decode-us-per-seq 60] [--kv-read-us-per-ktoken 55] [--prefill-base-ms 0  (extra per step with prefill)]\n" +
-            "  [--time-scale 1  (engine time runs N times faster)] [--stream-interval 1  (tokens per SSE chunk)] [--served-model-name sim-model]\n" +
+            "  [--time-scale 1  (engine time runs N times faster)] [--stream-interval 1  (tokens per SSE chunk)]\n" +
+            "  [--prefill-header x-infera-prefill] [--served-model-name a,b] [--lora-modules x,y] [--render-fixture F] [--render-divergent]\n" +
             "  [--kv-events-map-port N  (same events as tagged maps, for vllm-router's kv_aware)]\n" +
             "  [--kv-replay-port N  (vLLM replay ROUTER; events then come from sim/kvpublisher.ts)] [--kv-event-encoding array|map]\n" +
-            "  [--kv-cpu-blocks N  (CPU tier: offload then evict)] [--kv-sliding-window W  (second KV group)] [--lora-modules a,b]\n" +
+            "  [--kv-cpu-blocks N  (CPU tier: offload then evict)] [--kv-sliding-window W  (second KV group)]\n" +
             "  [--data-parallel-size N  (N engines behind one port, rank from X-data-parallel-rank; events/replay on port + rank)]\n",
         );
         process.exit(0);

@@ -8,7 +8,6 @@
 // - a model some worker reports -> only the workers reporting it;
 // - a model no worker reports -> the workers with no list, if any; else 404
 //   in vLLM's shape ("The model `x` does not exist.", NotFoundError, param model).
-import { Store } from "./store";
 import { httpError, HttpError } from "./util";
 import { RouterState } from "./state/types";
 
@@ -26,26 +25,6 @@ export function memoryModelTable(): ModelTable {
     set: (id, models) => {
       if (models === null) delete t[id];
       else t[id] = models.slice();
-    },
-  };
-}
-
-/** njs: "MD:<worker id>" keys in the shared string dict, so every VM sees them. */
-export function storeModelTable(st: Store): ModelTable {
-  return {
-    get: (id) => {
-      const raw = st.get("MD:" + id);
-      if (raw === undefined) return null;
-      try {
-        const v = JSON.parse(raw);
-        return v instanceof Array && v.length ? v : null;
-      } catch (e) {
-        return null;
-      }
-    },
-    set: (id, models) => {
-      if (models === null) st.del("MD:" + id);
-      else st.set("MD:" + id, JSON.stringify(models));
     },
   };
 }

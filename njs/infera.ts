@@ -3,14 +3,14 @@
 // globals). Requires njs >= 0.8.0; see nginx/README.md.
 import { createRouter, Guard, Router, RouterConfig, Worker } from "../core/router";
 import { Store } from "../core/store";
-import { MAX_PUSH_SEQ_AHEAD_US, acceptPushSeq, countDecision, decisionCounts, guardKey, keyedState, nextRequestId, saveGuard } from "../core/state/keyed";
+import { MAX_PUSH_SEQ_AHEAD_US, acceptPushSeq, countDecision, countHitBlocks, decisionCounts, guardKey, hitBlockCounts, keyedState, nextRequestId, saveGuard, storeModelTable } from "../core/state/keyed";
 import { computeFeatures, endpointOf, parseRequest, Tokenizer } from "../core/request";
 import { applyBatch, clearAllTiers, defaultTierWeights, KvEvent, parseTierWeights, requestRoot } from "../core/kvevents";
 import { compactTokenizer } from "../core/bpe";
 import { asHttpError, promLabel, sameSecret } from "../core/util";
 import { checkSessionId } from "../core/limits";
 import { workerRow } from "../core/views";
-import { storeModelTable, withModels } from "../core/models";
+import { withModels } from "../core/models";
 import { nginxFlag, routerConfigFromVars } from "../core/flags";
 import { errorJson } from "../core/errors";
 
@@ -93,7 +93,7 @@ function build(r: NjsRequest): Ctx | string {
       onDemand: (d: { mode: string; input: string; agrees: boolean }) => countDecision(st, d.mode, d.input, d.agrees),
       // Same counter as the ext_proc server's: how many request blocks the pick found cached.
       onPick: (role: string, p: { worker: string; hits: number }) => {
-        if (p.hits > 0) st.incr("HB:" + p.worker + "|" + role, p.hits);
+        if (p.hits > 0) countHitBlocks(st, p.worker, role, p.hits);
       },
     };
     return { st: st, cfg: cfg, router: createRouter(withModels(keyedState(st), storeModelTable(st)), cfg, hooks) };
@@ -349,11 +349,8 @@ function metrics(r: NjsRequest): void {
     lines.push('infera_router_decode_demand_decisions_total{mode="' + d.mode + '",input="' + d.input + '",agrees="' + d.agrees + '"} ' + d.count);
   }
   lines.push("# HELP infera_router_cache_hit_blocks_total Prompt blocks already cached on the picked worker", "# TYPE infera_router_cache_hit_blocks_total counter");
-  const hb = c.st.keys("HB:");
-  for (let i = 0; i < hb.length; i++) {
-    const p = hb[i].substr(3).split("|");
-    lines.push('infera_router_cache_hit_blocks_total{worker="' + p[0] + '",role="' + p[1] + '"} ' + c.st.num(hb[i]));
-  }
+  const hb = hitBlockCounts(c.st);
+  for (let i = 0; i < hb.length; i++) lines.push('infera_router_cache_hit_blocks_total{worker="' + promLabel(hb[i].worker) + '",role="' + hb[i].role + '"} ' + hb[i].count);
   r.headersOut["Content-Type"] = "text/plain; version=0.0.4";
   r.return(200, lines.join("\n") + "\n");
 }

@@ -14,6 +14,7 @@
 //   S:<sid>     JSON SessionBinding          DT:<ek>/DR:<ek> in-flight tokens / requests
 //   RQ:<rid>    JSON Guard (njs, queued)     PQ:<ek>     blocks queued for prefill on ek
 //                                            AG:<ek>     guards held on ek
+//   MD:<id>     JSON models a worker serves  HB:<id>|<role> request blocks found cached
 //   RP:<rid>/RM:<rid> JSON Guard (njs)       OPEN        guards held; SN sessions bound
 //                                            RID         request ids; PS:<stream> push seqs
 //                                            DD:<mode>|<input>|<agrees> demand decisions
@@ -21,6 +22,7 @@
 //   MX:<ek>><name> mirror meta (kvevents)    MQP:<ek>:<eh> queue slot of eh; MEN:<ek> engine blocks
 // A mirror target ek is a worker's epoch key (GPU) or "<ek>|<TIER>" (core/kvevents.ts tierKey).
 import { Store } from "../store";
+import { ModelTable } from "../models";
 import { BlockHash, EngineHash, EpochKey, Guard, SessionBinding, Worker, WorkerSpec } from "../types";
 import { copyEventFields, ImageAffinity, LoadLedger, MAX_SESSIONS, MirrorIndex, RouterState, SessionTable, WorkerRegistry } from "./types";
 
@@ -363,3 +365,39 @@ export function decisionCounts(st: Store): { mode: string; input: string; agrees
   return out;
 }
 
+/** Models each worker serves: "MD:<worker id>" keys in the shared string dict, so every VM sees them. */
+export function storeModelTable(st: Store): ModelTable {
+  return {
+    get: (id) => {
+      const raw = st.get("MD:" + id);
+      if (raw === undefined) return null;
+      try {
+        const v = JSON.parse(raw);
+        return v instanceof Array && v.length ? v : null;
+      } catch (e) {
+        return null;
+      }
+    },
+    set: (id, models) => {
+      if (models === null) st.del("MD:" + id);
+      else st.set("MD:" + id, JSON.stringify(models));
+    },
+  };
+}
+
+
+/** Request blocks found cached on the picked worker, per worker and role (for /metrics). */
+export function countHitBlocks(st: Store, worker: string, role: string, hits: number): void {
+  st.incr("HB:" + worker + "|" + role, hits);
+}
+
+export function hitBlockCounts(st: Store): { worker: string; role: string; count: number }[] {
+  const keys = st.keys("HB:");
+  const out: { worker: string; role: string; count: number }[] = [];
+  for (let i = 0; i < keys.length; i++) {
+    const rest = keys[i].substr(3);
+    const bar = rest.lastIndexOf("|");
+    out.push({ worker: rest.substr(0, bar), role: rest.substr(bar + 1), count: st.num(keys[i]) });
+  }
+  return out;
+}

@@ -2,7 +2,8 @@
 import { test } from "node:test";
 import assert from "node:assert/strict";
 import { mk, feats, blocks, cache } from "./helpers";
-import { memoryModelTable, storeModelTable, ModelTable } from "../../core/models";
+import { memoryModelTable, ModelTable } from "../../core/models";
+import { storeModelTable } from "../../core/state/keyed";
 import { memStore } from "../../core/store";
 
 // Node keeps the table in memory, njs in the shared dict: both behave the same.

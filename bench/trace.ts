@@ -382,8 +382,8 @@ const idsRefused = (w: Workload) => (w.name.includes("ids") ? "smg refuses token
 
 function targets(): Target[] {
   const all: Target[] = [
-    inferaTarget("infera-gate kv-aware (default, weight 8)", []),
-    inferaTarget("infera-gate kv-aware weight 4", ["--kv-overlap-weight", "4"]),
+    inferaTarget("infera-gate kv-aware (default, weight 4)", []),
+    inferaTarget("infera-gate kv-aware weight 8", ["--kv-overlap-weight", "8"]),
     inferaTarget("infera-gate kv-aware weight 1 (the seed's default)", ["--kv-overlap-weight", "1"]),
     inferaTarget("infera-gate round-robin", ["--router-policy", "round-robin"]),
   ];

@@ -54,8 +54,10 @@ test("a full KV cache queues requests: vllm:num_requests_waiting rises, kv_cache
   let waiting = 0;
   let usage = 0;
   let running = 0;
-  for (let k = 0; k < 100 && waiting === 0; k++) {
-    await new Promise((r) => setTimeout(r, 20));
+  // Sample until requests are seen waiting while memory is mostly taken: the
+  // first waiting sample can come before the step that admits the others.
+  for (let k = 0; k < 200 && !(waiting > 0 && usage > 0.5); k++) {
+    await new Promise((r) => setTimeout(r, 10));
     waiting = await metric(base, "vllm:num_requests_waiting");
     usage = await metric(base, "vllm:kv_cache_usage_perc");
     running = await metric(base, "vllm:num_requests_running");

@@ -59,4 +59,39 @@ function renderIds(vocab: CompactTokenizer, items: { endpoint: Endpoint; body: s
   return out;
 }
 
-export default { encodeAll: encodeAll, hashes: hashes, timePick: timePick, blockHashes: blockHashes, renderIds: renderIds };
+/** Median ms of each phase (parse, render, encode, hash, pick) for one chat prompt: where njs pick time goes. */
+function phases(vocab: CompactTokenizer, text: string, reps: number): { [phase: string]: number } {
+  const r = createRouter(keyedState(memStore()), defaultConfig());
+  for (let i = 0; i < 8; i++) r.addWorker({ id: "w" + i, address: "127.0.0.1:" + (9000 + i), role: "mixed" });
+  const body = JSON.stringify({ model: "m", messages: [{ role: "user", content: text }] });
+  const t: { [phase: string]: number[] } = { parse: [], render: [], encode: [], hash: [], pick: [] };
+  for (let k = 0; k < reps; k++) {
+    const tok = compactTokenizer(vocab);
+    let t0 = Date.now();
+    const req = parseRequest("chat", body, body.length, { maxBodyBytes: 1 << 26 });
+    t.parse.push(Date.now() - t0);
+    t0 = Date.now();
+    const rendered = tok.renderChat!(req.chat!);
+    t.render.push(Date.now() - t0);
+    t0 = Date.now();
+    const ids = req.addSpecialTokens && tok.encodeSpecial ? tok.encodeSpecial(rendered) : tok.encode(rendered);
+    t.encode.push(Date.now() - t0);
+    t0 = Date.now();
+    const blocks = blockHashes(ids, 16);
+    t.hash.push(Date.now() - t0);
+    t0 = Date.now();
+    const p = r.pick({ blocks: blocks, inputTokens: ids.length, exact: true, mediaHashes: [], n: 1, model: "m" });
+    t.pick.push(Date.now() - t0);
+    p.reservation.finish();
+  }
+  const out: { [phase: string]: number } = {};
+  for (const name in t) {
+    t[name].sort(function (a, b) {
+      return a - b;
+    });
+    out[name] = t[name][Math.floor(t[name].length / 2)];
+  }
+  return out;
+}
+
+export default { encodeAll: encodeAll, hashes: hashes, timePick: timePick, phases: phases, blockHashes: blockHashes, renderIds: renderIds };

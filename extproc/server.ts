@@ -31,6 +31,7 @@ import { App } from "../runtime/app";
 import { addHealth } from "./health";
 import { errorJson } from "../core/errors";
 import { withRequestId } from "../runtime/log";
+import { constant, decodeRequest, encodeResponse } from "./wire";
 
 function headerMap(m: HeaderMap | undefined): Record<string, string> {
   const out: Record<string, string> = {};
@@ -79,12 +80,16 @@ export function isRoutingHeader(name: string, opts: { upstreamHeader: string; pr
   const n = name.toLowerCase();
   return n.startsWith("x-infera-") || n.startsWith(DEST_KEY) || n === opts.upstreamHeader || n === opts.prefillHeader || n === DP_RANK_HEADER;
 }
-const CONTINUE_RESP_HEADERS = create(ProcessingResponseSchema, {
-  response: { case: "responseHeaders", value: create(HeadersResponseSchema, { response: create(CommonResponseSchema, {}) }) },
-});
-const CONTINUE_RESP_BODY = create(ProcessingResponseSchema, {
-  response: { case: "responseBody", value: create(BodyResponseSchema, { response: create(CommonResponseSchema, {}) }) },
-});
+const CONTINUE_RESP_HEADERS = constant(
+  create(ProcessingResponseSchema, {
+    response: { case: "responseHeaders", value: create(HeadersResponseSchema, { response: create(CommonResponseSchema, {}) }) },
+  }),
+);
+const CONTINUE_RESP_BODY = constant(
+  create(ProcessingResponseSchema, {
+    response: { case: "responseBody", value: create(BodyResponseSchema, { response: create(CommonResponseSchema, {}) }) },
+  }),
+);
 
 export const ExtProcService: grpc.ServiceDefinition = {
   Process: {
@@ -92,8 +97,8 @@ export const ExtProcService: grpc.ServiceDefinition = {
     requestStream: true,
     responseStream: true,
     requestSerialize: (m: ProcessingRequest) => Buffer.from(toBinary(ProcessingRequestSchema, m)),
-    requestDeserialize: (b: Buffer) => fromBinary(ProcessingRequestSchema, b),
-    responseSerialize: (m: ProcessingResponse) => Buffer.from(toBinary(ProcessingResponseSchema, m)),
+    requestDeserialize: decodeRequest,
+    responseSerialize: encodeResponse,
     responseDeserialize: (b: Buffer) => fromBinary(ProcessingResponseSchema, b),
   },
 };
@@ -279,7 +284,7 @@ function handleStream(app: App, call: grpc.ServerDuplexStream<ProcessingRequest,
       const fullDuplex = bodyMode === ProcessingMode_BodySendMode.FULL_DUPLEX_STREAMED;
       switch (r.case) {
         case "requestHeaders": {
-          headers = headerMap(r.value.headers);
+          // headers: read once, on arrival (the request id tags the logs)
           subset = subsetOf(m);
           // Always a removal (of our own names at least): Envoy re-resolves the
           // route only after a header mutation, and the route must be resolved

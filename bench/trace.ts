@@ -17,7 +17,7 @@
 // A fresh router process per (policy, workload); engines' caches are cleared
 // (AllBlocksCleared) between runs.
 //
-// Usage: npm run bench:trace -- [--quick] [--no-peers] [--only a,b] [--workloads trace,shared-prefix,...]
+// Usage: npm run bench:trace -- [--quick] [--no-peers] [--only a,b] [--workloads trace,shared-prefix,...] [--extra 'label|--flag v;...']
 //        [--trace-every 60] [--trace-seconds 45] [--trace-max-output 256]
 //        [--time-scale 1] [--out bench/results/trace.md]
 import * as fs from "fs";
@@ -387,6 +387,11 @@ function targets(): Target[] {
     inferaTarget("infera-gate kv-aware weight 1 (the seed's default)", ["--kv-overlap-weight", "1"]),
     inferaTarget("infera-gate round-robin", ["--router-policy", "round-robin"]),
   ];
+  // --extra "label|--flag value ...;label2|...": more infera-gate settings side by side.
+  for (const e of opt("--extra", "").split(";").filter(Boolean)) {
+    const [label, flags] = e.split("|");
+    all.push(inferaTarget(`infera-gate kv-aware ${label}`, (flags || "").trim().split(/\s+/).filter(Boolean)));
+  }
   if (!flag("--no-peers")) {
     all.push(
       peerTarget("smg cache_aware", "smg", ["launch"], () => ["--policy", "cache_aware"], idsRefused),

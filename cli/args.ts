@@ -1,4 +1,4 @@
-// The CLI layer every command shares (router, bridge, relay, register): flags
+// The CLI layer every command shares (router, bridge, relay, register, sim): flags
 // come from core/flags.ts; values resolve as command line > env (INFERA_…) >
 // --config file > default. Errors are one line naming the flag.
 import { parseArgs as nodeParseArgs } from "node:util";
@@ -24,6 +24,7 @@ export const COMMANDS: Record<Command, CommandInfo> = {
   bridge: { name: "bridge", prog: "infera-bridge", summary: "feeds nginx's njs router: discovery + KV events pushed to nginx's push location" },
   relay: { name: "relay", prog: "infera-kv-relay", summary: "republishes a worker's ZMQ KV events on NATS", positionals: ["zmq-endpoint", "nats-url", "subject"] },
   register: { name: "register", prog: "infera-register", summary: "keeps a worker registered in etcd under a kept-alive lease" },
+  sim: { name: "sim", prog: "infera-sim", summary: "engine simulator: an OpenAI/Anthropic-compatible worker over a vLLM-like engine model, publishing vLLM KV events" },
 };
 
 export function version(): string {

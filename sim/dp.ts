@@ -53,7 +53,13 @@ export async function startDpSim(o: SimOptions): Promise<DpSim> {
     req.pipe(up);
   });
   server.keepAliveTimeout = 60000;
-  await new Promise<void>((r) => server.listen(o.port, o.host, r));
+  await new Promise<void>((resolve, reject) => {
+    server.once("error", reject);
+    server.listen(o.port, o.host, () => {
+      server.off("error", reject);
+      resolve();
+    });
+  });
   return {
     port: (server.address() as { port: number }).port,
     ranks,

@@ -12,8 +12,9 @@ import { KvExtras } from "./kvextras";
 import { encode } from "@msgpack/msgpack";
 import { loadTokenizer } from "../runtime/tokenizer";
 import { endpointOf, parseRequest, Tokenizer } from "../core/request";
-import { EngineModel, ModelConfig, ModelEvent, StepPlan, TokenOut, llama8bH100 } from "./model";
+import { EngineModel, ModelConfig, ModelEvent, StepPlan, TokenOut } from "./model";
 import { simRender, SimRender } from "./render";
+import { listenError, parseCommand, Parsed, runCommand } from "../cli/args";
 
 export interface SimOptions {
   id: string;
@@ -74,45 +75,9 @@ export interface SimOptions {
   loraModules: string[];
 }
 
+/** Every flag at its table default (core/flags.ts), ignoring env and config files. */
 export function simDefaults(): SimOptions {
-  const m = llama8bH100();
-  return {
-    id: "sim",
-    host: "127.0.0.1",
-    port: 8001,
-    kvEventsPort: 5557,
-    topic: "",
-    blockSize: m.blockSize,
-    capacityBlocks: m.numBlocks,
-    prefillUsPerToken: m.prefillUsPerToken,
-    prefillBaseMs: m.prefillStepMs,
-    decodeMsPerToken: m.stepBaseMs,
-    prefillAttnUsPerKCtx: m.prefillAttnUsPerKCtx,
-    decodeUsPerSeq: m.decodeUsPerSeq,
-    kvReadUsPerKToken: m.kvReadUsPerKToken,
-    maxNumBatchedTokens: m.maxNumBatchedTokens,
-    maxNumSeqs: m.maxNumSeqs,
-    timeScale: 1,
-    streamInterval: 1,
-    kvEventsMapPort: null,
-    kvReplayPort: null,
-    kvEventEncoding: "array",
-    kvCpuBlocks: 0,
-    kvSlidingWindow: null,
-    dpRank: null,
-    dpSize: 1,
-    role: "mixed",
-    prefillHeader: "x-infera-prefill",
-    malformedEvery: 0,
-    tokenizerPath: null,
-    etcdEndpoint: null,
-    etcdPrefix: "/infera/workers/",
-    advertise: null,
-    renderFixture: null,
-    renderDivergent: false,
-    servedModels: [],
-    loraModules: [],
-  };
+  return simOptionsFrom(parseCommand("sim", [], {}));
 }
 
 export function modelConfig(o: SimOptions): ModelConfig {
@@ -263,7 +228,14 @@ export class EngineSim {
     }
     this.server = http.createServer((req, res) => this.handle(req, res).catch((e) => this.fail(res, e)));
     this.server.keepAliveTimeout = 60000;
-    await new Promise<void>((r) => this.server!.listen(this.o.port, this.o.host, r));
+    const server = this.server;
+    await new Promise<void>((resolve, reject) => {
+      server.once("error", reject);
+      server.listen(this.o.port, this.o.host, () => {
+        server.off("error", reject);
+        resolve();
+      });
+    });
     this.o.port = (this.server.address() as { port: number }).port;
   }
 
@@ -562,79 +534,81 @@ function words(n: number): string {
   return out.join(" ");
 }
 
-export function parseSimArgs(argv: string[]): SimOptions {
-  const o = simDefaults();
-  for (let i = 0; i < argv.length; i++) {
-    const a = argv[i];
-    const v = () => {
-      const x = argv[++i];
-      if (x === undefined) throw new Error(`${a} needs a value`);
-      return x;
-    };
-    switch (a) {
-      case "--id": o.id = v(); break;
-      case "--host": o.host = v(); break;
-      case "--port": o.port = Number(v()); break;
-      case "--kv-events-port": { const x = v(); o.kvEventsPort = x === "none" ? null : Number(x); break; }
-      case "--topic": o.topic = v(); break;
-      case "--block-size": o.blockSize = Number(v()); break;
-      case "--capacity-blocks": o.capacityBlocks = Number(v()); break;
-      case "--prefill-us-per-token": o.prefillUsPerToken = Number(v()); break;
-      case "--prefill-base-ms": o.prefillBaseMs = Number(v()); break;
-      case "--decode-ms-per-token": o.decodeMsPerToken = Number(v()); break;
-      case "--prefill-attn-us-per-kctx": o.prefillAttnUsPerKCtx = Number(v()); break;
-      case "--decode-us-per-seq": o.decodeUsPerSeq = Number(v()); break;
-      case "--kv-read-us-per-ktoken": o.kvReadUsPerKToken = Number(v()); break;
-      case "--max-num-batched-tokens": o.maxNumBatchedTokens = Number(v()); break;
-      case "--max-num-seqs": o.maxNumSeqs = Number(v()); break;
-      case "--time-scale": o.timeScale = Number(v()); break;
-      case "--stream-interval": o.streamInterval = Math.max(1, Number(v())); break;
-      case "--kv-events-map-port": o.kvEventsMapPort = Number(v()); break;
-      case "--kv-replay-port": o.kvReplayPort = Number(v()); break;
-      case "--kv-cpu-blocks": o.kvCpuBlocks = Number(v()); break;
-      case "--kv-sliding-window": o.kvSlidingWindow = Number(v()); break;
-      case "--data-parallel-size": o.dpSize = Number(v()); break;
-      case "--kv-event-encoding": { const x = v(); if (x !== "map" && x !== "array") throw new Error("--kv-event-encoding: map | array"); o.kvEventEncoding = x; break; }
-      case "--role": o.role = v() as SimOptions["role"]; break;
-      case "--malformed-every": o.malformedEvery = Number(v()); break;
-      case "--tokenizer-path": o.tokenizerPath = v(); break;
-      case "--etcd-endpoint": o.etcdEndpoint = v(); break;
-      case "--etcd-prefix": o.etcdPrefix = v(); break;
-      case "--advertise": o.advertise = v(); break;
-      case "--prefill-header": o.prefillHeader = v().toLowerCase(); break;
-      case "--render-fixture": o.renderFixture = v(); break;
-      case "--render-divergent": o.renderDivergent = true; break;
-      case "--served-model-name": o.servedModels = v().split(",").filter(Boolean); break;
-      case "--lora-modules": o.loraModules = v().split(",").map((x) => x.split("=")[0]).filter(Boolean); break;
-      case "--help":
-        process.stdout.write(
-          "infera-sim --id ID --port N --kv-events-port N|none [--role mixed|prefill|decode] [--block-size 16] [--malformed-every N]\n" +
-            "  engine model (defaults: Llama-3.1-8B BF16 on one H100 80GB, see README):\n" +
-            "  [--capacity-blocks 26000] [--max-num-batched-tokens 8192] [--max-num-seqs 256]\n" +
-            "  [--decode-ms-per-token 6.3  (fixed cost of every step)] [--prefill-us-per-token 35] [--prefill-attn-us-per-kctx 1]\n" +
-            "  [--decode-us-per-seq 60] [--kv-read-us-per-ktoken 55] [--prefill-base-ms 0  (extra per step with prefill)]\n" +
-            "  [--time-scale 1  (engine time runs N times faster)] [--stream-interval 1  (tokens per SSE chunk)]\n" +
-            "  [--prefill-header x-infera-prefill] [--served-model-name a,b] [--lora-modules x,y] [--render-fixture F] [--render-divergent]\n" +
-            "  [--kv-events-map-port N  (same events as tagged maps, for vllm-router's kv_aware)]\n" +
-            "  [--kv-replay-port N  (vLLM replay ROUTER; events then come from sim/kvpublisher.ts)] [--kv-event-encoding array|map]\n" +
-            "  [--kv-cpu-blocks N  (CPU tier: offload then evict)] [--kv-sliding-window W  (second KV group)]\n" +
-            "  [--data-parallel-size N  (N engines behind one port, rank from X-data-parallel-rank; events/replay on port + rank)]\n",
-        );
-        process.exit(0);
-      default: throw new Error(`unknown flag ${a}`);
-    }
-  }
-  for (const [k, v] of Object.entries(o)) if (typeof v === "number" && !Number.isFinite(v)) throw new Error(`bad value for ${k}`);
-  if (!(o.timeScale > 0)) throw new Error("--time-scale must be > 0");
-  return o;
+/**
+ * SimOptions from the shared CLI layer's parse (flags from core/flags.ts,
+ * command line > INFERA_* env > --config file > table default). Flags the
+ * table shares with other commands keep the simulator's own meaning here.
+ */
+export function simOptionsFrom(p: Parsed): SimOptions {
+  const v = p.values;
+  const num = (k: string) => v[k] as number;
+  const str = (k: string) => v[k] as string;
+  const list = (k: string) => str(k).split(",").map((x) => x.trim()).filter(Boolean);
+  const ep = str("kv-events-port");
+  return {
+    id: str("id"),
+    host: str("host"),
+    port: num("port"),
+    kvEventsPort: ep === "none" ? null : Number(ep),
+    topic: str("topic"),
+    blockSize: num("block-size"),
+    capacityBlocks: num("capacity-blocks"),
+    prefillUsPerToken: num("prefill-us-per-token"),
+    prefillBaseMs: num("prefill-base-ms"),
+    decodeMsPerToken: num("decode-ms-per-token"),
+    prefillAttnUsPerKCtx: num("prefill-attn-us-per-kctx"),
+    decodeUsPerSeq: num("decode-us-per-seq"),
+    kvReadUsPerKToken: num("kv-read-us-per-ktoken"),
+    maxNumBatchedTokens: num("max-num-batched-tokens"),
+    maxNumSeqs: num("max-num-seqs"),
+    timeScale: num("time-scale"),
+    streamInterval: num("stream-interval"),
+    kvEventsMapPort: v["kv-events-map-port"] as number | null,
+    kvReplayPort: v["kv-replay-port"] as number | null,
+    kvEventEncoding: str("kv-event-encoding") as SimOptions["kvEventEncoding"],
+    kvCpuBlocks: num("kv-cpu-blocks"),
+    kvSlidingWindow: v["kv-sliding-window"] as number | null,
+    dpRank: null,
+    dpSize: num("data-parallel-size"),
+    role: str("role") as SimOptions["role"],
+    prefillHeader: str("prefill-header").toLowerCase(),
+    malformedEvery: num("malformed-every"),
+    tokenizerPath: v["tokenizer-path"] as string | null,
+    // The router's etcd default would make every simulator register; a simulator registers only when told where.
+    etcdEndpoint: p.given["etcd-endpoint"] ? str("etcd-endpoint") : null,
+    etcdPrefix: str("etcd-prefix"),
+    advertise: v.advertise as string | null,
+    renderFixture: v["render-fixture"] as string | null,
+    renderDivergent: v["render-divergent"] as boolean,
+    servedModels: list("served-model-name"),
+    loraModules: list("lora-modules").map((x) => x.split("=")[0]).filter(Boolean),
+  };
 }
 
-if (require.main === module && parseSimArgs(process.argv.slice(2)).dpSize > 1) {
-  void import("./dp").then((m) => m.dpMain(parseSimArgs(process.argv.slice(2))));
-} else if (require.main === module) {
-  const o = parseSimArgs(process.argv.slice(2));
-  const sim = new EngineSim(o);
-  sim.start().then(async () => {
+/** Parses simulator flags (and INFERA_* env, --config) with the shared CLI layer; throws CliError naming the flag. */
+export function parseSimArgs(argv: string[], env: NodeJS.ProcessEnv = process.env): SimOptions {
+  return simOptionsFrom(parseCommand("sim", argv, env));
+}
+
+/** A failed bind, as one line naming the flag of the port (zeromq errors carry the endpoint). */
+function bindError(o: SimOptions, e: unknown): Error {
+  const m = /:(\d+)$/.exec(String((e as { address?: string }).address ?? ""));
+  if (!m) return listenError("--port", o.host, o.port, e);
+  const port = Number(m[1]);
+  const flag = port === o.kvEventsPort ? "--kv-events-port" : port === o.kvEventsMapPort ? "--kv-events-map-port" : "--kv-replay-port";
+  return listenError(flag, o.host, port, e);
+}
+
+/** `infera-gate sim`, `npm run sim`: help, version and one-line errors as for every command. */
+export function startSimCommand(argv: string[]): Promise<void> {
+  return runCommand("sim", argv, async (p) => {
+    const o = simOptionsFrom(p);
+    if (o.dpSize > 1) return (await import("./dp")).dpMain(o);
+    const sim = new EngineSim(o);
+    const stop = () => sim.stop().then(() => process.exit(0));
+    process.on("SIGTERM", stop);
+    process.on("SIGINT", stop);
+    await sim.start().catch((e) => Promise.reject(bindError(o, e)));
     const host = o.advertise ?? o.host;
     const events = o.kvEventsPort === null ? undefined : `tcp://${host}:${o.kvEventsPort}`;
     process.stderr.write(`sim ${o.id} role=${o.role} http=${o.host}:${o.port} kv-events=${events ?? "off"}\n`);
@@ -644,7 +618,6 @@ if (require.main === module && parseSimArgs(process.argv.slice(2)).dpSize > 1) {
       process.stderr.write(`sim ${o.id} registered in etcd ${o.etcdEndpoint}${o.etcdPrefix}${o.id}\n`);
     }
   });
-  const stop = () => sim.stop().then(() => process.exit(0));
-  process.on("SIGTERM", stop);
-  process.on("SIGINT", stop);
 }
+
+if (require.main === module) void startSimCommand(process.argv.slice(2));

@@ -16,7 +16,7 @@ import { App } from "../../runtime/app";
 
 const ROOT = path.resolve(__dirname, "../..");
 const pkg = JSON.parse(fs.readFileSync(path.join(ROOT, "package.json"), "utf8"));
-const ENTRY: Record<string, string> = { router: "cli/router.ts", bridge: "njs/bridge.ts", relay: "cli/relay.ts", register: "cli/register.ts" };
+const ENTRY: Record<string, string> = { router: "cli/router.ts", bridge: "njs/bridge.ts", relay: "cli/relay.ts", register: "cli/register.ts", sim: "sim/engine.ts" };
 
 function runCli(script: string, args: string[], env: Record<string, string> = {}) {
   // Strip any INFERA_* of the caller's: only what the test sets counts.

@@ -39,7 +39,7 @@ test("services reference existing services, files and valid flags", () => {
     assert.ok(Array.isArray(cmd), `${name}: command is a list`);
     const env: Record<string, string> = { INFERA_PUSH_TOKEN: "x" };
     for (const [k, v] of Object.entries(s.environment ?? {})) if (k !== "INFERA_PUSH_TOKEN") env[k] = v;
-    if (cmd[0] === "sim") assert.doesNotThrow(() => parseSimArgs(cmd.slice(1)), name);
+    if (cmd[0] === "sim") assert.doesNotThrow(() => parseSimArgs(cmd.slice(1), env), name);
     else if (cmd[0] === "router" || cmd[0] === "bridge") assert.doesNotThrow(() => parseArgs(cmd.slice(1), env, cmd[0] as "router" | "bridge"), name);
     else assert.doesNotThrow(() => parseCommand(cmd[0] as "relay", cmd.slice(1), env), name);
   }

@@ -40,6 +40,26 @@ test("npm ci --omit=dev && npm start works without dev dependencies", async () =
     }, 60000);
     const ws = (await (await fetch(`http://127.0.0.1:${admin}/v1/admin/workers`)).json()) as { id: string }[];
     assert.deepEqual(ws.map((w) => w.id), [sim.address]);
+    // The simulator runs from dist/ too, in process through the shared CLI; data-parallel
+    // loads sim/dp lazily, which must resolve in esbuild's CommonJS output.
+    const h = spawnSync(process.execPath, ["dist/cli/main.js", "sim", "--help"], { cwd: dir, encoding: "utf8", timeout: 30000 });
+    assert.equal(h.status, 0, h.stderr);
+    assert.match(h.stdout, /^infera-sim .*\n[\s\S]*--data-parallel-size N/);
+    const simPort = await freePort();
+    const s = spawn(process.execPath, ["dist/cli/main.js", "sim", "--id", "dist-sim", "--port", String(simPort), "--kv-events-port", "none", "--tokenizer-path", "none", "--data-parallel-size", "2"], { cwd: dir, stdio: ["ignore", "ignore", "pipe"] });
+    let serr = "";
+    s.stderr!.on("data", (d: Buffer) => (serr += d.toString()));
+    try {
+      await waitFor("installed sim ready", async () => {
+        if (s.exitCode !== null) throw fatal(`installed sim exited ${s.exitCode}: ${serr}`);
+        return httpOk(`http://127.0.0.1:${simPort}/health`);
+      });
+      const st = (await (await fetch(`http://127.0.0.1:${simPort}/sim/stats`)).json()) as { id: string; ranks: unknown[] };
+      assert.equal(st.id, "dist-sim");
+      assert.equal(st.ranks.length, 2);
+    } finally {
+      s.kill("SIGTERM");
+    }
   } finally {
     q.kill("SIGTERM");
     fs.rmSync(dir, { recursive: true, force: true });

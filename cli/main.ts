@@ -24,8 +24,7 @@ async function main(argv: string[]): Promise<void> {
   if (cmd === "relay") return startRelay(rest);
   if (cmd === "register") return startRegister(rest);
   // Loaded on demand: the router need not load the simulator's engine model.
-  // require, not import(): dist/ is esbuild's CommonJS, where import() keeps the extension-less path and fails.
-  if (cmd === "sim") return (require("../sim/engine") as typeof import("../sim/engine")).startSimCommand(rest);
+  if (cmd === "sim") return (await import("../sim/engine")).startSimCommand(rest);
   process.stderr.write(`infera-gate: unknown command '${cmd}'\n${USAGE}`);
   process.exit(2);
 }

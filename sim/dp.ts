@@ -75,7 +75,7 @@ export async function dpMain(o: SimOptions): Promise<void> {
   const d = await startDpSim(o);
   process.stderr.write(`sim ${o.id} data-parallel-size=${o.dpSize} http=${o.host}:${d.port} kv-events=${o.kvEventsPort === null ? "off" : `tcp://${o.host}:${o.kvEventsPort}+rank`}\n`);
   if (o.etcdEndpoint) {
-    const { registerWorker } = require("../runtime/etcd") as typeof import("../runtime/etcd");
+    const { registerWorker } = await import("../runtime/etcd");
     const host = o.advertise ?? o.host;
     await registerWorker(
       o.etcdEndpoint,

@@ -603,8 +603,7 @@ function bindError(o: SimOptions, e: unknown): Error {
 export function startSimCommand(argv: string[]): Promise<void> {
   return runCommand("sim", argv, async (p) => {
     const o = simOptionsFrom(p);
-    // require, not import(): in dist/ (esbuild CommonJS) import() of an extension-less path fails.
-    if (o.dpSize > 1) return (require("./dp") as typeof import("./dp")).dpMain(o);
+    if (o.dpSize > 1) return (await import("./dp")).dpMain(o);
     const sim = new EngineSim(o);
     const stop = () => sim.stop().then(() => process.exit(0));
     process.on("SIGTERM", stop);
@@ -614,7 +613,7 @@ export function startSimCommand(argv: string[]): Promise<void> {
     const events = o.kvEventsPort === null ? undefined : `tcp://${host}:${o.kvEventsPort}`;
     process.stderr.write(`sim ${o.id} role=${o.role} http=${o.host}:${o.port} kv-events=${events ?? "off"}\n`);
     if (o.etcdEndpoint) {
-      const { registerWorker } = require("../runtime/etcd") as typeof import("../runtime/etcd");
+      const { registerWorker } = await import("../runtime/etcd");
       await registerWorker(o.etcdEndpoint, o.etcdPrefix, o.id, { address: `${host}:${o.port}`, role: o.role, block_size: o.blockSize, kv_events: events, kv_replay: o.kvReplayPort === null ? undefined : `tcp://${host}:${o.kvReplayPort}` }, 2);
       process.stderr.write(`sim ${o.id} registered in etcd ${o.etcdEndpoint}${o.etcdPrefix}${o.id}\n`);
     }

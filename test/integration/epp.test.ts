@@ -4,11 +4,9 @@
 // hint (list, string, empty), the served-endpoint reconcile, and STREAMED refused.
 import { test, before, after } from "node:test";
 import * as assert from "node:assert/strict";
-import * as grpc from "@grpc/grpc-js";
 import { create } from "@bufbuild/protobuf";
 import { App } from "../../runtime/app";
-import { parseArgs } from "../../runtime/config";
-import { ExtProcService, startExtProc } from "../../extproc/server";
+import { ExtProcFixture, hdrs, processStream, startExtProcFixture } from "../extproc-client";
 import {
   ProcessingRequest,
   ProcessingRequestSchema,
@@ -18,32 +16,21 @@ import {
   HttpTrailersSchema,
   ProtocolConfigurationSchema,
 } from "../../extproc/gen/envoy/service/ext_proc/v3/external_processor_pb";
-import { HeaderMapSchema, HeaderValueSchema, MetadataSchema } from "../../extproc/gen/envoy/config/core/v3/base_pb";
+import { MetadataSchema } from "../../extproc/gen/envoy/config/core/v3/base_pb";
 import { ProcessingMode_BodySendMode as Mode } from "../../extproc/gen/envoy/extensions/filters/http/ext_proc/v3/processing_mode_pb";
 import type { JsonObject } from "@bufbuild/protobuf";
 
 const A = "127.0.0.1:7101";
 const B = "127.0.0.1:7102";
+let f: ExtProcFixture;
 let app: App;
-let server: grpc.Server;
-let client: grpc.Client;
-const def = ExtProcService.Process;
 
 before(async () => {
-  app = new App(parseArgs(["--workers", `${A},${B}`, "--health-interval-ms", "0", "--epp-fallback-endpoints", "1"], {}), () => undefined, { subscribe: () => ({ close() {} }), close: async () => undefined });
-  app.setWorkers(app.opts.workers);
-  app.setSynced(true);
-  const s = await startExtProc(app, "127.0.0.1", 0);
-  server = s.server;
-  client = new grpc.Client(`127.0.0.1:${s.port}`, grpc.credentials.createInsecure());
+  f = await startExtProcFixture(["--workers", `${A},${B}`, "--health-interval-ms", "0", "--epp-fallback-endpoints", "1"], { synced: true });
+  app = f.app;
 });
-after(async () => {
-  client.close();
-  server.forceShutdown();
-  await app.close();
-});
+after(() => f.close());
 
-const hdrs = (pairs: Record<string, string>) => create(HeaderMapSchema, { headers: Object.entries(pairs).map(([key, v]) => create(HeaderValueSchema, { key, rawValue: Buffer.from(v) })) });
 const meta = (ns: Record<string, JsonObject>) => create(MetadataSchema, { filterMetadata: ns });
 function reqHeaders(mode: Mode, opts: { subset?: unknown; extra?: Record<string, string> } = {}): ProcessingRequest {
   return create(ProcessingRequestSchema, {
@@ -61,21 +48,7 @@ const respHeaders = (served?: string) =>
   });
 const respBody = (b: string, eos: boolean) => create(ProcessingRequestSchema, { request: { case: "responseBody", value: create(HttpBodySchema, { body: Buffer.from(b), endOfStream: eos }) } });
 
-function stream() {
-  const call = client.makeBidiStreamRequest(def.path, def.requestSerialize, def.responseDeserialize) as grpc.ClientDuplexStream<ProcessingRequest, ProcessingResponse>;
-  const got: ProcessingResponse[] = [];
-  call.on("data", (m: ProcessingResponse) => got.push(m));
-  call.on("error", () => undefined);
-  return {
-    call,
-    got,
-    send: (m: ProcessingRequest) => call.write(m),
-    wait: async (n: number) => {
-      for (let i = 0; i < 200 && got.length < n; i++) await new Promise((r) => setTimeout(r, 10));
-      assert.equal(got.length, n, `responses: ${got.map((g) => g.response.case).join(",")}`);
-    },
-  };
-}
+const stream = () => processStream(f.client);
 type Common = { headerMutation?: { setHeaders: { header: { key: string; rawValue: Uint8Array } }[] }; bodyMutation?: { mutation: { case: string; value: { body: Uint8Array; endOfStream: boolean } } } };
 const common = (m: ProcessingResponse) => (m.response.value as { response: Common }).response;
 const setOf = (m: ProcessingResponse) => Object.fromEntries((common(m).headerMutation?.setHeaders ?? []).map((h) => [h.header.key, Buffer.from(h.header.rawValue).toString()]));

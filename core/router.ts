@@ -90,7 +90,8 @@ export interface Router {
   /** Holds a guard's load again on another worker (the gateway served the request elsewhere); null if unknown. */
   holdOn(id: string, g: Guard): Guard | null;
   /** block_count: GPU blocks (what a hit means); tiers: blocks per storage tier. */
-  cacheView(id: string): { worker_id: string; block_count: number; tiers: { [tier: string]: number } } | null;
+  /** seq: the last KV event batch applied to the mirror (null before the first), so a caller can wait for a given batch. */
+  cacheView(id: string): { worker_id: string; block_count: number; tiers: { [tier: string]: number }; seq: number | null } | null;
   activeBlocks(id: string): number;
   demand(id: string): { tokens: number; requests: number };
   /** Releases a guard rebuilt from its data (njs: popped from a shared dict, so once). */
@@ -254,7 +255,14 @@ export function createRouter(state: RouterState, cfg: RouterConfig, hooks?: Rout
     worker: (id) => reg.get(id),
     pick: pick,
     cacheView: (id) =>
-      byId(id, (w) => ({ worker_id: w.id, block_count: state.mirror.count(w.epochKey), tiers: tierCounts(state.mirror, w.epochKey) }), null as { worker_id: string; block_count: number; tiers: { [tier: string]: number } } | null),
+      byId(
+        id,
+        (w) => {
+          const seq = state.mirror.sequence(w.epochKey);
+          return { worker_id: w.id, block_count: state.mirror.count(w.epochKey), tiers: tierCounts(state.mirror, w.epochKey), seq: seq === undefined ? null : seq };
+        },
+        null as { worker_id: string; block_count: number; tiers: { [tier: string]: number }; seq: number | null } | null,
+      ),
     activeBlocks: (id) => byId(id, (w) => state.load.activeBlocks(w.epochKey), 0),
     demand: (id) => byId(id, (w) => state.load.demand(w.epochKey), { tokens: 0, requests: 0 }),
     holdOn: (id, g) => byId(id, (w) => state.load.hold(w.epochKey, g.blocks, g.tokens, g.requests) as Guard | null, null),

@@ -33,6 +33,12 @@ export interface WorkerSpec {
   dpRank?: number;
   /** DP events: "port" (vLLM: endpoint port + rank) or "tagged" (one socket, batches tagged with the rank). */
   dpEvents?: "port" | "tagged";
+  /**
+   * The engine behind the address, where vLLM and SGLang differ in how a
+   * picked DP rank reaches them: "sglang" also gets it in the request body
+   * (routed_dp_rank; disagg_prefill_dp_rank for PD). Unset = vLLM (header only).
+   */
+  engine?: "vllm" | "sglang";
 }
 
 export interface Worker extends WorkerSpec {

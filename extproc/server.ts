@@ -25,6 +25,7 @@ import { HeaderValueOption_HeaderAppendAction, HeaderValueOptionSchema, HeaderVa
 import { HttpStatusSchema, StatusCode } from "./gen/envoy/type/v3/http_status_pb";
 import { ProcessingMode_BodySendMode } from "./gen/envoy/extensions/filters/http/ext_proc/v3/processing_mode_pb";
 import { endpointOf } from "../core/request";
+import { DP_RANK_HEADER as DP_HEADER, dpBodyFields, prefillRankHeader, withBodyFields } from "../core/dprank";
 import { asHttpError, httpError } from "../core/util";
 import { Guard, Pick, Reservation, Worker } from "../core/router";
 import { App } from "../runtime/app";
@@ -73,8 +74,8 @@ export const DEST_KEY = "x-gateway-destination-endpoint";
  * Client-sent headers that only the router may set. A gateway config may route
  * or trust on them, so they never survive the request-headers phase.
  */
-/** vLLM's data-parallel rank request header (case-insensitive; SGLang honours it too). */
-export const DP_RANK_HEADER = "x-data-parallel-rank";
+/** vLLM's data-parallel rank request header (case-insensitive; SGLang's OpenAI routes honour it too). */
+export const DP_RANK_HEADER = DP_HEADER;
 
 export function isRoutingHeader(name: string, opts: { upstreamHeader: string; prefillHeader: string }): boolean {
   const n = name.toLowerCase();
@@ -188,6 +189,8 @@ function handleStream(app: App, call: grpc.ServerDuplexStream<ProcessingRequest,
     if (call.writable) call.end();
   };
   type Phase = "requestHeaders" | "requestBody" | "requestTrailers";
+  /** The body as the engine must get it, when the pick rewrote it (SGLang rank fields); FULL_DUPLEX streams it back. */
+  let newBody: Buffer | null = null;
   const decide = (body: Buffer, phase: Phase, strip: string[]): ProcessingResponse => {
     decided = true;
     const ep = endpointOf(headers[":path"] || "/");
@@ -237,12 +240,22 @@ function handleStream(app: App, call: grpc.ServerDuplexStream<ProcessingRequest,
     if (pick.prefill) {
       hdrs[app.opts.prefillHeader] = pick.prefill.address;
       hdrs[LLMD_PREFILL_HEADER] = pick.prefill.address;
+      // A prefill engine with DP ranks: its address alone does not name the rank the pick scored.
+      if (pick.prefill.dpRank !== undefined) hdrs[prefillRankHeader(app.opts.prefillHeader)] = String(pick.prefill.dpRank);
     }
-    // A data-parallel rank target: vLLM (and SGLang's HTTP server) pin the request to that rank by this header.
+    // A data-parallel rank target: vLLM (and SGLang's OpenAI routes) pin the request to that rank by this header.
     if (pick.target.dpRank !== undefined) hdrs[DP_RANK_HEADER] = String(pick.target.dpRank);
+    // SGLang reads the ranks from the body: appended as its last members, the rest byte for byte.
+    const fields = dpBodyFields(ep, pick.target, pick.prefill);
+    const rewritten = fields ? withBodyFields(body.toString("utf8"), fields) : null;
+    if (rewritten !== null) {
+      newBody = Buffer.from(rewritten, "utf8");
+      hdrs["content-length"] = String(newBody.length);
+    }
     // The prefill headers are removed again here: only the router names prefill peers.
-    const remove = [...new Set([...strip, app.opts.prefillHeader, LLMD_PREFILL_HEADER, "x-prefiller-url"])].filter((h) => !(h in hdrs));
-    const common = create(CommonResponseSchema, { headerMutation: setHeaders(hdrs, remove), clearRouteCache: true });
+    const remove = [...new Set([...strip, app.opts.prefillHeader, prefillRankHeader(app.opts.prefillHeader), LLMD_PREFILL_HEADER, "x-prefiller-url"])].filter((h) => !(h in hdrs));
+    const bodyMutation = newBody && phase === "requestBody" ? create(BodyMutationSchema, { mutation: { case: "body", value: newBody } }) : undefined;
+    const common = create(CommonResponseSchema, { headerMutation: setHeaders(hdrs, remove), clearRouteCache: true, bodyMutation });
     return create(ProcessingResponseSchema, {
       response:
         phase === "requestHeaders"
@@ -256,11 +269,12 @@ function handleStream(app: App, call: grpc.ServerDuplexStream<ProcessingRequest,
   // headers answer (carrying the pick) waits for the whole body; then the body
   // goes back unchanged as streamed pieces.
   const duplexRelease = (trailersFollow: boolean) => {
-    const body = Buffer.concat(bodyChunks);
+    const orig = Buffer.concat(bodyChunks);
     bodyChunks = [];
-    const r = decide(body, "requestHeaders", strip);
+    const r = decide(orig, "requestHeaders", strip);
     send(r);
     if (r.response.case === "immediateResponse") return;
+    const body = newBody ?? orig;
     const pieces = Math.max(1, Math.ceil(body.length / BODY_PIECE));
     for (let i = 0; i < pieces; i++) {
       const last = i === pieces - 1;
@@ -289,7 +303,7 @@ function handleStream(app: App, call: grpc.ServerDuplexStream<ProcessingRequest,
           // Always a removal (of our own names at least): Envoy re-resolves the
           // route only after a header mutation, and the route must be resolved
           // again once the pick's metadata exists, even when no body phase follows.
-          strip = [...new Set([app.opts.upstreamHeader, app.opts.prefillHeader, DEST_KEY, LLMD_PREFILL_HEADER, ...Object.keys(headers).filter((h) => isRoutingHeader(h, app.opts) || h.startsWith("x-prefiller-"))])];
+          strip = [...new Set([app.opts.upstreamHeader, app.opts.prefillHeader, prefillRankHeader(app.opts.prefillHeader), DEST_KEY, LLMD_PREFILL_HEADER, ...Object.keys(headers).filter((h) => isRoutingHeader(h, app.opts) || h.startsWith("x-prefiller-"))])];
           for (const h of strip) delete headers[h];
           // No body coming (GET, or an empty POST): decide now.
           if (r.value.endOfStream) send(decide(Buffer.alloc(0), "requestHeaders", strip));

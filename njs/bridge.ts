@@ -210,7 +210,7 @@ export class Bridge implements Fleet {
   }
 
   private fleetBody(): Push {
-    return { type: "workers", workers: Object.values(this.fleet).map((w) => ({ id: w.id, address: w.address, role: w.role, blockSize: w.blockSize, dpRank: w.dpRank, models: this.models[w.id] ?? null })) };
+    return { type: "workers", workers: Object.values(this.fleet).map((w) => ({ id: w.id, address: w.address, role: w.role, blockSize: w.blockSize, dpRank: w.dpRank, engine: w.engine, models: this.models[w.id] ?? null })) };
   }
 
   private enqueue(p: Push): void {

@@ -13,6 +13,7 @@ import { workerRow } from "../core/views";
 import { withModels } from "../core/models";
 import { nginxFlag, routerConfigFromVars } from "../core/flags";
 import { errorJson } from "../core/errors";
+import { dpBodyFields, withBodyFields } from "../core/dprank";
 
 const STR_ZONE = "infera_str";
 const NUM_ZONE = "infera_num";
@@ -173,6 +174,16 @@ function route(r: NjsRequest): void {
   r.variables.infera_dp_rank = pick.target.dpRank === undefined ? "" : String(pick.target.dpRank);
   r.variables.infera_worker = pick.target.id;
   r.variables.infera_prefill = pick.prefill ? pick.prefill.address : "";
+  // The prefill target's rank, when the prefill engine has DP ranks (beside X-Infera-Prefill).
+  r.variables.infera_prefill_dp_rank = pick.prefill && pick.prefill.dpRank !== undefined ? String(pick.prefill.dpRank) : "";
+  // SGLang reads the ranks from the body: the proxy location that sends $infera_body instead.
+  const fields = ep && r.method === "POST" ? dpBodyFields(ep, pick.target, pick.prefill) : null;
+  const rewritten = fields ? withBodyFields(r.requestText || "", fields) : null;
+  if (rewritten !== null) {
+    r.variables.infera_body = rewritten;
+    r.internalRedirect("@infera_upstream_body");
+    return;
+  }
   r.internalRedirect("@infera_upstream");
 }
 
@@ -207,7 +218,9 @@ function degrade(r: NjsRequest, c: Ctx, e: unknown): boolean {
   r.variables.infera_rid = "";
   r.variables.infera_upstream = w.address;
   r.variables.infera_worker = w.id;
+  r.variables.infera_dp_rank = w.dpRank === undefined ? "" : String(w.dpRank);
   r.variables.infera_prefill = "";
+  r.variables.infera_prefill_dp_rank = "";
   r.internalRedirect("@infera_upstream");
   return true;
 }

@@ -120,9 +120,16 @@ export function parseWorkers(s: string): WorkerSpec[] {
         events = events.slice(0, plus);
       }
     }
-    // host:port/dp=N[/tagged]: an engine with N data-parallel ranks, N route targets.
+    // host:port/dp=N[/tagged]: an engine with N data-parallel ranks, N route targets;
+    // /sglang (anywhere after host:port): the rank also goes in the body, as SGLang reads it.
     let dp = 1;
     let dpMode: "port" | "tagged" = "port";
+    let engine: "vllm" | "sglang" | undefined;
+    const em = /\/(sglang|vllm)(?=\/|$)/.exec(rest);
+    if (em) {
+      engine = em[1] as "vllm" | "sglang";
+      rest = rest.slice(0, em.index) + rest.slice(em.index + em[0].length);
+    }
     const dpm = /\/dp=(\d+)(\/tagged)?$/.exec(rest);
     if (dpm) {
       dp = Number(dpm[1]);
@@ -130,13 +137,14 @@ export function parseWorkers(s: string): WorkerSpec[] {
       rest = rest.slice(0, dpm.index);
     }
     if (!/^[^:\s@]+:\d{1,5}$/.test(rest) || Number(rest.slice(rest.lastIndexOf(":") + 1)) > 65535)
-      throw new CliError(`--workers: '${raw}' is not [role=]host:port[/dp=N[/tagged]][@kv-endpoint[+replay-endpoint]]`);
+      throw new CliError(`--workers: '${raw}' is not [role=]host:port[/dp=N[/tagged]][/sglang][@kv-endpoint[+replay-endpoint]]`);
     if (events !== undefined) {
       const why = badEventEndpoint(events);
       if (why) throw new CliError(`--workers: '${raw}': KV event endpoint ${why}`);
     }
     if (replay !== undefined && !/^tcp:\/\/[^\s]+:\d+$/.test(replay)) throw new CliError(`--workers: '${raw}': replay endpoint '${replay}' is not tcp://host:port`);
     const base: WorkerSpec = replay ? { id: rest, address: rest, role, events, replay } : { id: rest, address: rest, role, events };
+    if (engine === "sglang") base.engine = "sglang";
     out.push(...expandDp(base, dp, dpMode));
   }
   return out;

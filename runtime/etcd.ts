@@ -2,7 +2,8 @@
 //   <prefix><worker-id>  ->  {"address":"host:port","role":"prefill|decode|mixed",
 //                             "block_size":16,"kv_events":"tcp://host:5557",
 //                             "kv_replay":"tcp://host:5558",   (optional: the replay ROUTER)
-//                             "dp_size":2,"dp_events":"port|tagged"}  (optional: DP ranks = targets <id>/dp<r>)
+//                             "dp_size":2,"dp_events":"port|tagged",  (optional: DP ranks = targets <id>/dp<r>)
+//                             "engine":"vllm|sglang"}  (optional: how a picked rank reaches the engine)
 // The router lists the prefix, then watches it: put = join/update, delete or
 // lease expiry = leave. On a watch error it backs off and re-lists, keeping
 // the last known fleet meanwhile, so an etcd restart heals.
@@ -22,6 +23,8 @@ export interface Registration {
   kv_replay?: string;
   dp_size?: number;
   dp_events?: "port" | "tagged";
+  /** "sglang": the picked DP rank also goes in the request body (routed_dp_rank). */
+  engine?: "vllm" | "sglang";
 }
 
 export function specFromEtcd(id: string, value: string): WorkerSpec {
@@ -34,6 +37,8 @@ export function specFromEtcd(id: string, value: string): WorkerSpec {
   if (why) throw new Error(`registration ${id}: 'kv_events' ${why}`);
   const spec: WorkerSpec = { id, address: r.address, role, blockSize: r.block_size, events: r.kv_events };
   if (typeof r.kv_replay === "string" && r.kv_replay) spec.replay = r.kv_replay;
+  if (r.engine !== undefined && r.engine !== "vllm" && r.engine !== "sglang") throw new Error(`registration ${id}: unknown engine '${r.engine}' (vllm | sglang)`);
+  if (r.engine === "sglang") spec.engine = "sglang";
   return spec;
 }
 

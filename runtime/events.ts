@@ -119,12 +119,19 @@ export interface DecodedBatch {
   unknown: number;
 }
 
-/** msgpack EventBatch [ts, events, data_parallel_rank?] or {ts, events, data_parallel_rank} -> events. Throws on malformed input. */
+/** msgpack EventBatch [ts, events, rank?] or {ts, events, data_parallel_rank | attn_dp_rank} -> events. Throws on malformed input. */
 export function decodeBatch(payload: Uint8Array): DecodedBatch {
   const b = decode(payload, { useBigInt64: true }) as unknown;
   let ts: unknown, evs: unknown, dp: unknown;
   if (Array.isArray(b)) [ts, evs, dp] = b;
-  else if (b && typeof b === "object") ({ ts, events: evs, data_parallel_rank: dp } = b as Record<string, unknown>);
+  else if (b && typeof b === "object") {
+    const o = b as Record<string, unknown>;
+    ts = o.ts;
+    evs = o.events;
+    // vLLM names the rank data_parallel_rank; SGLang's EventBatch field is attn_dp_rank
+    // (its encoder is array_like, where the rank is the third element either way).
+    dp = o.data_parallel_rank ?? o.attn_dp_rank;
+  }
   else throw new Error("batch is neither an array nor a map");
   const events: KvEvent[] = [];
   let unknown = 0;

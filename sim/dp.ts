@@ -1,8 +1,8 @@
 // A data-parallel engine: N simulated engines (ranks) behind one HTTP port, the
 // way `vllm serve --data-parallel-size N` fronts N engine cores. A request's
-// rank comes from the X-data-parallel-rank header (vLLM's; SGLang honours it
-// too), else round-robin. Rank r publishes KV events on port + r (and replay
-// on replay port + r), its batches tagged data_parallel_rank = r.
+// rank comes from the X-data-parallel-rank header (vLLM's), or with --engine
+// sglang from the body's routed_dp_rank, else round-robin. Rank r publishes KV
+// events on port + r (and replay on replay port + r), its batches tagged with r.
 import * as http from "http";
 import { EngineSim, SimOptions } from "./engine";
 
@@ -38,19 +38,38 @@ export async function startDpSim(o: SimOptions): Promise<DpSim> {
       });
       return;
     }
-    const h = req.headers["x-data-parallel-rank"];
-    const asked = url.searchParams.has("rank") ? Number(url.searchParams.get("rank")) : h !== undefined ? Number(h) : NaN;
-    const rank = Number.isInteger(asked) && asked >= 0 && asked < ranks.length ? asked : rr++ % ranks.length;
-    const path = url.pathname + (url.searchParams.has("rank") ? "" : url.search);
-    const up = http.request({ host: o.host, port: ranks[rank].o.port, method: req.method, path, headers: req.headers }, (ur) => {
-      res.writeHead(ur.statusCode || 502, { ...ur.headers, "x-sim-dp-rank": String(rank) });
-      ur.pipe(res);
+    // vLLM reads the rank from the X-data-parallel-rank header; the sim's SGLang
+    // mode from the body (routed_dp_rank, else the deprecated data_parallel_rank),
+    // as SGLang's /generate does, so a test sees the body field arrive.
+    const chunks: Buffer[] = [];
+    req.on("data", (c: Buffer) => chunks.push(c));
+    req.on("end", () => {
+      const body = Buffer.concat(chunks);
+      let asked = NaN;
+      if (url.searchParams.has("rank")) asked = Number(url.searchParams.get("rank"));
+      else if (o.engine === "sglang") {
+        try {
+          const j = body.length ? (JSON.parse(body.toString("utf8")) as Record<string, unknown>) : {};
+          const v = j.routed_dp_rank ?? j.data_parallel_rank;
+          if (typeof v === "number") asked = v;
+        } catch {
+          /* not JSON: round-robin */
+        }
+      } else if (req.headers["x-data-parallel-rank"] !== undefined) asked = Number(req.headers["x-data-parallel-rank"]);
+      const rank = Number.isInteger(asked) && asked >= 0 && asked < ranks.length ? asked : rr++ % ranks.length;
+      const path = url.pathname + (url.searchParams.has("rank") ? "" : url.search);
+      const headers: http.OutgoingHttpHeaders = { ...req.headers, "content-length": String(body.length) };
+      delete headers["transfer-encoding"];
+      const up = http.request({ host: o.host, port: ranks[rank].o.port, method: req.method, path, headers }, (ur) => {
+        res.writeHead(ur.statusCode || 502, { ...ur.headers, "x-sim-dp-rank": String(rank) });
+        ur.pipe(res);
+      });
+      up.on("error", () => {
+        if (!res.headersSent) res.writeHead(502);
+        res.end();
+      });
+      up.end(body);
     });
-    up.on("error", () => {
-      if (!res.headersSent) res.writeHead(502);
-      res.end();
-    });
-    req.pipe(up);
   });
   server.keepAliveTimeout = 60000;
   await new Promise<void>((resolve, reject) => {

@@ -56,6 +56,13 @@ export interface SimOptions {
   dpRank: number | null;
   /** --data-parallel-size: N engines behind one HTTP port (sim/dp.ts). */
   dpSize: number;
+  /**
+   * Whose behaviour to copy where vLLM and SGLang differ: "sglang" publishes
+   * SGLang's event structs (array_like, attn_dp_rank, no tiers/salts/groups)
+   * and, with DP, takes the rank from the body (routed_dp_rank, else the
+   * deprecated data_parallel_rank) instead of the X-data-parallel-rank header.
+   */
+  engine: "vllm" | "sglang";
   role: "mixed" | "prefill" | "decode";
   /** Decode role: the request header naming the prefill peer (llm-d's sidecar reads x-prefiller-host-port). */
   prefillHeader: string;
@@ -215,8 +222,8 @@ export class EngineSim {
   }
 
   async start(): Promise<void> {
-    if (this.o.kvEventsPort !== null && (this.o.kvReplayPort !== null || this.o.dpRank !== null || this.o.kvEventEncoding === "map")) {
-      this.kvp = new KvPublisher({ host: this.o.host, port: this.o.kvEventsPort, replayPort: this.o.kvReplayPort, topic: this.o.topic, encoding: this.o.kvEventEncoding, bufferSteps: 10000, dpRank: this.o.dpRank });
+    if (this.o.kvEventsPort !== null && (this.o.kvReplayPort !== null || this.o.dpRank !== null || this.o.kvEventEncoding === "map" || this.o.engine === "sglang")) {
+      this.kvp = new KvPublisher({ host: this.o.host, port: this.o.kvEventsPort, replayPort: this.o.kvReplayPort, topic: this.o.topic, encoding: this.o.kvEventEncoding, bufferSteps: 10000, dpRank: this.o.dpRank, dialect: this.o.engine });
       await this.kvp.bind();
     } else if (this.o.kvEventsPort !== null) {
       this.pub = new zmq.Publisher({ sendHighWaterMark: 100000 });
@@ -289,6 +296,12 @@ export class EngineSim {
       .catch(() => undefined);
   }
 
+  /** The sequence number of the last KV event batch published (null before the first): tests wait for a mirror to reach it. */
+  lastKvSeq(): number | null {
+    const next = this.kvp ? this.kvp.nextSeq() : this.seq;
+    return next > 0 ? next - 1 : null;
+  }
+
   clear(): void {
     this.model.clearCache();
     if (this.kvp) return void this.kvp.publish([{ type: "AllBlocksCleared" }]);
@@ -337,7 +350,7 @@ export class EngineSim {
       if (url === "/sim/stats") {
         res.setHeader("content-type", "application/json");
         const m = this.model;
-        return void res.end(JSON.stringify({ id: this.o.id, role: this.o.role, cached_blocks: m.cachedBlocks(), running: m.numRunning(), waiting: m.numWaiting(), kv_usage: m.usage(), cpu_blocks: this.extras.cpuBlocks(), ...m.stats, ...this.stats }));
+        return void res.end(JSON.stringify({ id: this.o.id, role: this.o.role, cached_blocks: m.cachedBlocks(), running: m.numRunning(), waiting: m.numWaiting(), kv_usage: m.usage(), cpu_blocks: this.extras.cpuBlocks(), last_kv_seq: this.lastKvSeq(), ...m.stats, ...this.stats }));
       }
       if (url === "/v1/models") {
         res.setHeader("content-type", "application/json");
@@ -402,12 +415,26 @@ export class EngineSim {
       let peerCached = -1;
       if (this.o.role === "decode" && prefillPeer && stage !== "prefill") {
         // PD: the named prefill worker computes the KV; we then "receive" it.
-        const pres = await fetch(`http://${prefillPeer}${url}`, {
-          method: "POST",
-          headers: { "content-type": "application/json", "x-infera-pd-stage": "prefill" },
-          body: JSON.stringify({ ...j, stream: false, max_tokens: 1 }),
-        });
+        // A prefill engine with DP ranks: the router names the rank beside the
+        // address (<prefill header>-dp-rank; SGLang: disagg_prefill_dp_rank in
+        // the body) and we pin the prefill there the way that engine reads a
+        // rank. The body's own routed_dp_rank is this decode target's, never the prefill's.
+        const hdrRank = req.headers[this.o.prefillHeader + "-dp-rank"];
+        const bodyRank = this.o.engine === "sglang" && Number.isInteger(j.disagg_prefill_dp_rank) ? String(j.disagg_prefill_dp_rank) : undefined;
+        const prank = typeof hdrRank === "string" && /^\d+$/.test(hdrRank) ? hdrRank : bodyRank;
+        const pbody: Record<string, unknown> = { ...j, stream: false, max_tokens: 1 };
+        delete pbody.routed_dp_rank;
+        delete pbody.data_parallel_rank;
+        delete pbody.disagg_prefill_dp_rank;
+        const pheaders: Record<string, string> = { "content-type": "application/json", "x-infera-pd-stage": "prefill" };
+        if (prank !== undefined) {
+          if (this.o.engine === "sglang") pbody.routed_dp_rank = Number(prank);
+          else pheaders["x-data-parallel-rank"] = prank;
+        }
+        const pres = await fetch(`http://${prefillPeer}${url}`, { method: "POST", headers: pheaders, body: JSON.stringify(pbody) });
         if (!pres.ok) throw Object.assign(new Error(`prefill worker ${prefillPeer} answered ${pres.status}`), { status: 502 });
+        const servedRank = pres.headers.get("x-sim-dp-rank");
+        if (servedRank !== null) res.setHeader("x-sim-prefill-dp-rank", servedRank);
         const pj = (await pres.json()) as { usage?: { prompt_tokens_details?: { cached_tokens?: number }; cache_read_input_tokens?: number } };
         peerCached = pj.usage?.prompt_tokens_details?.cached_tokens ?? pj.usage?.cache_read_input_tokens ?? 0;
         res.setHeader("x-sim-prefill-worker", prefillPeer);
@@ -570,6 +597,7 @@ export function simOptionsFrom(p: Parsed): SimOptions {
     kvSlidingWindow: v["kv-sliding-window"] as number | null,
     dpRank: null,
     dpSize: num("data-parallel-size"),
+    engine: str("engine") as SimOptions["engine"],
     role: str("role") as SimOptions["role"],
     prefillHeader: str("prefill-header").toLowerCase(),
     malformedEvery: num("malformed-every"),

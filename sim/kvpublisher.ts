@@ -23,21 +23,34 @@ const FIELDS: { [type: string]: string[] } = {
 };
 // The first fields are required (no default) in vLLM's structs: always sent, null or not.
 const REQUIRED: { [type: string]: number } = { BlockStored: 7, BlockRemoved: 2, AllBlocksCleared: 0 };
+// SGLang's structs (python/sglang/srt/disaggregation/kv_events.py): fewer fields, all required;
+// no medium, lora_name, extra_keys or groups.
+const SGLANG_FIELDS: { [type: string]: string[] } = {
+  BlockStored: ["block_hashes", "parent_block_hash", "token_ids", "block_size", "lora_id"],
+  BlockRemoved: ["block_hashes"],
+  AllBlocksCleared: [],
+};
+const SGLANG_REQUIRED: { [type: string]: number } = { BlockStored: 5, BlockRemoved: 1, AllBlocksCleared: 0 };
+
+/** Whose struct definitions the encoder follows. */
+export type Dialect = "vllm" | "sglang";
 
 /** Encodes one event the way msgspec does for the given struct options. */
-export function encodeEvent(e: SimKvEvent, enc: Encoding): unknown {
-  const names = FIELDS[e.type] || Object.keys(e).filter((k) => k !== "type");
+export function encodeEvent(e: SimKvEvent, enc: Encoding, dialect: Dialect = "vllm"): unknown {
+  const fields = dialect === "sglang" ? SGLANG_FIELDS : FIELDS;
+  const required = dialect === "sglang" ? SGLANG_REQUIRED : REQUIRED;
+  const names = fields[e.type] || Object.keys(e).filter((k) => k !== "type");
   if (enc === "map") {
     const o: Record<string, unknown> = { type: e.type };
     names.forEach((n, i) => {
-      if (e[n] !== undefined && (e[n] !== null || i < (REQUIRED[e.type] ?? 0))) o[n] = e[n];
-      else if (i < (REQUIRED[e.type] ?? 0)) o[n] = null;
+      if (e[n] !== undefined && (e[n] !== null || i < (required[e.type] ?? 0))) o[n] = e[n];
+      else if (i < (required[e.type] ?? 0)) o[n] = null;
     });
     return o;
   }
   // array_like + omit_defaults: trailing default fields are dropped.
   const arr: unknown[] = [e.type];
-  let lastSet = (REQUIRED[e.type] ?? 0) - 1;
+  let lastSet = (required[e.type] ?? 0) - 1;
   names.forEach((n, i) => {
     if (e[n] !== undefined && e[n] !== null) lastSet = Math.max(lastSet, i);
   });
@@ -54,8 +67,13 @@ export interface PublisherOptions {
   encoding: Encoding;
   /** Batches kept for replay (vLLM buffer_steps). */
   bufferSteps: number;
-  /** EventBatch.data_parallel_rank. */
+  /** EventBatch.data_parallel_rank (vLLM) / attn_dp_rank (SGLang). */
   dpRank: number | null;
+  /**
+   * "sglang": SGLang's publisher: array_like batches [ts, events, attn_dp_rank]
+   * and SGLang's event structs, whatever `encoding` says. Default "vllm".
+   */
+  dialect?: Dialect;
 }
 
 export class KvPublisher {
@@ -110,7 +128,14 @@ export class KvPublisher {
    */
   publish(events: SimKvEvent[], live = true, dpRank: number | null = this.o.dpRank): Promise<void> {
     const seq = this.seq++;
-    const batch = this.o.encoding === "map" ? { ts: Date.now() / 1000, events: events.map((e) => encodeEvent(e, "map")), data_parallel_rank: dpRank } : [Date.now() / 1000, events.map((e) => encodeEvent(e, "array")), dpRank];
+    const batch =
+      this.o.dialect === "sglang"
+        ? dpRank === null
+          ? [Date.now() / 1000, events.map((e) => encodeEvent(e, "array", "sglang"))]
+          : [Date.now() / 1000, events.map((e) => encodeEvent(e, "array", "sglang")), dpRank]
+        : this.o.encoding === "map"
+          ? { ts: Date.now() / 1000, events: events.map((e) => encodeEvent(e, "map")), data_parallel_rank: dpRank }
+          : [Date.now() / 1000, events.map((e) => encodeEvent(e, "array")), dpRank];
     const payload = Buffer.from(encode(batch, { useBigInt64: true }));
     this.buffer.push({ seq, payload });
     if (this.buffer.length > this.o.bufferSteps) this.buffer.shift();

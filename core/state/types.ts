@@ -101,11 +101,12 @@ export interface RouterState {
   models?: ModelTable;
 }
 
-/** The optional spec fields a registered worker keeps (replay endpoint, DP rank), present only when set. */
+/** The optional spec fields a registered worker keeps (replay endpoint, DP rank, engine), present only when set. */
 export function copyEventFields(spec: WorkerSpec, w: Worker): void {
   if (spec.replay !== undefined) w.replay = spec.replay;
   if (spec.dpRank !== undefined) w.dpRank = spec.dpRank;
   if (spec.dpEvents !== undefined) w.dpEvents = spec.dpEvents;
+  if (spec.engine !== undefined) w.engine = spec.engine;
 }
 
 /** Past this many sessions the table starts over (a session then simply picks afresh). */

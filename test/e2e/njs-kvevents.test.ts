@@ -26,9 +26,9 @@ before(async () => {
 });
 after(stopAll);
 
-type View = { block_count: number; tiers: { GPU: number; CPU: number } };
+type View = { block_count: number; tiers: { GPU: number; CPU: number }; seq: number | null };
 const view = async (id: string) => (await (await fetch(`${ng.url}/v1/admin/cache-view/${encodeURIComponent(id)}`)).json()) as View;
-const simStats = async (s: Sim) => (await s.stats()) as unknown as { cached_blocks: number; cpu_blocks: number };
+const simStats = async (s: Sim) => (await s.stats()) as unknown as { cached_blocks: number; cpu_blocks: number; last_kv_seq: number | null };
 
 test("nginx+njs: tiers and the second KV group follow the engine; salts and adapters only match their own", { skip }, async () => {
   for (let i = 0; i < 6; i++) assert.equal((await chat(`http://${sim.address}`, longText(`ngt${i}-`, 60), { maxTokens: 2 })).status, 200);
@@ -36,9 +36,12 @@ test("nginx+njs: tiers and the second KV group follow the engine; salts and adap
   await chat(`http://${sim.address}`, longText("nglora-", 60), { maxTokens: 2, extra: { model: "sql-lora" } });
   const s = await simStats(sim);
   assert.equal(s.cpu_blocks, 40);
-  await waitFor("nginx mirror = engine (GPU and CPU)", async () => {
+  // Once both tiers are full their counts no longer change while blocks are
+  // swapped, so equal counts alone can pass before the salted and adapter
+  // batches reach nginx: wait for nginx to have applied the engine's last batch.
+  await waitFor("nginx applied the engine's last batch; mirror = engine (GPU and CPU)", async () => {
     const v = await view(sim.address);
-    return v.tiers.GPU === s.cached_blocks && v.tiers.CPU === 40 && v.block_count === s.cached_blocks;
+    return v.seq === s.last_kv_seq && v.tiers.GPU === s.cached_blocks && v.tiers.CPU === 40 && v.block_count === s.cached_blocks;
   }, 15000);
   // through nginx: the salted prompt goes to the worker holding it only with the same salt
   const cached = async (seed: string, extra: Record<string, unknown>) => (await chat(ng.url, longText(seed, 60), { maxTokens: 1, extra })).cachedTokens;

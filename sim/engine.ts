@@ -421,7 +421,8 @@ export class EngineSim {
         // rank. The body's own routed_dp_rank is this decode target's, never the prefill's.
         const hdrRank = req.headers[this.o.prefillHeader + "-dp-rank"];
         const bodyRank = this.o.engine === "sglang" && Number.isInteger(j.disagg_prefill_dp_rank) ? String(j.disagg_prefill_dp_rank) : undefined;
-        const prank = typeof hdrRank === "string" && /^\d+$/.test(hdrRank) ? hdrRank : bodyRank;
+        // SGLang's decode reads its body only (it knows nothing of our header); a vLLM-side proxy the header.
+        const prank = this.o.engine === "sglang" ? bodyRank : typeof hdrRank === "string" && /^\d+$/.test(hdrRank) ? hdrRank : undefined;
         const pbody: Record<string, unknown> = { ...j, stream: false, max_tokens: 1 };
         delete pbody.routed_dp_rank;
         delete pbody.data_parallel_rank;

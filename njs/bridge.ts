@@ -4,7 +4,7 @@
 // location, where njs applies them to its shared dicts.
 //
 // It never drops: besides the push queue it keeps a shadow of each worker's
-// resident blocks (the raw BlockStored data, in store order). Any failed push,
+// resident blocks in every storage tier (the raw BlockStored data, in store order). Any failed push,
 // a queue over --bridge-queue-max, or nginx found empty (restarted) marks
 // nginx dirty; the bridge then backs off exponentially and, once nginx
 // answers, replaces nginx's whole state (fleet, then per worker: clear + every
@@ -29,56 +29,54 @@ interface ShadowBlock {
   loraName: string | null;
   /** This block's extra_keys entry (salt, adapter, multimodal ids). */
   extra: unknown[] | null;
-  /** false = evicted by the engine, kept only because a resident block chains from it. */
-  live: boolean;
+  /**
+   * The storage tiers holding it (core/kvevents.ts TIERS: GPU, CPU, DISK,
+   * EXTERNAL). Empty = evicted from every tier, kept only because a resident
+   * block chains from it.
+   */
+  tiers: string[];
   /** Resident or ghost blocks whose parent this is. */
   kids: number;
 }
 
 /**
- * One worker's blocks as nginx should see them. A block's mirror hash chains
- * from its parent's, so an evicted parent whose children are still resident
- * is kept as a ghost: a replay stores it (so the children can chain) and then
- * removes it, leaving nginx with exactly what live streaming would have.
+ * One worker's blocks as nginx should see them, every tier of the mirrored
+ * (full-attention) KV-cache group. A block's mirror hash chains from its
+ * parent's, in whatever tier the parent sits (core looks the parent up in
+ * every tier), so an evicted parent whose children are still resident is kept
+ * as a ghost: a replay stores it (so the children can chain) and then removes
+ * it, leaving nginx with exactly what live streaming would have.
  */
 export class Shadow {
   seq: number | null = null;
   blocks = new Map<string, ShadowBlock>();
+  /** Blocks resident in at least one tier. */
   live = 0;
 
-  /** The learned full-attention KV-cache group (core/kvevents.ts rule). */
-  private fullGroup = 0;
+  /** The learned full-attention KV-cache group (core/kvevents.ts rule); null until a store names one. */
+  private fullGroup: number | null = null;
 
-  /**
-   * Keeps the GPU tier of the mirrored (full-attention) group only: a resync
-   * rebuilds what prefix hits need; lower tiers and other groups come back
-   * with the engine's next events. restart: the engine restarted, start over.
-   */
+  /** Follows a batch the way core's applyBatch does; restart: the engine restarted, start over. */
   apply(seq: number, events: KvEvent[], restart = false): void {
     this.seq = seq;
-    if (restart) {
-      this.blocks.clear();
-      this.live = 0;
-    }
+    if (restart) this.clear(null);
     for (const ev of events) {
-      if (ev.type === "AllBlocksCleared") {
-        if (ev.medium && tierOf(ev.medium) !== "GPU") continue;
-        this.blocks.clear();
-        this.live = 0;
-      } else if (ev.type === "BlockRemoved") {
-        if (tierOf(ev.medium) !== "GPU" || (ev.groupIdx != null && ev.groupIdx !== this.fullGroup)) continue;
-        for (const h of ev.hashes) this.remove(h);
-      } else if (tierOf(ev.medium) !== "GPU") continue;
-      else if ((ev.slidingWindow ?? 0) > 0 || (ev.specKind && !/full|mla|^attention$/i.test(ev.specKind))) continue;
-      else if (!ev.specKind && ev.groupIdx != null && ev.groupIdx !== this.fullGroup) continue;
+      if (ev.type === "AllBlocksCleared") this.clear(ev.medium ? tierOf(ev.medium) : null);
+      else if (ev.type === "BlockRemoved") {
+        if (ev.groupIdx != null && ev.groupIdx !== (this.fullGroup ?? 0)) continue;
+        const tier = tierOf(ev.medium);
+        for (const h of ev.hashes) this.remove(h, tier);
+      } else if ((ev.slidingWindow ?? 0) > 0 || (ev.specKind && !/full|mla|^attention$/i.test(ev.specKind))) continue;
+      else if (!ev.specKind && ev.groupIdx != null && ev.groupIdx !== (this.fullGroup ?? 0)) continue;
       else if (ev.tokens.length === ev.hashes.length * ev.blockSize) {
         if (ev.specKind && ev.groupIdx != null) this.fullGroup = ev.groupIdx;
+        const tier = tierOf(ev.medium);
         let parent = ev.parent;
         ev.hashes.forEach((h, j) => {
           const had = this.blocks.get(h);
           if (had) {
-            if (!had.live) this.live++;
-            had.live = true;
+            if (!had.tiers.length) this.live++;
+            if (!had.tiers.includes(tier)) had.tiers.push(tier);
           } else {
             this.blocks.set(h, {
               parent,
@@ -87,7 +85,7 @@ export class Shadow {
               loraId: ev.loraId ?? null,
               loraName: ev.loraName ?? null,
               extra: ev.extraKeys ? ev.extraKeys[j] ?? null : null,
-              live: true,
+              tiers: [tier],
               kids: 0,
             });
             this.live++;
@@ -100,14 +98,34 @@ export class Shadow {
     }
   }
 
-  private remove(h: string): void {
+  /** Resident blocks per tier. */
+  tierCounts(): Record<string, number> {
+    const out: Record<string, number> = { GPU: 0, CPU: 0, DISK: 0, EXTERNAL: 0 };
+    for (const b of this.blocks.values()) for (const t of b.tiers) out[t] = (out[t] ?? 0) + 1;
+    return out;
+  }
+
+  /** AllBlocksCleared: one tier (medium given) or all of them. */
+  private clear(tier: string | null): void {
+    if (tier === null) {
+      this.blocks.clear();
+      this.live = 0;
+      return;
+    }
+    for (const h of [...this.blocks.keys()]) this.remove(h, tier);
+  }
+
+  private remove(h: string, tier: string): void {
     let b = this.blocks.get(h);
-    if (!b || !b.live) return;
-    b.live = false;
+    if (!b) return;
+    const i = b.tiers.indexOf(tier);
+    if (i < 0) return;
+    b.tiers.splice(i, 1);
+    if (b.tiers.length) return;
     this.live--;
     // Drop ghosts nothing chains from any more, up the chain.
     let key: string | null = h;
-    while (b && !b.live && b.kids === 0 && key !== null) {
+    while (b && !b.tiers.length && b.kids === 0 && key !== null) {
       this.blocks.delete(key);
       const parentKey: string | null = b.parent;
       const p: ShadowBlock | undefined = parentKey === null ? undefined : this.blocks.get(parentKey);
@@ -118,32 +136,43 @@ export class Shadow {
     }
   }
 
-  /** The state as event batches: clear, the blocks in store order (chains merged), then the ghosts removed; at most maxBlocks per batch. */
+  /**
+   * The state as event batches: clear, the blocks in store order (chains of
+   * one tier merged, each tier with its medium), then the ghosts removed; at
+   * most maxBlocks stores per batch.
+   */
   replay(maxBlocks: number): KvEvent[][] {
     const batches: KvEvent[][] = [[{ type: "AllBlocksCleared" }]];
-    let cur: (KvEvent & { type: "BlockStored" }) | null = null;
+    // The open store per tier and the last block it holds, so a chain continues in one event.
+    let cur: Record<string, KvEvent & { type: "BlockStored" }> = {};
+    let last: Record<string, string> = {};
     let inBatch = 0;
-    let last: string | null = null;
     const ghosts: string[] = [];
+    const group = this.fullGroup === null ? {} : { groupIdx: this.fullGroup, specKind: "full_attention" };
     for (const [h, b] of this.blocks) {
-      if (inBatch >= maxBlocks) {
-        batches.push([]);
-        inBatch = 0;
-        cur = null;
+      const tiers = b.tiers.length ? b.tiers : ["GPU"];
+      if (!b.tiers.length) ghosts.push(h);
+      for (const t of tiers) {
+        if (inBatch >= maxBlocks) {
+          batches.push([]);
+          inBatch = 0;
+          cur = {};
+          last = {};
+        }
+        const c = cur[t];
+        if (c && b.parent === last[t] && b.blockSize === c.blockSize && (b.loraId ?? null) === (c.loraId ?? null) && b.loraName === (c.loraName ?? null)) {
+          c.hashes.push(h);
+          for (const x of b.tokens) c.tokens.push(x);
+          (c.extraKeys as (unknown[] | null)[]).push(b.extra);
+        } else {
+          cur[t] = { type: "BlockStored", hashes: [h], parent: b.parent, tokens: b.tokens.slice(), blockSize: b.blockSize, loraId: b.loraId, loraName: b.loraName, extraKeys: [b.extra], medium: t, ...group };
+          batches[batches.length - 1].push(cur[t]);
+        }
+        last[t] = h;
+        inBatch++;
       }
-      if (!b.live) ghosts.push(h);
-      if (cur && b.parent === last && b.blockSize === cur.blockSize && (b.loraId ?? null) === (cur.loraId ?? null) && b.loraName === (cur.loraName ?? null)) {
-        cur.hashes.push(h);
-        for (const t of b.tokens) cur.tokens.push(t);
-        (cur.extraKeys as (unknown[] | null)[]).push(b.extra);
-      } else {
-        cur = { type: "BlockStored", hashes: [h], parent: b.parent, tokens: b.tokens.slice(), blockSize: b.blockSize, loraId: b.loraId, loraName: b.loraName, extraKeys: [b.extra] };
-        batches[batches.length - 1].push(cur);
-      }
-      inBatch++;
-      last = h;
     }
-    if (ghosts.length) batches[batches.length - 1].push({ type: "BlockRemoved", hashes: ghosts });
+    if (ghosts.length) batches[batches.length - 1].push({ type: "BlockRemoved", hashes: ghosts, medium: "GPU", ...(this.fullGroup === null ? {} : { groupIdx: this.fullGroup }) });
     return batches;
   }
 }

@@ -5,12 +5,12 @@ import { test, before, after } from "node:test";
 import * as assert from "node:assert/strict";
 import * as fs from "fs";
 import * as path from "path";
-import { ROOT, nginx08, startSim, startNginx, startBridge, chat, longText, stopAll, waitFor, sleep, Sim, freePort } from "../harness";
+import { ROOT, nginx08, startSim, startNginx, startBridge, chat, longText, stopAll, waitFor, sleep, Sim, freePort, run } from "../harness";
 
 const n8 = nginx08();
 const built = fs.existsSync(path.join(ROOT, "njs/dist/infera.js"));
 const skip = !n8 ? "njs >= 0.8 not set up (bash scripts/njs08.sh)" : !built ? "run npm run build:njs" : false;
-let ng: { url: string };
+let ng: { url: string; dir: string; proc: { kill(sig?: NodeJS.Signals): Promise<void> } };
 let sim: Sim;
 let dp: Sim;
 
@@ -21,7 +21,7 @@ before(async () => {
   sim = await startSim("ngx", ["--kv-replay-port", String(rp), "--kv-event-encoding", "map", "--time-scale", "20", "--capacity-blocks", "128", "--kv-cpu-blocks", "40", "--kv-sliding-window", "256", "--lora-modules", "sql-lora", "--served-model-name", "sim-model"]);
   dp = await startSim("ngxdp", ["--data-parallel-size", "2", "--kv-replay-port", String(drp), "--time-scale", "20", "--served-model-name", "sim-model"]);
   ng = await startNginx(n8!);
-  await startBridge(["--workers", `${sim.address}@${sim.events}+tcp://127.0.0.1:${rp},${dp.address}/dp=2@${dp.events}+tcp://127.0.0.1:${drp}`], `${ng.url}/_infera/push`);
+  await startBridge(["--workers", `${sim.address}@${sim.events}+tcp://127.0.0.1:${rp},${dp.address}/dp=2@${dp.events}+tcp://127.0.0.1:${drp}`, "--bridge-backoff-max-ms", "500"], `${ng.url}/_infera/push`);
   await waitFor("fleet in nginx", async () => ((await (await fetch(`${ng.url}/v1/admin/workers`)).json()) as unknown[]).length === 3);
 });
 after(stopAll);
@@ -63,4 +63,33 @@ test("nginx+njs: a DP engine is two targets; the prompt goes to the rank holding
   // twice more: without the header the engine's round-robin would alternate ranks
   for (let i = 0; i < 2; i++) assert.equal((await chat(ng.url, longText("ngdpA-", 200), { maxTokens: 1 })).worker, "ngxdp/dp1");
   await sleep(100);
+});
+
+test("nginx restarted: the bridge's resync rebuilds every tier (GPU and CPU, exact counts) and the salted chain, then live batches follow on", { skip, timeout: 120000 }, async () => {
+  // The engine's tiers as the first test left them, and nginx in step with them.
+  const s = await simStats(sim);
+  assert.ok(s.cached_blocks > 50 && s.cpu_blocks === 40, JSON.stringify(s));
+  const inStep = async (want: { cached_blocks: number; cpu_blocks: number; last_kv_seq: number | null }) => {
+    const v = await view(sim.address).catch(() => null);
+    return !!v && v.seq === want.last_kv_seq && v.tiers.GPU === want.cached_blocks && v.tiers.CPU === want.cpu_blocks;
+  };
+  await waitFor("nginx in step before the restart", () => inStep(s), 15000);
+  // SIGTERM: a SIGKILLed master leaves its workers serving.
+  await ng.proc.kill("SIGTERM");
+  await waitFor("nginx gone", async () => !(await fetch(`${ng.url}/v1/admin/reservations`).catch(() => null)), 10000);
+  // nginx back on the same port with empty shared dicts.
+  const again = run("nginx-again", n8!.bin, ["-p", ng.dir, "-c", path.join(ng.dir, "nginx.conf"), "-e", "stderr", "-g", "daemon off;"], { INFERA_PUSH_TOKEN: "test-token" });
+  ng.proc = again;
+  await waitFor("nginx answers", async () => !!(await fetch(`${ng.url}/v1/admin/reservations`).catch(() => null)), 15000);
+  await waitFor("resync: nginx holds the engine's GPU and CPU tiers again, at its last batch", () => inStep(s), 20000).catch(async (e) => {
+    throw new Error(`${(e as Error).message}: nginx ${JSON.stringify(await view(sim.address).catch(() => null))}, engine ${JSON.stringify(s)}`);
+  });
+  // Not only the counts: the salted chain hashes as before (the salt travelled with the replay).
+  const r = await chat(ng.url, longText("ngsalt-", 60), { maxTokens: 1, extra: { cache_salt: "tenant-a" } });
+  assert.ok(r.cachedTokens > 100, `salted prompt after the resync: ${r.worker} cached ${r.cachedTokens}`);
+  // Live batches after the resync apply on top (the sequence continues): more evictions to CPU.
+  for (let i = 0; i < 2; i++) await chat(`http://${sim.address}`, longText(`ngpost${i}-`, 60), { maxTokens: 2 });
+  const s2 = await simStats(sim);
+  assert.ok((s2.last_kv_seq ?? 0) > (s.last_kv_seq ?? 0));
+  await waitFor("live batches after the resync", () => inStep(s2), 15000);
 });

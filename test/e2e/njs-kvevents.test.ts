@@ -5,7 +5,7 @@ import { test, before, after } from "node:test";
 import * as assert from "node:assert/strict";
 import * as fs from "fs";
 import * as path from "path";
-import { ROOT, nginx08, startSim, startNginx, startBridge, chat, longText, stopAll, waitFor, sleep, Sim, freePort, run } from "../harness";
+import { ROOT, nginx08, startSim, startNginx, startBridge, chat, longText, stopAll, waitFor, sleep, Sim, freePort, freePortRun, run } from "../harness";
 
 const n8 = nginx08();
 const built = fs.existsSync(path.join(ROOT, "njs/dist/infera.js"));
@@ -14,11 +14,13 @@ let ng: { url: string; dir: string; proc: { kill(sig?: NodeJS.Signals): Promise<
 let sim: Sim;
 let dp: Sim;
 let sg: Sim;
+let simReplay = 0;
 
 before(async () => {
   if (skip) return;
   const rp = await freePort();
-  const drp = await freePort();
+  simReplay = rp;
+  const drp = await freePortRun(2);
   sim = await startSim("ngx", ["--kv-replay-port", String(rp), "--kv-event-encoding", "map", "--time-scale", "20", "--capacity-blocks", "128", "--kv-cpu-blocks", "40", "--kv-sliding-window", "256", "--lora-modules", "sql-lora", "--served-model-name", "sim-model"]);
   dp = await startSim("ngxdp", ["--data-parallel-size", "2", "--kv-replay-port", String(drp), "--time-scale", "20", "--served-model-name", "sim-model"]);
   sg = await startSim("ngxsg", ["--engine", "sglang", "--data-parallel-size", "2", "--time-scale", "20", "--served-model-name", "sim-model"]);
@@ -110,4 +112,20 @@ test("nginx+njs: an SGLang DP engine gets the picked rank in the body (routed_dp
   }
   const st2 = ((await (await fetch(`http://${sg.address}/sim/stats`)).json()) as { ranks: { requests: number }[] }).ranks;
   assert.deepEqual(st2.map((x) => x.requests), [st[0].requests, st[1].requests + 2]);
+});
+
+test("a second nginx whose bridge starts after all the traffic ends with the same mirror as the one that saw everything (replay from 0), every tier", { skip, timeout: 60000 }, async () => {
+  const ng2 = await startNginx(n8!);
+  const s = await simStats(sim);
+  await startBridge(["--workers", `${sim.address}@${sim.events}+tcp://127.0.0.1:${simReplay}`], `${ng2.url}/_infera/push`);
+  const v2 = async () => (await (await fetch(`${ng2.url}/v1/admin/cache-view/${encodeURIComponent(sim.address)}`)).json()) as View;
+  await waitFor("late nginx at the engine's last batch", async () => (await v2().catch(() => null))?.seq === s.last_kv_seq, 20000);
+  const late = await v2();
+  const early = await view(sim.address);
+  assert.deepEqual(late.tiers, early.tiers, "same counts per tier as the nginx that saw everything");
+  assert.deepEqual([late.tiers.GPU, late.tiers.CPU], [s.cached_blocks, s.cpu_blocks]);
+  // and the same blocks: the salted prompt hits there too
+  const r = await chat(ng2.url, longText("ngsalt-", 60), { maxTokens: 1, extra: { cache_salt: "tenant-a" } });
+  assert.equal(r.worker, "ngx");
+  assert.ok(r.cachedTokens > 100, `late nginx: cached ${r.cachedTokens}`);
 });

@@ -7,7 +7,7 @@ import * as assert from "node:assert/strict";
 import { App } from "../../runtime/app";
 import { parseArgs } from "../../runtime/config";
 import { KvPublisher, SimKvEvent } from "../../sim/kvpublisher";
-import { freePort, waitFor, sleep, startSim, stopAll, chat, longText, startNats } from "../harness";
+import { freePort, freePortRun, waitFor, sleep, startSim, stopAll, chat, longText, startNats } from "../harness";
 import { runRelay } from "../../cli/relay";
 import { tierCounts } from "../../core/kvevents";
 
@@ -172,7 +172,7 @@ test("tagged DP events on one socket: each rank's target mirrors only its batche
 type RankStats = { cached_blocks: number; cpu_blocks: number; requests: number };
 
 test("simulator with --data-parallel-size 2: two targets, events per rank port, the picked rank reaches the engine", async () => {
-  const rp = await freePort();
+  const rp = await freePortRun(2);
   const sim = await startSim("kvdp", ["--data-parallel-size", "2", "--kv-replay-port", String(rp), "--kv-event-encoding", "map", "--time-scale", "20"]);
   try {
     const a = new App(parseArgs(["--workers", `${sim.address}/dp=2@${sim.events}+tcp://127.0.0.1:${rp}`, "--health-interval-ms", "0"], {}), () => undefined);
@@ -266,7 +266,7 @@ test("simulator tiers, second KV group, salts, LoRA names, restart: the router's
 });
 
 test("SGLang publisher (its event structs, attn_dp_rank, port + rank, replay ROUTER): a router started after its workers ends with the same per-rank mirrors as one that saw everything; a rank restart is detected by the sequence reset", async () => {
-  const rp = await freePort();
+  const rp = await freePortRun(2);
   // SGLang has no snapshot endpoint: its ZmqEventPublisher keeps the last buffer_steps batches for
   // the same ROUTER replay protocol as vLLM's, per attention-DP rank on replay port + rank.
   const sim = await startSim("kvsg", ["--engine", "sglang", "--data-parallel-size", "2", "--kv-replay-port", String(rp), "--time-scale", "20", "--capacity-blocks", "80"]);

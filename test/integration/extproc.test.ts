@@ -45,7 +45,7 @@ test("headers -> CONTINUE, body -> upstream header mutation; EOF releases; a lat
   const set = Object.fromEntries(mut.setHeaders.map((h) => [h.header.key, Buffer.from(h.header.rawValue).toString()]));
   assert.match(set["x-infera-upstream"], /^127\.0\.0\.1:700[12]$/);
   assert.equal(set["x-infera-worker"], set["x-infera-upstream"]);
-  assert.deepEqual(mut.removeHeaders, ["x-infera-prefill", "x-prefiller-host-port", "x-prefiller-url"], "client-sent prefill headers (ours and llm-d's sidecar's) are stripped");
+  assert.deepEqual(mut.removeHeaders, ["x-infera-prefill", "x-infera-prefill-dp-rank", "x-prefiller-host-port", "x-prefiller-url"], "client-sent prefill headers (ours, its DP rank, llm-d's sidecar's) are stripped");
   assert.ok(active() > 0);
   s.send(respHeaders());
   assert.equal((await s.next()).response.case, "responseHeaders");

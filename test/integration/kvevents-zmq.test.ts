@@ -169,7 +169,7 @@ test("tagged DP events on one socket: each rank's target mirrors only its batche
   assert.doesNotMatch(await a.metrics.registry.metrics(), /sequence_gap/);
 });
 
-type RankStats = { cached_blocks: number; cpu_blocks: number; requests: number };
+type RankStats = { cached_blocks: number; cpu_blocks: number; requests: number; last_kv_seq: number | null };
 
 test("simulator with --data-parallel-size 2: two targets, events per rank port, the picked rank reaches the engine", async () => {
   const rp = await freePortRun(2);
@@ -216,9 +216,11 @@ test("simulator tiers, second KV group, salts, LoRA names, restart: the router's
     for (let i = 0; i < 6; i++) assert.equal((await chat(`http://${sim.address}`, longText(`tier${i}-`, 60), { maxTokens: 2 })).status, 200);
     let s = await stats();
     assert.equal(s.cpu_blocks, 40);
+    // Full tiers keep their counts while blocks are swapped: wait for the engine's last batch, not only the counts.
+    const atLast = async () => a.state.mirror.sequence(ek()) === ((await stats()).last_kv_seq ?? undefined);
     await waitFor("GPU and CPU tiers = engine", async () => {
       const t = tierCounts(a.state.mirror, ek());
-      return t.GPU === s.cached_blocks && t.CPU === 40;
+      return t.GPU === s.cached_blocks && t.CPU === 40 && (await atLast());
     }, 20000);
     assert.match(await a.metrics.registry.metrics(), /infera_router_kv_events_total\{worker="[^"]+",type="other_group"\} [1-9]/);
     // the oldest prompt is now only on CPU: a hit worth 0.75 per block
@@ -240,13 +242,13 @@ test("simulator tiers, second KV group, salts, LoRA names, restart: the router's
     assert.ok(extra.some((x) => x > 0 && x % 0.75 === 0), `CPU blocks add 0.75 each: weighted ${weighted}, GPU only ${gpuOnly}`);
     // salts: the engine isolates them, the router too
     await chat(`http://${sim.address}`, longText("salted-", 60), { maxTokens: 2, extra: { cache_salt: "tenant-a" } });
-    await waitFor("salted blocks mirrored", async () => tierCounts(a.state.mirror, ek()).GPU === (await stats()).cached_blocks, 20000);
+    await waitFor("salted blocks mirrored", async () => tierCounts(a.state.mirror, ek()).GPU === (await stats()).cached_blocks && (await atLast()), 20000);
     assert.ok(hits("salted-", { cache_salt: "tenant-a" }) >= 10);
     assert.equal(hits("salted-", { cache_salt: "tenant-b" }), 0);
     assert.equal(hits("salted-"), 0);
     // LoRA by name: the adapter's blocks match requests for the adapter only
     await chat(`http://${sim.address}`, longText("lora-", 60), { maxTokens: 2, extra: { model: "sql-lora" } });
-    await waitFor("adapter blocks mirrored", async () => tierCounts(a.state.mirror, ek()).GPU === (await stats()).cached_blocks, 20000);
+    await waitFor("adapter blocks mirrored", async () => tierCounts(a.state.mirror, ek()).GPU === (await stats()).cached_blocks && (await atLast()), 20000);
     assert.ok(hits("lora-", { model: "sql-lora" }) >= 10);
     assert.equal(hits("lora-"), 0);
     // restart: new event stream from seq 0, empty cache; the router drops the old mirror
@@ -256,61 +258,10 @@ test("simulator tiers, second KV group, salts, LoRA names, restart: the router's
     s = await stats();
     await waitFor("mirror = restarted engine", async () => {
       const t = tierCounts(a.state.mirror, ek());
-      return t.GPU === s.cached_blocks && t.CPU === 0;
+      return t.GPU === s.cached_blocks && t.CPU === 0 && (await atLast());
     }, 20000);
     assert.equal(hits("salted-", { cache_salt: "tenant-a" }), 0, "nothing from before the restart");
     assert.match(await a.metrics.registry.metrics(), /reason="engine_restart"\} [1-9]/);
-  } finally {
-    await stopAll();
-  }
-});
-
-test("SGLang publisher (its event structs, attn_dp_rank, port + rank, replay ROUTER): a router started after its workers ends with the same per-rank mirrors as one that saw everything; a rank restart is detected by the sequence reset", async () => {
-  const rp = await freePortRun(2);
-  // SGLang has no snapshot endpoint: its ZmqEventPublisher keeps the last buffer_steps batches for
-  // the same ROUTER replay protocol as vLLM's, per attention-DP rank on replay port + rank.
-  const sim = await startSim("kvsg", ["--engine", "sglang", "--data-parallel-size", "2", "--kv-replay-port", String(rp), "--time-scale", "20", "--capacity-blocks", "80"]);
-  try {
-    const mk = () => {
-      const a = new App(parseArgs(["--workers", `${sim.address}/dp=2/sglang@${sim.events}+tcp://127.0.0.1:${rp}`, "--health-interval-ms", "0"], {}), () => undefined);
-      a.setWorkers(a.opts.workers);
-      opened.push({ close: () => a.close() });
-      return a;
-    };
-    const ek = (a: App, r: number) => a.router.worker(`${sim.address}/dp${r}`)!.epochKey;
-    const ranks = async () => ((await (await fetch(`http://${sim.address}/sim/stats`)).json()) as { ranks: (RankStats & { last_kv_seq: number | null })[] }).ranks;
-    const sameAsEngine = async (a: App) => {
-      const st = await ranks();
-      return [0, 1].every((r) => a.state.mirror.count(ek(a, r)) === st[r].cached_blocks && a.state.mirror.sequence(ek(a, r)) === (st[r].last_kv_seq ?? undefined));
-    };
-    const early = mk();
-    await sleep(400);
-    // ~19 blocks a prompt into 80 per rank: both ranks store and evict (BlockRemoved).
-    for (let i = 0; i < 12; i++) assert.equal((await chat(`http://${sim.address}`, longText(`sg${i}-`, 100), { maxTokens: 2, extra: { routed_dp_rank: i % 2 } })).status, 200);
-    const st = await ranks();
-    assert.ok(st[0].cached_blocks > 40 && st[1].cached_blocks > 40 && (st[0].last_kv_seq ?? 0) >= 6, JSON.stringify(st));
-    await waitFor("early per-rank mirrors = engine ranks", () => sameAsEngine(early), 20000);
-    const late = mk();
-    await waitFor("late per-rank mirrors = engine ranks (from replay)", () => sameAsEngine(late), 20000);
-    for (const r of [0, 1]) assert.equal(late.state.mirror.entries(ek(late, r)), early.state.mirror.entries(ek(early, r)), `rank ${r}: same engine blocks`);
-    const body = (seed: string) => Buffer.from(JSON.stringify({ model: "m", messages: [{ role: "user", content: longText(seed, 100) }] }));
-    for (const seed of ["sg10-", "sg11-"]) {
-      const pe = early.route("chat", body(seed), null);
-      const pl = late.route("chat", body(seed), null);
-      assert.deepEqual([pl.target.id, pl.candidates.map((c) => c.hits)], [pe.target.id, pe.candidates.map((c) => c.hits)], seed);
-      assert.ok(Math.max(...pe.candidates.map((c) => c.hits)) > 10);
-      pe.reservation.finish();
-      pl.reservation.finish();
-    }
-    // Rank 1's engine restarts (SGLang: a new process, sequence from 0, no epoch in the topic):
-    // both routers see the sequence go back, drop rank 1's mirror and follow the new stream.
-    assert.equal(await (await fetch(`http://${sim.address}/sim/restart?rank=1`, { method: "POST" })).text(), "restarted");
-    await chat(`http://${sim.address}`, longText("sgafter-", 100), { maxTokens: 2, extra: { routed_dp_rank: 1 } });
-    const st2 = await ranks();
-    assert.equal(st2[0].cached_blocks, st[0].cached_blocks, "rank 0 untouched");
-    assert.ok(st2[1].cached_blocks > 0 && st2[1].cached_blocks < st[1].cached_blocks);
-    for (const a of [early, late]) await waitFor("mirrors = engine ranks after rank 1 restarted", () => sameAsEngine(a), 20000);
-    for (const a of [early, late]) assert.match(await a.metrics.registry.metrics(), /reason="engine_restart"\} [1-9]/);
   } finally {
     await stopAll();
   }

@@ -1,0 +1,68 @@
+// Issue 12 with an SGLang-style publisher over real ZMQ: the simulator in
+// --engine sglang mode speaks SGLang's ZmqEventPublisher (its event structs,
+// attn_dp_rank, a publisher per attention-DP rank on port + rank, the same
+// ROUTER replay as vLLM, no snapshot, no epoch). A router that starts after
+// its workers ends with the same per-rank mirrors as one that saw it all.
+import { test, after } from "node:test";
+import * as assert from "node:assert/strict";
+import { App } from "../../runtime/app";
+import { parseArgs } from "../../runtime/config";
+import { freePortRun, waitFor, sleep, startSim, stopAll, chat, longText } from "../harness";
+
+const opened: { close(): Promise<void> }[] = [];
+after(async () => {
+  for (const o of opened) await o.close().catch(() => undefined);
+});
+
+type RankStats = { cached_blocks: number; cpu_blocks: number; requests: number };
+
+test("SGLang publisher (its event structs, attn_dp_rank, port + rank, replay ROUTER): a router started after its workers ends with the same per-rank mirrors as one that saw everything; a rank restart is detected by the sequence reset", async () => {
+  const rp = await freePortRun(2);
+  // SGLang has no snapshot endpoint: its ZmqEventPublisher keeps the last buffer_steps batches for
+  // the same ROUTER replay protocol as vLLM's, per attention-DP rank on replay port + rank.
+  const sim = await startSim("kvsg", ["--engine", "sglang", "--data-parallel-size", "2", "--kv-replay-port", String(rp), "--time-scale", "20", "--capacity-blocks", "80"]);
+  try {
+    const mk = () => {
+      const a = new App(parseArgs(["--workers", `${sim.address}/dp=2/sglang@${sim.events}+tcp://127.0.0.1:${rp}`, "--health-interval-ms", "0"], {}), () => undefined);
+      a.setWorkers(a.opts.workers);
+      opened.push({ close: () => a.close() });
+      return a;
+    };
+    const ek = (a: App, r: number) => a.router.worker(`${sim.address}/dp${r}`)!.epochKey;
+    const ranks = async () => ((await (await fetch(`http://${sim.address}/sim/stats`)).json()) as { ranks: (RankStats & { last_kv_seq: number | null })[] }).ranks;
+    const sameAsEngine = async (a: App) => {
+      const st = await ranks();
+      return [0, 1].every((r) => a.state.mirror.count(ek(a, r)) === st[r].cached_blocks && a.state.mirror.sequence(ek(a, r)) === (st[r].last_kv_seq ?? undefined));
+    };
+    const early = mk();
+    await sleep(400);
+    // ~19 blocks a prompt into 80 per rank: both ranks store and evict (BlockRemoved).
+    for (let i = 0; i < 12; i++) assert.equal((await chat(`http://${sim.address}`, longText(`sg${i}-`, 100), { maxTokens: 2, extra: { routed_dp_rank: i % 2 } })).status, 200);
+    const st = await ranks();
+    assert.ok(st[0].cached_blocks > 40 && st[1].cached_blocks > 40 && (st[0].last_kv_seq ?? 0) >= 6, JSON.stringify(st));
+    await waitFor("early per-rank mirrors = engine ranks", () => sameAsEngine(early), 20000);
+    const late = mk();
+    await waitFor("late per-rank mirrors = engine ranks (from replay)", () => sameAsEngine(late), 20000);
+    for (const r of [0, 1]) assert.equal(late.state.mirror.entries(ek(late, r)), early.state.mirror.entries(ek(early, r)), `rank ${r}: same engine blocks`);
+    const body = (seed: string) => Buffer.from(JSON.stringify({ model: "m", messages: [{ role: "user", content: longText(seed, 100) }] }));
+    for (const seed of ["sg10-", "sg11-"]) {
+      const pe = early.route("chat", body(seed), null);
+      const pl = late.route("chat", body(seed), null);
+      assert.deepEqual([pl.target.id, pl.candidates.map((c) => c.hits)], [pe.target.id, pe.candidates.map((c) => c.hits)], seed);
+      assert.ok(Math.max(...pe.candidates.map((c) => c.hits)) > 10);
+      pe.reservation.finish();
+      pl.reservation.finish();
+    }
+    // Rank 1's engine restarts (SGLang: a new process, sequence from 0, no epoch in the topic):
+    // both routers see the sequence go back, drop rank 1's mirror and follow the new stream.
+    assert.equal(await (await fetch(`http://${sim.address}/sim/restart?rank=1`, { method: "POST" })).text(), "restarted");
+    await chat(`http://${sim.address}`, longText("sgafter-", 100), { maxTokens: 2, extra: { routed_dp_rank: 1 } });
+    const st2 = await ranks();
+    assert.equal(st2[0].cached_blocks, st[0].cached_blocks, "rank 0 untouched");
+    assert.ok(st2[1].cached_blocks > 0 && st2[1].cached_blocks < st[1].cached_blocks);
+    for (const a of [early, late]) await waitFor("mirrors = engine ranks after rank 1 restarted", () => sameAsEngine(a), 20000);
+    for (const a of [early, late]) assert.match(await a.metrics.registry.metrics(), /reason="engine_restart"\} [1-9]/);
+  } finally {
+    await stopAll();
+  }
+});

@@ -2,6 +2,7 @@
 // Not part of the njs bundle (njs has no Map/Set); njs uses state/keyed.ts.
 import { BlockHash, EngineHash, EpochKey, Guard, SessionBinding, Worker, WorkerSpec } from "../types";
 import { copyEventFields, ImageAffinity, LoadLedger, MAX_SESSIONS, MirrorIndex, RouterState, SessionTable, WorkerRegistry } from "./types";
+import { typedMirror } from "./typed-mirror";
 
 interface Held {
   /** engine hash -> our hash */
@@ -12,6 +13,11 @@ interface Held {
   meta: { [name: string]: string };
 }
 
+/**
+ * The first Node mirror: string-keyed Maps. Kept as the reference the typed
+ * index (state/typed-mirror.ts, the default) is compared with in tests and
+ * bench/mirror.ts; it stalls near 4M blocks (V8 Map limits) and costs ~0.5 KB a block.
+ */
 export function memoryMirror(): MirrorIndex {
   const holders = new Map<BlockHash, EpochKey[]>();
   const targets = new Map<EpochKey, Held>();
@@ -238,11 +244,11 @@ export function memoryImages(): ImageAffinity {
   };
 }
 
-export function memoryState(): RouterState {
+export function memoryState(mirror?: MirrorIndex): RouterState {
   const counters = new Map<string, number>();
   return {
     workers: memoryRegistry(),
-    mirror: memoryMirror(),
+    mirror: mirror || typedMirror(),
     load: memoryLedger(),
     sessions: memorySessions(),
     images: memoryImages(),

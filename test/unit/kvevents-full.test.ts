@@ -7,6 +7,7 @@ import { encode } from "@msgpack/msgpack";
 import { applyBatch, chainRoot, KvEvent, parseTierWeights, requestRoot, tierCounts, tierKey } from "../../core/kvevents";
 import { blockHashes } from "../../core/hash";
 import { memoryMirror } from "../../core/state/memory";
+import { typedMirror } from "../../core/state/typed-mirror";
 import { keyedMirror } from "../../core/state/keyed";
 import { memStore } from "../../core/store";
 import { MirrorIndex } from "../../core/state/types";
@@ -24,6 +25,7 @@ const stored = (hashes: string[], tokens: number[], more: Partial<Stored> = {}):
 
 const backends: [string, () => MirrorIndex][] = [
   ["memory", memoryMirror],
+  ["typed", () => typedMirror()],
   ["keyed", () => keyedMirror(memStore())],
 ];
 

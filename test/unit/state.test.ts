@@ -3,14 +3,16 @@
 // the same Store interface the shared-dict adapter implements).
 import { test } from "node:test";
 import * as assert from "node:assert/strict";
-import { memoryState } from "../../core/state/memory";
+import { memoryMirror, memoryState } from "../../core/state/memory";
+import { typedMirror } from "../../core/state/typed-mirror";
 import { keyedState } from "../../core/state/keyed";
 import { memStore } from "../../core/store";
 import { RouterState } from "../../core/state/types";
 import { BlockHash, EpochKey } from "../../core/types";
 
 const backends: [string, () => RouterState][] = [
-  ["memory", memoryState],
+  ["memory (typed mirror, the default)", memoryState],
+  ["memory (Map mirror)", () => memoryState(memoryMirror())],
   ["keyed (njs shared dict)", () => keyedState(memStore())],
 ];
 const B = (s: string) => s as BlockHash;
@@ -127,4 +129,77 @@ test("prometheus label values are escaped and secrets compare by content", async
   assert.equal(sameSecret("abc", "abd"), false);
   assert.equal(sameSecret("abc", "abcd"), false);
   assert.equal(sameSecret("", ""), true);
+});
+
+// The typed index must behave exactly like the Map one it replaces: a long
+// random run of every mutation (aliases, re-pointed engine hashes, blocks
+// shared across workers and tiers, clears, oldest-first eviction) through
+// several table growths, compared after every step.
+test("typed mirror matches the Map mirror on a random run through table growth and deletions", () => {
+  let seed = 12345;
+  const rnd = (n: number) => {
+    seed = (Math.imul(seed, 1103515245) + 12345) >>> 0;
+    return (seed >>> 8) % n;
+  };
+  const hex = (i: number) => (i * 2654435761 >>> 0).toString(16).padStart(8, "0") + (i >>> 0).toString(16).padStart(8, "0");
+  const workers = ["127.0.0.1:8001#1", "127.0.0.1:8001#10", "w:3#3"];
+  const targets = workers.flatMap((w) => [w, w + "|CPU", w + "|DISK"]).map(E);
+  const live = Object.fromEntries(workers.map((w) => [w, true]));
+  const weights = { GPU: 1, CPU: 0.75, DISK: 0.25 };
+  const a = memoryMirror();
+  const b = typedMirror();
+  let peak = 0;
+  for (let step = 0; step < 40000; step++) {
+    const t = targets[rnd(targets.length)];
+    const op = rnd(1000);
+    // Engine hashes: decimal u64 (the wire form), hex bytes, and a few arbitrary names.
+    const ehN = rnd(20000);
+    const eh = ehN % 7 === 0 ? "ext-" + ehN : ehN % 5 === 0 ? "18446744073709" + String(551000 + ehN) : String(ehN * 7919);
+    const bh = B(rnd(10) === 0 ? "name-" + rnd(200) : hex(rnd(1500)));
+    if (op < 750) assert.equal(b.store(t, eh, bh), a.store(t, eh, bh), `store ${step}`);
+    else if (op < 870) assert.equal(b.remove(t, eh), a.remove(t, eh), `remove ${step}`);
+    else if (op < 999) assert.equal(b.evictOldest(t), a.evictOldest(t), `evict ${step}`);
+    else {
+      a.clear(t);
+      b.clear(t);
+    }
+    assert.equal(b.lookup(t, eh), a.lookup(t, eh), `lookup ${step}`);
+    peak = Math.max(peak, b.stats().entries);
+    if (step % 97 === 0) {
+      for (const x of targets) {
+        assert.equal(b.count(x), a.count(x), `count ${x} at ${step}`);
+        assert.equal(b.entries(x), a.entries(x), `entries ${x} at ${step}`);
+      }
+      const req = Array.from({ length: 40 }, (_, i) => B(hex(i * 3 + rnd(3))));
+      assert.deepEqual(b.prefixHits(req, live, weights), a.prefixHits(req, live, weights), `weighted hits at ${step}`);
+      assert.deepEqual(b.prefixHits(req, live), a.prefixHits(req, live), `GPU hits at ${step}`);
+    }
+  }
+  assert.ok(peak > 4096, `the run must outgrow the initial tables (peak ${peak} entries)`);
+  const st = b.stats();
+  assert.ok(st.entries > 0 && st.entries === targets.reduce((n, x) => n + b.entries(x), 0));
+  for (const x of targets) b.clear(x);
+  assert.deepEqual(b.stats().entries, 0);
+  assert.deepEqual(b.stats().blocks, 0, "no block outlives its last holder");
+});
+
+test("typed mirror: engine hashes are exact u64 decimals, other spellings never alias them", () => {
+  const m = typedMirror();
+  const w = E("w#1");
+  m.store(w, "12", B("00000000000000aa"));
+  m.store(w, "012", B("00000000000000bb"));
+  m.store(w, "18446744073709551615", B("00000000000000cc"));
+  m.store(w, "18446744073709551616", B("00000000000000dd")); // past u64: folded, still its own key
+  m.store(w, "c", B("00000000000000ee"));
+  assert.equal(m.lookup(w, "12"), "00000000000000aa");
+  assert.equal(m.lookup(w, "012"), "00000000000000bb");
+  assert.equal(m.lookup(w, "18446744073709551615"), "00000000000000cc");
+  assert.equal(m.lookup(w, "18446744073709551616"), "00000000000000dd");
+  assert.equal(m.lookup(w, "c"), "00000000000000ee");
+  assert.equal(m.lookup(w, "13"), undefined);
+  assert.equal(m.count(w), 5);
+  // Upper-case hex is not the hasher's spelling: kept verbatim, a distinct block.
+  m.store(w, "1", B("00000000000000AA"));
+  assert.equal(m.lookup(w, "1"), "00000000000000AA");
+  assert.equal(m.count(w), 6);
 });

@@ -147,7 +147,8 @@ test("typed mirror matches the Map mirror on a random run through table growth a
   const live = Object.fromEntries(workers.map((w) => [w, true]));
   const weights = { GPU: 1, CPU: 0.75, DISK: 0.25 };
   const a = memoryMirror();
-  const b = typedMirror();
+  // Cleared entries linger in the graveyard (reclaimed 4 per store) so the comparison runs over stale ones too.
+  const b = typedMirror({ sweepOnClear: 0 });
   let peak = 0;
   for (let step = 0; step < 40000; step++) {
     const t = targets[rnd(targets.length)];
@@ -179,6 +180,7 @@ test("typed mirror matches the Map mirror on a random run through table growth a
   const st = b.stats();
   assert.ok(st.entries > 0 && st.entries === targets.reduce((n, x) => n + b.entries(x), 0));
   for (const x of targets) b.clear(x);
+  b.sweep(Infinity);
   assert.deepEqual(b.stats().entries, 0);
   assert.deepEqual(b.stats().blocks, 0, "no block outlives its last holder");
 });
@@ -202,4 +204,37 @@ test("typed mirror: engine hashes are exact u64 decimals, other spellings never 
   m.store(w, "1", B("00000000000000AA"));
   assert.equal(m.lookup(w, "1"), "00000000000000AA");
   assert.equal(m.count(w), 6);
+});
+
+test("typed mirror: a cleared worker vanishes at once; its entries are reclaimed later without touching the others", () => {
+  const m = typedMirror({ sweepOnClear: 100 });
+  const a = E("a:1#1");
+  const b = E("b:1#2");
+  const hx = (i: number) => B(i.toString(16).padStart(16, "0"));
+  for (let i = 0; i < 5000; i++) m.store(a, String(i), hx(i));
+  for (let i = 0; i < 10; i++) m.store(b, String(i), hx(i)); // shared with a
+  const live = { "a:1#1": true, "b:1#2": true };
+  assert.deepEqual(m.prefixHits([hx(0), hx(1), hx(2)], live), { "a:1#1": 3, "b:1#2": 3 });
+  m.clear(a);
+  assert.equal(m.stats().graveyard, 4900, "clear reclaimed its budget only");
+  assert.equal(m.count(a), 0);
+  assert.equal(m.entries(a), 0);
+  assert.equal(m.lookup(a, "4999"), undefined);
+  assert.equal(m.remove(a, "4999"), false);
+  assert.equal(m.evictOldest(a), false);
+  assert.deepEqual(m.prefixHits([hx(0), hx(1), hx(2)], live), { "b:1#2": 3 });
+  assert.deepEqual(m.prefixHits([hx(4000)], live), {});
+  // the same epoch key keeps going (a sequence-gap clear): only new stores count
+  assert.equal(m.store(a, "4999", hx(4999)), true);
+  assert.equal(m.count(a), 1);
+  assert.deepEqual(m.prefixHits([hx(4999)], live), { "a:1#1": 1 });
+  assert.equal(m.stats().graveyard, 4900 - 4, "each store reclaims a few");
+  for (let i = 0; i < 300; i++) m.store(b, "x" + i, hx(100000 + i));
+  assert.equal(m.stats().graveyard, 4900 - 4 - 1200);
+  m.sweep(Infinity);
+  assert.equal(m.stats().graveyard, 0);
+  assert.equal(m.stats().entries, 1 + 10 + 300);
+  assert.equal(m.stats().blocks, 1 + 10 + 300, "blocks held only by a are freed, shared ones stay");
+  assert.deepEqual(m.prefixHits([hx(0), hx(1)], live), { "b:1#2": 2 });
+  assert.equal(m.count(b), 310);
 });

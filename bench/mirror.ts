@@ -17,7 +17,7 @@
 //          minus the socket).
 // The Map index is bounded per case (ingest time and RSS); where it stops is reported.
 //
-// npm run bench:mirror                      (full grid, ~4-5 min)
+// npm run bench:mirror                      (full grid, ~5 min; wire path at 64 workers, 1M and 10M)
 // npm run bench:mirror -- --sizes 1 --workers 64 --paths index --impls typed
 import { spawn } from "child_process";
 import { encode } from "@msgpack/msgpack";
@@ -250,12 +250,13 @@ async function main(): Promise<void> {
   const workers = arg("--workers", "8,64,256").split(",").map(Number);
   const paths = arg("--paths", "index,wire").split(",") as Case["path"][];
   const impls = arg("--impls", "map,typed").split(",") as Case["impl"][];
-  const mapTime = Number(arg("--map-time-s", "30"));
+  const mapTime = Number(arg("--map-time-s", "20"));
+  const wireSizes = arg("--wire-sizes", "1,10").split(",").map((x) => Math.round(Number(x) * 1e6));
   const rssLimit = Number(arg("--map-rss-gib", "4")) * 2 ** 30;
   const cases: Case[] = [];
   for (const path of paths)
     for (const w of path === "wire" ? [64] : workers)
-      for (const b of sizes) {
+      for (const b of path === "wire" ? wireSizes : sizes) {
         for (const impl of impls) cases.push({ impl, path, blocks: b, workers: w, timeLimit: impl === "map" ? mapTime : 240, rssLimit: impl === "map" ? rssLimit : 16 * 2 ** 30 });
       }
   const rows: string[] = [

@@ -6,9 +6,20 @@ export type Hasher = (bytes: Uint8Array) => string;
 
 export const jsHasher: Hasher = (b) => xxh3Hex(b);
 
+function hexDigit(c: number): number {
+  // 0-9, a-f, A-F; anything else reads as 0 like parseInt's NaN byte did
+  if (c <= 57) return c >= 48 ? c - 48 : 0;
+  const l = c | 32;
+  return l >= 97 && l <= 102 ? l - 87 : 0;
+}
+
 function putHex64LE(buf: Uint8Array, o: number, hex: string): void {
-  // hex is big-endian digits of the u64; write it little-endian.
-  for (let i = 0; i < 8; i++) buf[o + i] = parseInt(hex.substr(14 - 2 * i, 2), 16);
+  // hex is big-endian digits of the u64; write it little-endian. Char codes,
+  // not parseInt(substr): this runs once per mirrored block on event intake.
+  for (let i = 0; i < 8; i++) {
+    const p = 14 - 2 * i;
+    buf[o + i] = (hexDigit(hex.charCodeAt(p)) << 4) | hexDigit(hex.charCodeAt(p + 1));
+  }
 }
 
 /** Hash of one block chained to its parent (null for the first block). */

@@ -50,7 +50,7 @@ const BS = 3; // block stride
 const MAX_LOAD = 0.7;
 /** Graveyard entries reclaimed by each store, and synchronously by clear. */
 const SWEEP_PER_STORE = 4;
-const SWEEP_ON_CLEAR = 8192;
+const SWEEP_ON_CLEAR = 2048;
 
 function mix(a: number, b: number): number {
   let h = Math.imul(a ^ Math.imul(b, 0x9e3779b1), 0x85ebca6b);
@@ -131,7 +131,7 @@ function hex8(v: number): string {
 export interface TypedMirrorOptions {
   /** Engine blocks to size the tables for up front (avoids growth copies). */
   capacity?: number;
-  /** Graveyard entries clear reclaims before returning (default 8192). */
+  /** Graveyard entries clear reclaims before returning (default 2048). */
   sweepOnClear?: number;
 }
 

@@ -58,6 +58,10 @@ interface Result {
   dropLater: number;
   /** pick p99 on an empty mirror (the machine's noise floor). */
   emptyP99: number;
+  /** CPU time (process.cpuUsage, all threads): what the code costs, without time spent descheduled. */
+  dropCpuMax: number;
+  pickCpuP99: number;
+  emptyCpuP99: number;
   dropped: number;
   reclaimMs: number;
 }
@@ -78,6 +82,12 @@ function mix(a: number, b: number): number {
 /** Synthetic (index path) block hash and engine hash (decimal u64, as runtime/events.ts spells them) of global block i. */
 const synthBlock = (i: number) => (hex8(mix(i, 0x1234567)) + hex8(mix(i, 0x7654321))) as BlockHash;
 const synthEngine = (w: number, i: number) => String(10000000000 + w) + String(i).padStart(9, "0");
+
+/** CPU ms of this process since c0 (user + system, every thread). */
+function cpuMs(c0: NodeJS.CpuUsage): number {
+  const d = process.cpuUsage(c0);
+  return (d.user + d.system) / 1000;
+}
 
 function pct(xs: number[], p: number): number {
   const s = xs.slice().sort((a, b) => a - b);
@@ -100,12 +110,15 @@ async function runCase(c: Case): Promise<Result> {
   // Control: the same picks on an empty mirror, so pick tails from a busy
   // machine (scheduler preemption, GC of the picks' own garbage) are visible apart from the index.
   const emptyTimes: number[] = [];
+  const emptyCpu: number[] = [];
   {
     const f0 = { blocks: Array.from({ length: 512 }, (_, i) => synthBlock(-1 - i)), inputTokens: 8192, exact: true, mediaHashes: [] as string[], n: 1 };
     for (let i = 0; i < 2000; i++) {
+      const c0 = process.cpuUsage();
       const a = process.hrtime.bigint();
       router.pick(f0).reservation.finish();
       emptyTimes.push(Number(process.hrtime.bigint() - a) / 1e6);
+      emptyCpu.push(cpuMs(c0));
     }
   }
   gc();
@@ -167,21 +180,27 @@ async function runCase(c: Case): Promise<Result> {
   // An 8k-token prompt resident on worker 0 (the first 512 blocks it stored).
   const feats = { blocks: prompt.slice(0, 512), inputTokens: 8192, exact: true, mediaHashes: [] as string[], n: 1 };
   const times: number[] = [];
+  const cpu: number[] = [];
   const pickStart = Date.now();
   for (let i = 0; i < 2000 && Date.now() - pickStart < 20000; i++) {
+    const c0 = process.cpuUsage();
     const a = process.hrtime.bigint();
     const p = router.pick(feats);
     p.reservation.finish();
     times.push(Number(process.hrtime.bigint() - a) / 1e6);
+    cpu.push(cpuMs(c0));
     if (p.target.id !== ids[0] && stored >= PER_STORE * PER_CHAIN * c.workers) throw new Error(`picked ${p.target.id}, expected ${ids[0]}`);
   }
   const held = mirror.entries(eks[0]);
   // Four workers leave one after another: the first runs cold code, the rest show the steady cost.
   const drops: number[] = [];
+  const dropCpu: number[] = [];
   for (let w = 0; w < Math.min(4, c.workers); w++) {
+    const c0 = process.cpuUsage();
     const d = process.hrtime.bigint();
     router.removeWorker(ids[w]);
     drops.push(Number(process.hrtime.bigint() - d) / 1e6);
+    dropCpu.push(cpuMs(c0));
     if (mirror.entries(eks[w]) !== 0) throw new Error("drop left entries behind");
   }
   const dropMs = drops[0];
@@ -208,6 +227,9 @@ async function runCase(c: Case): Promise<Result> {
     picks: times.length,
     dropMs,
     dropLater,
+    dropCpuMax: Math.max(...dropCpu),
+    pickCpuP99: pct(cpu, 99),
+    emptyCpuP99: pct(emptyCpu, 99),
     emptyP99: pct(emptyTimes, 99),
     dropped: held,
     reclaimMs,
@@ -260,25 +282,25 @@ async function main(): Promise<void> {
         for (const impl of impls) cases.push({ impl, path, blocks: b, workers: w, timeLimit: impl === "map" ? mapTime : 240, rssLimit: impl === "map" ? rssLimit : 16 * 2 ** 30 });
       }
   const rows: string[] = [
-    "| path | workers | blocks asked | index | blocks held | ingest blocks/s | RSS MB | B/block (RSS) | B/block (heap+ext) | pick p50 ms | pick p99 ms (empty-mirror p99) | drop worker ms: first / max of next 3 (blocks each) | deferred reclaim ms (all drops) | stopped |",
-    "|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+    "| path | workers | blocks asked | index | blocks held | ingest blocks/s | RSS MB | B/block (RSS) | B/block (heap+ext) | pick p50 ms | pick p99 ms wall (empty mirror) | pick p99 ms CPU (empty mirror) | drop worker ms: first / max of next 3 (blocks each) | drop CPU ms max | deferred reclaim ms (all drops) | stopped |",
+    "|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
   ];
   const mapStopped = new Set<string>();
   const started = Date.now();
   for (const c of cases) {
     const key = `${c.path}/${c.workers}`;
     if (c.impl === "map" && mapStopped.has(key)) {
-      rows.push(`| ${c.path} | ${c.workers} | ${c.blocks / 1e6}M | Map | — | — | — | — | — | — | — | — | — | not run: stopped at a smaller size |`);
+      rows.push(`| ${c.path} | ${c.workers} | ${c.blocks / 1e6}M | Map | — | — | — | — | — | — | — | — | — | — | — | not run: stopped at a smaller size |`);
       continue;
     }
     const r = await child(c, c.impl === "map" ? mapTime + 60 : 300);
     if ("error" in r) {
       if (c.impl === "map") mapStopped.add(key);
-      rows.push(`| ${c.path} | ${c.workers} | ${c.blocks / 1e6}M | ${c.impl === "map" ? "Map" : "typed"} | — | — | — | — | — | — | — | — | — | ${r.error} |`);
+      rows.push(`| ${c.path} | ${c.workers} | ${c.blocks / 1e6}M | ${c.impl === "map" ? "Map" : "typed"} | — | — | — | — | — | — | — | — | — | — | — | ${r.error} |`);
     } else {
       if (r.stopped && c.impl === "map") mapStopped.add(key);
       rows.push(
-        `| ${c.path} | ${c.workers} | ${c.blocks / 1e6}M | ${c.impl === "map" ? "Map" : "typed"} | ${(r.stored / 1e6).toFixed(2)}M | ${Math.round(r.rate / 1000)}k | ${Math.round(r.rssMB)} | ${Math.round(r.bytesPerBlock)} | ${Math.round(r.heapPerBlock)} | ${r.pickP50.toFixed(2)} | ${r.pickP99.toFixed(2)} (${r.emptyP99.toFixed(2)}) | ${r.dropMs.toFixed(1)} / ${r.dropLater.toFixed(1)} (${Math.round(r.dropped / 1000)}k) | ${c.impl === "typed" ? r.reclaimMs.toFixed(0) : "—"} | ${r.stopped ?? ""} |`,
+        `| ${c.path} | ${c.workers} | ${c.blocks / 1e6}M | ${c.impl === "map" ? "Map" : "typed"} | ${(r.stored / 1e6).toFixed(2)}M | ${Math.round(r.rate / 1000)}k | ${Math.round(r.rssMB)} | ${Math.round(r.bytesPerBlock)} | ${Math.round(r.heapPerBlock)} | ${r.pickP50.toFixed(2)} | ${r.pickP99.toFixed(2)} (${r.emptyP99.toFixed(2)}) | ${r.pickCpuP99.toFixed(2)} (${r.emptyCpuP99.toFixed(2)}) | ${r.dropMs.toFixed(1)} / ${r.dropLater.toFixed(1)} (${Math.round(r.dropped / 1000)}k) | ${r.dropCpuMax.toFixed(1)} | ${c.impl === "typed" ? r.reclaimMs.toFixed(0) : "—"} | ${r.stopped ?? ""} |`,
       );
     }
     process.stderr.write(rows[rows.length - 1] + "\n");

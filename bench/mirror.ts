@@ -47,6 +47,8 @@ interface Result {
   stopped: string | null;
   ingestS: number;
   rate: number;
+  /** blocks per CPU second (the process's CPU, so GC helper threads count too) */
+  rateCpu: number;
   rssMB: number;
   bytesPerBlock: number;
   heapPerBlock: number;
@@ -127,6 +129,7 @@ async function runCase(c: Case): Promise<Result> {
   const seqs = new Array(c.workers).fill(-1);
   let stored = 0;
   let busy = 0; // seconds inside the measured path
+  let busyCpu = 0; // CPU ms inside it
   let stopped: string | null = null;
   const t0 = Date.now();
   let prompt: BlockHash[] = [];
@@ -143,9 +146,11 @@ async function runCase(c: Case): Promise<Result> {
         eh[j] = synthEngine(w, k * PER_STORE + j);
       }
       if (w === 0 && k < PER_CHAIN) prompt = prompt.concat(bh);
+      const c0 = process.cpuUsage();
       const a = process.hrtime.bigint();
       for (let j = 0; j < PER_STORE; j++) mirror.store(eks[w], eh[j], bh[j]);
       busy += Number(process.hrtime.bigint() - a) / 1e9;
+      busyCpu += cpuMs(c0);
     } else {
       const tokens = new Array(PER_STORE * 16);
       for (let j = 0; j < tokens.length; j++) tokens[j] = (s * tokens.length + j) % 2147483647;
@@ -155,10 +160,12 @@ async function runCase(c: Case): Promise<Result> {
       lastEngine[w] = hashes[PER_STORE - 1];
       if (w === 0 && k < PER_CHAIN) prompt = prompt.concat(tokens);
       const payload = encode([Date.now() / 1000, [{ type: "BlockStored", block_hashes: hashes, parent_block_hash: parent, token_ids: tokens, block_size: 16, lora_id: null, medium: null, lora_name: null }], null], { useBigInt64: true });
+      const c0 = process.cpuUsage();
       const a = process.hrtime.bigint();
       const batch = decodeBatch(payload);
       applyBatch(mirror, eks[w], ++seqs[w], batch.events, 16, { hasher: nativeHasher, maxBlocks: 0 });
       busy += Number(process.hrtime.bigint() - a) / 1e9;
+      busyCpu += cpuMs(c0);
     }
     stored += PER_STORE;
     if ((s & 255) === 255) {
@@ -195,6 +202,7 @@ async function runCase(c: Case): Promise<Result> {
   // Four workers leave one after another: the first runs cold code, the rest show the steady cost.
   const drops: number[] = [];
   const dropCpu: number[] = [];
+  let reclaimMs = 0;
   for (let w = 0; w < Math.min(4, c.workers); w++) {
     const c0 = process.cpuUsage();
     const d = process.hrtime.bigint();
@@ -202,22 +210,23 @@ async function runCase(c: Case): Promise<Result> {
     drops.push(Number(process.hrtime.bigint() - d) / 1e6);
     dropCpu.push(cpuMs(c0));
     if (mirror.entries(eks[w]) !== 0) throw new Error("drop left entries behind");
+    // The typed index defers freeing a dropped worker's entries to later
+    // stores; time that work too (the first drop's).
+    if (w === 0 && c.impl === "typed") {
+      const r = process.hrtime.bigint();
+      (mirror as TypedMirror).sweep(Infinity);
+      reclaimMs = Number(process.hrtime.bigint() - r) / 1e6;
+    }
   }
   const dropMs = drops[0];
   const dropLater = Math.max(...drops.slice(1));
-  // The typed index defers freeing a dropped worker's entries to later stores; time that work too.
-  let reclaimMs = 0;
-  if (c.impl === "typed") {
-    const r = process.hrtime.bigint();
-    (mirror as TypedMirror).sweep(Infinity);
-    reclaimMs = Number(process.hrtime.bigint() - r) / 1e6;
-  }
   return {
     c,
     stored: n,
     stopped,
     ingestS: busy,
     rate: n / busy,
+    rateCpu: n / (busyCpu / 1000),
     rssMB: after.rss / 2 ** 20,
     bytesPerBlock: (after.rss - base.rss) / n,
     // external already counts ArrayBuffers (the typed index's tables)
@@ -272,7 +281,7 @@ async function main(): Promise<void> {
   const workers = arg("--workers", "8,64,256").split(",").map(Number);
   const paths = arg("--paths", "index,wire").split(",") as Case["path"][];
   const impls = arg("--impls", "map,typed").split(",") as Case["impl"][];
-  const mapTime = Number(arg("--map-time-s", "20"));
+  const mapTime = Number(arg("--map-time-s", "12"));
   const wireSizes = arg("--wire-sizes", "1,10").split(",").map((x) => Math.round(Number(x) * 1e6));
   const rssLimit = Number(arg("--map-rss-gib", "4")) * 2 ** 30;
   const cases: Case[] = [];
@@ -282,7 +291,7 @@ async function main(): Promise<void> {
         for (const impl of impls) cases.push({ impl, path, blocks: b, workers: w, timeLimit: impl === "map" ? mapTime : 240, rssLimit: impl === "map" ? rssLimit : 16 * 2 ** 30 });
       }
   const rows: string[] = [
-    "| path | workers | blocks asked | index | blocks held | ingest blocks/s | RSS MB | B/block (RSS) | B/block (heap+ext) | pick p50 ms | pick p99 ms wall (empty mirror) | pick p99 ms CPU (empty mirror) | drop worker ms: first / max of next 3 (blocks each) | drop CPU ms max | deferred reclaim ms (all drops) | stopped |",
+    "| path | workers | blocks asked | index | blocks held | ingest blocks/s wall (CPU) | RSS MB | B/block (RSS) | B/block (heap+ext) | pick p50 ms | pick p99 ms wall (empty mirror) | pick p99 ms CPU (empty mirror) | drop worker ms: first / max of next 3 (blocks each) | drop CPU ms max | deferred reclaim ms (first drop) | stopped |",
     "|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
   ];
   const mapStopped = new Set<string>();
@@ -300,7 +309,7 @@ async function main(): Promise<void> {
     } else {
       if (r.stopped && c.impl === "map") mapStopped.add(key);
       rows.push(
-        `| ${c.path} | ${c.workers} | ${c.blocks / 1e6}M | ${c.impl === "map" ? "Map" : "typed"} | ${(r.stored / 1e6).toFixed(2)}M | ${Math.round(r.rate / 1000)}k | ${Math.round(r.rssMB)} | ${Math.round(r.bytesPerBlock)} | ${Math.round(r.heapPerBlock)} | ${r.pickP50.toFixed(2)} | ${r.pickP99.toFixed(2)} (${r.emptyP99.toFixed(2)}) | ${r.pickCpuP99.toFixed(2)} (${r.emptyCpuP99.toFixed(2)}) | ${r.dropMs.toFixed(1)} / ${r.dropLater.toFixed(1)} (${Math.round(r.dropped / 1000)}k) | ${r.dropCpuMax.toFixed(1)} | ${c.impl === "typed" ? r.reclaimMs.toFixed(0) : "—"} | ${r.stopped ?? ""} |`,
+        `| ${c.path} | ${c.workers} | ${c.blocks / 1e6}M | ${c.impl === "map" ? "Map" : "typed"} | ${(r.stored / 1e6).toFixed(2)}M | ${Math.round(r.rate / 1000)}k (${Math.round(r.rateCpu / 1000)}k) | ${Math.round(r.rssMB)} | ${Math.round(r.bytesPerBlock)} | ${Math.round(r.heapPerBlock)} | ${r.pickP50.toFixed(2)} | ${r.pickP99.toFixed(2)} (${r.emptyP99.toFixed(2)}) | ${r.pickCpuP99.toFixed(2)} (${r.emptyCpuP99.toFixed(2)}) | ${r.dropMs.toFixed(1)} / ${r.dropLater.toFixed(1)} (${Math.round(r.dropped / 1000)}k) | ${r.dropCpuMax.toFixed(1)} | ${c.impl === "typed" ? r.reclaimMs.toFixed(0) : "—"} | ${r.stopped ?? ""} |`,
       );
     }
     process.stderr.write(rows[rows.length - 1] + "\n");

@@ -15,6 +15,7 @@ import { Options } from "./config";
 import { BatchInfo, subscribeZmq, Subscription } from "./events";
 import { RenderProbes } from "./probe";
 import { memoryModelTable, ModelTable, withModels } from "../core/models";
+import { defaultReplicaId, ReplicaSync } from "./replicas";
 
 /** GET <worker>/v1/models: served model ids (base models and LoRA adapters) and each adapter's parent. */
 export async function fetchModels(address: string, timeoutMs = 3000): Promise<{ ids: string[]; parent: Record<string, string> } | null> {
@@ -108,6 +109,8 @@ export class App {
   private eventsUp: Record<string, boolean> = {};
   /** Per worker: has a KV event batch arrived (transports without connection state). */
   private eventsSeen: Record<string, boolean> = {};
+  /** --replica-sync nats: in-flight load shared with the other router replicas. */
+  readonly replicas: ReplicaSync | null = null;
   /** Set on SIGTERM: readiness goes false so load balancers stop sending. */
   draining = false;
   /** Discovery's connection state (static discovery is always connected). */
@@ -122,6 +125,12 @@ export class App {
       () => (this.tokenizer ? this.tokenizer.cacheStats() : null),
       (id) => this.eventStatus(id),
     );
+    if (opts.replica && opts.replica.sync === "nats") {
+      const r = opts.replica;
+      this.replicas = new ReplicaSync(this.state.load, this.state.workers, { id: r.id || defaultReplicaId(), subject: r.subject, heartbeatMs: r.heartbeatMs, ttlMs: r.ttlMs }, log);
+      this.state.load = this.replicas.ledger;
+      this.replicas.register(this.metrics.registry);
+    }
     this.router = createRouter(this.state, opts.router, {
       log: (l, line) => log(l, line),
       onPick: (role, p) => {
@@ -142,7 +151,13 @@ export class App {
 
   /** Builds the app with the event transport named by --kv-event-transport. */
   static async create(opts: Options, log: Logger): Promise<App> {
-    return new App(opts, log, await eventSourceFor(opts, log));
+    const app = new App(opts, log, await eventSourceFor(opts, log));
+    if (app.replicas) {
+      const { natsConnect } = await import("./nats");
+      await app.replicas.start(await natsConnect(opts.natsUrl, log, `infera-gate-router ${app.replicas.opts.id}`));
+      log("info", "replica load sync on", { replica_id: app.replicas.opts.id, subject: opts.replica.subject, nats: opts.natsUrl });
+    }
+    return app;
   }
 
   /** Starts active health checks (vLLM and SGLang both serve GET /health). */
@@ -416,6 +431,7 @@ export class App {
     if (this.modelTimer) clearInterval(this.modelTimer);
     for (const id of Object.keys(this.subs)) this.subs[id].sub.close();
     this.subs = {};
+    await this.replicas?.close();
     await this.eventSource.close();
   }
 }

@@ -38,6 +38,8 @@ export interface Options {
   kvEventTransport: "zmq" | "nats";
   kvEventTopic: string;
   natsUrl: string;
+  /** Router replicas sharing in-flight load (runtime/replicas.ts). */
+  replica: { sync: "off" | "nats"; id: string | null; subject: string; heartbeatMs: number; ttlMs: number };
   discovery: "static" | "etcd" | "k8s";
   etcdEndpoint: string;
   etcdPrefix: string;
@@ -192,6 +194,13 @@ export function optionsFrom(values: Record<string, FlagValue>, cmd: "router" | "
     kvEventTransport: v("kv-event-transport") as Options["kvEventTransport"],
     kvEventTopic: v("kv-event-topic") as string,
     natsUrl: v("nats-url") as string,
+    replica: {
+      sync: ((v("replica-sync") as string) ?? "off") as "off" | "nats",
+      id: (v("replica-id") as string | null) ?? null,
+      subject: (v("replica-subject") as string) ?? "infera.load",
+      heartbeatMs: (v("replica-heartbeat-ms") as number) ?? 1000,
+      ttlMs: (v("replica-ttl-ms") as number) ?? 3000,
+    },
     discovery: v("discovery-backend") as Options["discovery"],
     etcdEndpoint: v("etcd-endpoint") as string,
     etcdPrefix: v("etcd-prefix") as string,
@@ -238,6 +247,7 @@ export function optionsFrom(values: Record<string, FlagValue>, cmd: "router" | "
   if (!o.extProcTls && v("ext-proc-tls-client-ca")) throw new CliError("--ext-proc-tls-client-ca needs --ext-proc-tls-cert and --ext-proc-tls-key");
   if (o.discovery === "k8s" && !o.inferencePool && !o.k8sSelector) throw new CliError("--discovery-backend k8s needs --inference-pool NAME or --k8s-selector LABELS");
   if (o.discovery === "static" && o.workers.length === 0) throw new CliError("--workers is required with --discovery-backend static");
+  if (o.replica.sync !== "off" && o.replica.ttlMs <= o.replica.heartbeatMs) throw new CliError("--replica-ttl-ms must be longer than --replica-heartbeat-ms (a live replica would expire between heartbeats)");
   if (cmd === "bridge" && !o.pushToken) throw new CliError("--push-token (or INFERA_PUSH_TOKEN) is required");
   return o;
 }

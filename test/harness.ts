@@ -219,6 +219,8 @@ export interface EnvoyOptions {
    * header into the envoy.lb.subset_hint metadata a gateway sets.
    */
   pool?: { endpoints: string[]; bodyMode?: "FULL_DUPLEX_STREAMED" | "BUFFERED"; subsetFromHeader?: boolean };
+  /** envoy/envoy.yaml with router replicas: the ext_proc cluster lists every port (round robin), with gRPC health checks and outlier ejection so a dead replica is skipped. */
+  extProcPorts?: number[];
 }
 
 export interface EnvoyProc {
@@ -235,9 +237,27 @@ export function startEnvoy(extProcPort: number, opts: EnvoyOptions = {}): Promis
   return withPortRetry("envoy", () => startEnvoyOnce(extProcPort, opts));
 }
 
+/** envoy/envoy.yaml's ext_proc cluster made a pool of router replicas (README "Router replicas"). */
+export function replicaCluster(cfg: string, ports: number[]): string {
+  const one = "        - endpoint: { address: { socket_address: { address: 127.0.0.1, port_value: 9002 } } }";
+  if (!cfg.includes(one)) throw new Error("envoy.yaml: ext_proc endpoint line not found");
+  cfg = cfg.replace(one, ports.map((p) => one.replace("9002", String(p))).join("\n"));
+  const at = "  - name: infera_ext_proc\n    type: STATIC\n    connect_timeout: 1s\n";
+  if (!cfg.includes(at)) throw new Error("envoy.yaml: ext_proc cluster header not found");
+  return cfg.replace(
+    at,
+    at +
+      "    lb_policy: ROUND_ROBIN\n" +
+      "    health_checks:\n" +
+      "    - { timeout: 0.5s, interval: 0.5s, unhealthy_threshold: 1, healthy_threshold: 1, grpc_health_check: { service_name: envoy.service.ext_proc.v3.ExternalProcessor } }\n" +
+      "    outlier_detection: { split_external_local_origin_errors: true, consecutive_local_origin_failure: 1, interval: 0.5s, base_ejection_time: 5s, max_ejection_percent: 50 }\n",
+  );
+}
+
 function envoyConfig(extProcPort: number, port: number, adminPort: number, opts: EnvoyOptions): string {
   if (!opts.pool) {
     let cfg = fs.readFileSync(path.join(ROOT, "envoy/envoy.yaml"), "utf8");
+    if (opts.extProcPorts) cfg = replicaCluster(cfg, opts.extProcPorts);
     cfg = cfg.replace("port_value: 10000", `port_value: ${port}`).replace("port_value: 9901", `port_value: ${adminPort}`).replace("port_value: 9002", `port_value: ${extProcPort}`);
     if (opts.failureModeAllow) cfg = cfg.replace("failure_mode_allow: false", "failure_mode_allow: true");
     if (opts.routeIdleTimeoutS) cfg = cfg.replace("idle_timeout: 60s }", `idle_timeout: ${opts.routeIdleTimeoutS}s }`);

@@ -36,8 +36,8 @@ interface Replica {
 async function replica(url: string, id: string, workers: string[], padFirst = 0): Promise<Replica> {
   const state = memoryState();
   // Different epoch numbering per replica: the wire must not depend on it.
-  for (let i = 0; i < padFirst; i++) state.workers.add({ id: `pad${i}`, address: `127.0.0.1:${i + 1}`, blockSize: 16 });
-  for (const w of workers) state.workers.add({ id: w, address: w, blockSize: 16 });
+  for (let i = 0; i < padFirst; i++) state.workers.add({ id: `pad${i}`, address: `127.0.0.1:${i + 1}`, blockSize: 16, role: "mixed" });
+  for (const w of workers) state.workers.add({ id: w, address: w, blockSize: 16, role: "mixed" });
   const sync = new ReplicaSync(state.load, state.workers, { id, subject: "test.load", heartbeatMs: HB, ttlMs: TTL }, () => undefined);
   state.load = sync.ledger;
   const nc = await connect({ servers: url });
@@ -111,7 +111,7 @@ test("remote load on a worker this replica learns about later is applied when it
   const b = await replica(nats.url, "B2", ["127.0.0.1:7001"]);
   a.state.load.hold(a.ek("127.0.0.1:7009"), blocks("q", 6), 0, 0);
   await waitFor("B holds it as unknown", async () => b.sync.remoteStats().unknown === 1, 3000);
-  b.state.workers.add({ id: "127.0.0.1:7009", address: "127.0.0.1:7009", blockSize: 16 });
+  b.state.workers.add({ id: "127.0.0.1:7009", address: "127.0.0.1:7009", blockSize: 16, role: "mixed" });
   await waitFor("applied after the join", async () => b.state.load.activeBlocks(b.ek("127.0.0.1:7009")) === 6, 3000);
   assert.equal(b.sync.remoteStats().unknown, 0);
 });

@@ -20,12 +20,12 @@ const arg = (name: string, def: number) => {
 };
 const ROUNDS = Math.min(2000, arg("--rounds", 200));
 const SECONDS = Math.min(120, arg("--seconds", 10));
-const CHUNKS = 16;
+export const CHUNKS = 16;
 const outIdx = process.argv.indexOf("--out");
 const OUT = outIdx > 0 ? process.argv[outIdx + 1] : null;
 
 /** An OpenAI-shaped SSE stream of CHUNKS chunks, 1 ms apart, for every POST; 200 to every GET (health, models). */
-function nullEngine(port: number): Promise<http.Server> {
+export function nullEngine(port: number): Promise<http.Server> {
   const srv = http.createServer((req, res) => {
     if (req.method === "GET") {
       res.writeHead(200, { "content-type": "application/json" });
@@ -89,7 +89,7 @@ static_resources:
 const agent = new http.Agent({ keepAlive: true, maxSockets: 64 });
 
 /** One streaming chat request: ms to the first body byte and to the end, or an error. */
-function request(base: string, body: string): Promise<{ ttft: number; total: number; status: number }> {
+export function request(base: string, body: string): Promise<{ ttft: number; total: number; status: number }> {
   const u = new URL(base);
   return new Promise((resolve, reject) => {
     const t0 = performance.now();
@@ -115,7 +115,7 @@ const pct = (xs: number[], p: number) => {
   return s[Math.min(s.length - 1, Math.floor((p / 100) * s.length))];
 };
 
-function cpuMs(pid: number): number {
+export function cpuMs(pid: number): number {
   const f = fs.readFileSync(`/proc/${pid}/stat`, "utf8");
   const parts = f.slice(f.lastIndexOf(")") + 2).split(" ");
   // utime, stime are fields 14 and 15 (1-based) of the whole line: 12, 13 after the comm.
@@ -200,8 +200,10 @@ async function main() {
   await stopAll();
 }
 
-main().catch(async (e) => {
-  console.error(e);
-  await stopAll();
-  process.exit(1);
-});
+// bench/replicas.ts imports the null engine and the client from here.
+if (require.main === module)
+  main().catch(async (e) => {
+    console.error(e);
+    await stopAll();
+    process.exit(1);
+  });

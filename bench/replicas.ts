@@ -3,8 +3,10 @@
 // interleaved round by round: closed loop at concurrency 16 on the null engine
 // of bench/overhead.ts, so the gateway path is all that is measured. Replicas
 // share in-flight load through a real nats-server (--replica-sync nats); the
-// "1 (sync on)" column is one replica publishing its load with nobody
-// listening, the cost of the sync itself.
+// "1 (sync on)" row is one replica publishing its load with nobody
+// listening; the "sync off" rows split the work the same way without sharing
+// load (they route worse: that is the e2e test), to separate the cost of the
+// sync from the cost of more processes on the same cores.
 // Usage: npm run bench:replicas [-- --seconds S] [-- --rounds R] [-- --out FILE]
 import * as fs from "fs";
 import * as os from "os";
@@ -77,6 +79,9 @@ async function main() {
     await setup("1 (sync on)", 1, true, enginePort, nats.url, "b"),
     await setup("2", 2, true, enginePort, nats.url, "c"),
     await setup("3", 3, true, enginePort, nats.url, "d"),
+    // The same split without the sync: what splitting the work costs on its own.
+    await setup("2 (sync off)", 2, false, enginePort, nats.url, "e"),
+    await setup("3 (sync off)", 3, false, enginePort, nats.url, "f"),
   ];
   const prompts: [string, string][] = [
     ["short", "What is the capital of France?"],

@@ -105,6 +105,16 @@ test("two replicas through nats-server: holds and releases converge, a silent re
   void g5;
 });
 
+test("a turn's holds over NATS's max_payload go out in several messages", async () => {
+  const nats = await startNats();
+  const W = ["127.0.0.1:7001"];
+  const a = await replica(nats.url, "A3", W);
+  const b = await replica(nats.url, "B3", W);
+  // 5 x 15,000 blocks (a 240k-token prompt each) in one event-loop turn: ~1.5 MB of ops.
+  for (let i = 0; i < 5; i++) a.state.load.hold(a.ek(W[0]), blocks(`hash${i}-0000000`, 15000), 0, 0);
+  await waitFor("B holds all of it", async () => b.state.load.activeBlocks(b.ek(W[0])) === 75000, 5000);
+});
+
 test("remote load on a worker this replica learns about later is applied when it joins", async () => {
   const nats = await startNats();
   const a = await replica(nats.url, "A2", ["127.0.0.1:7001", "127.0.0.1:7009"]);

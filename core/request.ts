@@ -1,6 +1,6 @@
 // Parses OpenAI /v1/chat/completions, /v1/completions and Anthropic /v1/messages
 // bodies into what routing needs. Every malformed input becomes a 400 httpError.
-import { httpError, utf8 } from "./util";
+import { httpError, utf8, utf8Length } from "./util";
 import { blockHashes, Hasher, jsHasher } from "./hash";
 import { Features } from "./types";
 import { ChatInput, chatInputOf, conversation } from "./chat";
@@ -51,7 +51,7 @@ function textBytes(root: any, rootKey: string): number {
     const v = stack.pop();
     const key = keys.pop() as string;
     if (typeof v === "string") {
-      if (key !== "data" && v.indexOf("data:") !== 0) t += utf8(v).length;
+      if (key !== "data" && v.indexOf("data:") !== 0) t += utf8Length(v);
     } else if (v instanceof Array) {
       for (let i = v.length - 1; i >= 0; i--) {
         stack.push(v[i]);

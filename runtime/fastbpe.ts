@@ -1,0 +1,295 @@
+// A byte-level BPE for Node at tiktoken-class speed, equal by construction to
+// @huggingface/tokenizers on the tokenizer.json shapes it accepts: it applies
+// the file's own merge list (pair -> rank), so no "rank = token id" assumption
+// is needed. Speed comes from caching whole pre-tokenized words (natural text
+// repeats them) and from integer pair keys instead of string concatenation.
+// Any feature it does not model makes fastBpeSupport() say why, and the
+// caller keeps @huggingface/tokenizers for that tokenizer.
+import { compilePattern } from "../core/bpe";
+
+interface AddedToken {
+  id: number;
+  content: string;
+  lstrip?: boolean;
+  rstrip?: boolean;
+  single_word?: boolean;
+  normalized?: boolean;
+  special?: boolean;
+}
+
+export interface TokenizerJson {
+  normalizer?: { type: string } | null;
+  pre_tokenizer?: any;
+  model?: any;
+  added_tokens?: AddedToken[];
+}
+
+/** The Split regex of a byte-level pre-tokenizer this BPE reproduces, or a reason it cannot. */
+function splitPattern(pt: any): { pattern: string } | { reason: string } {
+  if (!pt) return { reason: "no pre-tokenizer" };
+  const byteLevel = (p: any) => p && p.type === "ByteLevel" && !p.add_prefix_space;
+  if (pt.type === "Sequence" && Array.isArray(pt.pretokenizers) && pt.pretokenizers.length === 2) {
+    const [s, b] = pt.pretokenizers;
+    if (s.type === "Split" && s.pattern && typeof s.pattern.Regex === "string" && s.behavior === "Isolated" && !s.invert && byteLevel(b) && b.use_regex === false) return { pattern: s.pattern.Regex };
+  }
+  return { reason: `pre-tokenizer ${JSON.stringify(pt).slice(0, 120)} is not Sequence[Split(regex, Isolated), ByteLevel(use_regex=false)]` };
+}
+
+/** null when the fast path reproduces this tokenizer.json exactly, else the reason it does not. */
+export function fastBpeSupport(tj: TokenizerJson): string | null {
+  const m = tj.model;
+  if (!m || m.type !== "BPE") return `model type ${m && m.type} is not BPE`;
+  if (m.dropout) return "BPE dropout";
+  if (m.byte_fallback) return "byte_fallback";
+  if (m.continuing_subword_prefix || m.end_of_word_suffix) return "subword prefix/suffix";
+  if (!Array.isArray(m.merges) || !m.vocab) return "no merges/vocab";
+  if (tj.normalizer && tj.normalizer.type !== "NFC") return `normalizer ${tj.normalizer.type}`;
+  const sp = splitPattern(tj.pre_tokenizer);
+  if ("reason" in sp) return sp.reason;
+  for (const a of tj.added_tokens || []) {
+    if (a.lstrip || a.rstrip || a.single_word) return `added token ${a.content} strips or matches whole words`;
+    if (a.normalized && a.content.normalize("NFC") !== a.content) return `added token ${a.content} changes under normalization`;
+  }
+  // Every byte must have its own token, or a word could fall outside the vocabulary.
+  const bytes = byteChars();
+  for (let b = 0; b < 256; b++) if (m.vocab[bytes[b]] === undefined) return `byte ${b} has no token`;
+  return null;
+}
+
+function byteChars(): string[] {
+  const t: string[] = [];
+  let n = 0;
+  for (let b = 0; b < 256; b++) {
+    const printable = (b >= 33 && b <= 126) || (b >= 161 && b <= 172) || (b >= 174 && b <= 255);
+    t.push(String.fromCharCode(printable ? b : 256 + n++));
+  }
+  return t;
+}
+
+// Token ids stay below 2^21, so (left id, right id) packs into one exact double.
+const SHIFT = 2 ** 21;
+
+export interface FastBpe {
+  /** Ids of text without added-token handling beyond splitting them out (like encode(t, {add_special_tokens:false})). */
+  encode(text: string): number[];
+  /** Words cached and their hit counters (diagnostics). */
+  stats(): { words: number; hits: number; misses: number };
+}
+
+export function createFastBpe(tj: TokenizerJson, opts: { maxWords?: number } = {}): FastBpe {
+  const why = fastBpeSupport(tj);
+  if (why) throw new Error("fast BPE does not support this tokenizer: " + why);
+  const m = tj.model;
+  const vocab: { [k: string]: number } = m.vocab;
+  const ignoreMerges = !!m.ignore_merges;
+  const re = compilePattern((splitPattern(tj.pre_tokenizer) as { pattern: string }).pattern);
+  const nfc = !!tj.normalizer;
+  const bc = byteChars();
+  const byteId = new Int32Array(256);
+  for (let b = 0; b < 256; b++) byteId[b] = vocab[bc[b]];
+  // pair -> rank * SHIFT + merged id
+  const merges = new Map<number, number>();
+  const list = m.merges as (string | [string, string])[];
+  for (let r = 0; r < list.length; r++) {
+    const e = list[r];
+    let a: string, b: string;
+    if (Array.isArray(e)) [a, b] = e;
+    else {
+      const sp = e.indexOf(" ", 1);
+      a = e.slice(0, sp);
+      b = e.slice(sp + 1);
+    }
+    const ia = vocab[a];
+    const ib = vocab[b];
+    const im = vocab[a + b];
+    if (ia === undefined || ib === undefined || im === undefined) continue;
+    const k = ia * SHIFT + ib;
+    if (!merges.has(k)) merges.set(k, r * SHIFT + im);
+  }
+  const added = tj.added_tokens || [];
+  const addedIds = new Map<string, number>();
+  for (const a of added) addedIds.set(a.content, a.id);
+  const esc = (s: string) => s.replace(/[.*+?^${}()|[\]\\]/g, "\\$&");
+  const addedRe = added.length ? new RegExp([...addedIds.keys()].sort((x, y) => y.length - x.length).map(esc).join("|"), "g") : null;
+
+  const maxWords = opts.maxWords ?? 200000;
+  let cache = new Map<string, number[]>();
+  let old = new Map<string, number[]>();
+  let hits = 0;
+  let misses = 0;
+  const enc = new TextEncoder();
+  const buf = new Uint8Array(4096);
+  let ids = new Int32Array(1024);
+
+  // Merges the lowest-ranked adjacent pair, leftmost first, until none applies
+  // (HF's order); quadratic in the word, fine for words up to a few hundred bytes.
+  function bpeSmall(n: number): number[] {
+    for (;;) {
+      let best = -1;
+      let bestV = Infinity;
+      for (let i = 0; i < n - 1; i++) {
+        const v = merges.get(ids[i] * SHIFT + ids[i + 1]);
+        if (v !== undefined && v < bestV) {
+          bestV = v;
+          best = i;
+        }
+      }
+      if (best < 0) break;
+      ids[best] = bestV % SHIFT;
+      for (let i = best + 1; i < n - 1; i++) ids[i] = ids[i + 1];
+      n--;
+    }
+    const out = new Array<number>(n);
+    for (let i = 0; i < n; i++) out[i] = ids[i];
+    return out;
+  }
+
+  // The same order over a linked list and a binary heap keyed (rank, position):
+  // O(n log n) for the long runs (whitespace, base64) an adversarial prompt holds.
+  function bpeLarge(n: number): number[] {
+    const tok = Int32Array.from(ids.subarray(0, n));
+    const next = new Int32Array(n);
+    const prev = new Int32Array(n);
+    for (let i = 0; i < n; i++) {
+      next[i] = i + 1 < n ? i + 1 : -1;
+      prev[i] = i - 1;
+    }
+    const alive = new Uint8Array(n).fill(1);
+    // heap entries: [rank*SHIFT+merged, left position, left token, right token]
+    const hv: number[] = [];
+    const hp: number[] = [];
+    const hl: number[] = [];
+    const hr: number[] = [];
+    const less = (a: number, b: number) => {
+      const ra = Math.floor(hv[a] / SHIFT);
+      const rb = Math.floor(hv[b] / SHIFT);
+      return ra < rb || (ra === rb && hp[a] < hp[b]);
+    };
+    const swap = (a: number, b: number) => {
+      let t = hv[a]; hv[a] = hv[b]; hv[b] = t;
+      t = hp[a]; hp[a] = hp[b]; hp[b] = t;
+      t = hl[a]; hl[a] = hl[b]; hl[b] = t;
+      t = hr[a]; hr[a] = hr[b]; hr[b] = t;
+    };
+    const push = (pos: number) => {
+      const q = next[pos];
+      if (q < 0) return;
+      const v = merges.get(tok[pos] * SHIFT + tok[q]);
+      if (v === undefined) return;
+      hv.push(v); hp.push(pos); hl.push(tok[pos]); hr.push(tok[q]);
+      let i = hv.length - 1;
+      while (i > 0) {
+        const p = (i - 1) >> 1;
+        if (!less(i, p)) break;
+        swap(i, p);
+        i = p;
+      }
+    };
+    const pop = () => {
+      const last = hv.length - 1;
+      swap(0, last);
+      const v = hv.pop()!, p = hp.pop()!, l = hl.pop()!, r = hr.pop()!;
+      let i = 0;
+      for (;;) {
+        const a = 2 * i + 1, b = a + 1;
+        let s = i;
+        if (a < hv.length && less(a, s)) s = a;
+        if (b < hv.length && less(b, s)) s = b;
+        if (s === i) break;
+        swap(i, s);
+        i = s;
+      }
+      return [v, p, l, r];
+    };
+    for (let i = 0; i < n - 1; i++) push(i);
+    while (hv.length) {
+      const [v, p, l, r] = pop();
+      const q = next[p];
+      // stale: either side changed since this pair was queued
+      if (!alive[p] || q < 0 || tok[p] !== l || tok[q] !== r) continue;
+      tok[p] = v % SHIFT;
+      alive[q] = 0;
+      next[p] = next[q];
+      if (next[q] >= 0) prev[next[q]] = p;
+      if (prev[p] >= 0) push(prev[p]);
+      push(p);
+    }
+    const out: number[] = [];
+    for (let i = 0; i >= 0 && i < n; i = next[i]) out.push(tok[i]);
+    return out;
+  }
+
+  function word(w: string): number[] {
+    let got = cache.get(w);
+    if (got) {
+      hits++;
+      return got;
+    }
+    got = old.get(w);
+    if (got) {
+      hits++;
+    } else {
+      misses++;
+      got = bpeWord(w);
+    }
+    // Two generations: a full one is dropped whole, so the cache stays bounded without per-hit LRU bookkeeping.
+    if (cache.size >= maxWords) {
+      old = cache;
+      cache = new Map();
+    }
+    cache.set(w, got);
+    return got;
+  }
+
+  function bpeWord(w: string): number[] {
+    const b = w.length * 3 <= buf.length ? buf.subarray(0, enc.encodeInto(w, buf).written) : enc.encode(w);
+    const n = b.length;
+    if (ignoreMerges) {
+      let s = "";
+      for (let i = 0; i < n; i++) s += bc[b[i]];
+      const direct = vocab[s];
+      if (direct !== undefined) return [direct];
+    }
+    if (n === 1) return [byteId[b[0]]];
+    if (ids.length < n) ids = new Int32Array(n * 2);
+    for (let i = 0; i < n; i++) ids[i] = byteId[b[i]];
+    return n <= 256 ? bpeSmall(n) : bpeLarge(n);
+  }
+
+  function encodePlain(s: string, out: number[]): void {
+    if (!s) return;
+    const t = nfc ? s.normalize("NFC") : s;
+    re.lastIndex = 0;
+    let mt: RegExpExecArray | null;
+    while ((mt = re.exec(t)) !== null) {
+      const piece = mt[0];
+      if (!piece) {
+        re.lastIndex++;
+        continue;
+      }
+      const got = word(piece);
+      for (let i = 0; i < got.length; i++) out.push(got[i]);
+    }
+  }
+
+  return {
+    encode(text: string): number[] {
+      const out: number[] = [];
+      if (!addedRe) {
+        encodePlain(text, out);
+        return out;
+      }
+      addedRe.lastIndex = 0;
+      let start = 0;
+      let mt: RegExpExecArray | null;
+      while ((mt = addedRe.exec(text)) !== null) {
+        encodePlain(text.slice(start, mt.index), out);
+        out.push(addedIds.get(mt[0])!);
+        start = mt.index + mt[0].length;
+      }
+      encodePlain(text.slice(start), out);
+      return out;
+    },
+    stats: () => ({ words: cache.size + old.size, hits, misses }),
+  };
+}

@@ -43,7 +43,7 @@ export function fastBpeSupport(tj: TokenizerJson): string | null {
   if (m.byte_fallback) return "byte_fallback";
   if (m.continuing_subword_prefix || m.end_of_word_suffix) return "subword prefix/suffix";
   if (!Array.isArray(m.merges) || !m.vocab) return "no merges/vocab";
-  if (tj.normalizer && tj.normalizer.type !== "NFC") return `normalizer ${tj.normalizer.type}`;
+  if (normalizerOf(tj) === undefined) return `normalizer ${JSON.stringify(tj.normalizer).slice(0, 80)}`;
   const sp = splitPattern(tj.pre_tokenizer);
   if ("reason" in sp) return sp.reason;
   for (const a of tj.added_tokens || []) {
@@ -54,6 +54,18 @@ export function fastBpeSupport(tj: TokenizerJson): string | null {
   const bytes = byteChars();
   for (let b = 0; b < 256; b++) if (m.vocab[bytes[b]] === undefined) return `byte ${b} has no token`;
   return null;
+}
+
+/** "NFC", null (none), or undefined when the normalizer is something else. */
+function normalizerOf(tj: TokenizerJson): "NFC" | null | undefined {
+  const n: any = tj.normalizer;
+  if (!n) return null;
+  if (n.type === "NFC") return "NFC";
+  if (n.type === "Sequence" && Array.isArray(n.normalizers)) {
+    if (n.normalizers.length === 0) return null;
+    if (n.normalizers.length === 1 && n.normalizers[0].type === "NFC") return "NFC";
+  }
+  return undefined;
 }
 
 function byteChars(): string[] {
@@ -69,6 +81,33 @@ function byteChars(): string[] {
 // Token ids stay below 2^21, so (left id, right id) packs into one exact double.
 const SHIFT = 2 ** 21;
 
+/**
+ * The ids add_special_tokens=true puts around a single sequence, read from the
+ * post-processor (TemplateProcessing, ByteLevel, or a Sequence of them); null
+ * for any other post-processor (the caller asks @huggingface/tokenizers).
+ */
+export function specialAffixes(tj: { post_processor?: any }): { prefix: number[]; suffix: number[] } | null {
+  const out = { prefix: [] as number[], suffix: [] as number[] };
+  const walk = (p: any): boolean => {
+    if (!p || p.type === "ByteLevel") return true;
+    if (p.type === "Sequence" && Array.isArray(p.processors)) return p.processors.every(walk);
+    if (p.type !== "TemplateProcessing" || !Array.isArray(p.single)) return false;
+    let seen = false;
+    for (const item of p.single) {
+      if (item.Sequence) {
+        if (item.Sequence.id !== "A" || seen) return false;
+        seen = true;
+      } else if (item.SpecialToken) {
+        const st = p.special_tokens && p.special_tokens[item.SpecialToken.id];
+        if (!st || !Array.isArray(st.ids)) return false;
+        (seen ? out.suffix : out.prefix).push(...st.ids);
+      } else return false;
+    }
+    return seen;
+  };
+  return walk(tj.post_processor) ? out : null;
+}
+
 export interface FastBpe {
   /** Ids of text without added-token handling beyond splitting them out (like encode(t, {add_special_tokens:false})). */
   encode(text: string): number[];
@@ -83,7 +122,7 @@ export function createFastBpe(tj: TokenizerJson, opts: { maxWords?: number } = {
   const vocab: { [k: string]: number } = m.vocab;
   const ignoreMerges = !!m.ignore_merges;
   const re = compilePattern((splitPattern(tj.pre_tokenizer) as { pattern: string }).pattern);
-  const nfc = !!tj.normalizer;
+  const nfc = normalizerOf(tj) === "NFC";
   const bc = byteChars();
   const byteId = new Int32Array(256);
   for (let b = 0; b < 256; b++) byteId[b] = vocab[bc[b]];

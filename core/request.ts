@@ -2,7 +2,7 @@
 // bodies into what routing needs. Every malformed input becomes a 400 httpError.
 import { httpError, utf8, utf8Length } from "./util";
 import { blockHashes, Hasher, jsHasher } from "./hash";
-import { Features } from "./types";
+import { BlockHash, Features } from "./types";
 import { ChatInput, chatInputOf, conversation } from "./chat";
 
 export type { Features } from "./types";
@@ -260,14 +260,27 @@ export function promptTokenIds(req: ParsedRequest, tok: Tokenizer | null): numbe
  */
 export function computeFeatures(req: ParsedRequest, tok: Tokenizer | null, blockSize: number, hasher?: Hasher, root?: string | null): Features {
   const h = hasher || jsHasher;
+  const ms = mediaSalt(req, h, root);
+  const tokens = promptTokenIds(req, tok);
+  if (!tokens) return { blocks: [], inputTokens: req.estimatedTokens, exact: false, mediaHashes: ms.mediaHashes, n: req.n, model: req.model };
+  return featuresOf(req, tokens.length, blockHashes(tokens, blockSize, h, ms.salt), ms.mediaHashes);
+}
+
+/**
+ * The media hashes and the chain's seed. Media requests chain from a salt of
+ * their images: same text + other images != text hit. root: LoRA adapter /
+ * cache_salt chain root (core/kvevents.ts requestRoot).
+ */
+export function mediaSalt(req: ParsedRequest, h: Hasher, root?: string | null): { mediaHashes: string[]; salt: string | undefined } {
   const mediaHashes: string[] = [];
   for (let i = 0; i < req.media.length; i++) mediaHashes.push(h(utf8(req.media[i])));
-  const tokens = promptTokenIds(req, tok);
-  if (!tokens) return { blocks: [], inputTokens: req.estimatedTokens, exact: false, mediaHashes, n: req.n, model: req.model };
-  // Media requests chain from a salt of their images: same text + other images != text hit.
-  // root: LoRA adapter / cache_salt chain root (core/kvevents.ts requestRoot).
   let salt: string | undefined = root || undefined;
   if (mediaHashes.length) salt = h(utf8((root ? root + "|" : "") + mediaHashes.join(",")));
+  return { mediaHashes, salt };
+}
+
+/** Features from a token count and block hashes computed elsewhere (a tokenizer thread). */
+export function featuresOf(req: ParsedRequest, tokens: number, blocks: BlockHash[], mediaHashes: string[]): Features {
   // Media expand into engine-side tokens the router never sees: the count is a lower bound.
-  return { blocks: blockHashes(tokens, blockSize, h, salt), inputTokens: tokens.length, exact: mediaHashes.length === 0, mediaHashes, n: req.n, model: req.model };
+  return { blocks, inputTokens: tokens, exact: mediaHashes.length === 0, mediaHashes, n: req.n, model: req.model };
 }

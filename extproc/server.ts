@@ -147,6 +147,17 @@ function handleStream(app: App, call: grpc.ServerDuplexStream<ProcessingRequest,
   let respBodyMode: ProcessingMode_BodySendMode | null = null;
   let subset: string[] | null = null;
   let strip: string[] = [];
+  // The stream ended (client gone, reset) while its pick was being computed.
+  let ended = false;
+  // Answers leave in message order even when a pick waits on a tokenizer thread.
+  let order: Promise<void> = Promise.resolve();
+  const inOrder = (f: () => void | Promise<void>) => {
+    order = order.then(f).catch((e) => {
+      app.log("error", `ext_proc message failed: ${(e as Error).stack}`);
+      done();
+      call.destroy(e as Error);
+    });
+  };
   const done = () => {
     if (res) res.finish();
     if (moved) {
@@ -191,7 +202,7 @@ function handleStream(app: App, call: grpc.ServerDuplexStream<ProcessingRequest,
   type Phase = "requestHeaders" | "requestBody" | "requestTrailers";
   /** The body as the engine must get it, when the pick rewrote it (SGLang rank fields); FULL_DUPLEX streams it back. */
   let newBody: Buffer | null = null;
-  const decide = (body: Buffer, phase: Phase, strip: string[]): ProcessingResponse => {
+  const decide = async (body: Buffer, phase: Phase, strip: string[]): Promise<ProcessingResponse> => {
     decided = true;
     const ep = endpointOf(headers[":path"] || "/");
     const allow = subset ? ((set: Record<string, true>) => (w: Worker) => set[w.address] === true)(Object.fromEntries(subset.map((a) => [a, true as const]))) : undefined;
@@ -199,7 +210,7 @@ function handleStream(app: App, call: grpc.ServerDuplexStream<ProcessingRequest,
     try {
       if (subset && !subset.length) throw httpError(503, "the gateway's endpoint subset is empty", "service_unavailable");
       if (ep && (headers[":method"] || "POST") === "POST") {
-        pick = app.route(ep, body, headers[app.opts.sessionHeader] || null, allow);
+        pick = await app.routeAsync(ep, body, headers[app.opts.sessionHeader] || null, allow);
       } else {
         // Not an LLM call (e.g. GET /v1/models): any worker can answer; route by load alone.
         pick = app.router.pick({ blocks: [], inputTokens: 0, exact: false, mediaHashes: [], n: 1 }, null, allow);
@@ -218,6 +229,11 @@ function handleStream(app: App, call: grpc.ServerDuplexStream<ProcessingRequest,
       app.metrics.badRequests.inc({ status: "429" });
       app.log("info", `shed a '${headers[OBJECTIVE_HEADER]}' request: every candidate holds >= ${shedAt} active blocks`);
       return immediate(429, "all endpoints are saturated; sheddable request dropped", "rate_limited", headers[":path"] || "");
+    }
+    if (ended) {
+      // Nobody is left to answer: the load this pick holds goes back now.
+      pick.reservation.finish();
+      return immediate(499, "client went away while the request was being routed", "client_closed", headers[":path"] || "");
     }
     res = pick.reservation;
     picked = pick.target;
@@ -271,16 +287,20 @@ function handleStream(app: App, call: grpc.ServerDuplexStream<ProcessingRequest,
   const duplexRelease = (trailersFollow: boolean) => {
     const orig = Buffer.concat(bodyChunks);
     bodyChunks = [];
-    const r = decide(orig, "requestHeaders", strip);
-    send(r);
-    if (r.response.case === "immediateResponse") return;
-    const body = newBody ?? orig;
-    const pieces = Math.max(1, Math.ceil(body.length / BODY_PIECE));
-    for (let i = 0; i < pieces; i++) {
-      const last = i === pieces - 1;
-      send(streamedBody("requestBody", body.subarray(i * BODY_PIECE, (i + 1) * BODY_PIECE), last && !trailersFollow));
-    }
+    const answered = decide(orig, "requestHeaders", strip);
+    inOrder(async () => {
+      const r = await answered;
+      send(r);
+      if (r.response.case === "immediateResponse") return;
+      const body = newBody ?? orig;
+      const pieces = Math.max(1, Math.ceil(body.length / BODY_PIECE));
+      for (let i = 0; i < pieces; i++) {
+        const last = i === pieces - 1;
+        send(streamedBody("requestBody", body.subarray(i * BODY_PIECE, (i + 1) * BODY_PIECE), last && !trailersFollow));
+      }
+    });
   };
+  const answer = (r: ProcessingResponse | Promise<ProcessingResponse>) => inOrder(async () => send(await r));
 
   call.on("data", (m: ProcessingRequest) => {
     touch();
@@ -306,10 +326,10 @@ function handleStream(app: App, call: grpc.ServerDuplexStream<ProcessingRequest,
           strip = [...new Set([app.opts.upstreamHeader, app.opts.prefillHeader, prefillRankHeader(app.opts.prefillHeader), DEST_KEY, LLMD_PREFILL_HEADER, ...Object.keys(headers).filter((h) => isRoutingHeader(h, app.opts) || h.startsWith("x-prefiller-"))])];
           for (const h of strip) delete headers[h];
           // No body coming (GET, or an empty POST): decide now.
-          if (r.value.endOfStream) send(decide(Buffer.alloc(0), "requestHeaders", strip));
+          if (r.value.endOfStream) answer(decide(Buffer.alloc(0), "requestHeaders", strip));
           else if (fullDuplex) break; // answered once the body is complete
           else
-            send(
+            answer(
               create(ProcessingResponseSchema, {
                 response: {
                   case: "requestHeaders",
@@ -330,18 +350,18 @@ function handleStream(app: App, call: grpc.ServerDuplexStream<ProcessingRequest,
           if (r.value.endOfStream || bodyMode === ProcessingMode_BodySendMode.BUFFERED) {
             const body = Buffer.concat(bodyChunks);
             bodyChunks = [];
-            send(decide(body, "requestBody", []));
+            answer(decide(body, "requestBody", []));
           } else {
             // A partial body (STREAMED / BUFFERED_PARTIAL): the upstream header can no
             // longer be set once chunks flow, so say what to fix instead of misrouting.
             app.log("warn", "ext_proc got a partial request body: set request_body_mode: BUFFERED or FULL_DUPLEX_STREAMED");
-            send(immediate(500, "gateway misconfigured: ext_proc request_body_mode must be BUFFERED or FULL_DUPLEX_STREAMED (routing needs the whole body)", "server_misconfigured", headers[":path"] || ""));
+            answer(immediate(500, "gateway misconfigured: ext_proc request_body_mode must be BUFFERED or FULL_DUPLEX_STREAMED (routing needs the whole body)", "server_misconfigured", headers[":path"] || ""));
           }
           break;
         case "requestTrailers":
           if (fullDuplex && !decided) {
             duplexRelease(true);
-            send(create(ProcessingResponseSchema, { response: { case: "requestTrailers", value: create(TrailersResponseSchema, {}) } }));
+            answer(create(ProcessingResponseSchema, { response: { case: "requestTrailers", value: create(TrailersResponseSchema, {}) } }));
             break;
           }
           // An HTTP/2 request may end with trailers, with or without body frames:
@@ -349,8 +369,8 @@ function handleStream(app: App, call: grpc.ServerDuplexStream<ProcessingRequest,
           if (!decided) {
             const body = Buffer.concat(bodyChunks);
             bodyChunks = [];
-            send(decide(body, "requestTrailers", []));
-          } else send(create(ProcessingResponseSchema, { response: { case: "requestTrailers", value: create(TrailersResponseSchema, {}) } }));
+            answer(decide(body, "requestTrailers", []));
+          } else answer(create(ProcessingResponseSchema, { response: { case: "requestTrailers", value: create(TrailersResponseSchema, {}) } }));
           break;
         case "responseHeaders": {
           const served = servedOf(m);
@@ -395,12 +415,16 @@ function handleStream(app: App, call: grpc.ServerDuplexStream<ProcessingRequest,
     }
   };
   // Client abort, upstream reset, Envoy closing the stream: all end up here.
-  call.on("end", () => {
-    stopIdle();
-    done();
-    call.end();
-  });
+  // A client half-closing after its last message still reads the answers in flight.
+  call.on("end", () =>
+    inOrder(() => {
+      stopIdle();
+      done();
+      call.end();
+    }),
+  );
   const gone = () => {
+    ended = true;
     stopIdle();
     done();
   };

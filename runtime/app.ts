@@ -6,7 +6,9 @@ import { RouterState } from "../core/state/types";
 import { EpochKey } from "../core/types";
 import { diffFleet } from "../core/fleet";
 import { checkSessionId } from "../core/limits";
-import { computeFeatures, Endpoint, parseRequest } from "../core/request";
+import { computeFeatures, Endpoint, featuresOf, mediaSalt, parseRequest, ParsedRequest } from "../core/request";
+import { Features } from "../core/types";
+import { defaultThreads, TokenizerPool } from "./tokenpool";
 import { applyBatch, clearAllTiers, KvEvent, requestRoot } from "../core/kvevents";
 import { nativeHasher } from "./hasher";
 import { loadTokenizer, LoadedTokenizer } from "./tokenizer";
@@ -111,6 +113,10 @@ export class App {
   private eventsSeen: Record<string, boolean> = {};
   /** --replica-sync nats: in-flight load shared with the other router replicas. */
   readonly replicas: ReplicaSync | null = null;
+  /** Tokenizer threads for long prompts; started on first need (or by warmTokenizers). */
+  private pool: TokenizerPool | null = null;
+  /** The --router-tokenizer-path entry each loaded tokenizer came from (threads load their own copy). */
+  private tokKeys = new Map<LoadedTokenizer, string>();
   /** Set on SIGTERM: readiness goes false so load balancers stop sending. */
   draining = false;
   /** Discovery's connection state (static discovery is always connected). */
@@ -118,11 +124,18 @@ export class App {
 
   constructor(readonly opts: Options, readonly log: Logger, eventSource?: EventSource) {
     const tp = tokenizerPaths(opts.tokenizerPath);
-    this.tokenizer = loadTokenizer(tp.dflt);
-    for (const m of Object.keys(tp.byModel)) this.tokenizers[m] = loadTokenizer(tp.byModel[m]);
+    const lo = { backend: opts.tokenize.backend };
+    this.tokenizer = loadTokenizer(tp.dflt, lo);
+    if (this.tokenizer) this.tokKeys.set(this.tokenizer, tp.dflt ?? "");
+    for (const m of Object.keys(tp.byModel)) {
+      const t = (this.tokenizers[m] = loadTokenizer(tp.byModel[m], lo));
+      if (t) this.tokKeys.set(t, tp.byModel[m]);
+    }
+    for (const t of this.tokKeys.keys())
+      log("info", `tokenizer ${t.source}: ${t.backend === "fast-bpe" ? "fast byte-level BPE (ids proven equal to @huggingface/tokenizers' by construction and the id-equality corpus)" : "@huggingface/tokenizers (fast BPE not used: " + t.fallbackReason + ")"}`);
     this.metrics = createMetrics(
       () => this.router,
-      () => (this.tokenizer ? this.tokenizer.cacheStats() : null),
+      () => this.cacheStats(),
       (id) => this.eventStatus(id),
     );
     if (opts.replica && opts.replica.sync === "nats") {
@@ -391,19 +404,104 @@ export class App {
     return { ready: !failing, reason: failing ? `${failing[0]}: ${failing[1].detail}` : `${routable.length} worker(s)`, checks };
   }
 
-  /** Parse, tokenize once, pick. Throws httpError(4xx/503) for the caller to render. */
-  route(endpoint: Endpoint, body: Buffer, sessionHeader: string | null, allow?: (w: Worker) => boolean): Pick {
-    const t0 = process.hrtime.bigint();
-    const req = parseRequest(endpoint, body.length <= this.opts.maxBodyBytes ? body.toString("utf8") : "", body.length, { maxBodyBytes: this.opts.maxBodyBytes, maxMessages: this.opts.maxMessages, maxMedia: this.opts.maxImages, maxJsonDepth: this.opts.maxJsonDepth }, sessionHeader);
-    let feats;
-    const root = requestRoot(this.state.mirror, req.model, req.cacheSalt, nativeHasher);
+  /** Piece-cache counters of the event loop's tokenizer plus every tokenizer thread. */
+  cacheStats(): { hitTokens: number; missTokens: number; pieces: number; chars: number } | null {
+    if (!this.tokenizer) return null;
+    const s = { ...this.tokenizer.cacheStats() };
+    if (this.pool) {
+      const p = this.pool.stats();
+      s.hitTokens += p.hitTokens;
+      s.missTokens += p.missTokens;
+      s.pieces += p.pieces;
+      s.chars += p.chars;
+    }
+    return s;
+  }
+
+  /** The tokenizer threads (null with --tokenizer-threads 0 or no tokenizer). */
+  tokenizerPool(): TokenizerPool | null {
+    if (this.pool) return this.pool;
+    const threads = this.opts.tokenize.threads ?? defaultThreads();
+    if (!threads || !this.tokKeys.size) return null;
+    this.pool = new TokenizerPool({ threads, queueMax: this.opts.tokenize.queue, timeoutMs: this.opts.tokenize.timeoutMs, backend: this.opts.tokenize.backend }, (l, m) => this.log(l, m));
+    return this.pool;
+  }
+
+  /** Starts the tokenizer threads and has each load every tokenizer now, not on the first long prompt. */
+  async warmTokenizers(): Promise<void> {
+    const pool = this.tokenizerPool();
+    if (!pool) return;
+    const jobs: Promise<unknown>[] = [];
+    for (let i = 0; i < pool.threads(); i++) for (const key of new Set(this.tokKeys.values())) jobs.push(pool.encode(key, "warm " + i, false, this.opts.router.blockSize, null).catch(() => undefined));
+    await Promise.all(jobs);
+    this.log("info", `tokenizer threads: ${pool.threads()} (prompts over ${this.opts.tokenize.inlineChars} chars; bound ${this.opts.tokenize.timeoutMs} ms, queue ${this.opts.tokenize.queue})`);
+  }
+
+  private parse(endpoint: Endpoint, body: Buffer, sessionHeader: string | null): ParsedRequest {
+    return parseRequest(endpoint, body.length <= this.opts.maxBodyBytes ? body.toString("utf8") : "", body.length, { maxBodyBytes: this.opts.maxBodyBytes, maxMessages: this.opts.maxMessages, maxMedia: this.opts.maxImages, maxJsonDepth: this.opts.maxJsonDepth }, sessionHeader);
+  }
+
+  private featuresInline(req: ParsedRequest, root: string | null): Features {
     try {
-      feats = computeFeatures(req, this.tokenizerFor(req.model), this.opts.router.blockSize, nativeHasher, root);
+      return computeFeatures(req, this.tokenizerFor(req.model), this.opts.router.blockSize, nativeHasher, root);
     } catch (e) {
       // A tokenizer failure must not fail the request: fall back to the estimate.
       this.log("warn", `tokenize failed (${(e as Error).message}); routing on estimated tokens`);
+      return computeFeatures(req, null, this.opts.router.blockSize, nativeHasher, root);
+    }
+  }
+
+  /** Parse, tokenize once, pick, all on the caller's turn. Throws httpError(4xx/503) for the caller to render. */
+  route(endpoint: Endpoint, body: Buffer, sessionHeader: string | null, allow?: (w: Worker) => boolean): Pick {
+    const t0 = process.hrtime.bigint();
+    const req = this.parse(endpoint, body, sessionHeader);
+    const root = requestRoot(this.state.mirror, req.model, req.cacheSalt, nativeHasher);
+    return this.finishPick(req, this.featuresInline(req, root), t0, allow);
+  }
+
+  /**
+   * route(), with a long prompt tokenized and hashed on a tokenizer thread so
+   * the event loop keeps serving other picks and KV events meanwhile. A
+   * prompt over the time bound or a full queue rejects with 413/503.
+   */
+  async routeAsync(endpoint: Endpoint, body: Buffer, sessionHeader: string | null, allow?: (w: Worker) => boolean): Promise<Pick> {
+    const t0 = process.hrtime.bigint();
+    const req = this.parse(endpoint, body, sessionHeader);
+    const root = requestRoot(this.state.mirror, req.model, req.cacheSalt, nativeHasher);
+    const tok = req.promptTokens ? null : this.tokenizerFor(req.model);
+    const key = tok ? this.tokKeys.get(tok) : undefined;
+    let text: string | null = null;
+    if (tok && key !== undefined) {
+      try {
+        text = req.chat ? tok.renderChat(req.chat) : (req.prompt as string);
+      } catch (e) {
+        text = null; // featuresInline reports it and falls back to the estimate
+      }
+    }
+    const pool = text !== null && text.length > this.opts.tokenize.inlineChars ? this.tokenizerPool() : null;
+    if (!pool || text === null) return this.finishPick(req, this.featuresInline(req, root), t0, allow);
+    const ms = mediaSalt(req, nativeHasher, root);
+    let feats: Features;
+    try {
+      const job = pool.encode(key!, text, !!(req.addSpecialTokens && tok!.encodeSpecial), this.opts.router.blockSize, ms.salt ?? null);
+      this.metrics.tokenizeQueue.set(pool.depth());
+      const r = await job;
+      this.metrics.tokenizeQueue.set(pool.depth());
+      this.metrics.tokenizeJobs.inc({ outcome: "ok" });
+      feats = featuresOf(req, r.tokens, r.blocks as Features["blocks"], ms.mediaHashes);
+    } catch (e) {
+      this.metrics.tokenizeQueue.set(pool.depth());
+      const status = (e as { status?: number }).status;
+      this.metrics.tokenizeJobs.inc({ outcome: status === 413 || /waited over/.test((e as Error).message) ? "timeout" : status === 503 ? "queue_full" : "error" });
+      if (status) throw e;
+      this.log("warn", `tokenize failed (${(e as Error).message}); routing on estimated tokens`);
       feats = computeFeatures(req, null, this.opts.router.blockSize, nativeHasher, root);
     }
+    return this.finishPick(req, feats, t0, allow);
+  }
+
+  private finishPick(req: ParsedRequest, feats: Features, t0: bigint, allow?: (w: Worker) => boolean): Pick {
+    const endpoint = req.endpoint;
     checkSessionId(req.sessionId, this.opts.maxSessionIdBytes);
     // A worker that renders differently counts other tokens than ours: demand is then an estimate.
     if (feats.exact && this.probes && this.probes.anyDiverged()) feats = { ...feats, exact: false };
@@ -433,5 +531,6 @@ export class App {
     this.subs = {};
     await this.replicas?.close();
     await this.eventSource.close();
+    if (this.pool) await this.pool.close();
   }
 }

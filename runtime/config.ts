@@ -25,6 +25,8 @@ export interface Options {
   adminPort: number;
   workers: WorkerSpec[];
   tokenizerPath: string | null;
+  /** Tokenizer threads and bounds (--tokenizer-*, --tokenize-*). */
+  tokenize: { backend: "auto" | "fast-bpe" | "hf"; threads: number | null; inlineChars: number; timeoutMs: number; queue: number };
   maxBodyBytes: number;
   maxSessionIdBytes: number;
   maxMessages: number;
@@ -181,6 +183,13 @@ export function optionsFrom(values: Record<string, FlagValue>, cmd: "router" | "
     adminPort: v("admin-port") as number,
     workers: v("workers") ? parseWorkers(v("workers") as string) : [],
     tokenizerPath: (v("router-tokenizer-path") as string | null) ?? null,
+    tokenize: {
+      backend: ((v("tokenizer-backend") as string) ?? "auto") as Options["tokenize"]["backend"],
+      threads: (v("tokenizer-threads") as number | null) ?? null,
+      inlineChars: (v("tokenize-inline-chars") as number) ?? 65536,
+      timeoutMs: (v("tokenize-timeout-ms") as number) ?? 2000,
+      queue: (v("tokenize-queue") as number) ?? 64,
+    },
     maxBodyBytes: (v("max-body-bytes") as number) ?? 8 * 1024 * 1024,
     maxSessionIdBytes: (v("max-session-id-bytes") as number) ?? DEFAULT_MAX_SESSION_ID_BYTES,
     maxMessages: (v("max-messages") as number) ?? 4096,

@@ -1,4 +1,5 @@
 import * as client from "prom-client";
+import { monitorEventLoopDelay } from "perf_hooks";
 import { Router } from "../core/router";
 
 export type Metrics = ReturnType<typeof createMetrics>;
@@ -127,5 +128,42 @@ export function createMetrics(router: () => Router, tokenizerCache?: () => { hit
       this.set({ result: "miss" }, s.missTokens);
     },
   });
-  return { registry, picks, hitBlocks, reqBlocks, pickLatency, events, eventErrors, badRequests, decisions, eppFallbacks };
+  // Event-loop delay sampled every 10 ms; each scrape reports the window since the last one.
+  const lag = monitorEventLoopDelay({ resolution: 10 });
+  lag.enable();
+  new client.Gauge({
+    name: "infera_router_event_loop_lag_seconds",
+    help: "Event-loop delay since the previous scrape (max, p99, mean): how long picks and KV events waited behind other work",
+    labelNames: ["stat"],
+    registers: [registry],
+    collect() {
+      // An empty window (no sample yet) reads as zero delay rather than the histogram's sentinels.
+      const has = lag.count > 0;
+      this.set({ stat: "max" }, has ? lag.max / 1e9 : 0);
+      this.set({ stat: "p99" }, has ? lag.percentile(99) / 1e9 : 0);
+      this.set({ stat: "mean" }, has ? lag.mean / 1e9 : 0);
+      lag.reset();
+    },
+  });
+  const tokenizeJobs = new client.Counter({ name: "infera_router_tokenize_jobs_total", help: "Long prompts sent to tokenizer threads, by outcome (ok, timeout, queue_full, error)", labelNames: ["outcome"], registers: [registry] });
+  const tokenizeQueue = new client.Gauge({ name: "infera_router_tokenize_queue", help: "Prompts waiting for or on tokenizer threads", registers: [registry] });
+  new client.Gauge({
+    name: "infera_router_tokenizer_piece_cache_hit_ratio",
+    help: "Share of prompt tokens served from the piece cache since start (event loop and threads)",
+    registers: [registry],
+    collect() {
+      const s = tokenizerCache ? tokenizerCache() : null;
+      if (s && s.hitTokens + s.missTokens > 0) this.set(s.hitTokens / (s.hitTokens + s.missTokens));
+    },
+  });
+  new client.Gauge({
+    name: "infera_router_tokenizer_piece_cache_chars",
+    help: "Characters of prompt pieces held in the piece caches (bounded per cache)",
+    registers: [registry],
+    collect() {
+      const s = tokenizerCache ? tokenizerCache() : null;
+      if (s) this.set(s.chars);
+    },
+  });
+  return { registry, tokenizeJobs, tokenizeQueue, picks, hitBlocks, reqBlocks, pickLatency, events, eventErrors, badRequests, decisions, eppFallbacks };
 }

@@ -1,0 +1,47 @@
+// One tokenizer worker thread (runtime/tokenpool.ts starts them): loads the
+// router's tokenizers on first use, encodes prompts with its own piece cache,
+// and hashes the blocks too, so a multi-MB prompt costs the main thread a
+// message, not seconds of CPU.
+import { parentPort, workerData } from "worker_threads";
+import { loadTokenizer, LoadedTokenizer, LoadOptions } from "./tokenizer";
+import { blockHashes } from "../core/hash";
+import { nativeHasher } from "./hasher";
+
+export interface TokenizeJob {
+  id: number;
+  /** --router-tokenizer-path entry ("" = the default tokenizer). */
+  key: string;
+  text: string;
+  special: boolean;
+  blockSize: number;
+  salt: string | null;
+}
+
+export interface TokenizeResult {
+  id: number;
+  tokens?: number;
+  blocks?: string[];
+  error?: string;
+  ms?: number;
+  stats?: { hitTokens: number; missTokens: number; pieces: number; chars: number };
+}
+
+const opts = workerData as LoadOptions;
+const toks = new Map<string, LoadedTokenizer | null>();
+
+parentPort!.on("message", (job: TokenizeJob) => {
+  const t0 = performance.now();
+  try {
+    let tok = toks.get(job.key);
+    if (tok === undefined) {
+      tok = loadTokenizer(job.key || null, opts);
+      toks.set(job.key, tok);
+    }
+    if (!tok) throw new Error("no tokenizer");
+    const ids = job.special && tok.encodeSpecial ? tok.encodeSpecial(job.text) : tok.encode(job.text);
+    const blocks = blockHashes(ids, job.blockSize, nativeHasher, job.salt || undefined);
+    parentPort!.postMessage({ id: job.id, tokens: ids.length, blocks, ms: performance.now() - t0, stats: tok.cacheStats() } as TokenizeResult);
+  } catch (e) {
+    parentPort!.postMessage({ id: job.id, error: (e as Error).message } as TokenizeResult);
+  }
+});

@@ -423,7 +423,7 @@ export class App {
     if (this.pool) return this.pool;
     const threads = this.opts.tokenize.threads ?? defaultThreads();
     if (!threads || !this.tokKeys.size) return null;
-    this.pool = new TokenizerPool({ threads, queueMax: this.opts.tokenize.queue, timeoutMs: this.opts.tokenize.timeoutMs, backend: this.opts.tokenize.backend }, (l, m) => this.log(l, m));
+    this.pool = new TokenizerPool({ keys: [...new Set(this.tokKeys.values())], threads, queueMax: this.opts.tokenize.queue, timeoutMs: this.opts.tokenize.timeoutMs, backend: this.opts.tokenize.backend }, (l, m) => this.log(l, m));
     return this.pool;
   }
 
@@ -431,9 +431,7 @@ export class App {
   async warmTokenizers(): Promise<void> {
     const pool = this.tokenizerPool();
     if (!pool) return;
-    const jobs: Promise<unknown>[] = [];
-    for (let i = 0; i < pool.threads(); i++) for (const key of new Set(this.tokKeys.values())) jobs.push(pool.encode(key, "warm " + i, false, this.opts.router.blockSize, null).catch(() => undefined));
-    await Promise.all(jobs);
+    await pool.ready();
     this.log("info", `tokenizer threads: ${pool.threads()} (prompts over ${this.opts.tokenize.inlineChars} chars; bound ${this.opts.tokenize.timeoutMs} ms, queue ${this.opts.tokenize.queue})`);
   }
 

@@ -13,6 +13,8 @@ import { LoadOptions } from "./tokenizer";
 import type { TokenizeJob, TokenizeResult } from "./tokenize-worker";
 
 export interface PoolOptions extends LoadOptions {
+  /** Tokenizer keys every thread loads at start ("" = the default tokenizer). */
+  keys?: string[];
   threads: number;
   queueMax: number;
   timeoutMs: number;
@@ -44,6 +46,7 @@ interface Slot {
   queue: Pending[];
   running: Pending | null;
   stats: Record<string, CacheStats>;
+  ready: Promise<void>;
 }
 
 function affinity(text: string): number {
@@ -67,21 +70,34 @@ export class TokenizerPool {
     for (let i = 0; i < opts.threads; i++) this.slots.push(this.spawn());
   }
 
-  private spawn(): Slot {
+  private spawn(replacing = false): Slot {
     const file = path.join(__dirname, "tokenize-worker" + path.extname(__filename));
-    const workerData = { backend: this.opts.backend, pieceCacheChars: this.opts.pieceCacheChars } as LoadOptions;
+    const workerData = { backend: this.opts.backend, pieceCacheChars: this.opts.pieceCacheChars, keys: this.opts.keys || [] };
     // From TypeScript sources (tsx: tests, benches) the thread registers tsx itself; dist/ runs plain JS.
     const worker = file.endsWith(".ts")
       ? new Worker(`require("tsx/cjs"); require(${JSON.stringify(file)});`, { eval: true, workerData })
       : new Worker(file, { workerData });
-    const slot: Slot = { worker, queue: [], running: null, stats: {} };
+    let isReady = () => undefined as void;
+    const slot: Slot = { worker, queue: [], running: null, stats: {}, ready: new Promise<void>((r) => (isReady = r)) };
     worker.unref();
-    worker.on("message", (r: TokenizeResult) => this.done(slot, r));
+    worker.on("message", (r: TokenizeResult) => {
+      if (r.ready) {
+        isReady();
+        if (replacing) this.log("info", "tokenizer thread replaced and ready");
+        return;
+      }
+      this.done(slot, r);
+    });
     worker.on("error", (e) => {
       this.log("warn", `tokenizer thread failed: ${e.message}; replacing it`);
       this.replace(slot, new Error("tokenizer thread failed: " + e.message));
     });
     return slot;
+  }
+
+  /** Resolves once every thread has loaded its tokenizers. */
+  ready(): Promise<void> {
+    return Promise.all(this.slots.map((s) => s.ready)).then(() => undefined);
   }
 
   /** Jobs waiting or running. */
@@ -194,7 +210,7 @@ export class TokenizerPool {
     void slot.worker.terminate();
     this.counts.restarts++;
     if (this.closed) return;
-    const fresh = this.spawn();
+    const fresh = this.spawn(true);
     fresh.queue = slot.queue;
     for (const q of fresh.queue) q.slot = fresh;
     this.slots[i] = fresh;

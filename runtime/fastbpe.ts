@@ -126,9 +126,30 @@ export function createFastBpe(tj: TokenizerJson, opts: { maxWords?: number } = {
   const bc = byteChars();
   const byteId = new Int32Array(256);
   for (let b = 0; b < 256; b++) byteId[b] = vocab[bc[b]];
-  // pair -> rank * SHIFT + merged id
-  const merges = new Map<number, number>();
+  // pair -> rank * SHIFT + merged id, in an open-addressing table over
+  // typed arrays: integer keys and no boxed doubles on the merge loop's path.
   const list = m.merges as (string | [string, string])[];
+  let cap = 1;
+  while (cap < list.length * 2) cap *= 2;
+  const mask = cap - 1;
+  const kA = new Int32Array(cap).fill(-1);
+  const kB = new Int32Array(cap);
+  const vRank = new Int32Array(cap);
+  const vId = new Int32Array(cap);
+  const slotOf = (a: number, b: number): number => {
+    let h = (Math.imul(a, 0x9e3779b1) ^ Math.imul(b + 0x7f4a7c15, 0x85ebca77)) & mask;
+    while (kA[h] !== -1) {
+      if (kA[h] === a && kB[h] === b) return h;
+      h = (h + 1) & mask;
+    }
+    return ~h;
+  };
+  const merges = {
+    get(a: number, b: number): number | undefined {
+      const h = slotOf(a, b);
+      return h >= 0 ? vRank[h] * SHIFT + vId[h] : undefined;
+    },
+  };
   for (let r = 0; r < list.length; r++) {
     const e = list[r];
     let a: string, b: string;
@@ -142,8 +163,12 @@ export function createFastBpe(tj: TokenizerJson, opts: { maxWords?: number } = {
     const ib = vocab[b];
     const im = vocab[a + b];
     if (ia === undefined || ib === undefined || im === undefined) continue;
-    const k = ia * SHIFT + ib;
-    if (!merges.has(k)) merges.set(k, r * SHIFT + im);
+    const h = slotOf(ia, ib);
+    if (h >= 0) continue; // the first (lowest-ranked) entry wins
+    kA[~h] = ia;
+    kB[~h] = ib;
+    vRank[~h] = r;
+    vId[~h] = im;
   }
   const added = tj.added_tokens || [];
   const addedIds = new Map<string, number>();
@@ -162,21 +187,34 @@ export function createFastBpe(tj: TokenizerJson, opts: { maxWords?: number } = {
 
   // Merges the lowest-ranked adjacent pair, leftmost first, until none applies
   // (HF's order); quadratic in the word, fine for words up to a few hundred bytes.
+  // pr[i]: the packed merge of (ids[i], ids[i+1]) or Infinity; only the two
+  // pairs next to a merge change, so each step looks up two pairs, not all.
+  let pr = new Float64Array(1024);
+  const pairAt = (i: number, n: number): number => {
+    if (i < 0 || i >= n - 1) return Infinity;
+    const h = slotOf(ids[i], ids[i + 1]);
+    return h >= 0 ? vRank[h] * SHIFT + vId[h] : Infinity;
+  };
   function bpeSmall(n: number): number[] {
+    if (pr.length < n) pr = new Float64Array(n * 2);
+    for (let i = 0; i < n - 1; i++) pr[i] = pairAt(i, n);
     for (;;) {
       let best = -1;
       let bestV = Infinity;
-      for (let i = 0; i < n - 1; i++) {
-        const v = merges.get(ids[i] * SHIFT + ids[i + 1]);
-        if (v !== undefined && v < bestV) {
-          bestV = v;
+      for (let i = 0; i < n - 1; i++)
+        if (pr[i] < bestV) {
+          bestV = pr[i];
           best = i;
         }
-      }
       if (best < 0) break;
       ids[best] = bestV % SHIFT;
-      for (let i = best + 1; i < n - 1; i++) ids[i] = ids[i + 1];
+      for (let i = best + 1; i < n - 1; i++) {
+        ids[i] = ids[i + 1];
+        pr[i] = pr[i + 1];
+      }
       n--;
+      pr[best] = pairAt(best, n);
+      if (best > 0) pr[best - 1] = pairAt(best - 1, n);
     }
     const out = new Array<number>(n);
     for (let i = 0; i < n; i++) out[i] = ids[i];
@@ -213,7 +251,7 @@ export function createFastBpe(tj: TokenizerJson, opts: { maxWords?: number } = {
     const push = (pos: number) => {
       const q = next[pos];
       if (q < 0) return;
-      const v = merges.get(tok[pos] * SHIFT + tok[q]);
+      const v = merges.get(tok[pos], tok[q]);
       if (v === undefined) return;
       hv.push(v); hp.push(pos); hl.push(tok[pos]); hr.push(tok[q]);
       let i = hv.length - 1;
@@ -281,7 +319,16 @@ export function createFastBpe(tj: TokenizerJson, opts: { maxWords?: number } = {
   }
 
   function bpeWord(w: string): number[] {
-    const b = w.length * 3 <= buf.length ? buf.subarray(0, enc.encodeInto(w, buf).written) : enc.encode(w);
+    let b: Uint8Array;
+    let ascii = w.length <= buf.length;
+    // ASCII words (most of code and English) skip the encoder call.
+    for (let i = 0; ascii && i < w.length; i++) {
+      const c = w.charCodeAt(i);
+      if (c >= 0x80) ascii = false;
+      else buf[i] = c;
+    }
+    if (ascii) b = buf.subarray(0, w.length);
+    else b = w.length * 3 <= buf.length ? buf.subarray(0, enc.encodeInto(w, buf).written) : enc.encode(w);
     const n = b.length;
     if (ignoreMerges) {
       let s = "";

@@ -6,7 +6,8 @@ import { RouterState } from "../core/state/types";
 import { EpochKey } from "../core/types";
 import { diffFleet } from "../core/fleet";
 import { checkSessionId } from "../core/limits";
-import { computeFeatures, Endpoint, featuresOf, mediaSalt, parseRequest, ParsedRequest } from "../core/request";
+import { computeFeatures, Endpoint, featuresOf, mediaSalt, parseRequest, ParsedRequest, promptTokenIds } from "../core/request";
+import { prefixHashes } from "./prefix-hashes";
 import { Features } from "../core/types";
 import { defaultThreads, TokenizerPool } from "./tokenpool";
 import { applyBatch, clearAllTiers, KvEvent, requestRoot } from "../core/kvevents";
@@ -117,6 +118,8 @@ export class App {
   private pool: TokenizerPool | null = null;
   /** The --router-tokenizer-path entry each loaded tokenizer came from (threads load their own copy). */
   private tokKeys = new Map<LoadedTokenizer, string>();
+  /** Block hashes of recent prompts, so a conversation's next turn hashes only its new blocks. */
+  private hashes = prefixHashes(nativeHasher);
   /** Set on SIGTERM: readiness goes false so load balancers stop sending. */
   draining = false;
   /** Discovery's connection state (static discovery is always connected). */
@@ -441,7 +444,10 @@ export class App {
 
   private featuresInline(req: ParsedRequest, root: string | null): Features {
     try {
-      return computeFeatures(req, this.tokenizerFor(req.model), this.opts.router.blockSize, nativeHasher, root);
+      const ids = promptTokenIds(req, this.tokenizerFor(req.model));
+      if (!ids) return computeFeatures(req, null, this.opts.router.blockSize, nativeHasher, root);
+      const ms = mediaSalt(req, nativeHasher, root);
+      return featuresOf(req, ids.length, this.hashes.hash(ids, this.opts.router.blockSize, ms.salt), ms.mediaHashes);
     } catch (e) {
       // A tokenizer failure must not fail the request: fall back to the estimate.
       this.log("warn", `tokenize failed (${(e as Error).message}); routing on estimated tokens`);

@@ -169,7 +169,12 @@ export class TokenizerPool {
       if (r.error) {
         this.counts.errors++;
         p.reject(new Error(r.error));
-      } else p.resolve({ tokens: r.tokens!, blocks: r.blocks! });
+      } else {
+        const joined = r.blocks!;
+        const blocks: string[] = new Array(joined.length >> 4);
+        for (let i = 0; i < blocks.length; i++) blocks[i] = joined.substr(i << 4, 16);
+        p.resolve({ tokens: r.tokens!, blocks });
+      }
     }
     this.pump(slot);
   }

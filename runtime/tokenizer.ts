@@ -114,12 +114,16 @@ export function pieceCache(tj: { added_tokens?: { id: number; content: string; l
   let missTokens = 0;
   return {
     encode(text: string): number[] {
-      const out: number[] = [];
+      // Pieces first, one copy into an array of the final size at the end:
+      // a 100k-token turn is mostly cached pieces, and element-wise pushes were its cost.
+      const parts: number[][] = [];
+      let total = 0;
       for (const part of text.split(split)) {
         if (!part) continue;
         const id = ids.get(part);
         if (id !== undefined) {
-          out.push(id);
+          parts.push([id]);
+          total++;
           continue;
         }
         let got = cache.get(part);
@@ -139,7 +143,14 @@ export function pieceCache(tj: { added_tokens?: { id: number; content: string; l
             chars -= k.length;
           }
         }
-        for (let i = 0; i < got.length; i++) out.push(got[i]);
+        parts.push(got);
+        total += got.length;
+      }
+      const out = new Array<number>(total);
+      let o = 0;
+      for (let p = 0; p < parts.length; p++) {
+        const got = parts[p];
+        for (let i = 0; i < got.length; i++) out[o++] = got[i];
       }
       return out;
     },

@@ -81,8 +81,8 @@ test("a 4 MB prompt in flight: short requests keep their picks fast and the even
   // Routed to a simulator either way: it answers, or refuses a prompt over its KV capacity itself.
   for (const r of [on, off]) assert.ok(r.big.status === 200 || (r.big.status === 400 && /KV blocks, engine has/.test(r.big.body)), r.big.body.slice(0, 300));
   assert.ok(on.shorts.length >= 3, "short requests overlapped the big one");
-  assert.ok(Math.max(...on.shorts) < 300, `slowest short request ${Math.max(...on.shorts).toFixed(0)} ms while the 4 MB prompt tokenized`);
-  assert.ok(on.lag < 0.25, `event-loop lag max ${on.lag} s`);
+  assert.ok(Math.max(...on.shorts) < 500, `slowest short request ${Math.max(...on.shorts).toFixed(0)} ms while the 4 MB prompt tokenized`);
+  assert.ok(on.lag < 0.3, `event-loop lag max ${on.lag} s`);
   // The control: the same prompt on the event loop stalls it; the guard above would catch that.
   assert.ok(off.lag > 0.3 && off.lag > 2 * on.lag, `threads off: lag max ${off.lag} s vs ${on.lag} s with a thread`);
 });

@@ -442,9 +442,11 @@ export class App {
     return parseRequest(endpoint, body.length <= this.opts.maxBodyBytes ? body.toString("utf8") : "", body.length, { maxBodyBytes: this.opts.maxBodyBytes, maxMessages: this.opts.maxMessages, maxMedia: this.opts.maxImages, maxJsonDepth: this.opts.maxJsonDepth }, sessionHeader);
   }
 
-  private featuresInline(req: ParsedRequest, root: string | null): Features {
+  /** text: the prompt already rendered by the caller (rendering twice costs as much as encoding a short one). */
+  private featuresInline(req: ParsedRequest, root: string | null, text?: string): Features {
     try {
-      const ids = promptTokenIds(req, this.tokenizerFor(req.model));
+      const tok = this.tokenizerFor(req.model);
+      const ids = text !== undefined && tok && !req.promptTokens ? (req.addSpecialTokens && tok.encodeSpecial ? tok.encodeSpecial(text) : tok.encode(text)) : promptTokenIds(req, tok);
       if (!ids) return computeFeatures(req, null, this.opts.router.blockSize, nativeHasher, root);
       const ms = mediaSalt(req, nativeHasher, root);
       return featuresOf(req, ids.length, this.hashes.hash(ids, this.opts.router.blockSize, ms.salt), ms.mediaHashes);
@@ -483,7 +485,7 @@ export class App {
       }
     }
     const pool = text !== null && text.length > this.opts.tokenize.inlineChars ? this.tokenizerPool() : null;
-    if (!pool || text === null) return this.finishPick(req, this.featuresInline(req, root), t0, allow);
+    if (!pool || text === null) return this.finishPick(req, this.featuresInline(req, root, text ?? undefined), t0, allow);
     const ms = mediaSalt(req, nativeHasher, root);
     let feats: Features;
     try {

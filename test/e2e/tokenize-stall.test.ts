@@ -81,10 +81,14 @@ test("a 4 MB prompt in flight: short requests keep their picks fast and the even
   // Routed to a simulator either way: it answers, or refuses a prompt over its KV capacity itself.
   for (const r of [on, off]) assert.ok(r.big.status === 200 || (r.big.status === 400 && /KV blocks, engine has/.test(r.big.body)), r.big.body.slice(0, 300));
   assert.ok(on.shorts.length >= 3, "short requests overlapped the big one");
-  assert.ok(Math.max(...on.shorts) < 500, `slowest short request ${Math.max(...on.shorts).toFixed(0)} ms while the 4 MB prompt tokenized`);
-  assert.ok(on.lag < 0.3, `event-loop lag max ${on.lag} s`);
-  // The control: the same prompt on the event loop stalls it; the guard above would catch that.
-  assert.ok(off.lag > 0.3 && off.lag > 2 * on.lag, `threads off: lag max ${off.lag} s vs ${on.lag} s with a thread`);
+  // Absolute bounds with headroom for a shared 2-core machine (a quiet run measures
+  // ~100 ms / ~50 ms); the control, same machine minutes apart, must be several times worse.
+  const slow = (r: typeof on) => Math.max(...r.shorts);
+  assert.ok(slow(on) < 1500, `slowest short request ${slow(on).toFixed(0)} ms while the 4 MB prompt tokenized`);
+  assert.ok(on.lag < 1.0, `event-loop lag max ${on.lag} s`);
+  // The control: the same prompt on the event loop stalls it; the guards above would catch that.
+  assert.ok(off.lag > 0.3 && off.lag > 3 * on.lag, `threads off: lag max ${off.lag} s vs ${on.lag} s with a thread`);
+  assert.ok(slow(off) > 3 * slow(on), `threads off: slowest short ${slow(off).toFixed(0)} ms vs ${slow(on).toFixed(0)} ms`);
 });
 
 test("a prompt over --tokenize-timeout-ms gets a 413 with a JSON error, its thread is replaced, and the router keeps routing", { skip }, async () => {

@@ -135,7 +135,7 @@ export class App {
       if (t) this.tokKeys.set(t, tp.byModel[m]);
     }
     for (const t of this.tokKeys.keys())
-      log("info", `tokenizer ${t.source}: ${t.backend === "fast-bpe" ? "fast byte-level BPE (ids proven equal to @huggingface/tokenizers' by construction and the id-equality corpus)" : "@huggingface/tokenizers (fast BPE not used: " + t.fallbackReason + ")"}`);
+      log("info", `tokenizer ${t.source}: ${t.backend === "fast-bpe" ? "fast byte-level BPE (runtime/fastbpe.ts, the file's own merges; --tokenizer-backend hf for @huggingface/tokenizers)" : "@huggingface/tokenizers (fast BPE not used: " + t.fallbackReason + ")"}`);
     this.metrics = createMetrics(
       () => this.router,
       () => this.cacheStats(),

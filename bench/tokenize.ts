@@ -1,7 +1,8 @@
 // Tokenization in the pick, old path vs new, side by side in one process with
 // interleaved rounds (machine noise hits both alike):
-//   old: @huggingface/tokenizers + piece cache, on the event loop (App.route,
-//        --tokenizer-backend hf --tokenizer-threads 0): the path before this change;
+//   old: the pick as main did it before this change: parse, render,
+//        @huggingface/tokenizers + piece cache and every block hashed, all on
+//        the event loop (core computeFeatures, as App.route called it);
 //   new: the fast BPE + piece cache, long prompts on a tokenizer thread
 //        (App.routeAsync, defaults).
 // Workload: ~112k-token agentic conversations (system prompt, tool definitions,
@@ -19,6 +20,8 @@ import { createFastBpe } from "../runtime/fastbpe";
 import { Tokenizer as HfTokenizer } from "@huggingface/tokenizers";
 import { defaultTokenizerDir } from "../runtime/tokenizer";
 import { blockHashes } from "../core/hash";
+import { computeFeatures, parseRequest } from "../core/request";
+import { requestRoot } from "../core/kvevents";
 import { nativeHasher } from "../runtime/hasher";
 
 const argReps = process.argv.indexOf("--reps");
@@ -78,7 +81,8 @@ async function main(): Promise<void> {
   let turns = 10;
   const count = (m: Msg[]) => tok.encode(tok.renderChat({ messages: m as never, tools: TOOLS as never, kwargs: {}, addGenerationPrompt: true, continueFinal: false, documents: null } as never)).length;
   const per = count(conversation(999, chunk, turns)) / turns;
-  turns = Math.round(TARGET_TOKENS / per);
+  turns = Math.floor(TARGET_TOKENS / per);
+  while (count(conversation(1000, chunk, turns)) < TARGET_TOKENS) turns++;
   const promptTokens = count(conversation(1000, chunk, turns));
   const extTokens = count(extendTurn(conversation(1000, chunk, turns), 1000)) - promptTokens;
 
@@ -86,7 +90,15 @@ async function main(): Promise<void> {
   const newApp = makeApp([]);
   await newApp.warmTokenizers();
   const sides = [
-    { name: "old", app: oldApp, pick: async (b: Buffer) => oldApp.route("chat", b, null) },
+    {
+      name: "old",
+      app: oldApp,
+      pick: async (b: Buffer) => {
+        const req = parseRequest("chat", b.toString("utf8"), b.length, { maxBodyBytes: 1 << 30 });
+        const root = requestRoot(oldApp.state.mirror, req.model, req.cacheSalt, nativeHasher);
+        return oldApp.router.pick(computeFeatures(req, oldApp.tokenizer, 16, nativeHasher, root), req.sessionId);
+      },
+    },
     { name: "new", app: newApp, pick: (b: Buffer) => newApp.routeAsync("chat", b, null) },
   ];
   const cold: number[][] = [[], []];

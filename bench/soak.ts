@@ -41,12 +41,17 @@ async function main() {
   console.log(`sent ${r.sent}, ok ${r.ok}, errors ${JSON.stringify(r.errors)}, skipped (over ${2048} in flight) ${r.skipped}`);
   console.log(`achieved ${r.achieved_rps.toFixed(0)} req/s over ${r.seconds.toFixed(0)} s (slowest whole second ${slowest}); latency p50 ${r.p50_ms} ms, p99 ${r.p99_ms} ms, p99.9 ${r.p999_ms} ms, max ${r.max_ms} ms${lag ? `; event-loop lag ${lag}` : ""}`);
   void engine;
-  await stopAll();
   const errors = Object.values(r.errors as Record<string, number>).reduce((a, b) => a + b, 0) + r.skipped;
   if (errors) {
+    const tens: number[] = [];
+    for (let i = 0; i < perSec.length; i += 10) tens.push(perSec.slice(i, i + 10).reduce((a, b) => a + b, 0));
+    console.log(`ok per 10 s: ${tens.join(" ")}`);
+    console.log(`router log (tail):\n${router.proc.log().slice(-3000)}`);
     console.log(`FAIL: ${errors} errors`);
+    await stopAll();
     process.exit(1);
   }
+  await stopAll();
 }
 
 main().catch(async (e) => {

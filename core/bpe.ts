@@ -43,7 +43,7 @@ export function compactTokenizer(t: CompactTokenizer): Tokenizer {
 }
 
 // GPT-2 bytes_to_unicode: printable bytes map to themselves, the rest to U+0100+.
-function byteTable(): string[] {
+export function byteTable(): string[] {
   const t: string[] = [];
   let n = 0;
   for (let b = 0; b < 256; b++) {

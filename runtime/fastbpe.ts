@@ -5,7 +5,7 @@
 // repeats them) and from integer pair keys instead of string concatenation.
 // Any feature it does not model makes fastBpeSupport() say why, and the
 // caller keeps @huggingface/tokenizers for that tokenizer.
-import { compilePattern } from "../core/bpe";
+import { byteTable, compilePattern } from "../core/bpe";
 
 interface AddedToken {
   id: number;
@@ -51,7 +51,7 @@ export function fastBpeSupport(tj: TokenizerJson): string | null {
     if (a.normalized && a.content.normalize("NFC") !== a.content) return `added token ${a.content} changes under normalization`;
   }
   // Every byte must have its own token, or a word could fall outside the vocabulary.
-  const bytes = byteChars();
+  const bytes = byteTable();
   for (let b = 0; b < 256; b++) if (m.vocab[bytes[b]] === undefined) return `byte ${b} has no token`;
   return null;
 }
@@ -66,16 +66,6 @@ function normalizerOf(tj: TokenizerJson): "NFC" | null | undefined {
     if (n.normalizers.length === 1 && n.normalizers[0].type === "NFC") return "NFC";
   }
   return undefined;
-}
-
-function byteChars(): string[] {
-  const t: string[] = [];
-  let n = 0;
-  for (let b = 0; b < 256; b++) {
-    const printable = (b >= 33 && b <= 126) || (b >= 161 && b <= 172) || (b >= 174 && b <= 255);
-    t.push(String.fromCharCode(printable ? b : 256 + n++));
-  }
-  return t;
 }
 
 // Token ids stay below 2^21, so (left id, right id) packs into one exact double.
@@ -123,7 +113,7 @@ export function createFastBpe(tj: TokenizerJson, opts: { maxWords?: number } = {
   const ignoreMerges = !!m.ignore_merges;
   const re = compilePattern((splitPattern(tj.pre_tokenizer) as { pattern: string }).pattern);
   const nfc = normalizerOf(tj) === "NFC";
-  const bc = byteChars();
+  const bc = byteTable();
   const byteId = new Int32Array(256);
   for (let b = 0; b < 256; b++) byteId[b] = vocab[bc[b]];
   // pair -> rank * SHIFT + merged id, in an open-addressing table over

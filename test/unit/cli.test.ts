@@ -2,6 +2,7 @@
 // README, and the njs config reader; real processes for the one-line errors.
 import { test } from "node:test";
 import * as assert from "node:assert/strict";
+import { oneLine } from "./helpers";
 import { spawnSync } from "child_process";
 import * as fs from "fs";
 import * as net from "net";
@@ -23,14 +24,6 @@ function runCli(script: string, args: string[], env: Record<string, string> = {}
   const clean: Record<string, string> = {};
   for (const [k, v] of Object.entries(process.env)) if (!k.startsWith("INFERA_") && v !== undefined) clean[k] = v;
   return spawnSync(process.execPath, ["--import", "tsx", script, ...args], { cwd: ROOT, env: { ...clean, ...env }, encoding: "utf8", timeout: 30000 });
-}
-
-function oneLine(r: { status: number | null; stderr: string }, re: RegExp) {
-  assert.equal(r.status, 2, r.stderr);
-  const lines = r.stderr.trim().split("\n");
-  assert.equal(lines.length, 1, `one line, got:\n${r.stderr}`);
-  assert.match(lines[0], re);
-  assert.doesNotMatch(r.stderr, /^\s+at /m, "no stack trace");
 }
 
 test("each command's --help lists its own flags; --version prints package.json's version", () => {

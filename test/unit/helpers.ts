@@ -1,3 +1,4 @@
+import * as assert from "node:assert/strict";
 import { createRouter, defaultConfig, Router, RouterConfig, WorkerSpec } from "../../core/router";
 import { memoryState } from "../../core/state/memory";
 import { RouterState } from "../../core/state/types";
@@ -25,4 +26,13 @@ export function cache(st: RouterState, r: Router, id: string, bs: BlockHash[]): 
 
 export function feats(bs: BlockHash[], extra: Partial<Features> = {}): Features {
   return { blocks: bs, inputTokens: bs.length * 16, exact: true, mediaHashes: [], n: 1, ...extra };
+}
+
+/** A CLI refusal: exit 2, one line on stderr matching re, no stack trace. */
+export function oneLine(r: { status: number | null; stderr: string }, re: RegExp) {
+  assert.equal(r.status, 2, r.stderr);
+  const lines = r.stderr.trim().split("\n");
+  assert.equal(lines.length, 1, `one line, got:\n${r.stderr}`);
+  assert.match(lines[0], re);
+  assert.doesNotMatch(r.stderr, /^\s+at /m, "no stack trace");
 }

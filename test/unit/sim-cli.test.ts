@@ -3,6 +3,7 @@
 // other command.
 import { test } from "node:test";
 import * as assert from "node:assert/strict";
+import { oneLine } from "./helpers";
 import { spawnSync } from "child_process";
 import * as fs from "fs";
 import * as net from "net";
@@ -18,14 +19,6 @@ function cli(args: string[], env: Record<string, string> = {}) {
   const clean: Record<string, string> = {};
   for (const [k, v] of Object.entries(process.env)) if (!k.startsWith("INFERA_") && v !== undefined) clean[k] = v;
   return spawnSync(process.execPath, ["--import", "tsx", "cli/main.ts", ...args], { cwd: ROOT, env: { ...clean, ...env }, encoding: "utf8", timeout: 30000 });
-}
-
-function oneLine(r: { status: number | null; stderr: string }, re: RegExp) {
-  assert.equal(r.status, 2, r.stderr);
-  const lines = r.stderr.trim().split("\n");
-  assert.equal(lines.length, 1, `one line, got:\n${r.stderr}`);
-  assert.match(lines[0], re);
-  assert.doesNotMatch(r.stderr, /^\s+at /m, "no stack trace");
 }
 
 const SIM_FLAGS = [

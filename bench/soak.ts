@@ -31,8 +31,10 @@ async function main() {
   const perSec: number[] = r.ok_per_second;
   const slowest = Math.min(...perSec.slice(1, -1));
   const stats = await (await fetch(`${envoy.admin}/stats`)).text();
-  const notable = stats.split("\n").filter((l) => /overflow|protocol_error|_5xx|rq_timeout|streams_failed|message_timeouts|failed_open|rq_reset|cx_max_requests|spurious/.test(l) && !/: 0$/.test(l));
+  const notable = stats.split("\n").filter((l) => /overflow|protocol_error|_5xx|rq_timeout|streams_failed|message_timeouts|failed_open|rq_reset|cx_max_requests|spurious|rq_active|cx_active|pending_active|flow_control|tx_reset|rx_reset/.test(l) && !/: 0$/.test(l));
   if (notable.length) console.log(`Envoy stats:\n  ${notable.join("\n  ")}`);
+  const guards = await fetch(`${router.admin}/v1/admin/reservations`).then((r) => r.text()).catch((e) => String(e));
+  console.log(`router reservations: ${guards}`);
   const m = await router.metrics().catch((e) => {
     console.log(`router metrics failed (${e.message}); router exit ${router.proc.child.exitCode}; log:\n${router.proc.log().slice(-2000)}`);
     return "";

@@ -196,7 +196,10 @@ export async function registerWorker(endpoint: string, prefix: string, id: strin
       l.release();
       if (lease === l) lease = null;
       if (closed) break;
-      await sleep(backoff(attempt++, 5000, 200), () => closed);
+      // etcd restores leases with their TTL when it comes back: a registrant that
+      // waits longer than that to re-register lets its old key expire first, and
+      // the router sees the worker leave. Retry at least three times per TTL.
+      await sleep(backoff(attempt++, Math.max(200, Math.min(5000, (ttlSeconds * 1000) / 3)), 200), () => closed);
     }
   };
   const running = loop();

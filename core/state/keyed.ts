@@ -24,7 +24,7 @@
 import { Store } from "../store";
 import { ModelTable } from "../models";
 import { BlockHash, EngineHash, EpochKey, Guard, SessionBinding, Worker, WorkerSpec } from "../types";
-import { copyEventFields, ImageAffinity, LoadLedger, MAX_SESSIONS, MirrorIndex, RouterState, SessionTable, WorkerRegistry } from "./types";
+import { copyEventFields, ImageAffinity, LoadLedger, MAX_SESSIONS, MirrorIndex, prefixRun, RouterState, SessionTable, visitTarget, WorkerRegistry } from "./types";
 
 export function keyedMirror(st: Store): MirrorIndex {
   function addHolder(h: string, ek: string): void {
@@ -113,38 +113,19 @@ export function keyedMirror(st: Store): MirrorIndex {
       else st.set("MX:" + ek + ">" + name, value);
     },
     count: (ek) => st.num("MN:" + ek),
-    prefixHits(blocks, live, weights) {
-      const hits: { [ek: string]: number } = {};
-      let cand: { [ek: string]: boolean } | null = null;
-      for (let i = 0; i < blocks.length; i++) {
-        const holders = st.get("M:" + blocks[i]);
-        if (!holders) break;
-        const parts = holders.split(",");
-        const best: { [ek: string]: number } = {};
-        let any = false;
-        for (let j = 0; j < parts.length; j++) {
-          const t = parts[j];
-          const bar = t.indexOf("|");
-          const base = bar < 0 ? t : t.substr(0, bar);
-          let w = bar < 0 ? 1 : 0;
-          if (weights) {
-            const x = weights[bar < 0 ? "GPU" : t.substr(bar + 1)];
-            w = x === undefined ? 0 : x;
-          }
-          if (w <= 0 || !live[base] || (cand !== null && !cand[base])) continue;
-          if (!(best[base] >= w)) best[base] = w;
-          any = true;
-        }
-        if (!any) break;
-        const next: { [ek: string]: boolean } = {};
-        for (const ek in best) {
-          hits[ek] = (hits[ek] || 0) + best[ek];
-          next[ek] = true;
-        }
-        cand = next;
-      }
-      return hits;
-    },
+    prefixHits: (blocks, live, weights) =>
+      prefixRun(
+        blocks.length,
+        (i, visit) => {
+          const holders = st.get("M:" + blocks[i]);
+          if (!holders) return false;
+          const parts = holders.split(",");
+          for (let j = 0; j < parts.length; j++) visitTarget(parts[j], visit);
+          return true;
+        },
+        live,
+        weights,
+      ),
     sequence(ek) {
       const v = st.get("MS:" + ek);
       return v === undefined ? undefined : Number(v);

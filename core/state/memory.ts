@@ -1,7 +1,7 @@
 // Router state in Maps and Sets, for the Node process (ext_proc server, tests).
 // Not part of the njs bundle (njs has no Map/Set); njs uses state/keyed.ts.
 import { BlockHash, EngineHash, EpochKey, Guard, SessionBinding, Worker, WorkerSpec } from "../types";
-import { copyEventFields, ImageAffinity, LoadLedger, MAX_SESSIONS, MirrorIndex, RouterState, SessionTable, WorkerRegistry } from "./types";
+import { copyEventFields, ImageAffinity, LoadLedger, MAX_SESSIONS, MirrorIndex, prefixRun, RouterState, SessionTable, visitTarget, WorkerRegistry } from "./types";
 import { typedMirror } from "./typed-mirror";
 
 interface Held {
@@ -71,31 +71,18 @@ export function memoryMirror(): MirrorIndex {
       targets.set(ek, { byEngine: new Map(), refs: new Map(), seq: t.seq, meta: t.meta });
     },
     count: (ek) => targets.get(ek)?.refs.size ?? 0,
-    prefixHits(blocks, live, weights) {
-      const hits: { [ek: string]: number } = {};
-      let cand: { [ek: string]: boolean } | null = null;
-      for (let i = 0; i < blocks.length; i++) {
-        const list = holders.get(blocks[i]);
-        if (!list) break;
-        const best: { [ek: string]: number } = {};
-        let any = false;
-        for (const t of list) {
-          const bar = t.indexOf("|");
-          const base = bar < 0 ? t : t.slice(0, bar);
-          const w = weights ? weights[bar < 0 ? "GPU" : t.slice(bar + 1)] ?? 0 : bar < 0 ? 1 : 0;
-          if (w <= 0 || !live[base] || (cand !== null && !cand[base])) continue;
-          if (!(best[base] >= w)) best[base] = w;
-          any = true;
-        }
-        if (!any) break;
-        cand = {};
-        for (const ek in best) {
-          hits[ek] = (hits[ek] ?? 0) + best[ek];
-          cand[ek] = true;
-        }
-      }
-      return hits;
-    },
+    prefixHits: (blocks, live, weights) =>
+      prefixRun(
+        blocks.length,
+        (i, visit) => {
+          const list = holders.get(blocks[i]);
+          if (!list) return false;
+          for (const t of list) visitTarget(t, visit);
+          return true;
+        },
+        live,
+        weights,
+      ),
     entries: (ek) => targets.get(ek)?.byEngine.size ?? 0,
     evictOldest(ek) {
       const t = targets.get(ek);

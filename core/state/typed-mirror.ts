@@ -30,7 +30,7 @@
 // (hex of ExternalBlockHash bytes) are folded to 64 bits: two such engine
 // blocks on one target collide with probability ~2^-64.
 import { BlockHash, EngineHash, EpochKey } from "../types";
-import { MirrorIndex } from "./types";
+import { MirrorIndex, prefixRun } from "./types";
 
 interface Target {
   id: number;
@@ -495,34 +495,23 @@ export function typedMirror(opts?: TypedMirrorOptions): TypedMirror {
       const t = targets.get(ek);
       return t ? t.count : 0;
     },
-    prefixHits(blocks: BlockHash[], live: { [epochKey: string]: boolean }, weights?: { [tier: string]: number }): { [epochKey: string]: number } {
-      const hits: { [ek: string]: number } = {};
-      let cand: { [ek: string]: boolean } | null = null;
-      for (let i = 0; i < blocks.length; i++) {
-        const s = blocks[i];
-        if (!parseHex16(s)) foldString(s);
-        const b = findBlock(KH, KL);
-        if (b < 0) break;
-        const best: { [ek: string]: number } = {};
-        let any = false;
-        for (let e = B[b * BS + 2]; e >= 0; e = E[e * ES + 7]) {
-          const t = byId[E[e * ES + 2]];
-          if (t === null) continue; // a cleared target's entry, not yet reclaimed
-          const w = weights ? weights[t.tier] ?? 0 : t.tier === "GPU" ? 1 : 0;
-          const base = t.base;
-          if (w <= 0 || !live[base] || (cand !== null && !cand[base])) continue;
-          if (!(best[base] >= w)) best[base] = w;
-          any = true;
-        }
-        if (!any) break;
-        cand = {};
-        for (const ek in best) {
-          hits[ek] = (hits[ek] ?? 0) + best[ek];
-          cand[ek] = true;
-        }
-      }
-      return hits;
-    },
+    prefixHits: (blocks: BlockHash[], live: { [epochKey: string]: boolean }, weights?: { [tier: string]: number }): { [epochKey: string]: number } =>
+      prefixRun(
+        blocks.length,
+        (i, visit) => {
+          const s = blocks[i];
+          if (!parseHex16(s)) foldString(s);
+          const b = findBlock(KH, KL);
+          if (b < 0) return false;
+          for (let e = B[b * BS + 2]; e >= 0; e = E[e * ES + 7]) {
+            const t = byId[E[e * ES + 2]];
+            if (t !== null) visit(t.base, t.tier); // null: a cleared target's entry, not yet reclaimed
+          }
+          return true;
+        },
+        live,
+        weights,
+      ),
     entries: (ek: EpochKey): number => {
       const t = targets.get(ek);
       return t ? t.entries : 0;

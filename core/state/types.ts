@@ -109,5 +109,53 @@ export function copyEventFields(spec: WorkerSpec, w: Worker): void {
   if (spec.engine !== undefined) w.engine = spec.engine;
 }
 
+/**
+ * MirrorIndex.prefixHits over any backend: holdersOf(i, visit) calls
+ * visit(base epoch key, tier) for each target holding block i and returns
+ * false when none does. A block counts the best tier weight per worker, and a
+ * worker's run ends at the first block it does not hold (a later block it
+ * holds is no hit: its prefix differs).
+ */
+export function prefixRun(
+  count: number,
+  holdersOf: (i: number, visit: (base: string, tier: string) => void) => boolean,
+  live: { [epochKey: string]: boolean },
+  weights?: { [tier: string]: number },
+): { [epochKey: string]: number } {
+  const hits: { [ek: string]: number } = {};
+  let cand: { [ek: string]: boolean } | null = null;
+  for (let i = 0; i < count; i++) {
+    const best: { [ek: string]: number } = {};
+    let any = false;
+    const prev = cand;
+    const held = holdersOf(i, (base, tier) => {
+      // Without weights only the GPU tier counts.
+      let w = tier === "GPU" ? 1 : 0;
+      if (weights) {
+        const x = weights[tier];
+        w = x === undefined ? 0 : x;
+      }
+      if (w <= 0 || !live[base] || (prev !== null && !prev[base])) return;
+      if (!(best[base] >= w)) best[base] = w;
+      any = true;
+    });
+    if (!held || !any) break;
+    const next: { [ek: string]: boolean } = {};
+    for (const ek in best) {
+      hits[ek] = (hits[ek] || 0) + best[ek];
+      next[ek] = true;
+    }
+    cand = next;
+  }
+  return hits;
+}
+
+/** A mirror target `<ek>` or `<ek>|<TIER>` (core/kvevents.ts tierKey) as (base, tier). */
+export function visitTarget(t: string, visit: (base: string, tier: string) => void): void {
+  const bar = t.indexOf("|");
+  if (bar < 0) visit(t, "GPU");
+  else visit(t.substr(0, bar), t.substr(bar + 1));
+}
+
 /** Past this many sessions the table starts over (a session then simply picks afresh). */
 export const MAX_SESSIONS = 100000;

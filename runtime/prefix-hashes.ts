@@ -25,15 +25,21 @@ export function prefixHashes(hasher: Hasher, maxTokens = 4 * 1024 * 1024, perKey
   let tokens = 0;
   let reusedBlocks = 0;
   let hashedBlocks = 0;
+  // One iterator kept across evictions: a fresh one per eviction would walk
+  // every entry deleted since the Set last rehashed (V8 leaves them in place
+  // until then), so at capacity each insert got slower until the router stalled.
+  let oldest = all.values();
 
-  const drop = (e: Entry) => {
+  // keepKey: the caller re-adds to this key at once (deleting and re-setting
+  // one key lengthens V8's hash chain for it until the next rehash).
+  const drop = (e: Entry, keepKey = false) => {
     all.delete(e);
     tokens -= e.ids.length;
     const list = byKey.get(e.key);
     if (!list) return;
     const i = list.indexOf(e);
     if (i >= 0) list.splice(i, 1);
-    if (!list.length) byKey.delete(e.key);
+    if (!list.length && !keepKey) byKey.delete(e.key);
   };
 
   return {
@@ -66,18 +72,24 @@ export function prefixHashes(hasher: Hasher, maxTokens = 4 * 1024 * 1024, perKey
       reusedBlocks += reuse;
       hashedBlocks += n - reuse;
       // The entry this one extends is now redundant: keep the longer one.
-      if (best && bestLen === best.ids.length) drop(best);
       const e: Entry = { key, ids: Int32Array.from(ids), blocks: out };
-      if (e.ids.length <= maxTokens) {
-        const l = byKey.get(key) || [];
+      const keep = e.ids.length <= maxTokens;
+      if (best && bestLen === best.ids.length) drop(best, keep);
+      if (keep) {
+        let l = byKey.get(key);
+        if (!l) byKey.set(key, (l = []));
         l.push(e);
         if (l.length > perKey) drop(l[0]);
-        byKey.set(key, l);
         all.add(e);
         tokens += e.ids.length;
-        for (const old of all) {
-          if (tokens <= maxTokens) break;
-          drop(old);
+        while (tokens > maxTokens) {
+          let r = oldest.next();
+          if (r.done) {
+            oldest = all.values();
+            r = oldest.next();
+            if (r.done) break;
+          }
+          drop(r.value);
         }
       }
       return out.slice();

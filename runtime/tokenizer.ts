@@ -108,10 +108,27 @@ export function pieceCache(tj: { added_tokens?: { id: number; content: string; l
   const ids = new Map(added.map((t) => [t.content, t.id] as [string, number]));
   const esc = (s: string) => s.replace(/[.*+?^${}()|[\]\\]/g, "\\$&");
   const split = new RegExp("(" + [...ids.keys()].sort((a, b) => b.length - a.length).map(esc).join("|") + ")");
-  const cache = new Map<string, number[]>();
+  // Two generations, each up to half the budget: a hit in the older one moves
+  // the piece to the newer, and a full newer one retires the older whole. An
+  // LRU Map (delete + set on every hit) made hot pieces like "\n" slower with
+  // each request: V8 keeps deleted entries in the key's hash chain until the
+  // next rehash, so each lookup walked every earlier delete of the same key.
+  let cache = new Map<string, number[]>();
+  let old = new Map<string, number[]>();
   let chars = 0;
+  let oldChars = 0;
   let hitTokens = 0;
   let missTokens = 0;
+  const keep = (part: string, got: number[]) => {
+    if (chars + part.length > maxChars / 2) {
+      old = cache;
+      oldChars = chars;
+      cache = new Map();
+      chars = 0;
+    }
+    cache.set(part, got);
+    chars += part.length;
+  };
   return {
     encode(text: string): number[] {
       // Pieces first, one copy into an array of the final size at the end:
@@ -127,21 +144,15 @@ export function pieceCache(tj: { added_tokens?: { id: number; content: string; l
           continue;
         }
         let got = cache.get(part);
-        if (got) {
-          // most recently used last
-          cache.delete(part);
-          cache.set(part, got);
+        if (got) hitTokens += got.length;
+        else if ((got = old.get(part))) {
           hitTokens += got.length;
+          keep(part, got);
         } else {
           got = encode(part);
           missTokens += got.length;
-          cache.set(part, got);
-          chars += part.length;
-          for (const [k] of cache) {
-            if (chars <= maxChars) break;
-            cache.delete(k);
-            chars -= k.length;
-          }
+          // A piece over the budget on its own is encoded, not kept.
+          if (part.length <= maxChars / 2) keep(part, got);
         }
         parts.push(got);
         total += got.length;
@@ -154,7 +165,7 @@ export function pieceCache(tj: { added_tokens?: { id: number; content: string; l
       }
       return out;
     },
-    stats: () => ({ hitTokens, missTokens, pieces: cache.size, chars }),
+    stats: () => ({ hitTokens, missTokens, pieces: cache.size + old.size, chars: chars + oldChars }),
   };
 }
 

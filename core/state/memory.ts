@@ -7,6 +7,8 @@ import { typedMirror } from "./typed-mirror";
 interface Held {
   /** engine hash -> our hash */
   byEngine: Map<EngineHash, BlockHash>;
+  /** Where evictOldest left off. */
+  oldest?: Iterator<EngineHash>;
   /** our hash -> engine blocks that map to it */
   refs: Map<BlockHash, number>;
   seq: number | undefined;
@@ -87,7 +89,13 @@ export function memoryMirror(): MirrorIndex {
     evictOldest(ek) {
       const t = targets.get(ek);
       if (!t) return false;
-      const first = t.byEngine.keys().next();
+      // The iterator lives across calls: a fresh one would re-walk every slot
+      // deleted since V8 last rehashed the Map, quadratic under steady eviction.
+      let first = t.oldest ? t.oldest.next() : { done: true as const, value: undefined };
+      if (first.done) {
+        t.oldest = t.byEngine.keys();
+        first = t.oldest.next();
+      }
       if (first.done) return false;
       mirror.remove(ek, first.value);
       return true;
@@ -109,14 +117,26 @@ export function memoryMirror(): MirrorIndex {
 }
 
 export function memoryLedger(): LoadLedger {
-  const per = new Map<EpochKey, { blocks: Map<BlockHash, number>; tokens: number; requests: number; pending: number; guards: number }>();
+  // A released block keeps its key at count 0 instead of being deleted: the
+  // same hot prefix is held and released by every request, and V8 keeps a
+  // deleted key in its hash chain until the Map rehashes, so delete + set of
+  // one key made each later lookup of it longer. Zeros are swept once they
+  // outnumber the live blocks.
+  const per = new Map<EpochKey, { blocks: Map<BlockHash, number>; live: number; zeros: number; tokens: number; requests: number; pending: number; guards: number }>();
   let open = 0;
   return {
     hold(ek, blocks, tokens, requests, pending = 0) {
       let p = per.get(ek);
-      if (!p) per.set(ek, (p = { blocks: new Map(), tokens: 0, requests: 0, pending: 0, guards: 0 }));
+      if (!p) per.set(ek, (p = { blocks: new Map(), live: 0, zeros: 0, tokens: 0, requests: 0, pending: 0, guards: 0 }));
       p.guards++;
-      for (const b of blocks) p.blocks.set(b, (p.blocks.get(b) ?? 0) + 1);
+      for (const b of blocks) {
+        const n = p.blocks.get(b);
+        if (!n) {
+          p.live++;
+          if (n === 0) p.zeros--;
+        }
+        p.blocks.set(b, (n ?? 0) + 1);
+      }
       p.tokens += tokens;
       p.requests += requests;
       p.pending += pending;
@@ -128,9 +148,21 @@ export function memoryLedger(): LoadLedger {
       open--;
       if (!p) return;
       for (const b of g.blocks) {
-        const n = (p.blocks.get(b) ?? 0) - 1;
-        if (n > 0) p.blocks.set(b, n);
-        else p.blocks.delete(b);
+        const n = p.blocks.get(b);
+        if (!n) continue;
+        p.blocks.set(b, n - 1);
+        if (n === 1) {
+          p.live--;
+          p.zeros++;
+        }
+      }
+      if (p.zeros > 1024 && p.zeros > p.live) {
+        const kept = new Map<BlockHash, number>();
+        p.blocks.forEach((n, b) => {
+          if (n > 0) kept.set(b, n);
+        });
+        p.blocks = kept;
+        p.zeros = 0;
       }
       p.tokens -= g.tokens;
       p.requests -= g.requests;
@@ -138,7 +170,7 @@ export function memoryLedger(): LoadLedger {
       p.guards--;
       if (p.guards <= 0) per.delete(g.epochKey);
     },
-    activeBlocks: (ek) => per.get(ek)?.blocks.size ?? 0,
+    activeBlocks: (ek) => per.get(ek)?.live ?? 0,
     heldGuards: (ek) => Math.max(0, per.get(ek)?.guards ?? 0),
     pendingBlocks: (ek) => Math.max(0, per.get(ek)?.pending ?? 0),
     activePrefix(blocks, eks) {
@@ -147,7 +179,7 @@ export function memoryLedger(): LoadLedger {
         const held = per.get(ek)?.blocks;
         if (!held) continue;
         let n = 0;
-        while (n < blocks.length && held.has(blocks[n])) n++;
+        while (n < blocks.length && (held.get(blocks[n]) ?? 0) > 0) n++;
         if (n) out[ek] = n;
       }
       return out;
@@ -204,30 +236,38 @@ export function memorySessions(max = MAX_SESSIONS): SessionTable {
 }
 
 export function memoryImages(): ImageAffinity {
-  // Map iteration order is insertion order: delete + set moves a hash to the back.
-  const lru = new Map<EpochKey, Map<string, true>>();
+  // Per worker two generations of up to cap/2 hashes each: a touch in the older
+  // one moves the hash to the newer, a full newer one retires the older. (An
+  // LRU Map's delete + set per touch lengthens V8's hash chain of a hot key.)
+  const gens = new Map<EpochKey, { cur: Map<string, true>; old: Map<string, true> }>();
   return {
     touch(ek, hashes, cap) {
-      let m = lru.get(ek);
-      if (!m) lru.set(ek, (m = new Map()));
+      let g = gens.get(ek);
+      if (!g) gens.set(ek, (g = { cur: new Map(), old: new Map() }));
+      const half = Math.max(1, Math.floor(cap / 2));
       for (const h of hashes) {
-        m.delete(h);
-        m.set(h, true);
-      }
-      for (const h of m.keys()) {
-        if (m.size <= cap) break;
-        m.delete(h);
+        if (g.cur.has(h)) continue;
+        if (g.cur.size >= half) {
+          g.old = g.cur;
+          g.cur = new Map();
+        }
+        g.cur.set(h, true);
       }
     },
     hits(ek, hashes) {
-      const m = lru.get(ek);
-      if (!m) return 0;
+      const g = gens.get(ek);
+      if (!g) return 0;
       let n = 0;
-      for (const h of hashes) if (m.has(h)) n++;
+      for (const h of hashes) if (g.cur.has(h) || g.old.has(h)) n++;
       return n;
     },
-    list: (ek) => [...(lru.get(ek)?.keys() ?? [])],
-    drop: (ek) => void lru.delete(ek),
+    list(ek) {
+      const g = gens.get(ek);
+      if (!g) return [];
+      const out = [...g.old.keys()].filter((h) => !g.cur.has(h));
+      return out.concat([...g.cur.keys()]);
+    },
+    drop: (ek) => void gens.delete(ek),
   };
 }
 

@@ -38,3 +38,20 @@ test("piece cache stays within its budget and is off when added tokens strip whi
   assert.deepEqual(pc.encode("ab<s>c"), [97, 98, 9, 99]);
   assert.equal(pieceCache({ added_tokens: [{ id: 1, content: "<mask>", lstrip: true }] }, () => []), null);
 });
+
+// At its budget the cache evicted by walking a fresh iterator from the start
+// of the Map, over every slot deleted since V8's last rehash: each insert
+// slower than the last (test/unit/prefix-hashes.test.ts has the same for hashes).
+test("piece cache: inserts at the budget cost what inserts below it cost", () => {
+  const pc = pieceCache({ added_tokens: [{ id: 9, content: "<s>" }] }, (t) => [t.length], 1_000_000)!;
+  const run = (from: number, n: number) => {
+    const t = performance.now();
+    for (let i = from; i < from + n; i++) pc.encode(`<s>p${String(i).padStart(10, "0")}`);
+    return performance.now() - t;
+  };
+  const filling = run(0, 40000);
+  run(40000, 80000); // past the budget (~90k pieces of 11 chars)
+  const full = run(120000, 40000);
+  assert.ok(pc.stats().chars <= 1_000_000);
+  assert.ok(full < 4 * filling, `40k inserts at the budget took ${full.toFixed(0)} ms, below it ${filling.toFixed(0)} ms`);
+});

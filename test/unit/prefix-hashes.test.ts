@@ -27,3 +27,22 @@ test("prefix hash reuse: same hashes as hashing from scratch, only new blocks ha
   assert.ok(ph.stats().tokens <= 5000, `${ph.stats().tokens} tokens kept`);
   check(grown.concat([1, 2, 3]));
 });
+
+// The soak wedge: at its token bound the cache evicted by walking a fresh Set
+// iterator from the start, over every slot deleted since V8 last rehashed it,
+// so each insert cost more than the one before (at 1,000 req/s of distinct
+// prompts the router stalled after ~120k requests).
+test("prefix hash reuse: inserts at the bound cost what inserts below it cost", () => {
+  const ph = prefixHashes(nativeHasher, 4 * 1024 * 1024);
+  const prompt = (i: number) => Array.from({ length: 28 }, (_, j) => (Math.imul(i + 1, 2654435761) + j) >>> 8);
+  const run = (from: number, n: number) => {
+    const t = performance.now();
+    for (let i = from; i < from + n; i++) ph.hash(prompt(i), 16, undefined);
+    return performance.now() - t;
+  };
+  const filling = run(0, 40000);
+  run(40000, 180000); // past the bound (~150k entries of 28 tokens)
+  const full = run(220000, 40000);
+  assert.ok(ph.stats().tokens <= 4 * 1024 * 1024);
+  assert.ok(full < 4 * filling, `40k inserts at the bound took ${full.toFixed(0)} ms, below it ${filling.toFixed(0)} ms`);
+});

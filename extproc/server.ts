@@ -136,6 +136,8 @@ function servedOf(m: ProcessingRequest): string | null {
 function handleStream(app: App, call: grpc.ServerDuplexStream<ProcessingRequest, ProcessingResponse>): void {
   let headers: Record<string, string> = {};
   let bodyChunks: Buffer[] = [];
+  let bodyBytes = 0;
+  let tooLarge = false;
   let res: Reservation | null = null;
   let picked: Worker | null = null;
   // Load moved to the endpoint the gateway reports it actually served from.
@@ -340,7 +342,18 @@ function handleStream(app: App, call: grpc.ServerDuplexStream<ProcessingRequest,
           break;
         }
         case "requestBody":
+          if (tooLarge) break;
           bodyChunks.push(Buffer.from(r.value.body));
+          bodyBytes += r.value.body.length;
+          if (fullDuplex && bodyBytes > app.opts.maxBodyBytes) {
+            // Streamed bodies are not bounded by Envoy's buffer: refuse at the
+            // limit rather than hold an unbounded body in memory.
+            tooLarge = true;
+            bodyChunks = [];
+            app.metrics.badRequests.inc({ status: "413" });
+            answer(immediate(413, `request body is over the ${app.opts.maxBodyBytes}-byte limit`, "request_too_large", headers[":path"] || ""));
+            break;
+          }
           if (fullDuplex) {
             if (r.value.endOfStream) duplexRelease(false);
             break;
@@ -359,6 +372,7 @@ function handleStream(app: App, call: grpc.ServerDuplexStream<ProcessingRequest,
           }
           break;
         case "requestTrailers":
+          if (tooLarge) break;
           if (fullDuplex && !decided) {
             duplexRelease(true);
             answer(create(ProcessingResponseSchema, { response: { case: "requestTrailers", value: create(TrailersResponseSchema, {}) } }));

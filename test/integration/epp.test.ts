@@ -170,3 +170,21 @@ test("the llm-d sidecar header is set for PD picks and stripped from clients oth
   s.call.cancel();
   assert.ok(await until(() => held() === 0));
 });
+
+test("FULL_DUPLEX_STREAMED: a body streamed past --max-body-bytes is refused at the limit, not accumulated", async () => {
+  const s = stream();
+  s.send(reqHeaders(Mode.FULL_DUPLEX_STREAMED));
+  const mb = Buffer.alloc(1024 * 1024, 0x20);
+  // Envoy does not buffer duplex bodies, so nothing but the router bounds them.
+  for (let i = 0; i < 9; i++) s.send(reqBody(mb, false));
+  await s.wait(1);
+  const r = s.got[0];
+  assert.equal(r.response.case, "immediateResponse");
+  const v = r.response.value as { status: { code: number }; body: Uint8Array };
+  assert.equal(v.status.code, 413);
+  assert.match(Buffer.from(v.body).toString(), /over the 8388608-byte limit/);
+  s.send(reqBody(mb, true)); // after the answer: ignored, no second reply
+  await s.wait(1);
+  assert.equal(held(), 0);
+  s.call.end();
+});

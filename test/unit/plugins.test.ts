@@ -129,10 +129,12 @@ test("scorer active-blocks: distinct in-flight blocks the request does not share
   }
 });
 
-test("scorer queued-prefill: uncached blocks queued before the first token, weight 1 whatever the overlap weight", () => {
+test("scorer queued-prefill: uncached blocks queued before the first token, priced at the overlap weight", () => {
   const s = setup(["mixed", "mixed"], { config: { overlapWeight: 3 } });
   const g = s.state.load.hold(s.fleet[1].epochKey, [], 0, 0, 40);
-  assert.equal(queuedPrefillScorer.weight(s.ctx), 1);
+  // Waiting behind a queued block costs what prefilling one of the request's own does.
+  assert.equal(queuedPrefillScorer.weight(s.ctx), 3);
+  assert.equal(queuedPrefillScorer.weight(setup(["mixed", "mixed"], { config: { overlapWeight: 0 } }).ctx), 0);
   assert.deepEqual(queuedPrefillScorer.score(s.ctx, s.rows(), 3), [0, 40]);
   s.state.load.release(g);
   assert.deepEqual(queuedPrefillScorer.score(s.ctx, s.rows(), 3), [0, 0]);

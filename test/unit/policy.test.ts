@@ -80,17 +80,19 @@ test("prompts under one block and non-LLM calls balance by requests in flight, n
   assert.equal(r.openGuards(), 0);
 });
 
-test("default weight: a worker busy prefilling another prompt keeps the prompts it caches (weight 1 sent them away)", () => {
+test("default weight: a question follows its cached document unless the holder's prefill backlog costs more than recomputing it", () => {
   const doc = blocks("doc", 250);
-  const run = (cfg: { overlapWeight?: number }) => {
+  const run = (backlog: number, cfg: { overlapWeight?: number } = {}) => {
     const { st, r } = mk([{ id: "a" }, { id: "b" }], cfg);
     cache(st, r, "a", doc);
     cache(st, r, "b", blocks("other", 400)); // b holds more cache: cold prompts prefer a
-    const busy = r.pick(feats(blocks("big", 250)));
-    assert.equal(busy.target.id, "a", "a cold 250-block prompt starts prefilling on a");
-    const q = r.pick(feats([...doc, ...blocks("q", 2)]));
-    return q.target.id;
+    const busy = r.pick(feats(blocks("big", backlog)));
+    assert.equal(busy.target.id, "a", `a cold ${backlog}-block prompt starts prefilling on a`);
+    return r.pick(feats([...doc, ...blocks("q", 2)])).target.id;
   };
-  assert.equal(run({}), "a", "default: the question follows its document");
-  assert.equal(run({ overlapWeight: 1 }), "b", "weight 1: the momentary backlog outweighs the cached document");
+  // Weight 4: a costs 4 x 2 uncached + the backlog in flight + 4 x the queued backlog; b costs 4 x 252.
+  assert.equal(run(100), "a", "a short backlog: the question follows its document");
+  assert.equal(run(250), "b", "a backlog as long as the document: recomputing it elsewhere starts sooner");
+  assert.equal(run(250, { overlapWeight: 1 }), "b", "weight 1 sends it away sooner still");
+  assert.equal(run(30, { overlapWeight: 1 }), "a");
 });

@@ -29,19 +29,34 @@ export function chainNext(parent: string | null, tokens: ArrayLike<number>, star
     putHex64LE(buf, 0, parent);
     o = 8;
   }
-  for (let i = 0; i < blockSize; i++) {
-    const t = tokens[start + i] >>> 0;
-    const p = o + 4 * i;
-    buf[p] = t & 255;
-    buf[p + 1] = (t >>> 8) & 255;
-    buf[p + 2] = (t >>> 16) & 255;
-    buf[p + 3] = t >>> 24;
-  }
+  const words = (buf as BlockBuffer).words;
+  if (words) {
+    // Little-endian host: one 32-bit store per token (KV event intake hashes every mirrored block).
+    const w0 = o >> 2;
+    for (let i = 0; i < blockSize; i++) words[w0 + i] = tokens[start + i];
+  } else
+    for (let i = 0; i < blockSize; i++) {
+      const t = tokens[start + i] >>> 0;
+      const p = o + 4 * i;
+      buf[p] = t & 255;
+      buf[p + 1] = (t >>> 8) & 255;
+      buf[p + 2] = (t >>> 16) & 255;
+      buf[p + 3] = t >>> 24;
+    }
   return h(o ? buf : buf.subarray(0, blockSize * 4)) as BlockHash;
 }
 
+/** A block's bytes, with a 32-bit view of them when the host is little-endian (the hash input is LE). */
+interface BlockBuffer extends Uint8Array {
+  words?: Uint32Array;
+}
+
+const littleEndian = new Uint8Array(new Uint32Array([1]).buffer)[0] === 1;
+
 export function blockBuffer(blockSize: number): Uint8Array {
-  return new Uint8Array(8 + blockSize * 4);
+  const b: BlockBuffer = new Uint8Array(8 + blockSize * 4);
+  if (littleEndian) b.words = new Uint32Array(b.buffer);
+  return b;
 }
 
 /**

@@ -2,8 +2,9 @@
 import { xxh3 } from "@node-rs/xxhash";
 import { Hasher } from "../core/hash";
 
+// The addon takes a Uint8Array as is: wrapping each block in a Buffer first
+// cost a fifth of the hash on KV event intake (one call per mirrored block).
 export const nativeHasher: Hasher = (b) => {
-  const v = xxh3.xxh64(Buffer.from(b.buffer, b.byteOffset, b.byteLength));
-  const s = v.toString(16);
-  return s.length === 16 ? s : "0000000000000000".substr(s.length) + s;
+  const s = xxh3.xxh64(b).toString(16);
+  return s.length === 16 ? s : "0000000000000000".slice(s.length) + s;
 };

@@ -14,15 +14,41 @@ import * as os from "os";
 import * as path from "path";
 import { envoyBin, freePort, longText, run, startEnvoy, startRouter, stopAll, waitFor, httpOk } from "../test/harness";
 
-const arg = (name: string, def: number) => {
+// The gateway benches (overhead, replicas, soak) share their command line,
+// prompts, report and client from here.
+
+/** A numeric --name flag, def when absent. */
+export const arg = (name: string, def: number) => {
   const i = process.argv.indexOf(name);
   return i > 0 ? Number(process.argv[i + 1]) : def;
 };
 const ROUNDS = Math.min(2000, arg("--rounds", 200));
 const SECONDS = Math.min(120, arg("--seconds", 10));
 export const CHUNKS = 16;
-const outIdx = process.argv.indexOf("--out");
-const OUT = outIdx > 0 ? process.argv[outIdx + 1] : null;
+
+/** The two prompt sizes every gateway bench measures; tag keeps each bench's texts its own. */
+export function benchPrompts(tag: string): [string, string][] {
+  return [
+    ["short", "What is the capital of France?"],
+    ["4k tokens", longText(tag, 370)],
+  ];
+}
+
+/** Lines printed as they come and, with --out FILE, written there by save(). */
+export function reporter(): { say: (s: string) => void; save: () => void } {
+  const i = process.argv.indexOf("--out");
+  const out = i > 0 ? process.argv[i + 1] : null;
+  const lines: string[] = [];
+  return {
+    say(s) {
+      lines.push(s);
+      console.log(s);
+    },
+    save() {
+      if (out) fs.writeFileSync(out, lines.join("\n") + "\n");
+    },
+  };
+}
 
 /** An OpenAI-shaped SSE stream of CHUNKS chunks, 1 ms apart, for every POST; 200 to every GET (health, models). */
 export function nullEngine(port: number): Promise<http.Server> {
@@ -157,15 +183,8 @@ async function main() {
     ["plain Envoy", plain.url],
     ["Envoy + router", routed.url],
   ];
-  const prompts: [string, string][] = [
-    ["short", "What is the capital of France?"],
-    ["4k tokens", longText("ovh", 370)],
-  ];
-  const lines: string[] = [];
-  const say = (s: string) => {
-    lines.push(s);
-    console.log(s);
-  };
+  const prompts = benchPrompts("ovh");
+  const { say, save } = reporter();
   say(`Router overhead, ${new Date().toISOString()}, node ${process.version}, ${os.cpus().length} CPUs; null engine (${CHUNKS} SSE chunks 1 ms apart)`);
   say(`command: npm run bench:overhead -- --rounds ${ROUNDS} --seconds ${SECONDS}\n`);
   say("| prompt | plain Envoy p50 TTFB ms | Envoy + router p50 | router-added p50 ms | plain p99 | router p99 |");
@@ -199,7 +218,7 @@ async function main() {
       say(`| ${label} | ${name} | ${(done / secs).toFixed(0)} | ${errors} | ${perReq} |`);
     }
   }
-  if (OUT) fs.writeFileSync(OUT, lines.join("\n") + "\n");
+  save();
   engine.close();
   agent.destroy();
   await stopAll();

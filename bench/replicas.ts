@@ -8,20 +8,13 @@
 // load (they route worse: that is the e2e test), to separate the cost of the
 // sync from the cost of more processes on the same cores.
 // Usage: npm run bench:replicas [-- --seconds S] [-- --rounds R] [-- --out FILE]
-import * as fs from "fs";
 import * as os from "os";
-import { envoyBin, freePort, longText, startEnvoy, startNats, startRouter, stopAll, RouterProc } from "../test/harness";
-import { CHUNKS, closedLoop, cpuMs, nullEngine, request } from "./overhead";
+import { envoyBin, freePort, startEnvoy, startNats, startRouter, stopAll, RouterProc } from "../test/harness";
+import { arg, benchPrompts, CHUNKS, closedLoop, cpuMs, nullEngine, reporter, request } from "./overhead";
 
-const arg = (name: string, def: number) => {
-  const i = process.argv.indexOf(name);
-  return i > 0 ? Number(process.argv[i + 1]) : def;
-};
 const SECONDS = Math.min(60, arg("--seconds", 8));
 const ROUNDS = Math.min(10, arg("--rounds", 2));
 const CONC = 16;
-const outIdx = process.argv.indexOf("--out");
-const OUT = outIdx > 0 ? process.argv[outIdx + 1] : null;
 
 interface Setup {
   name: string;
@@ -60,15 +53,8 @@ async function main() {
     await setup("2 (sync off)", 2, false, enginePort, nats.url, "e"),
     await setup("3 (sync off)", 3, false, enginePort, nats.url, "f"),
   ];
-  const prompts: [string, string][] = [
-    ["short", "What is the capital of France?"],
-    ["4k tokens", longText("rep", 370)],
-  ];
-  const lines: string[] = [];
-  const say = (s: string) => {
-    lines.push(s);
-    console.log(s);
-  };
+  const prompts = benchPrompts("rep");
+  const { say, save } = reporter();
   say(`Router replicas, ${new Date().toISOString()}, node ${process.version}, ${os.cpus().length} CPUs; null engine (${CHUNKS} SSE chunks 1 ms apart); Envoy --concurrency 1`);
   say(`command: npm run bench:replicas -- --seconds ${SECONDS} --rounds ${ROUNDS}\n`);
   const tot: { [k: string]: { done: number; errors: number; secs: number; cpu: number } } = {};
@@ -101,7 +87,7 @@ async function main() {
       say(`| ${label} | ${s.name} | ${rps.toFixed(0)} | ${(rps / (base.done / base.secs)).toFixed(2)}x | ${t.errors} | ${(t.cpu / Math.max(1, t.done)).toFixed(2)} |`);
     }
   }
-  if (OUT) fs.writeFileSync(OUT, lines.join("\n") + "\n");
+  save();
   engine.close();
   await stopAll();
   process.exit(0);

@@ -8,11 +8,8 @@ import * as os from "os";
 import * as path from "path";
 import { execFile, execFileSync } from "child_process";
 import { ROOT, envoyBin, freePort, run, startEnvoy, startRouter, stopAll, waitFor, httpOk } from "../test/harness";
+import { arg, cpuMs } from "./overhead";
 
-const arg = (name: string, def: number) => {
-  const i = process.argv.indexOf(name);
-  return i > 0 ? Number(process.argv[i + 1]) : def;
-};
 const RATE = arg("--rate", 1000);
 const SECONDS = Math.min(3600, arg("--seconds", 300));
 
@@ -38,11 +35,10 @@ async function main() {
       return NaN;
     }
   };
-  // CPU seconds per process since the last sample: which one saturates when the rate slips.
-  const ticks = (pid?: number) => {
+  // CPU per process since the last sample: which one saturates when the rate slips.
+  const cpuNow = (pid?: number) => {
     try {
-      const f = fs.readFileSync(`/proc/${pid}/stat`, "utf8").split(") ")[1].split(" ");
-      return (Number(f[11]) + Number(f[12])) / 100;
+      return cpuMs(pid!);
     } catch {
       return NaN;
     }
@@ -53,8 +49,9 @@ async function main() {
     const now: Record<string, number> = {};
     const parts: string[] = [];
     for (const [k, pid] of Object.entries(cpuOf)) {
-      now[k] = ticks(pid);
-      if (k in lastCpu) parts.push(`${k} ${((now[k] - lastCpu[k]) * 10).toFixed(0)}%`);
+      now[k] = cpuNow(pid);
+      // ms of CPU over a 10 s window, as a percentage of one core
+      if (k in lastCpu) parts.push(`${k} ${((now[k] - lastCpu[k]) / 100).toFixed(0)}%`);
     }
     lastCpu = now;
     return parts.join(" ");

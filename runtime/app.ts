@@ -9,7 +9,7 @@ import { checkSessionId } from "../core/limits";
 import { computeFeatures, Endpoint, featuresOf, mediaSalt, parseRequest, ParsedRequest, promptTokenIds } from "../core/request";
 import { prefixHashes } from "./prefix-hashes";
 import { Features } from "../core/types";
-import { defaultThreads, TokenizerPool } from "./tokenpool";
+import { addStats, defaultThreads, JobOutcome, TokenizerPool } from "./tokenpool";
 import { applyBatch, clearAllTiers, KvEvent, requestRoot } from "../core/kvevents";
 import { nativeHasher } from "./hasher";
 import { loadTokenizer, LoadedTokenizer } from "./tokenizer";
@@ -411,13 +411,7 @@ export class App {
   cacheStats(): { hitTokens: number; missTokens: number; pieces: number; chars: number } | null {
     if (!this.tokenizer) return null;
     const s = { ...this.tokenizer.cacheStats() };
-    if (this.pool) {
-      const p = this.pool.stats();
-      s.hitTokens += p.hitTokens;
-      s.missTokens += p.missTokens;
-      s.pieces += p.pieces;
-      s.chars += p.chars;
-    }
+    if (this.pool) addStats(s, this.pool.stats());
     return s;
   }
 
@@ -498,7 +492,7 @@ export class App {
     } catch (e) {
       this.metrics.tokenizeQueue.set(pool.depth());
       const status = (e as { status?: number }).status;
-      this.metrics.tokenizeJobs.inc({ outcome: status === 413 || /waited over/.test((e as Error).message) ? "timeout" : status === 503 ? "queue_full" : "error" });
+      this.metrics.tokenizeJobs.inc({ outcome: (e as { outcome?: JobOutcome }).outcome ?? "error" });
       if (status) throw e;
       this.log("warn", `tokenize failed (${(e as Error).message}); routing on estimated tokens`);
       feats = computeFeatures(req, null, this.opts.router.blockSize, nativeHasher, root);

@@ -27,6 +27,22 @@ export interface CacheStats {
   chars: number;
 }
 
+/** Adds s's counters into t. */
+export function addStats(t: CacheStats, s: CacheStats): void {
+  t.hitTokens += s.hitTokens;
+  t.missTokens += s.missTokens;
+  t.pieces += s.pieces;
+  t.chars += s.chars;
+}
+
+/** What a rejected job counts as in infera_router_tokenize_jobs_total. */
+export type JobOutcome = "timeout" | "queue_full" | "error";
+
+/** An httpError that also names its outcome, so callers count it without reading the message. */
+function rejection(status: number, message: string, type: string, outcome: JobOutcome): Error {
+  return Object.assign(httpError(status, message, type), { outcome });
+}
+
 /** Threads when --tokenizer-threads is unset: leave a core to the event loop, at most 4. */
 export function defaultThreads(cpus = typeof os.availableParallelism === "function" ? os.availableParallelism() : os.cpus().length): number {
   return Math.max(1, Math.min(4, cpus - 1));
@@ -112,13 +128,7 @@ export class TokenizerPool {
   /** Piece-cache counters over every thread (and every thread replaced so far). */
   stats(): CacheStats {
     const t = { ...this.retired, pieces: 0, chars: 0 };
-    for (const s of this.slots)
-      for (const k of Object.keys(s.stats)) {
-        t.hitTokens += s.stats[k].hitTokens;
-        t.missTokens += s.stats[k].missTokens;
-        t.pieces += s.stats[k].pieces;
-        t.chars += s.stats[k].chars;
-      }
+    for (const s of this.slots) for (const k of Object.keys(s.stats)) addStats(t, s.stats[k]);
     return t;
   }
 
@@ -128,10 +138,10 @@ export class TokenizerPool {
    * 413 when its own encoding ran past it.
    */
   encode(key: string, text: string, special: boolean, blockSize: number, salt: string | null): Promise<{ tokens: number; blocks: string[] }> {
-    if (this.closed) return Promise.reject(httpError(503, "the router is shutting down", "service_unavailable"));
+    if (this.closed) return Promise.reject(rejection(503, "the router is shutting down", "service_unavailable", "error"));
     if (this.pending.size >= this.opts.queueMax) {
       this.counts.queueFull++;
-      return Promise.reject(httpError(503, `tokenizer queue is full (${this.opts.queueMax} prompts, --tokenize-queue); retry later`, "service_unavailable"));
+      return Promise.reject(rejection(503, `tokenizer queue is full (${this.opts.queueMax} prompts, --tokenize-queue); retry later`, "service_unavailable", "queue_full"));
     }
     const id = this.nextId++;
     const job: TokenizeJob = { id, key, text, special, blockSize, salt };
@@ -187,13 +197,13 @@ export class TokenizerPool {
     const ms = this.opts.timeoutMs;
     if (slot.running === p) {
       const ran = Math.round(performance.now() - p.started);
-      p.reject(httpError(413, `prompt took over ${ms} ms to tokenize (ran ${ran} ms, --tokenize-timeout-ms); send a shorter prompt`, "request_too_large"));
+      p.reject(rejection(413, `prompt took over ${ms} ms to tokenize (ran ${ran} ms, --tokenize-timeout-ms); send a shorter prompt`, "request_too_large", "timeout"));
       this.log("warn", `tokenization of a ${p.job.text.length}-char prompt ran past ${ms} ms: thread replaced`);
       this.replace(slot, null);
     } else {
       const i = slot.queue.indexOf(p);
       if (i >= 0) slot.queue.splice(i, 1);
-      p.reject(httpError(503, `prompt waited over ${ms} ms for a tokenizer thread (--tokenize-timeout-ms); retry later`, "service_unavailable"));
+      p.reject(rejection(503, `prompt waited over ${ms} ms for a tokenizer thread (--tokenize-timeout-ms); retry later`, "service_unavailable", "timeout"));
     }
   }
 
@@ -226,7 +236,7 @@ export class TokenizerPool {
     this.closed = true;
     for (const p of this.pending.values()) {
       clearTimeout(p.timer);
-      p.reject(httpError(503, "the router is shutting down", "service_unavailable"));
+      p.reject(rejection(503, "the router is shutting down", "service_unavailable", "error"));
     }
     this.pending.clear();
     await Promise.all(this.slots.map((s) => s.worker.terminate()));

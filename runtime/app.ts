@@ -436,18 +436,23 @@ export class App {
     return parseRequest(endpoint, body.length <= this.opts.maxBodyBytes ? body.toString("utf8") : "", body.length, { maxBodyBytes: this.opts.maxBodyBytes, maxMessages: this.opts.maxMessages, maxMedia: this.opts.maxImages, maxJsonDepth: this.opts.maxJsonDepth }, sessionHeader);
   }
 
+  /** Features from the estimated token count, no blocks; failure: why tokenizing failed (logged). */
+  private estimated(req: ParsedRequest, root: string | null, failure?: Error): Features {
+    // A tokenizer failure must not fail the request: fall back to the estimate.
+    if (failure) this.log("warn", `tokenize failed (${failure.message}); routing on estimated tokens`);
+    return computeFeatures(req, null, this.opts.router.blockSize, nativeHasher, root);
+  }
+
   /** text: the prompt already rendered by the caller (rendering twice costs as much as encoding a short one). */
   private featuresInline(req: ParsedRequest, root: string | null, text?: string): Features {
     try {
       const tok = this.tokenizerFor(req.model);
       const ids = text !== undefined && tok && !req.promptTokens ? (req.addSpecialTokens && tok.encodeSpecial ? tok.encodeSpecial(text) : tok.encode(text)) : promptTokenIds(req, tok);
-      if (!ids) return computeFeatures(req, null, this.opts.router.blockSize, nativeHasher, root);
+      if (!ids) return this.estimated(req, root);
       const ms = mediaSalt(req, nativeHasher, root);
       return featuresOf(req, ids.length, this.hashes.hash(ids, this.opts.router.blockSize, ms.salt), ms.mediaHashes);
     } catch (e) {
-      // A tokenizer failure must not fail the request: fall back to the estimate.
-      this.log("warn", `tokenize failed (${(e as Error).message}); routing on estimated tokens`);
-      return computeFeatures(req, null, this.opts.router.blockSize, nativeHasher, root);
+      return this.estimated(req, root, e as Error);
     }
   }
 
@@ -494,8 +499,7 @@ export class App {
       const status = (e as { status?: number }).status;
       this.metrics.tokenizeJobs.inc({ outcome: (e as { outcome?: JobOutcome }).outcome ?? "error" });
       if (status) throw e;
-      this.log("warn", `tokenize failed (${(e as Error).message}); routing on estimated tokens`);
-      feats = computeFeatures(req, null, this.opts.router.blockSize, nativeHasher, root);
+      feats = this.estimated(req, root, e as Error);
     }
     return this.finishPick(req, feats, t0, allow);
   }

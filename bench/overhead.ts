@@ -12,7 +12,7 @@ import * as fs from "fs";
 import * as http from "http";
 import * as os from "os";
 import * as path from "path";
-import { envoyBin, freePort, longText, run, startEnvoy, startRouter, stopAll, waitFor, httpOk } from "../test/harness";
+import { envoyBin, freePort, longText, run, startEnvoy, startRouter, stopAll, tcpOpen, TSX, waitFor, httpOk } from "../test/harness";
 
 // The gateway benches (overhead, replicas, soak) share their command line,
 // prompts, report and client from here.
@@ -24,6 +24,10 @@ export const arg = (name: string, def: number) => {
 };
 const ROUNDS = Math.min(2000, arg("--rounds", 200));
 const SECONDS = Math.min(120, arg("--seconds", 10));
+// A router in service has run its request path millions of times; one just
+// started has not had it compiled by the JIT. Every side gets this much
+// closed-loop traffic (concurrency 16, both prompts) before latency is taken.
+const WARM = Math.min(60, arg("--warm", 5));
 export const CHUNKS = 16;
 
 /** The two prompt sizes every gateway bench measures; tag keeps each bench's texts its own. */
@@ -112,6 +116,8 @@ static_resources:
   return { url: `http://127.0.0.1:${port}` };
 }
 
+const NULL_SIDE = "Envoy + do-nothing ext_proc";
+
 const agent = new http.Agent({ keepAlive: true, maxSockets: 64 });
 
 /** One streaming chat request: ms to the first body byte and to the end, or an error. */
@@ -179,22 +185,31 @@ async function main() {
   const router = await startRouter(["--workers", `127.0.0.1:${enginePort}`, "--log-level", "warn"]);
   const routed = await startEnvoy(router.grpcPort);
   const plain = await startPlainEnvoy(enginePort);
+  // The same Envoy config around an ext_proc server that does nothing: the path's floor.
+  const nullPort = await freePort();
+  run("null-processor", process.execPath, [...TSX, "bench/null-processor.ts", String(nullPort), `127.0.0.1:${enginePort}`]);
+  await waitFor("null processor", () => tcpOpen(nullPort), 20000);
+  const floor = await startEnvoy(nullPort);
   const sides: [string, string][] = [
     ["plain Envoy", plain.url],
     ["Envoy + router", routed.url],
+    [NULL_SIDE, floor.url],
   ];
   const prompts = benchPrompts("ovh");
   const { say, save } = reporter();
   say(`Router overhead, ${new Date().toISOString()}, node ${process.version}, ${os.cpus().length} CPUs; null engine (${CHUNKS} SSE chunks 1 ms apart)`);
-  say(`command: npm run bench:overhead -- --rounds ${ROUNDS} --seconds ${SECONDS}\n`);
-  say("| prompt | plain Envoy p50 TTFB ms | Envoy + router p50 | router-added p50 ms | plain p99 | router p99 |");
-  say("|---|---:|---:|---:|---:|---:|");
+  say(`command: npm run bench:overhead -- --rounds ${ROUNDS} --seconds ${SECONDS} --warm ${WARM}\n`);
+  let warmed = 0;
+  for (const [, url] of sides) for (const [, text] of prompts) warmed += (await closedLoop(url, text, "warm", WARM / 2, 16)).done;
+  say(`Warm-up first: ${warmed} requests over the ${sides.length} paths (${WARM} s each at concurrency 16).\n`);
+  say("| prompt | plain Envoy p50 TTFB ms | Envoy + router p50 | router-added p50 ms | plain p99 | router p99 | Envoy + do-nothing ext_proc p50 | its added p50 ms |");
+  say("|---|---:|---:|---:|---:|---:|---:|---:|");
   for (const [label, text] of prompts) {
     let n = 0;
     // A distinct prompt each round (a new suffix), so nothing is served from a cache the other side lacks.
     const body = () => JSON.stringify({ model: "m", stream: true, max_tokens: CHUNKS, messages: [{ role: "user", content: `${text} #${n++}` }] });
     for (let w = 0; w < 20; w++) for (const [, url] of sides) await request(url, body());
-    const t: { [side: string]: number[] } = { "plain Envoy": [], "Envoy + router": [] };
+    const t: { [side: string]: number[] } = { "plain Envoy": [], "Envoy + router": [], [NULL_SIDE]: [] };
     for (let r = 0; r < ROUNDS; r++) {
       for (const [name, url] of r % 2 ? [...sides].reverse() : sides) {
         const x = await request(url, body());
@@ -204,13 +219,14 @@ async function main() {
     }
     const a = pct(t["plain Envoy"], 50);
     const b = pct(t["Envoy + router"], 50);
-    say(`| ${label} | ${a.toFixed(2)} | ${b.toFixed(2)} | ${(b - a).toFixed(2)} | ${pct(t["plain Envoy"], 99).toFixed(2)} | ${pct(t["Envoy + router"], 99).toFixed(2)} |`);
+    const z = pct(t[NULL_SIDE], 50);
+    say(`| ${label} | ${a.toFixed(2)} | ${b.toFixed(2)} | ${(b - a).toFixed(2)} | ${pct(t["plain Envoy"], 99).toFixed(2)} | ${pct(t["Envoy + router"], 99).toFixed(2)} | ${z.toFixed(2)} | ${(z - a).toFixed(2)} |`);
   }
   say("\n| prompt | path | req/s at c=16 | errors | router CPU ms/request |");
   say("|---|---|---:|---:|---:|");
   const pid = router.proc.child.pid!;
   for (const [label, text] of prompts) {
-    for (const [name, url] of sides) {
+    for (const [name, url] of sides.filter(([n]) => n !== NULL_SIDE)) {
       const cpu0 = cpuMs(pid);
       const { done, errors, secs } = await closedLoop(url, text, "", SECONDS, 16);
       const cpu = cpuMs(pid) - cpu0;

@@ -7,7 +7,7 @@ import * as os from "os";
 import * as path from "path";
 
 export const ROOT = path.resolve(__dirname, "..");
-const TSX = ["--import", "tsx"];
+export const TSX = ["--import", "tsx"];
 
 export async function freePort(): Promise<number> {
   return new Promise((resolve, reject) => {
@@ -449,13 +449,21 @@ export async function startEtcd(dataDir?: string, ports?: { client: number; peer
   return { endpoint, proc, dataDir: dir, ports: p };
 }
 
+/** Whether something accepts TCP connections on the loopback port. */
+export function tcpOpen(port: number): Promise<boolean> {
+  return new Promise<boolean>((resolve) => {
+    const s = net.connect(port, "127.0.0.1", () => {
+      s.destroy();
+      resolve(true);
+    });
+    s.on("error", () => resolve(false));
+  });
+}
+
 export async function startNats(port?: number): Promise<{ url: string; proc: Proc; port: number }> {
   const p = port ?? (await freePort());
   const proc = run("nats", "nats-server", ["-a", "127.0.0.1", "-p", String(p)]);
-  await waitFor("nats", async () => new Promise<boolean>((resolve) => {
-    const s = net.connect(p, "127.0.0.1", () => { s.destroy(); resolve(true); });
-    s.on("error", () => resolve(false));
-  }), 10000);
+  await waitFor("nats", () => tcpOpen(p), 10000);
   return { url: `nats://127.0.0.1:${p}`, proc, port: p };
 }
 

@@ -1,13 +1,15 @@
 // What the router adds to a request, measured against the same Envoy without
-// it, in one run with the two sides interleaved:
+// it, in one run with the sides interleaved:
 //  * router-added latency: p50 time to first response byte through Envoy +
 //    ext_proc router minus through a plain Envoy, one request at a time, for a
-//    short prompt and a ~4k-token one;
-//  * line rate: closed-loop requests/s at concurrency 16 through each, errors,
-//    and the router's CPU per request (from /proc/<pid>/stat).
+//    short prompt and a ~4k-token one, after every side has been warmed;
+//  * the floor: the same through Envoy + a do-nothing ext_proc server
+//    (bench/null-processor.ts), so the router's own share is the difference;
+//  * line rate: closed-loop requests/s at concurrency 16 through plain Envoy and
+//    Envoy + router, errors, and the router's CPU per request (/proc/<pid>/stat).
 // The upstream is a null engine in this process (a fixed SSE stream, no model,
 // no tokenizer), so every difference is the gateway path, not the engine.
-// Usage: npm run bench:overhead [-- --rounds N] [-- --seconds S] [-- --out FILE]
+// Usage: npm run bench:overhead [-- --rounds N] [-- --seconds S] [-- --warm S] [-- --out FILE]
 import * as fs from "fs";
 import * as http from "http";
 import * as os from "os";

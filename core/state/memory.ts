@@ -3,6 +3,7 @@
 import { BlockHash, EngineHash, EpochKey, Guard, SessionBinding, Worker, WorkerSpec } from "../types";
 import { copyEventFields, ImageAffinity, LoadLedger, MAX_SESSIONS, MirrorIndex, prefixRun, RouterState, SessionTable, visitTarget, WorkerRegistry } from "./types";
 import { typedMirror } from "./typed-mirror";
+import { generations, Generations } from "./generations";
 
 interface Held {
   /** engine hash -> our hash */
@@ -236,37 +237,23 @@ export function memorySessions(max = MAX_SESSIONS): SessionTable {
 }
 
 export function memoryImages(): ImageAffinity {
-  // Per worker two generations of up to cap/2 hashes each: a touch in the older
-  // one moves the hash to the newer, a full newer one retires the older. (An
-  // LRU Map's delete + set per touch lengthens V8's hash chain of a hot key.)
-  const gens = new Map<EpochKey, { cur: Map<string, true>; old: Map<string, true> }>();
+  // Per worker two generations of up to cap/2 hashes each (generations.ts).
+  const gens = new Map<EpochKey, Generations<true>>();
   return {
     touch(ek, hashes, cap) {
       let g = gens.get(ek);
-      if (!g) gens.set(ek, (g = { cur: new Map(), old: new Map() }));
+      if (!g) gens.set(ek, (g = generations<true>(() => 1)));
       const half = Math.max(1, Math.floor(cap / 2));
-      for (const h of hashes) {
-        if (g.cur.has(h)) continue;
-        if (g.cur.size >= half) {
-          g.old = g.cur;
-          g.cur = new Map();
-        }
-        g.cur.set(h, true);
-      }
+      for (const h of hashes) g.set(h, true, half);
     },
     hits(ek, hashes) {
       const g = gens.get(ek);
       if (!g) return 0;
       let n = 0;
-      for (const h of hashes) if (g.cur.has(h) || g.old.has(h)) n++;
+      for (const h of hashes) if (g.has(h)) n++;
       return n;
     },
-    list(ek) {
-      const g = gens.get(ek);
-      if (!g) return [];
-      const out = [...g.old.keys()].filter((h) => !g.cur.has(h));
-      return out.concat([...g.cur.keys()]);
-    },
+    list: (ek) => gens.get(ek)?.keys() ?? [],
     drop: (ek) => void gens.delete(ek),
   };
 }

@@ -121,22 +121,19 @@ export function memoryLedger(): LoadLedger {
   // A released block keeps its key at count 0 instead of being deleted: the
   // same hot prefix is held and released by every request, and V8 keeps a
   // deleted key in its hash chain until the Map rehashes, so delete + set of
-  // one key made each later lookup of it longer. Zeros are swept once they
-  // outnumber the live blocks.
-  const per = new Map<EpochKey, { blocks: Map<BlockHash, number>; live: number; zeros: number; tokens: number; requests: number; pending: number; guards: number }>();
+  // one key made each later lookup of it longer. Zeros (blocks.size - live)
+  // are swept once they outnumber the live blocks.
+  const per = new Map<EpochKey, { blocks: Map<BlockHash, number>; live: number; tokens: number; requests: number; pending: number; guards: number }>();
   let open = 0;
   return {
     hold(ek, blocks, tokens, requests, pending = 0) {
       let p = per.get(ek);
-      if (!p) per.set(ek, (p = { blocks: new Map(), live: 0, zeros: 0, tokens: 0, requests: 0, pending: 0, guards: 0 }));
+      if (!p) per.set(ek, (p = { blocks: new Map(), live: 0, tokens: 0, requests: 0, pending: 0, guards: 0 }));
       p.guards++;
       for (const b of blocks) {
-        const n = p.blocks.get(b);
-        if (!n) {
-          p.live++;
-          if (n === 0) p.zeros--;
-        }
-        p.blocks.set(b, (n ?? 0) + 1);
+        const n = p.blocks.get(b) ?? 0;
+        if (!n) p.live++;
+        p.blocks.set(b, n + 1);
       }
       p.tokens += tokens;
       p.requests += requests;
@@ -152,18 +149,15 @@ export function memoryLedger(): LoadLedger {
         const n = p.blocks.get(b);
         if (!n) continue;
         p.blocks.set(b, n - 1);
-        if (n === 1) {
-          p.live--;
-          p.zeros++;
-        }
+        if (n === 1) p.live--;
       }
-      if (p.zeros > 1024 && p.zeros > p.live) {
+      const zeros = p.blocks.size - p.live;
+      if (zeros > 1024 && zeros > p.live) {
         const kept = new Map<BlockHash, number>();
         p.blocks.forEach((n, b) => {
           if (n > 0) kept.set(b, n);
         });
         p.blocks = kept;
-        p.zeros = 0;
       }
       p.tokens -= g.tokens;
       p.requests -= g.requests;

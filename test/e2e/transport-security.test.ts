@@ -5,17 +5,13 @@ import { test, after } from "node:test";
 import * as assert from "node:assert/strict";
 import { spawnSync } from "child_process";
 import * as fs from "fs";
-import * as net from "net";
 import * as os from "os";
 import * as path from "path";
-import { startSim, startRouter, stopAll, waitFor, freePort, run, chat, longText, ROOT } from "../harness";
+import { startSim, startRouter, stopAll, waitFor, freePort, run, chat, longText, ROOT, tcpOpen, TSX } from "../harness";
 import { makePki } from "../pki";
 
 after(stopAll);
 const has = (bin: string) => spawnSync("which", [bin]).status === 0;
-
-
-const TSX = ["--import", "tsx"];
 
 test("KV events over a TLS nats-server that wants a token: relay and router connect with --nats-ca-file/--nats-token-file", { skip: has("nats-server") ? false : "nats-server not installed" }, async () => {
   const k = makePki();
@@ -23,10 +19,7 @@ test("KV events over a TLS nats-server that wants a token: relay and router conn
   fs.writeFileSync(token, "nats-s3cret\n");
   const port = await freePort();
   const nats = run("nats-tls", "nats-server", ["-a", "127.0.0.1", "-p", String(port), "--tls", "--tlscert", k.cert, "--tlskey", k.key, "--auth", "nats-s3cret"]);
-  await waitFor("nats", () => new Promise<boolean>((resolve) => {
-    const s = net.connect(port, "127.0.0.1", () => (s.destroy(), resolve(true)));
-    s.on("error", () => resolve(false));
-  }), 10000);
+  await waitFor("nats", () => tcpOpen(port), 10000);
   void nats;
   const url = `nats://127.0.0.1:${port}`;
   const sec = ["--nats-ca-file", k.ca, "--nats-token-file", token];
@@ -51,10 +44,7 @@ test("etcd over mTLS: register and router discovery use --etcd-ca-file/--etcd-ce
   const endpoint = `https://127.0.0.1:${client}`;
   const data = fs.mkdtempSync(path.join(os.tmpdir(), "infera-etcd-tls-"));
   run("etcd-tls", "etcd", ["--data-dir", data, "--listen-client-urls", endpoint, "--advertise-client-urls", endpoint, "--listen-peer-urls", `http://127.0.0.1:${peer}`, "--initial-advertise-peer-urls", `http://127.0.0.1:${peer}`, "--initial-cluster", `default=http://127.0.0.1:${peer}`, "--cert-file", k.cert, "--key-file", k.key, "--client-cert-auth", "--trusted-ca-file", k.ca, "--log-level", "error"], { ETCD_UNSUPPORTED_ARCH: "" });
-  await waitFor("etcd tls", () => new Promise<boolean>((resolve) => {
-    const s = net.connect(client, "127.0.0.1", () => (s.destroy(), resolve(true)));
-    s.on("error", () => resolve(false));
-  }), 20000);
+  await waitFor("etcd tls", () => tcpOpen(client), 20000);
   const sec = ["--etcd-ca-file", k.ca, "--etcd-cert-file", k.clientCert, "--etcd-key-file", k.clientKey];
   const reg = run("register-tls", process.execPath, [...TSX, "cli/register.ts", "--etcd-endpoint", endpoint, "--id", "tls0", "--address", "127.0.0.1:9", "--role", "mixed", ...sec]);
   const router = await startRouter(["--discovery-backend", "etcd", "--etcd-endpoint", endpoint, "--health-interval-ms", "0", ...sec]);

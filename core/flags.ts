@@ -59,7 +59,7 @@ export const FLAGS: FlagSpec[] = [
   { name: "session-header", kind: "string", def: "x-session-id", commands: ["router"], nginx: "infera_session_header", metavar: "H", help: "header carrying the session id (body field: session_id)" },
   { name: "pd-prefill-guard-release", kind: "enum", def: "first-token", choices: ["first-token", "completion"], commands: ["router"], nginx: "infera_pd_prefill_guard_release", routerKey: "pdPrefillGuardRelease", help: "when a PD pick releases its prefill load" },
   { name: "mm-lru-size", kind: "int", def: 256, min: 0, commands: ["router"], nginx: "infera_mm_lru_size", routerKey: "mmLruSize", help: "images remembered per worker for affinity" },
-  { name: "scorer-weights", kind: "weights", def: null, commands: ["router"], nginx: "infera_scorer_weights", routerKey: "scorerWeights", metavar: "LIST", help: "override scorer weights: name=w,... (prefix-overlap, active-blocks, queued-prefill, image-affinity)" },
+  { name: "scorer-weights", kind: "weights", def: null, commands: ["router"], nginx: "infera_scorer_weights", routerKey: "scorerWeights", metavar: "LIST", help: "override scorer weights: name=w,... (prefix-overlap, active-blocks, queued-prefill, queued-shared, image-affinity)" },
   { name: "max-session-id-bytes", kind: "int", def: DEFAULT_MAX_SESSION_ID_BYTES, min: 1, commands: ["router"], nginx: "infera_max_session_id_bytes", help: "longer session ids (header or body) get a 400" },
   { name: "max-messages", kind: "int", def: 4096, min: 1, commands: ["router"], nginx: "infera_max_messages", help: "chat requests with more messages get a 400" },
   { name: "max-images", kind: "int", def: 512, min: 0, commands: ["router"], nginx: "infera_max_images", help: "requests with more images/audio parts get a 400" },

@@ -128,6 +128,7 @@ export class ReplicaSync {
       heldGuards: (ek) => inner.heldGuards(ek),
       pendingBlocks: (ek) => inner.pendingBlocks(ek),
       activePrefix: (blocks, eks) => inner.activePrefix(blocks, eks),
+      queuedShared: (blocks, upto) => inner.queuedShared(blocks, upto),
       demand: (ek) => inner.demand(ek),
       // This process's own requests only: drain waits for them, not for other replicas'.
       openGuards: () => inner.openGuards() - self.remoteApplied,

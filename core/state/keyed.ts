@@ -13,6 +13,7 @@
 //   I:<ek>      "h1,h2" media LRU            AC:<ek>     distinct in-flight blocks on ek
 //   S:<sid>     JSON SessionBinding          DT:<ek>/DR:<ek> in-flight tokens / requests
 //   RQ:<rid>    JSON Guard (njs, queued)     PQ:<ek>     blocks queued for prefill on ek
+//                                            Q:<ek>:<h>  queued-prefill holds of block h on ek
 //                                            AG:<ek>     guards held on ek
 //   MD:<id>     JSON models a worker serves  HB:<id>|<role> request blocks found cached
 //   RP:<rid>/RM:<rid> JSON Guard (njs)       OPEN        guards held; SN sessions bound
@@ -141,7 +142,8 @@ export function keyedMirror(st: Store): MirrorIndex {
 export function keyedLedger(st: Store): LoadLedger {
   return {
     hold(ek, blocks, tokens, requests, pending) {
-      for (let i = 0; i < blocks.length; i++) if (st.incr("A:" + ek + ":" + blocks[i], 1) === 1) st.incr("AC:" + ek, 1);
+      if (pending) for (let i = 0; i < blocks.length; i++) st.incr("Q:" + ek + ":" + blocks[i], 1);
+      else for (let i = 0; i < blocks.length; i++) if (st.incr("A:" + ek + ":" + blocks[i], 1) === 1) st.incr("AC:" + ek, 1);
       if (tokens) st.incr("DT:" + ek, tokens);
       if (requests) st.incr("DR:" + ek, requests);
       if (pending) st.incr("PQ:" + ek, pending);
@@ -151,7 +153,12 @@ export function keyedLedger(st: Store): LoadLedger {
     },
     release(g) {
       const ek = g.epochKey;
-      for (let i = 0; i < g.blocks.length; i++) {
+      if (g.pending)
+        for (let i = 0; i < g.blocks.length; i++) {
+          const k = "Q:" + ek + ":" + g.blocks[i];
+          if (st.incr(k, -1) <= 0) st.delNum(k);
+        }
+      else for (let i = 0; i < g.blocks.length; i++) {
         const k = "A:" + ek + ":" + g.blocks[i];
         if (st.incr(k, -1) <= 0) {
           st.delNum(k);
@@ -175,6 +182,16 @@ export function keyedLedger(st: Store): LoadLedger {
         if (!st.num("AC:" + ek)) continue;
         let n = 0;
         while (n < blocks.length && st.num("A:" + ek + ":" + blocks[n]) > 0) n++;
+        if (n) out[ek] = n;
+      }
+      return out;
+    },
+    queuedShared(blocks, upto) {
+      const out: { [ek: string]: number } = {};
+      for (const ek in upto) {
+        if (!(st.num("PQ:" + ek) > 0)) continue;
+        let n = 0;
+        for (let i = 0; i < upto[ek] && i < blocks.length; i++) if (st.num("Q:" + ek + ":" + blocks[i]) > 0) n++;
         if (n) out[ek] = n;
       }
       return out;

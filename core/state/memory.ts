@@ -123,14 +123,15 @@ export function memoryLedger(): LoadLedger {
   // deleted key in its hash chain until the Map rehashes, so delete + set of
   // one key made each later lookup of it longer. Zeros (blocks.size - live)
   // are swept once they outnumber the live blocks.
-  const per = new Map<EpochKey, { blocks: Map<BlockHash, number>; live: number; tokens: number; requests: number; pending: number; guards: number }>();
+  const per = new Map<EpochKey, { blocks: Map<BlockHash, number>; queued: Map<BlockHash, number>; live: number; tokens: number; requests: number; pending: number; guards: number }>();
   let open = 0;
   return {
     hold(ek, blocks, tokens, requests, pending = 0) {
       let p = per.get(ek);
-      if (!p) per.set(ek, (p = { blocks: new Map(), live: 0, tokens: 0, requests: 0, pending: 0, guards: 0 }));
+      if (!p) per.set(ek, (p = { blocks: new Map(), queued: new Map(), live: 0, tokens: 0, requests: 0, pending: 0, guards: 0 }));
       p.guards++;
-      for (const b of blocks) {
+      if (pending > 0) for (const b of blocks) p.queued.set(b, (p.queued.get(b) ?? 0) + 1);
+      else for (const b of blocks) {
         const n = p.blocks.get(b) ?? 0;
         if (!n) p.live++;
         p.blocks.set(b, n + 1);
@@ -145,7 +146,13 @@ export function memoryLedger(): LoadLedger {
       const p = per.get(g.epochKey);
       open--;
       if (!p) return;
-      for (const b of g.blocks) {
+      if (g.pending > 0)
+        for (const b of g.blocks) {
+          const n = p.queued.get(b) ?? 0;
+          if (n > 1) p.queued.set(b, n - 1);
+          else p.queued.delete(b);
+        }
+      else for (const b of g.blocks) {
         const n = p.blocks.get(b);
         if (!n) continue;
         p.blocks.set(b, n - 1);
@@ -175,6 +182,17 @@ export function memoryLedger(): LoadLedger {
         if (!held) continue;
         let n = 0;
         while (n < blocks.length && (held.get(blocks[n]) ?? 0) > 0) n++;
+        if (n) out[ek] = n;
+      }
+      return out;
+    },
+    queuedShared(blocks, upto) {
+      const out: { [ek: string]: number } = {};
+      for (const ek in upto) {
+        const q = per.get(ek as EpochKey)?.queued;
+        if (!q || !q.size) continue;
+        let n = 0;
+        for (let i = 0; i < upto[ek] && i < blocks.length; i++) if (q.has(blocks[i])) n++;
         if (n) out[ek] = n;
       }
       return out;

@@ -38,7 +38,11 @@ export interface MirrorIndex {
 
 /** In-flight load: distinct prompt blocks, input tokens and requests per worker epoch. */
 export interface LoadLedger {
-  /** Books load; shared prefixes count once per worker. pending = blocks queued for prefill. */
+  /**
+   * Books load; shared prefixes count once per worker. pending = blocks queued
+   * for prefill: a guard with pending > 0 is a queued-prefill guard, and its
+   * blocks (if given) are those queued blocks, booked as queued, not as held.
+   */
   hold(epochKey: EpochKey, blocks: BlockHash[], tokens: number, requests: number, pending?: number): Guard;
   /** Gives a guard's load back. Callers make it happen once (Guard.done or an atomic pop). */
   release(g: Guard): void;
@@ -52,6 +56,11 @@ export interface LoadLedger {
    * request routed a moment ago is in that worker's KV cache before any event says so.
    */
   activePrefix(blocks: BlockHash[], epochKeys: EpochKey[]): { [epochKey: string]: number };
+  /**
+   * For each worker, how many of the request's first upto[ek] blocks are queued
+   * for prefill there by requests already routed (computed once, for all of them).
+   */
+  queuedShared(blocks: BlockHash[], upto: { [epochKey: string]: number }): { [epochKey: string]: number };
   demand(epochKey: EpochKey): { tokens: number; requests: number };
   /** Guards still held across all workers. */
   openGuards(): number;

@@ -55,14 +55,16 @@ test("two replicas through nats-server: holds and releases converge, a silent re
   assert.notEqual(a.ek(W[0]), b.ek(W[0]), "epoch keys differ between the replicas");
 
   const g1 = a.state.load.hold(a.ek(W[0]), blocks("x", 5), 0, 0);
-  const g2 = a.state.load.hold(a.ek(W[1]), blocks("y", 3), 100, 1, 3);
-  await waitFor("B sees A's holds", async () => b.state.load.activeBlocks(b.ek(W[0])) === 5 && b.state.load.activeBlocks(b.ek(W[1])) === 3, 3000);
+  const g2 = a.state.load.hold(a.ek(W[1]), blocks("y", 3), 100, 1);
+  // Its prefill still queued: the same blocks, booked as queued (the queued-shared scorer reads them).
+  const g2q = a.state.load.hold(a.ek(W[1]), blocks("y", 3), 0, 0, 3);
+  await waitFor("B sees A's holds", async () => b.state.load.activeBlocks(b.ek(W[0])) === 5 && b.state.load.activeBlocks(b.ek(W[1])) === 3 && b.state.load.pendingBlocks(b.ek(W[1])) === 3, 3000);
   assert.deepEqual(b.state.load.demand(b.ek(W[1])), { tokens: 100, requests: 1 });
-  assert.equal(b.state.load.pendingBlocks(b.ek(W[1])), 3);
+  assert.deepEqual(b.state.load.queuedShared(blocks("y", 3), { [b.ek(W[1])]: 3 }), { [b.ek(W[1])]: 3 });
   assert.deepEqual(b.state.load.activePrefix(blocks("x", 7), [b.ek(W[0]), b.ek(W[1])]), { [b.ek(W[0])]: 5 });
   // Drain waits for this process's own requests, not for its peers'.
   assert.equal(b.state.load.openGuards(), 0);
-  assert.equal(a.state.load.openGuards(), 2);
+  assert.equal(a.state.load.openGuards(), 3);
 
   // B's own hold on a shared prefix adds to A's view too; blocks count once per worker.
   const g3 = b.state.load.hold(b.ek(W[0]), blocks("x", 7), 0, 0);
@@ -70,9 +72,11 @@ test("two replicas through nats-server: holds and releases converge, a silent re
 
   // A release by copy (the ext_proc server's releaseGuard) is recognised as the same guard.
   a.state.load.release({ ...g2, done: false });
+  a.state.load.release({ ...g2q, done: false });
   a.state.load.release(g1);
   await waitFor("B sees A's releases", async () => b.state.load.activeBlocks(b.ek(W[0])) === 7 && b.state.load.activeBlocks(b.ek(W[1])) === 0, 3000);
   assert.equal(b.state.load.pendingBlocks(b.ek(W[1])), 0);
+  assert.deepEqual(b.state.load.queuedShared(blocks("y", 3), { [b.ek(W[1])]: 3 }), {});
   assert.deepEqual(b.state.load.demand(b.ek(W[1])), { tokens: 0, requests: 0 });
 
   // A newcomer converges from the heartbeats of replicas that were up before it.

@@ -12,6 +12,7 @@ import { prefixOverlapScorer } from "../../core/scheduling/plugins/scorer/prefix
 import { imageAffinityScorer } from "../../core/scheduling/plugins/scorer/image-affinity";
 import { activeBlocksScorer } from "../../core/scheduling/plugins/scorer/active-blocks";
 import { queuedPrefillScorer } from "../../core/scheduling/plugins/scorer/queued-prefill";
+import { queuedSharedScorer } from "../../core/scheduling/plugins/scorer/queued-shared";
 import { lowestCostPicker } from "../../core/scheduling/plugins/picker/lowest-cost";
 import { roundRobinPicker } from "../../core/scheduling/plugins/picker/round-robin";
 import { randomPicker } from "../../core/scheduling/plugins/picker/random";
@@ -138,6 +139,27 @@ test("scorer queued-prefill: uncached blocks queued before the first token, pric
   assert.deepEqual(queuedPrefillScorer.score(s.ctx, s.rows(), 3), [0, 40]);
   s.state.load.release(g);
   assert.deepEqual(queuedPrefillScorer.score(s.ctx, s.rows(), 3), [0, 0]);
+});
+
+test("scorer queued-shared: credits queued blocks the request shares, only while no worker is idle", () => {
+  const s = setup(["mixed", "mixed", "mixed"], { config: { overlapWeight: 3 }, features: { blocks: ["d0", "d1", "d2", "q7"] as BlockHash[] } });
+  const doc = ["d0", "d1", "d2", "q1"] as BlockHash[];
+  // w0 is computing the document for an earlier question; w1 is busy with something else.
+  s.state.load.hold(s.fleet[0].epochKey, doc, 0, 0);
+  s.state.load.hold(s.fleet[0].epochKey, doc, 0, 0, doc.length);
+  s.state.load.hold(s.fleet[1].epochKey, B(2, "x"), 0, 0);
+  s.state.load.hold(s.fleet[1].epochKey, B(2, "x"), 0, 0, 2);
+  assert.equal(queuedSharedScorer.weight(s.ctx), 3);
+  assert.deepEqual(queuedSharedScorer.score(s.ctx, s.rows(), 3), [0, 0, 0], "w2 is idle: a copy there delays nobody");
+  s.state.load.hold(s.fleet[2].epochKey, B(1, "y"), 0, 0);
+  s.ctx.cycle = {};
+  assert.deepEqual(queuedSharedScorer.score(s.ctx, s.rows(), 3), [-3, 0, 0]);
+  // In the whole pipeline the credit cancels the wait for the shared part only: w0 pays for q1.
+  s.ctx.cycle = {};
+  const rows = runProfile(s.ctx);
+  assert.deepEqual(rows.map((r) => r.terms["queued-prefill"] + r.terms["queued-shared"]), [1, 2, 0]);
+  assert.equal(lowestCostPicker.pick(s.ctx, rows), 0, "the worker computing the document");
+  assert.equal(queuedSharedScorer.weight(setup(["mixed"], { config: { overlapWeight: 0 } }).ctx), 0);
 });
 
 test("pickers: lowest cost with tie-breaks, round-robin, random", () => {

@@ -77,6 +77,28 @@ for (const [name, make] of backends) {
     assert.equal(load.openGuards(), 1);
   });
 
+  test(`${name}: queued-prefill guards book their blocks as queued, not held, and give them back`, () => {
+    const { load } = make();
+    const req = ["d0", "d1", "d2", "d3", "q9"].map(B);
+    // A first request for a document: all of it in flight, d1..d3 still to prefill (d0 was cached).
+    const main = load.hold(E("a#1"), ["d0", "d1", "d2", "d3", "q1"].map(B), 0, 0);
+    const queued = load.hold(E("a#1"), ["d1", "d2", "d3", "q1"].map(B), 0, 0, 4);
+    const other = load.hold(E("b#2"), ["d2"].map(B), 0, 0, 1);
+    assert.equal(load.activeBlocks(E("a#1")), 5, "queued blocks are not held a second time");
+    assert.equal(load.pendingBlocks(E("a#1")), 4);
+    // Within the in-flight prefix only: b#2 queues d2, but nothing of this request is in flight there.
+    assert.deepEqual(load.queuedShared(req, { "a#1": 4, "b#2": 0 }), { "a#1": 3 });
+    assert.deepEqual(load.queuedShared(req, { "a#1": 2 }), { "a#1": 1 });
+    load.release(queued);
+    assert.deepEqual(load.queuedShared(req, { "a#1": 4 }), {}, "prefilled: nothing queued");
+    assert.equal(load.activeBlocks(E("a#1")), 5);
+    load.release(main);
+    load.release(other);
+    assert.equal(load.pendingBlocks(E("b#2")), 0);
+    assert.deepEqual(load.queuedShared(req, { "a#1": 5, "b#2": 5 }), {});
+    assert.equal(load.openGuards(), 0);
+  });
+
   test(`${name}: registry epochs, health, exclusion`, () => {
     const { workers } = make();
     const a = workers.add({ id: "a", address: "127.0.0.1:1", role: "mixed" });

@@ -1,0 +1,232 @@
+// Policy exploration in virtual time: the router's own pick pipeline (core/,
+// in-process, memory state) in front of 4 engine models (sim/model.ts, the
+// same vLLM-like model the simulator serves), on token-id versions of
+// bench:trace's synthetic workloads. No HTTP, no tokenizer, no wall clock: a
+// whole workload runs in well under a second, so a policy idea can be tried
+// across every workload before it earns a real bench:trace run (which remains
+// the measure: this leaves out network, streaming and event latency).
+//
+// Usage: npm run bench:policy-sim -- [--variant 'label|--scorer-weights queued-shared=0;...'] [--seeds 3]
+import { createRouter, defaultConfig } from "../core/router";
+import { memoryState } from "../core/state/memory";
+import { blockHashes } from "../core/hash";
+import { parseArgs } from "../runtime/config";
+import { EngineModel, llama8bH100, StepPlan } from "../sim/model";
+import { BlockHash, RouterConfig } from "../core/types";
+
+const argv = process.argv.slice(2);
+const opt = (name: string, def: string) => {
+  const i = argv.indexOf(name);
+  return i >= 0 && argv[i + 1] !== undefined ? argv[i + 1] : def;
+};
+
+type Turn = { tokens: number[]; maxTokens: number };
+type Conv = Turn[];
+
+function rng(seed: number) {
+  let s = seed >>> 0;
+  return (n: number) => {
+    s = (Math.imul(s, 1103515245) + 12345) >>> 0;
+    return (s >>> 8) % n;
+  };
+}
+let nextTok = 1000;
+const text = (n: number) => Array.from({ length: n }, () => nextTok++);
+function shuffle<T>(xs: T[], seed: number): T[] {
+  const r = rng(seed);
+  const a = xs.slice();
+  for (let i = a.length - 1; i > 0; i--) {
+    const j = r(i + 1);
+    const t = a[i];
+    a[i] = a[j];
+    a[j] = t;
+  }
+  return a;
+}
+// Token counts follow bench/trace.ts's text (about 10 tokens of chat template per message).
+const HEAD = 10;
+function sharedPrefix(seed: number): Conv[] {
+  const docs = Array.from({ length: 8 }, () => text(4000 + HEAD));
+  const out: Conv[] = [];
+  for (let q = 0; q < 6; q++) for (let d = 0; d < 8; d++) out.push([{ tokens: docs[d].concat(text(14)), maxTokens: 32 }]);
+  return shuffle(out, seed);
+}
+function multiTurn(seed: number): Conv[] {
+  const out: Conv[] = [];
+  for (let c = 0; c < 24; c++) {
+    let msgs = text(3000 + 2 * HEAD);
+    const turns: Conv = [];
+    for (let t = 0; t < 5; t++) {
+      turns.push({ tokens: msgs.slice(), maxTokens: 48 });
+      msgs = msgs.concat(text(100 + HEAD), text(200 + HEAD));
+    }
+    out.push(turns);
+  }
+  return shuffle(out, seed);
+}
+function agentic(seed: number): Conv[] {
+  const tools = text(2500 + HEAD);
+  const out: Conv[] = [];
+  for (let a = 0; a < 8; a++) {
+    let msgs = tools.concat(text(300 + HEAD));
+    const turns: Conv = [];
+    for (let s = 0; s < 8; s++) {
+      turns.push({ tokens: msgs.slice(), maxTokens: 24 });
+      msgs = msgs.concat(text(60 + HEAD), text(600 + HEAD));
+    }
+    out.push(turns);
+  }
+  return shuffle(out, seed);
+}
+function unique(): Conv[] {
+  return Array.from({ length: 48 }, () => [{ tokens: text(2000 + HEAD), maxTokens: 32 }]);
+}
+
+interface Result {
+  ttft: number[];
+  hits: number;
+  prompt: number;
+  spread: number[];
+}
+
+// Client and network time before a request reaches the router, uniform in
+// [0, JITTER) ms: without it the closed loop runs in lockstep and round-robin
+// keeps every conversation on one worker by accident.
+const JITTER = Number(opt("--jitter", "3"));
+
+function run(convs: Conv[], concurrency: number, cfg: RouterConfig, seed: number): Result {
+  const rand = rng(seed * 7919 + 1);
+  const arrivals: { at: number; conv: number; turn: number }[] = [];
+  const arrive = (conv: number, turn: number) => arrivals.push({ at: now + (rand(1000) / 1000) * JITTER, conv, turn });
+  const N = 4;
+  const state = memoryState();
+  const router = createRouter(state, cfg);
+  const engines: EngineModel[] = [];
+  const ids: string[] = [];
+  for (let i = 0; i < N; i++) {
+    engines.push(new EngineModel(llama8bH100()));
+    ids.push(`w${i}`);
+    router.addWorker({ id: ids[i], address: `127.0.0.1:${9000 + i}`, role: "mixed" });
+  }
+  const ek = (i: number) => router.worker(ids[i])!.epochKey;
+  const plans: (StepPlan | null)[] = new Array(N).fill(null);
+  const ends: number[] = new Array(N).fill(Infinity);
+  const res: Result = { ttft: [], hits: 0, prompt: 0, spread: new Array(N).fill(0) };
+  const live = new Map<string, { start: number; conv: number; turn: number; r: ReturnType<typeof router.pick>["reservation"] }>();
+  let now = 0;
+  let reqNo = 0;
+  let nextConv = 0;
+
+  const applyEvents = (i: number) => {
+    for (const e of engines[i].drainEvents()) {
+      for (const h of e.hashes) {
+        const eh = h.toString(16).padStart(16, "0");
+        if (e.type === "stored") state.mirror.store(ek(i), eh, eh as BlockHash);
+        else state.mirror.remove(ek(i), eh);
+      }
+    }
+  };
+  const kick = (i: number) => {
+    if (plans[i]) return;
+    const p = engines[i].schedule();
+    applyEvents(i);
+    plans[i] = p;
+    ends[i] = p ? now + p.ms : Infinity;
+  };
+  const start = (conv: number, turn: number) => {
+    const t = convs[conv][turn];
+    const blocks = blockHashes(t.tokens, 16);
+    const pick = router.pick({ blocks, inputTokens: t.tokens.length, exact: true, mediaHashes: [], n: 1 });
+    const i = ids.indexOf(pick.target.id);
+    const id = `r${reqNo++}`;
+    engines[i].add({ id, tokens: t.tokens, hashes: blocks.map((b) => BigInt("0x" + b)), maxTokens: t.maxTokens });
+    live.set(id, { start: now, conv, turn, r: pick.reservation });
+    res.spread[i]++;
+    kick(i);
+  };
+  for (let c = 0; c < concurrency && nextConv < convs.length; c++) arrive(nextConv++, 0);
+  for (let guard = 0; guard < 10_000_000 && (live.size || arrivals.length); guard++) {
+    let i = 0;
+    for (let k = 1; k < N; k++) if (ends[k] < ends[i]) i = k;
+    let a = -1;
+    for (let k = 0; k < arrivals.length; k++) if (arrivals[k].at <= (a < 0 ? ends[i] : arrivals[a].at)) a = k;
+    if (a >= 0) {
+      const x = arrivals.splice(a, 1)[0];
+      now = x.at;
+      start(x.conv, x.turn);
+      continue;
+    }
+    if (ends[i] === Infinity) throw new Error("stalled");
+    now = ends[i];
+    const out = engines[i].complete(plans[i]!);
+    plans[i] = null;
+    applyEvents(i);
+    for (const t of out) {
+      const l = live.get(t.id)!;
+      if (t.index === 0) {
+        res.ttft.push(now - l.start);
+        res.hits += t.cachedTokens;
+        res.prompt += t.promptTokens;
+        l.r.firstToken();
+      }
+      if (t.done) {
+        l.r.finish();
+        live.delete(t.id);
+        if (l.turn + 1 < convs[l.conv].length) arrive(l.conv, l.turn + 1);
+        else if (nextConv < convs.length) arrive(nextConv++, 0);
+      }
+    }
+    kick(i);
+  }
+  return res;
+}
+
+const mean = (xs: number[]) => xs.reduce((a, b) => a + b, 0) / xs.length;
+const pct = (xs: number[], p: number) => xs.slice().sort((a, b) => a - b)[Math.min(xs.length - 1, Math.floor(p * xs.length))];
+
+function main(): void {
+  const variants: [string, string[]][] = [
+    ["default", []],
+    ["round-robin", ["--router-policy", "round-robin"]],
+  ];
+  for (const e of opt("--variant", "").split(";").filter(Boolean)) {
+    const [label, flags] = e.split("|");
+    variants.push([label, (flags || "").trim().split(/\s+/).filter(Boolean)]);
+  }
+  const seeds = Number(opt("--seeds", "3"));
+  const loads: [string, (s: number) => Conv[]][] = [
+    ["shared-prefix", sharedPrefix],
+    ["multi-turn", multiTurn],
+    ["agentic", agentic],
+    ["unique", () => unique()],
+  ];
+  const want = opt("--workloads", "shared-prefix,multi-turn,agentic,unique").split(",");
+  console.log(`| workload | policy | TTFT mean ms | p50 | p90 | RR/this | hit | spread |`);
+  console.log(`|---|---|---:|---:|---:|---:|---:|---|`);
+  for (const [name, make] of loads) {
+    if (!want.includes(name)) continue;
+    for (const c of [4, 16]) {
+      const rows: [string, number[], number, number[]][] = [];
+      for (const [label, flags] of variants) {
+        const cfg = parseArgs(["--workers", "127.0.0.1:1", ...flags], {}).router as RouterConfig;
+        const all: number[] = [];
+        let hits = 0;
+        let prompt = 0;
+        const spread = [0, 0, 0, 0];
+        for (let s = 0; s < seeds; s++) {
+          const r = run(make(1000 + s), c, cfg, s);
+          all.push(...r.ttft);
+          hits += r.hits;
+          prompt += r.prompt;
+          r.spread.forEach((n, k) => (spread[k] += n));
+        }
+        rows.push([label, all, hits / prompt, spread]);
+      }
+      const rr = mean(rows[1][1]);
+      for (const [label, t, hit, spread] of rows)
+        console.log(`| ${name} c=${c} | ${label} | ${mean(t).toFixed(1)} | ${pct(t, 0.5).toFixed(1)} | ${pct(t, 0.9).toFixed(1)} | ${(rr / mean(t)).toFixed(2)}x | ${(hit * 100).toFixed(1)}% | ${spread.join("/")} |`);
+    }
+  }
+}
+
+main();

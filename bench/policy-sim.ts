@@ -7,7 +7,9 @@
 // the measure: this leaves out network, streaming and event latency).
 //
 // Usage: npm run bench:policy-sim -- [--variant 'label|--scorer-weights queued-shared=0;...'] [--seeds 3]
-import { createRouter, defaultConfig } from "../core/router";
+import * as fs from "fs";
+import * as path from "path";
+import { createRouter } from "../core/router";
 import { memoryState } from "../core/state/memory";
 import { blockHashes } from "../core/hash";
 import { parseArgs } from "../runtime/config";
@@ -20,7 +22,7 @@ const opt = (name: string, def: string) => {
   return i >= 0 && argv[i + 1] !== undefined ? argv[i + 1] : def;
 };
 
-type Turn = { tokens: number[]; maxTokens: number };
+type Turn = { tokens: number[]; maxTokens: number; at?: number };
 type Conv = Turn[];
 
 function rng(seed: number) {
@@ -78,6 +80,41 @@ function agentic(seed: number): Conv[] {
   }
   return shuffle(out, seed);
 }
+// bench:trace's "trace (ids)" workload: one in 60 Mooncake conversations, the
+// hour compressed into 45 s, open loop (each request a conversation of one
+// turn with its arrival time).
+function trace(): Conv[] {
+  const file = [path.resolve(__dirname, "..", "..", "shared", "traces", "mooncake_conversation_trace.jsonl"), "/work/shared/traces/mooncake_conversation_trace.jsonl"].find((f) => fs.existsSync(f));
+  if (!file) throw new Error("no Mooncake trace (../shared/traces)");
+  const rows = fs.readFileSync(file, "utf8").trim().split("\n").map((l) => JSON.parse(l) as { timestamp: number; input_length: number; output_length: number; hash_ids: number[] });
+  const groups = new Map<string, number[]>();
+  rows.forEach((r, i) => {
+    const k = r.hash_ids.length > 1 ? r.hash_ids.slice(0, 2).join(",") : `single${i}`;
+    if (!groups.has(k)) groups.set(k, []);
+    groups.get(k)!.push(i);
+  });
+  const keep: number[] = [];
+  let g = 0;
+  for (const idx of groups.values()) if (g++ % 60 === 0) keep.push(...idx);
+  keep.sort((a, b) => a - b);
+  const scale = 45000 / (rows[rows.length - 1].timestamp - rows[0].timestamp);
+  const idBlock = (h: number) => {
+    const out: number[] = [];
+    let x = (h * 2654435761 + 12345) >>> 0;
+    for (let k = 0; k < 512; k++) {
+      x = (Math.imul(x, 1103515245) + 12345) >>> 0;
+      out.push(1000 + (x % 140000));
+    }
+    return out;
+  };
+  return keep.map((i) => {
+    const r = rows[i];
+    const ids: number[] = [];
+    for (const h of r.hash_ids) ids.push(...idBlock(h));
+    return [{ tokens: ids.slice(0, r.input_length), maxTokens: Math.max(1, Math.min(256, r.output_length)), at: (r.timestamp - rows[0].timestamp) * scale }];
+  });
+}
+
 function unique(): Conv[] {
   return Array.from({ length: 48 }, () => [{ tokens: text(2000 + HEAD), maxTokens: 32 }]);
 }
@@ -115,7 +152,24 @@ function run(convs: Conv[], concurrency: number, cfg: RouterConfig, seed: number
   const live = new Map<string, { start: number; conv: number; turn: number; r: ReturnType<typeof router.pick>["reservation"] }>();
   let now = 0;
   let reqNo = 0;
-  let nextConv = 0;
+  // bench:trace's closed loop: a free client takes a random ready conversation
+  // (one with turns left and none in flight), so conversations interleave.
+  const nextTurn: number[] = convs.map(() => 0);
+  const busy: boolean[] = convs.map(() => false);
+  const pickRng = rng(424242 + seed);
+  let freeClients = concurrency;
+  const dispatch = () => {
+    if (!concurrency) return;
+    while (freeClients > 0) {
+      const ready: number[] = [];
+      for (let c = 0; c < convs.length; c++) if (!busy[c] && nextTurn[c] < convs[c].length) ready.push(c);
+      if (!ready.length) return;
+      const c = ready[pickRng(ready.length)];
+      busy[c] = true;
+      freeClients--;
+      arrive(c, nextTurn[c]++);
+    }
+  };
 
   const applyEvents = (i: number) => {
     for (const e of engines[i].drainEvents()) {
@@ -144,7 +198,8 @@ function run(convs: Conv[], concurrency: number, cfg: RouterConfig, seed: number
     res.spread[i]++;
     kick(i);
   };
-  for (let c = 0; c < concurrency && nextConv < convs.length; c++) arrive(nextConv++, 0);
+  if (concurrency) dispatch();
+  else convs.forEach((c, k) => arrivals.push({ at: c[0].at || 0, conv: k, turn: 0 }));
   for (let guard = 0; guard < 10_000_000 && (live.size || arrivals.length); guard++) {
     let i = 0;
     for (let k = 1; k < N; k++) if (ends[k] < ends[i]) i = k;
@@ -172,8 +227,9 @@ function run(convs: Conv[], concurrency: number, cfg: RouterConfig, seed: number
       if (t.done) {
         l.r.finish();
         live.delete(t.id);
-        if (l.turn + 1 < convs[l.conv].length) arrive(l.conv, l.turn + 1);
-        else if (nextConv < convs.length) arrive(nextConv++, 0);
+        busy[l.conv] = false;
+        freeClients++;
+        if (concurrency) dispatch();
       }
     }
     kick(i);
@@ -195,17 +251,18 @@ function main(): void {
   }
   const seeds = Number(opt("--seeds", "3"));
   const loads: [string, (s: number) => Conv[]][] = [
+    ["trace", () => trace()],
     ["shared-prefix", sharedPrefix],
     ["multi-turn", multiTurn],
     ["agentic", agentic],
     ["unique", () => unique()],
   ];
-  const want = opt("--workloads", "shared-prefix,multi-turn,agentic,unique").split(",");
+  const want = opt("--workloads", "trace,shared-prefix,multi-turn,agentic,unique").split(",");
   console.log(`| workload | policy | TTFT mean ms | p50 | p90 | RR/this | hit | spread |`);
   console.log(`|---|---|---:|---:|---:|---:|---:|---|`);
   for (const [name, make] of loads) {
     if (!want.includes(name)) continue;
-    for (const c of [4, 16]) {
+    for (const c of name === "trace" ? [0] : [4, 16]) {
       const rows: [string, number[], number, number[]][] = [];
       for (const [label, flags] of variants) {
         const cfg = parseArgs(["--workers", "127.0.0.1:1", ...flags], {}).router as RouterConfig;
@@ -213,7 +270,7 @@ function main(): void {
         let hits = 0;
         let prompt = 0;
         const spread = [0, 0, 0, 0];
-        for (let s = 0; s < seeds; s++) {
+        for (let s = 0; s < (c ? seeds : 1); s++) {
           const r = run(make(1000 + s), c, cfg, s);
           all.push(...r.ttft);
           hits += r.hits;
@@ -224,7 +281,7 @@ function main(): void {
       }
       const rr = mean(rows[1][1]);
       for (const [label, t, hit, spread] of rows)
-        console.log(`| ${name} c=${c} | ${label} | ${mean(t).toFixed(1)} | ${pct(t, 0.5).toFixed(1)} | ${pct(t, 0.9).toFixed(1)} | ${(rr / mean(t)).toFixed(2)}x | ${(hit * 100).toFixed(1)}% | ${spread.join("/")} |`);
+        console.log(`| ${c ? `${name} c=${c}` : name} | ${label} | ${mean(t).toFixed(1)} | ${pct(t, 0.5).toFixed(1)} | ${pct(t, 0.9).toFixed(1)} | ${(rr / mean(t)).toFixed(2)}x | ${(hit * 100).toFixed(1)}% | ${spread.join("/")} |`);
     }
   }
 }

@@ -382,11 +382,10 @@ const idsRefused = (w: Workload) => (w.name.includes("ids") ? "smg refuses token
 
 function targets(): Target[] {
   const all: Target[] = [
-    inferaTarget("infera-gate kv-aware (default, weight 4)", []),
-    inferaTarget("infera-gate kv-aware weight 8", ["--kv-overlap-weight", "8"]),
+    inferaTarget("infera-gate kv-aware (default, weight 8)", []),
+    inferaTarget("infera-gate kv-aware weight 4 (the default before)", ["--kv-overlap-weight", "4"]),
     inferaTarget("infera-gate kv-aware weight 1 (the seed's default)", ["--kv-overlap-weight", "1"]),
     inferaTarget("infera-gate round-robin", ["--router-policy", "round-robin"]),
-    inferaTarget("infera-gate kv-aware, queued prefill at weight 1 (the default before)", ["--scorer-weights", "queued-prefill=1"]),
   ];
   // --extra "label|--flag value ...;label2|...": more infera-gate settings side by side.
   for (const e of opt("--extra", "").split(";").filter(Boolean)) {

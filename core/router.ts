@@ -19,13 +19,15 @@ export type { Candidate, DemandMode, Features, Guard, Policy, Role, RouterConfig
 export type { DemandDecision } from "./scheduling/plugins/picker/decode-demand";
 
 /**
- * Uncached blocks cost 4x an in-flight or queued one by default. On the routing
- * benchmark (README, "Routing quality benchmark", one run with weights 1, 4 and
- * 8 side by side) weight 4 had the best or tied-best mean TTFT on the trace,
- * shared-prefix and multi-turn rows; weight 1 let a momentarily busy worker
- * lose the prompts it caches, and 8 packed agentic loops onto one worker.
+ * Uncached blocks cost 8x an in-flight block by default (queued prefill is
+ * priced like uncached blocks, at the same weight). Against 4, the default
+ * before: a conversation stays with the worker holding its history when
+ * in-flight load elsewhere looks lighter (bench:policy-sim, 6 seeds:
+ * multi-turn c=16 1.56x round-robin's mean TTFT against 1.42x, agentic c=4
+ * 1.89x against 1.79x, no workload worse; bench:trace side by side agrees).
+ * Weight 1 let a momentarily busy worker lose the prompts it caches.
  */
-export const DEFAULT_OVERLAP_WEIGHT = 4;
+export const DEFAULT_OVERLAP_WEIGHT = 8;
 
 export function defaultConfig(): RouterConfig {
   return {

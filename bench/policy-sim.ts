@@ -1,12 +1,14 @@
 // Policy exploration in virtual time: the router's own pick pipeline (core/,
 // in-process, memory state) in front of 4 engine models (sim/model.ts, the
 // same vLLM-like model the simulator serves), on token-id versions of
-// bench:trace's synthetic workloads. No HTTP, no tokenizer, no wall clock: a
-// whole workload runs in well under a second, so a policy idea can be tried
+// bench:trace's workloads (the trace's ids replay and the four synthetic ones,
+// with its closed loop). No HTTP, no tokenizer, no wall clock: a whole
+// workload runs in well under a second, so a policy idea can be tried
 // across every workload before it earns a real bench:trace run (which remains
 // the measure: this leaves out network, streaming and event latency).
 //
-// Usage: npm run bench:policy-sim -- [--variant 'label|--scorer-weights queued-shared=0;...'] [--seeds 3]
+// Usage: npm run bench:policy-sim -- [--variant 'label|--flag v ...;...'] [--seeds 3] [--workloads trace,shared-prefix,...] [--jitter 3]
+// Deterministic: the same command prints the same table.
 import * as fs from "fs";
 import * as path from "path";
 import { createRouter } from "../core/router";
@@ -258,7 +260,7 @@ function main(): void {
     ["unique", () => unique()],
   ];
   const want = opt("--workloads", "trace,shared-prefix,multi-turn,agentic,unique").split(",");
-  console.log(`| workload | policy | TTFT mean ms | p50 | p90 | RR/this | hit | spread |`);
+  console.log(`| workload | policy | TTFT mean ms | p50 | p90 | RR/this | hit | requests per worker (all seeds) |`);
   console.log(`|---|---|---:|---:|---:|---:|---:|---|`);
   for (const [name, make] of loads) {
     if (!want.includes(name)) continue;

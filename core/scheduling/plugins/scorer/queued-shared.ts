@@ -12,9 +12,10 @@
 // nobody, and there it buys spread. Agent loops that all start from one tool
 // preamble are the case: credited while workers sat idle, the first burst of
 // them went to the preamble's first holder, their histories grew there and
-// two workers idled for the whole run (bench:policy-sim agentic c=4: 0.65x
-// round-robin's mean TTFT against 1.30x gated; shared-prefix c=16: 1.53x
-// gated, 1.36x without the credit).
+// other workers idled for the whole run. bench:policy-sim, 6 seeds, with the
+// gate removed against with it: agentic c=4 0.97x round-robin's mean TTFT
+// against 1.89x, c=16 1.11x against 1.46x; shared-prefix c=16 1.81x against
+// 1.59x (1.54x without the credit at all).
 import { inflightPrefix, overlapWeight, Scorer } from "../../framework";
 import { usesImageAffinity } from "./image-affinity";
 

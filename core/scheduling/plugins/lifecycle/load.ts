@@ -14,7 +14,7 @@ export const loadReservation: LifecyclePlugin = {
     const prefill = result.prefill.worker;
     const media = f.mediaHashes.length > 0 && ctx.config.policy === "kv-aware";
     const uncached = media ? f.blocks.length : f.blocks.length - result.prefill.hits;
-    // The queued blocks themselves, so that a later request sharing them can tell (queued-prefill.ts).
+    // The queued blocks themselves, so that a later request sharing them can tell (queued-shared.ts).
     const queued = media ? f.blocks : f.blocks.slice(Math.floor(result.prefill.hits));
     result.guards.queued = uncached > 0 ? load.hold(prefill.epochKey, queued, 0, 0, uncached) : null;
     if (!result.decode) {

@@ -12,6 +12,7 @@
 import * as fs from "fs";
 import * as path from "path";
 import { createRouter } from "../core/router";
+import { sampleTrace, traceIds } from "./mooncake";
 import { memoryState } from "../core/state/memory";
 import { blockHashes } from "../core/hash";
 import { parseArgs } from "../runtime/config";
@@ -88,33 +89,7 @@ function agentic(seed: number): Conv[] {
 function trace(): Conv[] {
   const file = [path.resolve(__dirname, "..", "..", "shared", "traces", "mooncake_conversation_trace.jsonl"), "/work/shared/traces/mooncake_conversation_trace.jsonl"].find((f) => fs.existsSync(f));
   if (!file) throw new Error("no Mooncake trace (../shared/traces)");
-  const rows = fs.readFileSync(file, "utf8").trim().split("\n").map((l) => JSON.parse(l) as { timestamp: number; input_length: number; output_length: number; hash_ids: number[] });
-  const groups = new Map<string, number[]>();
-  rows.forEach((r, i) => {
-    const k = r.hash_ids.length > 1 ? r.hash_ids.slice(0, 2).join(",") : `single${i}`;
-    if (!groups.has(k)) groups.set(k, []);
-    groups.get(k)!.push(i);
-  });
-  const keep: number[] = [];
-  let g = 0;
-  for (const idx of groups.values()) if (g++ % 60 === 0) keep.push(...idx);
-  keep.sort((a, b) => a - b);
-  const scale = 45000 / (rows[rows.length - 1].timestamp - rows[0].timestamp);
-  const idBlock = (h: number) => {
-    const out: number[] = [];
-    let x = (h * 2654435761 + 12345) >>> 0;
-    for (let k = 0; k < 512; k++) {
-      x = (Math.imul(x, 1103515245) + 12345) >>> 0;
-      out.push(1000 + (x % 140000));
-    }
-    return out;
-  };
-  return keep.map((i) => {
-    const r = rows[i];
-    const ids: number[] = [];
-    for (const h of r.hash_ids) ids.push(...idBlock(h));
-    return [{ tokens: ids.slice(0, r.input_length), maxTokens: Math.max(1, Math.min(256, r.output_length)), at: (r.timestamp - rows[0].timestamp) * scale }];
-  });
+  return sampleTrace(file, 60, 45).map(({ at, row }) => [{ tokens: traceIds(row), maxTokens: Math.max(1, Math.min(256, row.output_length)), at }]);
 }
 
 function unique(): Conv[] {

@@ -23,6 +23,7 @@
 import * as fs from "fs";
 import * as path from "path";
 import { execFileSync } from "child_process";
+import { sampleTrace, traceIds } from "./mooncake";
 import { ROOT, startSim, startRouter, startEnvoy, run, freePort, waitFor, httpOk, fatal, stopAll, envoyBin, longText, Sim, Proc } from "../test/harness";
 
 const argv = process.argv.slice(2);
@@ -120,17 +121,6 @@ function unique(): Req[][] {
   return Array.from({ length: 48 }, (_, i) => [chatReq([{ role: "user", content: longText(`uniq${i}x`, words(2000)) }], 32)]);
 }
 
-/** Deterministic 512-token id block for a Mooncake hash id. */
-function idBlock(h: number): number[] {
-  const out: number[] = [];
-  let s = (h * 2654435761 + 12345) >>> 0;
-  for (let k = 0; k < 512; k++) {
-    s = (Math.imul(s, 1103515245) + 12345) >>> 0;
-    out.push(1000 + (s % 140000));
-  }
-  return out;
-}
-
 /**
  * Text block for a hash id: words that tokenize on their own (space-split by
  * the pre-tokenizer), so equal id prefixes give equal token prefixes. About
@@ -145,35 +135,15 @@ function textBlock(h: number, frac = 1): string {
 
 function trace(traceFormat: "ids" | "text"): Workload {
   const file = fs.existsSync(TRACE) ? TRACE : TRACE_FALLBACK;
-  const rows = fs.readFileSync(file, "utf8").trim().split("\n").map((l) => JSON.parse(l) as { timestamp: number; input_length: number; output_length: number; hash_ids: number[] });
-  // Sample whole conversations (requests sharing their first two block ids), so
-  // the reuse of the full trace survives the sampling; a window of consecutive
-  // requests would see almost none (turns are minutes apart).
-  const groups = new Map<string, number[]>();
-  rows.forEach((r, i) => {
-    const k = r.hash_ids.length > 1 ? r.hash_ids.slice(0, 2).join(",") : `single${i}`;
-    if (!groups.has(k)) groups.set(k, []);
-    groups.get(k)!.push(i);
-  });
-  const keep: number[] = [];
-  let g = 0;
-  for (const idx of groups.values()) if (g++ % traceEvery === 0) keep.push(...idx);
-  keep.sort((a, b) => a - b);
-  const span = rows[rows.length - 1].timestamp - rows[0].timestamp;
-  const scale = (traceSeconds * 1000) / span;
-  const timed = keep.map((i) => {
-    const r = rows[i];
+  const timed = sampleTrace(file, traceEvery, traceSeconds).map(({ at, row: r }) => {
     const maxTokens = Math.max(1, Math.min(traceMaxOut, r.output_length));
     let prompt: number[] | string;
-    if (traceFormat === "ids") {
-      const ids: number[] = [];
-      for (const h of r.hash_ids) ids.push(...idBlock(h));
-      prompt = ids.slice(0, r.input_length);
-    } else {
+    if (traceFormat === "ids") prompt = traceIds(r);
+    else {
       const last = r.input_length - 512 * (r.hash_ids.length - 1);
       prompt = r.hash_ids.map((h, k) => textBlock(h, k === r.hash_ids.length - 1 ? Math.min(1, last / 512) : 1)).join(" ");
     }
-    return { at: (r.timestamp - rows[0].timestamp) * scale, req: { path: "/v1/completions", body: { model: "sim-model", prompt, max_tokens: maxTokens, stream: true } } };
+    return { at, req: { path: "/v1/completions", body: { model: "sim-model", prompt, max_tokens: maxTokens, stream: true } } };
   });
   return { name: `trace (${timed.length} req, ${traceFormat})`, concurrency: 0, timed };
 }

@@ -1,6 +1,21 @@
 // The public Mooncake conversation trace as bench:trace and bench:policy-sim
 // replay it: the same sample, the same arrival times, the same token ids.
 import * as fs from "fs";
+import * as path from "path";
+
+const NAME = "mooncake_conversation_trace.jsonl";
+
+/**
+ * The trace file: `given` (relative to the repository) or ../shared/traces
+ * beside the checkout, else the machine's shared copy.
+ */
+export function traceFile(given?: string): string {
+  const want = path.resolve(__dirname, "..", given || path.join("..", "..", "shared", "traces", NAME));
+  const shared = path.join("/work/shared/traces", NAME);
+  const found = [want, shared].find((f) => fs.existsSync(f));
+  if (!found) throw new Error(`no Mooncake trace at ${want} or ${shared}`);
+  return found;
+}
 
 export interface TraceRow {
   timestamp: number;

@@ -9,10 +9,8 @@
 //
 // Usage: npm run bench:policy-sim -- [--variant 'label|--flag v ...;...'] [--seeds 3] [--workloads trace,shared-prefix,...] [--jitter 3]
 // Deterministic: the same command prints the same table.
-import * as fs from "fs";
-import * as path from "path";
 import { createRouter } from "../core/router";
-import { sampleTrace, traceIds } from "./mooncake";
+import { sampleTrace, traceFile, traceIds } from "./mooncake";
 import { memoryState } from "../core/state/memory";
 import { blockHashes } from "../core/hash";
 import { parseArgs } from "../runtime/config";
@@ -87,9 +85,7 @@ function agentic(seed: number): Conv[] {
 // hour compressed into 45 s, open loop (each request a conversation of one
 // turn with its arrival time).
 function trace(): Conv[] {
-  const file = [path.resolve(__dirname, "..", "..", "shared", "traces", "mooncake_conversation_trace.jsonl"), "/work/shared/traces/mooncake_conversation_trace.jsonl"].find((f) => fs.existsSync(f));
-  if (!file) throw new Error("no Mooncake trace (../shared/traces)");
-  return sampleTrace(file, 60, 45).map(({ at, row }) => [{ tokens: traceIds(row), maxTokens: Math.max(1, Math.min(256, row.output_length)), at }]);
+  return sampleTrace(traceFile(), 60, 45).map(({ at, row }) => [{ tokens: traceIds(row), maxTokens: Math.max(1, Math.min(256, row.output_length)), at }]);
 }
 
 function unique(): Conv[] {

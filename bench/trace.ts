@@ -23,7 +23,7 @@
 import * as fs from "fs";
 import * as path from "path";
 import { execFileSync } from "child_process";
-import { sampleTrace, traceIds } from "./mooncake";
+import { sampleTrace, traceFile, traceIds } from "./mooncake";
 import { ROOT, startSim, startRouter, startEnvoy, run, freePort, waitFor, httpOk, fatal, stopAll, envoyBin, longText, Sim, Proc } from "../test/harness";
 
 const argv = process.argv.slice(2);
@@ -37,8 +37,7 @@ const timeScale = Number(opt("--time-scale", "1"));
 const traceEvery = Number(opt("--trace-every", quick ? "120" : "60"));
 const traceSeconds = Number(opt("--trace-seconds", quick ? "20" : "45"));
 const traceMaxOut = Number(opt("--trace-max-output", "256"));
-const TRACE = path.resolve(ROOT, opt("--trace", path.join("..", "..", "shared", "traces", "mooncake_conversation_trace.jsonl")));
-const TRACE_FALLBACK = "/work/shared/traces/mooncake_conversation_trace.jsonl";
+const TRACE = opt("--trace", "");
 
 // ---------------------------------------------------------------- workloads
 
@@ -134,8 +133,7 @@ function textBlock(h: number, frac = 1): string {
 }
 
 function trace(traceFormat: "ids" | "text"): Workload {
-  const file = fs.existsSync(TRACE) ? TRACE : TRACE_FALLBACK;
-  const timed = sampleTrace(file, traceEvery, traceSeconds).map(({ at, row: r }) => {
+  const timed = sampleTrace(traceFile(TRACE), traceEvery, traceSeconds).map(({ at, row: r }) => {
     const maxTokens = Math.max(1, Math.min(traceMaxOut, r.output_length));
     let prompt: number[] | string;
     if (traceFormat === "ids") prompt = traceIds(r);

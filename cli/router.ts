@@ -1,5 +1,4 @@
 // infera-gate ext_proc server entry point.
-import * as grpc from "@grpc/grpc-js";
 import { optionsFrom } from "../runtime/config";
 import { App } from "../runtime/app";
 import { startExtProc } from "../extproc/server";
@@ -18,10 +17,7 @@ export async function startRouter(argv: string[]): Promise<void> {
     void app.warmTokenizers();
     // Bind first: a busy port must fail fast with the flag named, before discovery starts.
     const a = await startAdmin(app, opts.host, opts.adminPort).catch((e) => Promise.reject(listenError("--admin-port", opts.host, opts.adminPort, e)));
-    // grpc-js prints its own bind failure; ours names the flag, so silence it for the bind.
-    grpc.setLogVerbosity(grpc.logVerbosity.NONE);
     const g = await startExtProc(app, opts.host, opts.extProcPort).catch((e) => Promise.reject(listenError("--ext-proc-port", opts.host, opts.extProcPort, e)));
-    grpc.setLogVerbosity(grpc.logVerbosity.ERROR);
     const discovery = await startDiscovery(app);
     app.startHealthChecks();
     app.startRenderProbes();

@@ -6,8 +6,7 @@
 //   envoy.service.ext_proc.v3.ExternalProcessor  same as readiness
 //   ""                                         (the whole server) same as readiness
 // Status is re-evaluated on a short timer so Watch streams see transitions.
-import * as grpc from "@grpc/grpc-js";
-import { HealthImplementation, ServingStatus } from "grpc-health-check";
+import { Call, GrpcServer, Status } from "./grpc";
 
 export const EXT_PROC_SERVICE = "envoy.service.ext_proc.v3.ExternalProcessor";
 
@@ -16,9 +15,79 @@ export interface HealthSource {
   log(level: "debug" | "info" | "warn" | "error", line: string): void;
 }
 
-export function addHealth(server: grpc.Server, src: HealthSource, intervalMs = 250): { stop(): void; refresh(): void } {
-  const impl = new HealthImplementation({ liveness: "SERVING", readiness: "NOT_SERVING", [EXT_PROC_SERVICE]: "NOT_SERVING", "": "NOT_SERVING" });
-  impl.addToServer(server);
+// grpc.health.v1.HealthCheckResponse.ServingStatus
+type ServingStatus = "SERVING" | "NOT_SERVING" | "SERVICE_UNKNOWN";
+const CODE: Record<ServingStatus, number> = { SERVING: 1, NOT_SERVING: 2, SERVICE_UNKNOWN: 3 };
+
+/** HealthCheckRequest{string service = 1}: the service name; other fields are skipped. */
+export function decodeHealthRequest(b: Uint8Array): string {
+  let pos = 0;
+  let service = "";
+  const varint = (): number => {
+    let v = 0;
+    let mul = 1;
+    for (let i = 0; i < 10; i++) {
+      if (pos >= b.length) throw new Error("truncated varint");
+      const x = b[pos++];
+      v += (x & 0x7f) * mul;
+      if (x < 0x80) return v;
+      mul *= 128;
+    }
+    throw new Error("varint too long");
+  };
+  while (pos < b.length) {
+    const tag = varint();
+    const wt = tag & 7;
+    if (wt === 0) varint();
+    else if (wt === 2) {
+      const n = varint();
+      if (pos + n > b.length) throw new Error("truncated field");
+      if (tag >>> 3 === 1) service = Buffer.from(b.subarray(pos, pos + n)).toString("utf8");
+      pos += n;
+    } else if (wt === 1) pos += 8;
+    else if (wt === 5) pos += 4;
+    else throw new Error(`wire type ${wt}`);
+  }
+  return service;
+}
+
+/** HealthCheckResponse{ServingStatus status = 1}. */
+const encodeHealthResponse = (s: ServingStatus): Uint8Array => Uint8Array.of(0x08, CODE[s]);
+
+export function addHealth(server: GrpcServer, src: HealthSource, intervalMs = 250): { stop(): void; refresh(): void } {
+  const status: Record<string, ServingStatus> = { liveness: "SERVING", readiness: "NOT_SERVING", [EXT_PROC_SERVICE]: "NOT_SERVING", "": "NOT_SERVING" };
+  const watchers = new Set<{ service: string; last: ServingStatus | null; call: Call<string, ServingStatus> }>();
+  const tell = (w: { service: string; last: ServingStatus | null; call: Call<string, ServingStatus> }) => {
+    const s = status[w.service] ?? "SERVICE_UNKNOWN";
+    if (s !== w.last) {
+      w.last = s;
+      w.call.write(s);
+    }
+  };
+  server.add<string, ServingStatus>("/grpc.health.v1.Health/Check", {
+    decode: decodeHealthRequest,
+    encode: encodeHealthResponse,
+    handler(call) {
+      call.on("data", (service) => {
+        const s = status[service];
+        if (!s) return call.fail(Status.NOT_FOUND, `unknown service ${JSON.stringify(service)}`);
+        call.write(s);
+        call.end();
+      });
+    },
+  });
+  server.add<string, ServingStatus>("/grpc.health.v1.Health/Watch", {
+    decode: decodeHealthRequest,
+    encode: encodeHealthResponse,
+    handler(call) {
+      call.on("data", (service) => {
+        const w = { service, last: null, call };
+        watchers.add(w);
+        call.on("close", () => watchers.delete(w));
+        tell(w);
+      });
+    },
+  });
   let last: ServingStatus = "NOT_SERVING";
   let lastReason = "";
   let primed = false;
@@ -30,9 +99,10 @@ export function addHealth(server: grpc.Server, src: HealthSource, intervalMs = 2
     primed = true;
     last = s;
     lastReason = r.reason;
-    impl.setStatus("readiness", s);
-    impl.setStatus(EXT_PROC_SERVICE, s);
-    impl.setStatus("", s);
+    status.readiness = s;
+    status[EXT_PROC_SERVICE] = s;
+    status[""] = s;
+    for (const w of watchers) tell(w);
   };
   refresh();
   const t = setInterval(refresh, intervalMs);

@@ -4,7 +4,6 @@
 // Response body chunks are observed (STREAMED) to release load at first token
 // and at end_of_stream; a reset/closed stream releases whatever is left.
 import * as fs from "fs";
-import * as grpc from "@grpc/grpc-js";
 import { create, fromBinary, toBinary } from "@bufbuild/protobuf";
 import {
   BodyMutationSchema,
@@ -33,6 +32,7 @@ import { addHealth } from "./health";
 import { errorJson } from "../core/errors";
 import { withRequestId } from "../runtime/log";
 import { constant, decodeRequest, encodeResponse } from "./wire";
+import { Call, GrpcServer, Status } from "./grpc";
 
 function headerMap(m: HeaderMap | undefined): Record<string, string> {
   const out: Record<string, string> = {};
@@ -92,7 +92,8 @@ const CONTINUE_RESP_BODY = constant(
   }),
 );
 
-export const ExtProcService: grpc.ServiceDefinition = {
+/** The ext_proc method: its path, and both directions' codecs (a gRPC client in the tests plays Envoy with them). */
+export const ExtProcService = {
   Process: {
     path: "/envoy.service.ext_proc.v3.ExternalProcessor/Process",
     requestStream: true,
@@ -132,8 +133,27 @@ function servedOf(m: ProcessingRequest): string | null {
   return typeof v === "string" && v ? v.split(",")[0].trim() : null;
 }
 
+// The headers answer of a request with a body depends only on which routing
+// headers it strips, nearly always our own fixed names: one encoding each.
+// Bounded, since a client chooses the names of the headers it sends.
+const continueByStrip = new Map<string, ProcessingResponse>();
+function headersContinue(strip: string[]): ProcessingResponse {
+  const key = strip.join("\n");
+  let m = continueByStrip.get(key);
+  if (!m) {
+    m = create(ProcessingResponseSchema, {
+      response: {
+        case: "requestHeaders",
+        value: create(HeadersResponseSchema, { response: create(CommonResponseSchema, { headerMutation: setHeaders({}, strip), clearRouteCache: true }) }),
+      },
+    });
+    if (continueByStrip.size < 64) continueByStrip.set(key, constant(m));
+  }
+  return m;
+}
+
 /** One Envoy HTTP stream = one gRPC stream. */
-function handleStream(app: App, call: grpc.ServerDuplexStream<ProcessingRequest, ProcessingResponse>): void {
+function handleStream(app: App, call: Call<ProcessingRequest, ProcessingResponse>): void {
   let headers: Record<string, string> = {};
   let bodyChunks: Buffer[] = [];
   let bodyBytes = 0;
@@ -157,7 +177,7 @@ function handleStream(app: App, call: grpc.ServerDuplexStream<ProcessingRequest,
     order = order.then(f).catch((e) => {
       app.log("error", `ext_proc message failed: ${(e as Error).stack}`);
       done();
-      call.destroy(e as Error);
+      call.fail(Status.INTERNAL, (e as Error).message);
     });
   };
   const done = () => {
@@ -180,8 +200,7 @@ function handleStream(app: App, call: grpc.ServerDuplexStream<ProcessingRequest,
     idle = setTimeout(() => {
       app.log("warn", `ext_proc stream idle for ${app.opts.extProcStreamIdleS}s: ended, its load released`);
       done();
-      // grpc-js turns an 'error' on a server stream into the call's status.
-      call.emit("error", { code: grpc.status.DEADLINE_EXCEEDED, details: `no message for ${app.opts.extProcStreamIdleS}s` });
+      call.fail(Status.DEADLINE_EXCEEDED, `no message for ${app.opts.extProcStreamIdleS}s`);
     }, app.opts.extProcStreamIdleS * 1000);
     idle.unref();
   };
@@ -330,15 +349,7 @@ function handleStream(app: App, call: grpc.ServerDuplexStream<ProcessingRequest,
           // No body coming (GET, or an empty POST): decide now.
           if (r.value.endOfStream) answer(decide(Buffer.alloc(0), "requestHeaders", strip));
           else if (fullDuplex) break; // answered once the body is complete
-          else
-            answer(
-              create(ProcessingResponseSchema, {
-                response: {
-                  case: "requestHeaders",
-                  value: create(HeadersResponseSchema, { response: create(CommonResponseSchema, { headerMutation: setHeaders({}, strip), clearRouteCache: true }) }),
-                },
-              }),
-            );
+          else answer(headersContinue(strip));
           break;
         }
         case "requestBody":
@@ -425,7 +436,7 @@ function handleStream(app: App, call: grpc.ServerDuplexStream<ProcessingRequest,
     } catch (e) {
       app.log("error", `ext_proc message failed: ${(e as Error).stack}`);
       done();
-      call.destroy(e as Error);
+      call.fail(Status.INTERNAL, (e as Error).message);
     }
   };
   // Client abort, upstream reset, Envoy closing the stream: all end up here.
@@ -443,7 +454,6 @@ function handleStream(app: App, call: grpc.ServerDuplexStream<ProcessingRequest,
     done();
   };
   call.on("cancelled", gone);
-  call.on("error", gone);
   call.on("close", gone);
 }
 
@@ -461,22 +471,17 @@ function streamedBody(phase: "requestBody" | "responseBody", body: Buffer, endOf
   });
 }
 
-/** Server credentials from the --ext-proc-tls-* flags (insecure without them). */
-export function extProcCredentials(tls: App["opts"]["extProcTls"]): grpc.ServerCredentials {
-  if (!tls) return grpc.ServerCredentials.createInsecure();
-  const ca = tls.clientCa ? fs.readFileSync(tls.clientCa) : null;
-  return grpc.ServerCredentials.createSsl(ca, [{ cert_chain: fs.readFileSync(tls.cert), private_key: fs.readFileSync(tls.key) }], !!ca);
-}
-
-export async function startExtProc(app: App, host: string, port: number): Promise<{ server: grpc.Server; port: number }> {
-  const server = new grpc.Server({
+export async function startExtProc(app: App, host: string, port: number): Promise<{ server: GrpcServer; port: number }> {
+  const tls = app.opts.extProcTls;
+  const server = new GrpcServer({
     // Tied to the body limit: bodies up to twice --max-body-bytes still reach us
     // and get a clean 413 (Envoy's own buffer, 16 MiB in the shipped config, is
     // twice the default limit and answers beyond it); nothing larger is read.
-    "grpc.max_receive_message_length": 2 * app.opts.maxBodyBytes + 1024 * 1024,
-    "grpc.max_concurrent_streams": app.opts.extProcMaxStreams,
+    maxMessageBytes: 2 * app.opts.maxBodyBytes + 1024 * 1024,
+    maxConcurrentStreams: app.opts.extProcMaxStreams,
+    tls: tls ? { cert: fs.readFileSync(tls.cert), key: fs.readFileSync(tls.key), clientCa: tls.clientCa ? fs.readFileSync(tls.clientCa) : null } : null,
   });
-  server.addService(ExtProcService, { Process: (call: grpc.ServerDuplexStream<ProcessingRequest, ProcessingResponse>) => handleStream(app, call) });
+  server.add<ProcessingRequest, ProcessingResponse>(ExtProcService.Process.path, { decode: decodeRequest, encode: encodeResponse, handler: (call) => handleStream(app, call) });
   // grpc.health.v1 on the same port (Endpoint Picker Protocol: liveness, readiness, ext_proc).
   const health = addHealth(server, app);
   const shutdown = server.forceShutdown.bind(server);
@@ -484,8 +489,6 @@ export async function startExtProc(app: App, host: string, port: number): Promis
     health.stop();
     shutdown();
   };
-  const bound = await new Promise<number>((resolve, reject) =>
-    server.bindAsync(`${host}:${port}`, extProcCredentials(app.opts.extProcTls), (err, p) => (err ? reject(err) : resolve(p))),
-  );
+  const bound = await server.listen(host, port);
   return { server, port: bound };
 }

@@ -1,12 +1,14 @@
 // Response body chunks are most of an ext_proc stream's messages (one per
 // streamed chunk of every generation) and carry nothing we read but the
-// end-of-stream bit. They are decoded here by hand; everything else, and
-// anything unexpected in a chunk, goes through the generated decoder.
+// end-of-stream bit; the request body is on every request's path to its first
+// byte. Both are decoded here by hand; everything else, and anything
+// unexpected in a body message, goes through the generated decoder.
 import { create, fromBinary, toBinary } from "@bufbuild/protobuf";
 import { Metadata, MetadataSchema } from "./gen/envoy/config/core/v3/base_pb";
 import { ProcessingRequest, ProcessingRequestSchema, ProcessingResponse, ProcessingResponseSchema } from "./gen/envoy/service/ext_proc/v3/external_processor_pb";
 
 // ProcessingRequest field numbers (envoy/service/ext_proc/v3/external_processor.proto).
+const REQUEST_BODY = 4;
 const RESPONSE_BODY = 5;
 const METADATA_CONTEXT = 8;
 const OBSERVABILITY_MODE = 10;
@@ -57,10 +59,11 @@ function httpBody(b: Uint8Array): { body: Uint8Array; endOfStream: boolean } | n
 // Shared by every chunk that carries the empty one; nothing writes to it.
 const EMPTY_METADATA: Metadata = Object.freeze(create(MetadataSchema)) as Metadata;
 
-/** Decodes a ProcessingRequest; a bare response body chunk without the reflective decoder. */
+/** Decodes a ProcessingRequest; a bare request or response body without the reflective decoder. */
 export function decodeRequest(buf: Uint8Array): ProcessingRequest {
   let pos = 0;
   let chunk: { body: Uint8Array; endOfStream: boolean } | null = null;
+  let field5 = true;
   let observabilityMode = false;
   let metadata: Metadata | undefined;
   while (pos < buf.length) {
@@ -69,7 +72,8 @@ export function decodeRequest(buf: Uint8Array): ProcessingRequest {
     pos = t[1];
     const field = Math.floor(t[0] / 8);
     const wt = t[0] & 7;
-    if (field === RESPONSE_BODY && wt === 2 && !chunk) {
+    if ((field === RESPONSE_BODY || field === REQUEST_BODY) && wt === 2 && !chunk) {
+      field5 = field === RESPONSE_BODY;
       const l = varint(buf, pos);
       if (!l || l[1] + l[0] > buf.length) return fromBinary(ProcessingRequestSchema, buf);
       chunk = httpBody(buf.subarray(l[1], l[1] + l[0]));
@@ -90,7 +94,7 @@ export function decodeRequest(buf: Uint8Array): ProcessingRequest {
   // The generated message's shape, minus the fields a body chunk leaves unset.
   return {
     $typeName: "envoy.service.ext_proc.v3.ProcessingRequest",
-    request: { case: "responseBody", value: { $typeName: "envoy.service.ext_proc.v3.HttpBody", body: chunk.body, endOfStream: chunk.endOfStream } },
+    request: { case: field5 ? "responseBody" : "requestBody", value: { $typeName: "envoy.service.ext_proc.v3.HttpBody", body: chunk.body, endOfStream: chunk.endOfStream } },
     attributes: {},
     observabilityMode,
     metadataContext: metadata,

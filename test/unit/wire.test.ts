@@ -1,4 +1,4 @@
-// The hand decoder of response body chunks must agree with the generated
+// The hand decoder of request and response bodies must agree with the generated
 // decoder on every message, and hand everything else to it.
 import { test } from "node:test";
 import * as assert from "node:assert/strict";
@@ -12,7 +12,7 @@ const same = (bin: Uint8Array) => {
   const got = decodeRequest(bin);
   assert.equal(got.request.case, want.request.case);
   assert.equal(got.observabilityMode, want.observabilityMode);
-  if (want.request.case === "responseBody" && got.request.case === "responseBody") {
+  if ((want.request.case === "responseBody" && got.request.case === "responseBody") || (want.request.case === "requestBody" && got.request.case === "requestBody")) {
     assert.deepEqual(Buffer.from(got.request.value.body), Buffer.from(want.request.value.body));
     assert.equal(got.request.value.endOfStream, want.request.value.endOfStream);
   } else assert.deepEqual(got, want);
@@ -20,7 +20,7 @@ const same = (bin: Uint8Array) => {
   assert.deepEqual(Buffer.from(toBinary(ProcessingRequestSchema, got)), Buffer.from(toBinary(ProcessingRequestSchema, want)));
 };
 
-test("response body chunks of every size, with and without end_of_stream and observability_mode, decode as the generated decoder does", () => {
+test("request and response bodies of every size, with and without end_of_stream and observability_mode, decode as the generated decoder does", () => {
   let seed = 7;
   const rnd = () => (seed = (Math.imul(seed, 1103515245) + 12345) >>> 0);
   for (const size of [0, 1, 2, 127, 128, 129, 16383, 16384, 70000, 1 << 20]) {
@@ -28,16 +28,18 @@ test("response body chunks of every size, with and without end_of_stream and obs
       for (const obs of [false, true]) {
         const body = Buffer.alloc(size);
         for (let i = 0; i < Math.min(size, 4096); i++) body[i] = rnd() & 255;
-        const bin = toBinary(ProcessingRequestSchema, create(ProcessingRequestSchema, { request: { case: "responseBody", value: create(HttpBodySchema, { body, endOfStream: eos }) }, observabilityMode: obs }));
-        same(bin);
-        // As Envoy sends them: with an empty metadata_context (field 8, length 0).
-        same(Buffer.concat([bin, Buffer.from([0x42, 0x00])]));
+        for (const kind of ["requestBody", "responseBody"] as const) {
+          const bin = toBinary(ProcessingRequestSchema, create(ProcessingRequestSchema, { request: { case: kind, value: create(HttpBodySchema, { body, endOfStream: eos }) }, observabilityMode: obs }));
+          same(bin);
+          // As Envoy sends them: with an empty metadata_context (field 8, length 0).
+          same(Buffer.concat([bin, Buffer.from([0x42, 0x00])]));
+        }
       }
     }
   }
 });
 
-test("everything else goes to the generated decoder: headers, chunks with metadata, unknown fields, request bodies", () => {
+test("everything else goes to the generated decoder: headers, chunks with metadata, unknown fields", () => {
   const headers = create(HeaderMapSchema, { headers: [create(HeaderValueSchema, { key: ":path", rawValue: Buffer.from("/v1/chat/completions") })] });
   same(toBinary(ProcessingRequestSchema, create(ProcessingRequestSchema, { request: { case: "requestHeaders", value: create(HttpHeadersSchema, { headers, endOfStream: false }) } })));
   same(toBinary(ProcessingRequestSchema, create(ProcessingRequestSchema, { request: { case: "requestBody", value: create(HttpBodySchema, { body: Buffer.from("{}"), endOfStream: true }) } })));

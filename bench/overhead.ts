@@ -9,7 +9,11 @@
 //    Envoy + router, errors, and the router's CPU per request (/proc/<pid>/stat).
 // The upstream is a null engine in this process (a fixed SSE stream, no model,
 // no tokenizer), so every difference is the gateway path, not the engine.
-// Usage: npm run bench:overhead [-- --rounds N] [-- --seconds S] [-- --warm S] [-- --out FILE]
+//  * with --baseline REV, the router as of git revision REV as one more side
+//    (latency only), so a change to the request path is measured against what
+//    it replaces in the same run.
+// Usage: npm run bench:overhead [-- --rounds N] [-- --seconds S] [-- --warm S] [-- --baseline REV] [-- --out FILE]
+import { execFileSync } from "child_process";
 import * as fs from "fs";
 import * as http from "http";
 import * as os from "os";
@@ -120,6 +124,17 @@ static_resources:
 
 const NULL_SIDE = "Envoy + do-nothing ext_proc";
 
+/** A detached checkout of rev beside this one (sharing its node_modules), for a baseline router; its directory. */
+function checkout(rev: string): string {
+  const root = path.resolve(__dirname, "..");
+  const sha = execFileSync("git", ["rev-parse", "--short", rev], { cwd: root }).toString().trim();
+  // A fresh path: git worktree add wants one that does not exist yet.
+  const dir = path.join(fs.mkdtempSync(path.join(os.tmpdir(), "infera-baseline-")), sha);
+  execFileSync("git", ["worktree", "add", "--detach", dir, sha], { cwd: root, stdio: "ignore" });
+  fs.symlinkSync(path.join(root, "node_modules"), path.join(dir, "node_modules"));
+  return dir;
+}
+
 const agent = new http.Agent({ keepAlive: true, maxSockets: 64 });
 
 /** One streaming chat request: ms to the first body byte and to the end, or an error. */
@@ -197,23 +212,38 @@ async function main() {
     ["Envoy + router", routed.url],
     [NULL_SIDE, floor.url],
   ];
+  const bi = process.argv.indexOf("--baseline");
+  const baseRev = bi > 0 ? process.argv[bi + 1] : null;
+  const BASE_SIDE = `Envoy + router at ${baseRev}`;
+  const baseDir = baseRev ? checkout(baseRev) : null;
+  // Each router side's process, for its CPU per request.
+  const pids: { [side: string]: number } = { "Envoy + router": router.proc.child.pid! };
+  if (baseDir) {
+    const old = await startRouter(["--workers", `127.0.0.1:${enginePort}`, "--log-level", "warn"], { INFERA_ROUTER_ENTRY: path.join(baseDir, "cli/router.ts") });
+    sides.push([BASE_SIDE, (await startEnvoy(old.grpcPort)).url]);
+    pids[BASE_SIDE] = old.proc.child.pid!;
+  }
   const prompts = benchPrompts("ovh");
   const { say, save } = reporter();
   say(`Router overhead, ${new Date().toISOString()}, node ${process.version}, ${os.cpus().length} CPUs; null engine (${CHUNKS} SSE chunks 1 ms apart)`);
-  say(`command: npm run bench:overhead -- --rounds ${ROUNDS} --seconds ${SECONDS} --warm ${WARM}\n`);
+  say(`command: npm run bench:overhead -- --rounds ${ROUNDS} --seconds ${SECONDS} --warm ${WARM}${baseRev ? ` --baseline ${baseRev}` : ""}\n`);
   let warmed = 0;
   for (const [, url] of sides) for (const [, text] of prompts) warmed += (await closedLoop(url, text, "warm", WARM / 2, 16)).done;
   say(`Warm-up first: ${warmed} requests over the ${sides.length} paths (${WARM} s each at concurrency 16).\n`);
-  say("| prompt | plain Envoy p50 TTFB ms | Envoy + router p50 | router-added p50 ms | plain p99 | router p99 | Envoy + do-nothing ext_proc p50 | its added p50 ms |");
-  say("|---|---:|---:|---:|---:|---:|---:|---:|");
+  say(`| prompt | plain Envoy p50 TTFB ms | Envoy + router p50 | router-added p50 ms | plain p99 | router p99 | Envoy + do-nothing ext_proc p50 | its added p50 ms |${baseRev ? ` router at ${baseRev} p50 | its added p50 ms |` : ""}`);
+  say(`|---|---:|---:|---:|---:|---:|---:|---:|${baseRev ? "---:|---:|" : ""}`);
   for (const [label, text] of prompts) {
     let n = 0;
     // A distinct prompt each round (a new suffix), so nothing is served from a cache the other side lacks.
     const body = () => JSON.stringify({ model: "m", stream: true, max_tokens: CHUNKS, messages: [{ role: "user", content: `${text} #${n++}` }] });
     for (let w = 0; w < 20; w++) for (const [, url] of sides) await request(url, body());
-    const t: { [side: string]: number[] } = { "plain Envoy": [], "Envoy + router": [], [NULL_SIDE]: [] };
+    const t: { [side: string]: number[] } = Object.fromEntries(sides.map(([name]) => [name, [] as number[]]));
     for (let r = 0; r < ROUNDS; r++) {
-      for (const [name, url] of r % 2 ? [...sides].reverse() : sides) {
+      // Rotated each round: every side takes every position equally often and
+      // none runs twice in a row. (Alternating forward and reverse put the two
+      // end sides back to back at each turn, with their code still in cache:
+      // 0.3 ms faster at p50 for whichever router stood there.)
+      for (const [name, url] of sides.map((_, i) => sides[(i + r) % sides.length])) {
         const x = await request(url, body());
         if (x.status !== 200) throw new Error(`${name}: HTTP ${x.status}`);
         t[name].push(x.ttft);
@@ -222,17 +252,17 @@ async function main() {
     const a = pct(t["plain Envoy"], 50);
     const b = pct(t["Envoy + router"], 50);
     const z = pct(t[NULL_SIDE], 50);
-    say(`| ${label} | ${a.toFixed(2)} | ${b.toFixed(2)} | ${(b - a).toFixed(2)} | ${pct(t["plain Envoy"], 99).toFixed(2)} | ${pct(t["Envoy + router"], 99).toFixed(2)} | ${z.toFixed(2)} | ${(z - a).toFixed(2)} |`);
+    const base = baseRev ? ` ${pct(t[BASE_SIDE], 50).toFixed(2)} | ${(pct(t[BASE_SIDE], 50) - a).toFixed(2)} |` : "";
+    say(`| ${label} | ${a.toFixed(2)} | ${b.toFixed(2)} | ${(b - a).toFixed(2)} | ${pct(t["plain Envoy"], 99).toFixed(2)} | ${pct(t["Envoy + router"], 99).toFixed(2)} | ${z.toFixed(2)} | ${(z - a).toFixed(2)} |${base}`);
   }
   say("\n| prompt | path | req/s at c=16 | errors | router CPU ms/request |");
   say("|---|---|---:|---:|---:|");
-  const pid = router.proc.child.pid!;
   for (const [label, text] of prompts) {
     for (const [name, url] of sides.filter(([n]) => n !== NULL_SIDE)) {
-      const cpu0 = cpuMs(pid);
+      const pid = pids[name];
+      const cpu0 = pid ? cpuMs(pid) : 0;
       const { done, errors, secs } = await closedLoop(url, text, "", SECONDS, 16);
-      const cpu = cpuMs(pid) - cpu0;
-      const perReq = name === "plain Envoy" ? "" : (cpu / Math.max(1, done)).toFixed(2);
+      const perReq = pid ? ((cpuMs(pid) - cpu0) / Math.max(1, done)).toFixed(2) : "";
       say(`| ${label} | ${name} | ${(done / secs).toFixed(0)} | ${errors} | ${perReq} |`);
     }
   }
@@ -240,6 +270,7 @@ async function main() {
   engine.close();
   agent.destroy();
   await stopAll();
+  if (baseDir) execFileSync("git", ["worktree", "remove", "--force", baseDir], { cwd: path.resolve(__dirname, ".."), stdio: "ignore" });
 }
 
 // bench/replicas.ts imports the null engine and the client from here.

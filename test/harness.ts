@@ -180,7 +180,9 @@ async function startRouterOnce(args: string[], env: Record<string, string>): Pro
   const grpcPort = await freePort();
   const adminPort = await freePort();
   // INFERA_ROUTER_NODE_FLAGS: node flags for the router only (e.g. --cpu-prof, --trace-gc), which NODE_OPTIONS refuses.
-  const proc = run("router", process.execPath, [...(process.env.INFERA_ROUTER_NODE_FLAGS?.split(" ").filter(Boolean) ?? []), ...TSX, "cli/router.ts", "--host", "127.0.0.1", "--ext-proc-port", String(grpcPort), "--admin-port", String(adminPort), ...args], env);
+  // INFERA_ROUTER_ENTRY: another checkout's cli/router.ts (a bench's baseline side).
+  const entry = env.INFERA_ROUTER_ENTRY ?? "cli/router.ts";
+  const proc = run("router", process.execPath, [...(process.env.INFERA_ROUTER_NODE_FLAGS?.split(" ").filter(Boolean) ?? []), ...TSX, entry, "--host", "127.0.0.1", "--ext-proc-port", String(grpcPort), "--admin-port", String(adminPort), ...args], env);
   const admin = `http://127.0.0.1:${adminPort}`;
   await waitFor("router admin", async () => {
     if (proc.child.exitCode !== null) throw fatal(`router exited: ${proc.log().slice(-1000)}`);

@@ -2,16 +2,16 @@
 // it, in one run with the sides interleaved:
 //  * router-added latency: p50 time to first response byte through Envoy +
 //    ext_proc router minus through a plain Envoy, one request at a time, for a
-//    short prompt and a ~4k-token one, after every side has been warmed;
+//    short prompt and a ~4k-token one, after every side has been warmed; in
+//    two orders (interleaved request by request, and in runs on one stack);
 //  * the floor: the same through Envoy + a do-nothing ext_proc server
 //    (bench/null-processor.ts), so the router's own share is the difference;
 //  * line rate: closed-loop requests/s at concurrency 16 through plain Envoy and
-//    Envoy + router, errors, and the router's CPU per request (/proc/<pid>/stat).
+//    Envoy + router, errors, and the router's CPU per request (/proc/<pid>/stat);
+//  * with --baseline REV, the router as of git revision REV as one more side,
+//    so a change to the request path is measured against what it replaces.
 // The upstream is a null engine in this process (a fixed SSE stream, no model,
 // no tokenizer), so every difference is the gateway path, not the engine.
-//  * with --baseline REV, the router as of git revision REV as one more side
-//    (latency only), so a change to the request path is measured against what
-//    it replaces in the same run.
 // Usage: npm run bench:overhead [-- --rounds N] [-- --seconds S] [-- --warm S] [-- --baseline REV] [-- --out FILE]
 import { execFileSync } from "child_process";
 import * as fs from "fs";
@@ -34,6 +34,8 @@ const SECONDS = Math.min(120, arg("--seconds", 10));
 // started has not had it compiled by the JIT. Every side gets this much
 // closed-loop traffic (concurrency 16, both prompts) before latency is taken.
 const WARM = Math.min(60, arg("--warm", 5));
+// Requests in a row on one stack, in the second latency table.
+const RUN = 10;
 export const CHUNKS = 16;
 
 /** The two prompt sizes every gateway bench measures; tag keeps each bench's texts its own. */
@@ -124,14 +126,17 @@ static_resources:
 
 const NULL_SIDE = "Envoy + do-nothing ext_proc";
 
-/** A detached checkout of rev beside this one (sharing its node_modules), for a baseline router; its directory. */
+/** A detached checkout of rev beside this one, for a baseline router; its directory. */
 function checkout(rev: string): string {
   const root = path.resolve(__dirname, "..");
   const sha = execFileSync("git", ["rev-parse", "--short", rev], { cwd: root }).toString().trim();
   // A fresh path: git worktree add wants one that does not exist yet.
   const dir = path.join(fs.mkdtempSync(path.join(os.tmpdir(), "infera-baseline-")), sha);
   execFileSync("git", ["worktree", "add", "--detach", dir, sha], { cwd: root, stdio: "ignore" });
-  fs.symlinkSync(path.join(root, "node_modules"), path.join(dir, "node_modules"));
+  const lock = (d: string) => fs.readFileSync(path.join(d, "package-lock.json"), "utf8");
+  // Same dependencies: share ours. Otherwise that revision's own (from the registry).
+  if (lock(dir) === lock(root)) fs.symlinkSync(path.join(root, "node_modules"), path.join(dir, "node_modules"));
+  else execFileSync("npm", ["ci", "--ignore-scripts", "--no-audit", "--no-fund"], { cwd: dir, stdio: "ignore", timeout: 600_000 });
   return dir;
 }
 
@@ -230,32 +235,43 @@ async function main() {
   let warmed = 0;
   for (const [, url] of sides) for (const [, text] of prompts) warmed += (await closedLoop(url, text, "warm", WARM / 2, 16)).done;
   say(`Warm-up first: ${warmed} requests over the ${sides.length} paths (${WARM} s each at concurrency 16).\n`);
-  say(`| prompt | plain Envoy p50 TTFB ms | Envoy + router p50 | router-added p50 ms | plain p99 | router p99 | Envoy + do-nothing ext_proc p50 | its added p50 ms |${baseRev ? ` router at ${baseRev} p50 | its added p50 ms |` : ""}`);
-  say(`|---|---:|---:|---:|---:|---:|---:|---:|${baseRev ? "---:|---:|" : ""}`);
-  for (const [label, text] of prompts) {
-    let n = 0;
-    // A distinct prompt each round (a new suffix), so nothing is served from a cache the other side lacks.
-    const body = () => JSON.stringify({ model: "m", stream: true, max_tokens: CHUNKS, messages: [{ role: "user", content: `${text} #${n++}` }] });
-    for (let w = 0; w < 20; w++) for (const [, url] of sides) await request(url, body());
-    const t: { [side: string]: number[] } = Object.fromEntries(sides.map(([name]) => [name, [] as number[]]));
-    for (let r = 0; r < ROUNDS; r++) {
-      // Rotated each round: every side takes every position equally often and
-      // none runs twice in a row. (Alternating forward and reverse put the two
-      // end sides back to back at each turn, with their code still in cache:
-      // 0.3 ms faster at p50 for whichever router stood there.)
-      for (const [name, url] of sides.map((_, i) => sides[(i + r) % sides.length])) {
-        const x = await request(url, body());
-        if (x.status !== 200) throw new Error(`${name}: HTTP ${x.status}`);
-        t[name].push(x.ttft);
+  // Two orders, one request at a time each. Interleaved: every request goes
+  // through another stack than the one before, so each finds its router's code
+  // and data evicted by the others (the worst case, and no deployment runs
+  // four gateways in turn). In runs: each stack serves RUN requests in a row,
+  // as one gateway at low load does, the stacks still rotated turn by turn.
+  for (const [order, run] of [["interleaved, every request on another stack than the one before", 1], [`in runs of ${RUN} requests on one stack`, RUN]] as [string, number][]) {
+    say(`One request at a time, ${order}:\n`);
+    say(`| prompt | plain Envoy p50 TTFB ms | Envoy + router p50 | router-added p50 ms | plain p99 | router p99 | Envoy + do-nothing ext_proc p50 | its added p50 ms |${baseRev ? ` router at ${baseRev} p50 | its added p50 ms |` : ""}`);
+    say(`|---|---:|---:|---:|---:|---:|---:|---:|${baseRev ? "---:|---:|" : ""}`);
+    for (const [label, text] of prompts) {
+      let n = 0;
+      // A distinct prompt each time (a new suffix), so nothing is served from a cache the other side lacks.
+      const body = () => JSON.stringify({ model: "m", stream: true, max_tokens: CHUNKS, messages: [{ role: "user", content: `${text} #${n++}` }] });
+      for (let w = 0; w < 20; w++) for (const [, url] of sides) await request(url, body());
+      const t: { [side: string]: number[] } = Object.fromEntries(sides.map(([name]) => [name, [] as number[]]));
+      for (let r = 0; r < Math.ceil(ROUNDS / run); r++) {
+        // Rotated each turn: every side takes every position equally often.
+        // (Alternating forward and reverse put the two end sides back to back
+        // at each turn, their code still in cache: 0.3 ms faster at p50 for
+        // whichever router stood there.)
+        for (const [name, url] of sides.map((_, i) => sides[(i + r) % sides.length])) {
+          for (let k = 0; k < run; k++) {
+            const x = await request(url, body());
+            if (x.status !== 200) throw new Error(`${name}: HTTP ${x.status}`);
+            t[name].push(x.ttft);
+          }
+        }
       }
+      const a = pct(t["plain Envoy"], 50);
+      const b = pct(t["Envoy + router"], 50);
+      const z = pct(t[NULL_SIDE], 50);
+      const base = baseRev ? ` ${pct(t[BASE_SIDE], 50).toFixed(2)} | ${(pct(t[BASE_SIDE], 50) - a).toFixed(2)} |` : "";
+      say(`| ${label} | ${a.toFixed(2)} | ${b.toFixed(2)} | ${(b - a).toFixed(2)} | ${pct(t["plain Envoy"], 99).toFixed(2)} | ${pct(t["Envoy + router"], 99).toFixed(2)} | ${z.toFixed(2)} | ${(z - a).toFixed(2)} |${base}`);
     }
-    const a = pct(t["plain Envoy"], 50);
-    const b = pct(t["Envoy + router"], 50);
-    const z = pct(t[NULL_SIDE], 50);
-    const base = baseRev ? ` ${pct(t[BASE_SIDE], 50).toFixed(2)} | ${(pct(t[BASE_SIDE], 50) - a).toFixed(2)} |` : "";
-    say(`| ${label} | ${a.toFixed(2)} | ${b.toFixed(2)} | ${(b - a).toFixed(2)} | ${pct(t["plain Envoy"], 99).toFixed(2)} | ${pct(t["Envoy + router"], 99).toFixed(2)} | ${z.toFixed(2)} | ${(z - a).toFixed(2)} |${base}`);
+    say("");
   }
-  say("\n| prompt | path | req/s at c=16 | errors | router CPU ms/request |");
+  say("| prompt | path | req/s at c=16 | errors | router CPU ms/request |");
   say("|---|---|---:|---:|---:|");
   for (const [label, text] of prompts) {
     for (const [name, url] of sides.filter(([n]) => n !== NULL_SIDE)) {

@@ -131,8 +131,14 @@ function checkout(rev: string): string {
   const root = path.resolve(__dirname, "..");
   const sha = execFileSync("git", ["rev-parse", "--short", rev], { cwd: root }).toString().trim();
   // A fresh path: git worktree add wants one that does not exist yet.
-  const dir = path.join(fs.mkdtempSync(path.join(os.tmpdir(), "infera-baseline-")), sha);
+  const parent = fs.mkdtempSync(path.join(os.tmpdir(), "infera-baseline-"));
+  const dir = path.join(parent, sha);
   execFileSync("git", ["worktree", "add", "--detach", dir, sha], { cwd: root, stdio: "ignore" });
+  // Gone however the bench ends, so no worktree stays registered in the repository.
+  process.on("exit", () => {
+    execFileSync("git", ["worktree", "remove", "--force", dir], { cwd: root, stdio: "ignore" });
+    fs.rmSync(parent, { recursive: true, force: true });
+  });
   const lock = (d: string) => fs.readFileSync(path.join(d, "package-lock.json"), "utf8");
   // Same dependencies: share ours. Otherwise that revision's own (from the registry).
   if (lock(dir) === lock(root)) fs.symlinkSync(path.join(root, "node_modules"), path.join(dir, "node_modules"));
@@ -286,7 +292,6 @@ async function main() {
   engine.close();
   agent.destroy();
   await stopAll();
-  if (baseDir) execFileSync("git", ["worktree", "remove", "--force", baseDir], { cwd: path.resolve(__dirname, ".."), stdio: "ignore" });
 }
 
 // bench/replicas.ts imports the null engine and the client from here.

@@ -1,12 +1,13 @@
 // gRPC over node:http2, for the two services on the ext_proc port: ext_proc
 // (one bidirectional stream per HTTP request) and grpc.health.v1.
 //
-// Why not grpc-js: every ext_proc answer sits on the request's path to the
-// first byte, and grpc-js's server machinery (interceptor chain, per-message
-// listeners and promises) measured 0.3 ms more per request on the short-prompt
-// path of bench:overhead, 0.6 ms on the 4k-token one, than these frames written
-// by hand. The wire format is small: length-prefixed messages on an HTTP/2
-// stream, the status in trailers (grpc/doc/PROTOCOL-HTTP2.md).
+// Why not grpc-js: the router's CPU per request bounds what one process
+// serves, and grpc-js's server machinery (interceptor chain, per-message
+// listeners and promises) cost more of it than these frames written by hand:
+// bench:overhead --baseline, same run, 0.55-0.61 against 0.76-0.77 ms of
+// router CPU per short request and 0.84 against 1.34-1.43 ms at 4k tokens, at
+// the same p50 latency. The wire format is small: length-prefixed messages on
+// an HTTP/2 stream, the status in trailers (grpc/doc/PROTOCOL-HTTP2.md).
 import * as http2 from "http2";
 import { EventEmitter } from "events";
 

@@ -8,7 +8,8 @@
 // lease expiry = leave. On a watch error it backs off and re-lists, keeping
 // the last known fleet meanwhile, so an etcd restart heals.
 import { etcdClientOptions } from "./transport-security";
-import { Etcd3, Lease, Watcher } from "etcd3";
+import { Etcd3, isRecoverableError, Lease, Watcher } from "etcd3";
+import { circuitBreaker, ConsecutiveBreaker, handleWhen } from "cockatiel";
 import { backoff, Logger, makeLogger, stateLogger } from "./log";
 import { badEventEndpoint } from "./config";
 import { Fleet } from "./discovery";
@@ -162,7 +163,15 @@ export async function startEtcdDiscovery(app: Fleet): Promise<{ close(): Promise
  * backoff, so an etcd outage costs neither memory nor log lines per attempt.
  */
 export async function registerWorker(endpoint: string, prefix: string, id: string, reg: Registration, ttlSeconds = 5, log?: Logger): Promise<{ close(): Promise<void> }> {
-  const client = new Etcd3({ hosts: endpoint.split(","), dialTimeout: 2000, ...etcdClientOptions() });
+  // etcd restores leases with their TTL when it comes back: a registrant that
+  // waits longer than that to re-register lets its old key expire first, and
+  // the router sees the worker leave. So it retries at least three times per TTL.
+  const retryMs = Math.max(200, Math.min(5000, (ttlSeconds * 1000) / 3));
+  // The etcd3 client's own per-host circuit breaker (open 5 s after three
+  // failures) would refuse those retries for longer than a short TTL after etcd
+  // returns (heal.test.ts saw the fleet empty so): it reopens as often as we retry.
+  const host = () => circuitBreaker(handleWhen(isRecoverableError), { halfOpenAfter: retryMs, breaker: new ConsecutiveBreaker(3) });
+  const client = new Etcd3({ hosts: endpoint.split(","), dialTimeout: 2000, faultHandling: { host }, ...etcdClientOptions() });
   const logger: Logger = log ?? makeLogger("warn", "text", { component: "register" });
   const state = stateLogger(logger, `etcd: registration of ${id} at ${endpoint}`);
   let lease: Lease | null = null;
@@ -196,10 +205,7 @@ export async function registerWorker(endpoint: string, prefix: string, id: strin
       l.release();
       if (lease === l) lease = null;
       if (closed) break;
-      // etcd restores leases with their TTL when it comes back: a registrant that
-      // waits longer than that to re-register lets its old key expire first, and
-      // the router sees the worker leave. Retry at least three times per TTL.
-      await sleep(backoff(attempt++, Math.max(200, Math.min(5000, (ttlSeconds * 1000) / 3)), 200), () => closed);
+      await sleep(backoff(attempt++, retryMs, 200), () => closed);
     }
   };
   const running = loop();

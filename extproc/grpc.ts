@@ -56,7 +56,6 @@ class StreamCall<Req, Res> extends EventEmitter {
   private status = Status.OK as number;
   private details = "";
   private pending: Buffer | null = null;
-  private responded = false;
 
   constructor(
     private readonly stream: http2.ServerHttp2Stream,
@@ -107,8 +106,7 @@ class StreamCall<Req, Res> extends EventEmitter {
   // Response headers go out with the first answer, in the same write: sent on
   // their own at stream start they cost Envoy a wakeup before the message.
   private respond(): void {
-    if (this.responded) return;
-    this.responded = true;
+    if (this.stream.headersSent) return;
     this.stream.respond({ ":status": 200, "content-type": "application/grpc" }, { waitForTrailers: true });
   }
 

@@ -7,6 +7,7 @@
 //   ""                                         (the whole server) same as readiness
 // Status is re-evaluated on a short timer so Watch streams see transitions.
 import { Call, GrpcServer, Status } from "./grpc";
+import { varint } from "./wire";
 
 export const EXT_PROC_SERVICE = "envoy.service.ext_proc.v3.ExternalProcessor";
 
@@ -23,24 +24,18 @@ const CODE: Record<ServingStatus, number> = { SERVING: 1, NOT_SERVING: 2, SERVIC
 export function decodeHealthRequest(b: Uint8Array): string {
   let pos = 0;
   let service = "";
-  const varint = (): number => {
-    let v = 0;
-    let mul = 1;
-    for (let i = 0; i < 10; i++) {
-      if (pos >= b.length) throw new Error("truncated varint");
-      const x = b[pos++];
-      v += (x & 0x7f) * mul;
-      if (x < 0x80) return v;
-      mul *= 128;
-    }
-    throw new Error("varint too long");
+  const next = (): number => {
+    const v = varint(b, pos);
+    if (!v) throw new Error("truncated or oversized varint");
+    pos = v[1];
+    return v[0];
   };
   while (pos < b.length) {
-    const tag = varint();
+    const tag = next();
     const wt = tag & 7;
-    if (wt === 0) varint();
+    if (wt === 0) next();
     else if (wt === 2) {
-      const n = varint();
+      const n = next();
       if (pos + n > b.length) throw new Error("truncated field");
       if (tag >>> 3 === 1) service = Buffer.from(b.subarray(pos, pos + n)).toString("utf8");
       pos += n;
@@ -56,8 +51,9 @@ const encodeHealthResponse = (s: ServingStatus): Uint8Array => Uint8Array.of(0x0
 
 export function addHealth(server: GrpcServer, src: HealthSource, intervalMs = 250): { stop(): void; refresh(): void } {
   const status: Record<string, ServingStatus> = { liveness: "SERVING", readiness: "NOT_SERVING", [EXT_PROC_SERVICE]: "NOT_SERVING", "": "NOT_SERVING" };
-  const watchers = new Set<{ service: string; last: ServingStatus | null; call: Call<string, ServingStatus> }>();
-  const tell = (w: { service: string; last: ServingStatus | null; call: Call<string, ServingStatus> }) => {
+  type Watch = { service: string; last: ServingStatus | null; call: Call<string, ServingStatus> };
+  const watchers = new Set<Watch>();
+  const tell = (w: Watch) => {
     const s = status[w.service] ?? "SERVICE_UNKNOWN";
     if (s !== w.last) {
       w.last = s;
@@ -81,7 +77,7 @@ export function addHealth(server: GrpcServer, src: HealthSource, intervalMs = 25
     encode: encodeHealthResponse,
     handler(call) {
       call.on("data", (service) => {
-        const w = { service, last: null, call };
+        const w: Watch = { service, last: null, call };
         watchers.add(w);
         call.on("close", () => watchers.delete(w));
         tell(w);

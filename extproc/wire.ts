@@ -17,7 +17,7 @@ const BODY = 1;
 const END_OF_STREAM = 2;
 
 /** A varint at pos: [value, next pos], or null when it runs past the end or past 32 bits of interest. */
-function varint(b: Uint8Array, pos: number): [number, number] | null {
+export function varint(b: Uint8Array, pos: number): [number, number] | null {
   let v = 0;
   let mul = 1;
   for (let i = 0; i < 10; i++) {

@@ -54,32 +54,28 @@ function sharedPrefix(seed: number): Conv[] {
   for (let q = 0; q < 6; q++) for (let d = 0; d < 8; d++) out.push([{ tokens: docs[d].concat(text(14)), maxTokens: 32 }]);
   return shuffle(out, seed);
 }
-function multiTurn(seed: number): Conv[] {
+/**
+ * count conversations of turns turns: each opens with first() and every turn
+ * adds a reply of reply tokens and the next input of next tokens (the shape of
+ * bench:trace's multi-turn and agentic workloads).
+ */
+function conversations(seed: number, count: number, turns: number, first: () => number[], reply: number, next: number, maxTokens: number): Conv[] {
   const out: Conv[] = [];
-  for (let c = 0; c < 24; c++) {
-    let msgs = text(3000 + 2 * HEAD);
-    const turns: Conv = [];
-    for (let t = 0; t < 5; t++) {
-      turns.push({ tokens: msgs.slice(), maxTokens: 48 });
-      msgs = msgs.concat(text(100 + HEAD), text(200 + HEAD));
+  for (let c = 0; c < count; c++) {
+    let msgs = first();
+    const conv: Conv = [];
+    for (let t = 0; t < turns; t++) {
+      conv.push({ tokens: msgs.slice(), maxTokens });
+      msgs = msgs.concat(text(reply + HEAD), text(next + HEAD));
     }
-    out.push(turns);
+    out.push(conv);
   }
   return shuffle(out, seed);
 }
+const multiTurn = (seed: number) => conversations(seed, 24, 5, () => text(3000 + 2 * HEAD), 100, 200, 48);
 function agentic(seed: number): Conv[] {
   const tools = text(2500 + HEAD);
-  const out: Conv[] = [];
-  for (let a = 0; a < 8; a++) {
-    let msgs = tools.concat(text(300 + HEAD));
-    const turns: Conv = [];
-    for (let s = 0; s < 8; s++) {
-      turns.push({ tokens: msgs.slice(), maxTokens: 24 });
-      msgs = msgs.concat(text(60 + HEAD), text(600 + HEAD));
-    }
-    out.push(turns);
-  }
-  return shuffle(out, seed);
+  return conversations(seed, 8, 8, () => tools.concat(text(300 + HEAD)), 60, 600, 24);
 }
 // bench:trace's "trace (ids)" workload: one in 60 Mooncake conversations, the
 // hour compressed into 45 s, open loop (each request a conversation of one

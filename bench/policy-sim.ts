@@ -16,6 +16,7 @@ import { blockHashes } from "../core/hash";
 import { parseArgs } from "../runtime/config";
 import { EngineModel, llama8bH100, StepPlan } from "../sim/model";
 import { BlockHash, RouterConfig } from "../core/types";
+import { AdmissionConfig, prefillAdmission, Ticket } from "../core/admission";
 
 const argv = process.argv.slice(2);
 const opt = (name: string, def: string) => {
@@ -93,6 +94,7 @@ interface Result {
   hits: number;
   prompt: number;
   spread: number[];
+  forced: number;
 }
 
 // Client and network time before a request reaches the router, uniform in
@@ -133,7 +135,7 @@ function smgModel(n: number) {
   };
 }
 
-function run(convs: Conv[], concurrency: number, cfg: RouterConfig, seed: number, peer: "smg" | null = null): Result {
+function run(convs: Conv[], concurrency: number, cfg: RouterConfig, admission: AdmissionConfig & { maxWaitMs: number }, seed: number, peer: "smg" | null = null): Result {
   const rand = rng(seed * 7919 + 1);
   const arrivals: { at: number; conv: number; turn: number }[] = [];
   const arrive = (conv: number, turn: number) => arrivals.push({ at: now + (rand(1000) / 1000) * JITTER, conv, turn });
@@ -150,8 +152,8 @@ function run(convs: Conv[], concurrency: number, cfg: RouterConfig, seed: number
   const ek = (i: number) => router.worker(ids[i])!.epochKey;
   const plans: (StepPlan | null)[] = new Array(N).fill(null);
   const ends: number[] = new Array(N).fill(Infinity);
-  const res: Result = { ttft: [], hits: 0, prompt: 0, spread: new Array(N).fill(0) };
-  const live = new Map<string, { start: number; conv: number; turn: number; w: number; r: ReturnType<typeof router.pick>["reservation"] }>();
+  const res: Result = { ttft: [], hits: 0, prompt: 0, spread: new Array(N).fill(0), forced: 0 };
+  const live = new Map<string, { start: number; conv: number; turn: number; w: number; r: ReturnType<typeof router.pick>["reservation"]; ticket: Ticket }>();
   let now = 0;
   let reqNo = 0;
   // bench:trace's closed loop: a free client takes a random ready conversation
@@ -191,23 +193,41 @@ function run(convs: Conv[], concurrency: number, cfg: RouterConfig, seed: number
   };
   const smg = peer === "smg" ? smgModel(N) : null;
   const inflight: number[] = new Array(N).fill(0);
+  // The router's prefill admission (core/admission.ts) as the Envoy path runs
+  // it, with its wait bound as a deadline checked in virtual time.
+  const gate = prefillAdmission(cfg.policy === "kv-aware" && !smg ? admission : { slots: 0, warmTokens: 0 });
+  const deadlines: { at: number; ticket: Ticket }[] = [];
   const start = (conv: number, turn: number) => {
     const t = convs[conv][turn];
     const blocks = blockHashes(t.tokens, 16);
     const pick = router.pick({ blocks, inputTokens: t.tokens.length, exact: true, mediaHashes: [], n: 1 });
     const i = smg ? smg(blocks, inflight) : ids.indexOf(pick.target.id);
-    inflight[i]++;
+    const at = now;
     const id = `r${reqNo++}`;
-    engines[i].add({ id, tokens: t.tokens, hashes: blocks.map((b) => BigInt("0x" + b)), maxTokens: t.maxTokens });
-    live.set(id, { start: now, conv, turn, w: i, r: pick.reservation });
-    res.spread[i]++;
-    kick(i);
+    const ticket = gate.enter(ids[i], pick.uncachedTokens, () => {
+      inflight[i]++;
+      engines[i].add({ id, tokens: t.tokens, hashes: blocks.map((b) => BigInt("0x" + b)), maxTokens: t.maxTokens });
+      res.spread[i]++;
+      kick(i);
+    });
+    live.set(id, { start: at, conv, turn, w: i, r: pick.reservation, ticket });
+    if (!ticket.admitted) deadlines.push({ at: at + admission.maxWaitMs, ticket });
   };
   if (concurrency) dispatch();
   else convs.forEach((c, k) => arrivals.push({ at: c[0].at || 0, conv: k, turn: 0 }));
   for (let guard = 0; guard < 10_000_000 && (live.size || arrivals.length); guard++) {
     let i = 0;
     for (let k = 1; k < N; k++) if (ends[k] < ends[i]) i = k;
+    const d = deadlines.findIndex((x) => x.at <= ends[i] && (!arrivals.length || x.at <= Math.min(...arrivals.map((a) => a.at))));
+    if (d >= 0) {
+      const x = deadlines.splice(d, 1)[0];
+      if (!x.ticket.admitted) {
+        now = Math.max(now, x.at);
+        x.ticket.force();
+        res.forced++;
+      }
+      continue;
+    }
     let a = -1;
     for (let k = 0; k < arrivals.length; k++) if (arrivals[k].at <= (a < 0 ? ends[i] : arrivals[a].at)) a = k;
     if (a >= 0) {
@@ -228,6 +248,7 @@ function run(convs: Conv[], concurrency: number, cfg: RouterConfig, seed: number
         res.hits += t.cachedTokens;
         res.prompt += t.promptTokens;
         l.r.firstToken();
+        l.ticket.leave();
       }
       if (t.done) {
         l.r.finish();
@@ -266,31 +287,34 @@ function main(): void {
     ["unique", () => unique()],
   ];
   const want = opt("--workloads", "trace,shared-prefix,multi-turn,agentic,unique").split(",");
-  console.log(`| workload | policy | TTFT mean ms | p50 | p90 | RR/this | hit | requests per worker (all seeds) |`);
-  console.log(`|---|---|---:|---:|---:|---:|---:|---|`);
+  console.log(`| workload | policy | TTFT mean ms | p50 | p90 | RR/this | hit | requests per worker (all seeds) | admitted past the wait bound |`);
+  console.log(`|---|---|---:|---:|---:|---:|---:|---|---:|`);
   for (const [name, make] of loads) {
     if (!want.includes(name)) continue;
     for (const c of name === "trace" ? [0] : [4, 16]) {
-      const rows: [string, number[], number, number[]][] = [];
+      const rows: [string, number[], number, number[], number][] = [];
       for (const [label, flags] of variants) {
         const peer = flags[0] === "smg" ? "smg" : null;
-        const cfg = parseArgs(["--workers", "127.0.0.1:1", ...(peer ? ["--router-policy", "round-robin"] : flags)], {}).router as RouterConfig;
+        const opts = parseArgs(["--workers", "127.0.0.1:1", ...(peer ? ["--router-policy", "round-robin"] : flags)], {});
+        const cfg = opts.router as RouterConfig;
         const all: number[] = [];
         let hits = 0;
         let prompt = 0;
+        let forced = 0;
         const spread = [0, 0, 0, 0];
         for (let s = 0; s < (c ? seeds : 1); s++) {
-          const r = run(make(1000 + s), c, cfg, s, peer);
+          const r = run(make(1000 + s), c, cfg, opts.admission, s, peer);
+          forced += r.forced;
           all.push(...r.ttft);
           hits += r.hits;
           prompt += r.prompt;
           r.spread.forEach((n, k) => (spread[k] += n));
         }
-        rows.push([label, all, hits / prompt, spread]);
+        rows.push([label, all, hits / prompt, spread, forced]);
       }
       const rr = mean(rows[1][1]);
-      for (const [label, t, hit, spread] of rows)
-        console.log(`| ${c ? `${name} c=${c}` : name} | ${label} | ${mean(t).toFixed(1)} | ${pct(t, 0.5).toFixed(1)} | ${pct(t, 0.9).toFixed(1)} | ${(rr / mean(t)).toFixed(2)}x | ${(hit * 100).toFixed(1)}% | ${spread.join("/")} |`);
+      for (const [label, t, hit, spread, forced] of rows)
+        console.log(`| ${c ? `${name} c=${c}` : name} | ${label} | ${mean(t).toFixed(1)} | ${pct(t, 0.5).toFixed(1)} | ${pct(t, 0.9).toFixed(1)} | ${(rr / mean(t)).toFixed(2)}x | ${(hit * 100).toFixed(1)}% | ${spread.join("/")} | ${forced} |`);
     }
   }
 }

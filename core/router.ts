@@ -65,6 +65,12 @@ export interface Pick {
   decodeCandidates: Candidate[] | null;
   mmImages: number;
   mmAffinityHits: number;
+  /**
+   * Prompt tokens the prefill worker must compute (what its cache and the
+   * requests in flight there do not hold); the whole prompt for image
+   * requests and for policies that do not read the cache.
+   */
+  uncachedTokens: number;
 }
 
 export interface RouterHooks {
@@ -236,6 +242,7 @@ export function createRouter(state: RouterState, cfg: RouterConfig, hooks?: Rout
       decodeCandidates: decodeRows ? candidates(decodeRows) : null,
       mmImages: f.mediaHashes.length,
       mmAffinityHits: mmHits,
+      uncachedTokens: cfg.policy === "kv-aware" && !media ? Math.max(0, f.inputTokens - prefillRows[prefillIndex].hits * cfg.blockSize) : f.inputTokens,
     };
   }
 

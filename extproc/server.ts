@@ -171,6 +171,8 @@ function handleStream(app: App, call: Call<ProcessingRequest, ProcessingResponse
   let strip: string[] = [];
   // The stream ended (client gone, reset) while its pick was being computed.
   let ended = false;
+  // The pick waiting for prefill admission, if any.
+  let waiting: Pick | null = null;
   // Answers leave in message order even when a pick waits on a tokenizer thread.
   let order: Promise<void> = Promise.resolve();
   const inOrder = (f: () => void | Promise<void>) => {
@@ -251,6 +253,11 @@ function handleStream(app: App, call: Call<ProcessingRequest, ProcessingResponse
       app.log("info", `shed a '${headers[OBJECTIVE_HEADER]}' request: every candidate holds >= ${shedAt} active blocks`);
       return immediate(429, "all endpoints are saturated; sheddable request dropped", "rate_limited", headers[":path"] || "");
     }
+    // Prefill admission: a cold prompt waits here while another cold one is
+    // prefilling on its worker. A stream that ends meanwhile finishes it.
+    waiting = pick;
+    await app.admit(pick);
+    waiting = null;
     if (ended) {
       // Nobody is left to answer: the load this pick holds goes back now.
       pick.reservation.finish();
@@ -450,6 +457,7 @@ function handleStream(app: App, call: Call<ProcessingRequest, ProcessingResponse
   );
   const gone = () => {
     ended = true;
+    if (waiting) waiting.reservation.finish();
     stopIdle();
     done();
   };

@@ -9,6 +9,7 @@ import { checkSessionId } from "../core/limits";
 import { computeFeatures, Endpoint, featuresOf, mediaSalt, parseRequest, ParsedRequest, promptTokenIds } from "../core/request";
 import { prefixHashes } from "./prefix-hashes";
 import { Features } from "../core/types";
+import { prefillAdmission, PrefillAdmission } from "../core/admission";
 import { addStats, defaultThreads, JobOutcome, TokenizerPool } from "./tokenpool";
 import { applyBatch, clearAllTiers, KvEvent, requestRoot } from "../core/kvevents";
 import { nativeHasher } from "./hasher";
@@ -120,6 +121,8 @@ export class App {
   private tokKeys = new Map<LoadedTokenizer, string>();
   /** Block hashes of recent prompts, so a conversation's next turn hashes only its new blocks. */
   private hashes = prefixHashes(nativeHasher);
+  /** Cold prefills in flight per worker (core/admission.ts); kv-aware only: other policies do not know what is cold. */
+  readonly admission: PrefillAdmission;
   /** Set on SIGTERM: readiness goes false so load balancers stop sending. */
   draining = false;
   /** Discovery's connection state (static discovery is always connected). */
@@ -136,6 +139,7 @@ export class App {
     }
     for (const t of this.tokKeys.keys())
       log("info", `tokenizer ${t.source}: ${t.backend === "fast-bpe" ? "fast byte-level BPE (runtime/fastbpe.ts, the file's own merges; --tokenizer-backend hf for @huggingface/tokenizers)" : "@huggingface/tokenizers (fast BPE not used: " + t.fallbackReason + ")"}`);
+    this.admission = prefillAdmission({ slots: opts.router.policy === "kv-aware" ? opts.admission.slots : 0, warmTokens: opts.admission.warmTokens });
     this.metrics = createMetrics(
       () => this.router,
       () => this.cacheStats(),
@@ -524,6 +528,56 @@ export class App {
       pick_ms: +(secs * 1000).toFixed(3),
     });
     return pick;
+  }
+
+  /**
+   * Resolves when the pick may be sent: at once, or when a cold prefill ahead
+   * of it on its prefill worker reaches its first token, or after
+   * --prefill-admission-max-wait-ms. The pick's reservation is wrapped so its
+   * slot is given back at first token or at its end, whichever comes first;
+   * finishing it while it waits (the client went away) resolves it too.
+   */
+  admit(pick: Pick): Promise<void> {
+    const key = (pick.prefill ?? pick.target).id;
+    const t0 = performance.now();
+    let timer: NodeJS.Timeout | null = null;
+    let resolve!: () => void;
+    const ready = new Promise<void>((r) => (resolve = r));
+    const ticket = this.admission.enter(key, pick.uncachedTokens, () => {
+      if (timer) {
+        clearTimeout(timer);
+        this.metrics.admissionWait.observe((performance.now() - t0) / 1000);
+      }
+      resolve();
+    });
+    // Warm (or admission off): no slot to give back, nothing to wrap.
+    if (ticket.admitted && !ticket.slot) return ready;
+    if (!ticket.admitted) {
+      timer = setTimeout(() => {
+        this.metrics.admissionForced.inc();
+        this.log("info", `prefill admission: a request waited ${this.opts.admission.maxWaitMs} ms for ${key}; sent past the limit`);
+        ticket.force();
+      }, this.opts.admission.maxWaitMs);
+      timer.unref();
+    }
+    const inner = pick.reservation;
+    pick.reservation = {
+      get open() {
+        return inner.open;
+      },
+      guards: () => inner.guards(),
+      firstToken() {
+        ticket.leave();
+        inner.firstToken();
+      },
+      finish() {
+        if (timer) clearTimeout(timer);
+        ticket.leave();
+        resolve();
+        inner.finish();
+      },
+    };
+    return ready;
   }
 
   async close(): Promise<void> {

@@ -27,6 +27,8 @@ export interface Options {
   tokenizerPath: string | null;
   /** Tokenizer threads and bounds (--tokenizer-*, --tokenize-*). */
   tokenize: { backend: "auto" | "fast-bpe" | "hf"; threads: number | null; inlineChars: number; timeoutMs: number; queue: number };
+  /** Prefill admission (core/admission.ts): slots per worker (0 = off), the warm bound, the wait bound. */
+  admission: { slots: number; warmTokens: number; maxWaitMs: number };
   maxBodyBytes: number;
   maxSessionIdBytes: number;
   maxMessages: number;
@@ -189,6 +191,11 @@ export function optionsFrom(values: Record<string, FlagValue>, cmd: "router" | "
       inlineChars: (v("tokenize-inline-chars") as number) ?? 65536,
       timeoutMs: (v("tokenize-timeout-ms") as number) ?? 2000,
       queue: (v("tokenize-queue") as number) ?? 64,
+    },
+    admission: {
+      slots: (v("prefill-admission-slots") as number) ?? 1,
+      warmTokens: (v("prefill-admission-warm-tokens") as number) ?? 512,
+      maxWaitMs: (v("prefill-admission-max-wait-ms") as number) ?? 3000,
     },
     maxBodyBytes: (v("max-body-bytes") as number) ?? 8 * 1024 * 1024,
     maxSessionIdBytes: (v("max-session-id-bytes") as number) ?? DEFAULT_MAX_SESSION_ID_BYTES,

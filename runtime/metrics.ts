@@ -21,6 +21,13 @@ export function createMetrics(router: () => Router, tokenizerCache?: () => { hit
   });
   const events = new client.Counter({ name: "infera_router_kv_events_total", help: "KV events applied", labelNames: ["worker", "type"], registers: [registry] });
   const eventErrors = new client.Counter({ name: "infera_router_kv_event_errors_total", help: "KV event frames refused or resyncs", labelNames: ["worker", "reason"], registers: [registry] });
+  const admissionWait = new client.Histogram({
+    name: "infera_router_prefill_admission_wait_seconds",
+    help: "Time cold requests waited at the router for a prefill slot on their worker (--prefill-admission-slots)",
+    buckets: [0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5],
+    registers: [registry],
+  });
+  const admissionForced = new client.Counter({ name: "infera_router_prefill_admission_forced_total", help: "Requests sent past the slot limit because they waited --prefill-admission-max-wait-ms", registers: [registry] });
   const badRequests = new client.Counter({ name: "infera_router_bad_requests_total", help: "Requests refused with 4xx", labelNames: ["status"], registers: [registry] });
   const eppFallbacks = new client.Counter({ name: "infera_router_epp_served_elsewhere_total", help: "Responses the gateway reports served from an endpoint other than the pick (known: a worker we track)", labelNames: ["known"], registers: [registry] });
   const decisions = new client.Counter({
@@ -165,5 +172,5 @@ export function createMetrics(router: () => Router, tokenizerCache?: () => { hit
       if (s) this.set(s.chars);
     },
   });
-  return { registry, tokenizeJobs, tokenizeQueue, picks, hitBlocks, reqBlocks, pickLatency, events, eventErrors, badRequests, decisions, eppFallbacks };
+  return { registry, tokenizeJobs, tokenizeQueue, picks, hitBlocks, reqBlocks, pickLatency, events, eventErrors, badRequests, decisions, eppFallbacks, admissionWait, admissionForced };
 }

@@ -1,0 +1,98 @@
+// Prefill admission (core/admission.ts): one cold prefill per worker in flight,
+// the rest in arrival order; warm requests pass; every exit frees exactly once.
+import { test } from "node:test";
+import * as assert from "node:assert/strict";
+import { prefillAdmission } from "../../core/admission";
+
+function recorder() {
+  const went: string[] = [];
+  return { went, go: (name: string) => () => went.push(name) };
+}
+
+test("a cold request waits while one is in flight on its worker, and goes in arrival order when the slot frees", () => {
+  const gate = prefillAdmission({ slots: 1, warmTokens: 512 });
+  const r = recorder();
+  const a = gate.enter("w0", 3000, r.go("a"));
+  const b = gate.enter("w0", 3000, r.go("b"));
+  const c = gate.enter("w0", 100, r.go("c-warm"));
+  const d = gate.enter("w0", 5000, r.go("d"));
+  const e = gate.enter("w1", 3000, r.go("e-other-worker"));
+  assert.deepEqual(r.went, ["a", "c-warm", "e-other-worker"]);
+  assert.equal(a.admitted && a.slot, true);
+  assert.equal(b.admitted, false);
+  assert.equal(c.admitted && !c.slot, true, "warm: admitted without a slot");
+  assert.equal(gate.waiting("w0"), 2);
+  assert.equal(gate.waiting(), 2);
+  c.leave(); // a warm request's end frees nothing
+  assert.deepEqual(r.went, ["a", "c-warm", "e-other-worker"]);
+  a.leave();
+  assert.deepEqual(r.went, ["a", "c-warm", "e-other-worker", "b"]);
+  a.leave(); // idempotent: no second slot freed
+  assert.deepEqual(r.went, ["a", "c-warm", "e-other-worker", "b"]);
+  assert.equal(gate.busy("w0"), 1);
+  b.leave();
+  assert.deepEqual(r.went, ["a", "c-warm", "e-other-worker", "b", "d"]);
+  d.leave();
+  e.leave();
+  assert.equal(gate.busy("w0") + gate.busy("w1") + gate.waiting(), 0);
+});
+
+test("a request that leaves while waiting is dropped from the queue and never goes", () => {
+  const gate = prefillAdmission({ slots: 1, warmTokens: 0 });
+  const r = recorder();
+  const a = gate.enter("w", 10, r.go("a"));
+  const b = gate.enter("w", 10, r.go("b"));
+  const c = gate.enter("w", 10, r.go("c"));
+  b.leave();
+  assert.equal(gate.waiting("w"), 1);
+  a.leave();
+  assert.deepEqual(r.went, ["a", "c"]);
+  assert.equal(b.admitted, false);
+  c.leave();
+  assert.equal(gate.busy("w"), 0);
+});
+
+test("force admits a waiting request past the limit; its slot is given back like any other", () => {
+  const gate = prefillAdmission({ slots: 1, warmTokens: 0 });
+  const r = recorder();
+  const a = gate.enter("w", 10, r.go("a"));
+  const b = gate.enter("w", 10, r.go("b"));
+  const c = gate.enter("w", 10, r.go("c"));
+  b.force();
+  b.force();
+  assert.deepEqual(r.went, ["a", "b"]);
+  assert.equal(gate.busy("w"), 2);
+  assert.equal(gate.waiting("w"), 1);
+  a.leave(); // still one slot taken (b): c keeps waiting
+  assert.deepEqual(r.went, ["a", "b"]);
+  b.leave();
+  assert.deepEqual(r.went, ["a", "b", "c"]);
+  c.force(); // already admitted: nothing
+  assert.deepEqual(r.went, ["a", "b", "c"]);
+});
+
+test("slots 0 turns admission off; more slots admit that many cold requests", () => {
+  const off = prefillAdmission({ slots: 0, warmTokens: 0 });
+  const r = recorder();
+  for (let i = 0; i < 5; i++) off.enter("w", 10_000, r.go(String(i)));
+  assert.equal(r.went.length, 5);
+  assert.equal(off.waiting(), 0);
+  const two = prefillAdmission({ slots: 2, warmTokens: 0 });
+  const q = recorder();
+  const t = [0, 1, 2, 3].map((i) => two.enter("w", 10, q.go(String(i))));
+  assert.deepEqual(q.went, ["0", "1"]);
+  t[1].leave();
+  assert.deepEqual(q.went, ["0", "1", "2"]);
+});
+
+test("a request arriving while others wait queues behind them even if a slot is free at that instant", () => {
+  // A slot freed and re-taken in the same turn must not let a newcomer jump the queue.
+  const gate = prefillAdmission({ slots: 1, warmTokens: 0 });
+  const r = recorder();
+  const a = gate.enter("w", 10, r.go("a"));
+  gate.enter("w", 10, r.go("b"));
+  a.leave();
+  const c = gate.enter("w", 10, r.go("c"));
+  assert.deepEqual(r.went, ["a", "b"]);
+  assert.equal(c.admitted, false);
+});

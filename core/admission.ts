@@ -68,14 +68,31 @@ export function prefillAdmission(config: AdmissionConfig): PrefillAdmission {
   const queues: { [key: string]: Waiter[] } = {};
   let total = 0;
 
+  /** Marks t admitted on a slot of key's worker. */
+  function take(key: string, t: TicketState): void {
+    t.admitted = true;
+    t.slot = true;
+    busy[key] = (busy[key] || 0) + 1;
+  }
+
+  /** Takes t out of key's queue, if it is there. */
+  function dequeue(key: string, t: TicketState): void {
+    const q = queues[key];
+    for (let i = 0; q && i < q.length; i++)
+      if (q[i].t === t) {
+        q.splice(i, 1);
+        total--;
+        if (!q.length) delete queues[key];
+        return;
+      }
+  }
+
   function next(key: string): void {
     const q = queues[key];
     while (q && q.length && (busy[key] || 0) < config.slots) {
       const w = q.shift() as Waiter;
       total--;
-      w.t.admitted = true;
-      w.t.slot = true;
-      busy[key] = (busy[key] || 0) + 1;
+      take(key, w.t);
       w.go();
     }
     if (q && !q.length) delete queues[key];
@@ -94,30 +111,12 @@ export function prefillAdmission(config: AdmissionConfig): PrefillAdmission {
           busy[key]--;
           if (!busy[key]) delete busy[key];
           next(key);
-        } else if (!t.admitted) {
-          const q = queues[key];
-          for (let i = 0; q && i < q.length; i++)
-            if (q[i].t === t) {
-              q.splice(i, 1);
-              total--;
-              if (!q.length) delete queues[key];
-              break;
-            }
-        }
+        } else if (!t.admitted) dequeue(key, t);
       },
       force() {
         if (t.admitted || t.gone) return;
-        const q = queues[key];
-        for (let i = 0; q && i < q.length; i++)
-          if (q[i].t === t) {
-            q.splice(i, 1);
-            total--;
-            if (!q.length) delete queues[key];
-            break;
-          }
-        t.admitted = true;
-        t.slot = true;
-        busy[key] = (busy[key] || 0) + 1;
+        dequeue(key, t);
+        take(key, t);
         go();
       },
     };
@@ -126,10 +125,9 @@ export function prefillAdmission(config: AdmissionConfig): PrefillAdmission {
       go();
       return t;
     }
+    // Behind others already waiting even if a slot is free at this instant.
     if ((busy[key] || 0) < config.slots && !queues[key]) {
-      t.admitted = true;
-      t.slot = true;
-      busy[key] = (busy[key] || 0) + 1;
+      take(key, t);
       go();
       return t;
     }

@@ -7,7 +7,7 @@ import { create } from "@bufbuild/protobuf";
 import { App } from "../runtime/app";
 import { parseArgs } from "../runtime/config";
 import { ExtProcService, startExtProc } from "../extproc/server";
-import { ProcessingRequest, ProcessingResponse } from "../extproc/gen/envoy/service/ext_proc/v3/external_processor_pb";
+import { HttpBodySchema, HttpHeadersSchema, ProcessingRequest, ProcessingRequestSchema, ProcessingResponse } from "../extproc/gen/envoy/service/ext_proc/v3/external_processor_pb";
 import { HeaderMapSchema, HeaderValueSchema } from "../extproc/gen/envoy/config/core/v3/base_pb";
 
 export interface ExtProcFixture {
@@ -37,6 +37,13 @@ export async function startExtProcFixture(args: string[], opts: { synced?: boole
 }
 
 export const hdrs = (pairs: Record<string, string>) => create(HeaderMapSchema, { headers: Object.entries(pairs).map(([key, v]) => create(HeaderValueSchema, { key, rawValue: Buffer.from(v) })) });
+
+// Envoy's messages for one HTTP exchange, as a BUFFERED request and STREAMED response send them.
+export const reqHeaders = (path: string, method = "POST", eos = false, extra: Record<string, string> = {}): ProcessingRequest =>
+  create(ProcessingRequestSchema, { request: { case: "requestHeaders", value: create(HttpHeadersSchema, { headers: hdrs({ ":path": path, ":method": method, ...extra }), endOfStream: eos }) } });
+export const reqBody = (body: string): ProcessingRequest => create(ProcessingRequestSchema, { request: { case: "requestBody", value: create(HttpBodySchema, { body: Buffer.from(body), endOfStream: true }) } });
+export const respHeaders = (): ProcessingRequest => create(ProcessingRequestSchema, { request: { case: "responseHeaders", value: create(HttpHeadersSchema, { headers: hdrs({ ":status": "200" }) }) } });
+export const respBody = (eos: boolean): ProcessingRequest => create(ProcessingRequestSchema, { request: { case: "responseBody", value: create(HttpBodySchema, { body: Buffer.from("data: x\n\n"), endOfStream: eos }) } });
 
 /**
  * One Process call. got holds every answer in order; next() hands them out one

@@ -4,16 +4,8 @@
 // leaves nothing held, and the wait bound sends a request anyway.
 import { test } from "node:test";
 import * as assert from "node:assert/strict";
-import { create } from "@bufbuild/protobuf";
-import { ProcessingRequest, ProcessingRequestSchema, HttpHeadersSchema, HttpBodySchema } from "../../extproc/gen/envoy/service/ext_proc/v3/external_processor_pb";
-import { ExtProcFixture, hdrs, processStream, startExtProcFixture } from "../extproc-client";
+import { ExtProcFixture, processStream, reqBody, reqHeaders, respBody, respHeaders, startExtProcFixture } from "../extproc-client";
 
-const reqHeaders = (): ProcessingRequest =>
-  create(ProcessingRequestSchema, { request: { case: "requestHeaders", value: create(HttpHeadersSchema, { headers: hdrs({ ":path": "/v1/chat/completions", ":method": "POST" }), endOfStream: false }) } });
-const reqBody = (text: string): ProcessingRequest =>
-  create(ProcessingRequestSchema, { request: { case: "requestBody", value: create(HttpBodySchema, { body: Buffer.from(JSON.stringify({ model: "m", stream: true, messages: [{ role: "user", content: text }] })), endOfStream: true }) } });
-const respHeaders = (): ProcessingRequest => create(ProcessingRequestSchema, { request: { case: "responseHeaders", value: create(HttpHeadersSchema, { headers: hdrs({ ":status": "200" }) }) } });
-const respBody = (eos: boolean): ProcessingRequest => create(ProcessingRequestSchema, { request: { case: "responseBody", value: create(HttpBodySchema, { body: Buffer.from("data: x\n\n"), endOfStream: eos }) } });
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
 const until = async (f: () => boolean) => {
   for (let i = 0; i < 200 && !f(); i++) await sleep(10);
@@ -25,9 +17,9 @@ const cold = (word: string) => `${word} `.repeat(1500);
 /** Sends headers and body; resolves with the routing answer's time. */
 async function route(f: ExtProcFixture, text: string) {
   const s = processStream(f.client);
-  s.send(reqHeaders());
+  s.send(reqHeaders("/v1/chat/completions"));
   assert.equal((await s.next()).response.case, "requestHeaders");
-  s.send(reqBody(text));
+  s.send(reqBody(JSON.stringify({ model: "m", stream: true, messages: [{ role: "user", content: text }] })));
   const answered = s.next().then((r) => {
     assert.equal(r.response.case, "requestBody");
     return Date.now();

@@ -6,8 +6,8 @@ import * as assert from "node:assert/strict";
 import * as grpc from "@grpc/grpc-js";
 import { create } from "@bufbuild/protobuf";
 import { App } from "../../runtime/app";
-import { ProcessingRequest, ProcessingRequestSchema, ProcessingResponse, HttpHeadersSchema, HttpBodySchema } from "../../extproc/gen/envoy/service/ext_proc/v3/external_processor_pb";
-import { ExtProcFixture, hdrs, processStream, startExtProcFixture } from "../extproc-client";
+import { ProcessingRequestSchema, ProcessingResponse, HttpBodySchema } from "../../extproc/gen/envoy/service/ext_proc/v3/external_processor_pb";
+import { ExtProcFixture, processStream, reqBody, reqHeaders, respBody, respHeaders, startExtProcFixture } from "../extproc-client";
 
 let f: ExtProcFixture;
 let app: App;
@@ -19,11 +19,6 @@ before(async () => {
 });
 after(() => f.close());
 
-const reqHeaders = (path: string, method = "POST", eos = false, extra: Record<string, string> = {}): ProcessingRequest =>
-  create(ProcessingRequestSchema, { request: { case: "requestHeaders", value: create(HttpHeadersSchema, { headers: hdrs({ ":path": path, ":method": method, ...extra }), endOfStream: eos }) } });
-const reqBody = (body: string): ProcessingRequest => create(ProcessingRequestSchema, { request: { case: "requestBody", value: create(HttpBodySchema, { body: Buffer.from(body), endOfStream: true }) } });
-const respHeaders = (): ProcessingRequest => create(ProcessingRequestSchema, { request: { case: "responseHeaders", value: create(HttpHeadersSchema, { headers: hdrs({ ":status": "200" }) }) } });
-const respBody = (eos: boolean): ProcessingRequest => create(ProcessingRequestSchema, { request: { case: "responseBody", value: create(HttpBodySchema, { body: Buffer.from("data: x\n\n"), endOfStream: eos }) } });
 
 const stream = (c: grpc.Client = client) => processStream(c);
 

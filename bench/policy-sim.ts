@@ -13,10 +13,10 @@ import { createRouter } from "../core/router";
 import { sampleTrace, traceFile, traceIds } from "./mooncake";
 import { memoryState } from "../core/state/memory";
 import { blockHashes } from "../core/hash";
-import { parseArgs } from "../runtime/config";
+import { Options, parseArgs } from "../runtime/config";
 import { EngineModel, llama8bH100, StepPlan } from "../sim/model";
 import { BlockHash, RouterConfig } from "../core/types";
-import { AdmissionConfig, prefillAdmission, Ticket } from "../core/admission";
+import { prefillAdmission, Ticket } from "../core/admission";
 
 const argv = process.argv.slice(2);
 const opt = (name: string, def: string) => {
@@ -135,7 +135,7 @@ function smgModel(n: number) {
   };
 }
 
-function run(convs: Conv[], concurrency: number, cfg: RouterConfig, admission: AdmissionConfig & { maxWaitMs: number }, seed: number, peer: "smg" | null = null): Result {
+function run(convs: Conv[], concurrency: number, cfg: RouterConfig, admission: Options["admission"], seed: number, peer: "smg" | null = null): Result {
   const rand = rng(seed * 7919 + 1);
   const arrivals: { at: number; conv: number; turn: number }[] = [];
   const arrive = (conv: number, turn: number) => arrivals.push({ at: now + (rand(1000) / 1000) * JITTER, conv, turn });
@@ -218,7 +218,9 @@ function run(convs: Conv[], concurrency: number, cfg: RouterConfig, admission: A
   for (let guard = 0; guard < 10_000_000 && (live.size || arrivals.length); guard++) {
     let i = 0;
     for (let k = 1; k < N; k++) if (ends[k] < ends[i]) i = k;
-    const d = deadlines.findIndex((x) => x.at <= ends[i] && (!arrivals.length || x.at <= Math.min(...arrivals.map((a) => a.at))));
+    let firstArrival = Infinity;
+    if (deadlines.length) for (const a of arrivals) firstArrival = Math.min(firstArrival, a.at);
+    const d = deadlines.findIndex((x) => x.at <= ends[i] && x.at <= firstArrival);
     if (d >= 0) {
       const x = deadlines.splice(d, 1)[0];
       if (!x.ticket.admitted) {

@@ -66,7 +66,6 @@ export interface PrefillAdmission {
 export function prefillAdmission(config: AdmissionConfig): PrefillAdmission {
   const busy: { [key: string]: number } = {};
   const queues: { [key: string]: Waiter[] } = {};
-  let total = 0;
 
   /** Marks t admitted on a slot of key's worker. */
   function take(key: string, t: TicketState): void {
@@ -81,7 +80,6 @@ export function prefillAdmission(config: AdmissionConfig): PrefillAdmission {
     for (let i = 0; q && i < q.length; i++)
       if (q[i].t === t) {
         q.splice(i, 1);
-        total--;
         if (!q.length) delete queues[key];
         return;
       }
@@ -91,7 +89,6 @@ export function prefillAdmission(config: AdmissionConfig): PrefillAdmission {
     const q = queues[key];
     while (q && q.length && (busy[key] || 0) < config.slots) {
       const w = q.shift() as Waiter;
-      total--;
       take(key, w.t);
       w.go();
     }
@@ -133,7 +130,6 @@ export function prefillAdmission(config: AdmissionConfig): PrefillAdmission {
     }
     if (!queues[key]) queues[key] = [];
     queues[key].push({ t: t, go: go });
-    total++;
     return t;
   }
 
@@ -141,8 +137,10 @@ export function prefillAdmission(config: AdmissionConfig): PrefillAdmission {
     config: config,
     enter: enter,
     waiting(key?: string): number {
-      if (key === undefined) return total;
-      return queues[key] ? queues[key].length : 0;
+      if (key !== undefined) return queues[key] ? queues[key].length : 0;
+      let n = 0;
+      for (const k in queues) n += queues[k].length;
+      return n;
     },
     busy(key: string): number {
       return busy[key] || 0;

@@ -8,10 +8,16 @@
 // - KV memory as a fixed number of blocks; a waiting request is admitted only
 //   if its blocks fit (head-of-line waits otherwise), a running request that
 //   cannot grow preempts the newest running one (recompute);
-// - the prefix cache: full prompt blocks are registered under their hash; a
-//   freed block stays cached in an LRU free queue until its memory is needed;
+// - the prefix cache: full prompt blocks are registered under their hash when
+//   the step that computes them is scheduled, as vLLM V1's allocate_slots does
+//   (cache_blocks before the forward pass), so a request scheduled later in the
+//   same step, or in any step after, reuses a prefix still being computed
+//   instead of computing it again (attention layers write KV before reading
+//   it; vLLM holds back only Mamba layers, PR 29387); a freed block stays
+//   cached in an LRU free queue until its memory is needed;
 //   BlockStored/BlockRemoved are emitted exactly when a hash starts/stops being
-//   held, so a subscriber's mirror equals what the engine holds;
+//   held, and published when the step ends (vLLM publishes a step's events in
+//   update_from_output), so a subscriber's mirror equals what the engine holds;
 // - step time = fixed cost + prefill tokens + attention over the prefill's
 //   context + per decode sequence + KV tokens read by decodes.
 
@@ -119,6 +125,8 @@ export class EngineModel {
   private running: Seq[] = [];
   private seqs = new Map<string, Seq>();
   private events: ModelEvent[] = [];
+  /** Events of the step being run: published when it completes. */
+  private staged: ModelEvent[] = [];
   private stepNo = 0;
   stats = { steps: 0, preemptions: 0, promptTokens: 0, cachedTokens: 0, generated: 0, queries: 0, hits: 0 };
 
@@ -188,6 +196,8 @@ export class EngineModel {
   clearCache(): void {
     for (const b of this.blocks) b.hash = null;
     this.byHash.clear();
+    // The step in flight registered its blocks already: they are forgotten too.
+    this.staged = [];
     for (const s of this.seqs.values()) s.registered = Math.max(s.registered, s.blocks.length);
   }
 
@@ -221,7 +231,7 @@ export class EngineModel {
     if (rest.length) this.byHash.set(h, rest);
     else {
       this.byHash.delete(h);
-      if (emit) this.events.push({ type: "removed", hashes: [h] });
+      if (emit) this.staged.push({ type: "removed", hashes: [h] });
     }
   }
 
@@ -285,6 +295,7 @@ export class EngineModel {
       }
       if (!this.running.includes(s)) break;
       items.push({ s, n });
+      this.register(s, s.computed + n);
       budget -= n;
     }
     while (!preempted && budget > 0 && this.waiting.length && this.running.length < c.maxNumSeqs) {
@@ -318,9 +329,13 @@ export class EngineModel {
       const n = Math.min(this.pending(s), budget);
       this.grow(s, s.computed + n);
       items.push({ s, n });
+      this.register(s, s.computed + n);
       budget -= n;
     }
-    if (!items.length) return null;
+    if (!items.length) {
+      this.publishStaged();
+      return null;
+    }
     return this.cost(items);
   }
 
@@ -347,11 +362,11 @@ export class EngineModel {
   complete(plan: StepPlan): TokenOut[] {
     this.stepNo++;
     this.stats.steps++;
+    this.publishStaged();
     const out: TokenOut[] = [];
     for (const { s, n } of plan.items) {
       if (!this.seqs.has(s.r.id) || !this.running.includes(s)) continue; // aborted or preempted meanwhile
       s.computed += n;
-      this.register(s);
       if (this.pending(s) > 0) continue; // prefill chunk, no token yet
       s.outputs++;
       this.stats.generated++;
@@ -370,10 +385,19 @@ export class EngineModel {
     return out;
   }
 
-  /** Registers s's newly full prompt blocks; a hash already held by another block is a second copy, not a new store. */
-  private register(s: Seq): void {
+  private publishStaged(): void {
+    for (const e of this.staged) this.events.push(e);
+    this.staged = [];
+  }
+
+  /**
+   * Registers the full prompt blocks of s up to `upto` tokens (computed, or
+   * being computed by the step just scheduled); a hash already held by
+   * another block is a second copy, not a new store.
+   */
+  private register(s: Seq, upto: number): void {
     const bs = this.cfg.blockSize;
-    const full = Math.min(Math.floor(Math.min(s.computed, s.r.tokens.length) / bs), s.r.hashes.length);
+    const full = Math.min(Math.floor(Math.min(upto, s.r.tokens.length) / bs), s.r.hashes.length);
     let run: { hashes: bigint[]; parent: bigint | null; tokens: number[] } | null = null;
     for (let i = s.registered; i < full; i++) {
       const b = s.blocks[i];
@@ -383,7 +407,7 @@ export class EngineModel {
       b.hash = h;
       if (copies) {
         copies.push(b);
-        if (run) this.events.push({ type: "stored", ...run });
+        if (run) this.staged.push({ type: "stored", ...run });
         run = null;
         continue;
       }
@@ -392,7 +416,7 @@ export class EngineModel {
       run.hashes.push(h);
       for (let k = i * bs; k < (i + 1) * bs; k++) run.tokens.push(s.r.tokens[k]);
     }
-    if (run) this.events.push({ type: "stored", ...run });
+    if (run) this.staged.push({ type: "stored", ...run });
     s.registered = Math.max(s.registered, full);
   }
 }

@@ -14,7 +14,7 @@ after(async () => {
   for (const o of opened) await o.close().catch(() => undefined);
 });
 
-type RankStats = { cached_blocks: number; cpu_blocks: number; requests: number };
+type RankStats = { cached_blocks: number; cpu_blocks: number; requests: number; promptTokens: number };
 
 test("SGLang publisher (its event structs, attn_dp_rank, port + rank, replay ROUTER): a router started after its workers ends with the same per-rank mirrors as one that saw everything; a rank restart is detected by the sequence reset", async () => {
   const rp = await freePortRun(2);
@@ -36,10 +36,11 @@ test("SGLang publisher (its event structs, attn_dp_rank, port + rank, replay ROU
     };
     const early = mk();
     await sleep(400);
-    // ~19 blocks a prompt into 80 per rank: both ranks store and evict (BlockRemoved).
+    // 6 distinct prompts a rank of ~56 blocks each into 80 blocks: both ranks store and evict
+    // (BlockRemoved); one batch a step with events, so at least one a prompt.
     for (let i = 0; i < 12; i++) assert.equal((await chat(`http://${sim.address}`, longText(`sg${i}-`, 100), { maxTokens: 2, extra: { routed_dp_rank: i % 2 } })).status, 200);
     const st = await ranks();
-    assert.ok(st[0].cached_blocks > 40 && st[1].cached_blocks > 40 && (st[0].last_kv_seq ?? 0) >= 6, JSON.stringify(st));
+    for (const r of st) assert.ok(r.cached_blocks > 40 && r.promptTokens / 16 > 2 * 80 && (r.last_kv_seq ?? 0) >= 5, JSON.stringify(st));
     await waitFor("early per-rank mirrors = engine ranks", () => sameAsEngine(early), 20000);
     const late = mk();
     await waitFor("late per-rank mirrors = engine ranks (from replay)", () => sameAsEngine(late), 20000);

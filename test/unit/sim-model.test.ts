@@ -197,3 +197,47 @@ test("KV events always match what the engine holds (shared prefixes, duplicates,
   assert.ok(m.stats.hits > 0, "shared documents produced cache hits");
   assert.equal(m.usage(), 0);
 });
+
+test("a prefix being computed is reused at once, as vLLM V1 caches blocks when it schedules them", () => {
+  const m = new EngineModel(cfg());
+  const mir = new Mirror();
+  const doc = prompt(200, 4000);
+  m.add(req("a", prompt(201, 4020, doc)));
+  m.add(req("b", prompt(202, 4020, doc)));
+  const p = m.schedule()!;
+  assert.equal(m.drainEvents().length, 0, "events wait for the end of the step");
+  // a computes the document; b, scheduled after it in the same step, only its own tail
+  assert.equal(p.prefillTokens, 4020 + (4020 - 4000), `prefill tokens ${p.prefillTokens}`);
+  const out = m.complete(p);
+  mir.apply(m.drainEvents());
+  assert.equal(mir.held.size, m.cachedBlocks(), "published once the step ended");
+  const byId = new Map(out.map((o) => [o.id, o]));
+  assert.equal(byId.get("a")!.cachedTokens, 0);
+  assert.equal(byId.get("b")!.cachedTokens, 4000, "b's hit is the document a is computing");
+  // a request that arrives while a long prompt is prefilled in chunks reuses the chunk
+  // scheduled in the step it joins, not only the chunks already done
+  const m2 = new EngineModel(cfg({ maxNumBatchedTokens: 2048 }));
+  const long = prompt(300, 5000);
+  m2.add(req("x", long.concat(prompt(301, 10)), 1));
+  m2.complete(m2.schedule()!);
+  m2.add(req("y", long.concat(prompt(302, 10)), 1));
+  m2.complete(m2.schedule()!); // x's second chunk takes the whole budget
+  const s3 = m2.schedule()!;
+  const x3 = s3.items.find((i) => i.s.r.id === "x")!;
+  const y3 = s3.items.find((i) => i.s.r.id === "y")!;
+  assert.equal(x3.n, 5010 - 4096, "x's last chunk runs in this step");
+  assert.equal(y3.s.computed, Math.floor(5000 / 16) * 16, "y's hit covers that chunk's shared blocks too");
+  assert.equal(y3.n, 5010 - y3.s.computed);
+});
+
+test("clearing the cache mid-step forgets the step's blocks and its unpublished events", () => {
+  const m = new EngineModel(cfg());
+  const mir = new Mirror();
+  m.add(req("a", prompt(210, 200), 1));
+  const p = m.schedule()!;
+  m.clearCache();
+  m.complete(p);
+  mir.apply(m.drainEvents());
+  assert.equal(m.cachedBlocks(), 0);
+  assert.equal(mir.held.size, 0);
+});

@@ -65,6 +65,10 @@ export function addHealth(server: GrpcServer, src: HealthSource, intervalMs = 25
     encode: encodeHealthResponse,
     handler(call) {
       call.on("data", (service) => {
+        // Fresh at each Check: a gateway's first probe often lands within the
+        // refresh period after start, and Envoy then waits its no-traffic
+        // interval (60 s by default) before asking again.
+        refresh();
         const s = status[service];
         if (!s) return call.fail(Status.NOT_FOUND, `unknown service ${JSON.stringify(service)}`);
         call.write(s);

@@ -252,7 +252,7 @@ export function replicaCluster(cfg: string, ports: number[]): string {
     at +
       "    lb_policy: ROUND_ROBIN\n" +
       "    health_checks:\n" +
-      "    - { timeout: 0.5s, interval: 0.5s, unhealthy_threshold: 1, healthy_threshold: 1, grpc_health_check: { service_name: envoy.service.ext_proc.v3.ExternalProcessor } }\n" +
+      "    - { timeout: 0.5s, interval: 0.5s, no_traffic_interval: 1s, unhealthy_threshold: 1, healthy_threshold: 1, grpc_health_check: { service_name: envoy.service.ext_proc.v3.ExternalProcessor } }\n" +
       "    outlier_detection: { split_external_local_origin_errors: true, consecutive_local_origin_failure: 1, interval: 0.5s, base_ejection_time: 5s, max_ejection_percent: 50 }\n",
   );
 }

@@ -48,6 +48,15 @@ test("an unknown method is UNIMPLEMENTED; health Check answers per service and N
   assert.equal(await check(c, "nope"), "error:NOT_FOUND");
 });
 
+test("health Check answers readiness as it is at the call, not as the last periodic refresh saw it", async () => {
+  const { app, c } = await serve();
+  assert.equal(await check(c, EXT_PROC_SERVICE), 2);
+  // Envoy probes once at start and, until traffic flows, again only after its
+  // no-traffic interval: a stale NOT_SERVING here would keep the router out for it.
+  app.setSynced(true);
+  assert.equal(await check(c, EXT_PROC_SERVICE), 1, "SERVING at once");
+});
+
 test("health Watch streams readiness as it changes; an unknown service is SERVICE_UNKNOWN", async () => {
   const { app, c } = await serve();
   const seen: number[] = [];

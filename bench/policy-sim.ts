@@ -266,6 +266,38 @@ function run(convs: Conv[], concurrency: number, cfg: RouterConfig, admission: O
   return res;
 }
 
+/**
+ * bench:trace's floor in the model: every request alone on an engine that
+ * holds every prompt sent before it (conversation by conversation, or by
+ * arrival), so no queue and no batch; a first request for a new prefix still
+ * computes it. No router can average below it.
+ */
+function floor(convs: Conv[]): Result {
+  const e = new EngineModel({ ...llama8bH100(), numBlocks: 1 << 20 });
+  const res: Result = { ttft: [], hits: 0, prompt: 0, spread: [0, 0, 0, 0], forced: 0 };
+  const reqs = convs.some((c) => c[0].at !== undefined) ? convs.map((c) => c[0]).sort((a, b) => (a.at || 0) - (b.at || 0)) : convs.flat();
+  let n = 0;
+  for (const t of reqs) {
+    const blocks = blockHashes(t.tokens, 16);
+    e.add({ id: `f${n++}`, tokens: t.tokens, hashes: blocks.map((b) => BigInt("0x" + b)), maxTokens: 1 });
+    let ms = 0;
+    for (let guard = 0; guard < 1000; guard++) {
+      const p = e.schedule();
+      if (!p) throw new Error("floor: request did not finish");
+      ms += p.ms;
+      const out = e.complete(p);
+      if (out.length) {
+        res.ttft.push(ms);
+        res.hits += out[0].cachedTokens;
+        res.prompt += out[0].promptTokens;
+        break;
+      }
+    }
+    res.spread[0]++;
+  }
+  return res;
+}
+
 const mean = (xs: number[]) => xs.reduce((a, b) => a + b, 0) / xs.length;
 const pct = (xs: number[], p: number) => xs.slice().sort((a, b) => a - b)[Math.min(xs.length - 1, Math.floor(p * xs.length))];
 
@@ -276,6 +308,7 @@ function main(): void {
   ];
   // --smg adds the smg cache_aware model (smgModel) as a row.
   if (argv.includes("--smg")) variants.push(["smg cache_aware (model)", ["smg"]]);
+  variants.push(["floor (each request alone, its prefix cached)", ["floor"]]);
   for (const e of opt("--variant", "").split(";").filter(Boolean)) {
     const [label, flags] = e.split("|");
     variants.push([label, (flags || "").trim().split(/\s+/).filter(Boolean)]);
@@ -297,7 +330,7 @@ function main(): void {
       const rows: [string, number[], number, number[], number][] = [];
       for (const [label, flags] of variants) {
         const peer = flags[0] === "smg" ? "smg" : null;
-        const opts = parseArgs(["--workers", "127.0.0.1:1", ...(peer ? ["--router-policy", "round-robin"] : flags)], {});
+        const opts = parseArgs(["--workers", "127.0.0.1:1", ...(peer || flags[0] === "floor" ? ["--router-policy", "round-robin"] : flags)], {});
         const cfg = opts.router as RouterConfig;
         const all: number[] = [];
         let hits = 0;
@@ -305,7 +338,7 @@ function main(): void {
         let forced = 0;
         const spread = [0, 0, 0, 0];
         for (let s = 0; s < (c ? seeds : 1); s++) {
-          const r = run(make(1000 + s), c, cfg, opts.admission, s, peer);
+          const r = flags[0] === "floor" ? floor(make(1000 + s)) : run(make(1000 + s), c, cfg, opts.admission, s, peer);
           forced += r.forced;
           all.push(...r.ttft);
           hits += r.hits;

@@ -17,7 +17,7 @@
 // A fresh router process per (policy, workload); engines' caches are cleared
 // (AllBlocksCleared) between runs.
 //
-// Usage: npm run bench:trace -- [--quick] [--no-warmup] [--baseline REV] [--no-peers] [--only a,b] [--workloads trace,shared-prefix,...] [--extra 'label|--flag v;...']
+// Usage: npm run bench:trace -- [--quick] [--no-warmup] [--no-floor] [--baseline REV] [--no-peers] [--only a,b] [--workloads trace,shared-prefix,...] [--extra 'label|--flag v;...']
 //        [--trace-every 60] [--trace-seconds 45] [--trace-max-output 256]
 //        [--time-scale 1] [--out bench/results/trace.md]
 import * as fs from "fs";
@@ -436,6 +436,34 @@ async function clearFleet(sims: Sim[]): Promise<void> {
   await Promise.all(sims.map((s) => fetch(`http://${s.address}/sim/clear`, { method: "POST" })));
 }
 
+/**
+ * The floor no router can average below on this fleet: every request of the
+ * workload sent alone (no queue, no batch), straight to an engine that holds
+ * every prompt sent before it, with max_tokens 1 (a lone request's first
+ * token does not depend on it). Synthetic workloads go to one engine (their
+ * distinct prompts fit its cache many times over); the trace's go to the
+ * engine its conversation (first 2k characters of the prompt) hashes to, so
+ * its reuse stays on one engine without overflowing one cache. In order:
+ * conversation by conversation, or by arrival. A first request for a new
+ * document still computes it: at least one request per new prefix does, under
+ * any router. It includes the HTTP and rendering time every router's
+ * requests pay too, and none of a router's own.
+ */
+async function floor(sims: Sim[], w: Workload): Promise<Result[]> {
+  const reqs = w.timed ? w.timed.map((t) => t.req) : w.convs!.flat();
+  const out: Result[] = [];
+  for (const r of reqs) {
+    const key = JSON.stringify(r.body.prompt ?? r.body.messages).slice(0, 2000);
+    let h = 0;
+    for (let i = 0; i < key.length; i++) h = (Math.imul(h, 31) + key.charCodeAt(i)) >>> 0;
+    const sim = w.timed ? sims[h % sims.length] : sims[0];
+    out.push(await send(`http://${sim.address}`, { path: r.path, body: { ...r.body, max_tokens: 1 } }));
+  }
+  return out;
+}
+
+const FLOOR = "floor: each request alone, direct, its prefix cached (no router can average below it)";
+
 async function main(): Promise<void> {
   const ws = workloads();
   const ts = targets();
@@ -445,7 +473,21 @@ async function main(): Promise<void> {
   const rows: Row[] = [];
   const log = (s: string) => process.stderr.write(s + "\n");
   log(`fleet: ${sims.map((s) => s.address).join(" ")}; workloads: ${ws.map((w) => w.name).join(", ")}`);
+  const floors = new Map<string, Result[]>();
   for (const w of ws) {
+    if (!flag("--no-floor")) {
+      // once per workload: its c=4 and c=16 runs send the same requests
+      const base = w.name.replace(/ c=\d+$/, "");
+      if (!floors.has(base)) {
+        await clearFleet(sims);
+        floors.set(base, await floor(sims, w));
+      }
+      const ok = floors.get(base)!.filter((x) => x.ok);
+      const withUsage = ok.filter((x) => x.cached !== null && x.prompt > 0);
+      const all = floors.get(base)!;
+      rows.push({ workload: w.name, target: FLOOR, n: all.length, errors: all.length - ok.length, ttftMean: mean(ok.map((x) => x.ttft)), ttftP50: pct(ok.map((x) => x.ttft), 50), ttftP90: pct(ok.map((x) => x.ttft), 90), itl: NaN, tokPerS: NaN, reqPerS: NaN, hit: withUsage.length ? withUsage.reduce((a, x) => a + x.cached!, 0) / withUsage.reduce((a, x) => a + x.prompt, 0) : null, spread: "", firstErr: all.find((x) => !x.ok)?.err });
+      log(`${w.name.padEnd(28)} ${"floor".padEnd(40)} ttft mean ${rows[rows.length - 1].ttftMean.toFixed(1)}`);
+    }
     for (const t of ts) {
       const skip = t.unavailable ?? t.cannot?.(w) ?? null;
       if (skip) {
@@ -527,7 +569,9 @@ function report(rows: Row[], ws: Workload[]): string {
   }
   // Who won where: the default against round-robin, the best peer and the baseline (mean TTFT; above 1 = the default was faster).
   const isPeer = (t: string) => t.startsWith("smg ") || t.startsWith("vllm-router ");
-  lines.push("", `| workload | default mean TTFT ms | round-robin | RR / default | best peer (mean ms) | best peer / default |${baseRev ? ` ${baseRev} / default |` : ""}`, `|---|---:|---:|---:|---|---:|${baseRev ? "---:|" : ""}`);
+  // floor / default: how close the default is to what no router can beat; a peer bar of 1.2x
+  // is out of any router's reach where best peer / 1.2 is below the floor.
+  lines.push("", `| workload | default mean TTFT ms | round-robin | RR / default | best peer (mean ms) | best peer / default | floor ms | floor / default | 1.2x the best peer reachable (best peer / 1.2 >= floor) |${baseRev ? ` ${baseRev} / default |` : ""}`, `|---|---:|---:|---:|---|---:|---:|---:|---|${baseRev ? "---:|" : ""}`);
   for (const w of ws) {
     const ok = rows.filter((r) => r.workload === w.name && !r.skipped && Number.isFinite(r.ttftMean));
     const d = ok.find((r) => r.target === DEFAULT);
@@ -536,7 +580,9 @@ function report(rows: Row[], ws: Workload[]): string {
     const peer = ok.filter((r) => isPeer(r.target)).sort((a, b) => a.ttftMean - b.ttftMean)[0];
     const base = ok.find((r) => r.target === BASELINE);
     const x = (r: Row | undefined) => (r ? `${f(r.ttftMean / d.ttftMean, 2)}x` : "–");
-    lines.push(`| ${w.name} | ${f(d.ttftMean)} | ${rr ? f(rr.ttftMean) : "–"} | ${x(rr)} | ${peer ? `${peer.target} (${f(peer.ttftMean)})` : "–"} | ${x(peer)} |${baseRev ? ` ${x(base)} |` : ""}`);
+    const fl = ok.find((r) => r.target === FLOOR);
+    const reach = fl && peer ? (peer.ttftMean / 1.2 >= fl.ttftMean ? "yes" : `no: ${f(peer.ttftMean / 1.2)} < ${f(fl.ttftMean)}`) : "–";
+    lines.push(`| ${w.name} | ${f(d.ttftMean)} | ${rr ? f(rr.ttftMean) : "–"} | ${x(rr)} | ${peer ? `${peer.target} (${f(peer.ttftMean)})` : "–"} | ${x(peer)} | ${fl ? f(fl.ttftMean) : "–"} | ${x(fl)} | ${reach} |${baseRev ? ` ${x(base)} |` : ""}`);
   }
   return lines.join("\n") + "\n";
 }

@@ -281,18 +281,18 @@ function floor(convs: Conv[]): Result {
     const blocks = blockHashes(t.tokens, 16);
     e.add({ id: `f${n++}`, tokens: t.tokens, hashes: blocks.map((b) => BigInt("0x" + b)), maxTokens: 1 });
     let ms = 0;
-    for (let guard = 0; guard < 1000; guard++) {
+    let out: ReturnType<EngineModel["complete"]> = [];
+    // A lone prompt takes one step per max_num_batched_tokens chunk.
+    for (let guard = 0; guard < 1000 && !out.length; guard++) {
       const p = e.schedule();
-      if (!p) throw new Error("floor: request did not finish");
+      if (!p) break;
       ms += p.ms;
-      const out = e.complete(p);
-      if (out.length) {
-        res.ttft.push(ms);
-        res.hits += out[0].cachedTokens;
-        res.prompt += out[0].promptTokens;
-        break;
-      }
+      out = e.complete(p);
     }
+    if (!out.length) throw new Error("floor: a request did not reach its first token");
+    res.ttft.push(ms);
+    res.hits += out[0].cachedTokens;
+    res.prompt += out[0].promptTokens;
     res.spread[0]++;
   }
   return res;

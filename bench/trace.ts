@@ -464,6 +464,27 @@ async function floor(sims: Sim[], w: Workload): Promise<Result[]> {
 
 const FLOOR = "floor: each request alone, direct, its prefix cached (no router can average below it)";
 
+/** A table row from one run's results; wallMs null (the floor: one request at a time) leaves the rates out. */
+function summarize(workload: string, target: string, results: Result[], wallMs: number | null, spread: string): Row {
+  const ok = results.filter((x) => x.ok);
+  const withUsage = ok.filter((x) => x.cached !== null && x.prompt > 0);
+  return {
+    workload,
+    target,
+    n: results.length,
+    errors: results.length - ok.length,
+    ttftMean: mean(ok.map((x) => x.ttft)),
+    ttftP50: pct(ok.map((x) => x.ttft), 50),
+    ttftP90: pct(ok.map((x) => x.ttft), 90),
+    itl: mean(ok.filter((x) => x.itl !== null).map((x) => x.itl!)),
+    tokPerS: wallMs === null ? NaN : ok.reduce((a, x) => a + x.outTokens, 0) / (wallMs / 1000),
+    reqPerS: wallMs === null ? NaN : ok.length / (wallMs / 1000),
+    hit: withUsage.length ? withUsage.reduce((a, x) => a + x.cached!, 0) / withUsage.reduce((a, x) => a + x.prompt, 0) : null,
+    spread,
+    firstErr: results.find((x) => !x.ok)?.err,
+  };
+}
+
 async function main(): Promise<void> {
   const ws = workloads();
   const ts = targets();
@@ -482,10 +503,7 @@ async function main(): Promise<void> {
         await clearFleet(sims);
         floors.set(base, await floor(sims, w));
       }
-      const ok = floors.get(base)!.filter((x) => x.ok);
-      const withUsage = ok.filter((x) => x.cached !== null && x.prompt > 0);
-      const all = floors.get(base)!;
-      rows.push({ workload: w.name, target: FLOOR, n: all.length, errors: all.length - ok.length, ttftMean: mean(ok.map((x) => x.ttft)), ttftP50: pct(ok.map((x) => x.ttft), 50), ttftP90: pct(ok.map((x) => x.ttft), 90), itl: NaN, tokPerS: NaN, reqPerS: NaN, hit: withUsage.length ? withUsage.reduce((a, x) => a + x.cached!, 0) / withUsage.reduce((a, x) => a + x.prompt, 0) : null, spread: "", firstErr: all.find((x) => !x.ok)?.err });
+      rows.push(summarize(w.name, FLOOR, floors.get(base)!, null, ""));
       log(`${w.name.padEnd(28)} ${"floor".padEnd(40)} ttft mean ${rows[rows.length - 1].ttftMean.toFixed(1)}`);
     }
     for (const t of ts) {
@@ -512,23 +530,7 @@ async function main(): Promise<void> {
       const { results, wallMs } = await drive(r.url, w);
       const after = await simCounts(sims);
       await r.stop();
-      const ok = results.filter((x) => x.ok);
-      const withUsage = ok.filter((x) => x.cached !== null && x.prompt > 0);
-      const row: Row = {
-        workload: w.name,
-        target: t.name,
-        n: results.length,
-        errors: results.length - ok.length,
-        ttftMean: mean(ok.map((x) => x.ttft)),
-        ttftP50: pct(ok.map((x) => x.ttft), 50),
-        ttftP90: pct(ok.map((x) => x.ttft), 90),
-        itl: mean(ok.filter((x) => x.itl !== null).map((x) => x.itl!)),
-        tokPerS: ok.reduce((a, x) => a + x.outTokens, 0) / (wallMs / 1000),
-        reqPerS: ok.length / (wallMs / 1000),
-        hit: withUsage.length ? withUsage.reduce((a, x) => a + x.cached!, 0) / withUsage.reduce((a, x) => a + x.prompt, 0) : null,
-        spread: after.map((a, i) => a - before[i]).join("/"),
-        firstErr: results.find((x) => !x.ok)?.err,
-      };
+      const row = summarize(w.name, t.name, results, wallMs, after.map((a, i) => a - before[i]).join("/"));
       rows.push(row);
       save(rows, ws); // a run cut short still leaves every finished row on disk
       log(`${w.name.padEnd(28)} ${t.name.padEnd(40)} ttft mean ${row.ttftMean.toFixed(1)} p50 ${row.ttftP50.toFixed(1)} p90 ${row.ttftP90.toFixed(1)} itl ${row.itl.toFixed(2)} hit ${row.hit === null ? "n/a" : (row.hit * 100).toFixed(1) + "%"} spread ${row.spread} err ${row.errors}${row.firstErr ? " (" + row.firstErr.slice(0, 120) + ")" : ""}`);

@@ -4,6 +4,7 @@
 // between them. Pure and ES5-safe: njs bundles this file.
 import { defaultConfig, DEFAULT_OVERLAP_WEIGHT, RouterConfig } from "./router";
 import { DEFAULT_MAX_SESSION_ID_BYTES } from "./limits";
+import { extraPathsProblem } from "./paths";
 
 export type FlagKind = "string" | "int" | "number" | "enum" | "bool" | "weights";
 /** weights: name=w,... parsed to an object of non-negative numbers. */
@@ -68,6 +69,7 @@ export const FLAGS: FlagSpec[] = [
   { name: "max-images", kind: "int", def: 512, min: 0, commands: ["router"], nginx: "infera_max_images", help: "requests with more images/audio parts get a 400" },
   { name: "max-json-depth", kind: "int", def: 64, min: 4, max: 100000, commands: ["router"], nginx: "infera_max_json_depth", help: "request bodies nested deeper get a 400" },
   { name: "max-body-bytes", kind: "int", def: 8388608, min: 1, commands: ["router"], nginx: "infera_max_body_bytes", help: "request bodies above this get a 413" },
+  { name: "extra-paths", kind: "string", def: "", commands: ["router"], nginx: "infera_extra_paths", metavar: "LIST", check: (v) => extraPathsProblem(String(v)), help: "more paths forwarded to workers, routed by load: [METHOD ]/path[*],... (built in: POST /v1/chat/completions, /v1/completions, /v1/messages, /v1/embeddings and GET /v1/models; any other path gets a 404 and never reaches a worker)" },
   { name: "kv-event-transport", kind: "enum", def: "zmq", choices: ["zmq", "nats"], commands: RB, help: "how KV events arrive" },
   { name: "kv-tier-weights", kind: "string", def: "gpu=1,cpu=0.75,disk=0.25", commands: ["router"], metavar: "LIST", help: "share of a GPU hit a block on a lower storage tier earns (external=0 unless given); nginx: $infera_kv_tier_weights" },
   { name: "kv-event-silence-s", kind: "number", def: 30, min: 0, commands: ["router"], help: "flag a worker whose events endpoint sent nothing for this long while it got picks (0 = off)" },

@@ -23,7 +23,8 @@ import {
 import { HeaderValueOption_HeaderAppendAction, HeaderValueOptionSchema, HeaderValueSchema, HeaderMap } from "./gen/envoy/config/core/v3/base_pb";
 import { HttpStatusSchema, StatusCode } from "./gen/envoy/type/v3/http_status_pb";
 import { ProcessingMode_BodySendMode } from "./gen/envoy/extensions/filters/http/ext_proc/v3/processing_mode_pb";
-import { endpointOf } from "../core/request";
+import { Endpoint } from "../core/request";
+import { checkPath } from "../core/paths";
 import { DP_RANK_HEADER as DP_HEADER, dpBodyFields, prefillRankHeader, withBodyFields } from "../core/dprank";
 import { asHttpError, httpError } from "../core/util";
 import { Guard, Pick, Reservation, Worker } from "../core/router";
@@ -169,6 +170,8 @@ function handleStream(app: App, call: Call<ProcessingRequest, ProcessingResponse
   let respBodyMode: ProcessingMode_BodySendMode | null = null;
   let subset: string[] | null = null;
   let strip: string[] = [];
+  // What the allowlist (core/paths.ts) made of the path: routed by prompt cache, or by load (null).
+  let endpoint: Endpoint | null = null;
   // The stream ended (client gone, reset) while its pick was being computed.
   let ended = false;
   // The pick waiting for prefill admission, if any.
@@ -227,15 +230,15 @@ function handleStream(app: App, call: Call<ProcessingRequest, ProcessingResponse
   let newBody: Buffer | null = null;
   const decide = async (body: Buffer, phase: Phase, strip: string[]): Promise<ProcessingResponse> => {
     decided = true;
-    const ep = endpointOf(headers[":path"] || "/");
+    const ep = endpoint;
     const allow = subset ? ((set: Record<string, true>) => (w: Worker) => set[w.address] === true)(Object.fromEntries(subset.map((a) => [a, true as const]))) : undefined;
     let pick: Pick;
     try {
       if (subset && !subset.length) throw httpError(503, "the gateway's endpoint subset is empty", "service_unavailable");
-      if (ep && (headers[":method"] || "POST") === "POST") {
+      if (ep) {
         pick = await app.routeAsync(ep, body, headers[app.opts.sessionHeader] || null, allow);
       } else {
-        // Not an LLM call (e.g. GET /v1/models): any worker can answer; route by load alone.
+        // An allowed path that is not a prompt (GET /v1/models, embeddings, --extra-paths): any worker can answer; route by load alone.
         pick = app.router.pick({ blocks: [], inputTokens: 0, exact: false, mediaHashes: [], n: 1 }, null, allow);
       }
     } catch (e) {
@@ -353,6 +356,15 @@ function handleStream(app: App, call: Call<ProcessingRequest, ProcessingResponse
           // again once the pick's metadata exists, even when no body phase follows.
           strip = [...new Set([app.opts.upstreamHeader, app.opts.prefillHeader, prefillRankHeader(app.opts.prefillHeader), DEST_KEY, LLMD_PREFILL_HEADER, ...Object.keys(headers).filter((h) => isRoutingHeader(h, app.opts) || h.startsWith("x-prefiller-"))])];
           for (const h of strip) delete headers[h];
+          // Only allowed paths reach a worker; the rest are answered here, before any body is read.
+          const verdict = checkPath(app.opts.pathRules, headers[":method"] || "GET", headers[":path"] || "/");
+          if (verdict.error) {
+            decided = true;
+            app.metrics.badRequests.inc({ status: String(verdict.error.status) });
+            answer(immediate(verdict.error.status, verdict.error.message, verdict.error.type, headers[":path"] || ""));
+            break;
+          }
+          endpoint = verdict.endpoint;
           // No body coming (GET, or an empty POST): decide now.
           if (r.value.endOfStream) answer(decide(Buffer.alloc(0), "requestHeaders", strip));
           else if (fullDuplex) break; // answered once the body is complete

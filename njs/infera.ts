@@ -4,7 +4,8 @@
 import { createRouter, Guard, Router, RouterConfig, Worker } from "../core/router";
 import { Store } from "../core/store";
 import { MAX_PUSH_SEQ_AHEAD_US, acceptPushSeq, countDecision, countHitBlocks, decisionCounts, guardKey, hitBlockCounts, keyedState, nextRequestId, saveGuard, storeModelTable } from "../core/state/keyed";
-import { computeFeatures, endpointOf, parseRequest, Tokenizer } from "../core/request";
+import { computeFeatures, parseRequest, Tokenizer } from "../core/request";
+import { checkPath, pathRules, PathRule } from "../core/paths";
 import { applyBatch, clearAllTiers, defaultTierWeights, KvEvent, parseTierWeights, requestRoot } from "../core/kvevents";
 import { compactTokenizer } from "../core/bpe";
 import { asHttpError, promLabel, sameSecret } from "../core/util";
@@ -132,14 +133,28 @@ function reqId(r: NjsRequest): string {
   return r.variables.infera_rid || "";
 }
 
+// The rules for the last $infera_extra_paths seen (a VM serves one config; its value rarely changes).
+let rulesSpec: string | null = null;
+let rules: PathRule[] = [];
+function rulesFor(spec: string): PathRule[] {
+  if (spec !== rulesSpec) {
+    rules = pathRules(spec);
+    rulesSpec = spec;
+  }
+  return rules;
+}
+
 /** js_content for /v1/...: pick, remember the guards, hand over to the proxy location. */
 function route(r: NjsRequest): void {
   const c = ctx(r);
   if (!c) return;
-  const ep = endpointOf(r.uri);
+  // Only allowed paths reach a worker (core/paths.ts); r.uri is nginx's normalised path.
+  const verdict = checkPath(rulesFor(nginxFlag("extra-paths", getVar(r)) as string), r.method, r.uri);
+  if (verdict.error) return fail(r, verdict.error.status, verdict.error.message, verdict.error.type);
+  const ep = verdict.endpoint;
   let pick;
   try {
-    if (ep && r.method === "POST") {
+    if (ep) {
       const body = r.requestText || "";
       const bytes = r.requestBuffer ? r.requestBuffer.length : body.length;
       const maxBody = nginxFlag("max-body-bytes", getVar(r)) as number;
@@ -177,7 +192,7 @@ function route(r: NjsRequest): void {
   // The prefill target's rank, when the prefill engine has DP ranks (beside X-Infera-Prefill).
   r.variables.infera_prefill_dp_rank = pick.prefill && pick.prefill.dpRank !== undefined ? String(pick.prefill.dpRank) : "";
   // SGLang reads the ranks from the body: the proxy location that sends $infera_body instead.
-  const fields = ep && r.method === "POST" ? dpBodyFields(ep, pick.target, pick.prefill) : null;
+  const fields = ep ? dpBodyFields(ep, pick.target, pick.prefill) : null;
   const rewritten = fields ? withBodyFields(r.requestText || "", fields) : null;
   if (rewritten !== null) {
     r.variables.infera_body = rewritten;

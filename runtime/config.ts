@@ -4,6 +4,7 @@ import * as fs from "fs";
 import { defaultConfig, RouterConfig, Role, WorkerSpec } from "../core/router";
 import { flagsFor, FlagValue } from "../core/flags";
 import { DEFAULT_MAX_SESSION_ID_BYTES } from "../core/limits";
+import { PathRule, pathRules } from "../core/paths";
 import { defaultTierWeights, parseTierWeights } from "../core/kvevents";
 import { expandDp, offsetPort } from "../core/fleet";
 import { configureTransportSecurity } from "./transport-security";
@@ -30,6 +31,8 @@ export interface Options {
   /** Prefill admission (core/admission.ts): slots per worker (0 = off), the warm bound, the wait bound. */
   admission: { slots: number; warmTokens: number; maxWaitMs: number };
   maxBodyBytes: number;
+  /** Paths that reach a worker (core/paths.ts): the built-in inference endpoints and --extra-paths. */
+  pathRules: PathRule[];
   maxSessionIdBytes: number;
   maxMessages: number;
   maxImages: number;
@@ -198,6 +201,7 @@ export function optionsFrom(values: Record<string, FlagValue>, cmd: "router" | "
       maxWaitMs: (v("prefill-admission-max-wait-ms") as number) ?? 3000,
     },
     maxBodyBytes: (v("max-body-bytes") as number) ?? 8 * 1024 * 1024,
+    pathRules: pathRules(v("extra-paths") as string),
     maxSessionIdBytes: (v("max-session-id-bytes") as number) ?? DEFAULT_MAX_SESSION_ID_BYTES,
     maxMessages: (v("max-messages") as number) ?? 4096,
     maxImages: (v("max-images") as number) ?? 512,

@@ -43,7 +43,7 @@ before(async () => {
   if (skip) return;
   secret = await recorder("secret");
   workers = [await recorder("w0"), await recorder("w1")];
-  router = await startRouter(["--workers", workers.map((w) => w.address).join(","), "--health-interval-ms", "0"]);
+  router = await startRouter(["--workers", workers.map((w) => w.address).join(","), "--health-interval-ms", "0", "--extra-paths", EXTRA_PATHS]);
   envoy = await startEnvoy(router.grpcPort);
 });
 
@@ -57,6 +57,70 @@ const forged = () => [
   ["x-gateway-destination-endpoint", secret.address],
   ["x-infera-prefill", secret.address],
 ] as [string, string][];
+/** What an operator adds to the allowlist in these tests (the router's flag and nginx's variable). */
+const EXTRA_PATHS = "POST /v1/score,GET /v1/models/*";
+
+/** One HTTP/1.1 request with the path sent byte for byte (fetch would resolve dot segments first). */
+function rawRequest(port: number, method: string, path: string, body?: string): Promise<{ status: number; body: string; headers: http.IncomingHttpHeaders }> {
+  return new Promise((resolve, reject) => {
+    const req = http.request({ host: "127.0.0.1", port, method, path, headers: body ? { "content-type": "application/json" } : {} }, (res) => {
+      let text = "";
+      res.setEncoding("utf8");
+      res.on("data", (d) => (text += d));
+      res.on("end", () => resolve({ status: res.statusCode ?? 0, body: text, headers: res.headers }));
+    });
+    req.setTimeout(10000, () => req.destroy(new Error(`${method} ${path}: no answer in 10 s`)));
+    req.on("error", reject);
+    req.end(body);
+  });
+}
+
+/** Engine admin and other non-inference paths a client must never reach through a gateway, with the answer expected. */
+const CLOSED: [string, string, number][] = [
+  ["POST", "/sim/clear", 404],
+  ["POST", "/reset_prefix_cache", 404],
+  ["POST", "/sleep?level=1", 404],
+  ["POST", "/v1/load_lora_adapter", 404],
+  ["POST", "/flush_cache", 404],
+  ["GET", "/metrics", 404],
+  ["GET", "/health", 404],
+  ["POST", "/v1/chat/completions/../../sim/clear", 404],
+  ["POST", "/v1/chat/completions/%2e%2e/%2e%2e/sim/clear", 404],
+  ["POST", "/x/v1/chat/completions", 404],
+  ["POST", "/v1/messages/batches", 404],
+  ["GET", "/v1/chat/completions", 405],
+  ["DELETE", "/v1/models", 405],
+];
+
+/** Every closed path gets its status in the API's error shape, and no worker sees any of them. */
+async function assertClosed(port: number, label: string, own: string[] = []): Promise<void> {
+  const before = workerHits();
+  for (const [method, path, status] of CLOSED) {
+    if (own.includes(path)) continue;
+    const r = await rawRequest(port, method, path, method === "POST" ? chatBody : undefined);
+    assert.equal(r.status, status, `${label} ${method} ${path}: ${r.status} ${r.body}`);
+    assert.match(String(r.headers["content-type"]), /application\/json/, `${label} ${method} ${path}`);
+    const j = JSON.parse(r.body) as { type?: string; error: { type: string; message: string } };
+    if (path.startsWith("/v1/messages")) assert.equal(j.type, "error", `${label} ${path}: Anthropic's shape`);
+    assert.ok(j.error && typeof j.error.message === "string", `${label} ${method} ${path}: ${r.body}`);
+  }
+  assert.equal(workerHits(), before, `${label}: a worker saw ${JSON.stringify(workers.flatMap((w) => w.hits.slice(-3).map((h) => h.path)))}`);
+  assert.equal(secret.hits.length, 0);
+  // The allowed paths, built in and added with --extra-paths / $infera_extra_paths, still reach a worker.
+  for (const [method, path] of [["POST", "/v1/chat/completions"], ["POST", "/v1/chat/completions?x=1"], ["GET", "/v1/models"], ["POST", "/v1/score"], ["GET", "/v1/models/m"]]) {
+    const n = workerHits();
+    const r = await rawRequest(port, method, path, method === "POST" ? chatBody : undefined);
+    assert.equal(r.status, 200, `${label} ${method} ${path}: ${r.body}`);
+    assert.equal(workerHits(), n + 1, `${label} ${method} ${path} reached a worker`);
+    const seen = workers.flatMap((w) => w.hits).map((h) => h.path);
+    assert.ok(seen.includes(path), `${label}: the worker got ${path} as checked`);
+  }
+}
+
+test("Envoy: only inference paths reach a worker; engine admin paths, encodings and other methods get a JSON 404/405", { skip }, async () => {
+  await assertClosed(envoy.port, "envoy");
+});
+
 const chatBody = JSON.stringify({ model: "m", max_tokens: 1, messages: [{ role: "user", content: "hello there" }] });
 const workerHits = () => workers.reduce((n, w) => n + w.hits.length, 0);
 
@@ -155,6 +219,13 @@ test("nginx: client-sent x-infera-* headers never reach a worker", { skip: skip 
   assertClean(seen);
   assert.notEqual(seen["x-infera-worker"], "evil");
   assert.equal(secret.hits.length, 0);
+});
+
+test("nginx: only inference paths reach a worker; engine admin paths, encodings and other methods get a JSON 404/405", { skip: skip || (n8 ? false : "njs >= 0.8 not set up (bash scripts/njs08.sh)") }, async () => {
+  const ng = await startNginx(n8!, { extra_paths: `"${EXTRA_PATHS}"` });
+  await bridgeFleet(ng.url);
+  // nginx answers /metrics itself (its own router's, loopback only): never a worker's.
+  await assertClosed(ng.port, "nginx", ["/metrics"]);
 });
 
 test("nginx push: a pseq far in the future is refused (no lock-out), worker ids cannot inject /metrics lines", { skip: n8 ? false : "njs >= 0.8 not set up (bash scripts/njs08.sh)" }, async () => {

@@ -56,6 +56,9 @@ const forged = () => [
   ["x-infera-upstream", secret.address],
   ["x-gateway-destination-endpoint", secret.address],
   ["x-infera-prefill", secret.address],
+  // llm-d's P/D sidecar headers: a worker's sidecar would fetch the prefill from there.
+  ["x-prefiller-host-port", secret.address],
+  ["x-prefiller-url", `http://${secret.address}`],
 ] as [string, string][];
 /** What an operator adds to the allowlist in these tests (the router's flag and nginx's variable). */
 const EXTRA_PATHS = "POST /v1/score,GET /v1/models/*";

@@ -2,7 +2,8 @@
 // --config files, the njs config reader (nginx variables) and the README flag
 // table are all generated from these declarations, so a flag cannot drift
 // between them. Pure and ES5-safe: njs bundles this file.
-import { defaultConfig, DEFAULT_OVERLAP_WEIGHT, RouterConfig } from "./router";
+import { defaultConfig, DEFAULT_OVERLAP_WEIGHT, RouterConfig, unknownScorers } from "./router";
+import { policyNames, scorerNames } from "./scheduling/framework";
 import { DEFAULT_MAX_SESSION_ID_BYTES } from "./limits";
 import { extraPathsProblem } from "./paths";
 
@@ -43,7 +44,7 @@ export const FLAGS: FlagSpec[] = [
   { name: "log-format", kind: "enum", def: "json", choices: ["json", "text"], commands: ALL, help: "json: one JSON object per line; text: for humans" },
 
   { name: "workers", kind: "string", def: null, commands: RB, metavar: "LIST", help: "static fleet: [role=]host:port[/dp=N[/tagged]][/sglang][@kv-endpoint[+replay-endpoint]],... (role prefill|decode|mixed; /dp=N: N data-parallel rank targets; /sglang: ranks also go in the body)" },
-  { name: "router-policy", kind: "enum", def: "kv-aware", choices: ["kv-aware", "round-robin", "random"], commands: ["router"], nginx: "infera_policy", routerKey: "policy", help: "worker selection policy" },
+  { name: "router-policy", kind: "enum", def: "kv-aware", choices: policyNames(), commands: ["router"], nginx: "infera_policy", routerKey: "policy", help: "worker selection policy" },
   { name: "block-size", kind: "int", def: 16, min: 1, max: 4096, commands: ["router", "register", "sim"], nginx: "infera_block_size", routerKey: "blockSize", help: "KV block size in tokens, must match the fleet" },
   { name: "kv-overlap-weight", kind: "number", def: DEFAULT_OVERLAP_WEIGHT, min: 0, commands: ["router"], nginx: "infera_kv_overlap_weight", routerKey: "overlapWeight", help: "weight of uncached blocks in the cost" },
   { name: "kv-prefill-overlap-weight", kind: "number", def: null, min: 0, commands: ["router"], nginx: "infera_kv_prefill_overlap_weight", routerKey: "prefillOverlapWeight", help: "PD: weight for the prefill pick (unset: --kv-overlap-weight)" },
@@ -63,7 +64,7 @@ export const FLAGS: FlagSpec[] = [
   { name: "session-header", kind: "string", def: "x-session-id", commands: ["router"], nginx: "infera_session_header", metavar: "H", help: "header carrying the session id (body field: session_id)" },
   { name: "pd-prefill-guard-release", kind: "enum", def: "first-token", choices: ["first-token", "completion"], commands: ["router"], nginx: "infera_pd_prefill_guard_release", routerKey: "pdPrefillGuardRelease", help: "when a PD pick releases its prefill load" },
   { name: "mm-lru-size", kind: "int", def: 256, min: 0, commands: ["router"], nginx: "infera_mm_lru_size", routerKey: "mmLruSize", help: "images remembered per worker for affinity" },
-  { name: "scorer-weights", kind: "weights", def: null, commands: ["router"], nginx: "infera_scorer_weights", routerKey: "scorerWeights", metavar: "LIST", help: "override scorer weights: name=w,... (prefix-overlap, active-blocks, queued-prefill, queued-shared, image-affinity)" },
+  { name: "scorer-weights", kind: "weights", def: null, commands: ["router"], nginx: "infera_scorer_weights", routerKey: "scorerWeights", metavar: "LIST", check: (v) => unknownScorers(v as { [name: string]: number }), help: "override scorer weights: name=w,... (" + scorerNames().join(", ") + ")" },
   { name: "max-session-id-bytes", kind: "int", def: DEFAULT_MAX_SESSION_ID_BYTES, min: 1, commands: ["router"], nginx: "infera_max_session_id_bytes", help: "longer session ids (header or body) get a 400" },
   { name: "max-messages", kind: "int", def: 4096, min: 1, commands: ["router"], nginx: "infera_max_messages", help: "chat requests with more messages get a 400" },
   { name: "max-images", kind: "int", def: 512, min: 0, commands: ["router"], nginx: "infera_max_images", help: "requests with more images/audio parts get a 400" },

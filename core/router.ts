@@ -2,9 +2,9 @@
 // router state (core/state) and keeps load accounting honest through
 // reservations. Adapters (ext_proc, njs) talk to this interface only.
 import { RouterState } from "./state/types";
-import { decideDemand, DemandDecision } from "./scheduling/plugins/picker/decode-demand";
-import { lifecyclePlugins, PickContext, picker, PickResult, ProfileName, Row, runProfile } from "./scheduling/framework";
-import { boundRow } from "./scheduling/plugins/picker/session";
+import { decideDemand, DemandDecision } from "./scheduling/decode-demand";
+import { lifecyclePlugins, PickContext, picker, PickResult, policyNames, ProfileName, Row, runProfile, scorerNames } from "./scheduling/framework";
+import { boundRow } from "./scheduling/session";
 import { isUsable } from "./scheduling/plugins/filter/usable";
 import { sameWorker } from "./fleet";
 import "./scheduling/plugins";
@@ -16,7 +16,7 @@ import { Reservation, reservations } from "./reservation";
 export type { Reservation } from "./reservation";
 
 export type { Candidate, DemandMode, Features, Guard, Policy, Role, RouterConfig, Worker, WorkerSpec } from "./types";
-export type { DemandDecision } from "./scheduling/plugins/picker/decode-demand";
+export type { DemandDecision } from "./scheduling/decode-demand";
 
 /**
  * Uncached blocks cost 8x an in-flight block by default (another request's
@@ -47,8 +47,19 @@ export function defaultConfig(): RouterConfig {
   };
 }
 
+/** Names in a --scorer-weights value that no registered scorer has, as the problem naming the valid ones; null if none. */
+export function unknownScorers(weights: { [name: string]: number } | null): string | null {
+  const known = scorerNames();
+  const bad: string[] = [];
+  for (const k in weights || {}) if (known.indexOf(k) < 0) bad.push(k);
+  return bad.length ? "unknown scorer " + bad.join(", ") + " (known: " + known.join(", ") + ")" : null;
+}
+
 /** Throws with a message naming the flag when the combination cannot work. */
 export function validateConfig(c: RouterConfig): void {
+  if (policyNames().indexOf(c.policy) < 0) throw new Error("--router-policy: unknown policy " + c.policy + " (known: " + policyNames().join(", ") + ")");
+  const unknown = unknownScorers(c.scorerWeights);
+  if (unknown) throw new Error("--scorer-weights: " + unknown);
   if (!(c.blockSize >= 1 && c.blockSize % 1 === 0)) throw new Error("--block-size must be a positive integer");
   if (!(c.overlapWeight >= 0)) throw new Error("--kv-overlap-weight must be >= 0");
   if (c.decodeInputDemand !== "off" && c.policy !== "kv-aware")
@@ -242,7 +253,7 @@ export function createRouter(state: RouterState, cfg: RouterConfig, hooks?: Rout
       decodeCandidates: decodeRows ? candidates(decodeRows) : null,
       mmImages: f.mediaHashes.length,
       mmAffinityHits: mmHits,
-      uncachedTokens: cfg.policy === "kv-aware" && !media ? Math.max(0, f.inputTokens - prefillRows[prefillIndex].hits * cfg.blockSize) : f.inputTokens,
+      uncachedTokens: cfg.policy === "kv-aware" && !media ? Math.max(0, f.inputTokens - prefillRows[prefillIndex].data.hits * cfg.blockSize) : f.inputTokens,
     };
   }
 

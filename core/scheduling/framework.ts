@@ -4,7 +4,8 @@
 // a candidate's cost is the weighted sum of the terms, and the picker chooses.
 // Plugins are plain objects registered by name (njs has no classes).
 import { RouterState } from "../state/types";
-import { EpochKey, Features, Guard, RouterConfig, SessionBinding, Worker } from "../types";
+import { produce } from "./data";
+import { Features, Guard, RouterConfig, SessionBinding, Worker } from "../types";
 
 export type ProfileName = "prefill" | "decode";
 
@@ -28,12 +29,38 @@ export interface PickContext {
   cycle: { [key: string]: unknown };
 }
 
-/** A candidate while it is scored. Scorers may fill hits/active for logs and metrics. */
+/**
+ * What the data stage (data.ts) found for one candidate, once per profile run
+ * and before any scorer: every plugin after it reads these, none writes them,
+ * so a scorer's weight (even 0) never changes what admission, shedding, the
+ * load reservation or a tie-break sees.
+ */
+export interface CandidateData {
+  /** Leading request blocks the worker holds: cached (tier-weighted) or in flight there, whichever is longer. 0 for image prefills. */
+  hits: number;
+  /** Leading request blocks in flight on the worker (prefill side with an overlap weight; else 0). */
+  inflight: number;
+  /** Of those, blocks still queued for prefill there. */
+  queuedShared: number;
+  /** The request's images the worker has seen (kv-aware image prefills). */
+  imageHits: number;
+  /** Distinct prompt blocks in flight on the worker. */
+  active: number;
+  /** Uncached blocks of requests routed there that have no first token yet. */
+  pending: number;
+  /** Requests holding load on the worker. */
+  held: number;
+}
+
+/** A candidate while it is scored. */
 export interface Row {
   worker: Worker;
   cost: number;
+  /** What logs, metrics and the admission gate call the worker's hits: image hits for image prefills, else data.hits. */
   hits: number;
+  /** data.active. */
   active: number;
+  data: CandidateData;
   /** Each scorer's raw term, by scorer name (before weighting). */
   terms: { [scorer: string]: number };
 }
@@ -50,8 +77,8 @@ export interface Scorer {
   profiles: ProfileName[];
   /** The term's weight for this pick; 0 skips the scorer entirely. */
   weight(ctx: PickContext): number;
-  /** One term per row, lower is better. */
-  score(ctx: PickContext, rows: Row[], weight: number): number[];
+  /** One term per row, lower is better; reads the rows' data, writes nothing. */
+  score(ctx: PickContext, rows: Row[]): number[];
 }
 
 export interface Picker {
@@ -125,7 +152,22 @@ export function scorers(): Scorer[] {
   return registry.scorers;
 }
 
-/** Filters, then every scorer of the profile with a non-zero weight; returns the scored rows. */
+/** Policy names (--router-policy), from the registered pickers. */
+export function policyNames(): string[] {
+  return Object.keys(registry.pickers);
+}
+
+/** Scorer names (--scorer-weights), from the registry. */
+export function scorerNames(): string[] {
+  const out: string[] = [];
+  for (let i = 0; i < registry.scorers.length; i++) out.push(registry.scorers[i].name);
+  return out;
+}
+
+/**
+ * Filters, then the data stage, then (kv-aware only: the other policies ignore
+ * cost) every scorer of the profile with a non-zero weight; returns the scored rows.
+ */
 export function runProfile(ctx: PickContext): Row[] {
   ctx.cycle = {};
   let pool = ctx.fleet;
@@ -133,9 +175,8 @@ export function runProfile(ctx: PickContext): Row[] {
     const f = registry.filters[i];
     if (f.profiles.indexOf(ctx.profile) >= 0) pool = f.filter(ctx, pool);
   }
-  const rows: Row[] = [];
-  for (let i = 0; i < pool.length; i++) rows.push({ worker: pool[i], cost: 0, hits: 0, active: 0, terms: {} });
-  if (!rows.length) return rows;
+  const rows = produce(ctx, pool);
+  if (!rows.length || ctx.config.policy !== "kv-aware") return rows;
   for (let i = 0; i < registry.scorers.length; i++) {
     const s = registry.scorers[i];
     if (s.profiles.indexOf(ctx.profile) < 0) continue;
@@ -144,7 +185,7 @@ export function runProfile(ctx: PickContext): Row[] {
     const o = ctx.config.scorerWeights ? ctx.config.scorerWeights[s.name] : undefined;
     if (o !== undefined) w = o;
     if (!(w > 0)) continue;
-    const terms = s.score(ctx, rows, w);
+    const terms = s.score(ctx, rows);
     for (let j = 0; j < rows.length; j++) {
       rows[j].terms[s.name] = terms[j];
       rows[j].cost += w * terms[j];
@@ -153,39 +194,20 @@ export function runProfile(ctx: PickContext): Row[] {
   return rows;
 }
 
-/**
- * Leading request blocks in flight on each row's worker, computed once per
- * profile run. Prefill side only: a decode worker's cache is what was
- * transferred to it and reported, and decode load stays whole. With overlap
- * weight 0 (pure load balance) nothing is shared either.
- */
-export function inflightPrefix(ctx: PickContext, rows: Row[]): { [epochKey: string]: number } {
-  const memo = ctx.cycle.inflight as { [epochKey: string]: number } | undefined;
-  if (memo) return memo;
-  const eks: EpochKey[] = [];
-  for (let i = 0; i < rows.length; i++) eks.push(rows[i].worker.epochKey);
-  const out = ctx.features.blocks.length && ctx.profile === "prefill" && overlapWeight(ctx) > 0 ? ctx.state.load.activePrefix(ctx.features.blocks, eks) : {};
-  ctx.cycle.inflight = out;
-  return out;
-}
-
-/**
- * For each row's worker, how many of the request's in-flight leading blocks
- * (inflightPrefix) are still queued for prefill there, computed once per
- * profile run for queued-prefill and queued-shared.
- */
-export function queuedSharedBlocks(ctx: PickContext, rows: Row[]): { [epochKey: string]: number } {
-  const memo = ctx.cycle.queuedShared as { [epochKey: string]: number } | undefined;
-  if (memo) return memo;
-  const out = ctx.features.blocks.length ? ctx.state.load.queuedShared(ctx.features.blocks, inflightPrefix(ctx, rows)) : {};
-  ctx.cycle.queuedShared = out;
-  return out;
-}
-
 /** The overlap weight of a profile: per-role weights apply under PD only. */
 export function overlapWeight(ctx: PickContext): number {
   const c = ctx.config;
   if (ctx.pd && ctx.profile === "prefill" && c.prefillOverlapWeight !== null) return c.prefillOverlapWeight;
   if (ctx.pd && ctx.profile === "decode" && c.decodeOverlapWeight !== null) return c.decodeOverlapWeight;
   return c.overlapWeight;
+}
+
+/** Image requests on the prefill side route by image affinity (kv-aware): their text blocks say nothing of the images. */
+export function usesImageAffinity(ctx: PickContext): boolean {
+  return ctx.profile === "prefill" && ctx.features.mediaHashes.length > 0 && ctx.config.policy === "kv-aware";
+}
+
+/** The request's n (choices); invalid n counts as 1. */
+export function demandN(f: Features): number {
+  return typeof f.n === "number" && f.n >= 1 && f.n % 1 === 0 ? f.n : 1;
 }

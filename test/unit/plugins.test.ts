@@ -5,7 +5,10 @@ import { test } from "node:test";
 import * as assert from "node:assert/strict";
 import { memoryState } from "../../core/state/memory";
 import { defaultConfig } from "../../core/router";
-import { PickContext, Row, runProfile, ProfileName } from "../../core/scheduling/framework";
+import { PickContext, Row, runProfile, ProfileName, policyNames, scorerNames } from "../../core/scheduling/framework";
+import { createRouter } from "../../core/router";
+import { parseCommand } from "../../cli/args";
+import { produce } from "../../core/scheduling/data";
 import { usableFilter } from "../../core/scheduling/plugins/filter/usable";
 import { rolePoolFilter } from "../../core/scheduling/plugins/filter/role-pool";
 import { prefixOverlapScorer } from "../../core/scheduling/plugins/scorer/prefix-overlap";
@@ -16,7 +19,7 @@ import { queuedSharedScorer } from "../../core/scheduling/plugins/scorer/queued-
 import { lowestCostPicker } from "../../core/scheduling/plugins/picker/lowest-cost";
 import { roundRobinPicker } from "../../core/scheduling/plugins/picker/round-robin";
 import { randomPicker } from "../../core/scheduling/plugins/picker/random";
-import { decideDemand } from "../../core/scheduling/plugins/picker/decode-demand";
+import { decideDemand } from "../../core/scheduling/decode-demand";
 import { BlockHash, Features, Role, RouterConfig, Worker } from "../../core/types";
 import "../../core/scheduling/plugins";
 
@@ -39,7 +42,8 @@ function setup(roles: Role[], opts: { config?: Partial<RouterConfig>; features?:
     random: () => 0.5,
     cycle: {},
   };
-  const rows = (): Row[] => fleet.map((worker) => ({ worker, cost: 0, hits: 0, active: 0, terms: {} }));
+  // Rows as the data stage produces them for the whole fleet (the filters have their own cases).
+  const rows = (): Row[] => produce(ctx, fleet);
   return { state, fleet, ctx, rows };
 }
 
@@ -81,7 +85,7 @@ test("scorer prefix-overlap: request blocks minus the longest cached prefix; wei
     const s = setup(["mixed", "mixed"]);
     c.cached.forEach((n, i) => B(n).forEach((h) => s.state.mirror.store(s.fleet[i].epochKey, "e" + h, h)));
     const rows = s.rows();
-    assert.deepEqual(prefixOverlapScorer.score(s.ctx, rows, 1), c.want);
+    assert.deepEqual(prefixOverlapScorer.score(s.ctx, rows), c.want);
     assert.deepEqual(rows.map((r) => r.hits), c.cached);
   }
   const weights: { config: Partial<RouterConfig>; profile: ProfileName; pd: boolean; media?: boolean; want: number }[] = [
@@ -109,7 +113,7 @@ test("scorer image-affinity: (images - hits) x max(1, blocks/images), prefill on
     const s = setup(["mixed", "mixed"], { features: { blocks: B(c.blocks), mediaHashes: ["i0", "i1"] } });
     c.seen.forEach((h, i) => s.state.images.touch(s.fleet[i].epochKey, h, 8));
     assert.equal(imageAffinityScorer.weight(s.ctx), 1);
-    assert.deepEqual(imageAffinityScorer.score(s.ctx, s.rows(), 1), c.want);
+    assert.deepEqual(imageAffinityScorer.score(s.ctx, s.rows()), c.want);
   }
   assert.equal(imageAffinityScorer.weight(setup(["mixed"], { features: { mediaHashes: [] } }).ctx), 0);
 });
@@ -125,7 +129,7 @@ test("scorer active-blocks: distinct in-flight blocks the request does not share
     s.state.load.hold(s.fleet[0].epochKey, B(5), 0, 0); // request blocks b0..b3 are among these
     s.state.load.hold(s.fleet[2].epochKey, B(1, "z"), 0, 0);
     const rows = s.rows();
-    assert.deepEqual(activeBlocksScorer.score(s.ctx, rows, 1), c.want, c.profile);
+    assert.deepEqual(activeBlocksScorer.score(s.ctx, rows), c.want, c.profile);
     assert.deepEqual(rows.map((r) => r.active), [5, 0, 1]);
   }
 });
@@ -136,16 +140,16 @@ test("scorer queued-prefill: queued blocks at half the overlap weight, the ones 
   // Waiting behind another request's queued block costs half of prefilling one of the request's own.
   assert.equal(queuedPrefillScorer.weight(s.ctx), 2);
   assert.equal(queuedPrefillScorer.weight(setup(["mixed", "mixed"], { config: { overlapWeight: 0 } }).ctx), 0);
-  assert.deepEqual(queuedPrefillScorer.score(s.ctx, s.rows(), 2), [0, 40, 0]);
+  assert.deepEqual(queuedPrefillScorer.score(s.ctx, s.rows()), [0, 40, 0]);
   s.state.load.release(g);
   s.ctx.cycle = {};
-  assert.deepEqual(queuedPrefillScorer.score(s.ctx, s.rows(), 2), [0, 0, 0]);
+  assert.deepEqual(queuedPrefillScorer.score(s.ctx, s.rows()), [0, 0, 0]);
   // w0 is computing the document for an earlier question: its 3 shared blocks count twice, q1 once.
   const doc = ["d0", "d1", "d2", "q1"] as BlockHash[];
   s.state.load.hold(s.fleet[0].epochKey, doc, 0, 0);
   s.state.load.hold(s.fleet[0].epochKey, doc, 0, 0, doc.length);
   s.ctx.cycle = {};
-  assert.deepEqual(queuedPrefillScorer.score(s.ctx, s.rows(), 2), [7, 0, 0]);
+  assert.deepEqual(queuedPrefillScorer.score(s.ctx, s.rows()), [7, 0, 0]);
   // With w1 and w2 idle the burst spreads: w0 costs 4 x 1 (q7) + 2 x 7 + 1 (q1 in flight) = 19, a copy 4 x 4 = 16.
   const rows = runProfile(s.ctx);
   assert.deepEqual(rows.map((r) => r.cost), [19, 16, 16]);
@@ -160,10 +164,10 @@ test("scorer queued-shared: credits queued blocks the request shares, only while
   s.state.load.hold(s.fleet[1].epochKey, B(2, "x"), 0, 0);
   s.state.load.hold(s.fleet[1].epochKey, B(2, "x"), 0, 0, 2);
   assert.equal(queuedSharedScorer.weight(s.ctx), 3);
-  assert.deepEqual(queuedSharedScorer.score(s.ctx, s.rows(), 3), [0, 0, 0], "w2 is idle: a copy there delays nobody");
+  assert.deepEqual(queuedSharedScorer.score(s.ctx, s.rows()), [0, 0, 0], "w2 is idle: a copy there delays nobody");
   s.state.load.hold(s.fleet[2].epochKey, B(1, "y"), 0, 0);
   s.ctx.cycle = {};
-  assert.deepEqual(queuedSharedScorer.score(s.ctx, s.rows(), 3), [-3, 0, 0]);
+  assert.deepEqual(queuedSharedScorer.score(s.ctx, s.rows()), [-3, 0, 0]);
   // In the whole pipeline the credit cancels the wait for the shared part only: w0 pays half a block for q1.
   s.ctx.cycle = {};
   const rows = runProfile(s.ctx);
@@ -215,4 +219,25 @@ test("runProfile: cost is the weighted sum of the scorers' terms (seed's worked 
   s.state.load.hold(s.fleet[1].epochKey, B(1, "m"), 0, 0);
   const rows = runProfile(s.ctx);
   assert.deepEqual(rows.map((r) => [r.cost, r.terms["prefix-overlap"], r.terms["active-blocks"]]), [[8, 2, 6], [11, 10, 1]]);
+});
+
+test("policies and scorers come from the registry: unknown names fail at start, naming the valid ones", () => {
+  assert.deepEqual(policyNames().sort(), ["kv-aware", "random", "round-robin"]);
+  assert.deepEqual(scorerNames().sort(), ["active-blocks", "image-affinity", "prefix-overlap", "queued-prefill", "queued-shared"]);
+  assert.throws(() => parseCommand("router", ["--scorer-weights", "prefix-overlp=0"], {}), /--scorer-weights.*unknown scorer prefix-overlp \(known: .*prefix-overlap.*\)/);
+  assert.throws(() => parseCommand("router", ["--router-policy", "least-load"], {}), /--router-policy.*kv-aware, round-robin, random/);
+  // nginx reads the same names from its variables; createRouter refuses them too.
+  assert.throws(() => createRouter(memoryState(), { ...defaultConfig(), scorerWeights: { nope: 1 } }), /unknown scorer nope \(known: /);
+  assert.throws(() => createRouter(memoryState(), { ...defaultConfig(), policy: "least-load" as never }), /unknown policy least-load \(known: kv-aware, round-robin, random\)/);
+});
+
+test("round-robin and random run no scorers; the data stage still fills every row", () => {
+  for (const policy of ["round-robin", "random"] as const) {
+    const s = setup(["mixed", "mixed"], { config: { policy } });
+    B(3).forEach((h) => s.state.mirror.store(s.fleet[1].epochKey, h, h));
+    s.state.load.hold(s.fleet[0].epochKey, B(2, "z"), 0, 0);
+    const rows = runProfile(s.ctx);
+    assert.deepEqual(rows.map((r) => [r.cost, Object.keys(r.terms).length]), [[0, 0], [0, 0]], policy);
+    assert.deepEqual(rows.map((r) => [r.data.hits, r.data.active, r.data.held]), [[0, 2, 1], [3, 0, 0]], policy);
+  }
 });

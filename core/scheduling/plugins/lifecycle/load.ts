@@ -3,8 +3,7 @@
 // blocks are queued prefill on the prefill target. At the first token the
 // queued prefill is done (and, in first-token mode, the PD prefill worker's
 // part). At completion everything still held goes back.
-import { LifecyclePlugin } from "../../framework";
-import { demandN } from "../picker/decode-demand";
+import { demandN, LifecyclePlugin } from "../../framework";
 
 export const loadReservation: LifecyclePlugin = {
   name: "load-reservation",
@@ -13,9 +12,9 @@ export const loadReservation: LifecyclePlugin = {
     const load = ctx.state.load;
     const prefill = result.prefill.worker;
     const media = f.mediaHashes.length > 0 && ctx.config.policy === "kv-aware";
-    const uncached = media ? f.blocks.length : f.blocks.length - result.prefill.hits;
+    const uncached = media ? f.blocks.length : f.blocks.length - result.prefill.data.hits;
     // The queued blocks themselves, so that a later request sharing them can tell (queued-shared.ts).
-    const queued = media ? f.blocks : f.blocks.slice(Math.floor(result.prefill.hits));
+    const queued = media ? f.blocks : f.blocks.slice(Math.floor(result.prefill.data.hits));
     result.guards.queued = uncached > 0 ? load.hold(prefill.epochKey, queued, 0, 0, uncached) : null;
     if (!result.decode) {
       result.guards.main = load.hold(prefill.epochKey, f.blocks, 0, 0);

@@ -8,9 +8,7 @@ import { Picker, PickContext, Row } from "../../framework";
 function better(ctx: PickContext, c: Row, b: Row): boolean {
   if (c.cost !== b.cost) return c.cost < b.cost;
   if (c.active !== b.active) return c.active < b.active;
-  const cg = ctx.state.load.heldGuards(c.worker.epochKey);
-  const bg = ctx.state.load.heldGuards(b.worker.epochKey);
-  if (cg !== bg) return cg < bg;
+  if (c.data.held !== b.data.held) return c.data.held < b.data.held;
   return ctx.state.mirror.count(c.worker.epochKey) < ctx.state.mirror.count(b.worker.epochKey);
 }
 

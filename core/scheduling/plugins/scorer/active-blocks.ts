@@ -3,21 +3,15 @@
 // system prompt, the earlier turns of its conversation) sit in that worker's
 // KV cache once; counting them as load would make the worker that holds the
 // prefix look exactly as costly as a cold one.
-import { inflightPrefix, Scorer } from "../../framework";
+import { Scorer } from "../../framework";
 
 export const activeBlocksScorer: Scorer = {
   name: "active-blocks",
   profiles: ["prefill", "decode"],
   weight: () => 1,
   score(ctx, rows) {
-    const shared = inflightPrefix(ctx, rows);
     const out: number[] = [];
-    for (let i = 0; i < rows.length; i++) {
-      const ek = rows[i].worker.epochKey;
-      const a = ctx.state.load.activeBlocks(ek);
-      rows[i].active = a;
-      out.push(a - (shared[ek] || 0));
-    }
+    for (let i = 0; i < rows.length; i++) out.push(rows[i].data.active - rows[i].data.inflight);
     return out;
   },
 };

@@ -1,11 +1,7 @@
 // Multimodal prefill: text overlap means nothing when images differ, so images
 // already seen by a worker stand in for it, scaled so that every image hit is
 // worth as much as a fully cached prompt: (images - hits) * max(1, blocks/images).
-import { overlapWeight, PickContext, Scorer } from "../../framework";
-
-export function usesImageAffinity(ctx: PickContext): boolean {
-  return ctx.profile === "prefill" && ctx.features.mediaHashes.length > 0 && ctx.config.policy === "kv-aware";
-}
+import { overlapWeight, Scorer, usesImageAffinity } from "../../framework";
 
 export const imageAffinityScorer: Scorer = {
   name: "image-affinity",
@@ -15,11 +11,7 @@ export const imageAffinityScorer: Scorer = {
     const media = ctx.features.mediaHashes;
     const unit = Math.max(1, ctx.features.blocks.length / media.length);
     const out: number[] = [];
-    for (let i = 0; i < rows.length; i++) {
-      const h = ctx.state.images.hits(rows[i].worker.epochKey, media);
-      rows[i].hits = h;
-      out.push((media.length - h) * unit);
-    }
+    for (let i = 0; i < rows.length; i++) out.push((media.length - rows[i].data.imageHits) * unit);
     return out;
   },
 };

@@ -24,19 +24,15 @@
 // worker is busy, queued-shared.ts takes those blocks back out.
 //
 // Overlap weight 0 (pure load balance) leaves in-flight blocks only.
-import { overlapWeight, queuedSharedBlocks, Scorer } from "../../framework";
+import { overlapWeight, Scorer } from "../../framework";
 
 export const queuedPrefillScorer: Scorer = {
   name: "queued-prefill",
   profiles: ["prefill"],
   weight: (ctx) => overlapWeight(ctx) / 2,
   score(ctx, rows) {
-    const shared = queuedSharedBlocks(ctx, rows);
     const out: number[] = [];
-    for (let i = 0; i < rows.length; i++) {
-      const ek = rows[i].worker.epochKey;
-      out.push(ctx.state.load.pendingBlocks(ek) + (shared[ek] || 0));
-    }
+    for (let i = 0; i < rows.length; i++) out.push(rows[i].data.pending + rows[i].data.queuedShared);
     return out;
   },
 };

@@ -19,8 +19,7 @@
 // 1.09x against 1.46x (306/78/0/0 requests per worker); shared-prefix c=16
 // 2.18x against 1.93x, c=4 and the trace equal. The gate costs the
 // document burst less than the agent loops gain from it.
-import { overlapWeight, queuedSharedBlocks, Scorer } from "../../framework";
-import { usesImageAffinity } from "./image-affinity";
+import { overlapWeight, Scorer, usesImageAffinity } from "../../framework";
 
 export const queuedSharedScorer: Scorer = {
   name: "queued-shared",
@@ -31,14 +30,10 @@ export const queuedSharedScorer: Scorer = {
     let idle = false;
     for (let i = 0; i < rows.length; i++) {
       out.push(0);
-      if (!ctx.state.load.heldGuards(rows[i].worker.epochKey)) idle = true;
+      if (!rows[i].data.held) idle = true;
     }
     if (idle) return out;
-    const shared = queuedSharedBlocks(ctx, rows);
-    for (let i = 0; i < rows.length; i++) {
-      const n = shared[rows[i].worker.epochKey];
-      if (n) out[i] = -n;
-    }
+    for (let i = 0; i < rows.length; i++) if (rows[i].data.queuedShared) out[i] = -rows[i].data.queuedShared;
     return out;
   },
 };

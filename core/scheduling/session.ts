@@ -1,6 +1,6 @@
 // Session affinity: a session's earlier target wins while it is still in the
 // pool; otherwise the profile's picker decides (and the binding moves).
-import { PickContext, Row } from "../../framework";
+import { PickContext, Row } from "./framework";
 
 export function boundRow(ctx: PickContext, rows: Row[]): number {
   const s = ctx.session;

@@ -2,8 +2,8 @@
 // input tokens x n + W x requests held on w. Lowest wins; ties go to the
 // original cost, then candidate order. `shadow` records the suggestion beside
 // the original choice; `on` uses it.
-import { PickContext, Row } from "../../framework";
-import { DemandMode, Features } from "../../../types";
+import { demandN, PickContext, Row } from "./framework";
+import { DemandMode } from "../types";
 
 export interface DemandDecision {
   mode: DemandMode;
@@ -13,11 +13,6 @@ export interface DemandDecision {
   actual: string;
   agrees: boolean;
   candidates: { id: string; demand: number; originalCost: number }[];
-}
-
-/** Invalid n counts as 1. */
-export function demandN(f: Features): number {
-  return typeof f.n === "number" && f.n >= 1 && f.n % 1 === 0 ? f.n : 1;
 }
 
 export function decideDemand(ctx: PickContext, rows: Row[], original: number): { index: number; decision: DemandDecision } {

@@ -8,6 +8,7 @@
 // the measure: this leaves out network, streaming and event latency).
 //
 // Usage: npm run bench:policy-sim -- [--variant 'label|--flag v ...;...'] [--seeds 3] [--workloads trace,shared-prefix,...] [--jitter 3]
+//   [--speeds 1,0.333,0.333,0.333] (each engine's speed as a share of the calibrated one; adds the oracle row)
 // Deterministic: the same command prints the same table.
 import { createRouter } from "../core/router";
 import { sampleTrace, traceFile, traceIds } from "./mooncake";
@@ -24,7 +25,8 @@ const opt = (name: string, def: string) => {
   return i >= 0 && argv[i + 1] !== undefined ? argv[i + 1] : def;
 };
 
-type Turn = { tokens: number[]; maxTokens: number; at?: number };
+/** key: what the oracle pins (the document, the conversation). */
+type Turn = { tokens: number[]; maxTokens: number; at?: number; key: string };
 type Conv = Turn[];
 
 function rng(seed: number) {
@@ -52,7 +54,7 @@ const HEAD = 10;
 function sharedPrefix(seed: number): Conv[] {
   const docs = Array.from({ length: 8 }, () => text(4000 + HEAD));
   const out: Conv[] = [];
-  for (let q = 0; q < 6; q++) for (let d = 0; d < 8; d++) out.push([{ tokens: docs[d].concat(text(14)), maxTokens: 32 }]);
+  for (let q = 0; q < 6; q++) for (let d = 0; d < 8; d++) out.push([{ tokens: docs[d].concat(text(14)), maxTokens: 32, key: `d${d}` }]);
   return shuffle(out, seed);
 }
 /**
@@ -66,7 +68,7 @@ function conversations(seed: number, count: number, turns: number, first: () => 
     let msgs = first();
     const conv: Conv = [];
     for (let t = 0; t < turns; t++) {
-      conv.push({ tokens: msgs.slice(), maxTokens });
+      conv.push({ tokens: msgs.slice(), maxTokens, key: `c${c}` });
       msgs = msgs.concat(text(reply + HEAD), text(next + HEAD));
     }
     out.push(conv);
@@ -82,11 +84,14 @@ function agentic(seed: number): Conv[] {
 // hour compressed into 45 s, open loop (each request a conversation of one
 // turn with its arrival time).
 function trace(): Conv[] {
-  return sampleTrace(traceFile(), 60, 45).map(({ at, row }) => [{ tokens: traceIds(row), maxTokens: Math.max(1, Math.min(256, row.output_length)), at }]);
+  // The key is the trace's own conversation grouping (its first two block ids, as sampleTrace groups them).
+  return sampleTrace(traceFile(), 60, 45).map(({ at, row }, i) => [
+    { tokens: traceIds(row), maxTokens: Math.max(1, Math.min(256, row.output_length)), at, key: row.hash_ids.length > 1 ? row.hash_ids.slice(0, 2).join(",") : `single${i}` },
+  ]);
 }
 
 function unique(): Conv[] {
-  return Array.from({ length: 48 }, () => [{ tokens: text(2000 + HEAD), maxTokens: 32 }]);
+  return Array.from({ length: 48 }, (_, i) => [{ tokens: text(2000 + HEAD), maxTokens: 32, key: `u${i}` }]);
 }
 
 interface Result {
@@ -135,17 +140,48 @@ function smgModel(n: number) {
   };
 }
 
-function run(convs: Conv[], concurrency: number, cfg: RouterConfig, admission: Options["admission"], seed: number, peer: "smg" | null = null): Result {
+/**
+ * The oracle of a mixed-speed fleet: no router, every document or
+ * conversation (Turn.key) pinned to one worker, new keys going to the worker
+ * with the fewest keys per unit of speed, so each worker gets a share of the
+ * work in proportion to its speed and never computes another's prefix.
+ */
+function oracleModel(speeds: number[]) {
+  const owner = new Map<string, number>();
+  const keys = speeds.map(() => 0);
+  return (key: string): number => {
+    let w = owner.get(key);
+    if (w === undefined) {
+      w = 0;
+      for (let i = 1; i < speeds.length; i++) if ((keys[i] + 1) / speeds[i] < (keys[w] + 1) / speeds[w]) w = i;
+      keys[w]++;
+      owner.set(key, w);
+    }
+    return w;
+  };
+}
+
+/** The calibrated engine at a share of its speed: every cost term takes 1/speed as long. */
+function engineAt(speed: number) {
+  const c = llama8bH100();
+  return { ...c, stepBaseMs: c.stepBaseMs / speed, prefillUsPerToken: c.prefillUsPerToken / speed, prefillAttnUsPerKCtx: c.prefillAttnUsPerKCtx / speed, decodeUsPerSeq: c.decodeUsPerSeq / speed, kvReadUsPerKToken: c.kvReadUsPerKToken / speed, prefillStepMs: c.prefillStepMs / speed };
+}
+const SPEEDS = opt("--speeds", "1,1,1,1").split(",").map(Number);
+if (SPEEDS.length !== 4 || SPEEDS.some((x) => !(x > 0))) throw new Error("--speeds: four positive numbers");
+const MIXED = SPEEDS.some((x) => x !== SPEEDS[0]);
+
+function run(convs: Conv[], concurrency: number, cfg: RouterConfig, admission: Options["admission"], seed: number, peer: "smg" | "oracle" | null = null): Result {
   const rand = rng(seed * 7919 + 1);
   const arrivals: { at: number; conv: number; turn: number }[] = [];
   const arrive = (conv: number, turn: number) => arrivals.push({ at: now + (rand(1000) / 1000) * JITTER, conv, turn });
   const N = 4;
   const state = memoryState();
-  const router = createRouter(state, cfg);
+  // Virtual time for the router too: speed learning times first tokens on this clock.
+  const router = createRouter(state, cfg, { now: () => now });
   const engines: EngineModel[] = [];
   const ids: string[] = [];
   for (let i = 0; i < N; i++) {
-    engines.push(new EngineModel(llama8bH100()));
+    engines.push(new EngineModel(engineAt(SPEEDS[i])));
     ids.push(`w${i}`);
     router.addWorker({ id: ids[i], address: `127.0.0.1:${9000 + i}`, role: "mixed" });
   }
@@ -192,19 +228,21 @@ function run(convs: Conv[], concurrency: number, cfg: RouterConfig, admission: O
     ends[i] = p ? now + p.ms : Infinity;
   };
   const smg = peer === "smg" ? smgModel(N) : null;
+  const oracle = peer === "oracle" ? oracleModel(SPEEDS) : null;
   const inflight: number[] = new Array(N).fill(0);
   // The router's prefill admission (core/admission.ts) as the Envoy path runs
   // it, with its wait bound as a deadline checked in virtual time.
-  const gate = prefillAdmission(cfg.policy === "kv-aware" && !smg ? admission : { slots: 0, warmTokens: 0 });
+  const gate = prefillAdmission(cfg.policy === "kv-aware" && !smg && !oracle ? admission : { slots: 0, warmTokens: 0 });
   const deadlines: { at: number; ticket: Ticket }[] = [];
   const start = (conv: number, turn: number) => {
     const t = convs[conv][turn];
     const blocks = blockHashes(t.tokens, 16);
     const pick = router.pick({ blocks, inputTokens: t.tokens.length, exact: true, mediaHashes: [], n: 1 });
-    const i = smg ? smg(blocks, inflight) : ids.indexOf(pick.target.id);
+    const i = smg ? smg(blocks, inflight) : oracle ? oracle(t.key) : ids.indexOf(pick.target.id);
     const at = now;
     const id = `r${reqNo++}`;
     const ticket = gate.enter(ids[i], pick.uncachedTokens, () => {
+      pick.reservation.dispatched();
       inflight[i]++;
       engines[i].add({ id, tokens: t.tokens, hashes: blocks.map((b) => BigInt("0x" + b)), maxTokens: t.maxTokens });
       res.spread[i]++;
@@ -308,7 +346,9 @@ function main(): void {
   ];
   // --smg adds the smg cache_aware model (smgModel) as a row.
   if (argv.includes("--smg")) variants.push(["smg cache_aware (model)", ["smg"]]);
-  variants.push(["floor (each request alone, its prefix cached)", ["floor"]]);
+  // On a mixed-speed fleet the floor (one calibrated engine) is no bound; the oracle row is the reference.
+  if (MIXED) variants.push([`oracle (pinned by speed ${SPEEDS.join(":")})`, ["oracle"]]);
+  else variants.push(["floor (each request alone, its prefix cached)", ["floor"]]);
   for (const e of opt("--variant", "").split(";").filter(Boolean)) {
     const [label, flags] = e.split("|");
     variants.push([label, (flags || "").trim().split(/\s+/).filter(Boolean)]);
@@ -329,7 +369,7 @@ function main(): void {
     for (const c of name === "trace" ? [0] : [4, 16]) {
       const rows: [string, number[], number, number[], number][] = [];
       for (const [label, flags] of variants) {
-        const peer = flags[0] === "smg" ? "smg" : null;
+        const peer = flags[0] === "smg" ? "smg" : flags[0] === "oracle" ? "oracle" : null;
         const opts = parseArgs(["--workers", "127.0.0.1:1", ...(peer || flags[0] === "floor" ? ["--router-policy", "round-robin"] : flags)], {});
         const cfg = opts.router as RouterConfig;
         const all: number[] = [];

@@ -7,6 +7,8 @@ import { LifecyclePlugin, PickResult, Release } from "./scheduling/framework";
 export interface Reservation {
   /** Response started streaming (first token): releases queued prefill, and prefill load unless held to completion. */
   firstToken(): void;
+  /** The request left for its worker (after any wait at the router): speed learning times the first token from here. */
+  dispatched(): void;
   /** Response EOF, cancellation, failure, or a pick that was never used. Idempotent. */
   finish(): void;
   readonly open: boolean;
@@ -46,6 +48,9 @@ export function reservations(state: RouterState, log: (level: "warn", line: stri
         open: true,
         guards() {
           return { prefill: result.guards.prefill, main: result.guards.main as Guard, queued: result.guards.queued };
+        },
+        dispatched() {
+          if (result.timing && !started) result.timing.start = result.timing.now();
         },
         firstToken() {
           if (started || !r.open) return;

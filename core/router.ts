@@ -12,6 +12,7 @@ import { Candidate, Features, Guard, Policy, RouterConfig, Worker, WorkerSpec } 
 import { httpError } from "./util";
 import { clearAllTiers, defaultTierWeights, tierCounts } from "./kvevents";
 import { Reservation, reservations } from "./reservation";
+import { LatencyModel, latencyModel } from "./latency";
 
 export type { Reservation } from "./reservation";
 
@@ -44,6 +45,7 @@ export function defaultConfig(): RouterConfig {
     mmLruSize: 256,
     kvTierWeights: defaultTierWeights(),
     scorerWeights: {},
+    speedLearning: "on",
   };
 }
 
@@ -85,15 +87,21 @@ export interface Pick {
 }
 
 export interface RouterHooks {
+  /** Milliseconds, for speed learning (default Date.now; a simulation passes its virtual clock). */
+  now?: () => number;
   log?: (level: "info" | "debug" | "warn", line: string) => void;
   onPick?: (role: string, p: { worker: string; hits: number; blocks: number; policy: Policy }) => void;
   onDemand?: (d: DemandDecision) => void;
+  /** A first token the speed model learned from: its prediction beforehand (null: not learned yet) and the time it took. */
+  onTiming?: (worker: string, predictedMs: number | null, ms: number) => void;
   random?: () => number;
 }
 
 export interface Router {
   readonly config: RouterConfig;
   readonly state: RouterState;
+  /** The workers' learned speeds; null with --speed-learning off. */
+  readonly latency: LatencyModel | null;
   setWorkers(list: WorkerSpec[]): void;
   addWorker(w: WorkerSpec): Worker;
   removeWorker(id: string): boolean;
@@ -133,6 +141,20 @@ export function createRouter(state: RouterState, cfg: RouterConfig, hooks?: Rout
   const rnd = hk.random || Math.random;
   const reg = state.workers;
   const held = reservations(state, log);
+  const now = hk.now || Date.now;
+  const onTiming = hk.onTiming;
+  const latency =
+    cfg.speedLearning === "on"
+      ? latencyModel(
+          undefined,
+          onTiming
+            ? function (ek, predicted, ms) {
+                const ws = reg.list();
+                for (let i = 0; i < ws.length; i++) if (ws[i].epochKey === ek) onTiming(ws[i].id, predicted, ms);
+              }
+            : undefined,
+        )
+      : null;
 
   function addWorker(spec: WorkerSpec): Worker {
     const old = reg.get(spec.id);
@@ -154,6 +176,7 @@ export function createRouter(state: RouterState, cfg: RouterConfig, hooks?: Rout
     clearAllTiers(state.mirror, gone.epochKey);
     state.mirror.setSequence(gone.epochKey, undefined);
     state.images.drop(gone.epochKey);
+    if (latency) latency.forget(gone.epochKey);
     reg.forget(gone.epochKey);
     return true;
   }
@@ -183,7 +206,7 @@ export function createRouter(state: RouterState, cfg: RouterConfig, hooks?: Rout
 
   function context(f: Features, fleet: Worker[], pd: boolean, sessionId: string | null): PickContext {
     const session = sessionId && cfg.sessionAffinity !== "off" ? state.sessions.get(sessionId) || {} : null;
-    return { features: f, config: cfg, state: state, fleet: fleet, profile: "prefill", pd: pd, sessionId: session ? sessionId : null, session: session, previous: null, random: rnd, cycle: {} };
+    return { features: f, config: cfg, state: state, fleet: fleet, profile: "prefill", pd: pd, sessionId: session ? sessionId : null, session: session, previous: null, random: rnd, cycle: {}, latency: latency, now: now };
   }
 
   function choose(ctx: PickContext, rows: Row[]): { index: number; bound: boolean } {
@@ -239,7 +262,7 @@ export function createRouter(state: RouterState, cfg: RouterConfig, hooks?: Rout
       if (hk.onPick) hk.onPick("decode", { worker: decodeWorker.id, hits: decodeRows[decodeIndex].hits, blocks: f.blocks.length, policy: cfg.policy });
     }
 
-    const result: PickResult = { config: cfg, prefill: prefillRows[prefillIndex], decode: decodeRows ? decodeRows[decodeIndex] : null, guards: { prefill: null, main: null, queued: null } };
+    const result: PickResult = { config: cfg, prefill: prefillRows[prefillIndex], decode: decodeRows ? decodeRows[decodeIndex] : null, guards: { prefill: null, main: null, queued: null }, timing: null };
     const plugins = lifecyclePlugins();
     for (let i = 0; i < plugins.length; i++) {
       const p = plugins[i];
@@ -265,6 +288,7 @@ export function createRouter(state: RouterState, cfg: RouterConfig, hooks?: Rout
   return {
     config: cfg,
     state: state,
+    latency: latency,
     setWorkers: setWorkers,
     addWorker: addWorker,
     removeWorker: removeWorker,

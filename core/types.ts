@@ -60,6 +60,8 @@ export interface RouterConfig {
   kvTierWeights: { [tier: string]: number };
   /** Per-scorer weight overrides by plugin name (--scorer-weights); a scorer that does not apply stays off. */
   scorerWeights: { [scorer: string]: number };
+  /** Learn each worker's speed from its first tokens and price its work in time (core/latency.ts). */
+  speedLearning: "on" | "off";
 }
 
 /** What routing needs from one request (see core/request.ts). */

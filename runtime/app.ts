@@ -161,6 +161,9 @@ export class App {
         this.metrics.reqBlocks.inc({ role }, p.blocks);
       },
       onDemand: (d) => this.metrics.decisions.inc({ mode: d.mode, input: d.input, agrees: String(d.agrees) }),
+      onTiming: (worker, predicted, ms) => {
+        if (predicted !== null && ms > 0) this.metrics.ttftPredictionError.observe({ worker }, Math.abs(predicted - ms) / ms);
+      },
     });
     this.eventSource = eventSource ?? zmqEventSource(opts, log);
     this.probes =
@@ -544,6 +547,8 @@ export class App {
     let resolve!: () => void;
     const ready = new Promise<void>((r) => (resolve = r));
     const ticket = this.admission.enter(key, pick.uncachedTokens, () => {
+      // Its worker's first token is timed from here, not from the pick.
+      pick.reservation.dispatched();
       if (timer) {
         clearTimeout(timer);
         this.metrics.admissionWait.observe((performance.now() - t0) / 1000);
@@ -566,6 +571,7 @@ export class App {
         return inner.open;
       },
       guards: () => inner.guards(),
+      dispatched: () => inner.dispatched(),
       firstToken() {
         ticket.leave();
         inner.firstToken();

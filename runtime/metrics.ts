@@ -28,6 +28,42 @@ export function createMetrics(router: () => Router, tokenizerCache?: () => { hit
     registers: [registry],
   });
   const admissionForced = new client.Counter({ name: "infera_router_prefill_admission_forced_total", help: "Requests sent past the slot limit because they waited --prefill-admission-max-wait-ms", registers: [registry] });
+  const ttftPredictionError = new client.Histogram({
+    name: "infera_router_ttft_prediction_error_ratio",
+    help: "|predicted - observed| / observed time to first token, per worker, for requests the speed model had learned enough to predict (sum/count = MAPE)",
+    labelNames: ["worker"],
+    buckets: [0.05, 0.1, 0.15, 0.25, 0.5, 1, 2, 5],
+    registers: [registry],
+  });
+  new client.Gauge({
+    name: "infera_router_worker_slowness",
+    help: "Time per unit of work against the fleet median, as the cost uses it (1 = typical or not learned yet; --speed-learning)",
+    labelNames: ["worker"],
+    registers: [registry],
+    collect() {
+      this.reset();
+      const r = router();
+      if (!r.latency) return;
+      const ws = r.workers();
+      const s = r.latency.slowness(ws.map((w) => w.epochKey));
+      for (const w of ws) this.set({ worker: w.id }, s[w.epochKey] ?? 1);
+    },
+  });
+  new client.Gauge({
+    name: "infera_router_worker_prefill_ms_per_token",
+    help: "Learned prefill milliseconds per prompt token (absent until learned; --speed-learning)",
+    labelNames: ["worker"],
+    registers: [registry],
+    collect() {
+      this.reset();
+      const r = router();
+      if (!r.latency) return;
+      for (const w of r.workers()) {
+        const v = r.latency.msPerToken(w.epochKey);
+        if (v !== null) this.set({ worker: w.id }, v);
+      }
+    },
+  });
   const badRequests = new client.Counter({ name: "infera_router_bad_requests_total", help: "Requests refused with 4xx", labelNames: ["status"], registers: [registry] });
   const eppFallbacks = new client.Counter({ name: "infera_router_epp_served_elsewhere_total", help: "Responses the gateway reports served from an endpoint other than the pick (known: a worker we track)", labelNames: ["known"], registers: [registry] });
   const decisions = new client.Counter({
@@ -172,5 +208,5 @@ export function createMetrics(router: () => Router, tokenizerCache?: () => { hit
       if (s) this.set(s.chars);
     },
   });
-  return { registry, tokenizeJobs, tokenizeQueue, picks, hitBlocks, reqBlocks, pickLatency, events, eventErrors, badRequests, decisions, eppFallbacks, admissionWait, admissionForced };
+  return { registry, tokenizeJobs, tokenizeQueue, picks, hitBlocks, reqBlocks, pickLatency, events, eventErrors, badRequests, decisions, eppFallbacks, admissionWait, admissionForced, ttftPredictionError };
 }

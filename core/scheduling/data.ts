@@ -28,6 +28,7 @@ export function produce(ctx: PickContext, pool: Worker[]): Row[] {
   // The cached prefix: what KV events reported (a lower tier earns its --kv-tier-weights
   // share of a GPU hit), or what requests in flight there hold, whichever is longer.
   const cached: { [ek: string]: number } = f.blocks.length && !images ? ctx.state.mirror.prefixHits(f.blocks, live, ctx.config.kvTierWeights) : {};
+  const slow: { [ek: string]: number } = ctx.latency ? ctx.latency.slowness(eks) : {};
   for (let i = 0; i < pool.length; i++) {
     const ek = eks[i];
     const d: CandidateData = {
@@ -38,6 +39,7 @@ export function produce(ctx: PickContext, pool: Worker[]): Row[] {
       active: load.activeBlocks(ek),
       pending: load.pendingBlocks(ek),
       held: load.heldGuards(ek),
+      slowness: slow[ek] || 1,
     };
     rows.push({ worker: pool[i], cost: 0, hits: images ? d.imageHits : d.hits, active: d.active, data: d, terms: {} });
   }

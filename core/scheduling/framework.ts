@@ -5,7 +5,8 @@
 // Plugins are plain objects registered by name (njs has no classes).
 import { RouterState } from "../state/types";
 import { produce } from "./data";
-import { Features, Guard, RouterConfig, SessionBinding, Worker } from "../types";
+import { EpochKey, Features, Guard, RouterConfig, SessionBinding, Worker } from "../types";
+import { LatencyModel } from "../latency";
 
 export type ProfileName = "prefill" | "decode";
 
@@ -27,6 +28,9 @@ export interface PickContext {
   random: () => number;
   /** Per-profile-run memo shared by plugins (e.g. in-flight prefixes), cleared by runProfile. */
   cycle: { [key: string]: unknown };
+  /** The workers' learned speeds (null: --speed-learning off) and the clock their observations use. */
+  latency: LatencyModel | null;
+  now: () => number;
 }
 
 /**
@@ -50,6 +54,8 @@ export interface CandidateData {
   pending: number;
   /** Requests holding load on the worker. */
   held: number;
+  /** Time per unit of work against the fleet's median (core/latency.ts); 1 = typical or not yet learned. */
+  slowness: number;
 }
 
 /** A candidate while it is scored. */
@@ -108,6 +114,8 @@ export interface PickResult {
   decode: Row | null;
   /** Load held for the request (filled by the load-reservation plugin). */
   guards: { prefill: Guard | null; main: Guard | null; queued: Guard | null };
+  /** What the speed-learning plugin observes at the first token: null when it does not learn from this request. */
+  timing: { model: LatencyModel; now: () => number; worker: EpochKey; tokens: number; running: number; start: number } | null;
 }
 
 interface Registry {
@@ -191,6 +199,8 @@ export function runProfile(ctx: PickContext): Row[] {
       rows[j].cost += w * terms[j];
     }
   }
+  // Costs count work; a worker's learned slowness turns its work into time.
+  for (let j = 0; j < rows.length; j++) rows[j].cost *= rows[j].data.slowness;
   return rows;
 }
 

@@ -14,6 +14,7 @@ import { roundRobinPicker } from "./plugins/picker/round-robin";
 import { randomPicker } from "./plugins/picker/random";
 import { imageTouch, sessionBind } from "./plugins/lifecycle/remember";
 import { loadReservation } from "./plugins/lifecycle/load";
+import { speedLearning } from "./plugins/lifecycle/speed";
 
 register.filter(usableFilter);
 register.filter(rolePoolFilter);
@@ -29,3 +30,4 @@ register.picker(randomPicker);
 register.lifecycle(imageTouch);
 register.lifecycle(sessionBind);
 register.lifecycle(loadReservation);
+register.lifecycle(speedLearning);

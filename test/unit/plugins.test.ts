@@ -41,6 +41,8 @@ function setup(roles: Role[], opts: { config?: Partial<RouterConfig>; features?:
     previous: null,
     random: () => 0.5,
     cycle: {},
+    latency: null,
+    now: Date.now,
   };
   // Rows as the data stage produces them for the whole fleet (the filters have their own cases).
   const rows = (): Row[] => produce(ctx, fleet);

@@ -1,0 +1,23 @@
+// Speed learning (core/latency.ts) as lifecycle hooks. After the pick: the
+// prefill work the request waits for on its worker (prefill queued there plus
+// its own uncached tokens), the requests already running there, and the time.
+// At the first token: one observation.
+// Disaggregated picks teach nothing (their first token also waits for the KV
+// transfer and the decode worker), nor do picks whose worker is not the one
+// that prefilled alone.
+import { LifecyclePlugin } from "../../framework";
+
+export const speedLearning: LifecyclePlugin = {
+  name: "speed-learning",
+  preRequest(ctx, result) {
+    if (!ctx.latency || result.decode || ctx.features.mediaHashes.length) return;
+    const d = result.prefill.data;
+    const bs = ctx.config.blockSize;
+    const own = Math.max(0, ctx.features.inputTokens - d.hits * bs);
+    result.timing = { model: ctx.latency, now: ctx.now, worker: result.prefill.worker.epochKey, tokens: d.pending * bs + own, running: d.held, start: ctx.now() };
+  },
+  firstToken(result) {
+    const t = result.timing;
+    if (t) t.model.observe(t.worker, t.tokens, t.running, t.now() - t.start);
+  },
+};

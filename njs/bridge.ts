@@ -20,6 +20,7 @@ import { KvEvent, tierOf } from "../core/kvevents";
 import { WorkerSpec } from "../core/router";
 import { backoff, Logger, makeLogger, stateLogger } from "../runtime/log";
 import { listenError, runCommand, version } from "../cli/args";
+import { CLOSE_BUDGET_MS, closeStep, onShutdown } from "../runtime/shutdown";
 
 interface ShadowBlock {
   parent: string | null;
@@ -455,14 +456,12 @@ export function startBridge(argv: string[]): Promise<void> {
     const d = await startDiscovery(b);
     b.startHeartbeat();
     log("info", "bridge started", { version: version(), push_url: opts.nginxPushUrl, admin: `${opts.host}:${(admin.address() as { port: number }).port}` });
-    const stop = async () => {
+    // Nothing to drain (nginx keeps its state): each close step is bounded, a second signal exits at once.
+    onShutdown(log, CLOSE_BUDGET_MS + 1000, async () => {
       admin.close();
-      await d.close();
-      await b.close();
-      process.exit(0);
-    };
-    process.on("SIGTERM", stop);
-    process.on("SIGINT", stop);
+      await closeStep(log, "discovery close", () => d.close(), CLOSE_BUDGET_MS / 2);
+      await closeStep(log, "bridge close", () => b.close(), CLOSE_BUDGET_MS / 2);
+    });
   });
 }
 

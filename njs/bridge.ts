@@ -333,13 +333,15 @@ export class Bridge implements Fleet {
     this.heartbeat.unref();
   }
 
-  readiness(): { ready: boolean; checks: Record<string, { ok: boolean; detail: string }> } {
+  readiness(): { ready: boolean; degraded: string[]; checks: Record<string, { ok: boolean; detail: string }> } {
     const checks = {
       nginx: { ok: !this.dirty && !this.nginxState.failing, detail: this.dirty ? "resync pending (nginx unreachable or refused a push)" : "in sync" },
       discovery: { ok: this.discoveryState.ok, detail: this.discoveryState.detail },
       workers: { ok: Object.keys(this.fleet).length > 0, detail: `${Object.keys(this.fleet).length} worker(s)` },
     };
-    return { ready: Object.values(checks).every((c) => c.ok), checks };
+    // Discovery that lost its registry keeps feeding nginx the last known fleet: degraded, not unready.
+    const degraded = !checks.discovery.ok && checks.workers.ok ? ["discovery"] : [];
+    return { ready: checks.nginx.ok && checks.workers.ok && (checks.discovery.ok || degraded.length > 0), degraded, checks };
   }
 
   setDiscoveryState(ok: boolean, detail: string): void {
@@ -437,7 +439,7 @@ function serveAdmin(b: Bridge, host: string, port: number): Promise<http.Server>
     if (p === "/livez") return send(200, { status: "alive" });
     if (p === "/readyz" || p === "/healthz") {
       const r = b.readiness();
-      return send(r.ready ? 200 : 503, { status: r.ready ? "ready" : "not_ready", checks: r.checks });
+      return send(r.ready ? 200 : 503, { status: r.ready ? "ready" : "not_ready", degraded: r.degraded, checks: r.checks });
     }
     send(404, { error: { message: "not found", type: "not_found", code: 404 } });
   });

@@ -129,3 +129,76 @@ test("SIGTERM while etcd hangs (paused): still bounded; a second SIGTERM exits t
     }
   }
 });
+
+test("not ready before a worker has passed a health check: /readyz and gRPC Check, then ready once it answers", { timeout: 90000 }, async () => {
+  const sim = await startSim("p0");
+  // A frozen engine: its port accepts connections, /health never answers.
+  sim.proc.child.kill("SIGSTOP");
+  try {
+    const router = await startRouter(["--workers", workerArg([sim]), "--health-interval-ms", "3000", "--router-tokenizer-path", "none", "--log-format", "text"]);
+    const t0 = Date.now();
+    while (Date.now() - t0 < 4000) {
+      const r = await readyz(router.admin);
+      assert.equal(r.status, 503, `ready before any health check passed (${Date.now() - t0} ms after start): ${JSON.stringify(r.body)}`);
+      assert.match(r.body.checks.workers.detail, /not yet through a health check|0 routable/);
+      assert.equal(await healthCheck(router.grpcPort, "readiness"), 2, "gRPC readiness SERVING before any health check passed");
+      assert.equal(await healthCheck(router.grpcPort, "envoy.service.ext_proc.v3.ExternalProcessor"), 2);
+      await sleep(250);
+    }
+    sim.proc.child.kill("SIGCONT");
+    await waitFor("ready once the worker answers its health check", async () => (await readyz(router.admin)).status === 200, 15000);
+    assert.equal(await healthCheck(router.grpcPort, "readiness"), 1);
+  } finally {
+    sim.proc.child.kill("SIGCONT");
+  }
+});
+
+test("etcd outage: /readyz and gRPC readiness stay ready (degraded: discovery) and routing goes on on the cached fleet", { skip: skipEtcd, timeout: 90000 }, async () => {
+  const { etcd, sim, router } = await etcdRouter();
+  const { processStream, reqHeaders, reqBody } = await import("../extproc-client");
+  const client = new grpc.Client(`127.0.0.1:${router.grpcPort}`, grpc.credentials.createInsecure());
+  const pick = async () => {
+    const s = processStream(client);
+    s.send(reqHeaders("/v1/chat/completions"));
+    await s.next();
+    s.send(reqBody(JSON.stringify({ model: "m", messages: [{ role: "user", content: "hello" }] })));
+    const r = await s.next();
+    s.call.cancel();
+    const v = r.response.value as { response?: { headerMutation?: { setHeaders: { header: { key: string; rawValue: Uint8Array } }[] } } };
+    const h = v.response?.headerMutation?.setHeaders.find((x) => x.header.key === "x-infera-upstream");
+    return h ? Buffer.from(h.header.rawValue).toString() : `no pick: ${r.response.case} ${JSON.stringify(r.response.value, (_k, x) => (typeof x === "bigint" ? String(x) : x instanceof Uint8Array ? Buffer.from(x).toString() : x))}`;
+  };
+  try {
+    assert.equal(await pick(), sim.address);
+    // Stop only the etcd this test started.
+    await etcd.proc.kill("SIGKILL");
+    // Longer than the shipped probe's 2 s x 2.
+    const t0 = Date.now();
+    let sawDegraded = false;
+    while (Date.now() - t0 < 7000) {
+      const r = await readyz(router.admin);
+      assert.equal(r.status, 200, `not ready during the etcd outage while it can route: ${JSON.stringify(r.body)}`);
+      if (r.body.degraded?.includes("discovery") && !r.body.checks.discovery.ok) sawDegraded = true;
+      assert.equal(await healthCheck(router.grpcPort, "readiness"), 1, "gRPC readiness during the etcd outage");
+      assert.equal(await pick(), sim.address, "routing on the cached fleet");
+      await sleep(500);
+    }
+    assert.ok(sawDegraded, "the body reports discovery degraded");
+  } finally {
+    client.close();
+  }
+});
+
+test("a dropped KV event stream probes its worker at once: a killed engine is out of the pool well within a 10 s health interval", { timeout: 90000 }, async () => {
+  const sims = await Promise.all(["e0", "e1"].map((id) => startSim(id)));
+  const router = await startRouter(["--workers", workerArg(sims), "--health-interval-ms", "10000", "--router-tokenizer-path", "none", "--log-format", "text"]);
+  await waitFor("ready with both workers", async () => (await readyz(router.admin)).status === 200 && /2 of 2 streams up/.test((await readyz(router.admin)).body.checks.events.detail), 15000);
+  const healthy = async (id: string) => ((await router.workers()) as unknown as { id: string; healthy: boolean }[]).find((w) => w.id === id)?.healthy;
+  assert.equal(await healthy(sims[1].address), true);
+  const t0 = Date.now();
+  await sims[1].proc.kill("SIGKILL");
+  await waitFor("the killed worker marked unhealthy", async () => (await healthy(sims[1].address)) === false, 3000);
+  const took = Date.now() - t0;
+  assert.ok(took < 3000, `out of the pool after ${took} ms`);
+  assert.equal(await healthy(sims[0].address), true, "the live worker stays in");
+});

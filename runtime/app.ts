@@ -57,8 +57,23 @@ export function tokenizerPaths(v: string | null): { byModel: Record<string, stri
   return { byModel, dflt };
 }
 import { Logger } from "./log";
+import { CliError } from "../cli/args";
 
 export { Logger, makeLogger } from "./log";
+
+/**
+ * A tokenizer the operator named that cannot be loaded (missing, unreadable,
+ * not a tokenizer.json) is a bad flag value: one line naming the flag, exit 2
+ * like every other flag error, not a crash's exit 1.
+ */
+function tokenizerFromFlag(p: string | null, lo: Parameters<typeof loadTokenizer>[1]): LoadedTokenizer | null {
+  try {
+    return loadTokenizer(p, lo);
+  } catch (e) {
+    const m = (e as Error).message.split("\n")[0];
+    throw new CliError(/^--(router-tokenizer-path|tokenizer-backend)\b/.test(m) ? m : `--router-tokenizer-path ${p ?? "(default)"}: ${m}`);
+  }
+}
 
 export interface EventSource {
   /** onState reports the transport's connection state for this subscription, when the transport knows it. */
@@ -135,10 +150,10 @@ export class App {
   constructor(readonly opts: Options, readonly log: Logger, eventSource?: EventSource) {
     const tp = tokenizerPaths(opts.tokenizerPath);
     const lo = { backend: opts.tokenize.backend };
-    this.tokenizer = loadTokenizer(tp.dflt, lo);
+    this.tokenizer = tokenizerFromFlag(tp.dflt, lo);
     if (this.tokenizer) this.tokKeys.set(this.tokenizer, tp.dflt ?? "");
     for (const m of Object.keys(tp.byModel)) {
-      const t = (this.tokenizers[m] = loadTokenizer(tp.byModel[m], lo));
+      const t = (this.tokenizers[m] = tokenizerFromFlag(tp.byModel[m], lo));
       if (t) this.tokKeys.set(t, tp.byModel[m]);
     }
     for (const t of this.tokKeys.keys())

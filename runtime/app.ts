@@ -6,6 +6,7 @@ import { RouterState } from "../core/state/types";
 import { EpochKey } from "../core/types";
 import { diffFleet } from "../core/fleet";
 import { checkSessionId } from "../core/limits";
+import { httpError } from "../core/util";
 import { computeFeatures, Endpoint, featuresOf, mediaSalt, parseRequest, ParsedRequest, promptTokenIds } from "../core/request";
 import { prefixHashes } from "./prefix-hashes";
 import { Features } from "../core/types";
@@ -577,6 +578,8 @@ export class App {
   private finishPick(req: ParsedRequest, feats: Features, t0: bigint, allow?: (w: Worker) => boolean): Pick {
     const endpoint = req.endpoint;
     checkSessionId(req.sessionId, this.opts.maxSessionIdBytes);
+    // Before discovery's first view an empty fleet means "not yet", not "none".
+    if (!this.discoverySynced && !this.router.workers().length) throw httpError(503, "no workers available: no worker yet (discovery has not delivered the fleet)", "service_unavailable");
     // A worker that renders differently counts other tokens than ours: demand is then an estimate.
     if (feats.exact && this.probes && this.probes.anyDiverged()) feats = { ...feats, exact: false };
     const pick = this.router.pick(feats, req.sessionId, allow);

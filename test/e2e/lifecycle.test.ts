@@ -7,7 +7,8 @@ import { test, after } from "node:test";
 import * as assert from "node:assert/strict";
 import { spawnSync } from "child_process";
 import * as grpc from "@grpc/grpc-js";
-import { startEtcd, startSim, startRouter, startBridge, run, stopAll, waitFor, sleep, fatal, freePort, workerArg, Proc, TSX } from "../harness";
+import { startEtcd, startSim, startRouter, startBridge, stopAll, waitFor, sleep, fatal, freePort, workerArg, Proc } from "../harness";
+import { processStream, reqBody, reqHeaders } from "../extproc-client";
 
 const hasEtcd = spawnSync("sh", ["-c", "command -v etcd"]).status === 0;
 const skipEtcd = hasEtcd ? false : "etcd not installed";
@@ -36,6 +37,26 @@ function healthCheck(port: number, service: string): Promise<number> {
       else resolve(v as number);
     }),
   );
+}
+
+/** One chat request through the router's ext_proc port, as Envoy sends it: the picked upstream, or the router's own answer. */
+async function route(client: grpc.Client): Promise<{ upstream?: string; status?: number; body?: string }> {
+  const s = processStream(client);
+  try {
+    s.send(reqHeaders("/v1/chat/completions"));
+    await s.next();
+    s.send(reqBody(JSON.stringify({ model: "m", messages: [{ role: "user", content: "hello" }] })));
+    const r = await s.next();
+    if (r.response.case === "immediateResponse") {
+      const v = r.response.value as { status: { code: number }; body: Uint8Array };
+      return { status: v.status.code, body: Buffer.from(v.body).toString() };
+    }
+    const v = r.response.value as { response?: { headerMutation?: { setHeaders: { header: { key: string; rawValue: Uint8Array } }[] } } };
+    const h = v.response?.headerMutation?.setHeaders.find((x) => x.header.key === "x-infera-upstream");
+    return h ? { upstream: Buffer.from(h.header.rawValue).toString() } : { body: r.response.case };
+  } finally {
+    s.call.cancel();
+  }
 }
 
 const readyz = async (admin: string) => {
@@ -155,18 +176,10 @@ test("not ready before a worker has passed a health check: /readyz and gRPC Chec
 
 test("etcd outage: /readyz and gRPC readiness stay ready (degraded: discovery) and routing goes on on the cached fleet", { skip: skipEtcd, timeout: 90000 }, async () => {
   const { etcd, sim, router } = await etcdRouter();
-  const { processStream, reqHeaders, reqBody } = await import("../extproc-client");
   const client = new grpc.Client(`127.0.0.1:${router.grpcPort}`, grpc.credentials.createInsecure());
   const pick = async () => {
-    const s = processStream(client);
-    s.send(reqHeaders("/v1/chat/completions"));
-    await s.next();
-    s.send(reqBody(JSON.stringify({ model: "m", messages: [{ role: "user", content: "hello" }] })));
-    const r = await s.next();
-    s.call.cancel();
-    const v = r.response.value as { response?: { headerMutation?: { setHeaders: { header: { key: string; rawValue: Uint8Array } }[] } } };
-    const h = v.response?.headerMutation?.setHeaders.find((x) => x.header.key === "x-infera-upstream");
-    return h ? Buffer.from(h.header.rawValue).toString() : `no pick: ${r.response.case} ${JSON.stringify(r.response.value, (_k, x) => (typeof x === "bigint" ? String(x) : x instanceof Uint8Array ? Buffer.from(x).toString() : x))}`;
+    const r = await route(client);
+    return r.upstream ?? `no pick: ${r.status} ${r.body}`;
   };
   try {
     assert.equal(await pick(), sim.address);
@@ -201,4 +214,36 @@ test("a dropped KV event stream probes its worker at once: a killed engine is ou
   const took = Date.now() - t0;
   assert.ok(took < 3000, `out of the pool after ${took} ms`);
   assert.equal(await healthy(sims[0].address), true, "the live worker stays in");
+});
+
+test("the router's own 503s say what happened: no worker yet, an empty fleet, no healthy worker", { skip: skipEtcd, timeout: 90000 }, async () => {
+  const base = ["--router-tokenizer-path", "none", "--log-format", "text"];
+  const answer = async (r: { grpcPort: number }) => {
+    const client = new grpc.Client(`127.0.0.1:${r.grpcPort}`, grpc.credentials.createInsecure());
+    try {
+      return await route(client);
+    } finally {
+      client.close();
+    }
+  };
+  const message = (body?: string) => (JSON.parse(body ?? "{}") as { error?: { message?: string } }).error?.message ?? `not an error body: ${body}`;
+  // Discovery has not delivered the fleet (etcd not there): "not yet".
+  const early = await startRouter(["--discovery-backend", "etcd", "--etcd-endpoint", `http://127.0.0.1:${await freePort()}`, ...base]);
+  const a = await answer(early);
+  assert.equal(a.status, 503);
+  assert.match(message(a.body), /no worker yet \(discovery has not delivered the fleet\)/);
+  // Discovery synced an empty fleet.
+  const etcd = await startEtcd();
+  const empty = await startRouter(["--discovery-backend", "etcd", "--etcd-endpoint", etcd.endpoint, ...base]);
+  await waitFor("etcd discovery synced", async () => /etcd: watching/.test(empty.proc.log()), 15000);
+  const b = await answer(empty);
+  assert.equal(b.status, 503);
+  assert.match(message(b.body), /no worker yet \(the fleet is empty: discovery has found none\)/);
+  // Every worker failed its health checks.
+  const dead = `127.0.0.1:${await freePort()}`;
+  const sick = await startRouter(["--workers", `${dead},127.0.0.1:${await freePort()}`, "--health-interval-ms", "200", ...base]);
+  await waitFor("both workers unhealthy", async () => ((await sick.workers()) as unknown as { healthy: boolean }[]).every((w) => !w.healthy), 10000);
+  const c = await answer(sick);
+  assert.equal(c.status, 503);
+  assert.match(message(c.body), /no healthy worker \(all 2 failed their health checks\)/);
 });

@@ -86,7 +86,7 @@ async function etcdBridge() {
   return { etcd, sim, bridge };
 }
 
-test("SIGTERM with etcd discovery: the router exits 0 within --drain-timeout-s + 5 s", { skip: skipEtcd, timeout: 90000 }, async () => {
+test("SIGTERM with etcd discovery: the router exits 0 within --drain-timeout-s + 5 s", { skip: skipEtcd, timeout: 90000 }, async (t) => {
   const { router } = await etcdRouter();
   const t0 = Date.now();
   router.proc.child.kill("SIGTERM");
@@ -94,15 +94,17 @@ test("SIGTERM with etcd discovery: the router exits 0 within --drain-timeout-s +
   assert.equal(r.code, 0, router.proc.log().slice(-1500));
   assert.ok(r.at - t0 < (DRAIN_S + 5) * 1000, `exit after ${r.at - t0} ms`);
   assert.match(router.proc.log(), /drained/);
+  t.diagnostic(`router exit ${r.at - t0} ms after SIGTERM`);
 });
 
-test("SIGTERM with etcd discovery: the bridge exits 0 within 5 s", { skip: skipEtcd, timeout: 90000 }, async () => {
+test("SIGTERM with etcd discovery: the bridge exits 0 within 5 s", { skip: skipEtcd, timeout: 90000 }, async (t) => {
   const { bridge } = await etcdBridge();
   const t0 = Date.now();
   bridge.child.kill("SIGTERM");
   const r = await exited(bridge, 5000);
   assert.equal(r.code, 0, bridge.log().slice(-1500));
   assert.ok(r.at - t0 < 5000, `exit after ${r.at - t0} ms`);
+  t.diagnostic(`bridge exit ${r.at - t0} ms after SIGTERM`);
 });
 
 test("SIGTERM while etcd hangs (paused): still bounded; a second SIGTERM exits the router and the bridge at once", { skip: skipEtcd, timeout: 120000 }, async () => {
@@ -202,7 +204,7 @@ test("etcd outage: /readyz and gRPC readiness stay ready (degraded: discovery) a
   }
 });
 
-test("a dropped KV event stream probes its worker at once: a killed engine is out of the pool well within a 10 s health interval", { timeout: 90000 }, async () => {
+test("a dropped KV event stream probes its worker at once: a killed engine is out of the pool well within a 10 s health interval", { timeout: 90000 }, async (t) => {
   const sims = await Promise.all(["e0", "e1"].map((id) => startSim(id)));
   const router = await startRouter(["--workers", workerArg(sims), "--health-interval-ms", "10000", "--router-tokenizer-path", "none", "--log-format", "text"]);
   await waitFor("ready with both workers", async () => (await readyz(router.admin)).status === 200 && /2 of 2 streams up/.test((await readyz(router.admin)).body.checks.events.detail), 15000);
@@ -213,6 +215,7 @@ test("a dropped KV event stream probes its worker at once: a killed engine is ou
   await waitFor("the killed worker marked unhealthy", async () => (await healthy(sims[1].address)) === false, 3000);
   const took = Date.now() - t0;
   assert.ok(took < 3000, `out of the pool after ${took} ms`);
+  t.diagnostic(`killed worker out of the pool ${took} ms after SIGKILL`);
   assert.equal(await healthy(sims[0].address), true, "the live worker stays in");
 });
 

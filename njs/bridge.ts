@@ -14,7 +14,7 @@ import { sameWorker } from "../core/fleet";
 import { Counter, Gauge, Registry } from "prom-client";
 import { Options, optionsFrom } from "../runtime/config";
 import { EventSource, eventSourceFor, fetchModels } from "../runtime/app";
-import { Fleet, startDiscovery } from "../runtime/discovery";
+import { Discovery, Fleet, startDiscovery } from "../runtime/discovery";
 import { Subscription } from "../runtime/events";
 import { KvEvent, tierOf } from "../core/kvevents";
 import { WorkerSpec } from "../core/router";
@@ -455,15 +455,18 @@ export function startBridge(argv: string[]): Promise<void> {
     const log = makeLogger(opts.logLevel, opts.logFormat, { component: "bridge" });
     const b = await Bridge.create(opts, log);
     const admin = await serveAdmin(b, opts.host, opts.adminPort).catch((e) => Promise.reject(listenError("--admin-port", opts.host, opts.adminPort, e)));
-    const d = await startDiscovery(b);
-    b.startHeartbeat();
-    log("info", "bridge started", { version: version(), push_url: opts.nginxPushUrl, admin: `${opts.host}:${(admin.address() as { port: number }).port}` });
-    // Nothing to drain (nginx keeps its state): each close step is bounded, a second signal exits at once.
+    // Nothing to drain (nginx keeps its state): each close step is bounded, a
+    // second signal exits at once. Handled from here on, discovery still starting included.
+    let d: Discovery | null = null;
     onShutdown(log, CLOSE_BUDGET_MS + 1000, async () => {
       admin.close();
-      await closeStep(log, "discovery close", () => d.close(), CLOSE_BUDGET_MS / 2);
+      const dd = d;
+      if (dd) await closeStep(log, "discovery close", () => dd.close(), CLOSE_BUDGET_MS / 2);
       await closeStep(log, "bridge close", () => b.close(), CLOSE_BUDGET_MS / 2);
     });
+    d = await startDiscovery(b);
+    b.startHeartbeat();
+    log("info", "bridge started", { version: version(), push_url: opts.nginxPushUrl, admin: `${opts.host}:${(admin.address() as { port: number }).port}` });
   });
 }
 

@@ -250,3 +250,27 @@ test("the router's own 503s say what happened: no worker yet, an empty fleet, no
   assert.equal(c.status, 503);
   assert.match(message(c.body), /no healthy worker \(all 2 failed their health checks\)/);
 });
+
+test("SIGTERM with k8s discovery (watches open): the router exits 0 within --drain-timeout-s + 5 s", { timeout: 90000 }, async (t) => {
+  const fs = await import("fs");
+  const os = await import("os");
+  const path = await import("path");
+  const { startFakeApi, pod } = await import("../k8s-api");
+  const api = await startFakeApi("llm");
+  try {
+    const sim = await startSim("k0");
+    api.put("pods", pod("k0", "127.0.0.1", { labels: { app: "vllm" } }));
+    const dir = fs.mkdtempSync(path.join(os.tmpdir(), "infera-lc-k8s-"));
+    const kubeconfig = path.join(dir, "kubeconfig");
+    fs.writeFileSync(kubeconfig, `apiVersion: v1\nkind: Config\nclusters: [{name: t, cluster: {server: '${api.url}', insecure-skip-tls-verify: true}}]\nusers: [{name: t, user: {token: test-token}}]\ncontexts: [{name: t, context: {cluster: t, user: t, namespace: llm}}]\ncurrent-context: t\n`);
+    const router = await startRouter(["--discovery-backend", "k8s", "--kubeconfig", kubeconfig, "--k8s-selector", "app=vllm", "--k8s-target-port", String(sim.port), "--router-tokenizer-path", "none", "--drain-timeout-s", String(DRAIN_S), "--log-format", "text"]);
+    await waitFor("router ready on the k8s fleet", async () => (await readyz(router.admin)).status === 200, 20000);
+    const t0 = Date.now();
+    router.proc.child.kill("SIGTERM");
+    const r = await exited(router.proc, (DRAIN_S + 5) * 1000);
+    assert.equal(r.code, 0, router.proc.log().slice(-1500));
+    t.diagnostic(`router (k8s) exit ${r.at - t0} ms after SIGTERM`);
+  } finally {
+    await api.close();
+  }
+});

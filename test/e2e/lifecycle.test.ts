@@ -7,11 +7,14 @@ import { test, after } from "node:test";
 import * as assert from "node:assert/strict";
 import { spawnSync } from "child_process";
 import * as grpc from "@grpc/grpc-js";
-import { startEtcd, startSim, startRouter, startBridge, stopAll, waitFor, sleep, fatal, freePort, workerArg, Proc } from "../harness";
+import * as fs from "fs";
+import * as path from "path";
+import { startEtcd, startSim, startRouter, startBridge, startNginx, nginx08, stopAll, waitFor, sleep, fatal, freePort, workerArg, Proc, ROOT } from "../harness";
 import { processStream, reqBody, reqHeaders } from "../extproc-client";
 
 const hasEtcd = spawnSync("sh", ["-c", "command -v etcd"]).status === 0;
 const skipEtcd = hasEtcd ? false : "etcd not installed";
+const skipNginx = !nginx08() ? "njs >= 0.8 not set up (bash scripts/njs08.sh)" : !fs.existsSync(path.join(ROOT, "njs", "dist", "infera.js")) ? "run npm run build:njs" : false;
 after(stopAll);
 
 /** Resolves with the exit code and when the process exited; rejects past ms. */
@@ -252,9 +255,7 @@ test("the router's own 503s say what happened: no worker yet, an empty fleet, no
 });
 
 test("SIGTERM with k8s discovery (watches open): the router exits 0 within --drain-timeout-s + 5 s", { timeout: 90000 }, async (t) => {
-  const fs = await import("fs");
   const os = await import("os");
-  const path = await import("path");
   const { startFakeApi, pod } = await import("../k8s-api");
   const api = await startFakeApi("llm");
   try {
@@ -273,4 +274,26 @@ test("SIGTERM with k8s discovery (watches open): the router exits 0 within --dra
   } finally {
     await api.close();
   }
+});
+
+test("etcd outage: the bridge's /readyz stays ready (degraded: discovery) while it feeds nginx the cached fleet", { skip: skipEtcd || skipNginx, timeout: 90000 }, async () => {
+  const etcd = await startEtcd();
+  await startSim("nb0", ["--etcd-endpoint", etcd.endpoint]);
+  const ng = await startNginx(nginx08()!);
+  const admin = await freePort();
+  await startBridge(["--discovery-backend", "etcd", "--etcd-endpoint", etcd.endpoint, "--admin-port", String(admin), "--log-format", "text"], `${ng.url}/_infera/push`);
+  const bAdmin = `http://127.0.0.1:${admin}`;
+  await waitFor("bridge ready", async () => (await readyz(bAdmin).catch(() => ({ status: 0 }))).status === 200, 20000);
+  await etcd.proc.kill("SIGKILL");
+  const t0 = Date.now();
+  let sawDegraded = false;
+  while (Date.now() - t0 < 6000) {
+    const r = await readyz(bAdmin);
+    assert.equal(r.status, 200, `bridge not ready during the etcd outage: ${JSON.stringify(r.body)}`);
+    if (r.body.degraded?.includes("discovery") && !r.body.checks.discovery.ok) sawDegraded = true;
+    await sleep(500);
+  }
+  assert.ok(sawDegraded, "the bridge's body reports discovery degraded");
+  const ws = (await (await fetch(`${ng.url}/v1/admin/workers`)).json()) as unknown[];
+  assert.equal(ws.length, 1, "nginx keeps the fleet");
 });

@@ -7,6 +7,7 @@ import { CliError, runCommand } from "./args";
 import { badEventEndpoint } from "../runtime/config";
 import { configureTransportSecurity } from "../runtime/transport-security";
 import { Level, makeLogger } from "../runtime/log";
+import { CLOSE_BUDGET_MS, closeStep, onShutdown } from "../runtime/shutdown";
 
 export function startRegister(argv: string[]): Promise<void> {
   return runCommand("register", argv, async (p) => {
@@ -24,9 +25,8 @@ export function startRegister(argv: string[]): Promise<void> {
     if (v["kv-replay"]) reg.kv_replay = v["kv-replay"] as string;
     const r = await registerWorker(v["etcd-endpoint"] as string, v["etcd-prefix"] as string, id, reg, v.ttl as number, log);
     log("info", "registered", { id, registration: reg });
-    const stop = () => r.close().then(() => process.exit(0));
-    process.on("SIGTERM", stop);
-    process.on("SIGINT", stop);
+    // Bounded like the router's: a hung etcd or NATS does not keep the process up, a second signal ends it at once.
+    onShutdown(log, CLOSE_BUDGET_MS + 1000, () => closeStep(log, "registration close", () => r.close(), CLOSE_BUDGET_MS));
   });
 }
 

@@ -5,6 +5,7 @@ import * as zmq from "zeromq";
 import { natsConnect, natsPublish } from "../runtime/nats";
 import { decodeSeq } from "../runtime/events";
 import { Level, Logger, makeLogger } from "../runtime/log";
+import { CLOSE_BUDGET_MS, closeStep, onShutdown } from "../runtime/shutdown";
 import { CliError, runCommand } from "./args";
 import { badEventEndpoint } from "../runtime/config";
 import { configureTransportSecurity } from "../runtime/transport-security";
@@ -42,9 +43,8 @@ export function startRelay(argv: string[]): Promise<void> {
     if (why) throw new CliError(`--zmq-endpoint: ${why}`);
     const r = await runRelay(v["zmq-endpoint"] as string, v["nats-url"] as string, v.subject as string, v["kv-event-topic"] as string, log);
     log("info", "relaying", { from: v["zmq-endpoint"], to: v["nats-url"], subject: v.subject });
-    const stop = () => r.close().then(() => process.exit(0));
-    process.on("SIGTERM", stop);
-    process.on("SIGINT", stop);
+    // Bounded like the router's: a hung NATS does not keep the process up, a second signal ends it at once.
+    onShutdown(log, CLOSE_BUDGET_MS + 1000, () => closeStep(log, "relay close", () => r.close(), CLOSE_BUDGET_MS));
   });
 }
 

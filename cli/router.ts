@@ -3,10 +3,11 @@ import { optionsFrom } from "../runtime/config";
 import { App } from "../runtime/app";
 import { startExtProc } from "../extproc/server";
 import { startAdmin } from "../runtime/admin";
-import { startDiscovery } from "../runtime/discovery";
+import { Discovery, startDiscovery } from "../runtime/discovery";
 import { listenError, runCommand, version } from "./args";
 import { makeLogger } from "../runtime/log";
 import { drainGrpc } from "../runtime/drain";
+import { CLOSE_BUDGET_MS, closeStep, onShutdown } from "../runtime/shutdown";
 
 export async function startRouter(argv: string[]): Promise<void> {
   await runCommand("router", argv, async (p) => {
@@ -18,17 +19,14 @@ export async function startRouter(argv: string[]): Promise<void> {
     // Bind first: a busy port must fail fast with the flag named, before discovery starts.
     const a = await startAdmin(app, opts.host, opts.adminPort).catch((e) => Promise.reject(listenError("--admin-port", opts.host, opts.adminPort, e)));
     const g = await startExtProc(app, opts.host, opts.extProcPort).catch((e) => Promise.reject(listenError("--ext-proc-port", opts.host, opts.extProcPort, e)));
-    const discovery = await startDiscovery(app);
+    // Health checks before discovery: every worker that joins is probed at once,
+    // and readiness waits for a passed probe (App.readiness).
     app.startHealthChecks();
-    app.startRenderProbes();
-    log("info", "listening", { version: version(), ext_proc: `${opts.host}:${g.port}`, admin: `${opts.host}:${a.port}`, policy: opts.router.policy, block_size: opts.router.blockSize, tokenizer: app.tokenizer?.source ?? "none" });
-    let stopping = false;
-    const stop = async (sig: string) => {
-      if (stopping) {
-        log("warn", `second ${sig}: exiting now`);
-        process.exit(1);
-      }
-      stopping = true;
+    // Signals are handled from here on, discovery still starting included.
+    let discovery: Discovery | null = null;
+    // Bounded: the drain gets --drain-timeout-s, the close steps after it
+    // CLOSE_BUDGET_MS between them, and the backstop ends the process past that.
+    onShutdown(log, opts.drainTimeoutS * 1000 + CLOSE_BUDGET_MS + 1000, async (sig) => {
       // Not ready first, so health-checking load balancers stop sending, then
       // refuse new ext_proc streams while in-flight ones finish (bounded).
       app.draining = true;
@@ -36,12 +34,13 @@ export async function startRouter(argv: string[]): Promise<void> {
       const r = await drainGrpc(g.server, opts.drainTimeoutS * 1000);
       log(r.forced ? "warn" : "info", r.forced ? "drain timeout: closing remaining streams" : "drained", { waited_ms: r.waitedMs });
       a.server.close();
-      await discovery.close();
-      await app.close();
-      process.exit(0);
-    };
-    process.on("SIGTERM", () => void stop("SIGTERM"));
-    process.on("SIGINT", () => void stop("SIGINT"));
+      const d = discovery;
+      if (d) await closeStep(log, "discovery close", () => d.close(), CLOSE_BUDGET_MS / 2);
+      await closeStep(log, "router close", () => app.close(), CLOSE_BUDGET_MS / 2);
+    });
+    discovery = await startDiscovery(app);
+    app.startRenderProbes();
+    log("info", "listening", { version: version(), ext_proc: `${opts.host}:${g.port}`, admin: `${opts.host}:${a.port}`, policy: opts.router.policy, block_size: opts.router.blockSize, tokenizer: app.tokenizer?.source ?? "none" });
   });
 }
 

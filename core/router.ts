@@ -231,7 +231,7 @@ export function createRouter(state: RouterState, cfg: RouterConfig, hooks?: Rout
     }
     const ctx = context(f, fleet, hasPrefill && hasDecode, sessionId || null);
     const prefillRows = run(ctx, "prefill");
-    if (!prefillRows.length) throw httpError(503, "no workers available", "service_unavailable");
+    if (!prefillRows.length) throw httpError(503, "no workers available: " + whyNone(reg.list(), fleet), "service_unavailable");
     const prefillIndex = choose(ctx, prefillRows).index;
     const prefillWorker = prefillRows[prefillIndex].worker;
     const media = f.mediaHashes.length > 0 && cfg.policy === "kv-aware";
@@ -278,6 +278,34 @@ export function createRouter(state: RouterState, cfg: RouterConfig, hooks?: Rout
       mmAffinityHits: mmHits,
       uncachedTokens: cfg.policy === "kv-aware" && !media ? Math.max(0, f.inputTokens - prefillRows[prefillIndex].data.hits * cfg.blockSize) : f.inputTokens,
     };
+  }
+
+  /**
+   * Why a pick found no candidate, for the 503's text: the operator reading it
+   * (or the client's log) should know which of fleet, health, exclusion or the
+   * request's own filters left nothing.
+   */
+  function whyNone(all: Worker[], fleet: Worker[]): string {
+    if (!all.length) return "no worker yet (the fleet is empty: discovery has found none)";
+    if (!fleet.length) return "none of the " + all.length + " known worker(s) is in the gateway's endpoint subset";
+    let unhealthy = 0;
+    let excluded = 0;
+    let otherSize = 0;
+    for (let i = 0; i < fleet.length; i++) {
+      const w = fleet[i];
+      if (w.blockSize !== undefined && w.blockSize !== cfg.blockSize) otherSize++;
+      else if (reg.excluded(w.epochKey) !== null) excluded++;
+      else if (!reg.healthy(w.epochKey)) unhealthy++;
+    }
+    if (unhealthy === fleet.length) return "no healthy worker (all " + fleet.length + " failed their health checks)";
+    if (unhealthy + excluded + otherSize === fleet.length) {
+      const parts: string[] = [];
+      if (unhealthy) parts.push(unhealthy + " failed health checks");
+      if (excluded) parts.push(excluded + " excluded (see /v1/admin/workers)");
+      if (otherSize) parts.push(otherSize + " with a block size other than --block-size " + cfg.blockSize);
+      return "no usable worker (of " + fleet.length + ": " + parts.join(", ") + ")";
+    }
+    return "no worker passed this request's filters (model, role) among " + (fleet.length - unhealthy - excluded - otherSize) + " usable of " + fleet.length;
   }
 
   function byId<T>(id: string, f: (w: Worker) => T, none: T): T {

@@ -1,8 +1,12 @@
 // gRPC health (grpc.health.v1.Health) on the ext_proc port, with the three
 // service names the Endpoint Picker Protocol defines:
 //   liveness                                   SERVING while the process answers
-//   readiness                                  App.readiness(): discovery synced, a usable
-//                                              worker, KV-event subscriptions open
+//   readiness                                  App.readiness(), "can route": discovery has
+//                                              delivered its first view, a worker that passed
+//                                              a health check, KV-event subscriptions open.
+//                                              Discovery lost later (etcd down) stays SERVING:
+//                                              routing goes on on the cached fleet (/readyz's
+//                                              body reports it as degraded)
 //   envoy.service.ext_proc.v3.ExternalProcessor  same as readiness
 //   ""                                         (the whole server) same as readiness
 // Status is re-evaluated on a short timer so Watch streams see transitions.

@@ -14,12 +14,13 @@ import { sameWorker } from "../core/fleet";
 import { Counter, Gauge, Registry } from "prom-client";
 import { Options, optionsFrom } from "../runtime/config";
 import { EventSource, eventSourceFor, fetchModels } from "../runtime/app";
-import { Fleet, startDiscovery } from "../runtime/discovery";
+import { Discovery, Fleet, startDiscovery } from "../runtime/discovery";
 import { Subscription } from "../runtime/events";
 import { KvEvent, tierOf } from "../core/kvevents";
 import { WorkerSpec } from "../core/router";
 import { backoff, Logger, makeLogger, stateLogger } from "../runtime/log";
 import { listenError, runCommand, version } from "../cli/args";
+import { CLOSE_BUDGET_MS, closeStep, onShutdown } from "../runtime/shutdown";
 
 interface ShadowBlock {
   parent: string | null;
@@ -332,13 +333,15 @@ export class Bridge implements Fleet {
     this.heartbeat.unref();
   }
 
-  readiness(): { ready: boolean; checks: Record<string, { ok: boolean; detail: string }> } {
+  readiness(): { ready: boolean; degraded: string[]; checks: Record<string, { ok: boolean; detail: string }> } {
     const checks = {
       nginx: { ok: !this.dirty && !this.nginxState.failing, detail: this.dirty ? "resync pending (nginx unreachable or refused a push)" : "in sync" },
       discovery: { ok: this.discoveryState.ok, detail: this.discoveryState.detail },
       workers: { ok: Object.keys(this.fleet).length > 0, detail: `${Object.keys(this.fleet).length} worker(s)` },
     };
-    return { ready: Object.values(checks).every((c) => c.ok), checks };
+    // Discovery that lost its registry keeps feeding nginx the last known fleet: degraded, not unready.
+    const degraded = !checks.discovery.ok && checks.workers.ok ? ["discovery"] : [];
+    return { ready: checks.nginx.ok && checks.workers.ok && (checks.discovery.ok || degraded.length > 0), degraded, checks };
   }
 
   setDiscoveryState(ok: boolean, detail: string): void {
@@ -436,7 +439,7 @@ function serveAdmin(b: Bridge, host: string, port: number): Promise<http.Server>
     if (p === "/livez") return send(200, { status: "alive" });
     if (p === "/readyz" || p === "/healthz") {
       const r = b.readiness();
-      return send(r.ready ? 200 : 503, { status: r.ready ? "ready" : "not_ready", checks: r.checks });
+      return send(r.ready ? 200 : 503, { status: r.ready ? "ready" : "not_ready", degraded: r.degraded, checks: r.checks });
     }
     send(404, { error: { message: "not found", type: "not_found", code: 404 } });
   });
@@ -452,17 +455,18 @@ export function startBridge(argv: string[]): Promise<void> {
     const log = makeLogger(opts.logLevel, opts.logFormat, { component: "bridge" });
     const b = await Bridge.create(opts, log);
     const admin = await serveAdmin(b, opts.host, opts.adminPort).catch((e) => Promise.reject(listenError("--admin-port", opts.host, opts.adminPort, e)));
-    const d = await startDiscovery(b);
+    // Nothing to drain (nginx keeps its state): each close step is bounded, a
+    // second signal exits at once. Handled from here on, discovery still starting included.
+    let d: Discovery | null = null;
+    onShutdown(log, CLOSE_BUDGET_MS + 1000, async () => {
+      admin.close();
+      const dd = d;
+      if (dd) await closeStep(log, "discovery close", () => dd.close(), CLOSE_BUDGET_MS / 2);
+      await closeStep(log, "bridge close", () => b.close(), CLOSE_BUDGET_MS / 2);
+    });
+    d = await startDiscovery(b);
     b.startHeartbeat();
     log("info", "bridge started", { version: version(), push_url: opts.nginxPushUrl, admin: `${opts.host}:${(admin.address() as { port: number }).port}` });
-    const stop = async () => {
-      admin.close();
-      await d.close();
-      await b.close();
-      process.exit(0);
-    };
-    process.on("SIGTERM", stop);
-    process.on("SIGINT", stop);
   });
 }
 

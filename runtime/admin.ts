@@ -1,6 +1,7 @@
 // Admin/metrics HTTP: /metrics, /v1/admin/cache-view/<worker>, /v1/admin/workers,
-// /livez (the process answers), /readyz (it can route; see App.readiness), and
-// /healthz, kept as an alias of /readyz.
+// /livez (the process answers), /readyz (it can route; see App.readiness; its
+// body's `degraded` lists what is impaired while routing goes on, e.g. discovery
+// on the cached fleet during an etcd outage), and /healthz, kept as an alias of /readyz.
 import * as fs from "fs";
 import * as http from "http";
 import * as https from "https";
@@ -44,7 +45,8 @@ export function startAdmin(app: App, host: string, port: number): Promise<{ serv
       if (p === "/livez") return json(res, 200, { status: "alive" });
       if (p === "/readyz" || p === "/healthz") {
         const r = app.readiness();
-        return json(res, r.ready ? 200 : 503, { status: r.ready ? "ready" : "not_ready", checks: r.checks });
+        // 200 = can route; degraded names what is impaired while it still routes (discovery on its cached fleet).
+        return json(res, r.ready ? 200 : 503, { status: r.ready ? "ready" : "not_ready", degraded: r.degraded, checks: r.checks });
       }
       const m = /^\/v1\/admin\/cache-view\/(.+)$/.exec(p);
       if (m) {

@@ -6,6 +6,7 @@ import { RouterState } from "../core/state/types";
 import { EpochKey } from "../core/types";
 import { diffFleet } from "../core/fleet";
 import { checkSessionId } from "../core/limits";
+import { httpError } from "../core/util";
 import { computeFeatures, Endpoint, featuresOf, mediaSalt, parseRequest, ParsedRequest, promptTokenIds } from "../core/request";
 import { prefixHashes } from "./prefix-hashes";
 import { Features } from "../core/types";
@@ -57,8 +58,23 @@ export function tokenizerPaths(v: string | null): { byModel: Record<string, stri
   return { byModel, dflt };
 }
 import { Logger } from "./log";
+import { CliError } from "../cli/args";
 
 export { Logger, makeLogger } from "./log";
+
+/**
+ * A tokenizer the operator named that cannot be loaded (missing, unreadable,
+ * not a tokenizer.json) is a bad flag value: one line naming the flag, exit 2
+ * like every other flag error, not a crash's exit 1.
+ */
+function tokenizerFromFlag(p: string | null, lo: Parameters<typeof loadTokenizer>[1]): LoadedTokenizer | null {
+  try {
+    return loadTokenizer(p, lo);
+  } catch (e) {
+    const m = (e as Error).message.split("\n")[0];
+    throw new CliError(/^--(router-tokenizer-path|tokenizer-backend)\b/.test(m) ? m : `--router-tokenizer-path ${p ?? "(default)"}: ${m}`);
+  }
+}
 
 export interface EventSource {
   /** onState reports the transport's connection state for this subscription, when the transport knows it. */
@@ -102,6 +118,10 @@ export class App {
   private healthTimer: NodeJS.Timeout | null = null;
   private modelTimer: NodeJS.Timeout | null = null;
   private failures: Record<string, number> = {};
+  /** Health checks run (startHealthChecks): a worker counts for readiness once it has passed one. */
+  private probing = false;
+  /** Per worker: has a health probe passed since it joined (or changed address). */
+  private passed: Record<string, boolean> = {};
   private eventSource: EventSource;
   private discoverySynced = false;
   /** Per worker: when its events last arrived, picks since, whether it is flagged silent. */
@@ -131,10 +151,10 @@ export class App {
   constructor(readonly opts: Options, readonly log: Logger, eventSource?: EventSource) {
     const tp = tokenizerPaths(opts.tokenizerPath);
     const lo = { backend: opts.tokenize.backend };
-    this.tokenizer = loadTokenizer(tp.dflt, lo);
+    this.tokenizer = tokenizerFromFlag(tp.dflt, lo);
     if (this.tokenizer) this.tokKeys.set(this.tokenizer, tp.dflt ?? "");
     for (const m of Object.keys(tp.byModel)) {
-      const t = (this.tokenizers[m] = loadTokenizer(tp.byModel[m], lo));
+      const t = (this.tokenizers[m] = tokenizerFromFlag(tp.byModel[m], lo));
       if (t) this.tokKeys.set(t, tp.byModel[m]);
     }
     for (const t of this.tokKeys.keys())
@@ -183,28 +203,51 @@ export class App {
     return app;
   }
 
-  /** Starts active health checks (vLLM and SGLang both serve GET /health). */
+  /**
+   * Starts active health checks (vLLM and SGLang both serve GET /health): every
+   * worker now, each joining worker at once, then every --health-interval-ms.
+   * Two failures in a row take a worker out of every pool; one success puts it back.
+   */
   startHealthChecks(): void {
     if (!this.opts.healthIntervalMs || this.healthTimer) return;
-    const tick = async () => {
-      await Promise.all(
-        this.router.workers().map(async (w) => {
-          let ok = false;
-          try {
-            const r = await fetch(`http://${w.address}/health`, { signal: AbortSignal.timeout(Math.max(200, this.opts.healthIntervalMs)) });
-            ok = r.ok;
-            await r.arrayBuffer().catch(() => undefined);
-          } catch {
-            ok = false;
-          }
-          this.failures[w.id] = ok ? 0 : (this.failures[w.id] ?? 0) + 1;
-          if (ok) this.router.setHealthy(w.id, true);
-          else if (this.failures[w.id] >= 2) this.router.setHealthy(w.id, false);
-        }),
-      );
+    this.probing = true;
+    const tick = () => {
+      for (const w of this.router.workers()) void this.probe(w.id);
     };
-    this.healthTimer = setInterval(() => void tick(), this.opts.healthIntervalMs);
+    tick();
+    this.healthTimer = setInterval(tick, this.opts.healthIntervalMs);
     this.healthTimer.unref();
+  }
+
+  /**
+   * One health probe of a worker. again: on a failure, probe once more shortly
+   * after (a dropped KV event stream: two failures in a row then take the
+   * worker out now, not one or two intervals later).
+   */
+  async probe(id: string, again = false): Promise<boolean> {
+    const w = this.router.worker(id);
+    if (!w) return false;
+    let ok = false;
+    try {
+      const r = await fetch(`http://${w.address}/health`, { signal: AbortSignal.timeout(Math.max(200, this.opts.healthIntervalMs)) });
+      ok = r.ok;
+      await r.arrayBuffer().catch(() => undefined);
+    } catch {
+      ok = false;
+    }
+    // The worker left or was replaced (new address) while the probe ran: its result is not this worker's.
+    const now = this.router.worker(id);
+    if (!now || now.epochKey !== w.epochKey) return false;
+    this.failures[id] = ok ? 0 : (this.failures[id] ?? 0) + 1;
+    if (ok) {
+      this.passed[id] = true;
+      this.router.setHealthy(id, true);
+    } else if (this.failures[id] >= 2) this.router.setHealthy(id, false);
+    if (!ok && again && this.router.healthy(id)) {
+      await new Promise((r) => setTimeout(r, 300).unref());
+      return this.probe(id);
+    }
+    return ok;
   }
 
   /** Asks a worker which models it serves; workers without /v1/models serve anything. */
@@ -245,6 +288,12 @@ export class App {
   addWorker(spec: WorkerSpec): void {
     const before = this.router.worker(spec.id);
     const w = this.router.addWorker(spec);
+    if (this.probing && (!before || before.epochKey !== w.epochKey)) {
+      // A new or changed worker is not known to serve until a probe passes (readiness waits for one).
+      delete this.passed[spec.id];
+      this.failures[spec.id] = 0;
+      void this.probe(spec.id);
+    }
     // Models first: the probe names one the worker serves and uses its tokenizer.
     void this.refreshModels(spec.id, w.address).then(() => this.probes?.join(spec.id, w.address));
     const prev = this.subs[spec.id];
@@ -271,8 +320,11 @@ export class App {
         },
         (up) => {
           if (this.subs[spec.id]?.epochKey !== epochKey) return;
-          if (this.eventsUp[spec.id] !== up) this.log(up ? "info" : "warn", `kv-events worker=${spec.id} ${up ? "connected" : "disconnected"}`, { worker: spec.id, events: spec.events });
+          const was = this.eventsUp[spec.id];
+          if (was !== up) this.log(up ? "info" : "warn", `kv-events worker=${spec.id} ${up ? "connected" : "disconnected"}`, { worker: spec.id, events: spec.events });
           this.eventsUp[spec.id] = up;
+          // A dropped event stream is often the engine dying: probe it now, not at the next interval.
+          if (was === true && !up && this.probing) void this.probe(spec.id, true);
         },
       );
     } catch (e) {
@@ -293,6 +345,7 @@ export class App {
     if (this.subs[id]) this.subs[id].sub.close();
     delete this.subs[id];
     delete this.failures[id];
+    delete this.passed[id];
     delete this.kv[id];
     if (this.router.removeWorker(id)) this.log("info", `worker ${id} left; mirror dropped, in-flight reservations kept`);
   }
@@ -381,17 +434,25 @@ export class App {
   }
 
   /**
-   * Readiness, for /readyz and gRPC health: not draining; discovery has
-   * delivered its first view and is connected (etcd watch live; static always);
-   * some worker can take a pick (healthy, not excluded); and KV events flow:
-   * every worker naming an event endpoint has its subscription open, and among
-   * routable ones at least one stream is not reported down by its transport. An idle
-   * engine publishes nothing, so "flowing" is judged by the connection, not by
-   * a recent event (that would keep an idle fleet unready forever).
+   * Readiness, for /readyz and gRPC health, means "can route": not draining;
+   * discovery has delivered its first view; some worker can take a pick
+   * (healthy, not excluded, and, with health checks on, has passed a probe
+   * since it joined); and KV events flow: every worker naming an event
+   * endpoint has its subscription open, and among routable ones at least one
+   * stream is not reported down by its transport. An idle engine publishes
+   * nothing, so "flowing" is judged by the connection, not by a recent event
+   * (that would keep an idle fleet unready forever).
+   *
+   * Discovery that lost its registry after the first view (etcd down, a watch
+   * broken) keeps routing on the last known fleet: that is reported in
+   * `degraded`, not as unready, or a probe would take the only replica out of
+   * its Service while it still routes.
    */
-  readiness(): { ready: boolean; reason: string; checks: Record<string, { ok: boolean; detail: string }> } {
+  readiness(): { ready: boolean; degraded: string[]; reason: string; checks: Record<string, { ok: boolean; detail: string }> } {
     const ws = this.router.workers();
-    const routable = ws.filter((w) => this.router.healthy(w.id) && !this.router.excluded(w.id));
+    const usable = ws.filter((w) => this.router.healthy(w.id) && !this.router.excluded(w.id));
+    const routable = this.probing ? usable.filter((w) => this.passed[w.id]) : usable;
+    const unprobed = usable.length - routable.length;
     const withEvents = routable.filter((w) => w.events);
     // A stream counts until its transport reports it down (an endpoint still
     // connecting is not known to be broken); one that delivered counts anyway.
@@ -400,7 +461,10 @@ export class App {
     const checks = {
       draining: { ok: !this.draining, detail: this.draining ? "shutting down" : "no" },
       discovery: { ok: this.discoverySynced && this.discoveryState.ok, detail: this.discoverySynced ? this.discoveryState.detail : "discovery has not synced" },
-      workers: { ok: routable.length > 0, detail: ws.length ? `${routable.length} routable of ${ws.length}` : "no workers known" },
+      workers: {
+        ok: routable.length > 0,
+        detail: ws.length ? `${routable.length} routable of ${ws.length}${unprobed ? ` (${unprobed} not yet through a health check)` : ""}` : "no workers known",
+      },
       events: {
         ok: noSub.length === 0 && (withEvents.length === 0 || flowing.length > 0),
         detail: noSub.length
@@ -410,8 +474,11 @@ export class App {
             : `${flowing.length} of ${withEvents.length} streams up`,
       },
     };
-    const failing = Object.entries(checks).find(([, c]) => !c.ok);
-    return { ready: !failing, reason: failing ? `${failing[0]}: ${failing[1].detail}` : `${routable.length} worker(s)`, checks };
+    // Discovery after its first view: routing goes on on the cached fleet.
+    const degraded = this.discoverySynced && !this.discoveryState.ok ? ["discovery"] : [];
+    const failing = Object.entries(checks).find(([k, c]) => !c.ok && degraded.indexOf(k) < 0);
+    const reason = failing ? `${failing[0]}: ${failing[1].detail}` : `${routable.length} worker(s)${degraded.length ? `; degraded: discovery: ${checks.discovery.detail}` : ""}`;
+    return { ready: !failing, degraded, reason, checks };
   }
 
   /** Piece-cache counters of the event loop's tokenizer plus every tokenizer thread. */
@@ -514,6 +581,8 @@ export class App {
   private finishPick(req: ParsedRequest, feats: Features, t0: bigint, allow?: (w: Worker) => boolean): Pick {
     const endpoint = req.endpoint;
     checkSessionId(req.sessionId, this.opts.maxSessionIdBytes);
+    // Before discovery's first view an empty fleet means "not yet", not "none".
+    if (!this.discoverySynced && !this.router.workers().length) throw httpError(503, "no workers available: no worker yet (discovery has not delivered the fleet)", "service_unavailable");
     // A worker that renders differently counts other tokens than ours: demand is then an estimate.
     if (feats.exact && this.probes && this.probes.anyDiverged()) feats = { ...feats, exact: false };
     const pick = this.router.pick(feats, req.sessionId, allow);

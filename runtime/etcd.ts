@@ -15,6 +15,11 @@ import { badEventEndpoint } from "./config";
 import { Fleet } from "./discovery";
 import { Role, WorkerSpec } from "../core/router";
 import { expandDp } from "../core/fleet";
+import { within } from "./shutdown";
+
+// A watch cancel or lease revoke waits for etcd's answer: a paused or
+// partitioned etcd never sends one, so neither may hold up a re-list or a close for longer.
+const ETCD_CALL_DEADLINE_MS = 1000;
 
 export interface Registration {
   address: string;
@@ -72,6 +77,8 @@ export async function startEtcdDiscovery(app: Fleet): Promise<{ close(): Promise
   report(false, "connecting to etcd");
   let closed = false;
   let current: Watcher | null = null;
+  // Ends the wait on the live watch: close() must not depend on the watcher ever emitting again.
+  let wake: () => void = () => undefined;
   // Registration id -> the target ids it expanded to (DP ranks), to remove them together.
   const targets: Record<string, string[]> = {};
   const apply = (key: string, value: string | null) => {
@@ -122,6 +129,7 @@ export async function startEtcdDiscovery(app: Fleet): Promise<{ close(): Promise
         report(true, `watching ${prefix} at ${app.opts.etcdEndpoint}`);
         attempt = 0;
         await new Promise<void>((resolve) => {
+          wake = resolve;
           w.on("put", (kv) => apply(kv.key.toString(), kv.value.toString()));
           w.on("delete", (kv) => apply(kv.key.toString(), null));
           // The client would resume by itself, but we re-list on return instead:
@@ -133,8 +141,8 @@ export async function startEtcdDiscovery(app: Fleet): Promise<{ close(): Promise
         current = null;
         w.removeAllListeners("put");
         w.removeAllListeners("delete");
-        await w.cancel().catch(() => undefined);
-        if (closed) break;
+        if (closed) break; // close() cancels it, bounded
+        await within(w.cancel(), ETCD_CALL_DEADLINE_MS);
         state.fail("watch lost; keeping the last known fleet");
         report(false, "etcd unreachable; keeping the last known fleet");
       } catch (e) {
@@ -149,9 +157,14 @@ export async function startEtcdDiscovery(app: Fleet): Promise<{ close(): Promise
   return {
     async close() {
       closed = true;
-      if (current) await current.cancel().catch(() => undefined);
+      wake();
+      // The cancel is a courtesy to etcd (it frees the watch at once); it
+      // never settles while etcd is paused, and the client's close ends the stream anyway.
+      const w = current;
+      current = null;
+      if (w) await within(w.cancel(), ETCD_CALL_DEADLINE_MS);
       client.close();
-      await running.catch(() => undefined);
+      await within(running, ETCD_CALL_DEADLINE_MS);
     },
   };
 }
@@ -217,8 +230,8 @@ export async function registerWorker(endpoint: string, prefix: string, id: strin
       hooks.wake();
       const l = lease;
       lease = null;
-      if (l) await l.revoke().catch(() => undefined);
-      await running.catch(() => undefined);
+      if (l) await within(l.revoke(), ETCD_CALL_DEADLINE_MS);
+      await within(running, ETCD_CALL_DEADLINE_MS);
       client.close();
     },
   };

@@ -14,7 +14,7 @@ import { loadTokenizer } from "../runtime/tokenizer";
 import { endpointOf, parseRequest, Tokenizer } from "../core/request";
 import { EngineModel, ModelConfig, ModelEvent, StepPlan, TokenOut } from "./model";
 import { simRender, SimRender } from "./render";
-import { listenError, parseCommand, Parsed, runCommand } from "../cli/args";
+import { CliError, listenError, parseCommand, Parsed, runCommand } from "../cli/args";
 
 export interface SimOptions {
   id: string;
@@ -212,7 +212,12 @@ export class EngineSim {
   stats = { requests: 0, promptTokens: 0, cachedTokens: 0, aborted: 0, inflight: 0, batches: 0 };
 
   constructor(readonly o: SimOptions) {
-    this.tok = loadTokenizer(o.tokenizerPath);
+    try {
+      this.tok = loadTokenizer(o.tokenizerPath);
+    } catch (e) {
+      // A bad --tokenizer-path is a flag error: one line, exit 2.
+      throw new CliError(`--tokenizer-path ${o.tokenizerPath}: ${(e as Error).message.split("\n")[0].replace(/^--router-tokenizer-path: /, "")}`);
+    }
     this.model = new EngineModel(modelConfig(o));
     this.runner = new Runner(this.model, o.timeScale, (e) => this.publishModel(e));
     this.extras = new KvExtras({ blockSize: o.blockSize, cpuBlocks: o.kvCpuBlocks, slidingWindow: o.kvSlidingWindow });

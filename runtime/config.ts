@@ -151,7 +151,13 @@ export function parseWorkers(s: string): WorkerSpec[] {
     if (replay !== undefined && !/^tcp:\/\/[^\s]+:\d+$/.test(replay)) throw new CliError(`--workers: '${raw}': replay endpoint '${replay}' is not tcp://host:port`);
     const base: WorkerSpec = replay ? { id: rest, address: rest, role, events, replay } : { id: rest, address: rest, role, events };
     if (engine === "sglang") base.engine = "sglang";
-    out.push(...expandDp(base, dp, dpMode));
+    for (const w of expandDp(base, dp, dpMode)) {
+      // Two entries for one id would share one mirror and one load ledger, the
+      // later silently replacing the earlier: refuse rather than guess.
+      const dup = out.find((o) => o.id === w.id);
+      if (dup) throw new CliError(`--workers: worker id '${w.id}' appears twice ('${raw}'); each host:port (and DP rank) may be listed once`);
+      out.push(w);
+    }
   }
   return out;
 }

@@ -36,6 +36,18 @@ function optStr(v: unknown): string | null {
   return String(v);
 }
 
+function isPlainMap(v: unknown): boolean {
+  return v !== null && typeof v === "object" && !Array.isArray(v) && !(v instanceof Uint8Array);
+}
+
+/** A name field: a string (or UTF-8 bytes); anything else is refused, never stringified. */
+function nameStr(v: unknown, what: string): string | null {
+  if (v === null || v === undefined) return null;
+  if (typeof v === "string") return v;
+  if (v instanceof Uint8Array) return Buffer.from(v).toString("utf8");
+  throw new Error(what + " is a " + (Array.isArray(v) ? "list" : typeof v) + ", not a string");
+}
+
 function list(v: unknown, what: string): unknown[] {
   if (!Array.isArray(v)) throw new Error(what + " is not an array");
   return v;
@@ -89,17 +101,29 @@ export function normalizeEvent(e: unknown): KvEvent | null {
   } else throw new Error("event is neither an array nor a map");
   if (tag === "BlockStored") {
     const bs = get("block_size");
+    // SGLang's BlockStoredWithMetadata appends `metadata` (a msgspec Struct,
+    // hence a map {cache_salt}) right after medium: in the array form that is
+    // the slot vLLM uses for lora_name. A map there is SGLang's metadata, never
+    // an adapter name; a map-form event names it `metadata`.
+    const slot = get("lora_name");
+    const meta = isPlainMap(slot) ? slot : isPlainMap(get("metadata")) ? get("metadata") : null;
+    const salt = meta ? optStr((meta as Record<string, unknown>).cache_salt) : null;
+    const hashes = list(get("block_hashes"), "block_hashes").map(hashKey);
     return {
       type: "BlockStored",
-      hashes: list(get("block_hashes"), "block_hashes").map(hashKey),
+      hashes,
       parent: get("parent_block_hash") === null || get("parent_block_hash") === undefined ? null : hashKey(get("parent_block_hash")),
       tokens: list(get("token_ids"), "token_ids").map((t) => intOf(t, "token id")),
       // Early vLLM sent num_toks_per_block (a list) where block_size now stands.
       blockSize: Array.isArray(bs) ? uniformBlockSize(bs) : intOf(bs, "block_size"),
       loraId: optInt(get("lora_id"), "lora_id"),
       medium: optStr(get("medium")),
-      loraName: optStr(get("lora_name")),
-      extraKeys: extraKeys(get("extra_keys")),
+      loraName: meta ? null : nameStr(slot, "lora_name"),
+      // SGLang folds the salt into every block of a salted chain (its radix key
+      // carries it): as extra keys, the salt roots a chain that starts here
+      // exactly as vLLM's block-0 salt does (core/kvevents.ts chainRoot), the
+      // same root a request with that cache_salt computes.
+      extraKeys: salt ? hashes.map(() => [salt]) : extraKeys(get("extra_keys")),
       groupIdx: optInt(get("group_idx"), "group_idx"),
       specKind: optStr(get("kv_cache_spec_kind")),
       slidingWindow: optInt(get("kv_cache_spec_sliding_window"), "kv_cache_spec_sliding_window"),

@@ -23,20 +23,26 @@ const FIELDS: { [type: string]: string[] } = {
 };
 // The first fields are required (no default) in vLLM's structs: always sent, null or not.
 const REQUIRED: { [type: string]: number } = { BlockStored: 7, BlockRemoved: 2, AllBlocksCleared: 0 };
-// SGLang's structs (python/sglang/srt/disaggregation/kv_events.py): fewer fields, all required;
-// no medium, lora_name, extra_keys or groups.
+// SGLang's structs (python/sglang/srt/disaggregation/kv_events.py): array_like,
+// tagged, without omit_defaults, so medium is always written (null or a
+// StorageMedium value: GPU, CPU_PINNED, DISK, EXTERNAL); no lora_name,
+// extra_keys or groups. A salted block is a BlockStoredWithMetadata: the same
+// tag with one more element, `metadata`, a plain msgspec Struct (a map
+// {cache_salt}); unsalted events keep the shorter array.
 const SGLANG_FIELDS: { [type: string]: string[] } = {
-  BlockStored: ["block_hashes", "parent_block_hash", "token_ids", "block_size", "lora_id"],
-  BlockRemoved: ["block_hashes"],
+  BlockStored: ["block_hashes", "parent_block_hash", "token_ids", "block_size", "lora_id", "medium", "metadata"],
+  BlockRemoved: ["block_hashes", "medium"],
   AllBlocksCleared: [],
 };
-const SGLANG_REQUIRED: { [type: string]: number } = { BlockStored: 5, BlockRemoved: 1, AllBlocksCleared: 0 };
+const SGLANG_REQUIRED: { [type: string]: number } = { BlockStored: 6, BlockRemoved: 2, AllBlocksCleared: 0 };
+const SGLANG_MEDIUM: { [medium: string]: string } = { CPU: "CPU_PINNED" };
 
 /** Whose struct definitions the encoder follows. */
 export type Dialect = "vllm" | "sglang";
 
 /** Encodes one event the way msgspec does for the given struct options. */
 export function encodeEvent(e: SimKvEvent, enc: Encoding, dialect: Dialect = "vllm"): unknown {
+  if (dialect === "sglang" && typeof e.medium === "string" && SGLANG_MEDIUM[e.medium]) e = { ...e, medium: SGLANG_MEDIUM[e.medium] };
   const fields = dialect === "sglang" ? SGLANG_FIELDS : FIELDS;
   const required = dialect === "sglang" ? SGLANG_REQUIRED : REQUIRED;
   const names = fields[e.type] || Object.keys(e).filter((k) => k !== "type");
@@ -128,11 +134,11 @@ export class KvPublisher {
    */
   publish(events: SimKvEvent[], live = true, dpRank: number | null = this.o.dpRank): Promise<void> {
     const seq = this.seq++;
+    // SGLang's EventBatch has no omit_defaults and its publish() fills attn_dp_rank
+    // with the publisher's rank: always three elements.
     const batch =
       this.o.dialect === "sglang"
-        ? dpRank === null
-          ? [Date.now() / 1000, events.map((e) => encodeEvent(e, "array", "sglang"))]
-          : [Date.now() / 1000, events.map((e) => encodeEvent(e, "array", "sglang")), dpRank]
+        ? [Date.now() / 1000, events.map((e) => encodeEvent(e, "array", "sglang")), dpRank ?? 0]
         : this.o.encoding === "map"
           ? { ts: Date.now() / 1000, events: events.map((e) => encodeEvent(e, "map")), data_parallel_rank: dpRank }
           : [Date.now() / 1000, events.map((e) => encodeEvent(e, "array")), dpRank];

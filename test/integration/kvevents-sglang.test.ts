@@ -67,3 +67,35 @@ test("SGLang publisher (its event structs, attn_dp_rank, port + rank, replay ROU
     await stopAll();
   }
 });
+
+test("SGLang salted tenant over real ZMQ (simulator --engine sglang: BlockStoredWithMetadata {cache_salt}): the tenant's repeat hits, no adapter \"[object Object]\", other tenants and unsalted prompts miss", async () => {
+  const sim = await startSim("kvsalt", ["--engine", "sglang", "--time-scale", "20"]);
+  try {
+    const a = new App(parseArgs(["--workers", `${sim.address}/sglang@${sim.events}`, "--health-interval-ms", "0"], {}), () => undefined);
+    a.setWorkers(a.opts.workers);
+    opened.push({ close: () => a.close() });
+    const ek = a.router.worker(sim.address)!.epochKey;
+    await sleep(400);
+    const text = longText("salted-", 100);
+    assert.equal((await chat(`http://${sim.address}`, text, { maxTokens: 2, extra: { cache_salt: "tenant-a" } })).status, 200);
+    const st = (await (await fetch(`http://${sim.address}/sim/stats`)).json()) as { cached_blocks: number; last_kv_seq: number | null };
+    assert.ok(st.cached_blocks > 10, JSON.stringify(st));
+    await waitFor("mirror = engine", async () => a.state.mirror.count(ek) === st.cached_blocks && a.state.mirror.sequence(ek) === (st.last_kv_seq ?? undefined), 20000);
+    const hits = (salt: string | null) => {
+      const body = Buffer.from(JSON.stringify({ model: "m", messages: [{ role: "user", content: text }], ...(salt ? { cache_salt: salt } : {}) }));
+      const p = a.route("chat", body, null);
+      p.reservation.finish();
+      return Math.max(...p.candidates.map((c) => c.hits));
+    };
+    assert.ok(hits("tenant-a") >= st.cached_blocks - 2, `tenant-a hits ${hits("tenant-a")} of ${st.cached_blocks}`);
+    assert.equal(hits("tenant-b"), 0);
+    assert.equal(hits(null), 0);
+    assert.equal(a.state.mirror.meta("*" as never, "lora:[object Object]"), undefined);
+    assert.doesNotMatch(await a.metrics.registry.metrics(), /reason="malformed"\} [1-9]/);
+    // And the engine agrees: the same salted prompt is served from its cache.
+    const again = await chat(`http://${sim.address}`, text, { maxTokens: 2, extra: { cache_salt: "tenant-a" } });
+    assert.ok(again.cachedTokens > 0, `engine cached ${again.cachedTokens}`);
+  } finally {
+    await stopAll();
+  }
+});

@@ -23,3 +23,40 @@ test("a worker id listed twice in --workers is refused at start: one line, exit 
   oneLine(runCli("cli/router.ts", ["--workers", "127.0.0.1:1,127.0.0.1:2,127.0.0.1:1", "--router-tokenizer-path", "none"]), /^infera-gate: --workers: worker id '127\.0\.0\.1:1' appears twice/);
   oneLine(runCli("njs/bridge.ts", ["--workers", "127.0.0.1:1,127.0.0.1:1", "--push-token", "t"]), /^infera-bridge: --workers: worker id '127\.0\.0\.1:1' appears twice/);
 });
+
+test("SGLang's BlockStoredWithMetadata: the metadata map in vLLM's lora_name slot salts the chain, never names an adapter", async () => {
+  const { decodeBatch } = await import("../../runtime/events");
+  const { applyBatch, adapterMetaKey, GLOBAL_META, requestRoot } = await import("../../core/kvevents");
+  const { memoryMirror } = await import("../../core/state/memory");
+  const { blockHashes } = await import("../../core/hash");
+  // The bytes SGLang's msgspec encoder writes for KVEventBatch(ts=1.5, events=[
+  //   BlockStoredWithMetadata(block_hashes=[7, 8], parent_block_hash=None, token_ids=[0..7], block_size=4,
+  //     lora_id=None, medium="GPU", metadata=BlockStoredMetadata(cache_salt="tenant-a"))], attn_dp_rank=0):
+  // array_like structs are arrays (tag first), the kw_only `metadata` comes after medium,
+  // and BlockStoredMetadata (a plain Struct) is a map.
+  const hex =
+    "93" + "cb3ff8000000000000" + "91" + // [1.5, [event], 0]
+    "98" + "ab" + Buffer.from("BlockStored").toString("hex") + "92" + "07" + "08" + "c0" + "98" + "0001020304050607" + "04" + "c0" + "a3" + Buffer.from("GPU").toString("hex") +
+    "81" + "aa" + Buffer.from("cache_salt").toString("hex") + "a8" + Buffer.from("tenant-a").toString("hex") +
+    "00";
+  const b = decodeBatch(Buffer.from(hex, "hex"));
+  const ev = b.events[0] as Extract<import("../../core/kvevents").KvEvent, { type: "BlockStored" }>;
+  assert.equal(ev.loraName, null, "no adapter named \"[object Object]\"");
+  assert.equal(b.dpRank, 0);
+  const m = memoryMirror();
+  const ek = "s#1" as never;
+  const r = applyBatch(m, ek, 0, b.events, 4);
+  assert.equal(r.stored, 2);
+  assert.equal(m.meta(GLOBAL_META, adapterMetaKey("[object Object]")), undefined);
+  // The request side: the same tokens with cache_salt "tenant-a" hit both blocks; unsalted or another salt, none.
+  const toks = [0, 1, 2, 3, 4, 5, 6, 7];
+  const hits = (salt: string | null) => m.prefixHits(blockHashes(toks, 4, undefined, requestRoot(m, "base-model", salt) ?? undefined), { [ek]: true })[ek] ?? 0;
+  assert.equal(hits("tenant-a"), 2, "the salted tenant hits");
+  assert.equal(hits(null), 0, "an unsalted request does not");
+  assert.equal(hits("tenant-b"), 0, "another tenant does not");
+  // A map in that slot (no lora_name) and a map-form event's `metadata` are read alike; anything else there is refused, not stringified.
+  const { encode } = await import("@msgpack/msgpack");
+  const mapForm = decodeBatch(encode({ ts: 0, events: [{ type: "BlockStored", block_hashes: [9], parent_block_hash: null, token_ids: [0, 1, 2, 3], block_size: 4, lora_id: null, medium: "GPU", metadata: { cache_salt: "s" } }] }));
+  assert.deepEqual((mapForm.events[0] as { extraKeys: unknown }).extraKeys, [["s"]]);
+  assert.throws(() => decodeBatch(encode([0, [["BlockStored", [9], null, [0, 1, 2, 3], 4, null, "GPU", [1, 2]]]])), /lora_name is a list, not a string/);
+});

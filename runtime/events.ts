@@ -178,12 +178,54 @@ export function decodeSeq(frame: Uint8Array): number {
   return Number(Buffer.from(frame).readBigUInt64BE(0));
 }
 
+/**
+ * The same frame as an exact decimal string, for logs: a u64 above 2^53 has
+ * no exact double, so printing decodeSeq's number would show a neighbour.
+ */
+export function seqText(frame: Uint8Array): string {
+  if (frame.length !== 8) return "(" + frame.length + "-byte frame)";
+  return Buffer.from(frame).readBigUInt64BE(0).toString();
+}
+
+/** SGLang's topic-frame suffixes (ZmqEventPublisher with a snapshot endpoint). */
+const EPOCH_MARK = Buffer.from("\u0000sgl-kv-epoch=");
+const BARRIER_MARK = Buffer.from("\u0000sgl-kv-snapshot=");
+
+/** What a topic frame says beyond the topic: SGLang's publisher epoch and snapshot barrier id. */
+export interface TopicInfo {
+  epoch: string | null;
+  barrier: string | null;
+}
+
+/**
+ * Matches a topic frame against the configured topic exactly. A ZMQ
+ * subscription is a byte-prefix filter, so a router subscribed to "kv-events"
+ * is also sent "kv-events-canary": only the topic itself, or the topic followed
+ * by SGLang's "\0sgl-kv-epoch=<epoch>" (then optionally
+ * "\0sgl-kv-snapshot=<barrier id>") suffix, is ours. null for any other topic.
+ */
+export function parseTopic(frame: Uint8Array, topic: string): TopicInfo | null {
+  const t = Buffer.from(topic, "utf8");
+  const f = Buffer.from(frame.buffer, frame.byteOffset, frame.byteLength);
+  if (f.length < t.length || !f.subarray(0, t.length).equals(t)) return null;
+  const rest = f.subarray(t.length);
+  if (rest.length === 0) return { epoch: null, barrier: null };
+  if (rest.length <= EPOCH_MARK.length || !rest.subarray(0, EPOCH_MARK.length).equals(EPOCH_MARK)) return null;
+  const tail = rest.subarray(EPOCH_MARK.length);
+  const b = tail.indexOf(BARRIER_MARK);
+  const epoch = (b < 0 ? tail : tail.subarray(0, b)).toString("utf8");
+  if (!epoch) return null;
+  return { epoch, barrier: b < 0 ? null : tail.subarray(b + BARRIER_MARK.length).toString("utf8") };
+}
+
 /** How a batch reached us: restart = the engine restarted (drop its mirror first). */
 export interface BatchInfo {
   restart: boolean;
   replayed: boolean;
   unknown: number;
   dpRank: number | null;
+  /** The batch's sequence number exactly as the engine sent it (decimal), for logs. */
+  seqText?: string;
 }
 export interface EventSink {
   (workerId: string, seq: number, events: KvEvent[], info: BatchInfo): void;
@@ -209,6 +251,8 @@ export interface ReplayOptions {
   /** One socket for several DP ranks: keep only batches tagged with this rank (others still advance the sequence). */
   dpRank?: number;
   log?: (level: "info" | "warn", line: string) => void;
+  /** A frame on another topic that shares our topic as a prefix was dropped. */
+  onOtherTopic?: () => void;
 }
 
 const END_SEQ = -1n;
@@ -218,9 +262,9 @@ const END_SEQ = -1n;
  * [b"", start as 8-byte BE] from a DEALER, reads [b"", seq, payload] until the
  * END_SEQ (-1, signed 8-byte BE) terminator. Null when it does not answer in time.
  */
-export async function requestReplay(endpoint: string, start: number, timeoutMs: number): Promise<{ seq: number; payload: Uint8Array }[] | null> {
+export async function requestReplay(endpoint: string, start: number, timeoutMs: number): Promise<{ seq: number; payload: Uint8Array; text: string }[] | null> {
   const sock = new zmq.Dealer({ linger: 0, receiveTimeout: timeoutMs, sendTimeout: timeoutMs });
-  const out: { seq: number; payload: Uint8Array }[] = [];
+  const out: { seq: number; payload: Uint8Array; text: string }[] = [];
   try {
     sock.connect(endpoint);
     const b = Buffer.alloc(8);
@@ -233,7 +277,7 @@ export async function requestReplay(endpoint: string, start: number, timeoutMs: 
       if (f.length < 1 || f[0].length !== 8) continue;
       const seq = Buffer.from(f[0]).readBigInt64BE(0);
       if (seq === END_SEQ) return out;
-      out.push({ seq: Number(seq), payload: f[1] });
+      out.push({ seq: Number(seq), payload: f[1], text: seqText(f[0]) });
     }
     return null;
   } catch {
@@ -248,10 +292,18 @@ function digest(p: Uint8Array): string {
   return createHash("sha1").update(p).digest("hex");
 }
 
+/** What a transport knows about one live frame beyond seq and payload. */
+export interface FrameInfo {
+  /** The sequence number as sent (exact decimal), for logs. */
+  seqText?: string;
+  /** SGLang's publisher epoch from the topic frame: a new one is a new publisher (restart). */
+  epoch?: string | null;
+}
+
 /** Feeds one worker's frames, in arrival order, through gap repair and restart detection. */
 export interface Sequencer {
   /** One live frame: its sequence number and msgpack EventBatch payload. */
-  frame(seq: number, payload: Uint8Array): void;
+  frame(seq: number, payload: Uint8Array, info?: FrameInfo): void;
   /** The transport reconnected: the same engine, or a restarted one? */
   reconnected(): void;
   close(): void;
@@ -274,41 +326,48 @@ export interface Sequencer {
 export function createSequencer(workerId: string, sink: EventSink, onError: EventErrorSink, ro: ReplayOptions = {}): Sequencer {
   let closed = false;
   let last: number | undefined;
+  let lastText = "";
   let lastDigest = "";
+  let epoch: string | null = null;
   let repairing = false;
   let pendingRestart = false;
-  const held: { seq: number; payload: Uint8Array }[] = [];
+  const held: { seq: number; payload: Uint8Array; text?: string }[] = [];
   const timeout = ro.replayTimeoutMs ?? 2000;
+  // Exact decimal of a seq for logs: the frame's own text when we have it.
+  const txt = (seq: number, text?: string): string => text ?? String(seq);
+  const nextText = (): string => (lastText && /^\d+$/.test(lastText) ? (BigInt(lastText) + 1n).toString() : String((last ?? -1) + 1));
 
-  const deliver = (seq: number, payload: Uint8Array, replayed: boolean): void => {
+  const deliver = (seq: number, payload: Uint8Array, replayed: boolean, text?: string): void => {
     let batch: DecodedBatch;
     try {
       batch = decodeBatch(payload);
     } catch (e) {
-      onError(workerId, (e as Error).message);
+      onError(workerId, `seq=${txt(seq, text)}: ${(e as Error).message}`);
       last = seq; // a refused frame is not a gap
+      lastText = txt(seq, text);
       return;
     }
     const restart = pendingRestart;
     pendingRestart = false;
     last = seq;
+    lastText = txt(seq, text);
     lastDigest = digest(payload);
     const other = ro.dpRank !== undefined && batch.dpRank !== null && batch.dpRank !== ro.dpRank;
-    sink(workerId, seq, other ? [] : batch.events, { restart, replayed, unknown: batch.unknown, dpRank: batch.dpRank });
+    sink(workerId, seq, other ? [] : batch.events, { restart, replayed, unknown: batch.unknown, dpRank: batch.dpRank, seqText: txt(seq, text) });
   };
 
   // Replays from start, applies what came back in order, then the held live frames.
-  const repair = async (start: number, why: string): Promise<void> => {
+  const repair = async (start: number, why: string, startText?: string): Promise<void> => {
     repairing = true;
     const got = closed ? null : await requestReplay(ro.replay as string, start, timeout);
     if (closed) return;
-    if (got === null) ro.log?.("warn", `kv-events worker=${workerId} replay from seq=${start} (${why}) got no answer from ${ro.replay}`);
-    else if (got.length && got[0].seq > start && start > 0) ro.log?.("warn", `kv-events worker=${workerId} replay buffer starts at seq=${got[0].seq}, gap from ${start} cannot be filled`);
-    const all = (got || []).map((f) => ({ seq: f.seq, payload: f.payload, replayed: true })).concat(held.splice(0).map((f) => ({ seq: f.seq, payload: f.payload, replayed: false })));
+    if (got === null) ro.log?.("warn", `kv-events worker=${workerId} replay from seq=${startText ?? start} (${why}) got no answer from ${ro.replay}`);
+    else if (got.length && got[0].seq > start && start > 0) ro.log?.("warn", `kv-events worker=${workerId} replay buffer starts at seq=${got[0].text ?? got[0].seq}, gap from ${startText ?? start} cannot be filled`);
+    const all = (got || []).map((f) => ({ seq: f.seq, payload: f.payload, replayed: true, text: f.text as string | undefined })).concat(held.splice(0).map((f) => ({ seq: f.seq, payload: f.payload, replayed: false, text: f.text })));
     all.sort((a, b) => a.seq - b.seq);
     for (const f of all) {
       if (last !== undefined && f.seq <= last) continue;
-      deliver(f.seq, f.payload, f.replayed);
+      deliver(f.seq, f.payload, f.replayed, f.text);
     }
     repairing = false;
   };
@@ -327,36 +386,44 @@ export function createSequencer(workerId: string, sink: EventSink, onError: Even
       await repair(0, "restart");
       return;
     }
-    const rest = got.slice(1).concat(held.splice(0));
+    const rest: { seq: number; payload: Uint8Array; text?: string }[] = got.slice(1).concat(held.splice(0) as typeof got);
     rest.sort((a, b) => a.seq - b.seq);
-    for (const f of rest) if (last === undefined || f.seq > last) deliver(f.seq, f.payload, true);
+    for (const f of rest) if (last === undefined || f.seq > last) deliver(f.seq, f.payload, true, f.text);
     repairing = false;
   };
 
   if (ro.replay) void repair(0, "join");
 
   return {
-    frame(seq, payload) {
+    frame(seq, payload, info) {
       if (closed) return;
+      const text = info?.seqText;
+      // SGLang names its publisher's lifecycle in the topic: another epoch is
+      // another publisher (a restarted engine or DP replica), whatever its seq says.
+      const ep = info?.epoch ?? null;
+      const newEpoch = ep !== null && epoch !== null && ep !== epoch;
+      if (ep !== null) epoch = ep;
       if (repairing) {
-        if (held.length < 1000000) held.push({ seq, payload });
+        if (held.length < 1000000) held.push({ seq, payload, text });
         return;
       }
-      if (last !== undefined && seq <= last) {
+      if (newEpoch || (last !== undefined && seq <= last)) {
         // The sequence went back: a restarted engine. Its earlier batches may be in its buffer.
+        if (newEpoch) ro.log?.("warn", `kv-events worker=${workerId} publisher epoch changed to ${ep} (engine restart): mirror dropped`);
         pendingRestart = true;
         last = undefined;
+        lastText = "";
         if (ro.replay) {
-          held.push({ seq, payload });
-          void repair(0, "sequence reset");
+          held.push({ seq, payload, text });
+          void repair(0, newEpoch ? "new epoch" : "sequence reset");
           return;
         }
       } else if (last !== undefined && seq !== last + 1 && ro.replay) {
-        held.push({ seq, payload });
-        void repair(last + 1, "gap");
+        held.push({ seq, payload, text });
+        void repair(last + 1, "gap", nextText());
         return;
       }
-      deliver(seq, payload, false);
+      deliver(seq, payload, false, text);
     },
     reconnected() {
       if (closed || repairing) return;
@@ -396,8 +463,16 @@ export function subscribeZmq(workerId: string, endpoint: string, topic: string, 
     try {
       for await (const frames of sock) {
         try {
-          if (frames.length < 2) throw new Error("want [topic, seq, payload], got " + frames.length + " frame(s)");
-          seqr.frame(decodeSeq(frames[frames.length - 2]), frames[frames.length - 1]);
+          if (frames.length !== 3 && !(frames.length === 2 && topic === "")) throw new Error("want [topic, seq, payload], got " + frames.length + " frame(s)");
+          // The subscription filter is a prefix: drop other topics (kv-events-canary for kv-events).
+          const ti = frames.length === 3 ? parseTopic(frames[0], topic) : { epoch: null, barrier: null };
+          if (!ti) {
+            ro.onOtherTopic?.();
+            continue;
+          }
+          const sf = frames[frames.length - 2];
+          if (sf.length !== 8) throw new Error(`sequence frame is ${sf.length} bytes, want 8`);
+          seqr.frame(decodeSeq(sf), frames[frames.length - 1], { seqText: seqText(sf), epoch: ti.epoch });
         } catch (e) {
           onError(workerId, (e as Error).message);
         }

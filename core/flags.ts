@@ -163,6 +163,7 @@ export const FLAGS: FlagSpec[] = [
   { name: "stream-interval", kind: "int", def: 1, min: 1, commands: ["sim"], help: "tokens per SSE chunk after the first (vLLM's --stream-interval)" },
   { name: "kv-events-map-port", kind: "int", def: null, min: 0, max: PORT_MAX, commands: ["sim"], help: "second PUB port, same batches as tagged maps with lora_name (vllm-router's kv_aware)" },
   { name: "kv-replay-port", kind: "int", def: null, min: 0, max: PORT_MAX, commands: ["sim"], help: "vLLM replay ROUTER port; events then come from sim/kvpublisher.ts" },
+  { name: "kv-snapshot-port", kind: "int", def: null, min: 0, max: PORT_MAX, commands: ["sim"], help: "with --engine sglang: SGLang's snapshot-v1 ROUTER port (live topics then carry its epoch suffix)" },
   { name: "kv-event-encoding", kind: "enum", def: "array", choices: ["array", "map"], commands: ["sim"], help: "event encoding on the main port when sim/kvpublisher.ts publishes (vLLM's array_like or tagged maps)" },
   { name: "kv-cpu-blocks", kind: "int", def: 0, min: 0, commands: ["sim"], help: "CPU tier in blocks: offload then evict (0 = none)" },
   { name: "kv-sliding-window", kind: "int", def: null, min: 1, commands: ["sim"], help: "sliding window (tokens) of a second KV group (unset: none)" },

@@ -62,7 +62,8 @@ export class Shadow {
     this.seq = seq;
     if (restart) this.clear(null);
     for (const ev of events) {
-      if (ev.type === "AllBlocksCleared") this.clear(ev.medium ? tierOf(ev.medium) : null);
+      if (ev.type === "Snapshot") this.retain(ev.hashes);
+      else if (ev.type === "AllBlocksCleared") this.clear(ev.medium ? tierOf(ev.medium) : null);
       else if (ev.type === "BlockRemoved") {
         if (ev.groupIdx != null && ev.groupIdx !== (this.fullGroup ?? 0)) continue;
         const tier = tierOf(ev.medium);
@@ -104,6 +105,12 @@ export class Shadow {
     const out: Record<string, number> = { GPU: 0, CPU: 0, DISK: 0, EXTERNAL: 0 };
     for (const b of this.blocks.values()) for (const t of b.tiers) out[t] = (out[t] ?? 0) + 1;
     return out;
+  }
+
+  /** A placement snapshot (core/kvevents.ts "Snapshot"): every block the engine no longer holds leaves every tier. */
+  private retain(hashes: string[]): void {
+    const keep = new Set(hashes);
+    for (const [h, b] of [...this.blocks]) if (!keep.has(h)) for (const t of [...b.tiers]) this.remove(h, t);
   }
 
   /** AllBlocksCleared: one tier (medium given) or all of them. */

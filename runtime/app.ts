@@ -75,6 +75,7 @@ function zmqEventSource(opts: Options, log?: Logger): EventSource {
     subscribe: (w, onBatch, onError, onState) =>
       subscribeZmq(w.id, w.events as string, opts.kvEventTopic, (_id, seq, evs, info) => onBatch(seq, evs, info), (_id, r) => onError(r), onState, {
         replay: w.replay,
+        snapshot: w.snapshot,
         replayTimeoutMs: opts.kvReplayTimeoutMs,
         dpRank: w.dpEvents === "tagged" ? w.dpRank : undefined,
         log: log ? (l, line) => log(l, line) : undefined,
@@ -367,6 +368,11 @@ export class App {
     if (r.gap) {
       this.metrics.eventErrors.inc({ worker: id, reason: "sequence_gap" });
       this.kvGaps(id, `kv-events worker=${id} sequence gap at seq=${info?.seqText ?? seq} that replay could not fill${w.replay ? "" : " (no replay endpoint)"}: mirror cleared, resyncing from live events`);
+    }
+    if (r.resync) {
+      this.metrics.events.inc({ worker: id, type: "snapshot_resync" });
+      if (r.resync.unknown) this.metrics.eventErrors.inc({ worker: id, reason: "snapshot_unknown_block" }, r.resync.unknown);
+      this.log("info", `kv-events worker=${id} resynced from its snapshot at seq=${info?.seqText ?? seq}: ${r.resync.kept} mirrored block(s) kept, ${r.resync.unknown} never seen stored (left out until stored again)`);
     }
     if (r.otherGroup) this.metrics.events.inc({ worker: id, type: "other_group" }, r.otherGroup);
     if (r.fatal) {

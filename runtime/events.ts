@@ -226,6 +226,8 @@ export interface BatchInfo {
   dpRank: number | null;
   /** The batch's sequence number exactly as the engine sent it (decimal), for logs. */
   seqText?: string;
+  /** This batch is a resync from the engine's placement snapshot (it ends with a Snapshot event). */
+  resync?: boolean;
 }
 export interface EventSink {
   (workerId: string, seq: number, events: KvEvent[], info: BatchInfo): void;
@@ -253,6 +255,74 @@ export interface ReplayOptions {
   log?: (level: "info" | "warn", line: string) => void;
   /** A frame on another topic that shares our topic as a prefix was dropped. */
   onOtherTopic?: () => void;
+  /** SGLang's snapshot ROUTER endpoint: a gap replay cannot fill resyncs from it. */
+  snapshot?: string;
+}
+
+/** SGLang's snapshot-v1 answer: the header's cut and every block the replica holds. */
+export interface PlacementSnapshot {
+  epoch: string;
+  /** The barrier batch's seq: the snapshot is the state after every batch up to it. */
+  barrierSeq: number;
+  barrierText: string;
+  resumeSeq: number;
+  hashes: string[];
+}
+
+/**
+ * Asks an SGLang snapshot ROUTER (ZmqEventPublisher snapshot_endpoint) for its
+ * placement cut: sends [b"", b"snapshot-v1"] from a DEALER and reads
+ * [b"", b"header", msgpack [version, epoch, replica_rank, resume_seq,
+ * barrier_seq, barrier_id, record_count]], then [b"", b"chunk", msgpack
+ * [[parent_block_hash, [block_hash, ...]], ...]] frames, up to [b"", b"end",
+ * b""]; [b"", b"error", text] instead when the engine cannot answer. Throws
+ * with the reason on an error answer, a malformed one, or no answer in time.
+ */
+export async function requestSnapshot(endpoint: string, timeoutMs: number): Promise<PlacementSnapshot> {
+  const sock = new zmq.Dealer({ linger: 0, receiveTimeout: timeoutMs, sendTimeout: timeoutMs });
+  try {
+    sock.connect(endpoint);
+    await sock.send([Buffer.alloc(0), Buffer.from("snapshot-v1")]);
+    const deadline = Date.now() + timeoutMs;
+    let header: unknown[] | null = null;
+    const hashes: string[] = [];
+    for (let i = 0; i < 10000000 && Date.now() < deadline; i++) {
+      const frames = await sock.receive();
+      const f = frames[0] && frames[0].length === 0 ? frames.slice(1) : frames;
+      const kind = f[0] ? Buffer.from(f[0]).toString("utf8") : "";
+      if (kind === "error") throw new Error("engine answered: " + (f[1] ? Buffer.from(f[1]).toString("utf8") : "error"));
+      if (kind === "header") {
+        const h = decode(f[1], { useBigInt64: true });
+        if (!Array.isArray(h) || h.length < 7) throw new Error("snapshot header is not [version, epoch, replica_rank, resume_seq, barrier_seq, barrier_id, record_count]");
+        if (intOf(h[0], "snapshot version") !== 1) throw new Error("snapshot version " + String(h[0]) + ", want 1");
+        header = h;
+      } else if (kind === "chunk") {
+        if (!header) throw new Error("snapshot chunk before its header");
+        for (const rec of list(decode(f[1], { useBigInt64: true }), "snapshot chunk")) {
+          const r = list(rec, "snapshot block");
+          for (const h of list(r[1], "snapshot block_hashes")) hashes.push(hashKey(h));
+        }
+      } else if (kind === "end") {
+        if (!header) throw new Error("snapshot ended without a header");
+        const count = intOf(header[6], "record_count");
+        if (hashes.length < count) throw new Error(`snapshot has ${hashes.length} of ${count} records`);
+        const bs = header[4];
+        return {
+          epoch: optStr(header[1]) ?? "",
+          barrierSeq: intOf(bs, "barrier_seq"),
+          barrierText: typeof bs === "bigint" ? bs.toString() : String(bs),
+          resumeSeq: intOf(header[3], "resume_seq"),
+          hashes,
+        };
+      } else throw new Error(`unexpected snapshot frame '${kind.slice(0, 32)}'`);
+    }
+    throw new Error("no end of snapshot in time");
+  } catch (e) {
+    const m = (e as Error).message;
+    throw new Error(/timed? ?out|Socket temporarily unavailable|EAGAIN/i.test(m) ? `no answer within ${timeoutMs} ms` : m);
+  } finally {
+    sock.close();
+  }
 }
 
 const END_SEQ = -1n;
@@ -298,6 +368,8 @@ export interface FrameInfo {
   seqText?: string;
   /** SGLang's publisher epoch from the topic frame: a new one is a new publisher (restart). */
   epoch?: string | null;
+  /** SGLang's snapshot barrier id from the topic frame (an empty batch marking a snapshot's cut). */
+  barrier?: string | null;
 }
 
 /** Feeds one worker's frames, in arrival order, through gap repair and restart detection. */
@@ -329,6 +401,7 @@ export function createSequencer(workerId: string, sink: EventSink, onError: Even
   let lastText = "";
   let lastDigest = "";
   let epoch: string | null = null;
+  let resyncCut: number | undefined;
   let repairing = false;
   let pendingRestart = false;
   const held: { seq: number; payload: Uint8Array; text?: string }[] = [];
@@ -362,13 +435,73 @@ export function createSequencer(workerId: string, sink: EventSink, onError: Even
     const got = closed ? null : await requestReplay(ro.replay as string, start, timeout);
     if (closed) return;
     if (got === null) ro.log?.("warn", `kv-events worker=${workerId} replay from seq=${startText ?? start} (${why}) got no answer from ${ro.replay}`);
-    else if (got.length && got[0].seq > start && start > 0) ro.log?.("warn", `kv-events worker=${workerId} replay buffer starts at seq=${got[0].text ?? got[0].seq}, gap from ${startText ?? start} cannot be filled`);
+    else if (got.length && got[0].seq > start && start > 0) ro.log?.("warn", `kv-events worker=${workerId} replay buffer starts at seq=${got[0].text ?? got[0].seq}, gap from ${startText ?? start} cannot be filled${ro.snapshot ? ": resyncing from the snapshot endpoint" : ""}`);
+    const unfilled = got === null || (got.length > 0 && got[0].seq > start);
+    if (unfilled && ro.snapshot && start > 0 && !pendingRestart) {
+      // What replay did return is live history after the gap: it goes in before the cut.
+      for (const f of got || []) held.push({ seq: f.seq, payload: f.payload, text: f.text });
+      return resync(why);
+    }
     const all = (got || []).map((f) => ({ seq: f.seq, payload: f.payload, replayed: true, text: f.text as string | undefined })).concat(held.splice(0).map((f) => ({ seq: f.seq, payload: f.payload, replayed: false, text: f.text })));
     all.sort((a, b) => a.seq - b.seq);
     for (const f of all) {
       if (last !== undefined && f.seq <= last) continue;
       deliver(f.seq, f.payload, f.replayed, f.text);
     }
+    repairing = false;
+  };
+
+  /**
+   * A gap nothing can fill: SGLang's placement snapshot instead of a wipe. The
+   * engine sends a barrier batch on the live stream and answers with its
+   * placement as of that barrier. The live frames we hold up to the barrier go
+   * first (they carry tokens, so their blocks can be hashed our way), then the
+   * snapshot drops every mirrored block the engine no longer holds, all as one
+   * batch at the barrier's seq; later frames follow as usual.
+   */
+  const resync = async (why: string): Promise<void> => {
+    repairing = true;
+    let snap: PlacementSnapshot | null = null;
+    let err = "";
+    try {
+      snap = closed ? null : await requestSnapshot(ro.snapshot as string, timeout);
+    } catch (e) {
+      err = (e as Error).message;
+    }
+    if (closed) return;
+    held.sort((a, b) => a.seq - b.seq);
+    if (!snap) {
+      // No snapshot: the next batch arrives with its gap and core clears the mirror.
+      ro.log?.("warn", `kv-events worker=${workerId} snapshot from ${ro.snapshot} (${why}) failed: ${err}; mirror will be cleared`);
+      for (const f of held.splice(0)) if (last === undefined || f.seq > last) deliver(f.seq, f.payload, false, f.text);
+      repairing = false;
+      return;
+    }
+    const cut = snap.barrierSeq;
+    const before = held.filter((f) => f.seq < cut && (last === undefined || f.seq > last));
+    const after = held.filter((f) => f.seq > cut);
+    held.length = 0;
+    const events: KvEvent[] = [];
+    let unknown = 0;
+    for (const f of before) {
+      try {
+        const b = decodeBatch(f.payload);
+        unknown += b.unknown;
+        if (!(ro.dpRank !== undefined && b.dpRank !== null && b.dpRank !== ro.dpRank)) for (const e of b.events) events.push(e);
+      } catch (e) {
+        onError(workerId, `seq=${txt(f.seq, f.text)}: ${(e as Error).message}`);
+      }
+    }
+    events.push({ type: "Snapshot", hashes: snap.hashes });
+    const restart = pendingRestart;
+    pendingRestart = false;
+    last = cut;
+    resyncCut = cut;
+    lastText = snap.barrierText;
+    lastDigest = "";
+    if (snap.epoch) epoch = snap.epoch;
+    sink(workerId, cut, events, { restart, replayed: false, unknown, dpRank: null, seqText: snap.barrierText, resync: true });
+    for (const f of after) if (f.seq > (last as number)) deliver(f.seq, f.payload, false, f.text);
     repairing = false;
   };
 
@@ -403,6 +536,9 @@ export function createSequencer(workerId: string, sink: EventSink, onError: Even
       const ep = info?.epoch ?? null;
       const newEpoch = ep !== null && epoch !== null && ep !== epoch;
       if (ep !== null) epoch = ep;
+      // The barrier of a snapshot we already applied (its cut is our last seq):
+      // the snapshot answer can overtake it, and it holds no events.
+      if (last !== undefined && seq === last && !newEpoch && (info?.barrier || seq === resyncCut)) return;
       if (repairing) {
         if (held.length < 1000000) held.push({ seq, payload, text });
         return;
@@ -421,6 +557,10 @@ export function createSequencer(workerId: string, sink: EventSink, onError: Even
       } else if (last !== undefined && seq !== last + 1 && ro.replay) {
         held.push({ seq, payload, text });
         void repair(last + 1, "gap", nextText());
+        return;
+      } else if (last !== undefined && seq !== last + 1 && ro.snapshot) {
+        held.push({ seq, payload, text });
+        void resync(`gap at seq=${nextText()}`);
         return;
       }
       deliver(seq, payload, false, text);
@@ -472,7 +612,7 @@ export function subscribeZmq(workerId: string, endpoint: string, topic: string, 
           }
           const sf = frames[frames.length - 2];
           if (sf.length !== 8) throw new Error(`sequence frame is ${sf.length} bytes, want 8`);
-          seqr.frame(decodeSeq(sf), frames[frames.length - 1], { seqText: seqText(sf), epoch: ti.epoch });
+          seqr.frame(decodeSeq(sf), frames[frames.length - 1], { seqText: seqText(sf), epoch: ti.epoch, barrier: ti.barrier });
         } catch (e) {
           onError(workerId, (e as Error).message);
         }

@@ -60,3 +60,38 @@ test("SGLang's BlockStoredWithMetadata: the metadata map in vLLM's lora_name slo
   assert.deepEqual((mapForm.events[0] as { extraKeys: unknown }).extraKeys, [["s"]]);
   assert.throws(() => decodeBatch(encode([0, [["BlockStored", [9], null, [0, 1, 2, 3], 4, null, "GPU", [1, 2]]]])), /lora_name is a list, not a string/);
 });
+
+test("a Snapshot batch (SGLang snapshot-v1 resync) keeps the mirrored blocks the engine still holds, per tier, and drops the rest; the bridge's shadow follows", async () => {
+  const { applyBatch, tierCounts } = await import("../../core/kvevents");
+  const { memoryMirror } = await import("../../core/state/memory");
+  const { Shadow } = await import("../../njs/bridge");
+  const m = memoryMirror();
+  const sh = new Shadow();
+  const ek = "s#1" as never;
+  const t = (b: number) => [b, b + 1, b + 2, b + 3];
+  const batches: [number, import("../../core/kvevents").KvEvent[]][] = [
+    [0, [{ type: "BlockStored", hashes: ["1", "2"], parent: null, tokens: [...t(0), ...t(4)], blockSize: 4, medium: "GPU" }]],
+    [1, [{ type: "BlockStored", hashes: ["3"], parent: null, tokens: t(8), blockSize: 4, medium: "CPU_PINNED" }]],
+  ];
+  for (const [s, evs] of batches) {
+    applyBatch(m, ek, s, evs, 4);
+    sh.apply(s, evs);
+  }
+  const before = m.lookup(ek, "1" as never);
+  // seq 2..6 were missed; the resync batch at the barrier (seq 7): a live store held meanwhile, then the cut.
+  const resync: import("../../core/kvevents").KvEvent[] = [
+    { type: "BlockStored", hashes: ["4"], parent: null, tokens: t(12), blockSize: 4, medium: "GPU" },
+    { type: "Snapshot", hashes: ["1", "3", "4", "99"] },
+  ];
+  const r = applyBatch(m, ek, 7, resync, 4);
+  sh.apply(7, resync);
+  assert.equal(r.gap, false, "a resync is not a wipe");
+  assert.deepEqual(r.resync, { kept: 3, unknown: 1 });
+  assert.equal(m.lookup(ek, "1" as never), before);
+  assert.equal(m.lookup(ek, "2" as never), undefined, "gone from the engine: dropped");
+  assert.deepEqual(tierCounts(m, ek), { GPU: 2, CPU: 1, DISK: 0, EXTERNAL: 0 });
+  assert.equal(m.sequence(ek), 7);
+  assert.deepEqual(sh.tierCounts(), { GPU: 2, CPU: 1, DISK: 0, EXTERNAL: 0 });
+  // The next live batch follows on without a gap.
+  assert.equal(applyBatch(m, ek, 8, [], 4).gap, false);
+});

@@ -95,3 +95,17 @@ test("a Snapshot batch (SGLang snapshot-v1 resync) keeps the mirrored blocks the
   // The next live batch follows on without a gap.
   assert.equal(applyBatch(m, ek, 8, [], 4).gap, false);
 });
+
+test("snapshot endpoints: --workers @pub+replay+snapshot (an empty replay allowed) and etcd kv_snapshot, per DP rank at port + rank", async () => {
+  const { specsFromEtcd } = await import("../../runtime/etcd");
+  const w = parseArgs(["--workers", "127.0.0.1:8000/dp=2/sglang@tcp://127.0.0.1:5557+tcp://127.0.0.1:5600+tcp://127.0.0.1:5700,127.0.0.1:8001@tcp://127.0.0.1:6557++tcp://127.0.0.1:6700"], {}).workers;
+  assert.deepEqual(w.map((x) => [x.id, x.events, x.replay, x.snapshot]), [
+    ["127.0.0.1:8000/dp0", "tcp://127.0.0.1:5557", "tcp://127.0.0.1:5600", "tcp://127.0.0.1:5700"],
+    ["127.0.0.1:8000/dp1", "tcp://127.0.0.1:5558", "tcp://127.0.0.1:5601", "tcp://127.0.0.1:5701"],
+    ["127.0.0.1:8001", "tcp://127.0.0.1:6557", undefined, "tcp://127.0.0.1:6700"],
+  ]);
+  assert.throws(() => parseArgs(["--workers", "127.0.0.1:1@tcp://127.0.0.1:5557++nope"], {}), /snapshot endpoint 'nope' is not tcp:\/\/host:port/);
+  const s = specsFromEtcd("w0", JSON.stringify({ address: "10.0.0.5:8000", dp_size: 2, engine: "sglang", kv_events: "tcp://10.0.0.5:5557", kv_snapshot: "tcp://10.0.0.5:5700" }));
+  assert.deepEqual(s.map((x) => x.snapshot), ["tcp://10.0.0.5:5700", "tcp://10.0.0.5:5701"]);
+  assert.throws(() => specsFromEtcd("w1", JSON.stringify({ address: "h:1", kv_snapshot: 5 })), /'kv_snapshot' must be tcp:\/\/host:port/);
+});

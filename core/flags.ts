@@ -41,7 +41,7 @@ export const FLAGS: FlagSpec[] = [
   { name: "log-level", kind: "enum", def: "info", choices: ["debug", "info", "warn", "error"], commands: ALL, help: "log threshold" },
   { name: "log-format", kind: "enum", def: "json", choices: ["json", "text"], commands: ALL, help: "json: one JSON object per line; text: for humans" },
 
-  { name: "workers", kind: "string", def: null, commands: RB, metavar: "LIST", help: "static fleet: [role=]host:port[/dp=N[/tagged]][/sglang][@kv-endpoint[+replay-endpoint]],... (role prefill|decode|mixed; /dp=N: N data-parallel rank targets; /sglang: ranks also go in the body)" },
+  { name: "workers", kind: "string", def: null, commands: RB, metavar: "LIST", help: "static fleet: [role=]host:port[/dp=N[/tagged]][/sglang][@kv-endpoint[+replay-endpoint[+snapshot-endpoint]]],... (role prefill|decode|mixed; ids must be unique; /dp=N: N data-parallel rank targets; /sglang: ranks also go in the body)" },
   { name: "router-policy", kind: "enum", def: "kv-aware", choices: ["kv-aware", "round-robin", "random"], commands: ["router"], nginx: "infera_policy", routerKey: "policy", help: "worker selection policy" },
   { name: "block-size", kind: "int", def: 16, min: 1, max: 4096, commands: ["router", "register", "sim"], nginx: "infera_block_size", routerKey: "blockSize", help: "KV block size in tokens, must match the fleet" },
   { name: "kv-overlap-weight", kind: "number", def: DEFAULT_OVERLAP_WEIGHT, min: 0, commands: ["router"], nginx: "infera_kv_overlap_weight", routerKey: "overlapWeight", help: "weight of uncached blocks in the cost" },

@@ -191,6 +191,12 @@ export function seqText(frame: Uint8Array): string {
 const EPOCH_MARK = Buffer.from("\u0000sgl-kv-epoch=");
 const BARRIER_MARK = Buffer.from("\u0000sgl-kv-snapshot=");
 
+/** A topic frame for a log line: control bytes escaped, at most 64 characters. */
+function printable(frame: Uint8Array): string {
+  const t = Buffer.from(frame).toString("utf8").slice(0, 64);
+  return t.replace(/[\u0000-\u001f\u007f]/g, (c) => "\\x" + c.charCodeAt(0).toString(16).padStart(2, "0"));
+}
+
 /** What a topic frame says beyond the topic: SGLang's publisher epoch and snapshot barrier id. */
 export interface TopicInfo {
   epoch: string | null;
@@ -590,6 +596,7 @@ export function subscribeZmq(workerId: string, endpoint: string, topic: string, 
   sock.subscribe(topic);
   let closed = false;
   let wasDisconnected = false;
+  let warnedTopic = false;
   const seqr = createSequencer(workerId, sink, onError, ro);
   sock.events.on("disconnect", () => {
     wasDisconnected = true;
@@ -607,6 +614,11 @@ export function subscribeZmq(workerId: string, endpoint: string, topic: string, 
           // The subscription filter is a prefix: drop other topics (kv-events-canary for kv-events).
           const ti = frames.length === 3 ? parseTopic(frames[0], topic) : { epoch: null, barrier: null };
           if (!ti) {
+            // Once per subscription: a publisher whose topic differs from ours sends us nothing usable.
+            if (!warnedTopic) {
+              warnedTopic = true;
+              ro.log?.("warn", `kv-events worker=${workerId} ignores frames on topic '${printable(frames[0])}': --kv-event-topic is '${topic}', matched exactly (SGLang's epoch suffix allowed)`);
+            }
             ro.onOtherTopic?.();
             continue;
           }

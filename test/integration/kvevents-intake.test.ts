@@ -64,6 +64,7 @@ test("exact topic: kv-events-canary is ignored by a router on kv-events; SGLang'
   seq += 2n;
   await waitFor("real topic applied", async () => a.state.mirror.lookup(ek, "2001" as never) !== undefined, 10000);
   assert.equal(a.state.mirror.lookup(ek, "1001" as never), undefined, "the canary's block is not mirrored");
+  assert.equal(lines.filter((l) => /ignores frames on topic 'kv-events-canary': --kv-event-topic is 'kv-events'/.test(l)).length, 1, lines.join("\n"));
   // A topic that merely starts like ours, or an empty epoch, is not ours either.
   await pub.send(["kv-events\u0000other", seqFrame(seq), stored(1002, 300)]);
   await pub.send(["kv-events\u0000sgl-kv-epoch=", seqFrame(seq), stored(1003, 400)]);

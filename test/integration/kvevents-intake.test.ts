@@ -103,7 +103,7 @@ const counterOf = (text: string, name: string) => {
   return n;
 };
 
-test("10,000 bad KV frames: the router logs a few lines (sequence numbers exact) and counts 10,000", async () => {
+test("10,000 bad KV frames: the router logs a few lines (sequence numbers exact) and counts 10,000", async (t) => {
   const { pub, ep } = await publisher();
   const lines: string[] = [];
   const a = router(ep, "", lines);
@@ -115,6 +115,7 @@ test("10,000 bad KV frames: the router logs a few lines (sequence numbers exact)
   const secs = (Date.now() - t0) / 1000;
   assert.equal(counterOf(await a.metrics.registry.metrics(), "infera_router_kv_event_errors_total"), N);
   const refused = lines.filter((l) => /refused frame/.test(l));
+  t.diagnostic(`router: ${N} bad frames in ${secs.toFixed(1)}s, ${refused.length} refused-frame log lines`);
   assert.ok(refused.length <= 3 * Math.ceil(secs / 60) + 1, `${refused.length} refused-frame lines in ${secs}s:\n${refused.join("\n")}`);
   assert.match(refused[0], /seq=9007199254740993: /, "the first line names the frame's exact sequence number");
   await a.close();
@@ -124,7 +125,7 @@ test("10,000 bad KV frames: the router logs a few lines (sequence numbers exact)
   assert.ok(summary && new RegExp(`kv-events refused frame: ${N - refused.length} more line\\(s\\) suppressed .*127\\.0\\.0\\.1:9: ${N - refused.length}`).test(summary), summary);
 });
 
-test("10,000 bad KV frames: the bridge logs a few lines and counts 10,000 in its /metrics", async () => {
+test("10,000 bad KV frames: the bridge logs a few lines and counts 10,000 in its /metrics", async (t) => {
   const { pub, ep } = await publisher();
   const lines: string[] = [];
   const deadPort = await freePort();
@@ -138,6 +139,7 @@ test("10,000 bad KV frames: the bridge logs a few lines and counts 10,000 in its
   const secs = (Date.now() - t0) / 1000;
   assert.equal(counterOf(await b.registry.metrics(), "infera_bridge_kv_event_errors_total"), N);
   const refused = lines.filter((l) => /refused frame/.test(l));
+  t.diagnostic(`bridge: ${N} bad frames in ${secs.toFixed(1)}s, ${refused.length} refused-frame log lines`);
   assert.ok(refused.length >= 1 && refused.length <= 3 * Math.ceil(secs / 60) + 1, `${refused.length} refused-frame lines in ${secs}s:\n${refused.join("\n")}`);
   await b.close();
   assert.ok(lines.some((l) => new RegExp(`${N - refused.length} more line\\(s\\) suppressed`).test(l)), lines.filter((l) => /kv-events/.test(l)).join("\n"));

@@ -109,3 +109,20 @@ test("snapshot endpoints: --workers @pub+replay+snapshot (an empty replay allowe
   assert.deepEqual(s.map((x) => x.snapshot), ["tcp://10.0.0.5:5700", "tcp://10.0.0.5:5701"]);
   assert.throws(() => specsFromEtcd("w1", JSON.stringify({ address: "h:1", kv_snapshot: 5 })), /'kv_snapshot' must be tcp:\/\/host:port/);
 });
+
+test("rateLimitedLog: a few lines per window, then one summary per window with the suppressed count per key", async () => {
+  const { rateLimitedLog } = await import("../../runtime/ratelog");
+  const out: string[] = [];
+  const f = rateLimitedLog((_l, m) => out.push(m), { level: "warn", perWindow: 3, windowMs: 300, what: "kv-events refused frame" });
+  for (let i = 0; i < 1000; i++) f(i % 4 === 0 ? "w1" : "w0", `bad ${i}`);
+  assert.deepEqual(out.slice(0, 3), ["bad 0", "bad 1", "bad 2 (further lines like this are counted, not logged, for 0s)"]);
+  assert.equal(out.length, 3);
+  await new Promise((r) => setTimeout(r, 450));
+  assert.equal(out.length, 4, out.join("\n"));
+  assert.match(out[3], /^kv-events refused frame: 997 more line\(s\) suppressed in the last \ds \(w0: 747, w1: 250\); counters in \/metrics$/);
+  for (let i = 0; i < 5; i++) f("w2", `again ${i}`);
+  assert.equal(out.length, 7, "a new window logs again");
+  f.close();
+  assert.match(out[7], /2 more line\(s\) suppressed .*\(w2: 2\)/);
+  assert.equal(out.length, 8);
+});

@@ -117,9 +117,10 @@ test("rateLimitedLog: a few lines per window, then one summary per window with t
   for (let i = 0; i < 1000; i++) f(i % 4 === 0 ? "w1" : "w0", `bad ${i}`);
   assert.deepEqual(out.slice(0, 3), ["bad 0", "bad 1", "bad 2 (further lines like this are counted, not logged, for 0s)"]);
   assert.equal(out.length, 3);
-  await new Promise((r) => setTimeout(r, 450));
+  // The window closes after 300 ms; a loaded machine may fire the timer late.
+  for (let i = 0; i < 100 && out.length < 4; i++) await new Promise((r) => setTimeout(r, 50));
   assert.equal(out.length, 4, out.join("\n"));
-  assert.match(out[3], /^kv-events refused frame: 997 more line\(s\) suppressed in the last \ds \(w0: 747, w1: 250\); counters in \/metrics$/);
+  assert.match(out[3], /^kv-events refused frame: 997 more line\(s\) suppressed in the last \ds \(w0: 748, w1: 249\); counters in \/metrics$/);
   for (let i = 0; i < 5; i++) f("w2", `again ${i}`);
   assert.equal(out.length, 7, "a new window logs again");
   f.close();

@@ -60,7 +60,7 @@ export async function natsEventSource(url: string, log: Logger, replayTimeoutMs 
           try {
             const s = m.headers?.get(SEQ_HEADER);
             if (!s || !/^\d+$/.test(s)) throw new Error(`missing or bad ${SEQ_HEADER} header`);
-            seqr.frame(Number(s), m.data);
+            seqr.frame(Number(s), m.data, { seqText: s });
           } catch (e) {
             onError((e as Error).message);
           }

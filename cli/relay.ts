@@ -3,7 +3,7 @@
 // when the router uses --kv-event-transport nats).
 import * as zmq from "zeromq";
 import { natsConnect, natsPublish } from "../runtime/nats";
-import { decodeSeq } from "../runtime/events";
+import { decodeSeq, parseTopic } from "../runtime/events";
 import { Level, Logger, makeLogger } from "../runtime/log";
 import { CLOSE_BUDGET_MS, closeStep, onShutdown } from "../runtime/shutdown";
 import { CliError, runCommand } from "./args";
@@ -18,6 +18,8 @@ export async function runRelay(zmqEndpoint: string, natsUrl: string, subject: st
   (async () => {
     for await (const frames of sock) {
       try {
+        // The subscription is a prefix filter: relay only our topic (SGLang's epoch suffix included).
+        if (frames.length === 3 && !parseTopic(frames[0], topic)) continue;
         const seq = decodeSeq(frames[frames.length - 2]);
         natsPublish(nc, subject, seq, frames[frames.length - 1]);
       } catch (e) {

@@ -43,7 +43,7 @@ export const FLAGS: FlagSpec[] = [
   { name: "log-level", kind: "enum", def: "info", choices: ["debug", "info", "warn", "error"], commands: ALL, help: "log threshold" },
   { name: "log-format", kind: "enum", def: "json", choices: ["json", "text"], commands: ALL, help: "json: one JSON object per line; text: for humans" },
 
-  { name: "workers", kind: "string", def: null, commands: RB, metavar: "LIST", help: "static fleet: [role=]host:port[/dp=N[/tagged]][/sglang][@kv-endpoint[+replay-endpoint]],... (role prefill|decode|mixed; /dp=N: N data-parallel rank targets; /sglang: ranks also go in the body)" },
+  { name: "workers", kind: "string", def: null, commands: RB, metavar: "LIST", help: "static fleet: [role=]host:port[/dp=N[/tagged]][/sglang][@kv-endpoint[+replay-endpoint[+snapshot-endpoint]]],... (role prefill|decode|mixed; ids must be unique; /dp=N: N data-parallel rank targets; /sglang: ranks also go in the body)" },
   { name: "router-policy", kind: "enum", def: "kv-aware", choices: policyNames(), commands: ["router"], nginx: "infera_policy", routerKey: "policy", help: "worker selection policy" },
   { name: "block-size", kind: "int", def: 16, min: 1, max: 4096, commands: ["router", "register", "sim"], nginx: "infera_block_size", routerKey: "blockSize", help: "KV block size in tokens, must match the fleet" },
   { name: "kv-overlap-weight", kind: "number", def: DEFAULT_OVERLAP_WEIGHT, min: 0, commands: ["router"], nginx: "infera_kv_overlap_weight", routerKey: "overlapWeight", help: "weight of uncached blocks in the cost" },
@@ -167,6 +167,7 @@ export const FLAGS: FlagSpec[] = [
   { name: "stream-interval", kind: "int", def: 1, min: 1, commands: ["sim"], help: "tokens per SSE chunk after the first (vLLM's --stream-interval)" },
   { name: "kv-events-map-port", kind: "int", def: null, min: 0, max: PORT_MAX, commands: ["sim"], help: "second PUB port, same batches as tagged maps with lora_name (vllm-router's kv_aware)" },
   { name: "kv-replay-port", kind: "int", def: null, min: 0, max: PORT_MAX, commands: ["sim"], help: "vLLM replay ROUTER port; events then come from sim/kvpublisher.ts" },
+  { name: "kv-snapshot-port", kind: "int", def: null, min: 0, max: PORT_MAX, commands: ["sim"], help: "with --engine sglang: SGLang's snapshot-v1 ROUTER port (live topics then carry its epoch suffix)" },
   { name: "kv-event-encoding", kind: "enum", def: "array", choices: ["array", "map"], commands: ["sim"], help: "event encoding on the main port when sim/kvpublisher.ts publishes (vLLM's array_like or tagged maps)" },
   { name: "kv-cpu-blocks", kind: "int", def: 0, min: 0, commands: ["sim"], help: "CPU tier in blocks: offload then evict (0 = none)" },
   { name: "kv-sliding-window", kind: "int", def: null, min: 1, commands: ["sim"], help: "sliding window (tokens) of a second KV group (unset: none)" },

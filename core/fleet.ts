@@ -4,7 +4,7 @@ import { WorkerSpec } from "./types";
 
 /** Same address, role, events endpoint and block size: nothing to redo. */
 export function sameWorker(a: WorkerSpec, b: WorkerSpec): boolean {
-  return a.address === b.address && (a.role || "mixed") === (b.role || "mixed") && a.events === b.events && a.replay === b.replay && a.blockSize === b.blockSize && a.dpRank === b.dpRank && a.dpEvents === b.dpEvents && (a.engine || "vllm") === (b.engine || "vllm");
+  return a.address === b.address && (a.role || "mixed") === (b.role || "mixed") && a.events === b.events && a.replay === b.replay && a.snapshot === b.snapshot && a.blockSize === b.blockSize && a.dpRank === b.dpRank && a.dpEvents === b.dpEvents && (a.engine || "vllm") === (b.engine || "vllm");
 }
 
 /** What turns fleet `cur` into fleet `want`: ids to remove, specs to (re)add. */
@@ -51,6 +51,8 @@ export function expandDp(base: WorkerSpec, n: number, mode: "port" | "tagged"): 
     if (ev !== undefined) s.events = ev;
     const rp = mode === "port" ? offsetPort(base.replay, r) : base.replay;
     if (rp !== undefined) s.replay = rp;
+    const sp = mode === "port" ? offsetPort(base.snapshot, r) : base.snapshot;
+    if (sp !== undefined) s.snapshot = sp;
     out.push(s);
   }
   return out;

@@ -42,7 +42,13 @@ export type KvEvent =
       slidingWindow?: number | null;
     }
   | { type: "BlockRemoved"; hashes: EngineHash[]; medium?: string | null; groupIdx?: number | null }
-  | { type: "AllBlocksCleared"; medium?: string | null };
+  | { type: "AllBlocksCleared"; medium?: string | null }
+  /**
+   * Not on the wire: a resync from SGLang's placement snapshot (snapshot-v1).
+   * The engine holds exactly these blocks (any tier) as of this batch's seq;
+   * the batch's earlier events are the live ones up to that cut.
+   */
+  | { type: "Snapshot"; hashes: EngineHash[] };
 
 export interface ApplyResult {
   stored: number;
@@ -54,6 +60,8 @@ export interface ApplyResult {
   gap: boolean;
   /** Set when the worker must be excluded (block size mismatch). */
   fatal: string | null;
+  /** A Snapshot event was applied: blocks kept, and snapshot blocks we never saw stored (no tokens to hash, left out). */
+  resync: { kept: number; unknown: number } | null;
 }
 
 /** Storage tiers we mirror separately; anything unrecognised is EXTERNAL. */
@@ -169,16 +177,48 @@ export interface ApplyOptions {
 }
 
 /**
+ * Resync to a placement snapshot: keep exactly the mirrored blocks the engine
+ * still holds (in whichever tiers we had them), drop the rest. The snapshot
+ * carries hashes and parents only, no tokens, so a block we never saw stored
+ * cannot be hashed our way: it stays out (counted) until it is stored again.
+ */
+function retainOnly(mirror: MirrorIndex, ek: EpochKey, hashes: EngineHash[]): { kept: number; unknown: number } {
+  const keepT: string[] = [];
+  const keepE: EngineHash[] = [];
+  const keepB: BlockHash[] = [];
+  let unknown = 0;
+  for (let i = 0; i < hashes.length; i++) {
+    let any = false;
+    for (let t = 0; t < TIERS.length; t++) {
+      const b = mirror.lookup(tierKey(ek, TIERS[t]), hashes[i]);
+      if (b === undefined) continue;
+      keepT.push(TIERS[t]);
+      keepE.push(hashes[i]);
+      keepB.push(b);
+      any = true;
+    }
+    if (!any) unknown++;
+  }
+  clearAllTiers(mirror, ek);
+  let kept = 0;
+  for (let i = 0; i < keepE.length; i++) if (mirror.store(tierKey(ek, keepT[i]), keepE[i], keepB[i])) kept++;
+  return { kept: kept, unknown: unknown };
+}
+
+/**
  * Applies one batch with sequence number seq. A gap (or a restart: seq going
  * backwards) that the transport could not repair clears the mirror first: we
- * resync rather than drift.
+ * resync rather than drift. A batch holding a Snapshot is itself the resync:
+ * no gap check, its live events first, then the snapshot's cut.
  */
 export function applyBatch(mirror: MirrorIndex, ek: EpochKey, seq: number, events: KvEvent[], blockSize: number, hasherOrOpts?: Hasher | ApplyOptions): ApplyResult {
   const opts: ApplyOptions = typeof hasherOrOpts === "function" ? { hasher: hasherOrOpts } : hasherOrOpts || {};
   const h = opts.hasher || jsHasher;
-  const res: ApplyResult = { stored: 0, removed: 0, cleared: false, skipped: 0, otherGroup: 0, gap: false, fatal: null };
+  const res: ApplyResult = { stored: 0, removed: 0, cleared: false, skipped: 0, otherGroup: 0, gap: false, fatal: null, resync: null };
   const hadSeq = mirror.sequence(ek);
-  if (hadSeq !== undefined && seq !== hadSeq + 1) {
+  let snapshot = false;
+  for (let i = 0; i < events.length; i++) if (events[i].type === "Snapshot") snapshot = true;
+  if (hadSeq !== undefined && seq !== hadSeq + 1 && !snapshot) {
     clearAllTiers(mirror, ek);
     res.gap = true;
   }
@@ -186,7 +226,9 @@ export function applyBatch(mirror: MirrorIndex, ek: EpochKey, seq: number, event
   const buf = blockBuffer(blockSize);
   for (let i = 0; i < events.length; i++) {
     const ev = events[i];
-    if (ev.type === "AllBlocksCleared") {
+    if (ev.type === "Snapshot") {
+      res.resync = retainOnly(mirror, ek, ev.hashes);
+    } else if (ev.type === "AllBlocksCleared") {
       if (ev.medium) mirror.clear(tierKey(ek, tierOf(ev.medium)));
       else clearAllTiers(mirror, ek);
       res.cleared = true;

@@ -27,6 +27,12 @@ export interface WorkerSpec {
   /** The engine's KV event replay ROUTER endpoint (zmq tcp://…), used to repair gaps. */
   replay?: string;
   /**
+   * SGLang's KV placement snapshot ROUTER endpoint (zmq tcp://…, its
+   * snapshot_endpoint; "snapshot-v1" protocol): a gap replay cannot fill
+   * resyncs the mirror from it instead of wiping it.
+   */
+  snapshot?: string;
+  /**
    * Data-parallel rank this target is, on an engine serving several behind one
    * address (core/fleet.ts expandDp). The pick sends it as X-data-parallel-rank.
    */

@@ -13,7 +13,8 @@ import * as http from "http";
 import { sameWorker } from "../core/fleet";
 import { Counter, Gauge, Registry } from "prom-client";
 import { Options, optionsFrom } from "../runtime/config";
-import { EventSource, eventSourceFor, fetchModels } from "../runtime/app";
+import { EventSource, eventSourceFor, fetchModels, KV_REFUSED_LOG } from "../runtime/app";
+import { rateLimitedLog } from "../runtime/ratelog";
 import { Discovery, Fleet, startDiscovery } from "../runtime/discovery";
 import { Subscription } from "../runtime/events";
 import { KvEvent, tierOf } from "../core/kvevents";
@@ -62,7 +63,8 @@ export class Shadow {
     this.seq = seq;
     if (restart) this.clear(null);
     for (const ev of events) {
-      if (ev.type === "AllBlocksCleared") this.clear(ev.medium ? tierOf(ev.medium) : null);
+      if (ev.type === "Snapshot") this.retain(ev.hashes);
+      else if (ev.type === "AllBlocksCleared") this.clear(ev.medium ? tierOf(ev.medium) : null);
       else if (ev.type === "BlockRemoved") {
         if (ev.groupIdx != null && ev.groupIdx !== (this.fullGroup ?? 0)) continue;
         const tier = tierOf(ev.medium);
@@ -104,6 +106,12 @@ export class Shadow {
     const out: Record<string, number> = { GPU: 0, CPU: 0, DISK: 0, EXTERNAL: 0 };
     for (const b of this.blocks.values()) for (const t of b.tiers) out[t] = (out[t] ?? 0) + 1;
     return out;
+  }
+
+  /** A placement snapshot (core/kvevents.ts "Snapshot"): every block the engine no longer holds leaves every tier. */
+  private retain(hashes: string[]): void {
+    const keep = new Set(hashes);
+    for (const [h, b] of [...this.blocks]) if (!keep.has(h)) for (const t of [...b.tiers]) this.remove(h, t);
   }
 
   /** AllBlocksCleared: one tier (medium given) or all of them. */
@@ -205,7 +213,10 @@ export class Bridge implements Fleet {
     queue: new Gauge({ name: "infera_bridge_queue_depth", help: "Pushes waiting", registers: [this.registry] }),
     dirty: new Gauge({ name: "infera_bridge_nginx_dirty", help: "1 while nginx may be missing state (a resync is pending)", registers: [this.registry] }),
     blocks: new Gauge({ name: "infera_bridge_shadow_blocks", help: "Resident blocks per worker as the bridge last saw them", labelNames: ["worker"], registers: [this.registry] }),
+    eventErrors: new Counter({ name: "infera_bridge_kv_event_errors_total", help: "KV event frames refused (malformed) or transport failures, per worker", labelNames: ["worker", "reason"], registers: [this.registry] }),
   };
+  /** Refused KV-event frames: every one counted, a few logged per minute (as the router does). */
+  private readonly kvRefused = rateLimitedLog((l, m, f) => this.log(l, m, f), KV_REFUSED_LOG);
   stats = { pushed: 0, refused: 0, failed: 0, resyncs: 0 };
 
   constructor(readonly opts: Options, readonly log: Logger, private events: EventSource) {
@@ -391,7 +402,10 @@ export class Bridge implements Fleet {
             // restart: njs drops the worker's mirror (every tier) before applying the batch.
             this.enqueue(info?.restart ? { type: "events", worker: w.id, seq, events: evs, restart: true } : { type: "events", worker: w.id, seq, events: evs });
           },
-          (reason) => this.log("warn", `kv-events worker=${w.id} refused frame: ${reason}`),
+          (reason) => {
+            this.m.eventErrors.inc({ worker: w.id, reason: reason.startsWith("subscriber") ? "transport" : "malformed" });
+            this.kvRefused(w.id, `kv-events worker=${w.id} refused frame: ${reason}`);
+          },
         );
       } catch (e) {
         this.log("warn", `kv-events worker=${w.id} cannot subscribe to ${w.events}: ${(e as Error).message}`);
@@ -420,6 +434,7 @@ export class Bridge implements Fleet {
     this.closed = true;
     if (this.heartbeat) clearInterval(this.heartbeat);
     for (const id of Object.keys(this.subs)) this.subs[id].close();
+    this.kvRefused.close();
     await this.events.close();
   }
 }

@@ -18,6 +18,7 @@ import { loadTokenizer, LoadedTokenizer } from "./tokenizer";
 import { createMetrics, Metrics } from "./metrics";
 import { Options } from "./config";
 import { BatchInfo, subscribeZmq, Subscription } from "./events";
+import { rateLimitedLog } from "./ratelog";
 import { RenderProbes } from "./probe";
 import { memoryModelTable, ModelTable, withModels } from "../core/models";
 import { defaultReplicaId, ReplicaSync } from "./replicas";
@@ -76,6 +77,9 @@ function tokenizerFromFlag(p: string | null, lo: Parameters<typeof loadTokenizer
   }
 }
 
+/** A few refused-frame lines per minute per process; the rest are counted (metrics) and summarised. */
+export const KV_REFUSED_LOG = { level: "warn" as const, perWindow: 3, windowMs: 60000, what: "kv-events refused frame" };
+
 export interface EventSource {
   /** onState reports the transport's connection state for this subscription, when the transport knows it. */
   subscribe(w: WorkerSpec, onBatch: (seq: number, events: KvEvent[], info?: BatchInfo) => void, onError: (reason: string) => void, onState?: (connected: boolean) => void): Subscription;
@@ -87,6 +91,7 @@ function zmqEventSource(opts: Options, log?: Logger): EventSource {
     subscribe: (w, onBatch, onError, onState) =>
       subscribeZmq(w.id, w.events as string, opts.kvEventTopic, (_id, seq, evs, info) => onBatch(seq, evs, info), (_id, r) => onError(r), onState, {
         replay: w.replay,
+        snapshot: w.snapshot,
         replayTimeoutMs: opts.kvReplayTimeoutMs,
         dpRank: w.dpEvents === "tagged" ? w.dpRank : undefined,
         log: log ? (l, line) => log(l, line) : undefined,
@@ -127,6 +132,9 @@ export class App {
   /** Per worker: when its events last arrived, picks since, whether it is flagged silent. */
   readonly kv: Record<string, { since: number; lastEvent: number | null; picksSinceEvent: number; silent: boolean }> = {};
   private silenceTimer: NodeJS.Timeout | null = null;
+  /** Refused KV-event frames: every one counted, a few logged per minute (runtime/ratelog.ts). */
+  private readonly kvRefused = rateLimitedLog((l, m, f) => this.log(l, m, f), KV_REFUSED_LOG);
+  private readonly kvGaps = rateLimitedLog((l, m, f) => this.log(l, m, f), { ...KV_REFUSED_LOG, what: "kv-events sequence gap" });
   /** Render-parity probe per worker (null with --render-probe-api off). */
   readonly probes: RenderProbes | null;
   /** Per worker: is its KV event transport connected (absent = unknown yet). */
@@ -316,7 +324,7 @@ export class App {
         (seq, evs, info) => this.onEvents(spec.id, epochKey, seq, evs, info),
         (reason) => {
           this.metrics.eventErrors.inc({ worker: spec.id, reason: reason.startsWith("subscriber") ? "transport" : "malformed" });
-          this.log("warn", `kv-events worker=${spec.id} refused frame: ${reason}`);
+          this.kvRefused(spec.id, `kv-events worker=${spec.id} refused frame: ${reason}`);
         },
         (up) => {
           if (this.subs[spec.id]?.epochKey !== epochKey) return;
@@ -415,7 +423,12 @@ export class App {
     });
     if (r.gap) {
       this.metrics.eventErrors.inc({ worker: id, reason: "sequence_gap" });
-      this.log("warn", `kv-events worker=${id} sequence gap at seq=${seq} that replay could not fill${w.replay ? "" : " (no replay endpoint)"}: mirror cleared, resyncing from live events`);
+      this.kvGaps(id, `kv-events worker=${id} sequence gap at seq=${info?.seqText ?? seq} that replay could not fill${w.replay ? "" : " (no replay endpoint)"}: mirror cleared, resyncing from live events`);
+    }
+    if (r.resync) {
+      this.metrics.events.inc({ worker: id, type: "snapshot_resync" });
+      if (r.resync.unknown) this.metrics.eventErrors.inc({ worker: id, reason: "snapshot_unknown_block" }, r.resync.unknown);
+      this.log("info", `kv-events worker=${id} resynced from its snapshot at seq=${info?.seqText ?? seq}: ${r.resync.kept} mirrored block(s) kept, ${r.resync.unknown} never seen stored (left out until stored again)`);
     }
     if (r.otherGroup) this.metrics.events.inc({ worker: id, type: "other_group" }, r.otherGroup);
     if (r.fatal) {
@@ -658,6 +671,8 @@ export class App {
   async close(): Promise<void> {
     if (this.healthTimer) clearInterval(this.healthTimer);
     if (this.silenceTimer) clearInterval(this.silenceTimer);
+    this.kvRefused.close();
+    this.kvGaps.close();
     this.probes?.stop();
     if (this.modelTimer) clearInterval(this.modelTimer);
     for (const id of Object.keys(this.subs)) this.subs[id].sub.close();

@@ -119,15 +119,16 @@ export function parseWorkers(s: string): WorkerSpec[] {
     }
     let events: string | undefined;
     let replay: string | undefined;
+    let snapshot: string | undefined;
     const at = rest.indexOf("@");
     if (at >= 0) {
       events = rest.slice(at + 1);
       rest = rest.slice(0, at);
-      const plus = events.indexOf("+");
-      if (plus >= 0) {
-        replay = events.slice(plus + 1);
-        events = events.slice(0, plus);
-      }
+      // @events[+replay[+snapshot]]; an empty replay ("pub++snap") means none.
+      const parts = events.split("+");
+      events = parts[0];
+      if (parts.length > 1 && parts[1] !== "") replay = parts[1];
+      if (parts.length > 2) snapshot = parts.slice(2).join("+");
     }
     // host:port/dp=N[/tagged]: an engine with N data-parallel ranks, N route targets;
     // /sglang (anywhere after host:port): the rank also goes in the body, as SGLang reads it.
@@ -146,15 +147,23 @@ export function parseWorkers(s: string): WorkerSpec[] {
       rest = rest.slice(0, dpm.index);
     }
     if (!/^[^:\s@]+:\d{1,5}$/.test(rest) || Number(rest.slice(rest.lastIndexOf(":") + 1)) > 65535)
-      throw new CliError(`--workers: '${raw}' is not [role=]host:port[/dp=N[/tagged]][/sglang][@kv-endpoint[+replay-endpoint]]`);
+      throw new CliError(`--workers: '${raw}' is not [role=]host:port[/dp=N[/tagged]][/sglang][@kv-endpoint[+replay-endpoint[+snapshot-endpoint]]]`);
     if (events !== undefined) {
       const why = badEventEndpoint(events);
       if (why) throw new CliError(`--workers: '${raw}': KV event endpoint ${why}`);
     }
     if (replay !== undefined && !/^tcp:\/\/[^\s]+:\d+$/.test(replay)) throw new CliError(`--workers: '${raw}': replay endpoint '${replay}' is not tcp://host:port`);
+    if (snapshot !== undefined && !/^tcp:\/\/[^\s]+:\d+$/.test(snapshot)) throw new CliError(`--workers: '${raw}': snapshot endpoint '${snapshot}' is not tcp://host:port`);
     const base: WorkerSpec = replay ? { id: rest, address: rest, role, events, replay } : { id: rest, address: rest, role, events };
+    if (snapshot) base.snapshot = snapshot;
     if (engine === "sglang") base.engine = "sglang";
-    out.push(...expandDp(base, dp, dpMode));
+    for (const w of expandDp(base, dp, dpMode)) {
+      // Two entries for one id would share one mirror and one load ledger, the
+      // later silently replacing the earlier: refuse rather than guess.
+      const dup = out.find((o) => o.id === w.id);
+      if (dup) throw new CliError(`--workers: worker id '${w.id}' appears twice ('${raw}'); each host:port (and DP rank) may be listed once`);
+      out.push(w);
+    }
   }
   return out;
 }

@@ -2,6 +2,7 @@
 //   <prefix><worker-id>  ->  {"address":"host:port","role":"prefill|decode|mixed",
 //                             "block_size":16,"kv_events":"tcp://host:5557",
 //                             "kv_replay":"tcp://host:5558",   (optional: the replay ROUTER)
+//                             "kv_snapshot":"tcp://host:5559", (optional: SGLang's snapshot-v1 ROUTER)
 //                             "dp_size":2,"dp_events":"port|tagged",  (optional: DP ranks = targets <id>/dp<r>)
 //                             "engine":"vllm|sglang"}  (optional: how a picked rank reaches the engine)
 // The router lists the prefix, then watches it: put = join/update, delete or
@@ -27,6 +28,8 @@ export interface Registration {
   block_size?: number;
   kv_events?: string;
   kv_replay?: string;
+  /** SGLang's snapshot_endpoint (snapshot-v1), per rank at port + rank like the others. */
+  kv_snapshot?: string;
   dp_size?: number;
   dp_events?: "port" | "tagged";
   /** "sglang": the picked DP rank also goes in the request body (routed_dp_rank). */
@@ -43,6 +46,8 @@ export function specFromEtcd(id: string, value: string): WorkerSpec {
   if (why) throw new Error(`registration ${id}: 'kv_events' ${why}`);
   const spec: WorkerSpec = { id, address: r.address, role, blockSize: r.block_size, events: r.kv_events };
   if (typeof r.kv_replay === "string" && r.kv_replay) spec.replay = r.kv_replay;
+  if (r.kv_snapshot !== undefined && r.kv_snapshot !== null && (typeof r.kv_snapshot !== "string" || !/^tcp:\/\/[^\s]+:\d+$/.test(r.kv_snapshot))) throw new Error(`registration ${id}: 'kv_snapshot' must be tcp://host:port`);
+  if (typeof r.kv_snapshot === "string" && r.kv_snapshot) spec.snapshot = r.kv_snapshot;
   if (r.engine !== undefined && r.engine !== "vllm" && r.engine !== "sglang") throw new Error(`registration ${id}: unknown engine '${r.engine}' (vllm | sglang)`);
   if (r.engine === "sglang") spec.engine = "sglang";
   return spec;

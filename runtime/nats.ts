@@ -45,6 +45,7 @@ export async function natsEventSource(url: string, log: Logger, replayTimeoutMs 
       const sub = nc.subscribe(natsSubject(w.id, w.events as string));
       const seqr = createSequencer(w.id, (_id, seq, evs, info) => onBatch(seq, evs, info), (_id, reason) => onError(reason), {
         replay: w.replay,
+        snapshot: w.snapshot,
         replayTimeoutMs,
         dpRank: w.dpEvents === "tagged" ? w.dpRank : undefined,
         log: (l, line) => log(l, line),
@@ -59,7 +60,7 @@ export async function natsEventSource(url: string, log: Logger, replayTimeoutMs 
           try {
             const s = m.headers?.get(SEQ_HEADER);
             if (!s || !/^\d+$/.test(s)) throw new Error(`missing or bad ${SEQ_HEADER} header`);
-            seqr.frame(Number(s), m.data);
+            seqr.frame(Number(s), m.data, { seqText: s });
           } catch (e) {
             onError((e as Error).message);
           }

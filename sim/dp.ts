@@ -23,6 +23,7 @@ export async function startDpSim(o: SimOptions): Promise<DpSim> {
       dpRank: r,
       kvEventsPort: o.kvEventsPort === null ? null : o.kvEventsPort + r,
       kvReplayPort: o.kvReplayPort === null ? null : o.kvReplayPort + r,
+      kvSnapshotPort: o.kvSnapshotPort == null ? null : o.kvSnapshotPort + r,
     });
     await e.start();
     ranks.push(e);

@@ -47,6 +47,8 @@ export interface SimOptions {
   kvEventsMapPort: number | null;
   /** vLLM replay_endpoint: a ROUTER serving the last batches (sim/kvpublisher.ts); null = none. */
   kvReplayPort: number | null;
+  /** SGLang's snapshot_endpoint: a ROUTER answering snapshot-v1 (sim/kvpublisher.ts); null = none. */
+  kvSnapshotPort?: number | null;
   /** Event encoding on the main port with --kv-replay-port: vLLM's tagged maps or array_like. */
   kvEventEncoding: "map" | "array";
   /** CPU tier (offload then evict) in blocks, 0 = none; second KV group's sliding window, null = none (sim/kvextras.ts). */
@@ -203,6 +205,8 @@ export class EngineSim {
   private mapPub: zmq.Publisher | null = null;
   /** With --kv-replay-port: the vLLM-like publisher (PUB + replay ROUTER) replaces pub. */
   private kvp: KvPublisher | null = null;
+  /** Batches still to keep off the live stream (POST /sim/drop-events?n=N). */
+  private dropLive = 0;
   private extras: KvExtras;
   private seq = 0;
   private sendChain: Promise<void> = Promise.resolve();
@@ -228,7 +232,7 @@ export class EngineSim {
 
   async start(): Promise<void> {
     if (this.o.kvEventsPort !== null && (this.o.kvReplayPort !== null || this.o.dpRank !== null || this.o.kvEventEncoding === "map" || this.o.engine === "sglang")) {
-      this.kvp = new KvPublisher({ host: this.o.host, port: this.o.kvEventsPort, replayPort: this.o.kvReplayPort, topic: this.o.topic, encoding: this.o.kvEventEncoding, bufferSteps: 10000, dpRank: this.o.dpRank, dialect: this.o.engine });
+      this.kvp = new KvPublisher({ host: this.o.host, port: this.o.kvEventsPort, replayPort: this.o.kvReplayPort, topic: this.o.topic, encoding: this.o.kvEventEncoding, bufferSteps: 10000, dpRank: this.o.dpRank, dialect: this.o.engine, snapshotPort: this.o.engine === "sglang" ? (this.o.kvSnapshotPort ?? null) : null });
       await this.kvp.bind();
     } else if (this.o.kvEventsPort !== null) {
       this.pub = new zmq.Publisher({ sendHighWaterMark: 100000 });
@@ -270,7 +274,8 @@ export class EngineSim {
     if (this.kvp) {
       if (!events.length) return;
       this.stats.batches++;
-      void this.kvp.publish(this.extras.events(events));
+      const live = this.dropLive > 0 ? (this.dropLive--, false) : true;
+      void this.kvp.publish(this.extras.events(events), live);
       return;
     }
     // BlockStored: [tag, block_hashes, parent_block_hash, token_ids, block_size, lora_id, medium]
@@ -374,6 +379,12 @@ export class EngineSim {
       this.extras.reset();
       await this.kvp?.restart();
       return void res.end("restarted");
+    }
+    const drop = /^\/sim\/drop-events\?n=(\d{1,6})$/.exec(req.url ?? "");
+    if (req.method === "POST" && drop && this.kvp) {
+      // The next n batches go to the replay buffer only, as if every subscriber missed them (a gap).
+      this.dropLive = Number(drop[1]);
+      return void res.end("dropping");
     }
     if (req.method === "POST" && url === "/sim/clear") {
       this.clear();
@@ -598,6 +609,7 @@ export function simOptionsFrom(p: Parsed): SimOptions {
     streamInterval: num("stream-interval"),
     kvEventsMapPort: v["kv-events-map-port"] as number | null,
     kvReplayPort: v["kv-replay-port"] as number | null,
+    kvSnapshotPort: v["kv-snapshot-port"] as number | null,
     kvEventEncoding: str("kv-event-encoding") as SimOptions["kvEventEncoding"],
     kvCpuBlocks: num("kv-cpu-blocks"),
     kvSlidingWindow: v["kv-sliding-window"] as number | null,
@@ -629,7 +641,7 @@ function bindError(o: SimOptions, e: unknown): Error {
   const m = /:(\d+)$/.exec(String((e as { address?: string }).address ?? ""));
   if (!m) return listenError("--port", o.host, o.port, e);
   const port = Number(m[1]);
-  const flag = port === o.kvEventsPort ? "--kv-events-port" : port === o.kvEventsMapPort ? "--kv-events-map-port" : "--kv-replay-port";
+  const flag = port === o.kvEventsPort ? "--kv-events-port" : port === o.kvEventsMapPort ? "--kv-events-map-port" : port === o.kvSnapshotPort ? "--kv-snapshot-port" : "--kv-replay-port";
   return listenError(flag, o.host, port, e);
 }
 

@@ -22,6 +22,8 @@ export interface KvExtrasOptions {
 interface BlockInfo {
   lora: string | null;
   extra: unknown[] | null;
+  /** The request's cache_salt: SGLang sends it as BlockStoredWithMetadata.metadata on every salted block. */
+  salt: string | null;
 }
 
 const MAX_TRACKED = 500000;
@@ -40,7 +42,7 @@ export class KvExtras {
       if (lora) keys.push(lora);
       if (i === 0) for (const m of media) keys.push([m, 0]);
       if (i === 0 && salt) keys.push(salt);
-      if (!this.info.has(hashes[i])) this.info.set(hashes[i], { lora, extra: keys.length ? keys : null });
+      if (!this.info.has(hashes[i])) this.info.set(hashes[i], { lora, extra: keys.length ? keys : null, salt });
     }
     while (this.info.size > MAX_TRACKED) this.info.delete(this.info.keys().next().value as bigint);
   }
@@ -59,6 +61,7 @@ export class KvExtras {
       lora_name: first?.lora ?? null,
     };
     if (extra.some((e) => e !== null)) ev.extra_keys = extra;
+    if (first?.salt) ev.metadata = { cache_salt: first.salt };
     if (this.o.slidingWindow === null) return [ev];
     return [
       { ...ev, group_idx: 0, kv_cache_spec_kind: "full_attention" },

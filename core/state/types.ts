@@ -113,6 +113,7 @@ export interface RouterState {
 /** The optional spec fields a registered worker keeps (replay endpoint, DP rank, engine), present only when set. */
 export function copyEventFields(spec: WorkerSpec, w: Worker): void {
   if (spec.replay !== undefined) w.replay = spec.replay;
+  if (spec.snapshot !== undefined) w.snapshot = spec.snapshot;
   if (spec.dpRank !== undefined) w.dpRank = spec.dpRank;
   if (spec.dpEvents !== undefined) w.dpEvents = spec.dpEvents;
   if (spec.engine !== undefined) w.engine = spec.engine;

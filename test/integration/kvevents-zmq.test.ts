@@ -270,7 +270,8 @@ test("simulator tiers, second KV group, salts, LoRA names, restart: the router's
 test("NATS transport (relay): a gap the relay never saw is repaired from the engine's replay ROUTER; a late router catches up", async () => {
   const nats = await startNats();
   const p = await publisher("map");
-  const relay = await runRelay(`tcp://127.0.0.1:${p.o.port}`, nats.url, "infera.kv.natsw");
+  // The relay matches the publisher's topic exactly, like the router.
+  const relay = await runRelay(`tcp://127.0.0.1:${p.o.port}`, nats.url, "infera.kv.natsw", "kv");
   const apps: App[] = [];
   try {
     const mk = async () => {

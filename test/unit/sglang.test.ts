@@ -17,11 +17,12 @@ import { encode } from "@msgpack/msgpack";
 
 const toks = (n: number, base = 0) => Array.from({ length: n }, (_, i) => base + i);
 
-test("SGLang's structs: BlockStored [tag, hashes, parent, tokens, block_size, lora_id], BlockRemoved [tag, hashes]; batch [ts, events, attn_dp_rank]", async () => {
-  // What SGLang's msgspec encoder (array_like, omit_defaults, tag) writes; fields it does not have are never sent.
+test("SGLang's structs: BlockStored [tag, hashes, parent, tokens, block_size, lora_id, medium(, metadata)], BlockRemoved [tag, hashes, medium]; batch [ts, events, attn_dp_rank]", async () => {
+  // What SGLang's msgspec encoder (array_like, tag, no omit_defaults) writes; fields it does not have are never sent.
   const stored = encodeEvent({ type: "BlockStored", block_hashes: [11n, 12n], parent_block_hash: null, token_ids: toks(32), block_size: 16, lora_id: null, medium: "GPU", lora_name: "x" }, "array", "sglang");
-  assert.deepEqual(stored, ["BlockStored", [11n, 12n], null, toks(32), 16, null]);
-  assert.deepEqual(encodeEvent({ type: "BlockRemoved", block_hashes: [12n], medium: "GPU" }, "array", "sglang"), ["BlockRemoved", [12n]]);
+  assert.deepEqual(stored, ["BlockStored", [11n, 12n], null, toks(32), 16, null, "GPU"]);
+  assert.deepEqual(encodeEvent({ type: "BlockRemoved", block_hashes: [12n], medium: "GPU" }, "array", "sglang"), ["BlockRemoved", [12n], "GPU"]);
+  assert.deepEqual(encodeEvent({ type: "BlockRemoved", block_hashes: [12n] }, "array", "sglang"), ["BlockRemoved", [12n], null], "medium is written even when None");
   assert.deepEqual(encodeEvent({ type: "AllBlocksCleared" }, "array", "sglang"), ["AllBlocksCleared"]);
 
   const p = new KvPublisher({ host: "127.0.0.1", port: await freePort(), replayPort: null, topic: "", encoding: "map", bufferSteps: 10, dpRank: 3, dialect: "sglang" });

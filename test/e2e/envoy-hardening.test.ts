@@ -99,7 +99,8 @@ async function recorder(): Promise<{ address: string; hits: http.IncomingHttpHea
   const server = http.createServer((req, res) => {
     req.resume();
     req.on("end", () => {
-      if (req.url !== "/health") hits.push(req.headers);
+      // Only the client's requests (the router also asks for /v1/models and /tokenize).
+      if (req.method === "POST" && /^\/v1\/(chat\/completions|messages)/.test(req.url ?? "")) hits.push(req.headers);
       res.writeHead(200, { "content-type": "application/json" });
       res.end(JSON.stringify({ id: "x", object: "chat.completion", choices: [] }));
     });
@@ -140,7 +141,8 @@ test("Envoy's own error pages are JSON in the API's shape: 431, and 503 for a pi
   assert.deepEqual(await r431.json(), { error: { message: "request headers over the gateway limit", type: "invalid_request_error", code: 431 } });
   const a431 = await fetch(`${envoy.url}/v1/messages`, { method: "POST", headers: { "content-type": "application/json", ...big }, body: chatBody(false, 1, "hi") });
   assert.equal(a431.status, 431);
-  assert.deepEqual(await a431.json(), { type: "error", error: { type: "request_too_large", message: "request headers over the gateway limit" } });
+  // The headers never parsed whole, so the API is unknown: OpenAI's shape, still JSON.
+  assert.deepEqual(await a431.json(), { error: { message: "request headers over the gateway limit", type: "invalid_request_error", code: 431 } });
   // The router picked the only worker; Envoy could not connect to it.
   const r503 = await fetch(`${envoy.url}/v1/chat/completions`, { method: "POST", headers: { "content-type": "application/json" }, body: chatBody(false, 1, "hi") });
   assert.equal(r503.status, 503);

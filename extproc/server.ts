@@ -58,7 +58,8 @@ function immediate(status: number, message: string, type: string, path = "", par
       case: "immediateResponse",
       value: create(ImmediateResponseSchema, {
         status: create(HttpStatusSchema, { code: status as StatusCode }),
-        headers: setHeaders({ "content-type": "application/json" }),
+        // SDKs retry a 503 after retry-after (Envoy's own 503s carry it too: envoy/envoy.yaml).
+        headers: setHeaders(status === 503 ? { "content-type": "application/json", "retry-after": "1" } : { "content-type": "application/json" }),
         body: Buffer.from(errorJson(path, status, message, type, param)),
         details: "infera_" + type,
       }),

@@ -218,3 +218,27 @@ test("1,000 slowloris connections are closed by Envoy's request_headers_timeout 
   }
   assert.ok(alive(envoy));
 });
+
+test("the simulator's own errors are JSON in the shape of the API called", async () => {
+  const sim = await startSim("errs", []);
+  const base = `http://127.0.0.1:${sim.port}`;
+  const nf = await fetch(`${base}/nope`);
+  assert.equal(nf.status, 404);
+  const nj = (await nf.json()) as { error: { message: string; code: number } };
+  assert.equal(nj.error.code, 404);
+  assert.match(nj.error.message, /no route for GET \/nope/);
+  const post = (p: string, body: string) => fetch(`${base}${p}`, { method: "POST", headers: { "content-type": "application/json" }, body });
+  const bad = await post("/v1/chat/completions", "{not json");
+  assert.equal(bad.status, 400);
+  const bj = (await bad.json()) as { error: { message: string; type: string; code: number } };
+  assert.equal(bj.error.code, 400);
+  assert.equal(typeof bj.error.message, "string");
+  const abad = await post("/v1/messages", "{not json");
+  assert.equal(abad.status, 400);
+  const aj = (await abad.json()) as { type: string; error: { type: string; message: string } };
+  assert.equal(aj.type, "error");
+  assert.equal(aj.error.type, "invalid_request_error");
+  const anf = await post("/v1/messages/nope", "{}");
+  assert.equal(anf.status, 404);
+  assert.deepEqual(Object.keys((await anf.json()) as object).sort(), ["error", "type"]);
+});

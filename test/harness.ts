@@ -226,6 +226,8 @@ export interface EnvoyOptions {
   pool?: { endpoints: string[]; bodyMode?: "FULL_DUPLEX_STREAMED" | "BUFFERED"; subsetFromHeader?: boolean };
   /** envoy/envoy.yaml with router replicas: the ext_proc cluster lists every port (round robin), with gRPC health checks and outlier ejection so a dead replica is skipped. */
   extProcPorts?: number[];
+  /** envoy/envoy.yaml: a last edit of the rendered text (a test scaling one of the shipped values). */
+  edit?: (cfg: string) => string;
 }
 
 export interface EnvoyProc {
@@ -267,7 +269,7 @@ function envoyConfig(extProcPort: number, port: number, adminPort: number, opts:
     if (opts.failureModeAllow) cfg = cfg.replace("failure_mode_allow: false", "failure_mode_allow: true");
     if (opts.routeIdleTimeoutS) cfg = cfg.replace("idle_timeout: 60s }", `idle_timeout: ${opts.routeIdleTimeoutS}s }`);
     if (opts.wholeIdleTimeoutS) cfg = cfg.replace("idle_timeout: 540s }", `idle_timeout: ${opts.wholeIdleTimeoutS}s }`);
-    return cfg;
+    return opts.edit ? opts.edit(cfg) : cfg;
   }
   const pool = opts.pool;
   // eslint-disable-next-line @typescript-eslint/no-require-imports

@@ -84,6 +84,8 @@ export interface Pick {
    * requests and for policies that do not read the cache.
    */
   uncachedTokens: number;
+  /** The request asked for a streamed answer (set by the runtime from the parsed body). */
+  stream?: boolean;
 }
 
 export interface RouterHooks {

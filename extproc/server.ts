@@ -59,7 +59,8 @@ function immediate(status: number, message: string, type: string, path = "", par
       case: "immediateResponse",
       value: create(ImmediateResponseSchema, {
         status: create(HttpStatusSchema, { code: status as StatusCode }),
-        headers: setHeaders({ "content-type": "application/json" }),
+        // SDKs retry a 503 after retry-after (Envoy's own 503s carry it too: envoy/envoy.yaml).
+        headers: setHeaders(status === 503 ? { "content-type": "application/json", "retry-after": "1" } : { "content-type": "application/json" }),
         body: Buffer.from(errorJson(path, status, message, type, param)),
         details: "infera_" + type,
       }),
@@ -70,6 +71,13 @@ function immediate(status: number, message: string, type: string, path = "", par
 /** Dynamic-metadata namespace and key the gateway's ORIGINAL_DST cluster reads the pick from (GIE convention). */
 export const DEST_NAMESPACE = "envoy.lb";
 export const DEST_KEY = "x-gateway-destination-endpoint";
+/**
+ * Set (true) in the pick's metadata when the request asked for a streamed
+ * answer: the shipped Envoy configs select a route by it, a short idle timeout
+ * for streams (tokens keep flowing) and a long one for answers that arrive
+ * whole at the end of the generation.
+ */
+export const STREAM_KEY = "x-infera-stream";
 
 /**
  * Client-sent headers that only the router may set. A gateway config may route
@@ -277,7 +285,9 @@ function handleStream(app: App, call: Call<ProcessingRequest, ProcessingResponse
     const dest = [pick.target.address, ...fallbacks].join(",");
     // The gateway connects to the metadata value; the header carries the same
     // value (the protocol forbids the two differing) for header-driven gateways.
-    const dynamicMetadata = { [DEST_NAMESPACE]: { [DEST_KEY]: dest } };
+    const lb: Record<string, string | boolean> = { [DEST_KEY]: dest };
+    if (pick.stream) lb[STREAM_KEY] = true;
+    const dynamicMetadata = { [DEST_NAMESPACE]: lb };
     if (phase === "requestTrailers") {
       // Headers can no longer change once trailers arrive; the metadata still routes.
       if (pick.prefill) app.log("warn", `request ended with trailers: prefill peer ${pick.prefill.id} cannot be named in a header, the decode worker prefills itself`);

@@ -599,6 +599,7 @@ export class App {
     // A worker that renders differently counts other tokens than ours: demand is then an estimate.
     if (feats.exact && this.probes && this.probes.anyDiverged()) feats = { ...feats, exact: false };
     const pick = this.router.pick(feats, req.sessionId, allow);
+    pick.stream = req.stream;
     const secs = Number(process.hrtime.bigint() - t0) / 1e9;
     this.metrics.pickLatency.observe(secs);
     // Costs and counts only: prompt text never reaches the logs.

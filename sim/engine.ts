@@ -12,6 +12,7 @@ import { KvExtras } from "./kvextras";
 import { encode } from "@msgpack/msgpack";
 import { loadTokenizer } from "../runtime/tokenizer";
 import { endpointOf, parseRequest, Tokenizer } from "../core/request";
+import { errorJson } from "../core/errors";
 import { EngineModel, ModelConfig, ModelEvent, StepPlan, TokenOut } from "./model";
 import { simRender, SimRender } from "./render";
 import { CliError, listenError, parseCommand, Parsed, runCommand } from "../cli/args";
@@ -242,7 +243,7 @@ export class EngineSim {
       this.mapPub = new zmq.Publisher({ sendHighWaterMark: 100000 });
       await this.mapPub.bind(`tcp://${this.o.host}:${this.o.kvEventsMapPort}`);
     }
-    this.server = http.createServer((req, res) => this.handle(req, res).catch((e) => this.fail(res, e)));
+    this.server = http.createServer((req, res) => this.handle(req, res).catch((e) => this.fail(req, res, e)));
     this.server.keepAliveTimeout = 60000;
     const server = this.server;
     await new Promise<void>((resolve, reject) => {
@@ -334,13 +335,18 @@ export class EngineSim {
     );
   }
 
-  private fail(res: http.ServerResponse, e: unknown): void {
-    const err = e as Error & { status?: number; type?: string };
+  /** Errors in the shape of the API that was called, as vLLM and SGLang answer: Anthropic's on /v1/messages, OpenAI's elsewhere. */
+  private fail(req: http.IncomingMessage, res: http.ServerResponse, e: unknown): void {
+    const err = e as Error & { status?: number; type?: string; param?: string };
     if (res.headersSent) return void res.destroy();
-    const status = err.status ?? 500;
-    const b = JSON.stringify({ error: { message: err.message, type: err.type ?? (status === 400 ? "BadRequestError" : "internal_error"), code: status } });
+    const status = err.status ?? (e instanceof SyntaxError ? 400 : 500);
+    const type = err.type ?? (status === 400 ? "BadRequestError" : status === 404 ? "NotFoundError" : "internal_error");
     res.writeHead(status, { "content-type": "application/json" });
-    res.end(b);
+    res.end(errorJson((req.url || "/").split("?")[0], status, err.message, type, err.param));
+  }
+
+  private notFound(req: http.IncomingMessage, res: http.ServerResponse): void {
+    this.fail(req, res, Object.assign(new Error(`no route for ${req.method} ${(req.url || "/").split("?")[0]}`), { status: 404 }));
   }
 
   private async readBody(req: http.IncomingMessage): Promise<Buffer> {
@@ -369,8 +375,7 @@ export class EngineSim {
         const data = this.o.servedModels.map((id) => ({ id, object: "model", created: 0, owned_by: this.o.id, root: id, parent: null as string | null })).concat(this.o.loraModules.map((id) => ({ id, object: "model", created: 0, owned_by: this.o.id, root: id, parent: base ?? null })));
         return void res.end(JSON.stringify({ object: "list", data }));
       }
-      res.statusCode = 404;
-      return void res.end();
+      return void this.notFound(req, res);
     }
     if (req.method === "POST" && url === "/sim/restart") {
       // An engine restart: empty cache, new event stream (sequence from 0, empty replay buffer), no AllBlocksCleared.
@@ -396,10 +401,7 @@ export class EngineSim {
       return void res.end(JSON.stringify(t.json));
     }
     const ep = endpointOf(url);
-    if (req.method !== "POST" || !ep) {
-      res.statusCode = 404;
-      return void res.end();
-    }
+    if (req.method !== "POST" || !ep) return void this.notFound(req, res);
     const body = await this.readBody(req);
     const pr = parseRequest(ep, body.toString("utf8"), body.length, { maxBodyBytes: 64 << 20 });
     const j = JSON.parse(body.toString("utf8"));

@@ -212,8 +212,10 @@ export function envoyBin(): string | null {
 export interface EnvoyOptions {
   /** envoy/envoy.yaml: let requests through when the router cannot be reached. */
   failureModeAllow?: boolean;
-  /** envoy/envoy.yaml: the route's idle timeout (default 60 s). */
+  /** The streamed route's idle timeout (default 60 s). */
   routeIdleTimeoutS?: number;
+  /** The non-streamed route's idle timeout (default 540 s: the longest whole-answer generation). */
+  wholeIdleTimeoutS?: number;
   /**
    * Render envoy/inferencepool.yaml instead (Envoy configured as an
    * InferencePool gateway configures its EPP) with the pool's endpoints.
@@ -224,6 +226,8 @@ export interface EnvoyOptions {
   pool?: { endpoints: string[]; bodyMode?: "FULL_DUPLEX_STREAMED" | "BUFFERED"; subsetFromHeader?: boolean };
   /** envoy/envoy.yaml with router replicas: the ext_proc cluster lists every port (round robin), with gRPC health checks and outlier ejection so a dead replica is skipped. */
   extProcPorts?: number[];
+  /** envoy/envoy.yaml: a last edit of the rendered text (a test scaling one of the shipped values). */
+  edit?: (cfg: string) => string;
 }
 
 export interface EnvoyProc {
@@ -264,7 +268,8 @@ function envoyConfig(extProcPort: number, port: number, adminPort: number, opts:
     cfg = cfg.replace("port_value: 10000", `port_value: ${port}`).replace("port_value: 9901", `port_value: ${adminPort}`).replace("port_value: 9002", `port_value: ${extProcPort}`);
     if (opts.failureModeAllow) cfg = cfg.replace("failure_mode_allow: false", "failure_mode_allow: true");
     if (opts.routeIdleTimeoutS) cfg = cfg.replace("idle_timeout: 60s }", `idle_timeout: ${opts.routeIdleTimeoutS}s }`);
-    return cfg;
+    if (opts.wholeIdleTimeoutS) cfg = cfg.replace("idle_timeout: 540s }", `idle_timeout: ${opts.wholeIdleTimeoutS}s }`);
+    return opts.edit ? opts.edit(cfg) : cfg;
   }
   const pool = opts.pool;
   // eslint-disable-next-line @typescript-eslint/no-require-imports
@@ -275,6 +280,11 @@ function envoyConfig(extProcPort: number, port: number, adminPort: number, opts:
   lis.address.socket_address.port_value = port;
   const hcm = lis.filter_chains[0].filters[0].typed_config;
   const ext = hcm.http_filters.find((f: { name: string }) => f.name === "envoy.filters.http.ext_proc").typed_config;
+  for (const r of hcm.route_config.virtual_hosts[0].routes) {
+    const streamed = r.route.idle_timeout === "60s";
+    if (streamed && opts.routeIdleTimeoutS) r.route.idle_timeout = `${opts.routeIdleTimeoutS}s`;
+    if (!streamed && opts.wholeIdleTimeoutS) r.route.idle_timeout = `${opts.wholeIdleTimeoutS}s`;
+  }
   if (pool.bodyMode === "BUFFERED") {
     ext.processing_mode.request_body_mode = "BUFFERED";
     ext.processing_mode.response_body_mode = "STREAMED";
@@ -313,7 +323,7 @@ async function startEnvoyOnce(extProcPort: number, opts: EnvoyOptions): Promise<
   const file = path.join(dir, "envoy.yaml");
   fs.writeFileSync(file, envoyConfig(extProcPort, port, adminPort, opts));
   // No hot restart: nothing in /dev/shm to collide with between test Envoys.
-  const proc = run(name, bin, ["-c", file, "--disable-hot-restart", "--log-level", "warn", "--concurrency", "1"]);
+  const proc = run(name, bin, ["-c", file, "--disable-hot-restart", "--log-level", process.env.INFERA_ENVOY_LOG_LEVEL ?? "warn", "--concurrency", "1"]);
   try {
     await waitFor("envoy ready", async () => {
       if (proc.child.exitCode !== null) throw fatal(`envoy exited ${proc.child.exitCode}`);

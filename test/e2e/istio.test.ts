@@ -65,6 +65,10 @@ function istioEnvoy(port: number, adminPort: number, opts: { withoutListenerPatc
     const { operation, value } = p.patch;
     if (p.applyTo === "LISTENER") {
       if (!opts.withoutListenerPatch) merge(listener, value);
+    } else if (p.applyTo === "NETWORK_FILTER") {
+      assert.equal(operation, "MERGE");
+      assert.equal(p.match.listener.filterChain.filter.name, "envoy.filters.network.http_connection_manager");
+      merge(listener.filter_chains[0].filters[0], value);
     } else if (p.applyTo === "HTTP_FILTER") {
       assert.equal(operation, "INSERT_BEFORE");
       assert.equal(p.match.listener.filterChain.filter.subFilter.name, "envoy.filters.http.router");

@@ -54,6 +54,18 @@ test("headers -> CONTINUE, body -> upstream header mutation; EOF releases; a lat
   assert.equal(app.router.openGuards(), 0);
 });
 
+test("a non-streamed request carries no stream mark: the gateway gives it the whole-answer route", async () => {
+  const s = stream();
+  s.send(reqHeaders("/v1/chat/completions", "POST", false, {}));
+  await s.next();
+  s.send(reqBody(JSON.stringify({ model: "m", stream: false, messages: [{ role: "user", content: "whole answer please" }] })));
+  const r = await s.next();
+  const lb = (r.dynamicMetadata as { "envoy.lb": Record<string, unknown> })["envoy.lb"];
+  assert.match(String(lb["x-gateway-destination-endpoint"]), /^127\.0\.0\.1:700[12]$/);
+  assert.equal("x-infera-stream" in lb, false);
+  s.call.end();
+});
+
 test("client-sent routing headers are removed at the headers phase; the pick also travels as envoy.lb metadata", async () => {
   const s = stream();
   s.send(reqHeaders("/v1/chat/completions", "POST", false, { "x-infera-upstream": "127.0.0.1:1", "x-gateway-destination-endpoint": "127.0.0.1:1", "X-Infera-Anything": "x", "x-session-id": "keep" }));
@@ -66,7 +78,8 @@ test("client-sent routing headers are removed at the headers phase; the pick als
   s.send(reqBody(body("metadata please ".repeat(20))));
   const r = await s.next();
   const set = Object.fromEntries((r.response.value as { response: { headerMutation: { setHeaders: { header: { key: string; rawValue: Uint8Array } }[] } } }).response.headerMutation.setHeaders.map((x) => [x.header.key, Buffer.from(x.header.rawValue).toString()]));
-  assert.deepEqual(r.dynamicMetadata, { "envoy.lb": { "x-gateway-destination-endpoint": set["x-infera-upstream"] } });
+  // A streamed request (body() asks for one) is marked for the gateway's streamed route.
+  assert.deepEqual(r.dynamicMetadata, { "envoy.lb": { "x-gateway-destination-endpoint": set["x-infera-upstream"], "x-infera-stream": true } });
   assert.match(set["x-infera-upstream"], /^127\.0\.0\.1:700[12]$/);
   s.call.cancel();
   assert.ok(await until(() => app.router.openGuards() === 0));

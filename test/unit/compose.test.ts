@@ -101,6 +101,11 @@ test("the Istio EnvoyFilter example carries the same ext_proc settings as envoy/
   assert.ok(patches.findIndex((p) => p.patch.value.name === "envoy.filters.http.header_mutation") < patches.findIndex((p) => p.patch.value.name === "envoy.filters.http.ext_proc"), "headers stripped before ext_proc sees them");
   const cluster = envoy.static_resources.clusters.find((c: { name: string }) => c.name === "workers");
   assert.deepEqual(patches.find((p) => p.applyTo === "CLUSTER")!.patch.value.original_dst_lb_config, cluster.original_dst_lb_config);
-  const guarded = hcm.route_config.virtual_hosts[0].routes[0].match.dynamic_metadata;
-  assert.deepEqual((patches.find((p) => p.applyTo === "HTTP_ROUTE")!.patch.value.match as { dynamic_metadata: unknown }).dynamic_metadata, guarded);
+  // The picked routes, streamed first, with the same matches and idle bounds.
+  const picked = (routes: { match: { dynamic_metadata?: unknown }; route?: { idle_timeout?: string } }[]) => routes.filter((r) => r.match.dynamic_metadata).map((r) => [r.match.dynamic_metadata, r.route?.idle_timeout]);
+  const inserted = patches.filter((p) => p.applyTo === "HTTP_ROUTE" && (p.patch as { operation?: string }).operation === "INSERT_BEFORE").map((p) => p.patch.value as never);
+  assert.deepEqual(picked(inserted), picked(hcm.route_config.virtual_hosts[0].routes));
+  const hcmPatch = patches.find((p) => p.applyTo === "NETWORK_FILTER")!.patch.value.typed_config;
+  assert.equal(hcmPatch.request_headers_timeout, hcm.request_headers_timeout);
+  assert.deepEqual(hcmPatch.common_http_protocol_options, hcm.common_http_protocol_options);
 });

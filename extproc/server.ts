@@ -327,6 +327,8 @@ function handleStream(app: App, call: Call<ProcessingRequest, ProcessingResponse
         send(streamedBody("requestBody", body.subarray(i * BODY_PIECE, (i + 1) * BODY_PIECE), last && !trailersFollow));
       }
     });
+    // The body has gone back to Envoy (or the request was refused): no longer held.
+    inOrder(() => call.releaseHeld());
   };
   const answer = (r: ProcessingResponse | Promise<ProcessingResponse>) => inOrder(async () => send(await r));
 
@@ -347,7 +349,7 @@ function handleStream(app: App, call: Call<ProcessingRequest, ProcessingResponse
       switch (r.case) {
         case "requestHeaders": {
           // headers: read once, on arrival (the request id tags the logs)
-          subset = subsetOf(m);
+          subset = call.peer.trusted ? subsetOf(m) : null;
           // Always a removal (of our own names at least): Envoy re-resolves the
           // route only after a header mutation, and the route must be resolved
           // again once the pick's metadata exists, even when no body phase follows.
@@ -361,6 +363,17 @@ function handleStream(app: App, call: Call<ProcessingRequest, ProcessingResponse
         }
         case "requestBody":
           if (tooLarge) break;
+          if (!call.hold(r.value.body.length)) {
+            // Over the connection's (or the server's) cap on buffered request
+            // bytes: this request goes, the connection and the others stay.
+            tooLarge = true;
+            bodyChunks = [];
+            call.releaseHeld();
+            app.metrics.badRequests.inc({ status: "503" });
+            app.log("warn", `ext_proc: request body refused, the buffered-bytes cap is reached (--ext-proc-max-buffered-bytes-per-connection ${app.opts.extProcMaxBufferedBytesPerConnection}, --ext-proc-max-buffered-bytes ${app.opts.extProcMaxBufferedBytes})`);
+            answer(immediate(503, "the router is holding too many request bodies; retry shortly", "service_unavailable", headers[":path"] || ""));
+            break;
+          }
           bodyChunks.push(Buffer.from(r.value.body));
           bodyBytes += r.value.body.length;
           if (fullDuplex && bodyBytes > app.opts.maxBodyBytes) {
@@ -368,6 +381,7 @@ function handleStream(app: App, call: Call<ProcessingRequest, ProcessingResponse
             // limit rather than hold an unbounded body in memory.
             tooLarge = true;
             bodyChunks = [];
+            call.releaseHeld();
             app.metrics.badRequests.inc({ status: "413" });
             answer(immediate(413, `request body is over the ${app.opts.maxBodyBytes}-byte limit`, "request_too_large", headers[":path"] || ""));
             break;
@@ -382,6 +396,7 @@ function handleStream(app: App, call: Call<ProcessingRequest, ProcessingResponse
             const body = Buffer.concat(bodyChunks);
             bodyChunks = [];
             answer(decide(body, "requestBody", []));
+            inOrder(() => call.releaseHeld());
           } else {
             // A partial body (STREAMED / BUFFERED_PARTIAL): the upstream header can no
             // longer be set once chunks flow, so say what to fix instead of misrouting.
@@ -402,10 +417,12 @@ function handleStream(app: App, call: Call<ProcessingRequest, ProcessingResponse
             const body = Buffer.concat(bodyChunks);
             bodyChunks = [];
             answer(decide(body, "requestTrailers", []));
+            inOrder(() => call.releaseHeld());
           } else answer(create(ProcessingResponseSchema, { response: { case: "requestTrailers", value: create(TrailersResponseSchema, {}) } }));
           break;
         case "responseHeaders": {
-          const served = servedOf(m);
+          // Load moves only on the gateway's word (the server refuses other peers' streams; belt and braces).
+          const served = call.peer.trusted ? servedOf(m) : null;
           if (served && picked && res && !moved && served !== picked.address) {
             // The gateway fell back down the list (or past it): the load sits
             // where the request went, not where we sent it.
@@ -487,9 +504,16 @@ export async function startExtProc(app: App, host: string, port: number): Promis
     // twice the default limit and answers beyond it); nothing larger is read.
     maxMessageBytes: 2 * app.opts.maxBodyBytes + 1024 * 1024,
     maxConcurrentStreams: app.opts.extProcMaxStreams,
+    maxBufferedBytesPerConnection: app.opts.extProcMaxBufferedBytesPerConnection,
+    maxBufferedBytes: app.opts.extProcMaxBufferedBytes,
     tls: tls ? { cert: fs.readFileSync(tls.cert), key: fs.readFileSync(tls.key), clientCa: tls.clientCa ? fs.readFileSync(tls.clientCa) : null } : null,
+    trustedClients: app.opts.extProcClientIdentities,
   });
-  server.add<ProcessingRequest, ProcessingResponse>(ExtProcService.Process.path, { decode: decodeRequest, encode: encodeResponse, handler: (call) => handleStream(app, call) });
+  // Only the gateway may route: a stream holds load, takes admission slots and
+  // buffers a body, so a client that is not the gateway is refused outright
+  // (ignoring its metadata alone would leave those open). The health service
+  // stays open to any client the TLS layer admits.
+  server.add<ProcessingRequest, ProcessingResponse>(ExtProcService.Process.path, { decode: decodeRequest, encode: encodeResponse, handler: (call) => handleStream(app, call), trustedOnly: true });
   // grpc.health.v1 on the same port (Endpoint Picker Protocol: liveness, readiness, ext_proc).
   const health = addHealth(server, app);
   const shutdown = server.forceShutdown.bind(server);

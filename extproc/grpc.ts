@@ -87,6 +87,8 @@ export interface ServerOptions {
    * whose connections are trusted. null: every connection is.
    */
   trustedClients?: string[] | null;
+  /** Told of every stream refused: not an allowed client, or over a buffered-bytes cap. */
+  onRefused?: (reason: "not_gateway" | "buffer_cap") => void;
 }
 
 /** The names a verified client certificate carries: SAN DNS and URI entries, then the subject CN. */
@@ -107,7 +109,7 @@ export function certNames(cert: tls.PeerCertificate | null | undefined): string[
     if (v) out.push(v);
   }
   const cn = cert.subject.CN as string | string[] | undefined;
-  for (const c of Array.isArray(cn) ? cn : cn ? [cn] : []) out.push(c);
+  for (const c of Array.isArray(cn) ? cn : cn ? [cn] : []) if (!out.includes(c)) out.push(c);
   return out;
 }
 
@@ -121,6 +123,7 @@ function encodeMessage(s: string): string {
 interface Budgets {
   conn: ByteBudget;
   all: ByteBudget;
+  onRefused?: (reason: "buffer_cap") => void;
 }
 
 class StreamCall<Req, Res> extends EventEmitter {
@@ -184,7 +187,10 @@ class StreamCall<Req, Res> extends EventEmitter {
   }
 
   hold(n: number): boolean {
-    if (this.take(n) !== null) return false;
+    if (this.take(n) !== null) {
+      this.budgets.onRefused?.("buffer_cap");
+      return false;
+    }
     this.held += n;
     return true;
   }
@@ -216,7 +222,10 @@ class StreamCall<Req, Res> extends EventEmitter {
       if (this.have < 5 + n) {
         if (!this.assembling) {
           const problem = this.take(5 + n);
-          if (problem) return this.fail(Status.RESOURCE_EXHAUSTED, `message of ${n} bytes refused: ${problem}`);
+          if (problem) {
+            this.budgets.onRefused?.("buffer_cap");
+            return this.fail(Status.RESOURCE_EXHAUSTED, `message of ${n} bytes refused: ${problem}`);
+          }
           this.assembling = 5 + n;
         }
         return;
@@ -243,7 +252,9 @@ class StreamCall<Req, Res> extends EventEmitter {
   // Response headers go out with the first answer, in the same write: sent on
   // their own at stream start they cost Envoy a wakeup before the message.
   private respond(): void {
-    if (this.stream.headersSent) return;
+    // closed comes before the "close" event: a stream the peer reset (or
+    // whose connection dropped) throws on respond() in between.
+    if (this.stream.headersSent || this.stream.closed || this.stream.destroyed) return;
     this.stream.respond({ ":status": 200, "content-type": "application/grpc" }, { waitForTrailers: true });
   }
 
@@ -262,8 +273,8 @@ class StreamCall<Req, Res> extends EventEmitter {
     if (!this.writable) return;
     this.writable = false;
     this.drop();
-    // The stream may already be gone (reset while a pick was computed).
-    if (this.stream.destroyed) return;
+    // The stream may already be gone (reset while a pick was computed, or its connection dropped mid-message).
+    if (this.stream.destroyed || this.stream.closed) return;
     this.respond();
     this.stream.end();
   }
@@ -340,6 +351,7 @@ export class GrpcServer {
     const conn = this.conns.get(stream.session as http2.ServerHttp2Session);
     const peer = conn ? conn.peer : { names: [], trusted: !this.opts.trustedClients };
     if (m.trustedOnly && !peer.trusted) {
+      this.opts.onRefused?.("not_gateway");
       const who = peer.names.length ? `client certificate names ${peer.names.join(", ")}` : "no client certificate";
       stream.respond({ ":status": 200, "content-type": "application/grpc", "grpc-status": String(Status.PERMISSION_DENIED), "grpc-message": encodeMessage(`${who}: not an allowed gateway identity`) }, { endStream: true });
       // RST_STREAM(NO_ERROR) after the answer: the client stops sending, and nothing it sent is kept.
@@ -347,7 +359,7 @@ export class GrpcServer {
       return;
     }
     const budget = conn ? conn.budget : new ByteBudget(this.opts.maxBufferedBytesPerConnection);
-    m.handler(new StreamCall(stream, m, this.opts.maxMessageBytes, { conn: budget, all: this.buffered }, peer));
+    m.handler(new StreamCall(stream, m, this.opts.maxMessageBytes, { conn: budget, all: this.buffered, onRefused: this.opts.onRefused }, peer));
   }
 
   listen(host: string, port: number): Promise<number> {

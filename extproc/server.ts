@@ -33,6 +33,7 @@ import { errorJson } from "../core/errors";
 import { withRequestId } from "../runtime/log";
 import { constant, decodeRequest, encodeResponse } from "./wire";
 import { Call, GrpcServer, Status } from "./grpc";
+import { Counter, Gauge } from "prom-client";
 
 function headerMap(m: HeaderMap | undefined): Record<string, string> {
   const out: Record<string, string> = {};
@@ -497,6 +498,9 @@ function streamedBody(phase: "requestBody" | "responseBody", body: Buffer, endOf
 }
 
 export async function startExtProc(app: App, host: string, port: number): Promise<{ server: GrpcServer; port: number }> {
+  // One per registry: a second server on the same App (tests) replaces the first's gauge.
+  for (const n of ["infera_router_ext_proc_refused_streams_total", "infera_router_ext_proc_buffered_bytes"]) app.metrics.registry.removeSingleMetric(n);
+  const refusedStreams = new Counter({ name: "infera_router_ext_proc_refused_streams_total", help: "ext_proc streams refused: not_gateway (client certificate not in --ext-proc-client-identities), buffer_cap (over a buffered-bytes cap)", labelNames: ["reason"], registers: [app.metrics.registry] });
   const tls = app.opts.extProcTls;
   const server = new GrpcServer({
     // Tied to the body limit: bodies up to twice --max-body-bytes still reach us
@@ -508,7 +512,11 @@ export async function startExtProc(app: App, host: string, port: number): Promis
     maxBufferedBytes: app.opts.extProcMaxBufferedBytes,
     tls: tls ? { cert: fs.readFileSync(tls.cert), key: fs.readFileSync(tls.key), clientCa: tls.clientCa ? fs.readFileSync(tls.clientCa) : null } : null,
     trustedClients: app.opts.extProcClientIdentities,
+    onRefused: (reason) => refusedStreams.inc({ reason }),
   });
+  new Gauge({ name: "infera_router_ext_proc_buffered_bytes", help: "Request bytes the ext_proc server holds now (messages being received, bodies before their pick); capped by --ext-proc-max-buffered-bytes", registers: [app.metrics.registry], collect() {
+    this.set(server.buffered.used);
+  } });
   // Only the gateway may route: a stream holds load, takes admission slots and
   // buffers a body, so a client that is not the gateway is refused outright
   // (ignoring its metadata alone would leave those open). The health service

@@ -86,11 +86,15 @@ export interface Options {
 /** A secret from a flag or env value, or read from a file (a mounted Kubernetes Secret); trailing newline dropped. */
 export function secretFrom(value: string | null, file: string | null): string {
   if (file) {
+    let s: string;
     try {
-      return fs.readFileSync(file, "utf8").replace(/\r?\n$/, "");
+      s = fs.readFileSync(file, "utf8").replace(/\r?\n$/, "");
     } catch (e) {
       throw new CliError(`secret file '${file}': ${(e as Error).message}`);
     }
+    // An empty token would leave the endpoint open: a mounted but unfilled Secret is an error, not "no token".
+    if (!s) throw new CliError(`secret file '${file}' is empty`);
+    return s;
   }
   return value ?? "";
 }

@@ -128,3 +128,55 @@ for (const [label, cmd, args] of [
     assert.ok(can("pods") && can("inferencepools"));
   });
 }
+
+test("helm chart with mTLS: the router serves the chart's generated certificate and admits the gateway certificate it issues, nothing else", { skip }, async () => {
+  const grpc = await import("@grpc/grpc-js");
+  const { App } = await import("../../runtime/app");
+  const { startExtProc, ExtProcService } = await import("../../extproc/server");
+  const { reqHeaders } = await import("../extproc-client");
+  const { makePki } = await import("../pki");
+  const docs = render(helm!, ["template", "llm", "deploy/helm/infera-gate", "--namespace", "llm", "--set", "extProc.clientIdentities={infera-gateway}"]);
+  const scratch = fs.mkdtempSync(path.join(os.tmpdir(), "infera-helm-tls-"));
+  const secret = (name: string, key: string) => {
+    const d = docs.find((x) => x.kind === "Secret" && x.metadata.name === name)!;
+    const f = path.join(scratch, `${name}-${key}`);
+    fs.writeFileSync(f, Buffer.from(d.data![key], "base64"));
+    return f;
+  };
+  const c = docs.find((d) => d.kind === "Deployment")!.spec.template.spec.containers[0];
+  // The rendered args, with the mounted Secret's files and the test's own ports and fleet.
+  const args = c.args
+    .filter((a: string) => /^--(ext-proc-tls-|ext-proc-client-identities|ext-proc-max-buffered)/.test(a))
+    .map((a: string) => a.replace(/^(--ext-proc-tls-[a-z-]+)=\/etc\/infera-gate\/ext-proc-tls\/(.*)$/, (_m: string, flag: string, key: string) => `${flag}=${secret("llm-infera-gate-ext-proc-tls", key)}`));
+  const app = new App(parseArgs(["--workers", "127.0.0.1:7001", "--health-interval-ms", "0", ...args], {}), () => undefined, { subscribe: () => ({ close() {} }), close: async () => undefined });
+  app.setWorkers(app.opts.workers);
+  const s = await startExtProc(app, "127.0.0.1", 0);
+  const ca = fs.readFileSync(secret("llm-infera-gate-gateway-tls", "ca.crt"));
+  const other = makePki();
+  const opts = { "grpc.ssl_target_name_override": "llm-infera-gate.llm.svc", "grpc.use_local_subchannel_pool": 1 };
+  const clients = {
+    gateway: new grpc.Client(`127.0.0.1:${s.port}`, grpc.credentials.createSsl(ca, fs.readFileSync(secret("llm-infera-gate-gateway-tls", "tls.key")), fs.readFileSync(secret("llm-infera-gate-gateway-tls", "tls.crt"))), opts),
+    anonymous: new grpc.Client(`127.0.0.1:${s.port}`, grpc.credentials.createSsl(ca), opts),
+    "another CA": new grpc.Client(`127.0.0.1:${s.port}`, grpc.credentials.createSsl(ca, fs.readFileSync(other.clientKey), fs.readFileSync(other.clientCert)), opts),
+  };
+  const def = ExtProcService.Process;
+  const first = (cl: InstanceType<typeof grpc.Client>) =>
+    new Promise<string>((resolve) => {
+      const call = cl.makeBidiStreamRequest(def.path, def.requestSerialize, def.responseDeserialize, new grpc.Metadata(), { deadline: Date.now() + 5000 });
+      call.on("data", (m: { response: { case: string } }) => {
+        resolve(m.response.case);
+        call.cancel();
+      });
+      call.on("error", (e: { code: number }) => resolve(grpc.status[e.code]));
+      call.write(reqHeaders("/v1/models", "GET", true));
+    });
+  try {
+    const got: Record<string, string> = {};
+    for (const [k, cl] of Object.entries(clients)) got[k] = await first(cl);
+    assert.deepEqual(got, { gateway: "requestHeaders", anonymous: "UNAVAILABLE", "another CA": "UNAVAILABLE" });
+  } finally {
+    for (const cl of Object.values(clients)) cl.close();
+    s.server.forceShutdown();
+    await app.close();
+  }
+});

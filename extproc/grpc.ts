@@ -149,6 +149,13 @@ class StreamCall<Req, Res> extends EventEmitter {
       const t: http2.OutgoingHttpHeaders = { "grpc-status": String(this.status) };
       if (this.details) t["grpc-message"] = encodeMessage(this.details);
       stream.sendTrailers(t);
+      // Refused for size while the client is still sending: RST_STREAM(NO_ERROR)
+      // after the status (RFC 9113 8.1), so it stops; what it sent meanwhile
+      // would only be read to be thrown away.
+      if (this.status === Status.RESOURCE_EXHAUSTED && !stream.readableEnded)
+        setImmediate(() => {
+          if (!stream.closed && !stream.destroyed) stream.close(http2.constants.NGHTTP2_NO_ERROR);
+        });
     });
     stream.on("data", (d: Buffer) => this.onBytes(d));
     stream.on("end", () => {

@@ -34,6 +34,7 @@ import { errorJson } from "../core/errors";
 import { withRequestId } from "../runtime/log";
 import { constant, decodeRequest, encodeResponse } from "./wire";
 import { Call, GrpcServer, Status } from "./grpc";
+import { Counter, Gauge } from "prom-client";
 
 function headerMap(m: HeaderMap | undefined): Record<string, string> {
   const out: Record<string, string> = {};
@@ -340,6 +341,8 @@ function handleStream(app: App, call: Call<ProcessingRequest, ProcessingResponse
         send(streamedBody("requestBody", body.subarray(i * BODY_PIECE, (i + 1) * BODY_PIECE), last && !trailersFollow));
       }
     });
+    // The body has gone back to Envoy (or the request was refused): no longer held.
+    inOrder(() => call.releaseHeld());
   };
   const answer = (r: ProcessingResponse | Promise<ProcessingResponse>) => inOrder(async () => send(await r));
 
@@ -360,7 +363,7 @@ function handleStream(app: App, call: Call<ProcessingRequest, ProcessingResponse
       switch (r.case) {
         case "requestHeaders": {
           // headers: read once, on arrival (the request id tags the logs)
-          subset = subsetOf(m);
+          subset = call.peer.trusted ? subsetOf(m) : null;
           // Always a removal (of our own names at least): Envoy re-resolves the
           // route only after a header mutation, and the route must be resolved
           // again once the pick's metadata exists, even when no body phase follows.
@@ -383,6 +386,17 @@ function handleStream(app: App, call: Call<ProcessingRequest, ProcessingResponse
         }
         case "requestBody":
           if (tooLarge) break;
+          if (!call.hold(r.value.body.length)) {
+            // Over the connection's (or the server's) cap on buffered request
+            // bytes: this request goes, the connection and the others stay.
+            tooLarge = true;
+            bodyChunks = [];
+            call.releaseHeld();
+            app.metrics.badRequests.inc({ status: "503" });
+            app.log("warn", `ext_proc: request body refused, the buffered-bytes cap is reached (--ext-proc-max-buffered-bytes-per-connection ${app.opts.extProcMaxBufferedBytesPerConnection}, --ext-proc-max-buffered-bytes ${app.opts.extProcMaxBufferedBytes})`);
+            answer(immediate(503, "the router is holding too many request bodies; retry shortly", "service_unavailable", headers[":path"] || ""));
+            break;
+          }
           bodyChunks.push(Buffer.from(r.value.body));
           bodyBytes += r.value.body.length;
           if (fullDuplex && bodyBytes > app.opts.maxBodyBytes) {
@@ -390,6 +404,7 @@ function handleStream(app: App, call: Call<ProcessingRequest, ProcessingResponse
             // limit rather than hold an unbounded body in memory.
             tooLarge = true;
             bodyChunks = [];
+            call.releaseHeld();
             app.metrics.badRequests.inc({ status: "413" });
             answer(immediate(413, `request body is over the ${app.opts.maxBodyBytes}-byte limit`, "request_too_large", headers[":path"] || ""));
             break;
@@ -404,6 +419,7 @@ function handleStream(app: App, call: Call<ProcessingRequest, ProcessingResponse
             const body = Buffer.concat(bodyChunks);
             bodyChunks = [];
             answer(decide(body, "requestBody", []));
+            inOrder(() => call.releaseHeld());
           } else {
             // A partial body (STREAMED / BUFFERED_PARTIAL): the upstream header can no
             // longer be set once chunks flow, so say what to fix instead of misrouting.
@@ -424,10 +440,12 @@ function handleStream(app: App, call: Call<ProcessingRequest, ProcessingResponse
             const body = Buffer.concat(bodyChunks);
             bodyChunks = [];
             answer(decide(body, "requestTrailers", []));
+            inOrder(() => call.releaseHeld());
           } else answer(create(ProcessingResponseSchema, { response: { case: "requestTrailers", value: create(TrailersResponseSchema, {}) } }));
           break;
         case "responseHeaders": {
-          const served = servedOf(m);
+          // Load moves only on the gateway's word (the server refuses other peers' streams; belt and braces).
+          const served = call.peer.trusted ? servedOf(m) : null;
           if (served && picked && res && !moved && served !== picked.address) {
             // The gateway fell back down the list (or past it): the load sits
             // where the request went, not where we sent it.
@@ -502,6 +520,9 @@ function streamedBody(phase: "requestBody" | "responseBody", body: Buffer, endOf
 }
 
 export async function startExtProc(app: App, host: string, port: number): Promise<{ server: GrpcServer; port: number }> {
+  // One per registry: a second server on the same App (tests) replaces the first's gauge.
+  for (const n of ["infera_router_ext_proc_refused_streams_total", "infera_router_ext_proc_buffered_bytes"]) app.metrics.registry.removeSingleMetric(n);
+  const refusedStreams = new Counter({ name: "infera_router_ext_proc_refused_streams_total", help: "ext_proc streams refused: not_gateway (client certificate not in --ext-proc-client-identities), buffer_cap (over a buffered-bytes cap)", labelNames: ["reason"], registers: [app.metrics.registry] });
   const tls = app.opts.extProcTls;
   const server = new GrpcServer({
     // Tied to the body limit: bodies up to twice --max-body-bytes still reach us
@@ -509,9 +530,20 @@ export async function startExtProc(app: App, host: string, port: number): Promis
     // twice the default limit and answers beyond it); nothing larger is read.
     maxMessageBytes: 2 * app.opts.maxBodyBytes + 1024 * 1024,
     maxConcurrentStreams: app.opts.extProcMaxStreams,
+    maxBufferedBytesPerConnection: app.opts.extProcMaxBufferedBytesPerConnection,
+    maxBufferedBytes: app.opts.extProcMaxBufferedBytes,
     tls: tls ? { cert: fs.readFileSync(tls.cert), key: fs.readFileSync(tls.key), clientCa: tls.clientCa ? fs.readFileSync(tls.clientCa) : null } : null,
+    trustedClients: app.opts.extProcClientIdentities,
+    onRefused: (reason) => refusedStreams.inc({ reason }),
   });
-  server.add<ProcessingRequest, ProcessingResponse>(ExtProcService.Process.path, { decode: decodeRequest, encode: encodeResponse, handler: (call) => handleStream(app, call) });
+  new Gauge({ name: "infera_router_ext_proc_buffered_bytes", help: "Request bytes the ext_proc server holds now (messages being received, bodies before their pick); capped by --ext-proc-max-buffered-bytes", registers: [app.metrics.registry], collect() {
+    this.set(server.buffered.used);
+  } });
+  // Only the gateway may route: a stream holds load, takes admission slots and
+  // buffers a body, so a client that is not the gateway is refused outright
+  // (ignoring its metadata alone would leave those open). The health service
+  // stays open to any client the TLS layer admits.
+  server.add<ProcessingRequest, ProcessingResponse>(ExtProcService.Process.path, { decode: decodeRequest, encode: encodeResponse, handler: (call) => handleStream(app, call), trustedOnly: true });
   // grpc.health.v1 on the same port (Endpoint Picker Protocol: liveness, readiness, ext_proc).
   const health = addHealth(server, app);
   const shutdown = server.forceShutdown.bind(server);

@@ -20,6 +20,11 @@ export interface Options {
   /** A stream with no message for this long is ended and its load released (direct clients). */
   extProcStreamIdleS: number;
   extProcMaxStreams: number;
+  /** mTLS client-certificate names allowed to open ext_proc streams (null: any client that reaches the port). */
+  extProcClientIdentities: string[] | null;
+  /** Caps on request bytes the ext_proc server buffers: per connection, and over all of them. */
+  extProcMaxBufferedBytesPerConnection: number;
+  extProcMaxBufferedBytes: number;
   /** Bearer token for /metrics and /v1/admin/* (probes stay open); empty = none. */
   adminToken: string;
   adminTls: { cert: string; key: string } | null;
@@ -84,11 +89,15 @@ export interface Options {
 /** A secret from a flag or env value, or read from a file (a mounted Kubernetes Secret); trailing newline dropped. */
 export function secretFrom(value: string | null, file: string | null): string {
   if (file) {
+    let s: string;
     try {
-      return fs.readFileSync(file, "utf8").replace(/\r?\n$/, "");
+      s = fs.readFileSync(file, "utf8").replace(/\r?\n$/, "");
     } catch (e) {
       throw new CliError(`secret file '${file}': ${(e as Error).message}`);
     }
+    // An empty token would leave the endpoint open: a mounted but unfilled Secret is an error, not "no token".
+    if (!s) throw new CliError(`secret file '${file}' is empty`);
+    return s;
   }
   return value ?? "";
 }
@@ -257,6 +266,9 @@ export function optionsFrom(values: Record<string, FlagValue>, cmd: "router" | "
     extProcTls: v("ext-proc-tls-cert") || v("ext-proc-tls-key") ? { cert: (v("ext-proc-tls-cert") as string) ?? "", key: (v("ext-proc-tls-key") as string) ?? "", clientCa: (v("ext-proc-tls-client-ca") as string | null) ?? null } : null,
     extProcStreamIdleS: (v("ext-proc-stream-idle-s") as number) ?? 600,
     extProcMaxStreams: (v("ext-proc-max-streams") as number) ?? 10000,
+    extProcClientIdentities: v("ext-proc-client-identities") ? (v("ext-proc-client-identities") as string).split(",").map((x) => x.trim()).filter(Boolean) : null,
+    extProcMaxBufferedBytesPerConnection: (v("ext-proc-max-buffered-bytes-per-connection") as number) ?? 134217728,
+    extProcMaxBufferedBytes: (v("ext-proc-max-buffered-bytes") as number) ?? 536870912,
     kvEventSilenceS: (v("kv-event-silence-s") as number) ?? 30,
     maxMirrorBlocks: (v("max-mirror-blocks") as number) ?? 1000000,
     kvReplayTimeoutMs: (v("kv-replay-timeout-ms") as number) ?? 2000,
@@ -274,6 +286,14 @@ export function optionsFrom(values: Record<string, FlagValue>, cmd: "router" | "
   if (v("kv-replay-endpoint")) applyReplayEndpoints(o.workers, v("kv-replay-endpoint") as string);
   if (o.extProcTls && (!o.extProcTls.cert || !o.extProcTls.key)) throw new CliError("--ext-proc-tls-cert and --ext-proc-tls-key go together");
   if (!o.extProcTls && v("ext-proc-tls-client-ca")) throw new CliError("--ext-proc-tls-client-ca needs --ext-proc-tls-cert and --ext-proc-tls-key");
+  if (o.extProcClientIdentities && !o.extProcTls?.clientCa) throw new CliError("--ext-proc-client-identities needs mTLS: --ext-proc-tls-cert, --ext-proc-tls-key and --ext-proc-tls-client-ca (without a verified client certificate there is no identity to check)");
+  if (v("ext-proc-client-identities") !== null && v("ext-proc-client-identities") !== undefined && !o.extProcClientIdentities) throw new CliError("--ext-proc-client-identities: no identity given");
+  {
+    // One message must fit in a connection's budget, or no body near --max-body-bytes could be sent at all.
+    const message = 2 * o.maxBodyBytes + 1024 * 1024 + 5;
+    if (o.extProcMaxBufferedBytesPerConnection < message) throw new CliError(`--ext-proc-max-buffered-bytes-per-connection must be at least ${message} (one gRPC message carrying a body of twice --max-body-bytes)`);
+    if (o.extProcMaxBufferedBytes < o.extProcMaxBufferedBytesPerConnection) throw new CliError("--ext-proc-max-buffered-bytes must be at least --ext-proc-max-buffered-bytes-per-connection");
+  }
   if (o.discovery === "k8s" && !o.inferencePool && !o.k8sSelector) throw new CliError("--discovery-backend k8s needs --inference-pool NAME or --k8s-selector LABELS");
   if (o.discovery === "static" && o.workers.length === 0) throw new CliError("--workers is required with --discovery-backend static");
   if (o.replica.sync !== "off" && o.replica.ttlMs <= o.replica.heartbeatMs) throw new CliError("--replica-ttl-ms must be longer than --replica-heartbeat-ms (a live replica would expire between heartbeats)");

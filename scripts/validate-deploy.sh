@@ -18,5 +18,8 @@ trap 'rm -rf "$out"' EXIT
 "$HELM" template llm deploy/helm/infera-gate --namespace llm \
   --set inferencePool.create=false --set router.shedActiveBlocks=64 \
   --set 'router.sheddableObjectives={batch,eval}' --set router.kvEventTransport=nats \
-  --set router.natsUrl=nats://nats:4222 --set 'inferencePool.targetPorts={8000,8001}' > "$out/helm-options.yaml"
+  --set router.natsUrl=nats://nats:4222 --set 'inferencePool.targetPorts={8000,8001}' \
+  --set 'extProc.clientIdentities={infera-gateway,spiffe://cluster.local/ns/gw/sa/gw}' --set adminToken.existingSecret=my-token \
+  --set extProc.tls.generate=false --set extProc.tls.secretName=my-tls > "$out/helm-options.yaml"
+"$HELM" template llm deploy/helm/infera-gate --namespace llm --set networkPolicy.enabled=false > "$out/helm-no-netpol.yaml"
 python3 scripts/validate-k8s.py "$out"/*.yaml deploy/examples/gateway/*.yaml deploy/examples/istio/gateway.yaml

@@ -25,6 +25,7 @@ CUSTOM = {
     ("networking.istio.io/v1alpha3", "EnvoyFilter"): "envoyfilter.json",
     ("networking.istio.io/v1", "Gateway"): "istio-networking.json",
     ("networking.istio.io/v1", "VirtualService"): "istio-networking.json",
+    ("networking.istio.io/v1", "DestinationRule"): "istio-destinationrule.json",
     ("gateway.envoyproxy.io/v1alpha1", "ClientTrafficPolicy"): "clienttrafficpolicy.json",
 }
 

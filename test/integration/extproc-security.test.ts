@@ -110,3 +110,73 @@ test("admin: a bearer token guards /metrics and /v1/admin/* (probes stay open); 
   assert.equal(await get("/livez"), 200);
   await assert.rejects(fetch(`http://127.0.0.1:${a.port}/livez`), "plain HTTP is not served");
 });
+
+test("--ext-proc-client-identities: a SAN URI, SAN DNS or CN on the list opens ext_proc streams; another certificate gets PERMISSION_DENIED; health stays answerable", async () => {
+  const { issue } = await import("../pki");
+  const k = makePki();
+  const spiffe = "spiffe://cluster.local/ns/infera/sa/gateway";
+  const uri = issue(k, "uri-gw", [`URI:${spiffe}`]);
+  const cnOnly = issue(k, "cn-gateway", []);
+  const dns = issue(k, "dns-gw", ["DNS:gw.infera.svc"]);
+  const stranger = issue(k, "stranger", ["DNS:stranger.infera.svc", "URI:spiffe://cluster.local/ns/infera/sa/other"]);
+  const { port } = await serve(["--ext-proc-tls-cert", k.cert, "--ext-proc-tls-key", k.key, "--ext-proc-tls-client-ca", k.ca, "--ext-proc-client-identities", `${spiffe}, cn-gateway,gw.infera.svc`]);
+  const ca = fs.readFileSync(k.ca);
+  const as = (c: { cert: string; key: string }) => new grpc.Client(`127.0.0.1:${port}`, grpc.credentials.createSsl(ca, fs.readFileSync(c.key), fs.readFileSync(c.cert)), { "grpc.use_local_subchannel_pool": 1 });
+  const cs = [uri, cnOnly, dns, stranger].map(as);
+  assert.deepEqual(await Promise.all(cs.map((c) => roundTrip(c))), ["requestHeaders", "requestHeaders", "requestHeaders", "error:PERMISSION_DENIED"]);
+  // The health service answers any client the TLS layer admits (the gateway's checks, probes).
+  const health = await new Promise<number>((resolve) => {
+    cs[3].makeUnaryRequest("/grpc.health.v1.Health/Check", (x: Buffer) => x, (b: Buffer) => b.length, Buffer.from([0x0a, 0x08, ...Buffer.from("liveness")]), (e, v) => resolve(e ? -e.code : (v as number)));
+  });
+  assert.ok(health > 0, `health answered: ${health}`);
+  for (const c of cs) c.close();
+  assert.throws(() => parseArgs(["--workers", "127.0.0.1:1", "--ext-proc-tls-cert", k.cert, "--ext-proc-tls-key", k.key, "--ext-proc-client-identities", "gw"], {}), /needs mTLS/);
+  assert.throws(() => parseArgs(["--workers", "127.0.0.1:1", "--ext-proc-client-identities", "gw"], {}), /needs mTLS/);
+});
+
+test("request bodies held past the connection's buffered-bytes cap get a 503 immediate response; the bytes come back when streams end", async () => {
+  const { ProtocolConfigurationSchema } = await import("../../extproc/gen/envoy/service/ext_proc/v3/external_processor_pb");
+  const { ProcessingMode_BodySendMode: Mode } = await import("../../extproc/gen/envoy/extensions/filters/http/ext_proc/v3/processing_mode_pb");
+  // The smallest allowed cap for a 64 KiB body limit: one gRPC message of twice the body limit, plus 1 MiB.
+  const cap = 2 * 65536 + 1024 * 1024 + 5;
+  const { app, port } = await serve(["--max-body-bytes", "65536", "--ext-proc-max-buffered-bytes-per-connection", String(cap)]);
+  const buffered = async () => ((await app.metrics.registry.getSingleMetric("infera_router_ext_proc_buffered_bytes")!.get()).values[0]?.value ?? -1) as number;
+  const c = new grpc.Client(`127.0.0.1:${port}`, grpc.credentials.createInsecure());
+  // Body pieces as Envoy streams them (small messages, each whole in one frame): the handler holds them until the body ends.
+  const piece = create(ProcessingRequestSchema, { request: { case: "requestBody", value: create(HttpBodySchema, { body: Buffer.alloc(15000, 120), endOfStream: false }) } });
+  const open = (n: number) =>
+    Array.from({ length: n }, () => {
+      const call = c.makeBidiStreamRequest(def.path, def.requestSerialize, def.responseDeserialize) as grpc.ClientDuplexStream<ProcessingRequest, ProcessingResponse>;
+      const got: ProcessingResponse[] = [];
+      const x = { call, got, code: -1 };
+      call.on("data", (m: ProcessingResponse) => got.push(m));
+      call.on("error", (e: grpc.ServiceError) => (x.code = e.code));
+      call.write(create(ProcessingRequestSchema, { request: { case: "requestHeaders", value: create(HttpHeadersSchema, { headers: hdrs({ ":path": "/v1/chat/completions", ":method": "POST" }) }) }, protocolConfig: create(ProtocolConfigurationSchema, { requestBodyMode: Mode.FULL_DUPLEX_STREAMED, responseBodyMode: Mode.FULL_DUPLEX_STREAMED }) }));
+      for (let i = 0; i < 4; i++) call.write(piece);
+      return x;
+    });
+  const fit = Math.floor(cap / 60000);
+  const calls = open(30);
+  // Refused: by the handler (a 503 for the client), or by the transport when a piece was still arriving (RESOURCE_EXHAUSTED).
+  const isRefused = (x: { got: ProcessingResponse[]; code: number }) => x.got.length > 0 || x.code === grpc.status.RESOURCE_EXHAUSTED;
+  for (let i = 0; i < 300 && calls.filter(isRefused).length < 30 - fit - 1; i++) await new Promise((r) => setTimeout(r, 10));
+  await new Promise((r) => setTimeout(r, 200));
+  const refused = calls.filter(isRefused);
+  assert.ok(refused.length >= 30 - fit - 1 && refused.length <= 30 - fit, `${refused.length} refused of 30; ${fit} bodies fit`);
+  const answered = refused.filter((x) => x.got.length);
+  assert.ok(answered.length > 0, "the handler's refusal is exercised");
+  for (const r of answered) {
+    assert.equal(r.got[0].response.case, "immediateResponse");
+    assert.equal((r.got[0].response.value as { status: { code: number } }).status.code, 503);
+  }
+  assert.ok((await buffered()) <= cap);
+  for (const x of calls) x.call.cancel();
+  for (let i = 0; i < 100 && (await buffered()) !== 0; i++) await new Promise((r) => setTimeout(r, 10));
+  assert.equal(await buffered(), 0, "every held byte given back");
+  // As many bodies fit again.
+  const again = open(fit - 1);
+  await new Promise((r) => setTimeout(r, 300));
+  assert.equal(again.filter(isRefused).length, 0);
+  for (const x of again) x.call.cancel();
+  c.close();
+});

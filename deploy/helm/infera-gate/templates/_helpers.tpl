@@ -18,3 +18,11 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 app.kubernetes.io/name: infera-gate
 app.kubernetes.io/instance: {{ .Release.Name }}
 {{- end -}}
+
+{{- define "infera-gate.extProcTlsSecret" -}}
+{{- default (printf "%s-ext-proc-tls" (include "infera-gate.fullname" .)) .Values.extProc.tls.secretName -}}
+{{- end -}}
+
+{{- define "infera-gate.adminTokenSecret" -}}
+{{- default (printf "%s-admin-token" (include "infera-gate.fullname" .)) .Values.adminToken.existingSecret -}}
+{{- end -}}

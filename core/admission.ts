@@ -16,6 +16,12 @@
 // A waiting request keeps its pick's load reservation, so later picks see
 // its queued prefill on that worker exactly as if the engine held it.
 //
+// Who goes first when several wait for a worker (core/objectives.ts): the
+// highest priority band, then, within the band, the flow (tenant) served
+// least recently, so one flow sending ten times the others cannot take the
+// band's turns; within a flow, arrival order. A waiting request never
+// overtakes one already holding a slot: slots are not preempted.
+//
 // Pure and clock-free (core/): the adapter bounds the wait with its own timer
 // (force) and frees the slot at first token or at the end of the request
 // (leave), whichever comes first.
@@ -41,6 +47,16 @@ export interface Ticket {
 interface Waiter {
   t: TicketState;
   go: () => void;
+  priority: number;
+  flow: string;
+  /** Arrival order. */
+  n: number;
+}
+
+/** Where a request stands among others waiting: its band and its flow. */
+export interface QueueClass {
+  priority: number;
+  flow: string;
 }
 
 interface TicketState extends Ticket {
@@ -56,9 +72,13 @@ export interface PrefillAdmission {
    * go() runs once, when the request is admitted: before enter() returns when
    * it can go at once.
    */
-  enter(key: string, uncachedTokens: number, go: () => void): Ticket;
+  enter(key: string, uncachedTokens: number, go: () => void, cls?: QueueClass): Ticket;
+  /** Whether a request with this much uncached prefill would wait for worker key now. */
+  wouldWait(key: string, uncachedTokens: number): boolean;
   /** Requests waiting, for one worker or all. */
   waiting(key?: string): number;
+  /** Requests waiting per priority band, over every worker. */
+  waitingByPriority(): { [priority: string]: number };
   /** Slots taken on a worker. */
   busy(key: string): number;
 }
@@ -66,6 +86,10 @@ export interface PrefillAdmission {
 export function prefillAdmission(config: AdmissionConfig): PrefillAdmission {
   const busy: { [key: string]: number } = {};
   const queues: { [key: string]: Waiter[] } = {};
+  // When each flow was last let go (a counter, not a clock), for fairness within a band.
+  const served: { [flow: string]: number } = {};
+  let turn = 0;
+  let arrivals = 0;
 
   /** Marks t admitted on a slot of key's worker. */
   function take(key: string, t: TicketState): void {
@@ -85,17 +109,40 @@ export function prefillAdmission(config: AdmissionConfig): PrefillAdmission {
       }
   }
 
+  /** Index of the waiter to go next: highest band, least recently served flow, earliest arrival. */
+  function first(q: Waiter[]): number {
+    let b = 0;
+    for (let i = 1; i < q.length; i++) {
+      const w = q[i];
+      const c = q[b];
+      if (w.priority !== c.priority) {
+        if (w.priority > c.priority) b = i;
+        continue;
+      }
+      const ws = served[w.flow] || 0;
+      const cs = served[c.flow] || 0;
+      if (ws !== cs ? ws < cs : w.n < c.n) b = i;
+    }
+    return b;
+  }
+
   function next(key: string): void {
     const q = queues[key];
     while (q && q.length && (busy[key] || 0) < config.slots) {
-      const w = q.shift() as Waiter;
+      const w = q.splice(first(q), 1)[0];
+      served[w.flow] = ++turn;
       take(key, w.t);
       w.go();
     }
     if (q && !q.length) delete queues[key];
   }
 
-  function enter(key: string, uncachedTokens: number, go: () => void): Ticket {
+  function waits(key: string, uncachedTokens: number): boolean {
+    if (config.slots <= 0 || uncachedTokens <= config.warmTokens) return false;
+    return (busy[key] || 0) >= config.slots || !!queues[key];
+  }
+
+  function enter(key: string, uncachedTokens: number, go: () => void, cls?: QueueClass): Ticket {
     const t: TicketState = {
       admitted: false,
       slot: false,
@@ -122,20 +169,28 @@ export function prefillAdmission(config: AdmissionConfig): PrefillAdmission {
       go();
       return t;
     }
+    const flow = cls ? cls.flow : "";
     // Behind others already waiting even if a slot is free at this instant.
-    if ((busy[key] || 0) < config.slots && !queues[key]) {
+    if (!waits(key, uncachedTokens)) {
+      served[flow] = ++turn;
       take(key, t);
       go();
       return t;
     }
     if (!queues[key]) queues[key] = [];
-    queues[key].push({ t: t, go: go });
+    queues[key].push({ t: t, go: go, priority: cls ? cls.priority : 0, flow: flow, n: arrivals++ });
     return t;
   }
 
   return {
     config: config,
     enter: enter,
+    wouldWait: waits,
+    waitingByPriority() {
+      const out: { [priority: string]: number } = {};
+      for (const k in queues) for (let i = 0; i < queues[k].length; i++) out[String(queues[k][i].priority)] = (out[String(queues[k][i].priority)] || 0) + 1;
+      return out;
+    },
     waiting(key?: string): number {
       if (key !== undefined) return queues[key] ? queues[key].length : 0;
       let n = 0;

@@ -6,6 +6,7 @@ import { defaultConfig, DEFAULT_OVERLAP_WEIGHT, RouterConfig, unknownScorers } f
 import { policyNames, scorerNames } from "./scheduling/framework";
 import { DEFAULT_MAX_SESSION_ID_BYTES } from "./limits";
 import { extraPathsProblem } from "./paths";
+import { objectivesProblem } from "./objectives";
 
 export type FlagKind = "string" | "int" | "number" | "enum" | "bool" | "weights";
 /** weights: name=w,... parsed to an object of non-negative numbers. */
@@ -58,6 +59,8 @@ export const FLAGS: FlagSpec[] = [
   { name: "prefill-admission-slots", kind: "int", def: 1, min: 0, max: 64, commands: ["router"], metavar: "N", help: "kv-aware: cold prefills in flight per worker; more wait at the router, in order, until one reaches its first token (0 = off; Envoy only)" },
   { name: "prefill-admission-warm-tokens", kind: "int", def: 512, min: 0, commands: ["router"], metavar: "N", help: "a request with at most this many uncached prompt tokens is warm: it never waits and takes no slot" },
   { name: "prefill-admission-max-wait-ms", kind: "int", def: 3000, min: 1, commands: ["router"], help: "a waiting request goes after this long anyway (keep it under Envoy's ext_proc message_timeout)" },
+  { name: "objectives", kind: "string", def: "", commands: ["router"], metavar: "LIST", check: (v) => objectivesProblem(String(v)), help: "objective=priority,... for x-gateway-inference-objective (the Inference Extension's InferenceObjective priority; unknown or none = 0, negative = sheddable)" },
+  { name: "objective-headers", kind: "enum", def: "ignore", choices: ["ignore", "trust"], commands: ["router"], help: "trust: read x-gateway-inference-objective and x-gateway-inference-fairness-id (set them at the gateway, or let clients choose); ignore: every request is priority 0 in one flow" },
   { name: "decode-input-demand", kind: "enum", def: "off", choices: ["off", "shadow", "on"], commands: ["router"], nginx: "infera_decode_input_demand", routerKey: "decodeInputDemand", help: "book decode input demand" },
   { name: "decode-request-weight", kind: "number", def: 0, min: 0, commands: ["router"], nginx: "infera_decode_request_weight", routerKey: "decodeRequestWeight", help: "demand weight per held request" },
   { name: "session-affinity", kind: "enum", def: "off", choices: ["off", "prefill", "both"], commands: ["router"], nginx: "infera_session_affinity", routerKey: "sessionAffinity", help: "keep a session on its worker" },

@@ -25,6 +25,7 @@ import { HttpStatusSchema, StatusCode } from "./gen/envoy/type/v3/http_status_pb
 import { ProcessingMode_BodySendMode } from "./gen/envoy/extensions/filters/http/ext_proc/v3/processing_mode_pb";
 import { Endpoint } from "../core/request";
 import { checkPath } from "../core/paths";
+import { OBJECTIVE_HEADER, objectiveOf } from "../core/objectives";
 import { DP_RANK_HEADER as DP_HEADER, dpBodyFields, prefillRankHeader, withBodyFields } from "../core/dprank";
 import { asHttpError, httpError } from "../core/util";
 import { Guard, Pick, Reservation, Worker } from "../core/router";
@@ -54,14 +55,14 @@ function setHeaders(pairs: Record<string, string>, remove: string[] = []) {
   });
 }
 
-function immediate(status: number, message: string, type: string, path = "", param?: string): ProcessingResponse {
+function immediate(status: number, message: string, type: string, path = "", param?: string, extra?: Record<string, string>): ProcessingResponse {
   return create(ProcessingResponseSchema, {
     response: {
       case: "immediateResponse",
       value: create(ImmediateResponseSchema, {
         status: create(HttpStatusSchema, { code: status as StatusCode }),
         // SDKs retry a 503 after retry-after (Envoy's own 503s carry it too: envoy/envoy.yaml).
-        headers: setHeaders(status === 503 ? { "content-type": "application/json", "retry-after": "1" } : { "content-type": "application/json" }),
+        headers: setHeaders({ "content-type": "application/json", ...(status === 503 ? { "retry-after": "1" } : {}), ...extra }),
         body: Buffer.from(errorJson(path, status, message, type, param)),
         details: "infera_" + type,
       }),
@@ -123,7 +124,7 @@ export const SERVED_KEY = "x-gateway-destination-endpoint-served";
 /** The llm-d P/D routing sidecar reads the prefill peer (host:port) from this header. */
 export const LLMD_PREFILL_HEADER = "x-prefiller-host-port";
 /** Objective header the Inference Extension gateways pass (InferenceObjective name). */
-export const OBJECTIVE_HEADER = "x-gateway-inference-objective";
+export { OBJECTIVE_HEADER } from "../core/objectives";
 // Body pieces sent back in FULL_DUPLEX_STREAMED stay well under gRPC message limits.
 const BODY_PIECE = 64 * 1024;
 
@@ -265,10 +266,19 @@ function handleStream(app: App, call: Call<ProcessingRequest, ProcessingResponse
       app.log("info", `shed a '${headers[OBJECTIVE_HEADER]}' request: every candidate holds >= ${shedAt} active blocks`);
       return immediate(429, "all endpoints are saturated; sheddable request dropped", "rate_limited", headers[":path"] || "");
     }
+    // Objectives (core/objectives.ts): a sheddable request whose worker has no
+    // free prefill slot is refused now, with a time to come back; any other
+    // waits its band's turn in admission.
+    const objective = objectiveOf((n) => headers[n], app.opts.objectives.table, app.opts.objectives.trust);
+    if (app.shed(pick, objective)) {
+      pick.reservation.finish();
+      app.metrics.badRequests.inc({ status: "429" });
+      return immediate(429, "the workers are saturated; sheddable request refused, retry later", "rate_limited", headers[":path"] || "", undefined, { "retry-after": "1" });
+    }
     // Prefill admission: a cold prompt waits here while another cold one is
     // prefilling on its worker. A stream that ends meanwhile finishes it.
     waiting = pick;
-    await app.admit(pick);
+    await app.admit(pick, objective);
     waiting = null;
     if (ended) {
       // Nobody is left to answer: the load this pick holds goes back now.

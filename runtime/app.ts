@@ -11,6 +11,8 @@ import { computeFeatures, Endpoint, featuresOf, mediaSalt, parseRequest, ParsedR
 import { prefixHashes } from "./prefix-hashes";
 import { Features } from "../core/types";
 import { prefillAdmission, PrefillAdmission } from "../core/admission";
+import { Objective } from "../core/objectives";
+import { Gauge } from "prom-client";
 import { addStats, defaultThreads, JobOutcome, TokenizerPool } from "./tokenpool";
 import { applyBatch, clearAllTiers, KvEvent, requestRoot } from "../core/kvevents";
 import { nativeHasher } from "./hasher";
@@ -173,6 +175,18 @@ export class App {
       () => this.cacheStats(),
       (id) => this.eventStatus(id),
     );
+    const admission = this.admission;
+    new Gauge({
+      name: "infera_router_admission_waiting",
+      help: "Requests waiting at the router for a prefill slot, per priority band (--objectives)",
+      labelNames: ["priority"],
+      registers: [this.metrics.registry],
+      collect() {
+        this.reset();
+        const w = admission.waitingByPriority();
+        for (const p in w) this.set({ priority: p }, w[p]);
+      },
+    });
     if (opts.replica && opts.replica.sync === "nats") {
       const r = opts.replica;
       this.replicas = new ReplicaSync(this.state.load, this.state.workers, { id: r.id || defaultReplicaId(), subject: r.subject, heartbeatMs: r.heartbeatMs, ttlMs: r.ttlMs }, log);
@@ -617,13 +631,24 @@ export class App {
   }
 
   /**
+   * Whether a sheddable request (priority < 0) is refused now: it would have
+   * to wait for a prefill slot on its worker, so that worker is saturated
+   * with cold prefills. Anything of priority 0 or more waits instead.
+   */
+  shed(pick: Pick, objective: Objective): boolean {
+    if (objective.priority >= 0 || !this.admission.wouldWait((pick.prefill ?? pick.target).id, pick.uncachedTokens)) return false;
+    this.metrics.shed.inc({ priority: String(objective.priority) });
+    return true;
+  }
+
+  /**
    * Resolves when the pick may be sent: at once, or when a cold prefill ahead
    * of it on its prefill worker reaches its first token, or after
    * --prefill-admission-max-wait-ms. The pick's reservation is wrapped so its
    * slot is given back at first token or at its end, whichever comes first;
    * finishing it while it waits (the client went away) resolves it too.
    */
-  admit(pick: Pick): Promise<void> {
+  admit(pick: Pick, objective?: Objective): Promise<void> {
     const key = (pick.prefill ?? pick.target).id;
     const t0 = performance.now();
     let timer: NodeJS.Timeout | null = null;
@@ -637,7 +662,7 @@ export class App {
         this.metrics.admissionWait.observe((performance.now() - t0) / 1000);
       }
       resolve();
-    });
+    }, objective);
     // Warm (or admission off): no slot to give back, nothing to wrap.
     if (ticket.admitted && !ticket.slot) return ready;
     if (!ticket.admitted) {

@@ -5,6 +5,7 @@ import { defaultConfig, RouterConfig, Role, WorkerSpec } from "../core/router";
 import { flagsFor, FlagValue } from "../core/flags";
 import { DEFAULT_MAX_SESSION_ID_BYTES } from "../core/limits";
 import { PathRule, pathRules } from "../core/paths";
+import { parseObjectives } from "../core/objectives";
 import { defaultTierWeights, parseTierWeights } from "../core/kvevents";
 import { expandDp, offsetPort } from "../core/fleet";
 import { configureTransportSecurity } from "./transport-security";
@@ -33,6 +34,8 @@ export interface Options {
   tokenizerPath: string | null;
   /** Tokenizer threads and bounds (--tokenizer-*, --tokenize-*). */
   tokenize: { backend: "auto" | "fast-bpe" | "hf"; threads: number | null; inlineChars: number; timeoutMs: number; queue: number };
+  /** Request objectives (core/objectives.ts): the name -> priority table, and whether the headers count. */
+  objectives: { table: { [name: string]: number }; trust: boolean };
   /** Prefill admission (core/admission.ts): slots per worker (0 = off), the warm bound, the wait bound. */
   admission: { slots: number; warmTokens: number; maxWaitMs: number };
   maxBodyBytes: number;
@@ -213,6 +216,7 @@ export function optionsFrom(values: Record<string, FlagValue>, cmd: "router" | "
       timeoutMs: (v("tokenize-timeout-ms") as number) ?? 2000,
       queue: (v("tokenize-queue") as number) ?? 64,
     },
+    objectives: { table: parseObjectives(v("objectives") as string), trust: v("objective-headers") === "trust" },
     admission: {
       slots: (v("prefill-admission-slots") as number) ?? 1,
       warmTokens: (v("prefill-admission-warm-tokens") as number) ?? 512,

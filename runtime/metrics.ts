@@ -64,6 +64,7 @@ export function createMetrics(router: () => Router, tokenizerCache?: () => { hit
       }
     },
   });
+  const shed = new client.Counter({ name: "infera_router_shed_total", help: "Sheddable requests (negative priority, --objectives) refused with 429 because their worker had no free prefill slot", labelNames: ["priority"], registers: [registry] });
   const badRequests = new client.Counter({ name: "infera_router_bad_requests_total", help: "Requests refused with 4xx", labelNames: ["status"], registers: [registry] });
   const eppFallbacks = new client.Counter({ name: "infera_router_epp_served_elsewhere_total", help: "Responses the gateway reports served from an endpoint other than the pick (known: a worker we track)", labelNames: ["known"], registers: [registry] });
   const decisions = new client.Counter({
@@ -208,5 +209,5 @@ export function createMetrics(router: () => Router, tokenizerCache?: () => { hit
       if (s) this.set(s.chars);
     },
   });
-  return { registry, tokenizeJobs, tokenizeQueue, picks, hitBlocks, reqBlocks, pickLatency, events, eventErrors, badRequests, decisions, eppFallbacks, admissionWait, admissionForced, ttftPredictionError };
+  return { registry, tokenizeJobs, tokenizeQueue, picks, hitBlocks, reqBlocks, pickLatency, events, eventErrors, badRequests, decisions, eppFallbacks, admissionWait, admissionForced, ttftPredictionError, shed };
 }

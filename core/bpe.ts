@@ -81,7 +81,7 @@ function unicodeFlag(): string {
 // string, for each match it returns, so one String#match over a prompt of n
 // characters with ~n/4 pieces is quadratic. Splitting the text into chunks of
 // about this size bounds each call's subject and keeps the whole pass linear.
-export const SPLIT_CHUNK = 2048;
+export const SPLIT_CHUNK = 512;
 
 /**
  * Where a long text may be cut between two regex calls without changing the
@@ -113,10 +113,15 @@ export function splitPieces(s: string, re: RegExp, cut: RegExp, chunk: number): 
     let end = s.length;
     if (s.length - start > 2 * chunk) {
       let from = start + chunk;
-      let span = 256;
+      let span = 64;
       while (from < s.length - 1) {
         // windows overlap by one character, so a pair across their border is seen
-        const m = cut.exec(s.substring(from, Math.min(s.length, from + span + 1)));
+        let to = Math.min(s.length, from + span + 1);
+        // UTF-16 engines: never end a window between the halves of a surrogate
+        // pair, where the lone high half would read as a cut after a letter.
+        const c = s.charCodeAt(to - 1);
+        if (to < s.length && c >= 0xd800 && c <= 0xdbff) to++;
+        const m = cut.exec(s.substring(from, to));
         if (m) {
           end = from + m.index + m[0].length;
           break;
@@ -152,7 +157,10 @@ export function createBpe(t: CompactTokenizer): Bpe {
   added.sort(function (a, b) {
     return b[0].length - a[0].length;
   });
-  const cache: { [w: string]: number[] } = {};
+  // Ids per pre-tokenized piece, keyed by the piece as it stands in the text,
+  // so a repeated piece skips its UTF-8 bytes and merges. No prototype: a piece
+  // such as "constructor" or "toString" must not find Object.prototype's member.
+  const cache: { [piece: string]: number[] } = Object.create(null);
   let cached = 0;
   const cut = splitCutPattern();
   // -1 not yet probed, 0 the pattern needs one call, 1 chunking keeps the pieces.
@@ -171,8 +179,6 @@ export function createBpe(t: CompactTokenizer): Bpe {
   }
 
   function bpeWord(word: string): number[] {
-    const hit = cache[word];
-    if (hit) return hit;
     const direct = t.vocab[word];
     let parts: string[];
     if (direct !== undefined && word.length === 1) parts = [word];
@@ -205,12 +211,9 @@ export function createBpe(t: CompactTokenizer): Bpe {
     }
     const ids: number[] = [];
     for (let i = 0; i < parts.length; i++) {
+      // own ids only: the vocabulary is a plain object from JSON.parse
       const id = t.vocab[parts[i]];
-      if (id !== undefined) ids.push(id);
-    }
-    if (cached < 50000) {
-      cache[word] = ids;
-      cached++;
+      if (typeof id === "number") ids.push(id);
     }
     return ids;
   }
@@ -223,10 +226,17 @@ export function createBpe(t: CompactTokenizer): Bpe {
     const ps = pieces(norm);
     if (!ps) return;
     for (let p = 0; p < ps.length; p++) {
-      const b = utf8(ps[p]);
-      let w = "";
-      for (let i = 0; i < b.length; i++) w += bytes[b[i]];
-      const ids = bpeWord(w);
+      let ids = cache[ps[p]];
+      if (ids === undefined) {
+        const b = utf8(ps[p]);
+        let w = "";
+        for (let i = 0; i < b.length; i++) w += bytes[b[i]];
+        ids = bpeWord(w);
+        if (cached < 50000) {
+          cache[ps[p]] = ids;
+          cached++;
+        }
+      }
       for (let i = 0; i < ids.length; i++) out.push(ids[i]);
     }
   }

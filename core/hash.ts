@@ -1,4 +1,4 @@
-import { pairHex, xxh3Hex, xxh3Pair } from "./xxh3";
+import { pairHex, xxh3Hex, xxh3Pair, xxh3PairWords } from "./xxh3";
 import { BlockHash } from "./types";
 
 /** Hashes a byte range to 16 lowercase hex digits (XXH3-64). Node swaps in a native one. */
@@ -121,7 +121,7 @@ function jsBlockHashes(tokens: ArrayLike<number>, blockSize: number, salt?: stri
         buf[p + 2] = (t >>> 16) & 255;
         buf[p + 3] = t >>> 24;
       }
-    const r = xxh3Pair(buf, 0, o + 4 * blockSize);
+    const r = words ? xxh3PairWords(words, buf, o + 4 * blockSize) : xxh3Pair(buf, 0, o + 4 * blockSize);
     ph = r[0];
     pl = r[1];
     out.push(pairHex(ph, pl) as BlockHash);

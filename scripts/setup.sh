@@ -42,6 +42,8 @@ command -v etcd >/dev/null || need_apt+=(etcd-server)
 command -v nats-server >/dev/null || [ -x /usr/sbin/nats-server ] || need_apt+=(nats-server)
 command -v docker-compose >/dev/null || need_apt+=(docker-compose)
 python3 -m pip --version >/dev/null 2>&1 || need_apt+=(python3-pip)
+# pip, npm and the Go module proxy need the CA bundle (minimal images lack it).
+[ -e /etc/ssl/certs/ca-certificates.crt ] || need_apt+=(ca-certificates)
 if [ ${#need_apt[@]} -gt 0 ]; then
   say "apt-get install ${need_apt[*]}"
   # Keep the packages from starting their services (nginx on :80, etcd on :2379) while installing.

@@ -29,7 +29,8 @@ const render = (cmd: string, args: string[]): Doc[] => {
 };
 
 test("every manifest renders and passes schema validation", { skip }, () => {
-  const r = spawnSync("bash", ["scripts/validate-deploy.sh"], { cwd: ROOT, encoding: "utf8" });
+  // The binaries found above, wherever they are (PATH or GOPATH/bin).
+  const r = spawnSync("bash", ["scripts/validate-deploy.sh"], { cwd: ROOT, encoding: "utf8", env: { ...process.env, HELM: helm!, KUSTOMIZE: kustomize! } });
   assert.equal(r.status, 0, r.stdout + r.stderr);
   assert.match(r.stdout, /\b(\d+) documents, 0 invalid/);
 });

@@ -30,7 +30,7 @@ say() { echo "setup: $*"; }
 SUDO=()
 if [ "$(id -u)" != 0 ]; then
   command -v sudo >/dev/null || { say "not root and no sudo: run as root for the apt packages"; exit 1; }
-  SUDO=(sudo)
+  SUDO=(sudo env DEBIAN_FRONTEND=noninteractive)
 fi
 
 # --- apt ---------------------------------------------------------------------

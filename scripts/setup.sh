@@ -27,11 +27,9 @@ cd "$(dirname "$0")/.."
 export DEBIAN_FRONTEND=noninteractive
 say() { echo "setup: $*"; }
 
+# apt needs root: as a user, sudo (asked for only when a package is missing).
 SUDO=()
-if [ "$(id -u)" != 0 ]; then
-  command -v sudo >/dev/null || { say "not root and no sudo: run as root for the apt packages"; exit 1; }
-  SUDO=(sudo env DEBIAN_FRONTEND=noninteractive)
-fi
+[ "$(id -u)" = 0 ] || ! command -v sudo >/dev/null || SUDO=(sudo env DEBIAN_FRONTEND=noninteractive)
 
 # --- apt ---------------------------------------------------------------------
 need_apt=()
@@ -46,6 +44,7 @@ python3 -m pip --version >/dev/null 2>&1 || need_apt+=(python3-pip)
 [ -e /etc/ssl/certs/ca-certificates.crt ] || need_apt+=(ca-certificates)
 if [ ${#need_apt[@]} -gt 0 ]; then
   say "apt-get install ${need_apt[*]}"
+  if [ "$(id -u)" != 0 ] && [ ${#SUDO[@]} -eq 0 ]; then say "not root and no sudo: install those as root, then run this again"; exit 1; fi
   # Keep the packages from starting their services (nginx on :80, etcd on :2379) while installing.
   if [ ! -e /usr/sbin/policy-rc.d ]; then
     printf '#!/bin/sh\nexit 101\n' | "${SUDO[@]}" tee /usr/sbin/policy-rc.d >/dev/null
@@ -59,7 +58,7 @@ else
 fi
 # Debian starts these on install (or on boot); the tests start their own on
 # free ports. Stop them when this run installed packages, and always under CI.
-if [ ${#need_apt[@]} -gt 0 ] || [ "${CI:-}" = true ]; then
+if { [ ${#need_apt[@]} -gt 0 ] || [ "${CI:-}" = true ]; } && { [ "$(id -u)" = 0 ] || [ ${#SUDO[@]} -gt 0 ]; }; then
   for s in nginx etcd nats-server; do ("${SUDO[@]}" systemctl stop "$s" || "${SUDO[@]}" service "$s" stop || true) >/dev/null 2>&1; done
 fi
 

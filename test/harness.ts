@@ -245,7 +245,7 @@ export function startEnvoy(extProcPort: number, opts: EnvoyOptions = {}): Promis
   return withPortRetry("envoy", () => startEnvoyOnce(extProcPort, opts));
 }
 
-/** envoy/envoy.yaml's ext_proc cluster made a pool of router replicas (README "Router replicas"). */
+/** envoy/envoy.yaml's ext_proc cluster made a pool of router replicas (docs/operations.md, "Router replicas"). */
 export function replicaCluster(cfg: string, ports: number[]): string {
   const one = "        - endpoint: { address: { socket_address: { address: 127.0.0.1, port_value: 9002 } } }";
   if (!cfg.includes(one)) throw new Error("envoy.yaml: ext_proc endpoint line not found");

@@ -1,6 +1,6 @@
 # One image for the router, the bridge, the relay, registration and the
 # engine simulator:  infera-gate [router|bridge|relay|register|sim] [flags]
-# Flags may also come from INFERA_* env vars or a --config file (README).
+# Flags may also come from INFERA_* env vars or a --config file (docs/configuration.md).
 
 # Build stage: dev dependencies, compile TypeScript to dist/, build the njs bundle.
 FROM node:20-bookworm-slim AS build

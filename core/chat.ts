@@ -3,7 +3,7 @@
 // njs-safe (no class/Map/Set/spread/for-of): the njs bundle uses it too.
 //
 // Rules (vLLM entrypoints/chat_utils.py, anthropic/serving.py, HF transformers
-// apply_chat_template), see README "Rendering rules":
+// apply_chat_template), see docs/rendering.md:
 // - whole messages reach the template: role, content, tool_calls, tool_call_id,
 //   name, reasoning (+ reasoning_content alias), task, developer tools;
 // - content: null -> no parts; string -> one text part; for "string" content

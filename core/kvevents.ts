@@ -3,7 +3,7 @@
 // keep engine-hash -> our-hash per worker (and per storage tier) so
 // BlockRemoved can find its block.
 //
-// Rules, all documented in the README ("KV events"):
+// Rules, all documented in docs/kv-events.md:
 // - Tiers: each `medium` is its own mirror target (GPU under the epoch key,
 //   others under `<ek>|<TIER>`); a removal touches only its tier.
 // - KV-cache groups: only the full-attention group is mirrored. A store whose

@@ -20,14 +20,12 @@ export type { Candidate, DemandMode, Features, Guard, Policy, Role, RouterConfig
 export type { DemandDecision } from "./scheduling/decode-demand";
 
 /**
- * Uncached blocks cost 8x an in-flight block by default (another request's
+ * Uncached blocks cost 8 in-flight blocks by default (another request's
  * queued prefill half that: queued-prefill.ts). Against 4, the default
- * before: a conversation stays with the worker holding its history when
- * in-flight load elsewhere looks lighter (bench:policy-sim, 6 seeds, with
- * the half-price queue: multi-turn c=16 1.65x round-robin's mean TTFT
- * against 1.53x, the trace 3.77x against 3.65x, no workload worse; in
- * bench:trace the two tie within its noise, hit rates favour 8).
- * Weight 1 let a momentarily busy worker lose the prompts it caches.
+ * before, a conversation stays with the worker holding its history when
+ * in-flight load elsewhere looks lighter; weight 1 let a momentarily busy
+ * worker lose the prompts it caches. The comparison:
+ * docs/benchmarks/2026-12-05-policy-sim.md#measurements-behind-the-defaults
  */
 export const DEFAULT_OVERLAP_WEIGHT = 8;
 

@@ -3,10 +3,9 @@
 //
 // Why not grpc-js: the router's CPU per request bounds what one process
 // serves, and grpc-js's server machinery (interceptor chain, per-message
-// listeners and promises) cost more of it than these frames written by hand:
-// bench:overhead --baseline, same run, 0.55-0.61 against 0.76-0.77 ms of
-// router CPU per short request and 0.84 against 1.34-1.43 ms at 4k tokens, at
-// the same p50 latency. The wire format is small: length-prefixed messages on
+// listeners and promises) cost more of it than these frames written by hand,
+// at the same latency (bench:overhead --baseline against the grpc-js server:
+// docs/benchmarks/2026-12-04-router-overhead.md). The wire format is small: length-prefixed messages on
 // an HTTP/2 stream, the status in trailers (grpc/doc/PROTOCOL-HTTP2.md).
 import * as http2 from "http2";
 import * as tls from "tls";

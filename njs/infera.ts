@@ -1,6 +1,6 @@
 // NGINX njs entry: the same core as the ext_proc server, with its state in
 // js_shared_dict_zone (each request gets a fresh VM, so nothing may live in
-// globals). Requires njs >= 0.8.0; see nginx/README.md.
+// globals). Requires njs >= 0.8.0; see docs/gateways/nginx.md.
 import { createRouter, Guard, Router, RouterConfig, Worker } from "../core/router";
 import { Store } from "../core/store";
 import { MAX_PUSH_SEQ_AHEAD_US, acceptPushSeq, countDecision, countHitBlocks, decisionCounts, guardKey, hitBlockCounts, keyedState, nextRequestId, saveGuard, storeModelTable } from "../core/state/keyed";

@@ -213,8 +213,8 @@ export class ReplicaSync {
     if (this.flushQueued) return;
     this.flushQueued = true;
     // One message per turn of the event loop: picks that land together share
-    // it. (A longer window, 5 or 20 ms, cut messages 1.4x or 4.5x but no
-    // throughput in bench/replicas.ts, at a longer sync lag.)
+    // it. (A longer window cut messages but gained no throughput in
+    // bench/replicas.ts, at a longer sync lag: docs/benchmarks/2026-12-03-replicas.md.)
     setImmediate(() => this.flush());
   }
 

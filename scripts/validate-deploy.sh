@@ -5,7 +5,8 @@
 # installs both with `go install`) and pip's kubernetes-validate.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-GOBIN="$(go env GOPATH 2>/dev/null)/bin"
+GO="$(command -v go || echo /usr/local/go/bin/go)"
+GOBIN="$("$GO" env GOPATH 2>/dev/null)/bin"
 HELM="${HELM:-$(command -v helm || echo "$GOBIN/helm")}"
 KUSTOMIZE="${KUSTOMIZE:-$(command -v kustomize || echo "$GOBIN/kustomize")}"
 out="$(mktemp -d)"

@@ -44,8 +44,8 @@ export interface ModelConfig extends CostModel {
 }
 
 /**
- * Llama-3.1-8B-Instruct, BF16, one H100 80GB SXM, vLLM V1 defaults (see the
- * README's "Engine simulator" section for the published figures behind these).
+ * Llama-3.1-8B-Instruct, BF16, one H100 80GB SXM, vLLM V1 defaults (see
+ * docs/simulator.md for the published figures behind these).
  */
 export function llama8bH100(): ModelConfig {
   return {

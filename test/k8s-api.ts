@@ -1,5 +1,5 @@
 // A stand-in Kubernetes API server for the k8s discovery tests (no kube-apiserver
-// can be run on this machine, see README). It speaks the wire format the real
+// can be run on this machine, see docs/gateways/inference-pool.md). It speaks the wire format the real
 // server does for the four calls discovery makes: list and watch of pods
 // (labelSelector), list and watch of one InferencePool (fieldSelector
 // metadata.name=...). Watches are newline-delimited JSON events on a held-open

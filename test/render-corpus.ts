@@ -50,7 +50,7 @@ export function corpus(seed = 20260703): CorpusItem[] {
     if (chance(0.1)) s = s + "\n";
     return s;
   };
-  // Numbers are ints or non-integral floats: JS JSON.parse cannot keep 1.0 a float (README limitation).
+  // Numbers are ints or non-integral floats: JS JSON.parse cannot keep 1.0 a float (docs/limits.md).
   const num = () => (chance(0.5) ? int(-5, 500) : int(1, 999) / 8);
   const argValue = (): any => {
     const k = int(0, 5);

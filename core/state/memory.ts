@@ -19,7 +19,8 @@ interface Held {
 /**
  * The first Node mirror: string-keyed Maps. Kept as the reference the typed
  * index (state/typed-mirror.ts, the default) is compared with in tests and
- * bench/mirror.ts; it costs 310-390 B a block and its ingest slows as its Maps grow.
+ * bench/mirror.ts; it costs several times the typed index's bytes a block and its
+ * ingest slows as its Maps grow (docs/benchmarks/2026-12-03-mirror-index.md).
  */
 export function memoryMirror(): MirrorIndex {
   const holders = new Map<BlockHash, EpochKey[]>();

@@ -1,7 +1,7 @@
 // The Node router's mirror index over typed arrays (issue 13). memoryMirror
-// keeps two string-keyed Map entries and an array per block: 310-390 B/block
-// (bench/mirror.ts), V8's Map limit at 2^24 entries, and a major GC that walks
-// every key. Here
+// keeps two string-keyed Map entries and an array per block: hundreds of bytes
+// a block, V8's Map limit at 2^24 entries, and a major GC that walks every key
+// (bench/mirror.ts; docs/benchmarks/2026-12-03-mirror-index.md). Here
 // every 64-bit hash is two int32s in flat Int32Arrays with open addressing, so
 // the heap holds a handful of objects however many blocks are mirrored.
 //
@@ -20,8 +20,8 @@
 // - clear (worker leaves, sequence gap) is O(1) plus a bounded slice of work:
 //   the target takes a fresh id, so its old entries stop matching anything
 //   at once, and they move to a graveyard that later calls reclaim a few at a
-//   time (each store sweeps SWEEP_PER_STORE). Freeing 156k entries eagerly
-//   costs ~0.4 s of cache misses on this machine; no pick waits for that now.
+//   time (each store sweeps SWEEP_PER_STORE). Freeing a large target's
+//   entries eagerly is a long run of cache misses; this way no pick waits.
 //
 // Keys: a BlockHash is 16 lowercase hex digits (XXH3-64) and parses exactly;
 // anything else (tests, hand-written names) is folded to 64 bits and its text

@@ -6,10 +6,11 @@ import * as assert from "node:assert/strict";
 import * as fs from "fs";
 import * as path from "path";
 import { ROOT, nginx08, startSim, startNginx, startBridge, workerArg, chat, longText, stopAll, sleep, waitFor, run, freePort, httpOk, Sim } from "../harness";
+import { needs } from "../tools";
 
 const n8 = nginx08();
 const built = fs.existsSync(path.join(ROOT, "njs", "dist", "infera.js"));
-const skip = !n8 ? "njs >= 0.8 not set up (bash scripts/njs08.sh)" : !built ? "run npm run build:njs" : false;
+const skip = needs(!n8 && "njs >= 0.8 not set up (bash scripts/njs08.sh)") || (!built && "run npm run build:njs");
 after(stopAll);
 
 test("bridge: nginx stopped under traffic, then back: full resync, cache-view equals the engines', /readyz and /metrics tell", { skip, timeout: 180000 }, async () => {

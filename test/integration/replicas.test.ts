@@ -13,6 +13,9 @@ import { ReplicaSync } from "../../runtime/replicas";
 import { App } from "../../runtime/app";
 import { parseArgs } from "../../runtime/config";
 import { startNats, stopAll, waitFor, sleep } from "../harness";
+import { needs, binMissing } from "../tools";
+
+const noNats = needs(binMissing("nats-server"));
 
 const HB = 200;
 const TTL = 600;
@@ -47,7 +50,7 @@ async function replica(url: string, id: string, workers: string[], padFirst = 0)
   return { state, sync, nc, ek: (w) => state.workers.get(w)!.epochKey };
 }
 
-test("two replicas through nats-server: holds and releases converge, a silent replica's load expires", async () => {
+test("two replicas through nats-server: holds and releases converge, a silent replica's load expires", { skip: noNats }, async () => {
   const nats = await startNats();
   const W = ["127.0.0.1:7001", "127.0.0.1:7002"];
   const a = await replica(nats.url, "A", W);
@@ -109,7 +112,7 @@ test("two replicas through nats-server: holds and releases converge, a silent re
   void g5;
 });
 
-test("a turn's holds over NATS's max_payload go out in several messages", async () => {
+test("a turn's holds over NATS's max_payload go out in several messages", { skip: noNats }, async () => {
   const nats = await startNats();
   const W = ["127.0.0.1:7001"];
   const a = await replica(nats.url, "A3", W);
@@ -119,7 +122,7 @@ test("a turn's holds over NATS's max_payload go out in several messages", async 
   await waitFor("B holds all of it", async () => b.state.load.activeBlocks(b.ek(W[0])) === 75000, 5000);
 });
 
-test("remote load on a worker this replica learns about later is applied when it joins", async () => {
+test("remote load on a worker this replica learns about later is applied when it joins", { skip: noNats }, async () => {
   const nats = await startNats();
   const a = await replica(nats.url, "A2", ["127.0.0.1:7001", "127.0.0.1:7009"]);
   const b = await replica(nats.url, "B2", ["127.0.0.1:7001"]);

@@ -10,12 +10,13 @@ import { parse } from "yaml";
 import { parseArgs } from "../../runtime/config";
 import { parseCommand } from "../../cli/args";
 import { parseSimArgs } from "../../sim/engine";
+import { needs } from "../tools";
 
 const ROOT = path.resolve(__dirname, "../..");
 const compose = parse(fs.readFileSync(path.join(ROOT, "docker-compose.yml"), "utf8"), { merge: true });
 const dc = spawnSync("sh", ["-c", "command -v docker-compose || (docker compose version >/dev/null 2>&1 && echo docker)"], { encoding: "utf8" }).stdout.trim();
 
-test("compose file passes docker-compose's own schema check", { skip: dc ? false : "docker-compose not installed" }, () => {
+test("compose file passes docker-compose's own schema check", { skip: needs(!dc && "docker-compose not installed") }, () => {
   const r = dc === "docker" ? spawnSync("docker", ["compose", "-f", "docker-compose.yml", "config", "-q"], { cwd: ROOT, encoding: "utf8", env: { ...process.env, INFERA_PUSH_TOKEN: "schema-check" } }) : spawnSync(dc, ["-f", "docker-compose.yml", "config", "-q"], { cwd: ROOT, encoding: "utf8", env: { ...process.env, INFERA_PUSH_TOKEN: "schema-check" } });
   assert.equal(r.status, 0, r.stderr);
 });

@@ -7,6 +7,7 @@ import { spawnSync } from "child_process";
 import * as path from "path";
 import { renderTemplate } from "../../core/jinja";
 import { templateAst } from "../../runtime/jinja";
+import { needs, pythonMissing } from "../tools";
 
 const msgs = [
   { role: "system", content: "  Be brief.\n" },
@@ -48,7 +49,7 @@ const CASES: string[] = [
   "{{ '%s'|length }}{{ ' '.join(['a', 'b']) }}|{{ 'x,y'.rsplit(',', 1) }}",
 ];
 
-test("core/jinja.ts renders like jinja2 in transformers' environment (outputs and failures)", () => {
+test("core/jinja.ts renders like jinja2 in transformers' environment (outputs and failures)", { skip: needs(pythonMissing(["transformers", "jinja2"], "'transformers>=5.24' 'jinja2>=3.1.6'")) }, () => {
   const r = spawnSync("python3", [path.join(__dirname, "..", "jinja_reference.py")], {
     input: JSON.stringify(CASES.map((t) => ({ template: t, vars: V }))),
     encoding: "utf8",

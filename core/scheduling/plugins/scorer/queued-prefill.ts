@@ -9,10 +9,8 @@
 // leaves the fleet that much less room for the next new one. Waiting behind a
 // queue costs nobody else. At equal prices (the default before) a request for
 // a cached document left its holder whenever the holder was computing another
-// one, and the fleet computed documents twice; bench:policy-sim, 6 seeds,
-// half against full: shared-prefix c=4 2.19x round-robin's mean TTFT against
-// 2.13x (hit rate 79.7% against 76.6%), multi-turn c=4 2.16x against 2.06x,
-// c=16 1.65x against 1.56x, agentic and the trace unchanged.
+// one, and the fleet computed documents twice. Measured with bench:policy-sim:
+// docs/benchmarks/2026-12-05-policy-sim.md#measurements-behind-the-defaults
 //
 // Queued blocks this request shares (its document, still being computed there
 // for an earlier request; prefix-overlap counts them as hits because they are
@@ -20,7 +18,7 @@
 // over one new prefix then ties a free worker computing its own copy, and
 // spreads. Agent loops over one tool preamble need that spread: at half price
 // a burst of them went to the preamble's first holder and their histories
-// kept them there (0.77x round-robin at c=4 in bench:policy-sim). Once every
+// kept them there, slower than round-robin (same benchmark file). Once every
 // worker is busy, queued-shared.ts takes those blocks back out.
 //
 // Overlap weight 0 (pure load balance) leaves in-flight blocks only.

@@ -12,13 +12,11 @@
 // nobody, and there it buys spread. Agent loops that all start from one tool
 // preamble are the case: credited while workers sat idle, the first burst of
 // them went to the preamble's first holder, their histories grew there and
-// other workers idled for the whole run. bench:policy-sim, 6 seeds, with the
-// gate removed against with it, on the engine model that reuses a prefix
+// other workers idled for the whole run. On an engine that reuses a prefix
 // still being computed (as vLLM V1 does, so riding along costs the fleet
-// nothing): agentic c=4 1.15x round-robin's mean TTFT against 1.87x, c=16
-// 1.09x against 1.46x (306/78/0/0 requests per worker); shared-prefix c=16
-// 2.18x against 1.93x, c=4 and the trace equal. The gate costs the
-// document burst less than the agent loops gain from it.
+// nothing), the gate costs the document burst less than the agent loops gain
+// from it: bench:policy-sim with and without the gate,
+// docs/benchmarks/2026-12-05-policy-sim.md#measurements-behind-the-defaults
 import { overlapWeight, Scorer, usesImageAffinity } from "../../framework";
 
 export const queuedSharedScorer: Scorer = {

@@ -172,6 +172,7 @@ export class App {
       () => this.router,
       () => this.cacheStats(),
       (id) => this.eventStatus(id),
+      (id) => !this.probing || this.passed[id] === true,
     );
     if (opts.replica && opts.replica.sync === "nats") {
       const r = opts.replica;

@@ -13,10 +13,14 @@ trap 'rm -rf "$out"' EXIT
 
 "$KUSTOMIZE" build deploy/kustomize > "$out/kustomize.yaml"
 "$KUSTOMIZE" build deploy/examples/istio > "$out/istio.yaml"
+"$KUSTOMIZE" build deploy/monitoring > "$out/monitoring.yaml"
 "$HELM" lint --strict deploy/helm/infera-gate
 "$HELM" template llm deploy/helm/infera-gate --namespace llm > "$out/helm-default.yaml"
 "$HELM" template llm deploy/helm/infera-gate --namespace llm \
   --set inferencePool.create=false --set router.shedActiveBlocks=64 \
   --set 'router.sheddableObjectives={batch,eval}' --set router.kvEventTransport=nats \
-  --set router.natsUrl=nats://nats:4222 --set 'inferencePool.targetPorts={8000,8001}' > "$out/helm-options.yaml"
+  --set router.natsUrl=nats://nats:4222 --set 'inferencePool.targetPorts={8000,8001}' \
+  --set monitoring.serviceMonitor.enabled=true --set monitoring.prometheusRule.enabled=true \
+  --set monitoring.grafanaDashboard.enabled=true --set monitoring.serviceMonitor.adminTokenSecret.name=admin-token \
+  > "$out/helm-options.yaml"
 python3 scripts/validate-k8s.py "$out"/*.yaml deploy/examples/gateway/*.yaml deploy/examples/istio/gateway.yaml

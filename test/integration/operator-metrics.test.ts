@@ -170,3 +170,23 @@ test("worker_up follows the real health probes; worker_excluded marks a block-si
     live.close();
   }
 });
+
+test("a full tokenizer queue counts as overloaded, not as no_worker", async () => {
+  // Every prompt goes to the single tokenizer thread; one may wait or run, the rest are refused at once.
+  const f = await startExtProcFixture(["--workers", "127.0.0.1:7302", "--health-interval-ms", "0", "--tokenize-inline-chars", "0", "--tokenizer-threads", "1", "--tokenize-queue", "1"]);
+  try {
+    const sent = await Promise.all([0, 1, 2, 3].map((i) => send(f, chat(`${"lorem ipsum dolor sit amet ".repeat(8000)} ${i}`))));
+    const answers = await Promise.all(sent.map((x) => x.answer));
+    const refused = answers.filter((r) => status(r) === 503).length;
+    const routed = answers.filter((r) => r.response.case === "requestBody").length;
+    assert.equal(refused + routed, 4, answers.map((r) => r.response.case + status(r)).join(","));
+    assert.ok(refused >= 1, "the queue of one refused some of four concurrent prompts");
+    const o = await outcomes(f);
+    assert.equal(o.overloaded, refused);
+    assert.equal(o.no_worker, 0);
+    assert.equal(o.routed, routed);
+    for (const x of sent) x.s.call.cancel();
+  } finally {
+    await f.close();
+  }
+});

@@ -22,13 +22,8 @@ function excludedNow(r: Router, w: Worker): boolean {
   return r.excluded(w.id) !== null || (w.blockSize !== undefined && w.blockSize !== r.config.blockSize);
 }
 
-export function createMetrics(
-  router: () => Router,
-  tokenizerCache?: () => { hitTokens: number; missTokens: number; pieces: number; chars: number } | null,
-  eventStatus?: EventStatus,
-  /** Whether a worker passed a health probe since it joined (always true with health checks off). */
-  probed?: (id: string) => boolean,
-) {
+/** probed: whether a worker passed a health probe since it joined (always true with health checks off). */
+export function createMetrics(router: () => Router, tokenizerCache?: () => { hitTokens: number; missTokens: number; pieces: number; chars: number } | null, eventStatus?: EventStatus, probed?: (id: string) => boolean) {
   const registry = new client.Registry();
   client.collectDefaultMetrics({ register: registry });
   const picks = new client.Counter({ name: "infera_router_picks_total", help: "Picks per worker and role", labelNames: ["worker", "role", "policy"], registers: [registry] });

@@ -179,7 +179,7 @@ test("a full tokenizer queue counts as overloaded, not as no_worker", async () =
     const answers = await Promise.all(sent.map((x) => x.answer));
     const refused = answers.filter((r) => status(r) === 503).length;
     const routed = answers.filter((r) => r.response.case === "requestBody").length;
-    assert.equal(refused + routed, 4, answers.map((r) => r.response.case + status(r)).join(","));
+    assert.equal(refused + routed, 4, answers.map((r) => `${r.response.case}${status(r)}`).join(","));
     assert.ok(refused >= 1, "the queue of one refused some of four concurrent prompts");
     const o = await outcomes(f);
     assert.equal(o.overloaded, refused);

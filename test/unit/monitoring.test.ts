@@ -153,8 +153,9 @@ test("every PromQL expression parses (promtool check rules)", { skip: noPromtool
     assert.equal(a.status, 0, a.stdout + a.stderr);
     assert.match(a.stdout, new RegExp(`SUCCESS: ${rules.length} rules found`));
     // The dashboard's queries, each as a recording rule.
-    const d = check("dashboard.yaml", { groups: [{ name: "dashboard", rules: exprs.filter((e) => !e.where.startsWith("alert")).map((e, i) => ({ record: `infera_dashboard:q${i}`, expr: e.expr })) }] });
-    assert.equal(d.status, 0, d.stdout + d.stderr);
+    const queries = exprs.filter((e) => !e.where.startsWith("alert"));
+    const d = check("dashboard.yaml", { groups: [{ name: "dashboard", rules: queries.map((e, i) => ({ record: `infera_dashboard:q${i}`, expr: e.expr })) }] });
+    assert.equal(d.status, 0, d.stdout + d.stderr + queries.map((e, i) => `\ninfera_dashboard:q${i} = ${e.where}`).join(""));
     // The check can fail: a broken expression is refused with the parser's message.
     const bad = check("bad.yaml", { groups: [{ name: "bad", rules: [{ record: "x:y", expr: "sum(rate(infera_router_requests_total[5m])" }] }] });
     assert.notEqual(bad.status, 0);

@@ -30,6 +30,7 @@ import { DP_RANK_HEADER as DP_HEADER, dpBodyFields, prefillRankHeader, withBodyF
 import { asHttpError, httpError } from "../core/util";
 import { Guard, Pick, Reservation, Worker } from "../core/router";
 import { App } from "../runtime/app";
+import { RequestOutcome } from "../runtime/metrics";
 import { addHealth } from "./health";
 import { errorJson } from "../core/errors";
 import { withRequestId } from "../runtime/log";
@@ -68,6 +69,19 @@ function immediate(status: number, message: string, type: string, path = "", par
       }),
     },
   });
+}
+
+/**
+ * The outcome label of a refused request (infera_router_requests_total). A 503
+ * carrying a tokenizer-pool outcome (queue_full, timeout) means the router was
+ * overloaded; any other 503 means no worker could take the request.
+ */
+export function outcomeOf(e: { status: number; outcome?: string }): RequestOutcome {
+  if (e.status === 413) return "too_large";
+  if (e.status === 429) return "shed";
+  if (e.status === 499) return "client_closed";
+  if (e.status === 503) return e.outcome === undefined ? "no_worker" : e.outcome === "error" ? "error" : "overloaded";
+  return e.status >= 500 ? "error" : "bad_request";
 }
 
 /** Dynamic-metadata namespace and key the gateway's ORIGINAL_DST cluster reads the pick from (GIE convention). */
@@ -186,10 +200,18 @@ function handleStream(app: App, call: Call<ProcessingRequest, ProcessingResponse
   let ended = false;
   // The pick waiting for prefill admission, if any.
   let waiting: Pick | null = null;
+  // Each request is counted once by how its routing question was answered.
+  let counted = false;
+  const outcome = (o: RequestOutcome) => {
+    if (counted) return;
+    counted = true;
+    app.metrics.requests.inc({ outcome: o });
+  };
   // Answers leave in message order even when a pick waits on a tokenizer thread.
   let order: Promise<void> = Promise.resolve();
   const inOrder = (f: () => void | Promise<void>) => {
     order = order.then(f).catch((e) => {
+      outcome("error");
       app.log("error", `ext_proc message failed: ${(e as Error).stack}`);
       done();
       call.fail(Status.INTERNAL, (e as Error).message);
@@ -254,6 +276,7 @@ function handleStream(app: App, call: Call<ProcessingRequest, ProcessingResponse
     } catch (e) {
       const err = asHttpError(e);
       app.metrics.badRequests.inc({ status: String(err.status) });
+      outcome(outcomeOf(err as { status: number; outcome?: string }));
       if (err.status >= 500) app.log("warn", `routing failed: ${err.message}${subset ? ` (gateway subset: ${subset.join(",") || "empty"})` : ""}`);
       return immediate(err.status, err.message, err.type, headers[":path"] || "", err.param);
     }
@@ -263,6 +286,7 @@ function handleStream(app: App, call: Call<ProcessingRequest, ProcessingResponse
     if (shedAt > 0 && app.opts.eppSheddableObjectives.includes(headers[OBJECTIVE_HEADER] ?? "") && pool.every((c) => c.active >= shedAt)) {
       pick.reservation.finish();
       app.metrics.badRequests.inc({ status: "429" });
+      outcome("shed");
       app.log("info", `shed a '${headers[OBJECTIVE_HEADER]}' request: every candidate holds >= ${shedAt} active blocks`);
       return immediate(429, "all endpoints are saturated; sheddable request dropped", "rate_limited", headers[":path"] || "");
     }
@@ -273,6 +297,7 @@ function handleStream(app: App, call: Call<ProcessingRequest, ProcessingResponse
     if (app.shed(pick, objective)) {
       pick.reservation.finish();
       app.metrics.badRequests.inc({ status: "429" });
+      outcome("shed");
       return immediate(429, "the workers are saturated; sheddable request refused, retry later", "rate_limited", headers[":path"] || "", undefined, { "retry-after": "1" });
     }
     // Prefill admission: a cold prompt waits here while another cold one is
@@ -283,10 +308,12 @@ function handleStream(app: App, call: Call<ProcessingRequest, ProcessingResponse
     if (ended) {
       // Nobody is left to answer: the load this pick holds goes back now.
       pick.reservation.finish();
+      outcome("client_closed");
       return immediate(499, "client went away while the request was being routed", "client_closed", headers[":path"] || "");
     }
     res = pick.reservation;
     picked = pick.target;
+    outcome("routed");
     const fallbacks: string[] = [];
     for (const c of pool) {
       if (fallbacks.length >= app.opts.eppFallbackCount) break;
@@ -384,6 +411,7 @@ function handleStream(app: App, call: Call<ProcessingRequest, ProcessingResponse
           if (verdict.error) {
             decided = true;
             app.metrics.badRequests.inc({ status: String(verdict.error.status) });
+            outcome(outcomeOf(verdict.error));
             answer(immediate(verdict.error.status, verdict.error.message, verdict.error.type, headers[":path"] || ""));
             break;
           }
@@ -416,6 +444,7 @@ function handleStream(app: App, call: Call<ProcessingRequest, ProcessingResponse
             bodyChunks = [];
             call.releaseHeld();
             app.metrics.badRequests.inc({ status: "413" });
+            outcome("too_large");
             answer(immediate(413, `request body is over the ${app.opts.maxBodyBytes}-byte limit`, "request_too_large", headers[":path"] || ""));
             break;
           }
@@ -434,6 +463,7 @@ function handleStream(app: App, call: Call<ProcessingRequest, ProcessingResponse
             // A partial body (STREAMED / BUFFERED_PARTIAL): the upstream header can no
             // longer be set once chunks flow, so say what to fix instead of misrouting.
             app.log("warn", "ext_proc got a partial request body: set request_body_mode: BUFFERED or FULL_DUPLEX_STREAMED");
+            outcome("error");
             answer(immediate(500, "gateway misconfigured: ext_proc request_body_mode must be BUFFERED or FULL_DUPLEX_STREAMED (routing needs the whole body)", "server_misconfigured", headers[":path"] || ""));
           }
           break;
@@ -491,6 +521,7 @@ function handleStream(app: App, call: Call<ProcessingRequest, ProcessingResponse
           break;
       }
     } catch (e) {
+      outcome("error");
       app.log("error", `ext_proc message failed: ${(e as Error).stack}`);
       done();
       call.fail(Status.INTERNAL, (e as Error).message);

@@ -174,6 +174,7 @@ export class App {
       () => this.router,
       () => this.cacheStats(),
       (id) => this.eventStatus(id),
+      (id) => !this.probing || this.passed[id] === true,
     );
     const admission = this.admission;
     new Gauge({

@@ -1,13 +1,29 @@
 import * as client from "prom-client";
 import { monitorEventLoopDelay } from "perf_hooks";
-import { Router } from "../core/router";
+import { Router, Worker } from "../core/router";
 
 export type Metrics = ReturnType<typeof createMetrics>;
 
 /** What the KV-event gauges read at scrape time (the app's per-worker event status). */
 export type EventStatus = (id: string) => { kv_event_age_s: number | null; kv_events_silent: boolean };
 
-export function createMetrics(router: () => Router, tokenizerCache?: () => { hitTokens: number; missTokens: number; pieces: number; chars: number } | null, eventStatus?: EventStatus) {
+/**
+ * How the router answered a request's routing question (infera_router_requests_total{outcome}):
+ * routed (a pick went to the gateway), bad_request (4xx: malformed body, path not served),
+ * too_large (413), shed (429, --epp-shed-active-blocks), no_worker (503: nothing routable),
+ * overloaded (503: the tokenizer queue was full or the wait ran out), client_closed (499: the
+ * stream ended while the pick was being computed) and error (5xx: a misconfigured gateway or a fault).
+ */
+export const REQUEST_OUTCOMES = ["routed", "bad_request", "too_large", "shed", "no_worker", "overloaded", "client_closed", "error"] as const;
+export type RequestOutcome = (typeof REQUEST_OUTCOMES)[number];
+
+/** Out of every pool for a configuration fault: excluded by the router, or a declared block size not the router's. */
+function excludedNow(r: Router, w: Worker): boolean {
+  return r.excluded(w.id) !== null || (w.blockSize !== undefined && w.blockSize !== r.config.blockSize);
+}
+
+/** probed: whether a worker passed a health probe since it joined (always true with health checks off). */
+export function createMetrics(router: () => Router, tokenizerCache?: () => { hitTokens: number; missTokens: number; pieces: number; chars: number } | null, eventStatus?: EventStatus, probed?: (id: string) => boolean) {
   const registry = new client.Registry();
   client.collectDefaultMetrics({ register: registry });
   const picks = new client.Counter({ name: "infera_router_picks_total", help: "Picks per worker and role", labelNames: ["worker", "role", "policy"], registers: [registry] });
@@ -66,6 +82,37 @@ export function createMetrics(router: () => Router, tokenizerCache?: () => { hit
   });
   const shed = new client.Counter({ name: "infera_router_shed_total", help: "Sheddable requests (negative priority, --objectives) refused with 429 because their worker had no free prefill slot", labelNames: ["priority"], registers: [registry] });
   const badRequests = new client.Counter({ name: "infera_router_bad_requests_total", help: "Requests refused with 4xx", labelNames: ["status"], registers: [registry] });
+  const requests = new client.Counter({
+    name: "infera_router_requests_total",
+    help: "Requests the router answered, by outcome: routed, bad_request, too_large, shed, no_worker, overloaded, client_closed, error",
+    labelNames: ["outcome"],
+    registers: [registry],
+  });
+  // Every outcome exists from the start at 0, so rate() and alerts see the first one.
+  for (const o of REQUEST_OUTCOMES) requests.inc({ outcome: o }, 0);
+  // Read at scrape time from the router's own health state, like the gauges below.
+  new client.Gauge({
+    name: "infera_router_worker_up",
+    help: "1 when the worker can take picks (healthy, not excluded, through a health probe since it joined when checks are on), else 0",
+    labelNames: ["worker", "role"],
+    registers: [registry],
+    collect() {
+      this.reset();
+      const r = router();
+      for (const w of r.workers()) this.set({ worker: w.id, role: w.role }, !excludedNow(r, w) && r.healthy(w.id) && (!probed || probed(w.id)) ? 1 : 0);
+    },
+  });
+  new client.Gauge({
+    name: "infera_router_worker_excluded",
+    help: "1 when the router keeps the worker out of every pool for a configuration fault (e.g. block size mismatch; reason in /v1/admin/workers), else 0",
+    labelNames: ["worker"],
+    registers: [registry],
+    collect() {
+      this.reset();
+      const r = router();
+      for (const w of r.workers()) this.set({ worker: w.id }, excludedNow(r, w) ? 1 : 0);
+    },
+  });
   const eppFallbacks = new client.Counter({ name: "infera_router_epp_served_elsewhere_total", help: "Responses the gateway reports served from an endpoint other than the pick (known: a worker we track)", labelNames: ["known"], registers: [registry] });
   const decisions = new client.Counter({
     name: "infera_router_decode_demand_decisions_total",
@@ -209,5 +256,5 @@ export function createMetrics(router: () => Router, tokenizerCache?: () => { hit
       if (s) this.set(s.chars);
     },
   });
-  return { registry, tokenizeJobs, tokenizeQueue, picks, hitBlocks, reqBlocks, pickLatency, events, eventErrors, badRequests, decisions, eppFallbacks, admissionWait, admissionForced, ttftPredictionError, shed };
+  return { registry, tokenizeJobs, tokenizeQueue, picks, hitBlocks, reqBlocks, pickLatency, events, eventErrors, badRequests, requests, decisions, eppFallbacks, admissionWait, admissionForced, ttftPredictionError, shed };
 }

@@ -14,6 +14,7 @@ trap 'rm -rf "$out"' EXIT
 
 "$KUSTOMIZE" build deploy/kustomize > "$out/kustomize.yaml"
 "$KUSTOMIZE" build deploy/examples/istio > "$out/istio.yaml"
+"$KUSTOMIZE" build deploy/monitoring > "$out/monitoring.yaml"
 "$HELM" lint --strict deploy/helm/infera-gate
 "$HELM" template llm deploy/helm/infera-gate --namespace llm > "$out/helm-default.yaml"
 "$HELM" template llm deploy/helm/infera-gate --namespace llm \
@@ -21,6 +22,9 @@ trap 'rm -rf "$out"' EXIT
   --set 'router.sheddableObjectives={batch,eval}' --set router.kvEventTransport=nats \
   --set router.natsUrl=nats://nats:4222 --set 'inferencePool.targetPorts={8000,8001}' \
   --set 'extProc.clientIdentities={infera-gateway,spiffe://cluster.local/ns/gw/sa/gw}' --set adminToken.existingSecret=my-token \
-  --set extProc.tls.generate=false --set extProc.tls.secretName=my-tls > "$out/helm-options.yaml"
+  --set extProc.tls.generate=false --set extProc.tls.secretName=my-tls \
+  --set monitoring.serviceMonitor.enabled=true --set monitoring.prometheusRule.enabled=true \
+  --set monitoring.grafanaDashboard.enabled=true --set monitoring.serviceMonitor.adminTokenSecret.name=admin-token \
+  > "$out/helm-options.yaml"
 "$HELM" template llm deploy/helm/infera-gate --namespace llm --set networkPolicy.enabled=false > "$out/helm-no-netpol.yaml"
 python3 scripts/validate-k8s.py "$out"/*.yaml deploy/examples/gateway/*.yaml deploy/examples/istio/gateway.yaml

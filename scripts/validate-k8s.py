@@ -3,7 +3,7 @@
 
 Built-in kinds: kubernetes-validate's bundled OpenAPI schemas, strict (unknown
 fields are errors). Custom resources the deploy/ folder uses (InferencePool,
-Gateway API, Istio, Envoy Gateway): the JSON schemas in deploy/schemas. A kind
+Gateway API, Istio, Envoy Gateway, prometheus-operator): the JSON schemas in deploy/schemas. A kind
 with no schema at all is an error, so nothing passes unchecked.
 """
 import json
@@ -27,6 +27,8 @@ CUSTOM = {
     ("networking.istio.io/v1", "VirtualService"): "istio-networking.json",
     ("networking.istio.io/v1", "DestinationRule"): "istio-destinationrule.json",
     ("gateway.envoyproxy.io/v1alpha1", "ClientTrafficPolicy"): "clienttrafficpolicy.json",
+    ("monitoring.coreos.com/v1", "ServiceMonitor"): "servicemonitor-v1.json",
+    ("monitoring.coreos.com/v1", "PrometheusRule"): "prometheusrule-v1.json",
 }
 
 

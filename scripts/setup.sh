@@ -15,7 +15,7 @@
 #          system python3 is used with PIP_BREAK_SYSTEM_PACKAGES for these pip
 #          calls only; as a user, `pip install --user`.
 #   npm:   npm ci, unless node_modules already matches package-lock.json.
-#   go:    helm and kustomize by `go install` into $(go env GOPATH)/bin, where
+#   go:    helm, kustomize and promtool by `go install` into $(go env GOPATH)/bin, where
 #          the tests look for them (no PATH change needed).
 #   njs:   nginx 1.26 + njs 0.8 from Debian 13 packages unpacked into .njs-0.8/
 #          (scripts/njs08.sh); the system is left untouched.
@@ -106,7 +106,7 @@ else
   npm ci --no-audit --no-fund
 fi
 
-# --- go: helm + kustomize ----------------------------------------------------
+# --- go: helm, kustomize, promtool ------------------------------------------
 GO_BIN="$(command -v go || echo /usr/local/go/bin/go)"
 if [ ! -x "$GO_BIN" ]; then
   say "no Go toolchain (go on PATH or /usr/local/go): helm and kustomize are built with 'go install'; install Go >= 1.21"
@@ -115,7 +115,10 @@ fi
 GOBIN_DIR="$("$GO_BIN" env GOPATH)/bin"
 command -v helm >/dev/null || [ -x "$GOBIN_DIR/helm" ] || { say "go install helm"; "$GO_BIN" install helm.sh/helm/v4/cmd/helm@v4.3.2; }
 command -v kustomize >/dev/null || [ -x "$GOBIN_DIR/kustomize" ] || { say "go install kustomize"; "$GO_BIN" install sigs.k8s.io/kustomize/kustomize/v5@v5.5.0; }
-say "helm and kustomize present (PATH or $GOBIN_DIR)"
+# Prometheus's own PromQL parser for the dashboard and alert checks (test/unit/monitoring.test.ts);
+# Prometheus 3.16's Go module version (its v3 tags are not Go module versions).
+command -v promtool >/dev/null || [ -x "$GOBIN_DIR/promtool" ] || { say "go install promtool (a few minutes)"; "$GO_BIN" install github.com/prometheus/prometheus/cmd/promtool@v0.316.0; }
+say "helm, kustomize and promtool present (PATH or $GOBIN_DIR)"
 
 # --- njs 0.8 -----------------------------------------------------------------
 bash scripts/njs08.sh | sed 's/^/setup: /'

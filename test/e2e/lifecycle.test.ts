@@ -3,6 +3,7 @@
 // production): SIGTERM ends the process within --drain-timeout-s plus a few
 // seconds whatever discovery is doing, and a second SIGTERM at once;
 // readiness means "can route"; a dropped KV event stream probes its worker at once.
+import { needs } from "../tools";
 import { test, after } from "node:test";
 import * as assert from "node:assert/strict";
 import { spawnSync } from "child_process";
@@ -13,8 +14,8 @@ import { startEtcd, startSim, startRouter, startBridge, startNginx, nginx08, sto
 import { processStream, reqBody, reqHeaders } from "../extproc-client";
 
 const hasEtcd = spawnSync("sh", ["-c", "command -v etcd"]).status === 0;
-const skipEtcd = hasEtcd ? false : "etcd not installed";
-const skipNginx = !nginx08() ? "njs >= 0.8 not set up (bash scripts/njs08.sh)" : !fs.existsSync(path.join(ROOT, "njs", "dist", "infera.js")) ? "run npm run build:njs" : false;
+const skipEtcd = needs(!hasEtcd && "etcd not installed");
+const skipNginx = !nginx08() ? needs("njs >= 0.8 not set up (bash scripts/njs08.sh)") : !fs.existsSync(path.join(ROOT, "njs", "dist", "infera.js")) ? "run npm run build:njs" : false;
 after(stopAll);
 
 /** Resolves with the exit code and when the process exited; rejects past ms. */

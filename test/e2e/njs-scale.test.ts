@@ -3,6 +3,7 @@
 // String#match over the whole prompt made it quadratic: a 100k-token prompt
 // blocked the nginx worker for seconds), and the chunked pre-tokenizer that
 // fixed it must give @huggingface/tokenizers' ids on texts long enough to be cut.
+import { needs } from "../tools";
 import { test } from "node:test";
 import * as assert from "node:assert/strict";
 import { execFileSync, spawnSync } from "child_process";
@@ -62,7 +63,7 @@ function runNjs(bin: string, script: string): string {
   }
 }
 
-test("njs tokenize + hash + pick is linear in the prompt: 4x the tokens costs at most 6x the time, with HF's ids on long mixed text", { skip: !built ? "run npm run build:njs" : clis.length === 0 ? "no njs CLI" : false, timeout: 120000 }, () => {
+test("njs tokenize + hash + pick is linear in the prompt: 4x the tokens costs at most 6x the time, with HF's ids on long mixed text", { skip: !built ? "run npm run build:njs" : needs(clis.length === 0 && "no njs CLI (apt-get install njs)"), timeout: 120000 }, () => {
   const long = mixedText(60000);
   const expected = loadTokenizer(null)!.encode(long);
   // ~12.5k and ~50k prompt tokens with the bench's generator (bench/njs-scale.ts).

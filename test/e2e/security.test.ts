@@ -225,14 +225,14 @@ test("nginx: client-sent x-infera-* headers never reach a worker", { skip: skip 
   assert.equal(secret.hits.length, 0);
 });
 
-test("nginx: only inference paths reach a worker; engine admin paths, encodings and other methods get a JSON 404/405", { skip: skip || (n8 ? false : "njs >= 0.8 not set up (bash scripts/njs08.sh)") }, async () => {
+test("nginx: only inference paths reach a worker; engine admin paths, encodings and other methods get a JSON 404/405", { skip: skip || needs(!n8 && "njs >= 0.8 not set up (bash scripts/njs08.sh)") }, async () => {
   const ng = await startNginx(n8!, { extra_paths: `"${EXTRA_PATHS}"` });
   await bridgeFleet(ng.url);
   // nginx answers /metrics itself (its own router's, loopback only): never a worker's.
   await assertClosed(ng.port, "nginx", ["/metrics"]);
 });
 
-test("nginx push: a pseq far in the future is refused (no lock-out), worker ids cannot inject /metrics lines", { skip: n8 ? false : "njs >= 0.8 not set up (bash scripts/njs08.sh)" }, async () => {
+test("nginx push: a pseq far in the future is refused (no lock-out), worker ids cannot inject /metrics lines", { skip: needs(!n8 && "njs >= 0.8 not set up (bash scripts/njs08.sh)") }, async () => {
   const ng = await startNginx(n8!);
   const push = (body: unknown) => fetch(`${ng.url}/_infera/push`, { method: "POST", headers: { "content-type": "application/json", "x-infera-push-token": "test-token" }, body: JSON.stringify(body) });
   const future = await push({ type: "workers", pseq: 9e15, workers: [] });
@@ -269,7 +269,7 @@ test("one request cannot stall either gateway: 100k messages and 10k-deep JSON g
   assert.equal(ok.status, 200);
 });
 
-test("nginx with a full shared-dict zone keeps routing (load-free) and says why, instead of answering 500", { skip: n8 ? false : "njs >= 0.8 not set up (bash scripts/njs08.sh)" }, async () => {
+test("nginx with a full shared-dict zone keeps routing (load-free) and says why, instead of answering 500", { skip: needs(!n8 && "njs >= 0.8 not set up (bash scripts/njs08.sh)") }, async () => {
   const ng = await startNginx(n8!, { zone_str: "1m", zone_num: "1m" });
   const push = (body: unknown) => fetch(`${ng.url}/_infera/push`, { method: "POST", headers: { "content-type": "application/json", "x-infera-push-token": "test-token" }, body: JSON.stringify(body) });
   assert.equal((await push({ type: "workers", pseq: Date.now() * 1000, workers: workers.map((w) => ({ id: w.address, address: w.address, role: "mixed" })) })).status, 200);

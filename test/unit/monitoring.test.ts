@@ -4,6 +4,7 @@
 // metric each one names exists in the /metrics exposition of a real router
 // (simulated workers, a few requests through its ext_proc port). The Helm
 // chart's copies are links to the same files.
+import { findBin, goBinDir, needs } from "../tools";
 import { test, after } from "node:test";
 import * as assert from "node:assert/strict";
 import { spawnSync } from "child_process";
@@ -20,15 +21,11 @@ after(stopAll);
 const ROOT = path.resolve(__dirname, "../..");
 const MON = path.join(ROOT, "deploy/monitoring");
 
-// promtool: `go install github.com/prometheus/prometheus/cmd/promtool@v0.316.0` (Prometheus 3.16; its Go module tags are v0.3xx).
-const gobin = spawnSync("go", ["env", "GOPATH"], { encoding: "utf8" }).stdout?.trim();
-const promtool = (() => {
-  const r = spawnSync("sh", ["-c", `command -v promtool || ( [ -x "${gobin}/bin/promtool" ] && echo "${gobin}/bin/promtool" )`], { encoding: "utf8" });
-  return r.stdout.trim() || null;
-})();
-const requireTools = process.env.CI === "true" || !!process.env.INFERA_REQUIRE_TOOLS || !!process.env.INFERA_REQUIRE_DEPLOY_TOOLS;
-if (!promtool && requireTools) throw new Error("promtool missing: go install github.com/prometheus/prometheus/cmd/promtool@v0.316.0");
-const noPromtool = promtool ? false : "promtool not installed (go install github.com/prometheus/prometheus/cmd/promtool@v0.316.0; .ci/run installs it)";
+// promtool: Prometheus's own parser, built by the set-up (`go install github.com/prometheus/prometheus/cmd/promtool@v0.316.0`:
+// Prometheus 3.16; its Go module tags are v0.3xx) into $(go env GOPATH)/bin.
+const gobin = goBinDir();
+const promtool = findBin("promtool", gobin ? [gobin] : []);
+const noPromtool = needs(!promtool && "promtool not installed");
 
 type Rule = { alert?: string; record?: string; expr: string; for?: string; labels?: Record<string, string>; annotations?: Record<string, string> };
 type Group = { name: string; rules: Rule[] };

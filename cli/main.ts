@@ -4,7 +4,7 @@ import { startRouter } from "./router";
 import { startBridge } from "../njs/bridge";
 import { startRelay } from "./relay";
 import { startRegister } from "./register";
-import { version } from "./args";
+import { version } from "../runtime/args";
 
 const USAGE = `infera-gate ${version()}
 

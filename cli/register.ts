@@ -3,7 +3,7 @@
 //   infera-register --etcd-endpoint http://127.0.0.1:2379 --id w0 \
 //     --address 10.0.0.5:8000 --role decode --block-size 16 --kv-events tcp://10.0.0.5:5557
 import { registerWorker, Registration } from "../runtime/etcd";
-import { CliError, runCommand } from "./args";
+import { CliError, runCommand } from "../runtime/args";
 import { badEventEndpoint } from "../runtime/config";
 import { configureTransportSecurity } from "../runtime/transport-security";
 import { Level, makeLogger } from "../runtime/log";

@@ -6,7 +6,7 @@ import { natsConnect, natsPublish } from "../runtime/nats";
 import { decodeSeq, parseTopic } from "../runtime/events";
 import { Level, Logger, makeLogger } from "../runtime/log";
 import { CLOSE_BUDGET_MS, closeStep, onShutdown } from "../runtime/shutdown";
-import { CliError, runCommand } from "./args";
+import { CliError, runCommand } from "../runtime/args";
 import { badEventEndpoint } from "../runtime/config";
 import { configureTransportSecurity } from "../runtime/transport-security";
 

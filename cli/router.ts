@@ -4,7 +4,7 @@ import { App } from "../runtime/app";
 import { startExtProc } from "../extproc/server";
 import { startAdmin } from "../runtime/admin";
 import { Discovery, startDiscovery } from "../runtime/discovery";
-import { listenError, runCommand, version } from "./args";
+import { listenError, runCommand, version } from "../runtime/args";
 import { makeLogger } from "../runtime/log";
 import { drainGrpc } from "../runtime/drain";
 import { CLOSE_BUDGET_MS, closeStep, onShutdown } from "../runtime/shutdown";

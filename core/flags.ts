@@ -1,4 +1,4 @@
-// The one flag table. CLI parsing and --help (cli/args.ts), env variables,
+// The one flag table. CLI parsing and --help (runtime/args.ts), env variables,
 // --config files, the njs config reader (nginx variables) and the README flag
 // table are all generated from these declarations, so a flag cannot drift
 // between them. Pure and ES5-safe: njs bundles this file.

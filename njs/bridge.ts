@@ -20,7 +20,7 @@ import { Subscription } from "../runtime/events";
 import { KvEvent, tierOf } from "../core/kvevents";
 import { WorkerSpec } from "../core/router";
 import { backoff, Logger, makeLogger, stateLogger } from "../runtime/log";
-import { listenError, runCommand, version } from "../cli/args";
+import { listenError, runCommand, version } from "../runtime/args";
 import { CLOSE_BUDGET_MS, closeStep, onShutdown } from "../runtime/shutdown";
 
 interface ShadowBlock {

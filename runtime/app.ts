@@ -61,7 +61,7 @@ export function tokenizerPaths(v: string | null): { byModel: Record<string, stri
   return { byModel, dflt };
 }
 import { Logger } from "./log";
-import { CliError } from "../cli/args";
+import { CliError } from "./args";
 
 export { Logger, makeLogger } from "./log";
 

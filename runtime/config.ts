@@ -10,7 +10,7 @@ import { defaultTierWeights, parseTierWeights } from "../core/kvevents";
 import { expandDp, offsetPort } from "../core/fleet";
 import { configureTransportSecurity } from "./transport-security";
 import { parseInterval } from "./probe";
-import { CliError, helpText, parseCommand, version } from "../cli/args";
+import { CliError, parseCommand } from "./args";
 
 export interface Options {
   router: RouterConfig;
@@ -305,12 +305,7 @@ export function optionsFrom(values: Record<string, FlagValue>, cmd: "router" | "
   return o;
 }
 
-/** Parses a command line (and env, and --config) into Options. --help/--version print and exit. */
+/** Parses a command line (and env, and --config) into Options; --help and --version belong to the commands (runCommand). */
 export function parseArgs(argv: string[], env: NodeJS.ProcessEnv = process.env, cmd: "router" | "bridge" = "router"): Options {
-  const p = parseCommand(cmd, argv, env);
-  if (p.help || p.version) {
-    process.stdout.write(p.help ? helpText(cmd) : `${version()}\n`);
-    process.exit(0);
-  }
-  return optionsFrom(p.values, cmd);
+  return optionsFrom(parseCommand(cmd, argv, env).values, cmd);
 }

@@ -2,7 +2,7 @@
 // talks to one etcd cluster and one NATS, so the flags configure this module
 // once at start-up and every client built afterwards uses it.
 import * as fs from "fs";
-import { CliError } from "../cli/args";
+import { CliError } from "./args";
 
 type Values = Record<string, unknown>;
 

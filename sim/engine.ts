@@ -15,7 +15,7 @@ import { endpointOf, parseRequest, Tokenizer } from "../core/request";
 import { errorJson } from "../core/errors";
 import { EngineModel, ModelConfig, ModelEvent, StepPlan, TokenOut } from "./model";
 import { simRender, SimRender } from "./render";
-import { CliError, listenError, parseCommand, Parsed, runCommand } from "../cli/args";
+import { CliError, listenError, parseCommand, Parsed, runCommand } from "../runtime/args";
 
 export interface SimOptions {
   id: string;

@@ -8,7 +8,7 @@ import * as fs from "fs";
 import * as net from "net";
 import * as os from "os";
 import * as path from "path";
-import { parseCommand, helpText, COMMANDS } from "../../cli/args";
+import { parseCommand, helpText, COMMANDS } from "../../runtime/args";
 import { FLAGS, flagsFor, routerConfigFromVars, nginxFlag, envName } from "../../core/flags";
 import { parseArgs } from "../../runtime/config";
 import { renderFlagTable, FLAG_DOC } from "../../scripts/flags-doc";

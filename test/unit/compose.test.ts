@@ -8,7 +8,7 @@ import * as fs from "fs";
 import * as path from "path";
 import { parse } from "yaml";
 import { parseArgs } from "../../runtime/config";
-import { parseCommand } from "../../cli/args";
+import { parseCommand } from "../../runtime/args";
 import { parseSimArgs } from "../../sim/engine";
 import { needs } from "../tools";
 

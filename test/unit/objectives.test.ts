@@ -5,7 +5,7 @@ import { test } from "node:test";
 import * as assert from "node:assert/strict";
 import { objectiveOf, parseObjectives } from "../../core/objectives";
 import { prefillAdmission } from "../../core/admission";
-import { parseCommand } from "../../cli/args";
+import { parseCommand } from "../../runtime/args";
 
 test("--objectives maps names to integer priorities; bad entries fail at start naming the flag", () => {
   assert.deepEqual(parseObjectives("critical=100, standard=0,batch=-10"), { critical: 100, standard: 0, batch: -10 });

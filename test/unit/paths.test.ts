@@ -2,7 +2,7 @@
 import { test } from "node:test";
 import * as assert from "node:assert/strict";
 import { checkPath, pathRules, parseExtraPaths } from "../../core/paths";
-import { parseCommand } from "../../cli/args";
+import { parseCommand } from "../../runtime/args";
 import { nginxFlag } from "../../core/flags";
 
 const rules = pathRules("");

@@ -7,7 +7,7 @@ import { memoryState } from "../../core/state/memory";
 import { defaultConfig } from "../../core/router";
 import { PickContext, Row, runProfile, ProfileName, policyNames, scorerNames } from "../../core/scheduling/framework";
 import { createRouter } from "../../core/router";
-import { parseCommand } from "../../cli/args";
+import { parseCommand } from "../../runtime/args";
 import { produce } from "../../core/scheduling/data";
 import { usableFilter } from "../../core/scheduling/plugins/filter/usable";
 import { rolePoolFilter } from "../../core/scheduling/plugins/filter/role-pool";

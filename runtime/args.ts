@@ -28,7 +28,7 @@ export const COMMANDS: Record<Command, CommandInfo> = {
 };
 
 export function version(): string {
-  // dist/cli/args.js and cli/args.ts both sit one or two levels below package.json.
+  // dist/runtime/args.js and runtime/args.ts both sit one or two levels below package.json.
   for (const up of ["..", "../.."]) {
     const p = path.join(__dirname, up, "package.json");
     if (fs.existsSync(p)) {

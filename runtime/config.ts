@@ -3,7 +3,6 @@
 import * as fs from "fs";
 import { defaultConfig, RouterConfig, Role, WorkerSpec } from "../core/router";
 import { flagsFor, FlagValue } from "../core/flags";
-import { DEFAULT_MAX_SESSION_ID_BYTES } from "../core/limits";
 import { PathRule, pathRules } from "../core/paths";
 import { parseObjectives } from "../core/objectives";
 import { defaultTierWeights, parseTierWeights } from "../core/kvevents";
@@ -198,37 +197,42 @@ export function applyReplayEndpoints(workers: WorkerSpec[], s: string): void {
 
 /** Options for the router (or the bridge) from the shared flag table (core/flags.ts). */
 export function optionsFrom(values: Record<string, FlagValue>, cmd: "router" | "bridge" = "router"): Options {
-  const v = (k: string) => values[k];
+  // A flag this command lacks (the bridge shares Options with the router) takes the table's default too:
+  // every default lives in core/flags.ts only.
+  const defaults: Record<string, FlagValue> = {};
+  for (const f of flagsFor(cmd === "router" ? "bridge" : "router")) defaults[f.name] = f.def;
+  for (const f of flagsFor(cmd)) defaults[f.name] = f.def;
+  const v = (k: string): FlagValue => (values[k] !== undefined ? values[k] : defaults[k]);
   configureTransportSecurity(values);
   const r = defaultConfig() as unknown as Record<string, FlagValue>;
   for (const f of flagsFor("router")) if (f.routerKey && values[f.name] !== undefined && !(values[f.name] === null && f.kind === "weights")) r[f.routerKey] = values[f.name];
   const o: Options = {
     router: r as unknown as RouterConfig,
     host: v("host") as string,
-    extProcPort: (v("ext-proc-port") as number) ?? 9002,
+    extProcPort: v("ext-proc-port") as number,
     adminPort: v("admin-port") as number,
     workers: v("workers") ? parseWorkers(v("workers") as string) : [],
-    tokenizerPath: (v("router-tokenizer-path") as string | null) ?? null,
+    tokenizerPath: v("router-tokenizer-path") as string | null,
     tokenize: {
-      backend: ((v("tokenizer-backend") as string) ?? "auto") as Options["tokenize"]["backend"],
-      threads: (v("tokenizer-threads") as number | null) ?? null,
-      inlineChars: (v("tokenize-inline-chars") as number) ?? 65536,
-      timeoutMs: (v("tokenize-timeout-ms") as number) ?? 2000,
-      queue: (v("tokenize-queue") as number) ?? 64,
+      backend: v("tokenizer-backend") as Options["tokenize"]["backend"],
+      threads: v("tokenizer-threads") as number | null,
+      inlineChars: v("tokenize-inline-chars") as number,
+      timeoutMs: v("tokenize-timeout-ms") as number,
+      queue: v("tokenize-queue") as number,
     },
     objectives: { table: parseObjectives(v("objectives") as string), trust: v("objective-headers") === "trust" },
     admission: {
-      slots: (v("prefill-admission-slots") as number) ?? 1,
-      warmTokens: (v("prefill-admission-warm-tokens") as number) ?? 512,
-      maxWaitMs: (v("prefill-admission-max-wait-ms") as number) ?? 3000,
+      slots: v("prefill-admission-slots") as number,
+      warmTokens: v("prefill-admission-warm-tokens") as number,
+      maxWaitMs: v("prefill-admission-max-wait-ms") as number,
     },
-    maxBodyBytes: (v("max-body-bytes") as number) ?? 8 * 1024 * 1024,
+    maxBodyBytes: v("max-body-bytes") as number,
     pathRules: pathRules(v("extra-paths") as string),
-    maxSessionIdBytes: (v("max-session-id-bytes") as number) ?? DEFAULT_MAX_SESSION_ID_BYTES,
-    maxMessages: (v("max-messages") as number) ?? 4096,
-    maxImages: (v("max-images") as number) ?? 512,
-    maxJsonDepth: (v("max-json-depth") as number) ?? 64,
-    sessionHeader: ((v("session-header") as string) ?? "x-session-id").toLowerCase(),
+    maxSessionIdBytes: v("max-session-id-bytes") as number,
+    maxMessages: v("max-messages") as number,
+    maxImages: v("max-images") as number,
+    maxJsonDepth: v("max-json-depth") as number,
+    sessionHeader: (v("session-header") as string).toLowerCase(),
     upstreamHeader: "x-infera-upstream",
     prefillHeader: "x-infera-prefill",
     logLevel: v("log-level") as Options["logLevel"],
@@ -237,45 +241,45 @@ export function optionsFrom(values: Record<string, FlagValue>, cmd: "router" | "
     kvEventTopic: v("kv-event-topic") as string,
     natsUrl: v("nats-url") as string,
     replica: {
-      sync: ((v("replica-sync") as string) ?? "off") as "off" | "nats",
-      id: (v("replica-id") as string | null) ?? null,
-      subject: (v("replica-subject") as string) ?? "infera.load",
-      heartbeatMs: (v("replica-heartbeat-ms") as number) ?? 1000,
-      ttlMs: (v("replica-ttl-ms") as number) ?? 3000,
+      sync: (v("replica-sync") as string) as "off" | "nats",
+      id: v("replica-id") as string | null,
+      subject: v("replica-subject") as string,
+      heartbeatMs: v("replica-heartbeat-ms") as number,
+      ttlMs: v("replica-ttl-ms") as number,
     },
     discovery: v("discovery-backend") as Options["discovery"],
     etcdEndpoint: v("etcd-endpoint") as string,
     etcdPrefix: v("etcd-prefix") as string,
     requestTransport: "http",
-    nginxPushUrl: (v("nginx-push-url") as string) ?? "",
-    healthIntervalMs: (v("health-interval-ms") as number) ?? 0,
-    pushToken: secretFrom((v("push-token") as string) ?? "", v("push-token-file") as string | null),
-    kubeconfig: (v("kubeconfig") as string | null) ?? null,
-    k8sNamespace: (v("k8s-namespace") as string) ?? "",
-    inferencePool: (v("inference-pool") as string) ?? "",
-    k8sSelector: (v("k8s-selector") as string) ?? "",
-    k8sTargetPorts: ((v("k8s-target-port") as string) ?? "8000").split(",").map((x) => x.trim()).filter(Boolean).map((x) => {
+    nginxPushUrl: v("nginx-push-url") as string,
+    healthIntervalMs: v("health-interval-ms") as number,
+    pushToken: secretFrom(v("push-token") as string, v("push-token-file") as string | null),
+    kubeconfig: v("kubeconfig") as string | null,
+    k8sNamespace: v("k8s-namespace") as string,
+    inferencePool: v("inference-pool") as string,
+    k8sSelector: v("k8s-selector") as string,
+    k8sTargetPorts: (v("k8s-target-port") as string).split(",").map((x) => x.trim()).filter(Boolean).map((x) => {
       const n = Number(x);
       if (!(Number.isInteger(n) && n >= 1 && n <= 65535)) throw new CliError(`--k8s-target-port: '${x}' is not a port 1..65535`);
       return n;
     }),
-    eppFallbackCount: (v("epp-fallback-endpoints") as number) ?? 0,
-    eppShedActiveBlocks: (v("epp-shed-active-blocks") as number) ?? 0,
-    eppSheddableObjectives: ((v("epp-sheddable-objectives") as string) ?? "").split(",").map((x) => x.trim()).filter(Boolean),
-    drainTimeoutS: (v("drain-timeout-s") as number) ?? 30,
-    bridgeQueueMax: (v("bridge-queue-max") as number) ?? 10000,
-    bridgeBackoffMaxMs: (v("bridge-backoff-max-ms") as number) ?? 5000,
-    renderProbeIntervalMs: parseInterval("--render-probe-interval", (v("render-probe-interval") as string) ?? "10m"),
-    renderProbeApi: ((v("render-probe-api") as string) ?? "vllm") as Options["renderProbeApi"],
+    eppFallbackCount: v("epp-fallback-endpoints") as number,
+    eppShedActiveBlocks: v("epp-shed-active-blocks") as number,
+    eppSheddableObjectives: (v("epp-sheddable-objectives") as string).split(",").map((x) => x.trim()).filter(Boolean),
+    drainTimeoutS: v("drain-timeout-s") as number,
+    bridgeQueueMax: v("bridge-queue-max") as number,
+    bridgeBackoffMaxMs: v("bridge-backoff-max-ms") as number,
+    renderProbeIntervalMs: parseInterval("--render-probe-interval", (v("render-probe-interval") as string)),
+    renderProbeApi: (v("render-probe-api") as string) as Options["renderProbeApi"],
     extProcTls: v("ext-proc-tls-cert") || v("ext-proc-tls-key") ? { cert: (v("ext-proc-tls-cert") as string) ?? "", key: (v("ext-proc-tls-key") as string) ?? "", clientCa: (v("ext-proc-tls-client-ca") as string | null) ?? null } : null,
-    extProcStreamIdleS: (v("ext-proc-stream-idle-s") as number) ?? 600,
-    extProcMaxStreams: (v("ext-proc-max-streams") as number) ?? 10000,
+    extProcStreamIdleS: v("ext-proc-stream-idle-s") as number,
+    extProcMaxStreams: v("ext-proc-max-streams") as number,
     extProcClientIdentities: v("ext-proc-client-identities") ? (v("ext-proc-client-identities") as string).split(",").map((x) => x.trim()).filter(Boolean) : null,
-    extProcMaxBufferedBytesPerConnection: (v("ext-proc-max-buffered-bytes-per-connection") as number) ?? 134217728,
-    extProcMaxBufferedBytes: (v("ext-proc-max-buffered-bytes") as number) ?? 536870912,
-    kvEventSilenceS: (v("kv-event-silence-s") as number) ?? 30,
-    maxMirrorBlocks: (v("max-mirror-blocks") as number) ?? 1000000,
-    kvReplayTimeoutMs: (v("kv-replay-timeout-ms") as number) ?? 2000,
+    extProcMaxBufferedBytesPerConnection: v("ext-proc-max-buffered-bytes-per-connection") as number,
+    extProcMaxBufferedBytes: v("ext-proc-max-buffered-bytes") as number,
+    kvEventSilenceS: v("kv-event-silence-s") as number,
+    maxMirrorBlocks: v("max-mirror-blocks") as number,
+    kvReplayTimeoutMs: v("kv-replay-timeout-ms") as number,
     adminToken: secretFrom(v("admin-token") as string | null, v("admin-token-file") as string | null),
     adminTls: v("admin-tls-cert") || v("admin-tls-key") ? { cert: (v("admin-tls-cert") as string) ?? "", key: (v("admin-tls-key") as string) ?? "" } : null,
   };

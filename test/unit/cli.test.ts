@@ -10,7 +10,7 @@ import * as os from "os";
 import * as path from "path";
 import { parseCommand, helpText, COMMANDS } from "../../runtime/args";
 import { FLAGS, flagsFor, routerConfigFromVars, nginxFlag, envName } from "../../core/flags";
-import { parseArgs } from "../../runtime/config";
+import { optionsFrom, parseArgs } from "../../runtime/config";
 import { renderFlagTable, FLAG_DOC } from "../../scripts/flags-doc";
 import { specFromEtcd } from "../../runtime/etcd";
 import { App } from "../../runtime/app";
@@ -168,4 +168,25 @@ test("list-valued flags (--scorer-weights) parse the same from argv, env, file a
   assert.deepEqual(routerConfigFromVars((n) => (n === "infera_scorer_weights" ? "image-affinity=4" : undefined)).scorerWeights, { "image-affinity": 4 });
   assert.equal(parseArgs(["--workers", "127.0.0.1:1", "--max-session-id-bytes", "64"], {}).maxSessionIdBytes, 64);
   assert.equal(nginxFlag("max-session-id-bytes", () => undefined), 256);
+});
+
+test("runtime/config.ts repeats no default of the flag table: every flag's default comes from core/flags.ts", () => {
+  const src = fs.readFileSync(path.join(__dirname, "../../runtime/config.ts"), "utf8");
+  const repeats: string[] = [];
+  // v("flag") followed by a `??` fallback is a second default; so is a literal equal to the table's beside the name.
+  for (const m of src.matchAll(/v\("([a-z0-9-]+)"\)[^,\n]*?\?\?\s*([^,\n)}]+)/g)) {
+    const f = FLAGS.find((x) => x.name === m[1]);
+    if (!f) continue;
+    const lit = m[2].trim();
+    const same = f.def !== null && (lit === JSON.stringify(f.def) || lit === String(f.def));
+    if (same || (f.def !== null && f.def !== "" && /^[0-9"]/.test(lit))) repeats.push(`${m[1]} ?? ${lit}`);
+  }
+  assert.deepEqual(repeats, []);
+  // And the bridge, which lacks the router's flags, still gets the table's values for them.
+  const o = optionsFrom(parseCommand("bridge", ["--workers", "127.0.0.1:1", "--push-token", "t"], {}).values, "bridge");
+  const def = (n: string) => FLAGS.find((x) => x.name === n && x.commands.includes("router"))!.def;
+  assert.equal(o.tokenize.inlineChars, def("tokenize-inline-chars"));
+  assert.equal(o.maxBodyBytes, def("max-body-bytes"));
+  assert.equal(o.extProcMaxStreams, def("ext-proc-max-streams"));
+  assert.equal(o.bridgeQueueMax, FLAGS.find((x) => x.name === "bridge-queue-max")!.def);
 });

@@ -22,6 +22,25 @@ function putHex64LE(buf: Uint8Array, o: number, hex: string): void {
   }
 }
 
+/** A block's tokens as little-endian u32s at byte o of buf (o a multiple of 4). */
+function putTokens(buf: Uint8Array, o: number, tokens: ArrayLike<number>, start: number, blockSize: number): void {
+  const words = (buf as BlockBuffer).words;
+  if (words) {
+    // Little-endian host: one 32-bit store per token (KV event intake hashes every mirrored block).
+    const w0 = o >> 2;
+    for (let i = 0; i < blockSize; i++) words[w0 + i] = tokens[start + i];
+    return;
+  }
+  for (let i = 0; i < blockSize; i++) {
+    const t = tokens[start + i] >>> 0;
+    const p = o + 4 * i;
+    buf[p] = t & 255;
+    buf[p + 1] = (t >>> 8) & 255;
+    buf[p + 2] = (t >>> 16) & 255;
+    buf[p + 3] = t >>> 24;
+  }
+}
+
 /** Hash of one block chained to its parent (null for the first block). */
 export function chainNext(parent: string | null, tokens: ArrayLike<number>, start: number, blockSize: number, buf: Uint8Array, h: Hasher): BlockHash {
   let o = 0;
@@ -29,20 +48,7 @@ export function chainNext(parent: string | null, tokens: ArrayLike<number>, star
     putHex64LE(buf, 0, parent);
     o = 8;
   }
-  const words = (buf as BlockBuffer).words;
-  if (words) {
-    // Little-endian host: one 32-bit store per token (KV event intake hashes every mirrored block).
-    const w0 = o >> 2;
-    for (let i = 0; i < blockSize; i++) words[w0 + i] = tokens[start + i];
-  } else
-    for (let i = 0; i < blockSize; i++) {
-      const t = tokens[start + i] >>> 0;
-      const p = o + 4 * i;
-      buf[p] = t & 255;
-      buf[p + 1] = (t >>> 8) & 255;
-      buf[p + 2] = (t >>> 16) & 255;
-      buf[p + 3] = t >>> 24;
-    }
+  putTokens(buf, o, tokens, start, blockSize);
   return h(o ? buf : buf.subarray(0, blockSize * 4)) as BlockHash;
 }
 
@@ -108,19 +114,7 @@ function jsBlockHashes(tokens: ArrayLike<number>, blockSize: number, salt?: stri
       putHex64LE(buf, 0, salt);
       o = 8;
     }
-    const start = b * blockSize;
-    if (words) {
-      const w0 = o >> 2;
-      for (let i = 0; i < blockSize; i++) words[w0 + i] = tokens[start + i];
-    } else
-      for (let i = 0; i < blockSize; i++) {
-        const t = tokens[start + i] >>> 0;
-        const p = o + 4 * i;
-        buf[p] = t & 255;
-        buf[p + 1] = (t >>> 8) & 255;
-        buf[p + 2] = (t >>> 16) & 255;
-        buf[p + 3] = t >>> 24;
-      }
+    putTokens(buf, o, tokens, b * blockSize, blockSize);
     const r = words ? xxh3PairWords(words, buf, o + 4 * blockSize) : xxh3Pair(buf, 0, o + 4 * blockSize);
     ph = r[0];
     pl = r[1];

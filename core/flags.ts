@@ -123,9 +123,9 @@ export const FLAGS: FlagSpec[] = [
   { name: "admin-port", kind: "int", def: 9100, min: 0, max: PORT_MAX, commands: ["router"], help: "/metrics, /livez, /readyz and /v1/admin port" },
   { name: "admin-port", kind: "int", def: 9101, min: 0, max: PORT_MAX, commands: ["bridge"], help: "bridge /metrics, /livez and /readyz port" },
   {
-    name: "health-interval-ms", kind: "int", def: 1000, min: 0, max: 3600000, commands: ["router"],
+    name: "health-interval-ms", kind: "int", def: 1000, min: 0, max: 3600000, commands: RB,
     check: (v) => (v !== 0 && (v as number) < 50 ? "must be 0 (off) or at least 50" : null),
-    help: "GET /health on every worker each N ms; 2 failures = no picks (0 = off)",
+    help: "GET /health on every worker each N ms; 2 failures = no picks (the bridge tells nginx; 0 = off)",
   },
   { name: "admin-token", kind: "string", def: null, commands: ["router"], metavar: "T", help: "bearer token required on /metrics and /v1/admin/* (probes stay open); prefer --admin-token-file or INFERA_ADMIN_TOKEN" },
   { name: "admin-token-file", kind: "string", def: null, commands: ["router"], metavar: "FILE", help: "read the admin bearer token from a file (a mounted secret)" },

@@ -15,6 +15,7 @@ import { Counter, Gauge, Registry } from "prom-client";
 import { Options, optionsFrom } from "../runtime/config";
 import { EventSource, eventSourceFor, fetchModels, KV_REFUSED_LOG } from "../runtime/app";
 import { rateLimitedLog } from "../runtime/ratelog";
+import { HealthChecker } from "../runtime/health-check";
 import { Discovery, Fleet, startDiscovery } from "../runtime/discovery";
 import { Subscription } from "../runtime/events";
 import { KvEvent, tierOf } from "../core/kvevents";
@@ -215,6 +216,14 @@ export class Bridge implements Fleet {
     blocks: new Gauge({ name: "infera_bridge_shadow_blocks", help: "Resident blocks per worker as the bridge last saw them", labelNames: ["worker"], registers: [this.registry] }),
     eventErrors: new Counter({ name: "infera_bridge_kv_event_errors_total", help: "KV event frames refused (malformed) or transport failures, per worker", labelNames: ["worker", "reason"], registers: [this.registry] }),
   };
+  /**
+   * Active health checks, as the router runs them (runtime/health-check.ts):
+   * nginx gets each worker's verdict with the fleet, so a dead worker stops
+   * getting picks there within two --health-interval-ms, or at once when its
+   * KV event stream drops.
+   */
+  readonly health: HealthChecker;
+  private healthy: Record<string, boolean> = {};
   /** Refused KV-event frames: every one counted, a few logged per minute (as the router does). */
   private readonly kvRefused = rateLimitedLog((l, m, f) => this.log(l, m, f), KV_REFUSED_LOG);
   stats = { pushed: 0, refused: 0, failed: 0, resyncs: 0 };
@@ -222,6 +231,18 @@ export class Bridge implements Fleet {
   constructor(readonly opts: Options, readonly log: Logger, private events: EventSource) {
     this.nginxState = stateLogger(log, `nginx push (${opts.nginxPushUrl})`);
     this.m.dirty.set(1);
+    const target = (w: WorkerSpec | undefined) => (w ? { id: w.id, address: w.address, key: JSON.stringify(w) } : null);
+    this.health = new HealthChecker({
+      intervalMs: opts.healthIntervalMs,
+      targets: () => Object.values(this.fleet).map((w) => target(w)!),
+      target: (id) => target(this.fleet[id]),
+      verdict: (id, ok) => {
+        if ((this.healthy[id] !== false) === ok) return;
+        this.healthy[id] = ok;
+        this.log(ok ? "info" : "warn", `worker ${id} ${ok ? "healthy again" : "failed health checks: nginx stops picking it"}`, { worker: id });
+        this.enqueue(this.fleetBody());
+      },
+    });
   }
 
   static async create(opts: Options, log: Logger): Promise<Bridge> {
@@ -251,7 +272,10 @@ export class Bridge implements Fleet {
   }
 
   private fleetBody(): Push {
-    return { type: "workers", workers: Object.values(this.fleet).map((w) => ({ id: w.id, address: w.address, role: w.role, blockSize: w.blockSize, dpRank: w.dpRank, engine: w.engine, models: this.models[w.id] ?? null })) };
+    return {
+      type: "workers",
+      workers: Object.values(this.fleet).map((w) => ({ id: w.id, address: w.address, role: w.role, blockSize: w.blockSize, dpRank: w.dpRank, engine: w.engine, models: this.models[w.id] ?? null, healthy: this.healthy[w.id] !== false })),
+    };
   }
 
   private enqueue(p: Push): void {
@@ -348,11 +372,17 @@ export class Bridge implements Fleet {
     const checks = {
       nginx: { ok: !this.dirty && !this.nginxState.failing, detail: this.dirty ? "resync pending (nginx unreachable or refused a push)" : "in sync" },
       discovery: { ok: this.discoveryState.ok, detail: this.discoveryState.detail },
-      workers: { ok: Object.keys(this.fleet).length > 0, detail: `${Object.keys(this.fleet).length} worker(s)` },
+      workers: { ok: this.routable() > 0, detail: `${this.routable()} of ${Object.keys(this.fleet).length} worker(s) routable${this.health.running ? " (healthy, through a health check)" : ""}` },
     };
     // Discovery that lost its registry keeps feeding nginx the last known fleet: degraded, not unready.
     const degraded = !checks.discovery.ok && checks.workers.ok ? ["discovery"] : [];
     return { ready: checks.nginx.ok && checks.workers.ok && (checks.discovery.ok || degraded.length > 0), degraded, checks };
+  }
+
+  /** Workers nginx may pick: with health checks on, those that passed one and are not failing. */
+  private routable(): number {
+    const ids = Object.keys(this.fleet);
+    return this.health.running ? ids.filter((id) => this.healthy[id] !== false && this.health.hasPassed(id)).length : ids.length;
   }
 
   setDiscoveryState(ok: boolean, detail: string): void {
@@ -384,6 +414,7 @@ export class Bridge implements Fleet {
     if (old && sameWorker(old, w)) return false;
     this.drop(w.id);
     this.fleet[w.id] = w;
+    this.health.join(w.id);
     void fetchModels(w.address).then((m) => {
       if (!m || this.fleet[w.id] !== w) return;
       this.models[w.id] = m.ids;
@@ -406,6 +437,10 @@ export class Bridge implements Fleet {
             this.m.eventErrors.inc({ worker: w.id, reason: reason.startsWith("subscriber") ? "transport" : "malformed" });
             this.kvRefused(w.id, `kv-events worker=${w.id} refused frame: ${reason}`);
           },
+          (up) => {
+            // A dropped event stream is often the engine dying: probe it now, not at the next interval.
+            if (!up && this.fleet[w.id] === w && this.health.running) void this.health.probe(w.id, true);
+          },
         );
       } catch (e) {
         this.log("warn", `kv-events worker=${w.id} cannot subscribe to ${w.events}: ${(e as Error).message}`);
@@ -419,6 +454,8 @@ export class Bridge implements Fleet {
     delete this.subs[id];
     delete this.fleet[id];
     delete this.models[id];
+    delete this.healthy[id];
+    this.health.leave(id);
     delete this.shadows[id];
     this.m.blocks.remove({ worker: id });
     return true;
@@ -433,6 +470,7 @@ export class Bridge implements Fleet {
   async close(): Promise<void> {
     this.closed = true;
     if (this.heartbeat) clearInterval(this.heartbeat);
+    this.health.stop();
     for (const id of Object.keys(this.subs)) this.subs[id].close();
     this.kvRefused.close();
     await this.events.close();
@@ -481,6 +519,7 @@ export function startBridge(argv: string[]): Promise<void> {
     });
     d = await startDiscovery(b);
     b.startHeartbeat();
+    b.health.start();
     log("info", "bridge started", { version: version(), push_url: opts.nginxPushUrl, admin: `${opts.host}:${(admin.address() as { port: number }).port}` });
   });
 }

@@ -276,7 +276,8 @@ function release(r: NjsRequest): string {
 interface PushBody {
   type: "workers" | "events";
   pseq: number;
-  workers?: { id: string; address: string; role: "prefill" | "decode" | "mixed"; blockSize?: number; models?: string[] | null }[];
+  /** healthy: the bridge's health-check verdict (absent = healthy). */
+  workers?: { id: string; address: string; role: "prefill" | "decode" | "mixed"; blockSize?: number; models?: string[] | null; healthy?: boolean }[];
   worker?: string;
   seq?: number;
   events?: KvEvent[];
@@ -312,7 +313,10 @@ function push(r: NjsRequest): void {
     const ws = b.workers || [];
     c.router.setWorkers(ws);
     const mt = storeModelTable(c.st);
-    for (let i = 0; i < ws.length; i++) mt.set(ws[i].id, ws[i].models || null);
+    for (let i = 0; i < ws.length; i++) {
+      mt.set(ws[i].id, ws[i].models || null);
+      c.router.setHealthy(ws[i].id, ws[i].healthy !== false);
+    }
     return json(r, 200, { workers: c.router.workers().length });
   }
   const w = c.router.worker(b.worker || "");

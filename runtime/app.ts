@@ -12,6 +12,7 @@ import { prefixHashes } from "./prefix-hashes";
 import { Features } from "../core/types";
 import { prefillAdmission, PrefillAdmission } from "../core/admission";
 import { Objective } from "../core/objectives";
+import { HealthChecker } from "./health-check";
 import { Gauge } from "prom-client";
 import { addStats, defaultThreads, JobOutcome, TokenizerPool } from "./tokenpool";
 import { applyBatch, clearAllTiers, KvEvent, requestRoot } from "../core/kvevents";
@@ -122,13 +123,9 @@ export class App {
   private modelParent: Record<string, string> = {};
   /** KV-event subscription per worker, tagged with the epoch it feeds. */
   private subs: Record<string, { sub: Subscription; epochKey: EpochKey }> = {};
-  private healthTimer: NodeJS.Timeout | null = null;
   private modelTimer: NodeJS.Timeout | null = null;
-  private failures: Record<string, number> = {};
-  /** Health checks run (startHealthChecks): a worker counts for readiness once it has passed one. */
-  private probing = false;
-  /** Per worker: has a health probe passed since it joined (or changed address). */
-  private passed: Record<string, boolean> = {};
+  /** Active health checks (startHealthChecks): with them on, a worker counts for readiness once it has passed one. */
+  readonly health: HealthChecker;
   private eventSource: EventSource;
   private discoverySynced = false;
   /** Per worker: when its events last arrived, picks since, whether it is flagged silent. */
@@ -174,7 +171,7 @@ export class App {
       () => this.router,
       () => this.cacheStats(),
       (id) => this.eventStatus(id),
-      (id) => !this.probing || this.passed[id] === true,
+      (id) => !this.health.running || this.health.hasPassed(id),
     );
     const admission = this.admission;
     new Gauge({
@@ -208,6 +205,16 @@ export class App {
         if (predicted !== null && ms > 0) this.metrics.ttftPredictionError.observe({ worker }, Math.abs(predicted - ms) / ms);
       },
     });
+    const target = (id: string) => {
+      const w = this.router.worker(id);
+      return w ? { id: w.id, address: w.address, key: String(w.epochKey) } : null;
+    };
+    this.health = new HealthChecker({
+      intervalMs: opts.healthIntervalMs,
+      targets: () => this.router.workers().map((w) => ({ id: w.id, address: w.address, key: String(w.epochKey) })),
+      target,
+      verdict: (id, ok) => this.router.setHealthy(id, ok),
+    });
     this.eventSource = eventSource ?? zmqEventSource(opts, log);
     this.probes =
       opts.renderProbeApi === "off"
@@ -226,51 +233,9 @@ export class App {
     return app;
   }
 
-  /**
-   * Starts active health checks (vLLM and SGLang both serve GET /health): every
-   * worker now, each joining worker at once, then every --health-interval-ms.
-   * Two failures in a row take a worker out of every pool; one success puts it back.
-   */
+  /** Starts the active health checks (runtime/health-check.ts) every --health-interval-ms; 0 = off. */
   startHealthChecks(): void {
-    if (!this.opts.healthIntervalMs || this.healthTimer) return;
-    this.probing = true;
-    const tick = () => {
-      for (const w of this.router.workers()) void this.probe(w.id);
-    };
-    tick();
-    this.healthTimer = setInterval(tick, this.opts.healthIntervalMs);
-    this.healthTimer.unref();
-  }
-
-  /**
-   * One health probe of a worker. again: on a failure, probe once more shortly
-   * after (a dropped KV event stream: two failures in a row then take the
-   * worker out now, not one or two intervals later).
-   */
-  async probe(id: string, again = false): Promise<boolean> {
-    const w = this.router.worker(id);
-    if (!w) return false;
-    let ok = false;
-    try {
-      const r = await fetch(`http://${w.address}/health`, { signal: AbortSignal.timeout(Math.max(200, this.opts.healthIntervalMs)) });
-      ok = r.ok;
-      await r.arrayBuffer().catch(() => undefined);
-    } catch {
-      ok = false;
-    }
-    // The worker left or was replaced (new address) while the probe ran: its result is not this worker's.
-    const now = this.router.worker(id);
-    if (!now || now.epochKey !== w.epochKey) return false;
-    this.failures[id] = ok ? 0 : (this.failures[id] ?? 0) + 1;
-    if (ok) {
-      this.passed[id] = true;
-      this.router.setHealthy(id, true);
-    } else if (this.failures[id] >= 2) this.router.setHealthy(id, false);
-    if (!ok && again && this.router.healthy(id)) {
-      await new Promise((r) => setTimeout(r, 300).unref());
-      return this.probe(id);
-    }
-    return ok;
+    this.health.start();
   }
 
   /** Asks a worker which models it serves; workers without /v1/models serve anything. */
@@ -311,12 +276,8 @@ export class App {
   addWorker(spec: WorkerSpec): void {
     const before = this.router.worker(spec.id);
     const w = this.router.addWorker(spec);
-    if (this.probing && (!before || before.epochKey !== w.epochKey)) {
-      // A new or changed worker is not known to serve until a probe passes (readiness waits for one).
-      delete this.passed[spec.id];
-      this.failures[spec.id] = 0;
-      void this.probe(spec.id);
-    }
+    // A new or changed worker is not known to serve until a probe passes (readiness waits for one).
+    if (this.health.running && (!before || before.epochKey !== w.epochKey)) this.health.join(spec.id);
     // Models first: the probe names one the worker serves and uses its tokenizer.
     void this.refreshModels(spec.id, w.address).then(() => this.probes?.join(spec.id, w.address));
     const prev = this.subs[spec.id];
@@ -347,7 +308,7 @@ export class App {
           if (was !== up) this.log(up ? "info" : "warn", `kv-events worker=${spec.id} ${up ? "connected" : "disconnected"}`, { worker: spec.id, events: spec.events });
           this.eventsUp[spec.id] = up;
           // A dropped event stream is often the engine dying: probe it now, not at the next interval.
-          if (was === true && !up && this.probing) void this.probe(spec.id, true);
+          if (was === true && !up && this.health.running) void this.health.probe(spec.id, true);
         },
       );
     } catch (e) {
@@ -367,8 +328,7 @@ export class App {
     delete this.eventsSeen[id];
     if (this.subs[id]) this.subs[id].sub.close();
     delete this.subs[id];
-    delete this.failures[id];
-    delete this.passed[id];
+    this.health.leave(id);
     delete this.kv[id];
     if (this.router.removeWorker(id)) this.log("info", `worker ${id} left; mirror dropped, in-flight reservations kept`);
   }
@@ -479,7 +439,7 @@ export class App {
   readiness(): { ready: boolean; degraded: string[]; reason: string; checks: Record<string, { ok: boolean; detail: string }> } {
     const ws = this.router.workers();
     const usable = ws.filter((w) => this.router.healthy(w.id) && !this.router.excluded(w.id));
-    const routable = this.probing ? usable.filter((w) => this.passed[w.id]) : usable;
+    const routable = this.health.running ? usable.filter((w) => this.health.hasPassed(w.id)) : usable;
     const unprobed = usable.length - routable.length;
     const withEvents = routable.filter((w) => w.events);
     // A stream counts until its transport reports it down (an endpoint still
@@ -696,7 +656,7 @@ export class App {
   }
 
   async close(): Promise<void> {
-    if (this.healthTimer) clearInterval(this.healthTimer);
+    this.health.stop();
     if (this.silenceTimer) clearInterval(this.silenceTimer);
     this.kvRefused.close();
     this.kvGaps.close();

@@ -1,6 +1,6 @@
 // Starts real processes on 127.0.0.1 for integration and e2e tests: engine
 // simulators, the ext_proc router, Envoy, nginx. Everything is killed in stop().
-import { spawn, ChildProcess, execFileSync } from "child_process";
+import { spawn, spawnSync, ChildProcess, execFileSync } from "child_process";
 import * as fs from "fs";
 import * as net from "net";
 import * as os from "os";
@@ -497,3 +497,12 @@ export function startRelay(sim: Sim, natsUrl: string, subject: string): Proc {
   return run(`relay-${sim.id}`, process.execPath, [TSX[0], TSX[1], "cli/relay.ts", sim.events, natsUrl, subject]);
 }
 
+
+/** The njs CLIs on this machine, [label, binary]: Debian's njs and the .njs-0.8 one from scripts/njs08.sh. */
+export function njsClis(): [string, string][] {
+  const out: [string, string][] = [];
+  if (spawnSync("njs", ["-v"]).status === 0) out.push(["njs " + execFileSync("njs", ["-v"]).toString().trim(), "njs"]);
+  const n8 = path.join(ROOT, ".njs-0.8", "bin", "njs");
+  if (fs.existsSync(n8)) out.push(["njs " + execFileSync(n8, ["-v"]).toString().trim(), n8]);
+  return out;
+}

@@ -6,24 +6,17 @@
 import { needs } from "../tools";
 import { test } from "node:test";
 import * as assert from "node:assert/strict";
-import { execFileSync, spawnSync } from "child_process";
+import { spawnSync } from "child_process";
 import * as fs from "fs";
 import * as os from "os";
 import * as path from "path";
-import { ROOT, longText } from "../harness";
+import { ROOT, longText, njsClis } from "../harness";
 import { loadTokenizer } from "../../runtime/tokenizer";
 import { NJS_CORPUS } from "../tokenizer-corpus";
 
 const DIST = path.join(ROOT, "njs", "dist");
 const built = fs.existsSync(path.join(DIST, "infera-cli.js")) && fs.existsSync(path.join(DIST, "tokenizer.json"));
 
-function njsClis(): [string, string][] {
-  const out: [string, string][] = [];
-  if (spawnSync("njs", ["-v"]).status === 0) out.push(["njs " + execFileSync("njs", ["-v"]).toString().trim(), "njs"]);
-  const n8 = path.join(ROOT, ".njs-0.8", "bin", "njs");
-  if (fs.existsSync(n8)) out.push(["njs " + execFileSync(n8, ["-v"]).toString().trim(), n8]);
-  return out;
-}
 const clis = njsClis();
 
 /** A long prompt mixing prose, code, whitespace runs, CJK, emoji, numbers and special tokens (NFC: njs has no normalizer). */

@@ -2,11 +2,11 @@
 // inside real nginx with the bridge feeding it KV events.
 import { test, before, after } from "node:test";
 import * as assert from "node:assert/strict";
-import { execFileSync, spawnSync } from "child_process";
+import { spawnSync } from "child_process";
 import * as fs from "fs";
 import * as os from "os";
 import * as path from "path";
-import { ROOT, nginx08, nginxSystem, startSim, startNginx, startBridge, workerArg, chat, longText, openStream, stopAll, sleep, waitFor, Sim, renderNginx, freePort } from "../harness";
+import { ROOT, nginx08, nginxSystem, startSim, startNginx, startBridge, workerArg, chat, longText, openStream, stopAll, sleep, waitFor, Sim, renderNginx, freePort, njsClis } from "../harness";
 import { loadTokenizer } from "../../runtime/tokenizer";
 import { xxh3Hex } from "../../core/xxh3";
 import { corpus, reference } from "../render-corpus";
@@ -17,13 +17,6 @@ const DIST = path.join(ROOT, "njs", "dist");
 const built = fs.existsSync(path.join(DIST, "infera.js")) && fs.existsSync(path.join(DIST, "tokenizer.json"));
 const CORPUS = NJS_CORPUS;
 
-function njsClis(): [string, string][] {
-  const out: [string, string][] = [];
-  if (spawnSync("njs", ["-v"]).status === 0) out.push(["njs " + execFileSync("njs", ["-v"]).toString().trim(), "njs"]);
-  const n8 = path.join(ROOT, ".njs-0.8", "bin", "njs");
-  if (fs.existsSync(n8)) out.push(["njs " + execFileSync(n8, ["-v"]).toString().trim(), n8]);
-  return out;
-}
 
 function runNjs(bin: string, script: string): string {
   const dir = fs.mkdtempSync(path.join(os.tmpdir(), "infera-njs-"));

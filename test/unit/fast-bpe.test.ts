@@ -3,6 +3,7 @@
 // non-ASCII, long whitespace runs, digits, code, emoji, words long enough for
 // the heap merge path) and on seeded random strings; tokenizers it cannot
 // reproduce fall back to @huggingface/tokenizers and say why.
+import { randomCorpus } from "../tokenizer-corpus";
 import { test } from "node:test";
 import * as assert from "node:assert/strict";
 import * as fs from "fs";
@@ -38,23 +39,6 @@ const ID_CORPUS: string[] = [
   "",
 ];
 
-/** Seeded strings over a pool that mixes every character class the split regex cares about. */
-export function randomCorpus(n: number, seed = 1234): string[] {
-  const pool = ["a", "Z", "é", "ß", "日", "한", "ж", "😀", "👍🏽", "1", "٣", " ", "  ", "\n", "\r\n", "\t", "'s", "'LL", ".", ",", "!", "{", "}", "_", "-", "<|im_end|>", "<think>", "\u00a0", "\u0301", "$", "0"];
-  let s = seed >>> 0;
-  const rnd = (k: number) => {
-    s = (Math.imul(s, 1103515245) + 12345) >>> 0;
-    return s % k;
-  };
-  const out: string[] = [];
-  for (let i = 0; i < n; i++) {
-    let t = "";
-    const len = 1 + rnd(120);
-    for (let k = 0; k < len; k++) t += pool[rnd(pool.length)].repeat(1 + (rnd(10) === 0 ? rnd(40) : 0));
-    out.push(t);
-  }
-  return out;
-}
 
 function hfOf(dir: string) {
   const tj = JSON.parse(fs.readFileSync(path.join(dir, "tokenizer.json"), "utf8"));

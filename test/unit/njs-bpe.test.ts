@@ -11,7 +11,7 @@ import { Tokenizer as HfTokenizer } from "@huggingface/tokenizers";
 import { defaultTokenizerDir } from "../../runtime/tokenizer";
 import { compact } from "../../scripts/compact-tokenizer";
 import { compilePattern, createBpe, splitCutPattern, splitPieces, SPLIT_CHUNK } from "../../core/bpe";
-import { NJS_CORPUS } from "../tokenizer-corpus";
+import { NJS_CORPUS, randomCorpus } from "../tokenizer-corpus";
 
 const PATTERNS: { [family: string]: string } = {
   gpt2: String.raw`'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+`,
@@ -21,22 +21,8 @@ const PATTERNS: { [family: string]: string } = {
 };
 
 /** Seeded strings over every character class the split patterns and the cut rule care about. */
-function randomTexts(n: number, seed: number): string[] {
-  const pool = ["a", "Z", "é", "e\u0301", "\u0301", "ß", "日", "한", "ж", "𝐀", "Ⅻ", "²", "٣", "😀", "👍🏽", "1", "23", " ", "  ", "\n", "\r\n", "\t", "\u00a0", "\u3000", "\u200b", "'", "'s", "'LL", "’", ".", ",", "!", "/", "_", "-", "{", "$", "，", "。", "don't"];
-  let s = seed >>> 0;
-  const rnd = (k: number) => {
-    s = (Math.imul(s, 1103515245) + 12345) >>> 0;
-    return s % k;
-  };
-  const out: string[] = [];
-  for (let i = 0; i < n; i++) {
-    let t = "";
-    const len = 1 + rnd(150);
-    for (let k = 0; k < len; k++) t += pool[rnd(pool.length)].repeat(1 + (rnd(10) === 0 ? rnd(30) : 0));
-    out.push(t);
-  }
-  return out;
-}
+const POOL = ["a", "Z", "é", "e\u0301", "\u0301", "ß", "日", "한", "ж", "𝐀", "Ⅻ", "²", "٣", "😀", "👍🏽", "1", "23", " ", "  ", "\n", "\r\n", "\t", "\u00a0", "\u3000", "\u200b", "'", "'s", "'LL", "’", ".", ",", "!", "/", "_", "-", "{", "$", "，", "。", "don't"];
+const randomTexts = (n: number, seed: number) => randomCorpus(n, seed, POOL, 150, 30);
 
 test("the chunked pre-tokenizer split equals one String#match for every split pattern family, cut at every chance", () => {
   const cut = splitCutPattern();

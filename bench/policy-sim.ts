@@ -127,7 +127,10 @@ function smgModel(n: number) {
     for (let i = 0; i < n; i++) {
       let k = 0;
       while (k < blocks.length && seen[i].has(blocks[k])) k++;
-      if (k > match) (match = k), (best = i);
+      if (k > match) {
+        match = k;
+        best = i;
+      }
     }
     const over = (i: number) => inflight[i] > 1.5 * mean && inflight[i] > mean + Math.max(4, 2 * sd);
     let t = best;

@@ -86,7 +86,7 @@ export interface RenderOptions {
   placeholders?: { [modality: string]: string };
 }
 
-function parseParts(role: string, content: any, opts: RenderOptions, where: string): any {
+function parseParts(_role: string, content: any, opts: RenderOptions, where: string): any {
   let parts: any[];
   if (content === null || content === undefined) parts = [];
   else if (typeof content === "string") parts = [{ type: "text", text: content }];

@@ -39,7 +39,7 @@ export function truthy(v: any): boolean {
   if (v === undefined || v === null || v === false || v === 0 || v === "") return false;
   if (isArr(v)) return v.length > 0;
   if (isDict(v)) {
-    for (const k in v) return true;
+    for (const _k in v) return true;
     return false;
   }
   return true;
@@ -177,7 +177,7 @@ function pyEq(a: any, b: any): boolean {
       n++;
       if (!(k in b) || !pyEq(a[k], b[k])) return false;
     }
-    for (const k in b) n--;
+    for (const _k in b) n--;
     return n === 0;
   }
   return false;
@@ -381,7 +381,7 @@ function length(v: any): number {
   if (typeof v === "string" || isArr(v)) return v.length;
   if (isDict(v)) {
     let n = 0;
-    for (const k in v) n++;
+    for (const _k in v) n++;
     return n;
   }
   throw TemplateError("object of type '" + typeName(v) + "' has no len()");
@@ -512,7 +512,7 @@ function lookup(s: Scope | null, name: string): any {
   return undefined;
 }
 
-function selectOrReject(items: any[], a: any[], kw: any, attr: boolean, keep: boolean, env: Env): any[] {
+function selectOrReject(items: any[], a: any[], _kw: any, attr: boolean, keep: boolean, env: Env): any[] {
   const out: any[] = [];
   for (let i = 0; i < items.length; i++) {
     const v = attr ? attrPath(items[i], a[0]) : items[i];
@@ -524,7 +524,7 @@ function selectOrReject(items: any[], a: any[], kw: any, attr: boolean, keep: bo
   return out;
 }
 
-function runTest(name: string, v: any, args: any[], env: Env): boolean {
+function runTest(name: string, v: any, args: any[], _env: Env): boolean {
   const t = TESTS[name];
   if (t) return t(v, args);
   if (name === "==") return pyEq(v, args[0]);

@@ -9,10 +9,10 @@
 // trust; otherwise every request is priority 0 in one flow and no client can
 // raise its own priority. ES5-safe: njs bundles this file.
 
-export var OBJECTIVE_HEADER = "x-gateway-inference-objective";
-export var FAIRNESS_HEADER = "x-gateway-inference-fairness-id";
+export const OBJECTIVE_HEADER = "x-gateway-inference-objective";
+export const FAIRNESS_HEADER = "x-gateway-inference-fairness-id";
 /** The flow of a request without a fairness id (the Inference Extension's name for it). */
-export var DEFAULT_FLOW = "default-flow";
+export const DEFAULT_FLOW = "default-flow";
 
 export interface Objective {
   /** The objective's name as sent ("" when none or not trusted). */
@@ -23,14 +23,14 @@ export interface Objective {
 
 /** --objectives: "name=priority,..." with integer priorities; throws naming the bad entry. */
 export function parseObjectives(spec: string): { [name: string]: number } {
-  var out: { [name: string]: number } = {};
-  var parts = (spec || "").split(",");
-  for (var i = 0; i < parts.length; i++) {
-    var item = parts[i].trim();
+  const out: { [name: string]: number } = {};
+  const parts = (spec || "").split(",");
+  for (let i = 0; i < parts.length; i++) {
+    const item = parts[i].trim();
     if (!item) continue;
-    var eq = item.lastIndexOf("=");
-    var name = eq > 0 ? item.substring(0, eq).trim() : "";
-    var p = eq > 0 ? Number(item.substring(eq + 1).trim()) : NaN;
+    const eq = item.lastIndexOf("=");
+    const name = eq > 0 ? item.substring(0, eq).trim() : "";
+    const p = eq > 0 ? Number(item.substring(eq + 1).trim()) : NaN;
     if (!name || !(p % 1 === 0) || Math.abs(p) > 1000000) throw new Error("'" + item + "': expected objective=priority with an integer priority, e.g. critical=100,batch=-10");
     out[name] = p;
   }
@@ -53,8 +53,8 @@ function clip(s: string): string {
 
 export function objectiveOf(header: (name: string) => string | undefined, table: { [name: string]: number }, trust: boolean): Objective {
   if (!trust) return { name: "", priority: 0, flow: DEFAULT_FLOW };
-  var name = clip(header(OBJECTIVE_HEADER) || "");
-  var flow = clip(header(FAIRNESS_HEADER) || "") || DEFAULT_FLOW;
-  var p = Object.prototype.hasOwnProperty.call(table, name) ? table[name] : 0;
+  const name = clip(header(OBJECTIVE_HEADER) || "");
+  const flow = clip(header(FAIRNESS_HEADER) || "") || DEFAULT_FLOW;
+  const p = Object.prototype.hasOwnProperty.call(table, name) ? table[name] : 0;
   return { name: name, priority: p, flow: flow };
 }

@@ -23,7 +23,7 @@ export interface PathRule {
 }
 
 /** The inference endpoints every gateway forwards (OpenAI chat/completions/embeddings, Anthropic messages, model list). */
-export var BUILTIN_PATHS: PathRule[] = [
+export const BUILTIN_PATHS: PathRule[] = [
   { method: "POST", path: "/v1/chat/completions", prefix: false, endpoint: "chat" },
   { method: "POST", path: "/v1/completions", prefix: false, endpoint: "completions" },
   { method: "POST", path: "/v1/messages", prefix: false, endpoint: "messages" },
@@ -31,7 +31,7 @@ export var BUILTIN_PATHS: PathRule[] = [
   { method: "GET", path: "/v1/models", prefix: false, endpoint: null },
 ];
 
-var METHODS = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"];
+const METHODS = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"];
 
 /** --extra-paths: comma-separated "[METHOD ]/path[*]"; the problem, or null. */
 export function extraPathsProblem(spec: string): string | null {
@@ -44,16 +44,16 @@ export function extraPathsProblem(spec: string): string | null {
 }
 
 export function parseExtraPaths(spec: string): PathRule[] {
-  var out: PathRule[] = [];
-  var parts = (spec || "").split(",");
-  for (var i = 0; i < parts.length; i++) {
-    var item = parts[i].trim();
+  const out: PathRule[] = [];
+  const parts = (spec || "").split(",");
+  for (let i = 0; i < parts.length; i++) {
+    const item = parts[i].trim();
     if (!item) continue;
-    var sp = item.indexOf(" ");
-    var method = sp > 0 ? item.substring(0, sp).toUpperCase() : "";
-    var path = sp > 0 ? item.substring(sp + 1).trim() : item;
+    const sp = item.indexOf(" ");
+    const method = sp > 0 ? item.substring(0, sp).toUpperCase() : "";
+    let path = sp > 0 ? item.substring(sp + 1).trim() : item;
     if (method && METHODS.indexOf(method) < 0) throw new Error("'" + item + "': unknown method " + method + " (one of " + METHODS.join(", ") + ")");
-    var prefix = path.length > 1 && path.charAt(path.length - 1) === "*";
+    const prefix = path.length > 1 && path.charAt(path.length - 1) === "*";
     if (prefix) path = path.substring(0, path.length - 1);
     if (path.charAt(0) !== "/" || path.indexOf("*") >= 0 || path.indexOf("?") >= 0 || /\s/.test(path))
       throw new Error("'" + item + "': expected [METHOD ]/path or /prefix*, e.g. 'POST /v1/score' or 'GET /v1/models/*'");
@@ -76,17 +76,17 @@ export type PathVerdict = { endpoint: Endpoint | null; error: null } | { endpoin
 
 /** Whether METHOD path may reach a worker, and how it is routed. */
 export function checkPath(rules: PathRule[], method: string, rawPath: string): PathVerdict {
-  var q = rawPath.indexOf("?");
-  var p = q >= 0 ? rawPath.substring(0, q) : rawPath;
-  var m = (method || "GET").toUpperCase().substring(0, 16);
-  var known = false;
-  for (var i = 0; i < rules.length; i++) {
+  const q = rawPath.indexOf("?");
+  const p = q >= 0 ? rawPath.substring(0, q) : rawPath;
+  const m = (method || "GET").toUpperCase().substring(0, 16);
+  let known = false;
+  for (let i = 0; i < rules.length; i++) {
     if (!matches(rules[i], p)) continue;
     if (rules[i].method === "" || rules[i].method === m) return { endpoint: rules[i].endpoint, error: null };
     known = true;
   }
   // The path is the client's: quoted short, never echoed whole.
-  var shown = p.length > 120 ? p.substring(0, 120) + "..." : p;
+  const shown = p.length > 120 ? p.substring(0, 120) + "..." : p;
   if (known) return { endpoint: null, error: httpError(405, "method " + m + " is not allowed on " + shown, "method_not_allowed") };
   return { endpoint: null, error: httpError(404, "path " + shown + " is not served by this gateway (inference endpoints only; operators add paths with --extra-paths)", "not_found") };
 }

@@ -295,7 +295,7 @@ class StreamCall<Req, Res> extends EventEmitter {
 
 /** The gRPC server behind the ext_proc port: register methods by path, then listen. */
 export class GrpcServer {
-  // eslint-disable-next-line @typescript-eslint/no-explicit-any -- each entry keeps its own Req/Res; they meet only inside StreamCall
+  // Each entry keeps its own Req/Res types; they meet only inside StreamCall.
   private readonly methods: { [path: string]: Method<any, any> } = {};
   private readonly sessions = new Set<http2.ServerHttp2Session>();
   // Per connection: its byte budget and who the peer is (read once, at connect).

@@ -20,7 +20,7 @@ const FORBIDDEN: [RegExp, string][] = [
   [/\bnew (Map|Set|WeakMap|WeakSet)\b/, "Map/Set"],
   [/\bSymbol\.iterator\b/, "iterators"],
   [/\bfunction\s*\*/, "generators"],
-  [/\?\.[A-Za-z_$(\[]/, "optional chaining"],
+  [/\?\.[A-Za-z_$([]/, "optional chaining"],
   [/\.\.\.[A-Za-z_$[(]/, "spread/rest"],
   [/\bfor\s*\([^;)]*\bof\b/, "for-of"],
   [/\b\d+n\b|\bBigInt\b/, "BigInt"],

@@ -6,7 +6,7 @@ import * as path from "path";
 import { Tokenizer as HfTokenizer } from "@huggingface/tokenizers";
 import { templateAst } from "./jinja";
 import { renderChatML, Tokenizer } from "../core/request";
-import { ChatInput, chatRenderer, detectContentFormat, RenderOptions } from "../core/chat";
+import { ChatInput, chatRenderer, detectContentFormat } from "../core/chat";
 import { createFastBpe, fastBpeSupport, specialAffixes } from "./fastbpe";
 import { generations } from "../core/state/generations";
 

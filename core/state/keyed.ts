@@ -24,7 +24,7 @@
 // A mirror target ek is a worker's epoch key (GPU) or "<ek>|<TIER>" (core/kvevents.ts tierKey).
 import { Store } from "../store";
 import { ModelTable } from "../models";
-import { BlockHash, EngineHash, EpochKey, Guard, SessionBinding, Worker, WorkerSpec } from "../types";
+import { BlockHash, EpochKey, Guard, SessionBinding, Worker, WorkerSpec } from "../types";
 import { copyEventFields, ImageAffinity, LoadLedger, MAX_SESSIONS, MirrorIndex, prefixRun, RouterState, SessionTable, visitTarget, WorkerRegistry } from "./types";
 
 export function keyedMirror(st: Store): MirrorIndex {

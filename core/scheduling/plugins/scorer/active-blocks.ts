@@ -9,7 +9,7 @@ export const activeBlocksScorer: Scorer = {
   name: "active-blocks",
   profiles: ["prefill", "decode"],
   weight: () => 1,
-  score(ctx, rows) {
+  score(_ctx, rows) {
     const out: number[] = [];
     for (let i = 0; i < rows.length; i++) out.push(rows[i].data.active - rows[i].data.inflight);
     return out;

@@ -28,7 +28,7 @@ export const queuedPrefillScorer: Scorer = {
   name: "queued-prefill",
   profiles: ["prefill"],
   weight: (ctx) => overlapWeight(ctx) / 2,
-  score(ctx, rows) {
+  score(_ctx, rows) {
     const out: number[] = [];
     for (let i = 0; i < rows.length; i++) out.push(rows[i].data.pending + rows[i].data.queuedShared);
     return out;

@@ -23,7 +23,7 @@ export const queuedSharedScorer: Scorer = {
   name: "queued-shared",
   profiles: ["prefill"],
   weight: (ctx) => (ctx.features.blocks.length && !usesImageAffinity(ctx) ? overlapWeight(ctx) : 0),
-  score(ctx, rows) {
+  score(_ctx, rows) {
     const out: number[] = [];
     let idle = false;
     for (let i = 0; i < rows.length; i++) {

@@ -5,7 +5,10 @@ import js from "@eslint/js";
 import tseslint from "typescript-eslint";
 
 const NJS_SUBSET = [
-  { selector: "ClassDeclaration, ClassExpression", message: "njs subset (core/): no class; use plain objects and functions" },
+  {
+    selector: "ClassDeclaration, ClassExpression",
+    message: "njs subset (core/): no class; use plain objects and functions",
+  },
   { selector: "ForOfStatement", message: "njs subset (core/): no for-of; use an index loop" },
   { selector: "SpreadElement, RestElement", message: "njs subset (core/): no spread or rest" },
   { selector: "ObjectPattern, ArrayPattern", message: "njs subset (core/): no destructuring" },
@@ -14,19 +17,37 @@ const NJS_SUBSET = [
   { selector: "ChainExpression", message: "njs subset (core/): no optional chaining" },
   { selector: "Literal[bigint]", message: "njs subset (core/): no BigInt" },
   { selector: "Literal[regex.flags=/u/]", message: "njs subset (core/): no regex u flag" },
-  { selector: "NewExpression[callee.name=/^(Map|Set|WeakMap|WeakSet)$/]", message: "njs subset (core/): no Map or Set; use an object keyed by string" },
+  {
+    selector: "NewExpression[callee.name=/^(Map|Set|WeakMap|WeakSet)$/]",
+    message: "njs subset (core/): no Map or Set; use an object keyed by string",
+  },
   { selector: "CallExpression[callee.name='BigInt']", message: "njs subset (core/): no BigInt" },
 ];
 
 export default tseslint.config(
-  { ignores: ["node_modules/**", "dist/**", "njs/dist/**", "njs/build/**", "extproc/gen/**", ".njs-0.8/**", "bench/results/**", "**/*.js", "**/*.mjs"] },
+  {
+    ignores: [
+      "node_modules/**",
+      "dist/**",
+      "njs/dist/**",
+      "njs/build/**",
+      "extproc/gen/**",
+      ".njs-0.8/**",
+      "bench/results/**",
+      "**/*.js",
+      "**/*.mjs",
+    ],
+  },
   js.configs.recommended,
   ...tseslint.configs.recommended,
   {
     rules: {
       // The wire and JSON code handles untyped data on purpose.
       "@typescript-eslint/no-explicit-any": "off",
-      "@typescript-eslint/no-unused-vars": ["error", { args: "after-used", argsIgnorePattern: "^_", varsIgnorePattern: "^_", caughtErrors: "none" }],
+      "@typescript-eslint/no-unused-vars": [
+        "error",
+        { args: "after-used", argsIgnorePattern: "^_", varsIgnorePattern: "^_", caughtErrors: "none" },
+      ],
       // Parsers of wire and text formats match control characters on purpose.
       "no-control-regex": "off",
       // Closures over `self` in the stream and replica code are deliberate.

@@ -6,10 +6,16 @@
 import * as path from "path";
 import { createRequire } from "module";
 
-type AnyRouter = { addWorker(w: unknown): { ek?: string; epochKey?: string }; pick(f: unknown): { reservation: { finish(): void }; target: { id: string } } };
+type AnyRouter = {
+  addWorker(w: unknown): { ek?: string; epochKey?: string };
+  pick(f: unknown): { reservation: { finish(): void }; target: { id: string } };
+};
 interface Side {
   name: string;
-  make(workers: number, cachedPerWorker: number): { router: AnyRouter; cache(i: number, blocks: string[]): void; ids: string[] };
+  make(
+    workers: number,
+    cachedPerWorker: number,
+  ): { router: AnyRouter; cache(i: number, blocks: string[]): void; ids: string[] };
 }
 
 function side(root: string, name: string): Side {
@@ -46,7 +52,11 @@ function side(root: string, name: string): Side {
         ids.push(`127.0.0.1:${20000 + i}`);
       }
       const cache = (i: number, blocks: string[]) => blocks.forEach((b, k) => cacheFn(eks[i], `e${i}-${k}-${b}`, b));
-      for (let i = 0; i < workers; i++) cache(i, Array.from({ length: cachedPerWorker }, (_, k) => `bg${i}-${k}`.padStart(16, "0")));
+      for (let i = 0; i < workers; i++)
+        cache(
+          i,
+          Array.from({ length: cachedPerWorker }, (_, k) => `bg${i}-${k}`.padStart(16, "0")),
+        );
       return { router: r, cache, ids };
     },
   };
@@ -61,7 +71,10 @@ function main(): void {
   const other = process.argv[2];
   if (!other) throw new Error("usage: bench/ab-pick.ts /path/to/other/checkout");
   const sides = [side(path.resolve(other), "other"), side(path.resolve(__dirname, ".."), "this")];
-  const lines = ["| workers | request blocks | other p50 µs | this p50 µs | this/other p50 | other p99 µs | this p99 µs |", "|---:|---:|---:|---:|---:|---:|---:|"];
+  const lines = [
+    "| workers | request blocks | other p50 µs | this p50 µs | this/other p50 | other p99 µs | this p99 µs |",
+    "|---:|---:|---:|---:|---:|---:|---:|",
+  ];
   for (const workers of [8, 64]) {
     for (const nb of [64, 256, 2048]) {
       const built = sides.map((s) => s.make(workers, 2000));
@@ -81,7 +94,9 @@ function main(): void {
           }
         }
       const [o, t] = times;
-      lines.push(`| ${workers} | ${nb} | ${pct(o, 50).toFixed(1)} | ${pct(t, 50).toFixed(1)} | ${(pct(t, 50) / pct(o, 50)).toFixed(2)} | ${pct(o, 99).toFixed(1)} | ${pct(t, 99).toFixed(1)} |`);
+      lines.push(
+        `| ${workers} | ${nb} | ${pct(o, 50).toFixed(1)} | ${pct(t, 50).toFixed(1)} | ${(pct(t, 50) / pct(o, 50)).toFixed(2)} | ${pct(o, 99).toFixed(1)} | ${pct(t, 99).toFixed(1)} |`,
+      );
     }
   }
   process.stdout.write(lines.join("\n") + "\n");

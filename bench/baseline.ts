@@ -22,6 +22,11 @@ export function baselineRouterEntry(rev: string): string {
   const lock = (d: string) => fs.readFileSync(path.join(d, "package-lock.json"), "utf8");
   // Same dependencies: share ours. Otherwise that revision's own (from the registry).
   if (lock(dir) === lock(root)) fs.symlinkSync(path.join(root, "node_modules"), path.join(dir, "node_modules"));
-  else execFileSync("npm", ["ci", "--ignore-scripts", "--no-audit", "--no-fund"], { cwd: dir, stdio: "ignore", timeout: 600_000 });
+  else
+    execFileSync("npm", ["ci", "--ignore-scripts", "--no-audit", "--no-fund"], {
+      cwd: dir,
+      stdio: "ignore",
+      timeout: 600_000,
+    });
   return path.join(dir, "cli/router.ts");
 }

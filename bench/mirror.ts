@@ -114,7 +114,13 @@ async function runCase(c: Case): Promise<Result> {
   const emptyTimes: number[] = [];
   const emptyCpu: number[] = [];
   {
-    const f0 = { blocks: Array.from({ length: 512 }, (_, i) => synthBlock(-1 - i)), inputTokens: 8192, exact: true, mediaHashes: [] as string[], n: 1 };
+    const f0 = {
+      blocks: Array.from({ length: 512 }, (_, i) => synthBlock(-1 - i)),
+      inputTokens: 8192,
+      exact: true,
+      mediaHashes: [] as string[],
+      n: 1,
+    };
     for (let i = 0; i < 2000; i++) {
       const c0 = process.cpuUsage();
       const a = process.hrtime.bigint();
@@ -159,7 +165,25 @@ async function runCase(c: Case): Promise<Result> {
       const parent = k % PER_CHAIN === 0 ? null : lastEngine[w];
       lastEngine[w] = hashes[PER_STORE - 1];
       if (w === 0 && k < PER_CHAIN) prompt = prompt.concat(tokens);
-      const payload = encode([Date.now() / 1000, [{ type: "BlockStored", block_hashes: hashes, parent_block_hash: parent, token_ids: tokens, block_size: 16, lora_id: null, medium: null, lora_name: null }], null], { useBigInt64: true });
+      const payload = encode(
+        [
+          Date.now() / 1000,
+          [
+            {
+              type: "BlockStored",
+              block_hashes: hashes,
+              parent_block_hash: parent,
+              token_ids: tokens,
+              block_size: 16,
+              lora_id: null,
+              medium: null,
+              lora_name: null,
+            },
+          ],
+          null,
+        ],
+        { useBigInt64: true },
+      );
       const c0 = process.cpuUsage();
       const a = process.hrtime.bigint();
       const batch = decodeBatch(payload);
@@ -196,7 +220,8 @@ async function runCase(c: Case): Promise<Result> {
     p.reservation.finish();
     times.push(Number(process.hrtime.bigint() - a) / 1e6);
     cpu.push(cpuMs(c0));
-    if (p.target.id !== ids[0] && stored >= PER_STORE * PER_CHAIN * c.workers) throw new Error(`picked ${p.target.id}, expected ${ids[0]}`);
+    if (p.target.id !== ids[0] && stored >= PER_STORE * PER_CHAIN * c.workers)
+      throw new Error(`picked ${p.target.id}, expected ${ids[0]}`);
   }
   const held = mirror.entries(eks[0]);
   // Four workers leave one after another: the first runs cold code, the rest show the steady cost.
@@ -247,7 +272,11 @@ async function runCase(c: Case): Promise<Result> {
 
 function child(c: Case, hardS: number): Promise<Result | { c: Case; error: string }> {
   return new Promise((resolve) => {
-    const p = spawn(process.execPath, ["--expose-gc", "--max-old-space-size=8192", "--import", "tsx", __filename, "--child", JSON.stringify(c)], { stdio: ["ignore", "pipe", "pipe"] });
+    const p = spawn(
+      process.execPath,
+      ["--expose-gc", "--max-old-space-size=8192", "--import", "tsx", __filename, "--child", JSON.stringify(c)],
+      { stdio: ["ignore", "pipe", "pipe"] },
+    );
     let out = "";
     let err = "";
     p.stdout.on("data", (b) => (out += b));
@@ -259,7 +288,12 @@ function child(c: Case, hardS: number): Promise<Result | { c: Case; error: strin
       try {
         resolve(JSON.parse(line) as Result);
       } catch {
-        resolve({ c, error: sig ? `killed (${sig}) after ${hardS}s` : `exit ${code}: ${err.trim().split("\n").slice(-2).join(" ")}` });
+        resolve({
+          c,
+          error: sig
+            ? `killed (${sig}) after ${hardS}s`
+            : `exit ${code}: ${err.trim().split("\n").slice(-2).join(" ")}`,
+        });
       }
     });
   });
@@ -277,18 +311,30 @@ async function main(): Promise<void> {
     process.stdout.write(JSON.stringify(r) + "\n");
     return;
   }
-  const sizes = arg("--sizes", "1,4,10").split(",").map((x) => Math.round(Number(x) * 1e6));
+  const sizes = arg("--sizes", "1,4,10")
+    .split(",")
+    .map((x) => Math.round(Number(x) * 1e6));
   const workers = arg("--workers", "8,64,256").split(",").map(Number);
   const paths = arg("--paths", "index,wire").split(",") as Case["path"][];
   const impls = arg("--impls", "map,typed").split(",") as Case["impl"][];
   const mapTime = Number(arg("--map-time-s", "12"));
-  const wireSizes = arg("--wire-sizes", "1,10").split(",").map((x) => Math.round(Number(x) * 1e6));
+  const wireSizes = arg("--wire-sizes", "1,10")
+    .split(",")
+    .map((x) => Math.round(Number(x) * 1e6));
   const rssLimit = Number(arg("--map-rss-gib", "4")) * 2 ** 30;
   const cases: Case[] = [];
   for (const path of paths)
     for (const w of path === "wire" ? [64] : workers)
       for (const b of path === "wire" ? wireSizes : sizes) {
-        for (const impl of impls) cases.push({ impl, path, blocks: b, workers: w, timeLimit: impl === "map" ? mapTime : 240, rssLimit: impl === "map" ? rssLimit : 16 * 2 ** 30 });
+        for (const impl of impls)
+          cases.push({
+            impl,
+            path,
+            blocks: b,
+            workers: w,
+            timeLimit: impl === "map" ? mapTime : 240,
+            rssLimit: impl === "map" ? rssLimit : 16 * 2 ** 30,
+          });
       }
   const rows: string[] = [
     "| path | workers | blocks asked | index | blocks held | ingest blocks/s wall (CPU) | RSS MB | B/block (RSS) | B/block (heap+ext) | pick p50 ms | pick p99 ms wall (empty mirror) | pick p99 ms CPU (empty mirror) | drop worker ms: first / max of next 3 (blocks each) | drop CPU ms max | deferred reclaim ms (first drop) | stopped |",
@@ -299,13 +345,17 @@ async function main(): Promise<void> {
   for (const c of cases) {
     const key = `${c.path}/${c.workers}`;
     if (c.impl === "map" && mapStopped.has(key)) {
-      rows.push(`| ${c.path} | ${c.workers} | ${c.blocks / 1e6}M | Map | — | — | — | — | — | — | — | — | — | — | — | not run: stopped at a smaller size |`);
+      rows.push(
+        `| ${c.path} | ${c.workers} | ${c.blocks / 1e6}M | Map | — | — | — | — | — | — | — | — | — | — | — | not run: stopped at a smaller size |`,
+      );
       continue;
     }
     const r = await child(c, c.impl === "map" ? mapTime + 60 : 300);
     if ("error" in r) {
       if (c.impl === "map") mapStopped.add(key);
-      rows.push(`| ${c.path} | ${c.workers} | ${c.blocks / 1e6}M | ${c.impl === "map" ? "Map" : "typed"} | — | — | — | — | — | — | — | — | — | — | — | ${r.error} |`);
+      rows.push(
+        `| ${c.path} | ${c.workers} | ${c.blocks / 1e6}M | ${c.impl === "map" ? "Map" : "typed"} | — | — | — | — | — | — | — | — | — | — | — | ${r.error} |`,
+      );
     } else {
       if (r.stopped && c.impl === "map") mapStopped.add(key);
       rows.push(
@@ -314,7 +364,9 @@ async function main(): Promise<void> {
     }
     process.stderr.write(rows[rows.length - 1] + "\n");
   }
-  process.stdout.write(`\n${rows.join("\n")}\n\nnode ${process.version}, ${((Date.now() - started) / 1000).toFixed(0)} s\n`);
+  process.stdout.write(
+    `\n${rows.join("\n")}\n\nnode ${process.version}, ${((Date.now() - started) / 1000).toFixed(0)} s\n`,
+  );
 }
 
 void main().catch((e) => {

@@ -31,7 +31,11 @@ export interface TraceRow {
  * trace's span is compressed into `seconds`; `at` is the arrival in ms.
  */
 export function sampleTrace(file: string, every: number, seconds: number): { at: number; row: TraceRow }[] {
-  const rows = fs.readFileSync(file, "utf8").trim().split("\n").map((l) => JSON.parse(l) as TraceRow);
+  const rows = fs
+    .readFileSync(file, "utf8")
+    .trim()
+    .split("\n")
+    .map((l) => JSON.parse(l) as TraceRow);
   const groups = new Map<string, number[]>();
   rows.forEach((r, i) => {
     const k = r.hash_ids.length > 1 ? r.hash_ids.slice(0, 2).join(",") : `single${i}`;

@@ -15,7 +15,9 @@ const dists: [string, string][] = [
   ["before", path.join(path.resolve(other), "njs", "dist")],
   ["after", path.join(ROOT, "njs", "dist")],
 ];
-for (const [name, d] of dists) if (!fs.existsSync(path.join(d, "infera-cli.js"))) throw new Error(`${name}: no ${d}/infera-cli.js (run npm run build:njs there)`);
+for (const [name, d] of dists)
+  if (!fs.existsSync(path.join(d, "infera-cli.js")))
+    throw new Error(`${name}: no ${d}/infera-cli.js (run npm run build:njs there)`);
 
 const clis = ["njs", path.join(ROOT, ".njs-0.8", "bin", "njs")].filter((b) => spawnSync(b, ["-v"]).status === 0);
 const script = path.join(fs.mkdtempSync(path.join(os.tmpdir(), "njs-ab-")), "ab.mjs");

@@ -61,9 +61,16 @@ function baselineDist(rev: string): { dist: string; cleanup: () => void } {
   process.on("exit", cleanup);
   execFileSync("sh", ["-c", `git archive --format=tar ${sha} | tar -x -C '${dir}'`], { cwd: ROOT });
   const lock = (d: string) => fs.readFileSync(path.join(d, "package-lock.json"), "utf8");
-  if (lock(dir) !== lock(ROOT)) throw new Error(`${rev}: its package-lock.json differs from this checkout's; build its bundle there and use bench/njs-ab.ts`);
+  if (lock(dir) !== lock(ROOT))
+    throw new Error(
+      `${rev}: its package-lock.json differs from this checkout's; build its bundle there and use bench/njs-ab.ts`,
+    );
   fs.symlinkSync(path.join(ROOT, "node_modules"), path.join(dir, "node_modules"));
-  execFileSync(process.execPath, ["--import", "tsx", "njs/build.ts"], { cwd: dir, stdio: ["ignore", "ignore", "inherit"], timeout: 300_000 });
+  execFileSync(process.execPath, ["--import", "tsx", "njs/build.ts"], {
+    cwd: dir,
+    stdio: ["ignore", "ignore", "inherit"],
+    timeout: 300_000,
+  });
   return { dist: path.join(dir, "njs", "dist"), cleanup };
 }
 
@@ -92,7 +99,9 @@ async function main(): Promise<void> {
 
   const before = baseRev ? `before (${baseRev}) CPU ms | ` : "";
   const beforeWall = baseRev ? `before wall ms | ` : "";
-  console.log(`| njs | prompt tokens | ${before}after CPU ms | ${baseRev ? "after/before | " : ""}after CPU µs/token | ${beforeWall}after wall ms |`);
+  console.log(
+    `| njs | prompt tokens | ${before}after CPU ms | ${baseRev ? "after/before | " : ""}after CPU µs/token | ${beforeWall}after wall ms |`,
+  );
   console.log(`|---|---:|${baseRev ? "---:|---:|" : ""}---:|---:|${baseRev ? "---:|" : ""}---:|`);
   const ratios: string[] = [];
   for (const bin of clis) {
@@ -106,7 +115,11 @@ async function main(): Promise<void> {
       for (let r = 0; r < rounds; r++) {
         const order = r % 2 ? sides.slice().reverse() : sides;
         for (const [name, dist] of order) {
-          const out = spawnSync(bin, ["-p", dist, script, String(words)], { cwd: dist, encoding: "utf8", timeout: 600_000 });
+          const out = spawnSync(bin, ["-p", dist, script, String(words)], {
+            cwd: dist,
+            encoding: "utf8",
+            timeout: 600_000,
+          });
           if (out.status !== 0) throw new Error(`${name} on njs ${version}: ${out.stderr}${out.stdout}`);
           const [t, w, cpu] = JSON.parse(out.stdout.trim().split("\n").pop()!);
           (ms[name] = ms[name] || []).push(cpu);
@@ -123,11 +136,16 @@ async function main(): Promise<void> {
       }
       const a = median(ms.after);
       const ab = baseRev ? ` ${(a / median(ms.before)).toFixed(2)} |` : "";
-      console.log(`| ${version} | ${tokens.toLocaleString("en-US")} | ${cells.join(" | ")} |${ab} ${((1000 * a) / tokens).toFixed(2)} | ${walls.join(" | ")} |`);
+      console.log(
+        `| ${version} | ${tokens.toLocaleString("en-US")} | ${cells.join(" | ")} |${ab} ${((1000 * a) / tokens).toFixed(2)} | ${walls.join(" | ")} |`,
+      );
     }
     // The issue's bar: 4x the prompt (25k -> 100k tokens) may cost at most 4.5x the time.
     if (sizes.indexOf(25000) >= 0 && sizes.indexOf(100000) >= 0)
-      for (const [name] of sides) ratios.push(`njs ${version} ${name}: 100k/25k CPU time ratio ${(at[name][100000] / at[name][25000]).toFixed(2)}`);
+      for (const [name] of sides)
+        ratios.push(
+          `njs ${version} ${name}: 100k/25k CPU time ratio ${(at[name][100000] / at[name][25000]).toFixed(2)}`,
+        );
   }
   if (ratios.length) console.log("\n" + ratios.join("\n"));
 }

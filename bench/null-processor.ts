@@ -31,7 +31,9 @@ const frame = (m: ProcessingResponse): Buffer => {
   return f;
 };
 // Every answer is constant, so each is encoded once.
-const headersOk = frame(create(ProcessingResponseSchema, { response: { case: "requestHeaders", value: create(HeadersResponseSchema, {}) } }));
+const headersOk = frame(
+  create(ProcessingResponseSchema, { response: { case: "requestHeaders", value: create(HeadersResponseSchema, {}) } }),
+);
 const pick = frame(
   create(ProcessingResponseSchema, {
     response: {
@@ -39,15 +41,27 @@ const pick = frame(
       value: create(BodyResponseSchema, {
         response: create(CommonResponseSchema, {
           clearRouteCache: true,
-          headerMutation: create(HeaderMutationSchema, { setHeaders: [create(HeaderValueOptionSchema, { header: create(HeaderValueSchema, { key: DEST, rawValue: Buffer.from(upstream) }) })] }),
+          headerMutation: create(HeaderMutationSchema, {
+            setHeaders: [
+              create(HeaderValueOptionSchema, {
+                header: create(HeaderValueSchema, { key: DEST, rawValue: Buffer.from(upstream) }),
+              }),
+            ],
+          }),
         }),
       }),
     },
     dynamicMetadata: { "envoy.lb": { [DEST]: upstream } },
   }),
 );
-const chunkOk = frame(create(ProcessingResponseSchema, { response: { case: "responseBody", value: create(BodyResponseSchema, {}) } }));
-const trailersOk = frame(create(ProcessingResponseSchema, { response: { case: "requestTrailers", value: create(TrailersResponseSchema, {}) } }));
+const chunkOk = frame(
+  create(ProcessingResponseSchema, { response: { case: "responseBody", value: create(BodyResponseSchema, {}) } }),
+);
+const trailersOk = frame(
+  create(ProcessingResponseSchema, {
+    response: { case: "requestTrailers", value: create(TrailersResponseSchema, {}) },
+  }),
+);
 
 const server = http2.createServer();
 server.on("stream", (stream) => {
@@ -62,7 +76,16 @@ server.on("stream", (stream) => {
       const m = fromBinary(ProcessingRequestSchema, buf.subarray(5, 5 + n));
       buf = buf.subarray(5 + n);
       const c = m.request.case;
-      const out = c === "requestHeaders" ? headersOk : c === "requestBody" ? pick : c === "responseBody" ? chunkOk : c === "requestTrailers" ? trailersOk : null;
+      const out =
+        c === "requestHeaders"
+          ? headersOk
+          : c === "requestBody"
+            ? pick
+            : c === "responseBody"
+              ? chunkOk
+              : c === "requestTrailers"
+                ? trailersOk
+                : null;
       if (out) stream.write(out);
     }
   });

@@ -18,7 +18,19 @@ import * as http from "http";
 import * as os from "os";
 import * as path from "path";
 import { baselineRouterEntry } from "./baseline";
-import { envoyBin, freePort, longText, run, startEnvoy, startRouter, stopAll, tcpOpen, TSX, waitFor, httpOk } from "../test/harness";
+import {
+  envoyBin,
+  freePort,
+  longText,
+  run,
+  startEnvoy,
+  startRouter,
+  stopAll,
+  tcpOpen,
+  TSX,
+  waitFor,
+  httpOk,
+} from "../test/harness";
 
 // The gateway benches (overhead, replicas, soak) share their command line,
 // prompts, report and client from here.
@@ -76,7 +88,9 @@ export function nullEngine(port: number): Promise<http.Server> {
       let i = 0;
       const tick = () => {
         if (i < CHUNKS) {
-          res.write(`data: {"id":"x","object":"chat.completion.chunk","choices":[{"index":0,"delta":{"content":"tok${i}"}}]}\n\n`);
+          res.write(
+            `data: {"id":"x","object":"chat.completion.chunk","choices":[{"index":0,"delta":{"content":"tok${i}"}}]}\n\n`,
+          );
           i++;
           setTimeout(tick, 1);
         } else res.end("data: [DONE]\n\n");
@@ -119,7 +133,17 @@ static_resources:
 `;
   const dir = fs.mkdtempSync(path.join(os.tmpdir(), "infera-plain-envoy-"));
   fs.writeFileSync(path.join(dir, "envoy.yaml"), cfg);
-  run("plain-envoy", envoyBin()!, ["-c", path.join(dir, "envoy.yaml"), "--disable-hot-restart", "--log-level", "warn", "--concurrency", "1", "--base-id", String(port)]);
+  run("plain-envoy", envoyBin()!, [
+    "-c",
+    path.join(dir, "envoy.yaml"),
+    "--disable-hot-restart",
+    "--log-level",
+    "warn",
+    "--concurrency",
+    "1",
+    "--base-id",
+    String(port),
+  ]);
   await waitFor("plain envoy", () => httpOk(`http://127.0.0.1:${admin}/ready`), 30000);
   return { url: `http://127.0.0.1:${port}` };
 }
@@ -135,7 +159,14 @@ export function request(base: string, body: string): Promise<{ ttft: number; tot
     const t0 = performance.now();
     let ttft = -1;
     const req = http.request(
-      { host: u.hostname, port: u.port, path: "/v1/chat/completions", method: "POST", agent, headers: { "content-type": "application/json", "content-length": Buffer.byteLength(body) } },
+      {
+        host: u.hostname,
+        port: u.port,
+        path: "/v1/chat/completions",
+        method: "POST",
+        agent,
+        headers: { "content-type": "application/json", "content-length": Buffer.byteLength(body) },
+      },
       (res) => {
         res.on("data", () => {
           if (ttft < 0) ttft = performance.now() - t0;
@@ -163,7 +194,13 @@ export function cpuMs(pid: number): number {
 }
 
 /** Closed loop: `concurrency` clients, each sending a distinct streaming prompt as soon as its last one ends, for `seconds`. */
-export async function closedLoop(url: string, text: string, tag: string, seconds: number, concurrency: number): Promise<{ done: number; errors: number; secs: number }> {
+export async function closedLoop(
+  url: string,
+  text: string,
+  tag: string,
+  seconds: number,
+  concurrency: number,
+): Promise<{ done: number; errors: number; secs: number }> {
   let n = 0;
   let done = 0;
   let errors = 0;
@@ -172,7 +209,12 @@ export async function closedLoop(url: string, text: string, tag: string, seconds
   await Promise.all(
     Array.from({ length: concurrency }, async (_, k) => {
       while (performance.now() < until) {
-        const body = JSON.stringify({ model: "m", stream: true, max_tokens: CHUNKS, messages: [{ role: "user", content: `${text}${tag ? " " + tag : ""} c${k} #${n++}` }] });
+        const body = JSON.stringify({
+          model: "m",
+          stream: true,
+          max_tokens: CHUNKS,
+          messages: [{ role: "user", content: `${text}${tag ? " " + tag : ""} c${k} #${n++}` }],
+        });
         try {
           const x = await request(url, body);
           if (x.status === 200) done++;
@@ -195,7 +237,12 @@ async function main() {
   const plain = await startPlainEnvoy(enginePort);
   // The same Envoy config around an ext_proc server that does nothing: the path's floor.
   const nullPort = await freePort();
-  run("null-processor", process.execPath, [...TSX, "bench/null-processor.ts", String(nullPort), `127.0.0.1:${enginePort}`]);
+  run("null-processor", process.execPath, [
+    ...TSX,
+    "bench/null-processor.ts",
+    String(nullPort),
+    `127.0.0.1:${enginePort}`,
+  ]);
   await waitFor("null processor", () => tcpOpen(nullPort), 20000);
   const floor = await startEnvoy(nullPort);
   const sides: [string, string][] = [
@@ -210,30 +257,48 @@ async function main() {
   // Each router side's process, for its CPU per request.
   const pids: { [side: string]: number } = { "Envoy + router": router.proc.child.pid! };
   if (baseEntry) {
-    const old = await startRouter(["--workers", `127.0.0.1:${enginePort}`, "--log-level", "warn"], { INFERA_ROUTER_ENTRY: baseEntry });
+    const old = await startRouter(["--workers", `127.0.0.1:${enginePort}`, "--log-level", "warn"], {
+      INFERA_ROUTER_ENTRY: baseEntry,
+    });
     sides.push([BASE_SIDE, (await startEnvoy(old.grpcPort)).url]);
     pids[BASE_SIDE] = old.proc.child.pid!;
   }
   const prompts = benchPrompts("ovh");
   const { say, save } = reporter();
-  say(`Router overhead, ${new Date().toISOString()}, node ${process.version}, ${os.cpus().length} CPUs; null engine (${CHUNKS} SSE chunks 1 ms apart)`);
-  say(`command: npm run bench:overhead -- --rounds ${ROUNDS} --seconds ${SECONDS} --warm ${WARM}${baseRev ? ` --baseline ${baseRev}` : ""}\n`);
+  say(
+    `Router overhead, ${new Date().toISOString()}, node ${process.version}, ${os.cpus().length} CPUs; null engine (${CHUNKS} SSE chunks 1 ms apart)`,
+  );
+  say(
+    `command: npm run bench:overhead -- --rounds ${ROUNDS} --seconds ${SECONDS} --warm ${WARM}${baseRev ? ` --baseline ${baseRev}` : ""}\n`,
+  );
   let warmed = 0;
-  for (const [, url] of sides) for (const [, text] of prompts) warmed += (await closedLoop(url, text, "warm", WARM / 2, 16)).done;
+  for (const [, url] of sides)
+    for (const [, text] of prompts) warmed += (await closedLoop(url, text, "warm", WARM / 2, 16)).done;
   say(`Warm-up first: ${warmed} requests over the ${sides.length} paths (${WARM} s each at concurrency 16).\n`);
   // Two orders, one request at a time each. Interleaved: every request goes
   // through another stack than the one before, so each finds its router's code
   // and data evicted by the others (the worst case, and no deployment runs
   // four gateways in turn). In runs: each stack serves RUN requests in a row,
   // as one gateway at low load does, the stacks still rotated turn by turn.
-  for (const [order, run] of [["interleaved, every request on another stack than the one before", 1], [`in runs of ${RUN} requests on one stack`, RUN]] as [string, number][]) {
+  for (const [order, run] of [
+    ["interleaved, every request on another stack than the one before", 1],
+    [`in runs of ${RUN} requests on one stack`, RUN],
+  ] as [string, number][]) {
     say(`One request at a time, ${order}:\n`);
-    say(`| prompt | plain Envoy p50 TTFB ms | Envoy + router p50 | router-added p50 ms | plain p99 | router p99 | Envoy + do-nothing ext_proc p50 | its added p50 ms |${baseRev ? ` router at ${baseRev} p50 | its added p50 ms |` : ""}`);
+    say(
+      `| prompt | plain Envoy p50 TTFB ms | Envoy + router p50 | router-added p50 ms | plain p99 | router p99 | Envoy + do-nothing ext_proc p50 | its added p50 ms |${baseRev ? ` router at ${baseRev} p50 | its added p50 ms |` : ""}`,
+    );
     say(`|---|---:|---:|---:|---:|---:|---:|---:|${baseRev ? "---:|---:|" : ""}`);
     for (const [label, text] of prompts) {
       let n = 0;
       // A distinct prompt each time (a new suffix), so nothing is served from a cache the other side lacks.
-      const body = () => JSON.stringify({ model: "m", stream: true, max_tokens: CHUNKS, messages: [{ role: "user", content: `${text} #${n++}` }] });
+      const body = () =>
+        JSON.stringify({
+          model: "m",
+          stream: true,
+          max_tokens: CHUNKS,
+          messages: [{ role: "user", content: `${text} #${n++}` }],
+        });
       for (let w = 0; w < 20; w++) for (const [, url] of sides) await request(url, body());
       const t: { [side: string]: number[] } = Object.fromEntries(sides.map(([name]) => [name, [] as number[]]));
       for (let r = 0; r < Math.ceil(ROUNDS / run); r++) {
@@ -253,7 +318,9 @@ async function main() {
       const b = pct(t["Envoy + router"], 50);
       const z = pct(t[NULL_SIDE], 50);
       const base = baseRev ? ` ${pct(t[BASE_SIDE], 50).toFixed(2)} | ${(pct(t[BASE_SIDE], 50) - a).toFixed(2)} |` : "";
-      say(`| ${label} | ${a.toFixed(2)} | ${b.toFixed(2)} | ${(b - a).toFixed(2)} | ${pct(t["plain Envoy"], 99).toFixed(2)} | ${pct(t["Envoy + router"], 99).toFixed(2)} | ${z.toFixed(2)} | ${(z - a).toFixed(2)} |${base}`);
+      say(
+        `| ${label} | ${a.toFixed(2)} | ${b.toFixed(2)} | ${(b - a).toFixed(2)} | ${pct(t["plain Envoy"], 99).toFixed(2)} | ${pct(t["Envoy + router"], 99).toFixed(2)} | ${z.toFixed(2)} | ${(z - a).toFixed(2)} |${base}`,
+      );
     }
     say("");
   }

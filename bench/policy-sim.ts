@@ -54,7 +54,8 @@ const HEAD = 10;
 function sharedPrefix(seed: number): Conv[] {
   const docs = Array.from({ length: 8 }, () => text(4000 + HEAD));
   const out: Conv[] = [];
-  for (let q = 0; q < 6; q++) for (let d = 0; d < 8; d++) out.push([{ tokens: docs[d].concat(text(14)), maxTokens: 32, key: `d${d}` }]);
+  for (let q = 0; q < 6; q++)
+    for (let d = 0; d < 8; d++) out.push([{ tokens: docs[d].concat(text(14)), maxTokens: 32, key: `d${d}` }]);
   return shuffle(out, seed);
 }
 /**
@@ -62,7 +63,15 @@ function sharedPrefix(seed: number): Conv[] {
  * adds a reply of reply tokens and the next input of next tokens (the shape of
  * bench:trace's multi-turn and agentic workloads).
  */
-function conversations(seed: number, count: number, turns: number, first: () => number[], reply: number, next: number, maxTokens: number): Conv[] {
+function conversations(
+  seed: number,
+  count: number,
+  turns: number,
+  first: () => number[],
+  reply: number,
+  next: number,
+  maxTokens: number,
+): Conv[] {
   const out: Conv[] = [];
   for (let c = 0; c < count; c++) {
     let msgs = first();
@@ -86,7 +95,12 @@ function agentic(seed: number): Conv[] {
 function trace(): Conv[] {
   // The key is the trace's own conversation grouping (its first two block ids, as sampleTrace groups them).
   return sampleTrace(traceFile(), 60, 45).map(({ at, row }, i) => [
-    { tokens: traceIds(row), maxTokens: Math.max(1, Math.min(256, row.output_length)), at, key: row.hash_ids.length > 1 ? row.hash_ids.slice(0, 2).join(",") : `single${i}` },
+    {
+      tokens: traceIds(row),
+      maxTokens: Math.max(1, Math.min(256, row.output_length)),
+      at,
+      key: row.hash_ids.length > 1 ? row.hash_ids.slice(0, 2).join(",") : `single${i}`,
+    },
   ]);
 }
 
@@ -136,7 +150,8 @@ function smgModel(n: number) {
     let t = best;
     if (best < 0 || match < 0.3 * blocks.length || over(best)) {
       t = 0;
-      for (let i = 1; i < n; i++) if (inflight[i] < inflight[t] || (inflight[i] === inflight[t] && seen[i].size < seen[t].size)) t = i;
+      for (let i = 1; i < n; i++)
+        if (inflight[i] < inflight[t] || (inflight[i] === inflight[t] && seen[i].size < seen[t].size)) t = i;
     }
     for (const b of blocks) seen[t].add(b);
     return t;
@@ -167,13 +182,28 @@ function oracleModel(speeds: number[]) {
 /** The calibrated engine at a share of its speed: every cost term takes 1/speed as long. */
 function engineAt(speed: number) {
   const c = llama8bH100();
-  return { ...c, stepBaseMs: c.stepBaseMs / speed, prefillUsPerToken: c.prefillUsPerToken / speed, prefillAttnUsPerKCtx: c.prefillAttnUsPerKCtx / speed, decodeUsPerSeq: c.decodeUsPerSeq / speed, kvReadUsPerKToken: c.kvReadUsPerKToken / speed, prefillStepMs: c.prefillStepMs / speed };
+  return {
+    ...c,
+    stepBaseMs: c.stepBaseMs / speed,
+    prefillUsPerToken: c.prefillUsPerToken / speed,
+    prefillAttnUsPerKCtx: c.prefillAttnUsPerKCtx / speed,
+    decodeUsPerSeq: c.decodeUsPerSeq / speed,
+    kvReadUsPerKToken: c.kvReadUsPerKToken / speed,
+    prefillStepMs: c.prefillStepMs / speed,
+  };
 }
 const SPEEDS = opt("--speeds", "1,1,1,1").split(",").map(Number);
 if (SPEEDS.length !== 4 || SPEEDS.some((x) => !(x > 0))) throw new Error("--speeds: four positive numbers");
 const MIXED = SPEEDS.some((x) => x !== SPEEDS[0]);
 
-function run(convs: Conv[], concurrency: number, cfg: RouterConfig, admission: Options["admission"], seed: number, peer: "smg" | "oracle" | null = null): Result {
+function run(
+  convs: Conv[],
+  concurrency: number,
+  cfg: RouterConfig,
+  admission: Options["admission"],
+  seed: number,
+  peer: "smg" | "oracle" | null = null,
+): Result {
   const rand = rng(seed * 7919 + 1);
   const arrivals: { at: number; conv: number; turn: number }[] = [];
   const arrive = (conv: number, turn: number) => arrivals.push({ at: now + (rand(1000) / 1000) * JITTER, conv, turn });
@@ -192,7 +222,17 @@ function run(convs: Conv[], concurrency: number, cfg: RouterConfig, admission: O
   const plans: (StepPlan | null)[] = new Array(N).fill(null);
   const ends: number[] = new Array(N).fill(Infinity);
   const res: Result = { ttft: [], hits: 0, prompt: 0, spread: new Array(N).fill(0), forced: 0 };
-  const live = new Map<string, { start: number; conv: number; turn: number; w: number; r: ReturnType<typeof router.pick>["reservation"]; ticket: Ticket }>();
+  const live = new Map<
+    string,
+    {
+      start: number;
+      conv: number;
+      turn: number;
+      w: number;
+      r: ReturnType<typeof router.pick>["reservation"];
+      ticket: Ticket;
+    }
+  >();
   let now = 0;
   let reqNo = 0;
   // bench:trace's closed loop: a free client takes a random ready conversation
@@ -316,7 +356,9 @@ function run(convs: Conv[], concurrency: number, cfg: RouterConfig, admission: O
 function floor(convs: Conv[]): Result {
   const e = new EngineModel({ ...llama8bH100(), numBlocks: 1 << 20 });
   const res: Result = { ttft: [], hits: 0, prompt: 0, spread: [0, 0, 0, 0], forced: 0 };
-  const reqs = convs.some((c) => c[0].at !== undefined) ? convs.map((c) => c[0]).sort((a, b) => (a.at || 0) - (b.at || 0)) : convs.flat();
+  const reqs = convs.some((c) => c[0].at !== undefined)
+    ? convs.map((c) => c[0]).sort((a, b) => (a.at || 0) - (b.at || 0))
+    : convs.flat();
   let n = 0;
   for (const t of reqs) {
     const blocks = blockHashes(t.tokens, 16);
@@ -340,7 +382,8 @@ function floor(convs: Conv[]): Result {
 }
 
 const mean = (xs: number[]) => xs.reduce((a, b) => a + b, 0) / xs.length;
-const pct = (xs: number[], p: number) => xs.slice().sort((a, b) => a - b)[Math.min(xs.length - 1, Math.floor(p * xs.length))];
+const pct = (xs: number[], p: number) =>
+  xs.slice().sort((a, b) => a - b)[Math.min(xs.length - 1, Math.floor(p * xs.length))];
 
 function main(): void {
   const variants: [string, string[]][] = [
@@ -365,7 +408,9 @@ function main(): void {
     ["unique", () => unique()],
   ];
   const want = opt("--workloads", "trace,shared-prefix,multi-turn,agentic,unique").split(",");
-  console.log(`| workload | policy | TTFT mean ms | p50 | p90 | RR/this | hit | requests per worker (all seeds) | admitted past the wait bound |`);
+  console.log(
+    `| workload | policy | TTFT mean ms | p50 | p90 | RR/this | hit | requests per worker (all seeds) | admitted past the wait bound |`,
+  );
   console.log(`|---|---|---:|---:|---:|---:|---:|---|---:|`);
   for (const [name, make] of loads) {
     if (!want.includes(name)) continue;
@@ -373,7 +418,10 @@ function main(): void {
       const rows: [string, number[], number, number[], number][] = [];
       for (const [label, flags] of variants) {
         const peer = flags[0] === "smg" ? "smg" : flags[0] === "oracle" ? "oracle" : null;
-        const opts = parseArgs(["--workers", "127.0.0.1:1", ...(peer || flags[0] === "floor" ? ["--router-policy", "round-robin"] : flags)], {});
+        const opts = parseArgs(
+          ["--workers", "127.0.0.1:1", ...(peer || flags[0] === "floor" ? ["--router-policy", "round-robin"] : flags)],
+          {},
+        );
         const cfg = opts.router as RouterConfig;
         const all: number[] = [];
         let hits = 0;
@@ -392,7 +440,9 @@ function main(): void {
       }
       const rr = mean(rows[1][1]);
       for (const [label, t, hit, spread, forced] of rows)
-        console.log(`| ${c ? `${name} c=${c}` : name} | ${label} | ${mean(t).toFixed(1)} | ${pct(t, 0.5).toFixed(1)} | ${pct(t, 0.9).toFixed(1)} | ${(rr / mean(t)).toFixed(2)}x | ${(hit * 100).toFixed(1)}% | ${spread.join("/")} | ${forced} |`);
+        console.log(
+          `| ${c ? `${name} c=${c}` : name} | ${label} | ${mean(t).toFixed(1)} | ${pct(t, 0.5).toFixed(1)} | ${pct(t, 0.9).toFixed(1)} | ${(rr / mean(t)).toFixed(2)}x | ${(hit * 100).toFixed(1)}% | ${spread.join("/")} | ${forced} |`,
+        );
     }
   }
 }

@@ -22,11 +22,28 @@ interface Setup {
   routers: RouterProc[];
 }
 
-async function setup(name: string, n: number, sync: boolean, engine: number, nats: string, tag: string): Promise<Setup> {
+async function setup(
+  name: string,
+  n: number,
+  sync: boolean,
+  engine: number,
+  nats: string,
+  tag: string,
+): Promise<Setup> {
   const routers: RouterProc[] = [];
   for (let i = 0; i < n; i++) {
     const args = ["--workers", `127.0.0.1:${engine}`, "--log-level", "warn", "--render-probe-api", "off"];
-    if (sync) args.push("--replica-sync", "nats", "--nats-url", nats, "--replica-id", `${tag}-${i}`, "--replica-subject", `bench.load.${tag}`);
+    if (sync)
+      args.push(
+        "--replica-sync",
+        "nats",
+        "--nats-url",
+        nats,
+        "--replica-id",
+        `${tag}-${i}`,
+        "--replica-subject",
+        `bench.load.${tag}`,
+      );
     routers.push(await startRouter(args));
   }
   const envoy = await startEnvoy(routers[0].grpcPort, { extProcPorts: routers.map((r) => r.grpcPort) });
@@ -55,7 +72,9 @@ async function main() {
   ];
   const prompts = benchPrompts("rep");
   const { say, save } = reporter();
-  say(`Router replicas, ${new Date().toISOString()}, node ${process.version}, ${os.cpus().length} CPUs; null engine (${CHUNKS} SSE chunks 1 ms apart); Envoy --concurrency 1`);
+  say(
+    `Router replicas, ${new Date().toISOString()}, node ${process.version}, ${os.cpus().length} CPUs; null engine (${CHUNKS} SSE chunks 1 ms apart); Envoy --concurrency 1`,
+  );
   say(`command: npm run bench:replicas -- --seconds ${SECONDS} --rounds ${ROUNDS}\n`);
   const tot: { [k: string]: { done: number; errors: number; secs: number; cpu: number } } = {};
   for (let r = 0; r < ROUNDS; r++) {
@@ -63,7 +82,16 @@ async function main() {
       // Alternate the order each round so no configuration always runs first.
       const order = r % 2 ? [...setups].reverse() : setups;
       for (const s of order) {
-        for (let w = 0; w < 3 * s.routers.length; w++) await request(s.url, JSON.stringify({ model: "m", stream: true, max_tokens: CHUNKS, messages: [{ role: "user", content: `${text} warm ${r} ${w}` }] }));
+        for (let w = 0; w < 3 * s.routers.length; w++)
+          await request(
+            s.url,
+            JSON.stringify({
+              model: "m",
+              stream: true,
+              max_tokens: CHUNKS,
+              messages: [{ role: "user", content: `${text} warm ${r} ${w}` }],
+            }),
+          );
         const pids = s.routers.map((x) => x.proc.child.pid!);
         const cpu0 = pids.reduce((a, p) => a + cpuMs(p), 0);
         const x = await closedLoop(s.url, text, `r${r}`, SECONDS, CONC);
@@ -77,14 +105,18 @@ async function main() {
       }
     }
   }
-  say(`| prompt | router replicas | req/s at c=${CONC} | vs 1 replica | errors | router CPU ms/request (all replicas) |`);
+  say(
+    `| prompt | router replicas | req/s at c=${CONC} | vs 1 replica | errors | router CPU ms/request (all replicas) |`,
+  );
   say("|---|---|---:|---:|---:|---:|");
   for (const [label] of prompts) {
     const base = tot[`${label}|1`];
     for (const s of setups) {
       const t = tot[`${label}|${s.name}`];
       const rps = t.done / t.secs;
-      say(`| ${label} | ${s.name} | ${rps.toFixed(0)} | ${(rps / (base.done / base.secs)).toFixed(2)}x | ${t.errors} | ${(t.cpu / Math.max(1, t.done)).toFixed(2)} |`);
+      say(
+        `| ${label} | ${s.name} | ${rps.toFixed(0)} | ${(rps / (base.done / base.secs)).toFixed(2)}x | ${t.errors} | ${(t.cpu / Math.max(1, t.done)).toFixed(2)} |`,
+      );
     }
   }
   save();

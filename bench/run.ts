@@ -40,13 +40,43 @@ async function pickLatency(): Promise<string[]> {
     for (let i = 0; i < ws.length; i++) {
       const t = tok.encode(tok.renderChat(plainChat([{ role: "user", content: longText(`bg${i}`, wordsFor(2000)) }])));
       const n = Math.floor(t.length / 16);
-      applyBatch(app.state.mirror, ws[i].epochKey, 0, [{ type: "BlockStored", hashes: Array.from({ length: n }, (_, k) => `${i}-${k}`), parent: null, tokens: t.slice(0, n * 16), blockSize: 16 }], 16, nativeHasher);
+      applyBatch(
+        app.state.mirror,
+        ws[i].epochKey,
+        0,
+        [
+          {
+            type: "BlockStored",
+            hashes: Array.from({ length: n }, (_, k) => `${i}-${k}`),
+            parent: null,
+            tokens: t.slice(0, n * 16),
+            blockSize: 16,
+          },
+        ],
+        16,
+        nativeHasher,
+      );
     }
     for (const size of [1000, 4000, 32000]) {
       const content = longText(`q${size}`, wordsFor(size));
       const t = tok.encode(tok.renderChat(plainChat([{ role: "user", content }])));
       const half = Math.floor(t.length / 32) * 16;
-      applyBatch(app.state.mirror, ws[3].epochKey, 1, [{ type: "BlockStored", hashes: Array.from({ length: half / 16 }, (_, k) => `p${size}-${k}`), parent: null, tokens: t.slice(0, half), blockSize: 16 }], 16, nativeHasher);
+      applyBatch(
+        app.state.mirror,
+        ws[3].epochKey,
+        1,
+        [
+          {
+            type: "BlockStored",
+            hashes: Array.from({ length: half / 16 }, (_, k) => `p${size}-${k}`),
+            parent: null,
+            tokens: t.slice(0, half),
+            blockSize: 16,
+          },
+        ],
+        16,
+        nativeHasher,
+      );
       const body = Buffer.from(JSON.stringify({ model: "m", messages: [{ role: "user", content }] }));
       const reps = quick ? 5 : size >= 32000 ? 15 : 60;
       const times: number[] = [];
@@ -83,7 +113,9 @@ function hasherRatio(): string {
 }
 
 async function ttft(args: string[]): Promise<number[]> {
-  const sims: Sim[] = await Promise.all(["b0", "b1", "b2", "b3"].map((id) => startSim(id, ["--prefill-us-per-token", "100", "--decode-ms-per-token", "1"])));
+  const sims: Sim[] = await Promise.all(
+    ["b0", "b1", "b2", "b3"].map((id) => startSim(id, ["--prefill-us-per-token", "100", "--decode-ms-per-token", "1"])),
+  );
   const router = await startRouter(["--workers", workerArg(sims), ...args]);
   const envoy = await startEnvoy(router.grpcPort);
   await chat(envoy.url, "warm " + longText("warm", 30));
@@ -91,7 +123,9 @@ async function ttft(args: string[]): Promise<number[]> {
   // every doc asked 4 questions, in a seeded shuffle (a fixed order could line
   // docs up with round-robin's rotation and hand it cache hits by accident)
   const reqs: string[] = [];
-  for (let q = 0; q < 4; q++) for (let d = 0; d < docs.length; d++) reqs.push(`${docs[d]}\n\nQuestion ${q}: what about part ${(d * 7 + q) % 13}?`);
+  for (let q = 0; q < 4; q++)
+    for (let d = 0; d < docs.length; d++)
+      reqs.push(`${docs[d]}\n\nQuestion ${q}: what about part ${(d * 7 + q) % 13}?`);
   let seed = 20261202;
   for (let i = reqs.length - 1; i > 0; i--) {
     seed = (Math.imul(seed, 1103515245) + 12345) >>> 0;
@@ -112,9 +146,17 @@ async function ttft(args: string[]): Promise<number[]> {
 }
 
 async function main(): Promise<void> {
-  const lines: string[] = [`infera-gate bench, ${new Date().toISOString()}, node ${process.version}, ${quick ? "quick" : "full"} run`, ""];
+  const lines: string[] = [
+    `infera-gate bench, ${new Date().toISOString()}, node ${process.version}, ${quick ? "quick" : "full"} run`,
+    "",
+  ];
   if (!process.argv.includes("--skip-pick")) {
-    lines.push("Pick latency (parse + chat template + tokenize + chained XXH3 + score), in-process:", "", ...(await pickLatency()), "");
+    lines.push(
+      "Pick latency (parse + chat template + tokenize + chained XXH3 + score), in-process:",
+      "",
+      ...(await pickLatency()),
+      "",
+    );
     lines.push(hasherRatio(), "");
   }
   if (!process.argv.includes("--skip-ttft") && envoyBin()) {

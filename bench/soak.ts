@@ -23,10 +23,13 @@ async function main() {
   await waitFor("null engine", () => httpOk(`http://127.0.0.1:${enginePort}/v1/models`));
   const router = await startRouter(["--workers", `127.0.0.1:${enginePort}`, "--log-level", "warn"]);
   const envoy = await startEnvoy(router.grpcPort);
-  console.log(`soak: ${RATE} req/s for ${SECONDS} s through Envoy + router (${new Date().toISOString()}, node ${process.version})`);
+  console.log(
+    `soak: ${RATE} req/s for ${SECONDS} s through Envoy + router (${new Date().toISOString()}, node ${process.version})`,
+  );
   // Every 10 s: streams Envoy holds open to the router against the picks the
   // router holds; a leak shows as a climb long before anything fails.
-  const stat = (text: string, name: string) => Number(new RegExp(`^${name.replace(/\./g, "\\.")}: (\\d+)$`, "m").exec(text)?.[1] ?? NaN);
+  const stat = (text: string, name: string) =>
+    Number(new RegExp(`^${name.replace(/\./g, "\\.")}: (\\d+)$`, "m").exec(text)?.[1] ?? NaN);
   const t0 = Date.now();
   const rssMb = (pid?: number) => {
     try {
@@ -69,24 +72,44 @@ async function main() {
     }
   }, 10000);
   const out = await new Promise<string>((resolve, reject) =>
-    execFile(bin, ["-url", `${envoy.url}/v1/chat/completions`, "-rate", String(RATE), "-seconds", String(SECONDS)], { encoding: "utf8", maxBuffer: 1 << 26 }, (err, stdout) => (err ? reject(err) : resolve(stdout))),
+    execFile(
+      bin,
+      ["-url", `${envoy.url}/v1/chat/completions`, "-rate", String(RATE), "-seconds", String(SECONDS)],
+      { encoding: "utf8", maxBuffer: 1 << 26 },
+      (err, stdout) => (err ? reject(err) : resolve(stdout)),
+    ),
   );
   clearInterval(sampler);
   const r = JSON.parse(out.trim().split("\n").pop()!);
   const perSec: number[] = r.ok_per_second;
   const slowest = Math.min(...perSec.slice(1, -1));
   const stats = await (await fetch(`${envoy.admin}/stats`)).text();
-  const notable = stats.split("\n").filter((l) => /overflow|protocol_error|_5xx|rq_timeout|streams_failed|message_timeouts|failed_open|rq_reset|cx_max_requests|spurious|rq_active|cx_active|pending_active|flow_control|tx_reset|rx_reset/.test(l) && !/: 0$/.test(l));
+  const notable = stats
+    .split("\n")
+    .filter(
+      (l) =>
+        /overflow|protocol_error|_5xx|rq_timeout|streams_failed|message_timeouts|failed_open|rq_reset|cx_max_requests|spurious|rq_active|cx_active|pending_active|flow_control|tx_reset|rx_reset/.test(
+          l,
+        ) && !/: 0$/.test(l),
+    );
   if (notable.length) console.log(`Envoy stats:\n  ${notable.join("\n  ")}`);
-  const guards = await fetch(`${router.admin}/v1/admin/reservations`).then((r) => r.text()).catch((e) => String(e));
+  const guards = await fetch(`${router.admin}/v1/admin/reservations`)
+    .then((r) => r.text())
+    .catch((e) => String(e));
   console.log(`router reservations: ${guards}`);
   const m = await router.metrics().catch((e) => {
-    console.log(`router metrics failed (${e.message}); router exit ${router.proc.child.exitCode}; log:\n${router.proc.log().slice(-2000)}`);
+    console.log(
+      `router metrics failed (${e.message}); router exit ${router.proc.child.exitCode}; log:\n${router.proc.log().slice(-2000)}`,
+    );
     return "";
   });
   const lag = /^infera_router_event_loop_lag_seconds\S* (\S+)/m.exec(m)?.[1];
-  console.log(`sent ${r.sent}, ok ${r.ok}, errors ${JSON.stringify(r.errors)}, skipped (over ${2048} in flight) ${r.skipped}`);
-  console.log(`achieved ${r.achieved_rps.toFixed(0)} req/s over ${r.seconds.toFixed(0)} s (slowest whole second ${slowest}); latency p50 ${r.p50_ms} ms, p99 ${r.p99_ms} ms, p99.9 ${r.p999_ms} ms, max ${r.max_ms} ms${lag ? `; event-loop lag ${lag}` : ""}`);
+  console.log(
+    `sent ${r.sent}, ok ${r.ok}, errors ${JSON.stringify(r.errors)}, skipped (over ${2048} in flight) ${r.skipped}`,
+  );
+  console.log(
+    `achieved ${r.achieved_rps.toFixed(0)} req/s over ${r.seconds.toFixed(0)} s (slowest whole second ${slowest}); latency p50 ${r.p50_ms} ms, p99 ${r.p99_ms} ms, p99.9 ${r.p999_ms} ms, max ${r.max_ms} ms${lag ? `; event-loop lag ${lag}` : ""}`,
+  );
   void engine;
   const logFile = path.join(os.tmpdir(), "infera-soak-router.log");
   fs.writeFileSync(logFile, router.proc.log());

@@ -31,28 +31,67 @@ const TARGET_TOKENS = 112000;
 
 const CODE = fs.readFileSync(require.resolve("typescript/lib/typescript.js"), "utf8");
 const TOOLS = [
-  { type: "function", function: { name: "read_file", description: "Read a file of the repository", parameters: { type: "object", properties: { path: { type: "string" }, start: { type: "integer" } }, required: ["path"] } } },
-  { type: "function", function: { name: "run_tests", description: "Run the test suite and report failures", parameters: { type: "object", properties: { filter: { type: "string" } } } } },
+  {
+    type: "function",
+    function: {
+      name: "read_file",
+      description: "Read a file of the repository",
+      parameters: {
+        type: "object",
+        properties: { path: { type: "string" }, start: { type: "integer" } },
+        required: ["path"],
+      },
+    },
+  },
+  {
+    type: "function",
+    function: {
+      name: "run_tests",
+      description: "Run the test suite and report failures",
+      parameters: { type: "object", properties: { filter: { type: "string" } } },
+    },
+  },
 ];
-const SYSTEM = "You are a coding agent working in a large TypeScript repository. Read files with read_file, run tests with run_tests, and explain every change you make. Keep answers short and precise.";
+const SYSTEM =
+  "You are a coding agent working in a large TypeScript repository. Read files with read_file, run tests with run_tests, and explain every change you make. Keep answers short and precise.";
 
 type Msg = Record<string, unknown>;
 
 /** Conversation k: read_file calls whose results are a disjoint region of real code, ~112k tokens in all. */
 function conversation(k: number, chunkChars: number, turns: number): Msg[] {
-  const msgs: Msg[] = [{ role: "system", content: SYSTEM }, { role: "user", content: `Task ${k}: find why the checker mis-reports overloads and fix it. Start by reading the relevant sources.` }];
+  const msgs: Msg[] = [
+    { role: "system", content: SYSTEM },
+    {
+      role: "user",
+      content: `Task ${k}: find why the checker mis-reports overloads and fix it. Start by reading the relevant sources.`,
+    },
+  ];
   const region = (k * turns * chunkChars) % Math.max(1, CODE.length - turns * chunkChars);
   for (let t = 0; t < turns; t++) {
     const start = region + t * chunkChars;
-    msgs.push({ role: "assistant", content: `Reading part ${t} of the checker.`, tool_calls: [{ id: `call_${k}_${t}`, type: "function", function: { name: "read_file", arguments: JSON.stringify({ path: "src/compiler/checker.ts", start }) } }] });
+    msgs.push({
+      role: "assistant",
+      content: `Reading part ${t} of the checker.`,
+      tool_calls: [
+        {
+          id: `call_${k}_${t}`,
+          type: "function",
+          function: { name: "read_file", arguments: JSON.stringify({ path: "src/compiler/checker.ts", start }) },
+        },
+      ],
+    });
     msgs.push({ role: "tool", tool_call_id: `call_${k}_${t}`, content: CODE.slice(start, start + chunkChars) });
   }
   return msgs;
 }
 
 function extendTurn(msgs: Msg[], k: number): Msg[] {
-  const answer = `I found it: the overload resolution in part ${k} drops the rest parameter when the candidate list is filtered twice. ` + "The fix keeps the original arity and re-checks the signature against the widened argument types. ".repeat(8);
-  const next = `Good. Now apply the fix for case ${k}, run the tests with filter "overload-${k}", and tell me which ones still fail and why. ` + "Mention any related diagnostics that change wording. ".repeat(10);
+  const answer =
+    `I found it: the overload resolution in part ${k} drops the rest parameter when the candidate list is filtered twice. ` +
+    "The fix keeps the original arity and re-checks the signature against the widened argument types. ".repeat(8);
+  const next =
+    `Good. Now apply the fix for case ${k}, run the tests with filter "overload-${k}", and tell me which ones still fail and why. ` +
+    "Mention any related diagnostics that change wording. ".repeat(10);
   return [...msgs, { role: "assistant", content: answer }, { role: "user", content: next }];
 }
 
@@ -65,10 +104,17 @@ function pct(xs: number[], p: number): number {
 
 function makeApp(args: string[]): App {
   const specs = Array.from({ length: 8 }, (_, i) => `127.0.0.1:${20000 + i}`).join(",");
-  const app = new App(parseArgs(["--workers", specs, "--log-level", "warn", "--render-probe-api", "off", "--health-interval-ms", "0", ...args], {}), () => undefined, {
-    subscribe: () => ({ close() {} }),
-    close: async () => undefined,
-  });
+  const app = new App(
+    parseArgs(
+      ["--workers", specs, "--log-level", "warn", "--render-probe-api", "off", "--health-interval-ms", "0", ...args],
+      {},
+    ),
+    () => undefined,
+    {
+      subscribe: () => ({ close() {} }),
+      close: async () => undefined,
+    },
+  );
   app.setWorkers(app.opts.workers);
   return app;
 }
@@ -79,7 +125,17 @@ async function main(): Promise<void> {
   // Size the conversation to ~112k tokens on the rendered prompt.
   const chunk = 8000;
   let turns = 10;
-  const count = (m: Msg[]) => tok.encode(tok.renderChat({ messages: m as never, tools: TOOLS as never, kwargs: {}, addGenerationPrompt: true, continueFinal: false, documents: null } as never)).length;
+  const count = (m: Msg[]) =>
+    tok.encode(
+      tok.renderChat({
+        messages: m as never,
+        tools: TOOLS as never,
+        kwargs: {},
+        addGenerationPrompt: true,
+        continueFinal: false,
+        documents: null,
+      } as never),
+    ).length;
   const per = count(conversation(999, chunk, turns)) / turns;
   turns = Math.floor(TARGET_TOKENS / per);
   while (count(conversation(1000, chunk, turns)) < TARGET_TOKENS) turns++;
@@ -126,8 +182,23 @@ async function main(): Promise<void> {
   const floor: number[] = [];
   {
     const conv = conversation(0, chunk, turns);
-    const ids = tok.encode(tok.renderChat({ messages: conv as never, tools: TOOLS as never, kwargs: {}, addGenerationPrompt: true, continueFinal: false, documents: null } as never));
-    const feats = { blocks: blockHashes(ids, 16, nativeHasher), inputTokens: ids.length, exact: true, mediaHashes: [], n: 1 };
+    const ids = tok.encode(
+      tok.renderChat({
+        messages: conv as never,
+        tools: TOOLS as never,
+        kwargs: {},
+        addGenerationPrompt: true,
+        continueFinal: false,
+        documents: null,
+      } as never),
+    );
+    const feats = {
+      blocks: blockHashes(ids, 16, nativeHasher),
+      inputTokens: ids.length,
+      exact: true,
+      mediaHashes: [],
+      n: 1,
+    };
     for (let r = 0; r < REPS + WARMUP; r++) {
       const t0 = performance.now();
       newApp.router.pick(feats as never).reservation.finish();
@@ -151,7 +222,8 @@ async function main(): Promise<void> {
     t0 = performance.now();
     const f = fb.encode(text);
     tput.fast.push(f.length / ((performance.now() - t0) / 1000));
-    if (f.length !== a.length || f.some((x, i) => x !== a[i])) throw new Error("fast BPE ids differ from @huggingface/tokenizers on the throughput text");
+    if (f.length !== a.length || f.some((x, i) => x !== a[i]))
+      throw new Error("fast BPE ids differ from @huggingface/tokenizers on the throughput text");
     tput.n = a.length;
   }
 
@@ -180,7 +252,8 @@ async function main(): Promise<void> {
 
   const f = (x: number) => x.toFixed(1);
   const ratio = (a: number, b: number) => (a / b).toFixed(1) + "x";
-  const hit = (s: { hitTokens: number; missTokens: number }) => ((100 * s.hitTokens) / (s.hitTokens + s.missTokens)).toFixed(1) + "%";
+  const hit = (s: { hitTokens: number; missTokens: number }) =>
+    ((100 * s.hitTokens) / (s.hitTokens + s.missTokens)).toFixed(1) + "%";
   const lines = [
     `infera-gate tokenize bench, ${new Date().toISOString()}, node ${process.version}, ${REPS} interleaved rounds (+${WARMUP} warm-up), ${((performance.now() - t00) / 1000).toFixed(0)} s`,
     "",

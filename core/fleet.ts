@@ -4,7 +4,17 @@ import { WorkerSpec } from "./types";
 
 /** Same address, role, events endpoint and block size: nothing to redo. */
 export function sameWorker(a: WorkerSpec, b: WorkerSpec): boolean {
-  return a.address === b.address && (a.role || "mixed") === (b.role || "mixed") && a.events === b.events && a.replay === b.replay && a.snapshot === b.snapshot && a.blockSize === b.blockSize && a.dpRank === b.dpRank && a.dpEvents === b.dpEvents && (a.engine || "vllm") === (b.engine || "vllm");
+  return (
+    a.address === b.address &&
+    (a.role || "mixed") === (b.role || "mixed") &&
+    a.events === b.events &&
+    a.replay === b.replay &&
+    a.snapshot === b.snapshot &&
+    a.blockSize === b.blockSize &&
+    a.dpRank === b.dpRank &&
+    a.dpEvents === b.dpEvents &&
+    (a.engine || "vllm") === (b.engine || "vllm")
+  );
 }
 
 /** What turns fleet `cur` into fleet `want`: ids to remove, specs to (re)add. */
@@ -44,7 +54,13 @@ export function expandDp(base: WorkerSpec, n: number, mode: "port" | "tagged"): 
   if (!(n > 1)) return [base];
   const out: WorkerSpec[] = [];
   for (let r = 0; r < n; r++) {
-    const s: WorkerSpec = { id: base.id + "/dp" + r, address: base.address, role: base.role, dpRank: r, dpEvents: mode };
+    const s: WorkerSpec = {
+      id: base.id + "/dp" + r,
+      address: base.address,
+      role: base.role,
+      dpRank: r,
+      dpEvents: mode,
+    };
     if (base.blockSize !== undefined) s.blockSize = base.blockSize;
     if (base.engine !== undefined) s.engine = base.engine;
     const ev = mode === "port" ? offsetPort(base.events, r) : base.events;

@@ -42,7 +42,14 @@ function putTokens(buf: Uint8Array, o: number, tokens: ArrayLike<number>, start:
 }
 
 /** Hash of one block chained to its parent (null for the first block). */
-export function chainNext(parent: string | null, tokens: ArrayLike<number>, start: number, blockSize: number, buf: Uint8Array, h: Hasher): BlockHash {
+export function chainNext(
+  parent: string | null,
+  tokens: ArrayLike<number>,
+  start: number,
+  blockSize: number,
+  buf: Uint8Array,
+  h: Hasher,
+): BlockHash {
   let o = 0;
   if (parent) {
     putHex64LE(buf, 0, parent);

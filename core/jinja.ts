@@ -100,14 +100,26 @@ function jsonStr(s: string): string {
 }
 
 /** json.dumps(v, ensure_ascii=False, indent=indent, separators=seps, sort_keys=sortKeys). */
-export function pyJson(v: any, indent: number | string | null, seps: string[] | null, sortKeys: boolean, depth: number): string {
-  const ind = indent === null || indent === undefined ? null : typeof indent === "number" ? new Array(indent + 1).join(" ") : String(indent);
+export function pyJson(
+  v: any,
+  indent: number | string | null,
+  seps: string[] | null,
+  sortKeys: boolean,
+  depth: number,
+): string {
+  const ind =
+    indent === null || indent === undefined
+      ? null
+      : typeof indent === "number"
+        ? new Array(indent + 1).join(" ")
+        : String(indent);
   const item = seps ? seps[0] : ind !== null ? "," : ", ";
   const key = seps ? seps[1] : ": ";
   if (v === null || v === undefined) return "null";
   if (v === true) return "true";
   if (v === false) return "false";
-  if (typeof v === "number") return v !== v ? "NaN" : v === Infinity ? "Infinity" : v === -Infinity ? "-Infinity" : String(v);
+  if (typeof v === "number")
+    return v !== v ? "NaN" : v === Infinity ? "Infinity" : v === -Infinity ? "-Infinity" : String(v);
   if (typeof v === "string") return jsonStr(v);
   const nl = ind !== null ? "\n" + new Array(depth + 2).join(ind) : "";
   const end = ind !== null ? "\n" + new Array(depth + 1).join(ind) : "";
@@ -124,20 +136,23 @@ export function pyJson(v: any, indent: number | string | null, seps: string[] | 
     if (sortKeys) keys.sort();
     if (!keys.length) return "{}";
     const p: string[] = [];
-    for (let i = 0; i < keys.length; i++) p.push(jsonStr(keys[i]) + key + pyJson(src[keys[i]], indent, seps, sortKeys, depth + 1));
+    for (let i = 0; i < keys.length; i++)
+      p.push(jsonStr(keys[i]) + key + pyJson(src[keys[i]], indent, seps, sortKeys, depth + 1));
     return "{" + nl + p.join(item + nl) + end + "}";
   }
   throw TemplateError("Object of type " + typeof v + " is not JSON serializable");
 }
 
-const PY_WS = " \t\n\r\x0b\x0c\x1c\x1d\x1e\x1f\x85\xa0\u1680\u2000\u2001\u2002\u2003\u2004\u2005\u2006\u2007\u2008\u2009\u200a\u2028\u2029\u202f\u205f\u3000";
+const PY_WS =
+  " \t\n\r\x0b\x0c\x1c\x1d\x1e\x1f\x85\xa0\u1680\u2000\u2001\u2002\u2003\u2004\u2005\u2006\u2007\u2008\u2009\u200a\u2028\u2029\u202f\u205f\u3000";
 
 export function pyStrip(s: string, chars: string | null, left: boolean, right: boolean): string {
   const set = chars === null || chars === undefined ? PY_WS : chars;
   let i = 0;
   let j = s.length;
   // chars may hold surrogate pairs; whitespace never does, and a pair is stripped only whole.
-  const has = (a: number, b: number) => (b - a === 1 ? set.indexOf(s.charAt(a)) >= 0 : set.indexOf(s.substring(a, b)) >= 0);
+  const has = (a: number, b: number) =>
+    b - a === 1 ? set.indexOf(s.charAt(a)) >= 0 : set.indexOf(s.substring(a, b)) >= 0;
   const pairAt = (k: number) => {
     const c = s.charCodeAt(k);
     return c >= 0xd800 && c <= 0xdbff && k + 1 < s.length;
@@ -231,7 +246,12 @@ function strMethod(s: string, name: string): Fn | undefined {
     case "lstrip":
     case "rstrip":
       return fn(function (a) {
-        return pyStrip(s, a.length && a[0] !== null && a[0] !== undefined ? String(a[0]) : null, name !== "rstrip", name !== "lstrip");
+        return pyStrip(
+          s,
+          a.length && a[0] !== null && a[0] !== undefined ? String(a[0]) : null,
+          name !== "rstrip",
+          name !== "lstrip",
+        );
       });
     case "startswith":
     case "endswith":
@@ -239,7 +259,12 @@ function strMethod(s: string, name: string): Fn | undefined {
         const ps = isArr(a[0]) ? a[0] : [a[0]];
         for (let i = 0; i < ps.length; i++) {
           const p = String(ps[i]);
-          if (name === "startswith" ? s.substr(0, p.length) === p : p.length <= s.length && s.substr(s.length - p.length) === p) return true;
+          if (
+            name === "startswith"
+              ? s.substr(0, p.length) === p
+              : p.length <= s.length && s.substr(s.length - p.length) === p
+          )
+            return true;
         }
         return false;
       });
@@ -248,7 +273,9 @@ function strMethod(s: string, name: string): Fn | undefined {
         const sep = a.length ? a[0] : null;
         const max = a.length > 1 ? a[1] : -1;
         if (sep === null || sep === undefined) {
-          const parts = pyStrip(s, null, true, true).split(/[ \t\n\r\x0b\x0c\x1c-\x1f\x85\xa0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000]+/);
+          const parts = pyStrip(s, null, true, true).split(
+            /[ \t\n\r\x0b\x0c\x1c-\x1f\x85\xa0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000]+/,
+          );
           return parts.length === 1 && parts[0] === "" ? [] : parts;
         }
         if (sep === "") throw TemplateError("empty separator");
@@ -261,7 +288,8 @@ function strMethod(s: string, name: string): Fn | undefined {
         const sep = a[0];
         const max = a.length > 1 ? a[1] : -1;
         const out = s.split(sep);
-        if (max >= 0 && out.length > max + 1) return [out.slice(0, out.length - max).join(sep)].concat(out.slice(out.length - max));
+        if (max >= 0 && out.length > max + 1)
+          return [out.slice(0, out.length - max).join(sep)].concat(out.slice(out.length - max));
         return out;
       });
     case "lower":
@@ -368,7 +396,8 @@ function getAttr(obj: any, key: any, computed: boolean): any {
     return undefined;
   }
   if (isDict(obj)) {
-    const own = typeof key === "string" || typeof key === "number" ? Object.prototype.hasOwnProperty.call(obj, key) : false;
+    const own =
+      typeof key === "string" || typeof key === "number" ? Object.prototype.hasOwnProperty.call(obj, key) : false;
     if (computed) return own ? obj[key] : typeof key === "string" ? dictMethod(obj, key) : undefined;
     const m = typeof key === "string" ? dictMethod(obj, key) : undefined;
     if (m) return m;
@@ -411,7 +440,8 @@ function binary(op: string, a: any, b: any): any {
     case "not in": {
       let r: boolean;
       if (typeof b === "string") {
-        if (typeof a !== "string") throw TemplateError("'in <string>' requires string as left operand, not " + typeName(a));
+        if (typeof a !== "string")
+          throw TemplateError("'in <string>' requires string as left operand, not " + typeName(a));
         r = b.indexOf(a) >= 0;
       } else if (isArr(b)) {
         r = false;
@@ -420,7 +450,8 @@ function binary(op: string, a: any, b: any): any {
             r = true;
             break;
           }
-      } else if (isDict(b)) r = (typeof a === "string" || typeof a === "number") && Object.prototype.hasOwnProperty.call(b, a);
+      } else if (isDict(b))
+        r = (typeof a === "string" || typeof a === "number") && Object.prototype.hasOwnProperty.call(b, a);
       else if (b === undefined) r = false;
       else throw TemplateError("argument of type '" + typeName(b) + "' is not iterable");
       return op === "in" ? r : !r;
@@ -442,10 +473,13 @@ function binary(op: string, a: any, b: any): any {
   }
   if (op === "<" || op === ">" || op === "<=" || op === ">=") {
     if (!((num(a) && num(b)) || (typeof a === "string" && typeof b === "string")))
-      throw TemplateError("'" + op + "' not supported between instances of '" + typeName(a) + "' and '" + typeName(b) + "'");
+      throw TemplateError(
+        "'" + op + "' not supported between instances of '" + typeName(a) + "' and '" + typeName(b) + "'",
+      );
     return op === "<" ? a < b : op === ">" ? a > b : op === "<=" ? a <= b : a >= b;
   }
-  if (!num(a) || !num(b)) throw TemplateError("unsupported operand type(s) for " + op + ": '" + typeName(a) + "' and '" + typeName(b) + "'");
+  if (!num(a) || !num(b))
+    throw TemplateError("unsupported operand type(s) for " + op + ": '" + typeName(a) + "' and '" + typeName(b) + "'");
   const x = Number(a);
   const y = Number(b);
   switch (op) {
@@ -470,7 +504,8 @@ function binary(op: string, a: any, b: any): any {
 
 function attrPath(v: any, path: string): any {
   const parts = String(path).split(".");
-  for (let i = 0; i < parts.length && v !== undefined; i++) v = getAttr(v, /^\d+$/.test(parts[i]) ? Number(parts[i]) : parts[i], true);
+  for (let i = 0; i < parts.length && v !== undefined; i++)
+    v = getAttr(v, /^\d+$/.test(parts[i]) ? Number(parts[i]) : parts[i], true);
   return v;
 }
 
@@ -584,7 +619,8 @@ function applyFilter(name: string, v: any, a: any[], kw: { [k: string]: any }, e
       const sep = a.length ? String(a[0]) : kw.d !== undefined ? String(kw.d) : "";
       const it = iterate(v);
       const out: string[] = [];
-      for (let i = 0; i < it.length; i++) out.push(pyStr(kw.attribute !== undefined ? attrPath(it[i], kw.attribute) : it[i]));
+      for (let i = 0; i < it.length; i++)
+        out.push(pyStr(kw.attribute !== undefined ? attrPath(it[i], kw.attribute) : it[i]));
       return out.join(sep);
     }
     case "default":
@@ -730,7 +766,12 @@ function ev(it: Interp, n: Ast, s: Scope): any {
       const obj = ev(it, n.object, s);
       if (n.computed && n.property.type === "SliceExpression") {
         const p = n.property;
-        return slice(obj, p.start ? ev(it, p.start, s) : null, p.stop ? ev(it, p.stop, s) : null, p.step ? ev(it, p.step, s) : null);
+        return slice(
+          obj,
+          p.start ? ev(it, p.start, s) : null,
+          p.stop ? ev(it, p.stop, s) : null,
+          p.step ? ev(it, p.step, s) : null,
+        );
       }
       const key = n.computed ? ev(it, n.property, s) : n.property.value;
       return getAttr(obj, key, n.computed);
@@ -738,7 +779,10 @@ function ev(it: Interp, n: Ast, s: Scope): any {
     case "CallExpression": {
       const f = ev(it, n.callee, s);
       const a = evalArgs(it, n.args, s);
-      if (typeof f !== "function") throw TemplateError("'" + (n.callee.value || (n.callee.property && n.callee.property.value) || "object") + "' is not callable");
+      if (typeof f !== "function")
+        throw TemplateError(
+          "'" + (n.callee.value || (n.callee.property && n.callee.property.value) || "object") + "' is not callable",
+        );
       return f(a.pos, a.kw);
     }
     case "BinaryExpression": {
@@ -921,10 +965,39 @@ function globals(): { [k: string]: any } {
     }),
     strftime_now: fn(function (a) {
       const d = new Date();
-      const M = ["January", "February", "March", "April", "May", "June", "July", "August", "September", "October", "November", "December"];
+      const M = [
+        "January",
+        "February",
+        "March",
+        "April",
+        "May",
+        "June",
+        "July",
+        "August",
+        "September",
+        "October",
+        "November",
+        "December",
+      ];
       const two = (x: number) => (x < 10 ? "0" : "") + x;
       return String(a[0]).replace(/%([YmdbBHMS%])/g, function (_m: string, c: string) {
-        return c === "Y" ? String(d.getFullYear()) : c === "m" ? two(d.getMonth() + 1) : c === "d" ? two(d.getDate()) : c === "b" ? M[d.getMonth()].substr(0, 3) : c === "B" ? M[d.getMonth()] : c === "H" ? two(d.getHours()) : c === "M" ? two(d.getMinutes()) : c === "S" ? two(d.getSeconds()) : "%";
+        return c === "Y"
+          ? String(d.getFullYear())
+          : c === "m"
+            ? two(d.getMonth() + 1)
+            : c === "d"
+              ? two(d.getDate())
+              : c === "b"
+                ? M[d.getMonth()].substr(0, 3)
+                : c === "B"
+                  ? M[d.getMonth()]
+                  : c === "H"
+                    ? two(d.getHours())
+                    : c === "M"
+                      ? two(d.getMinutes())
+                      : c === "S"
+                        ? two(d.getSeconds())
+                        : "%";
       });
     }),
   };

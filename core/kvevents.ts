@@ -91,7 +91,8 @@ export function parseTierWeights(s: string): { [tier: string]: number } {
     if (!p) continue;
     const eq = p.indexOf("=");
     const w = Number(p.substr(eq + 1));
-    if (eq <= 0 || !(w >= 0 && w <= 1)) throw new Error("--kv-tier-weights: '" + p + "' is not tier=weight with 0 <= weight <= 1");
+    if (eq <= 0 || !(w >= 0 && w <= 1))
+      throw new Error("--kv-tier-weights: '" + p + "' is not tier=weight with 0 <= weight <= 1");
     out[tierOf(p.substr(0, eq))] = w;
   }
   return out;
@@ -106,7 +107,11 @@ export function defaultTierWeights(): { [tier: string]: number } {
  * and vLLM's cache_salt (folded into block 0 only, so the whole chain differs).
  * null for plain base-model prompts, which keeps their hashes unchanged.
  */
-export function chainRoot(loraName: string | null | undefined, cacheSalt: string | null | undefined, hasher?: Hasher): BlockHash | null {
+export function chainRoot(
+  loraName: string | null | undefined,
+  cacheSalt: string | null | undefined,
+  hasher?: Hasher,
+): BlockHash | null {
   if (!loraName && !cacheSalt) return null;
   const h = hasher || jsHasher;
   return h(utf8("infera-root\u0000" + (loraName || "") + "\u0000" + (cacheSalt || ""))) as BlockHash;
@@ -138,7 +143,10 @@ function mirroredGroup(mirror: MirrorIndex, ek: EpochKey): number {
 }
 
 /** Splits one block's extra keys into its cache salt and whether it holds non-text content. */
-function readExtra(keys: unknown[] | null | undefined, loraName: string | null | undefined): { salt: string | null; nonText: boolean } {
+function readExtra(
+  keys: unknown[] | null | undefined,
+  loraName: string | null | undefined,
+): { salt: string | null; nonText: boolean } {
   let salt: string | null = null;
   let nonText = false;
   if (!keys) return { salt: salt, nonText: nonText };
@@ -211,10 +219,26 @@ function retainOnly(mirror: MirrorIndex, ek: EpochKey, hashes: EngineHash[]): { 
  * resync rather than drift. A batch holding a Snapshot is itself the resync:
  * no gap check, its live events first, then the snapshot's cut.
  */
-export function applyBatch(mirror: MirrorIndex, ek: EpochKey, seq: number, events: KvEvent[], blockSize: number, hasherOrOpts?: Hasher | ApplyOptions): ApplyResult {
+export function applyBatch(
+  mirror: MirrorIndex,
+  ek: EpochKey,
+  seq: number,
+  events: KvEvent[],
+  blockSize: number,
+  hasherOrOpts?: Hasher | ApplyOptions,
+): ApplyResult {
   const opts: ApplyOptions = typeof hasherOrOpts === "function" ? { hasher: hasherOrOpts } : hasherOrOpts || {};
   const h = opts.hasher || jsHasher;
-  const res: ApplyResult = { stored: 0, removed: 0, cleared: false, skipped: 0, otherGroup: 0, gap: false, fatal: null, resync: null };
+  const res: ApplyResult = {
+    stored: 0,
+    removed: 0,
+    cleared: false,
+    skipped: 0,
+    otherGroup: 0,
+    gap: false,
+    fatal: null,
+    resync: null,
+  };
   const hadSeq = mirror.sequence(ek);
   let snapshot = false;
   for (let i = 0; i < events.length; i++) if (events[i].type === "Snapshot") snapshot = true;
@@ -240,7 +264,8 @@ export function applyBatch(mirror: MirrorIndex, ek: EpochKey, seq: number, event
     } else if (ev.type === "BlockStored") {
       const full = isFullAttention(ev.specKind, ev.slidingWindow);
       const g = groupOf(ev.groupIdx);
-      if (full === true && g >= 0 && mirror.meta(ek, FULL_GROUP) !== String(g)) mirror.setMeta(ek, FULL_GROUP, String(g));
+      if (full === true && g >= 0 && mirror.meta(ek, FULL_GROUP) !== String(g))
+        mirror.setMeta(ek, FULL_GROUP, String(g));
       if (full === false || (full === null && g >= 0 && g !== mirroredGroup(mirror, ek))) {
         res.otherGroup += ev.hashes.length;
         continue;
@@ -275,7 +300,8 @@ export function applyBatch(mirror: MirrorIndex, ek: EpochKey, seq: number, event
         const first = readExtra(extra ? extra[0] : null, ev.loraName);
         parent = chainRoot(ev.loraName, first.salt, h);
         // Deprecated lora_id without a name: a root no request can produce.
-        if (parent === null && ev.loraId !== undefined && ev.loraId !== null) parent = h(utf8("lora:" + ev.loraId)) as BlockHash;
+        if (parent === null && ev.loraId !== undefined && ev.loraId !== null)
+          parent = h(utf8("lora:" + ev.loraId)) as BlockHash;
       }
       for (let j = 0; j < ev.hashes.length; j++) {
         if (extra && extra[j] && readExtra(extra[j], ev.loraName).nonText)
@@ -312,7 +338,12 @@ export function tierCounts(mirror: MirrorIndex, ek: EpochKey): { [tier: string]:
  * LoRA adapter some worker's events named (lora_name), so an adapter request
  * matches that adapter's blocks and a base-model request never does.
  */
-export function requestRoot(mirror: MirrorIndex, model: string, cacheSalt: string | null | undefined, hasher?: Hasher): BlockHash | null {
+export function requestRoot(
+  mirror: MirrorIndex,
+  model: string,
+  cacheSalt: string | null | undefined,
+  hasher?: Hasher,
+): BlockHash | null {
   const lora = model && mirror.meta(GLOBAL_META, adapterMetaKey(model)) !== undefined ? model : null;
   return chainRoot(lora, cacheSalt, hasher);
 }

@@ -107,7 +107,10 @@ interface Factor {
 }
 
 /** onObserve: each observation with what the model predicted for it beforehand (null: not learned yet). */
-export function latencyModel(opts?: LatencyOptions, onObserve?: (ek: EpochKey, predicted: number | null, ms: number) => void): LatencyModel {
+export function latencyModel(
+  opts?: LatencyOptions,
+  onObserve?: (ek: EpochKey, predicted: number | null, ms: number) => void,
+): LatencyModel {
   const o = opts || defaultLatencyOptions();
   const decay = Math.pow(0.5, 1 / o.halfLife);
   // A pseudo-observation at factor 1 that a worker's own data must outweigh.
@@ -179,7 +182,8 @@ export function latencyModel(opts?: LatencyOptions, onObserve?: (ek: EpochKey, p
       known.sort(function (a, b) {
         return a - b;
       });
-      const mid = known.length % 2 ? known[(known.length - 1) / 2] : (known[known.length / 2 - 1] + known[known.length / 2]) / 2;
+      const mid =
+        known.length % 2 ? known[(known.length - 1) / 2] : (known[known.length / 2 - 1] + known[known.length / 2]) / 2;
       for (const ek in ks) {
         const r = ks[ek] / mid;
         out[ek] = r > o.band || r < 1 / o.band ? r : 1;

@@ -12,5 +12,10 @@ export function checkSessionId(id: string | null, max: number): void {
   // Cheap bound first: a JS string of n units is at most 3n UTF-8 bytes.
   if (id.length * 3 <= max) return;
   const n = id.length > max ? id.length : utf8(id).length;
-  if (n > max) throw httpError(400, "session id is " + n + " bytes, over the " + max + "-byte limit (--max-session-id-bytes)", "invalid_request_error");
+  if (n > max)
+    throw httpError(
+      400,
+      "session id is " + n + " bytes, over the " + max + "-byte limit (--max-session-id-bytes)",
+      "invalid_request_error",
+    );
 }

@@ -56,7 +56,12 @@ function split<W extends { id: string }>(table: ModelTable, list: W[], model: st
  * The workers of `pool` eligible for `model`. Throws the 404 when no worker of
  * the whole fleet can serve it (an empty pool otherwise means "busy elsewhere").
  */
-export function eligible<W extends { id: string }>(table: ModelTable | undefined, pool: W[], fleet: W[], model: string | undefined): W[] {
+export function eligible<W extends { id: string }>(
+  table: ModelTable | undefined,
+  pool: W[],
+  fleet: W[],
+  model: string | undefined,
+): W[] {
   if (!table || model === undefined || model === null) return pool;
   const all = split(table, fleet, model);
   if (!all.serving.length && !all.unknown.length && fleet.length) throw modelNotFound(model);

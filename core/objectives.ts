@@ -31,7 +31,10 @@ export function parseObjectives(spec: string): { [name: string]: number } {
     const eq = item.lastIndexOf("=");
     const name = eq > 0 ? item.substring(0, eq).trim() : "";
     const p = eq > 0 ? Number(item.substring(eq + 1).trim()) : NaN;
-    if (!name || !(p % 1 === 0) || Math.abs(p) > 1000000) throw new Error("'" + item + "': expected objective=priority with an integer priority, e.g. critical=100,batch=-10");
+    if (!name || !(p % 1 === 0) || Math.abs(p) > 1000000)
+      throw new Error(
+        "'" + item + "': expected objective=priority with an integer priority, e.g. critical=100,batch=-10",
+      );
     out[name] = p;
   }
   return out;
@@ -51,7 +54,11 @@ function clip(s: string): string {
   return s.length > 128 ? s.substring(0, 128) : s;
 }
 
-export function objectiveOf(header: (name: string) => string | undefined, table: { [name: string]: number }, trust: boolean): Objective {
+export function objectiveOf(
+  header: (name: string) => string | undefined,
+  table: { [name: string]: number },
+  trust: boolean,
+): Objective {
   if (!trust) return { name: "", priority: 0, flow: DEFAULT_FLOW };
   const name = clip(header(OBJECTIVE_HEADER) || "");
   const flow = clip(header(FAIRNESS_HEADER) || "") || DEFAULT_FLOW;

@@ -52,11 +52,14 @@ export function parseExtraPaths(spec: string): PathRule[] {
     const sp = item.indexOf(" ");
     const method = sp > 0 ? item.substring(0, sp).toUpperCase() : "";
     let path = sp > 0 ? item.substring(sp + 1).trim() : item;
-    if (method && METHODS.indexOf(method) < 0) throw new Error("'" + item + "': unknown method " + method + " (one of " + METHODS.join(", ") + ")");
+    if (method && METHODS.indexOf(method) < 0)
+      throw new Error("'" + item + "': unknown method " + method + " (one of " + METHODS.join(", ") + ")");
     const prefix = path.length > 1 && path.charAt(path.length - 1) === "*";
     if (prefix) path = path.substring(0, path.length - 1);
     if (path.charAt(0) !== "/" || path.indexOf("*") >= 0 || path.indexOf("?") >= 0 || /\s/.test(path))
-      throw new Error("'" + item + "': expected [METHOD ]/path or /prefix*, e.g. 'POST /v1/score' or 'GET /v1/models/*'");
+      throw new Error(
+        "'" + item + "': expected [METHOD ]/path or /prefix*, e.g. 'POST /v1/score' or 'GET /v1/models/*'",
+      );
     out.push({ method: method, path: path, prefix: prefix, endpoint: null });
   }
   return out;
@@ -87,6 +90,19 @@ export function checkPath(rules: PathRule[], method: string, rawPath: string): P
   }
   // The path is the client's: quoted short, never echoed whole.
   const shown = p.length > 120 ? p.substring(0, 120) + "..." : p;
-  if (known) return { endpoint: null, error: httpError(405, "method " + m + " is not allowed on " + shown, "method_not_allowed") };
-  return { endpoint: null, error: httpError(404, "path " + shown + " is not served by this gateway (inference endpoints only; operators add paths with --extra-paths)", "not_found") };
+  if (known)
+    return {
+      endpoint: null,
+      error: httpError(405, "method " + m + " is not allowed on " + shown, "method_not_allowed"),
+    };
+  return {
+    endpoint: null,
+    error: httpError(
+      404,
+      "path " +
+        shown +
+        " is not served by this gateway (inference endpoints only; operators add paths with --extra-paths)",
+      "not_found",
+    ),
+  };
 }

@@ -74,14 +74,16 @@ function depthOver(root: unknown, limit: number): boolean {
     const v = stack.pop();
     const d = depth.pop() as number;
     if (d > limit) return true;
-    if (v instanceof Array) for (let i = 0; i < v.length; i++) {
-      stack.push(v[i]);
-      depth.push(d + 1);
-    }
-    else if (isObj(v)) for (const k in v) {
-      stack.push(v[k]);
-      depth.push(d + 1);
-    }
+    if (v instanceof Array)
+      for (let i = 0; i < v.length; i++) {
+        stack.push(v[i]);
+        depth.push(d + 1);
+      }
+    else if (isObj(v))
+      for (const k in v) {
+        stack.push(v[k]);
+        depth.push(d + 1);
+      }
   }
   return false;
 }
@@ -152,9 +154,19 @@ export interface ParseOptions {
   maxJsonDepth?: number;
 }
 
-export function parseRequest(endpoint: Endpoint, body: string, bodyBytes: number, opts: ParseOptions, sessionHeader?: string | null): ParsedRequest {
+export function parseRequest(
+  endpoint: Endpoint,
+  body: string,
+  bodyBytes: number,
+  opts: ParseOptions,
+  sessionHeader?: string | null,
+): ParsedRequest {
   if (bodyBytes > opts.maxBodyBytes)
-    throw httpError(413, "request body is " + bodyBytes + " bytes, over the " + opts.maxBodyBytes + "-byte limit", "request_too_large");
+    throw httpError(
+      413,
+      "request body is " + bodyBytes + " bytes, over the " + opts.maxBodyBytes + "-byte limit",
+      "request_too_large",
+    );
   let j: any;
   try {
     j = JSON.parse(body);
@@ -163,11 +175,15 @@ export function parseRequest(endpoint: Endpoint, body: string, bodyBytes: number
   }
   if (!isObj(j)) throw httpError(400, "request body must be a JSON object");
   const maxDepth = opts.maxJsonDepth || REQUEST_LIMITS.maxJsonDepth;
-  if (depthOver(j, maxDepth)) throw httpError(400, "request body nests deeper than " + maxDepth + " levels (--max-json-depth)");
+  if (depthOver(j, maxDepth))
+    throw httpError(400, "request body nests deeper than " + maxDepth + " levels (--max-json-depth)");
   if (typeof j.model !== "string" || !j.model) throw httpError(400, "'model' is required");
   const maxMessages = opts.maxMessages || REQUEST_LIMITS.maxMessages;
   if (j.messages instanceof Array && j.messages.length > maxMessages)
-    throw httpError(400, "request has " + j.messages.length + " messages, over the limit of " + maxMessages + " (--max-messages)");
+    throw httpError(
+      400,
+      "request has " + j.messages.length + " messages, over the limit of " + maxMessages + " (--max-messages)",
+    );
   const media: string[] = [];
   let chat: ChatInput | null = null;
   let prompt: string | null = null;
@@ -184,7 +200,8 @@ export function parseRequest(endpoint: Endpoint, body: string, bodyBytes: number
     if (typeof p === "string") prompt = p;
     else if (p instanceof Array) {
       for (let i = 0; i < p.length; i++)
-        if (typeof p[i] !== "number" || p[i] < 0 || p[i] % 1 !== 0) throw httpError(400, "'prompt' token ids must be non-negative integers");
+        if (typeof p[i] !== "number" || p[i] < 0 || p[i] % 1 !== 0)
+          throw httpError(400, "'prompt' token ids must be non-negative integers");
         else if (p[i] > 4294967295) throw httpError(400, "'prompt' token id " + p[i] + " does not fit in 32 bits");
       promptTokens = p as number[];
     } else throw httpError(400, "'prompt' must be a string, token ids, or an array of them");
@@ -199,7 +216,11 @@ export function parseRequest(endpoint: Endpoint, body: string, bodyBytes: number
     }
   }
   const maxMedia = opts.maxMedia || REQUEST_LIMITS.maxMedia;
-  if (media.length > maxMedia) throw httpError(400, "request has " + media.length + " images or audio parts, over the limit of " + maxMedia + " (--max-images)");
+  if (media.length > maxMedia)
+    throw httpError(
+      400,
+      "request has " + media.length + " images or audio parts, over the limit of " + maxMedia + " (--max-images)",
+    );
   let n = 1;
   if (typeof j.n === "number" && j.n >= 1 && j.n % 1 === 0 && j.n <= 128) n = j.n;
   let sessionId: string | null = sessionHeader || null;
@@ -258,11 +279,25 @@ export function promptTokenIds(req: ParsedRequest, tok: Tokenizer | null): numbe
  * (or when it fails) the token count falls back to the bytes/4 estimate and
  * there are no blocks, so kv-aware degrades to load balance.
  */
-export function computeFeatures(req: ParsedRequest, tok: Tokenizer | null, blockSize: number, hasher?: Hasher, root?: string | null): Features {
+export function computeFeatures(
+  req: ParsedRequest,
+  tok: Tokenizer | null,
+  blockSize: number,
+  hasher?: Hasher,
+  root?: string | null,
+): Features {
   const h = hasher || jsHasher;
   const ms = mediaSalt(req, h, root);
   const tokens = promptTokenIds(req, tok);
-  if (!tokens) return { blocks: [], inputTokens: req.estimatedTokens, exact: false, mediaHashes: ms.mediaHashes, n: req.n, model: req.model };
+  if (!tokens)
+    return {
+      blocks: [],
+      inputTokens: req.estimatedTokens,
+      exact: false,
+      mediaHashes: ms.mediaHashes,
+      n: req.n,
+      model: req.model,
+    };
   return featuresOf(req, tokens.length, blockHashes(tokens, blockSize, h, ms.salt), ms.mediaHashes);
 }
 
@@ -271,7 +306,11 @@ export function computeFeatures(req: ParsedRequest, tok: Tokenizer | null, block
  * their images: same text + other images != text hit. root: LoRA adapter /
  * cache_salt chain root (core/kvevents.ts requestRoot).
  */
-export function mediaSalt(req: ParsedRequest, h: Hasher, root?: string | null): { mediaHashes: string[]; salt: string | undefined } {
+export function mediaSalt(
+  req: ParsedRequest,
+  h: Hasher,
+  root?: string | null,
+): { mediaHashes: string[]; salt: string | undefined } {
   const mediaHashes: string[] = [];
   for (let i = 0; i < req.media.length; i++) mediaHashes.push(h(utf8(req.media[i])));
   let salt: string | undefined = root || undefined;

@@ -67,7 +67,14 @@ export function reservations(state: RouterState, log: (level: "warn", line: stri
     },
     /** Releases a guard rebuilt from its data (njs: popped from a shared dict, so once). */
     releaseCopy(g: Guard): void {
-      release({ epochKey: g.epochKey, blocks: g.blocks, tokens: g.tokens, requests: g.requests, pending: g.pending || 0, done: false });
+      release({
+        epochKey: g.epochKey,
+        blocks: g.blocks,
+        tokens: g.tokens,
+        requests: g.requests,
+        pending: g.pending || 0,
+        done: false,
+      });
     },
   };
 }

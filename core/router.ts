@@ -3,7 +3,17 @@
 // reservations. Adapters (ext_proc, njs) talk to this interface only.
 import { RouterState } from "./state/types";
 import { decideDemand, DemandDecision } from "./scheduling/decode-demand";
-import { lifecyclePlugins, PickContext, picker, PickResult, policyNames, ProfileName, Row, runProfile, scorerNames } from "./scheduling/framework";
+import {
+  lifecyclePlugins,
+  PickContext,
+  picker,
+  PickResult,
+  policyNames,
+  ProfileName,
+  Row,
+  runProfile,
+  scorerNames,
+} from "./scheduling/framework";
 import { boundRow } from "./scheduling/session";
 import { isUsable } from "./scheduling/plugins/filter/usable";
 import { sameWorker } from "./fleet";
@@ -57,15 +67,19 @@ export function unknownScorers(weights: { [name: string]: number } | null): stri
 
 /** Throws with a message naming the flag when the combination cannot work. */
 export function validateConfig(c: RouterConfig): void {
-  if (policyNames().indexOf(c.policy) < 0) throw new Error("--router-policy: unknown policy " + c.policy + " (known: " + policyNames().join(", ") + ")");
+  if (policyNames().indexOf(c.policy) < 0)
+    throw new Error("--router-policy: unknown policy " + c.policy + " (known: " + policyNames().join(", ") + ")");
   const unknown = unknownScorers(c.scorerWeights);
   if (unknown) throw new Error("--scorer-weights: " + unknown);
   if (!(c.blockSize >= 1 && c.blockSize % 1 === 0)) throw new Error("--block-size must be a positive integer");
   if (!(c.overlapWeight >= 0)) throw new Error("--kv-overlap-weight must be >= 0");
   if (c.decodeInputDemand !== "off" && c.policy !== "kv-aware")
-    throw new Error("--decode-input-demand " + c.decodeInputDemand + " needs --router-policy kv-aware (got " + c.policy + ")");
+    throw new Error(
+      "--decode-input-demand " + c.decodeInputDemand + " needs --router-policy kv-aware (got " + c.policy + ")",
+    );
   if (!(c.decodeRequestWeight >= 0)) throw new Error("--decode-request-weight must be >= 0");
-  for (const k in c.scorerWeights) if (!(c.scorerWeights[k] >= 0)) throw new Error("--scorer-weights " + k + " must be >= 0");
+  for (const k in c.scorerWeights)
+    if (!(c.scorerWeights[k] >= 0)) throw new Error("--scorer-weights " + k + " must be >= 0");
 }
 
 export interface Pick {
@@ -119,7 +133,9 @@ export interface Router {
   holdOn(id: string, g: Guard): Guard | null;
   /** block_count: GPU blocks (what a hit means); tiers: blocks per storage tier. */
   /** seq: the last KV event batch applied to the mirror (null before the first), so a caller can wait for a given batch. */
-  cacheView(id: string): { worker_id: string; block_count: number; tiers: { [tier: string]: number }; seq: number | null } | null;
+  cacheView(
+    id: string,
+  ): { worker_id: string; block_count: number; tiers: { [tier: string]: number }; seq: number | null } | null;
   activeBlocks(id: string): number;
   demand(id: string): { tokens: number; requests: number };
   /** Releases a guard rebuilt from its data (njs: popped from a shared dict, so once). */
@@ -130,7 +146,8 @@ export interface Router {
 
 function candidates(rows: Row[]): Candidate[] {
   const out: Candidate[] = [];
-  for (let i = 0; i < rows.length; i++) out.push({ id: rows[i].worker.id, cost: rows[i].cost, hits: rows[i].hits, active: rows[i].active });
+  for (let i = 0; i < rows.length; i++)
+    out.push({ id: rows[i].worker.id, cost: rows[i].cost, hits: rows[i].hits, active: rows[i].active });
   return out;
 }
 
@@ -164,7 +181,10 @@ export function createRouter(state: RouterState, cfg: RouterConfig, hooks?: Rout
     }
     const w = reg.add(spec);
     if (w.blockSize !== undefined && w.blockSize !== cfg.blockSize)
-      log("warn", "worker " + w.id + " excluded: block size " + w.blockSize + " != router --block-size " + cfg.blockSize);
+      log(
+        "warn",
+        "worker " + w.id + " excluded: block size " + w.blockSize + " != router --block-size " + cfg.blockSize,
+      );
     return w;
   }
 
@@ -206,7 +226,21 @@ export function createRouter(state: RouterState, cfg: RouterConfig, hooks?: Rout
 
   function context(f: Features, fleet: Worker[], pd: boolean, sessionId: string | null): PickContext {
     const session = sessionId && cfg.sessionAffinity !== "off" ? state.sessions.get(sessionId) || {} : null;
-    return { features: f, config: cfg, state: state, fleet: fleet, profile: "prefill", pd: pd, sessionId: session ? sessionId : null, session: session, previous: null, random: rnd, cycle: {}, latency: latency, now: now };
+    return {
+      features: f,
+      config: cfg,
+      state: state,
+      fleet: fleet,
+      profile: "prefill",
+      pd: pd,
+      sessionId: session ? sessionId : null,
+      session: session,
+      previous: null,
+      random: rnd,
+      cycle: {},
+      latency: latency,
+      now: now,
+    };
   }
 
   function choose(ctx: PickContext, rows: Row[]): { index: number; bound: boolean } {
@@ -231,13 +265,30 @@ export function createRouter(state: RouterState, cfg: RouterConfig, hooks?: Rout
     }
     const ctx = context(f, fleet, hasPrefill && hasDecode, sessionId || null);
     const prefillRows = run(ctx, "prefill");
-    if (!prefillRows.length) throw httpError(503, "no workers available: " + whyNone(reg.list(), fleet), "service_unavailable");
+    if (!prefillRows.length)
+      throw httpError(503, "no workers available: " + whyNone(reg.list(), fleet), "service_unavailable");
     const prefillIndex = choose(ctx, prefillRows).index;
     const prefillWorker = prefillRows[prefillIndex].worker;
     const media = f.mediaHashes.length > 0 && cfg.policy === "kv-aware";
     const mmHits = media ? prefillRows[prefillIndex].hits : 0;
-    log("info", "pick policy=" + cfg.policy + " role=prefill picked=" + prefillWorker.id + " mm_images=" + f.mediaHashes.length + " mm_affinity_hits=" + mmHits);
-    if (hk.onPick) hk.onPick("prefill", { worker: prefillWorker.id, hits: media ? 0 : prefillRows[prefillIndex].hits, blocks: f.blocks.length, policy: cfg.policy });
+    log(
+      "info",
+      "pick policy=" +
+        cfg.policy +
+        " role=prefill picked=" +
+        prefillWorker.id +
+        " mm_images=" +
+        f.mediaHashes.length +
+        " mm_affinity_hits=" +
+        mmHits,
+    );
+    if (hk.onPick)
+      hk.onPick("prefill", {
+        worker: prefillWorker.id,
+        hits: media ? 0 : prefillRows[prefillIndex].hits,
+        blocks: f.blocks.length,
+        policy: cfg.policy,
+      });
 
     let decodeRows: Row[] | null = null;
     let decodeIndex = -1;
@@ -254,15 +305,44 @@ export function createRouter(state: RouterState, cfg: RouterConfig, hooks?: Rout
           const r = d.decision.candidates[i];
           rowsTxt.push(r.id + ":" + r.demand + "/" + r.originalCost);
         }
-        log("debug", "decode-demand mode=" + d.decision.mode + " input=" + d.decision.input + " candidates=" + rowsTxt.join(",") + " original=" + d.decision.original + " suggestion=" + d.decision.suggestion + " actual=" + d.decision.actual);
+        log(
+          "debug",
+          "decode-demand mode=" +
+            d.decision.mode +
+            " input=" +
+            d.decision.input +
+            " candidates=" +
+            rowsTxt.join(",") +
+            " original=" +
+            d.decision.original +
+            " suggestion=" +
+            d.decision.suggestion +
+            " actual=" +
+            d.decision.actual,
+        );
         if (hk.onDemand) hk.onDemand(d.decision);
       }
       const decodeWorker = decodeRows[decodeIndex].worker;
-      log("info", "pick policy=" + cfg.policy + " role=decode picked=" + decodeWorker.id + (c.bound ? " session=bound" : ""));
-      if (hk.onPick) hk.onPick("decode", { worker: decodeWorker.id, hits: decodeRows[decodeIndex].hits, blocks: f.blocks.length, policy: cfg.policy });
+      log(
+        "info",
+        "pick policy=" + cfg.policy + " role=decode picked=" + decodeWorker.id + (c.bound ? " session=bound" : ""),
+      );
+      if (hk.onPick)
+        hk.onPick("decode", {
+          worker: decodeWorker.id,
+          hits: decodeRows[decodeIndex].hits,
+          blocks: f.blocks.length,
+          policy: cfg.policy,
+        });
     }
 
-    const result: PickResult = { config: cfg, prefill: prefillRows[prefillIndex], decode: decodeRows ? decodeRows[decodeIndex] : null, guards: { prefill: null, main: null, queued: null }, timing: null };
+    const result: PickResult = {
+      config: cfg,
+      prefill: prefillRows[prefillIndex],
+      decode: decodeRows ? decodeRows[decodeIndex] : null,
+      guards: { prefill: null, main: null, queued: null },
+      timing: null,
+    };
     const plugins = lifecyclePlugins();
     for (let i = 0; i < plugins.length; i++) {
       const p = plugins[i];
@@ -276,7 +356,10 @@ export function createRouter(state: RouterState, cfg: RouterConfig, hooks?: Rout
       decodeCandidates: decodeRows ? candidates(decodeRows) : null,
       mmImages: f.mediaHashes.length,
       mmAffinityHits: mmHits,
-      uncachedTokens: cfg.policy === "kv-aware" && !media ? Math.max(0, f.inputTokens - prefillRows[prefillIndex].data.hits * cfg.blockSize) : f.inputTokens,
+      uncachedTokens:
+        cfg.policy === "kv-aware" && !media
+          ? Math.max(0, f.inputTokens - prefillRows[prefillIndex].data.hits * cfg.blockSize)
+          : f.inputTokens,
     };
   }
 
@@ -305,7 +388,12 @@ export function createRouter(state: RouterState, cfg: RouterConfig, hooks?: Rout
       if (otherSize) parts.push(otherSize + " with a block size other than --block-size " + cfg.blockSize);
       return "no usable worker (of " + fleet.length + ": " + parts.join(", ") + ")";
     }
-    return "no worker passed this request's filters (model, role) among " + (fleet.length - unhealthy - excluded - otherSize) + " usable of " + fleet.length;
+    return (
+      "no worker passed this request's filters (model, role) among " +
+      (fleet.length - unhealthy - excluded - otherSize) +
+      " usable of " +
+      fleet.length
+    );
   }
 
   function byId<T>(id: string, f: (w: Worker) => T, none: T): T {
@@ -332,13 +420,24 @@ export function createRouter(state: RouterState, cfg: RouterConfig, hooks?: Rout
         id,
         (w) => {
           const seq = state.mirror.sequence(w.epochKey);
-          return { worker_id: w.id, block_count: state.mirror.count(w.epochKey), tiers: tierCounts(state.mirror, w.epochKey), seq: seq === undefined ? null : seq };
+          return {
+            worker_id: w.id,
+            block_count: state.mirror.count(w.epochKey),
+            tiers: tierCounts(state.mirror, w.epochKey),
+            seq: seq === undefined ? null : seq,
+          };
         },
-        null as { worker_id: string; block_count: number; tiers: { [tier: string]: number }; seq: number | null } | null,
+        null as {
+          worker_id: string;
+          block_count: number;
+          tiers: { [tier: string]: number };
+          seq: number | null;
+        } | null,
       ),
     activeBlocks: (id) => byId(id, (w) => state.load.activeBlocks(w.epochKey), 0),
     demand: (id) => byId(id, (w) => state.load.demand(w.epochKey), { tokens: 0, requests: 0 }),
-    holdOn: (id, g) => byId(id, (w) => state.load.hold(w.epochKey, g.blocks, g.tokens, g.requests) as Guard | null, null),
+    holdOn: (id, g) =>
+      byId(id, (w) => state.load.hold(w.epochKey, g.blocks, g.tokens, g.requests) as Guard | null, null),
     releaseGuard: (g) => held.releaseCopy(g),
     openGuards: () => state.load.openGuards(),
   };

@@ -74,7 +74,12 @@ export function asHttpError(e: unknown): HttpError {
 }
 
 /** The OpenAI error body every JSON error of ours uses. */
-export function errorPayload(status: number, message: string, type: string, param?: string): { error: { message: string; type: string; param?: string; code: number } } {
+export function errorPayload(
+  status: number,
+  message: string,
+  type: string,
+  param?: string,
+): { error: { message: string; type: string; param?: string; code: number } } {
   if (param) return { error: { message: message, type: type, param: param, code: status } };
   return { error: { message: message, type: type, code: status } };
 }

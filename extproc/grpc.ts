@@ -12,7 +12,18 @@ import * as tls from "tls";
 import { EventEmitter } from "events";
 
 /** gRPC status codes this server sends. */
-export const Status = { OK: 0, CANCELLED: 1, UNKNOWN: 2, DEADLINE_EXCEEDED: 4, NOT_FOUND: 5, PERMISSION_DENIED: 7, RESOURCE_EXHAUSTED: 8, INTERNAL: 13, UNIMPLEMENTED: 12, UNAVAILABLE: 14 } as const;
+export const Status = {
+  OK: 0,
+  CANCELLED: 1,
+  UNKNOWN: 2,
+  DEADLINE_EXCEEDED: 4,
+  NOT_FOUND: 5,
+  PERMISSION_DENIED: 7,
+  RESOURCE_EXHAUSTED: 8,
+  INTERNAL: 13,
+  UNIMPLEMENTED: 12,
+  UNAVAILABLE: 14,
+} as const;
 
 /** Who is at the other end of a call's connection. */
 export interface Peer {
@@ -115,7 +126,11 @@ export function certNames(cert: tls.PeerCertificate | null | undefined): string[
 // grpc-message is percent-encoded (PROTOCOL-HTTP2.md): printable ASCII but '%' as is.
 function encodeMessage(s: string): string {
   let out = "";
-  for (const b of Buffer.from(s, "utf8")) out += b >= 0x20 && b <= 0x7e && b !== 0x25 ? String.fromCharCode(b) : "%" + b.toString(16).toUpperCase().padStart(2, "0");
+  for (const b of Buffer.from(s, "utf8"))
+    out +=
+      b >= 0x20 && b <= 0x7e && b !== 0x25
+        ? String.fromCharCode(b)
+        : "%" + b.toString(16).toUpperCase().padStart(2, "0");
   return out;
 }
 
@@ -224,7 +239,11 @@ class StreamCall<Req, Res> extends EventEmitter {
       const head = this.parts[0].length >= 5 ? this.parts[0] : this.joined();
       if (head[0] !== 0) return this.fail(Status.UNIMPLEMENTED, "compressed messages are not supported");
       const n = head.readUInt32BE(1);
-      if (n > this.maxMessageBytes) return this.fail(Status.RESOURCE_EXHAUSTED, `message of ${n} bytes is over the ${this.maxMessageBytes}-byte limit`);
+      if (n > this.maxMessageBytes)
+        return this.fail(
+          Status.RESOURCE_EXHAUSTED,
+          `message of ${n} bytes is over the ${this.maxMessageBytes}-byte limit`,
+        );
       if (this.have < 5 + n) {
         if (!this.assembling) {
           const problem = this.take(5 + n);
@@ -314,7 +333,16 @@ export class GrpcServer {
       settings: { maxConcurrentStreams: opts.maxConcurrentStreams },
     };
     const tls = opts.tls;
-    this.h2 = tls ? http2.createSecureServer({ ...common, cert: tls.cert, key: tls.key, ca: tls.clientCa ?? undefined, requestCert: !!tls.clientCa, rejectUnauthorized: !!tls.clientCa }) : http2.createServer(common);
+    this.h2 = tls
+      ? http2.createSecureServer({
+          ...common,
+          cert: tls.cert,
+          key: tls.key,
+          ca: tls.clientCa ?? undefined,
+          requestCert: !!tls.clientCa,
+          rejectUnauthorized: !!tls.clientCa,
+        })
+      : http2.createServer(common);
     if (tls) this.h2.on("secureConnection", (s) => s.on("error", () => undefined));
     this.h2.setTimeout(0);
     this.h2.on("session", (s: http2.ServerHttp2Session) => {
@@ -336,7 +364,8 @@ export class GrpcServer {
   private peerOf(s: http2.ServerHttp2Session): Peer {
     const allow = this.opts.trustedClients;
     const sock = s.socket as tls.TLSSocket;
-    const verified = !!this.opts.tls?.clientCa && typeof sock.getPeerCertificate === "function" && sock.authorized === true;
+    const verified =
+      !!this.opts.tls?.clientCa && typeof sock.getPeerCertificate === "function" && sock.authorized === true;
     const names = verified ? certNames(sock.getPeerCertificate()) : [];
     return { names, trusted: !allow || names.some((n) => allow.includes(n)) };
   }
@@ -351,7 +380,15 @@ export class GrpcServer {
     const m = this.methods[String(headers[":path"])];
     if (!m) {
       // Trailers-only: the status rides on the only HEADERS frame.
-      stream.respond({ ":status": 200, "content-type": "application/grpc", "grpc-status": String(Status.UNIMPLEMENTED), "grpc-message": encodeMessage(`unknown method ${headers[":path"]}`) }, { endStream: true });
+      stream.respond(
+        {
+          ":status": 200,
+          "content-type": "application/grpc",
+          "grpc-status": String(Status.UNIMPLEMENTED),
+          "grpc-message": encodeMessage(`unknown method ${headers[":path"]}`),
+        },
+        { endStream: true },
+      );
       return;
     }
     const conn = this.conns.get(stream.session as http2.ServerHttp2Session);
@@ -359,13 +396,29 @@ export class GrpcServer {
     if (m.trustedOnly && !peer.trusted) {
       this.opts.onRefused?.("not_gateway");
       const who = peer.names.length ? `client certificate names ${peer.names.join(", ")}` : "no client certificate";
-      stream.respond({ ":status": 200, "content-type": "application/grpc", "grpc-status": String(Status.PERMISSION_DENIED), "grpc-message": encodeMessage(`${who}: not an allowed gateway identity`) }, { endStream: true });
+      stream.respond(
+        {
+          ":status": 200,
+          "content-type": "application/grpc",
+          "grpc-status": String(Status.PERMISSION_DENIED),
+          "grpc-message": encodeMessage(`${who}: not an allowed gateway identity`),
+        },
+        { endStream: true },
+      );
       // RST_STREAM(NO_ERROR) after the answer: the client stops sending, and nothing it sent is kept.
       stream.close(http2.constants.NGHTTP2_NO_ERROR);
       return;
     }
     const budget = conn ? conn.budget : new ByteBudget(this.opts.maxBufferedBytesPerConnection);
-    m.handler(new StreamCall(stream, m, this.opts.maxMessageBytes, { conn: budget, all: this.buffered, onRefused: this.opts.onRefused }, peer));
+    m.handler(
+      new StreamCall(
+        stream,
+        m,
+        this.opts.maxMessageBytes,
+        { conn: budget, all: this.buffered, onRefused: this.opts.onRefused },
+        peer,
+      ),
+    );
   }
 
   listen(host: string, port: number): Promise<number> {

@@ -54,7 +54,12 @@ export function decodeHealthRequest(b: Uint8Array): string {
 const encodeHealthResponse = (s: ServingStatus): Uint8Array => Uint8Array.of(0x08, CODE[s]);
 
 export function addHealth(server: GrpcServer, src: HealthSource, intervalMs = 250): { stop(): void; refresh(): void } {
-  const status: Record<string, ServingStatus> = { liveness: "SERVING", readiness: "NOT_SERVING", [EXT_PROC_SERVICE]: "NOT_SERVING", "": "NOT_SERVING" };
+  const status: Record<string, ServingStatus> = {
+    liveness: "SERVING",
+    readiness: "NOT_SERVING",
+    [EXT_PROC_SERVICE]: "NOT_SERVING",
+    "": "NOT_SERVING",
+  };
   type Watch = { service: string; last: ServingStatus | null; call: Call<string, ServingStatus> };
   const watchers = new Set<Watch>();
   const tell = (w: Watch) => {
@@ -99,7 +104,8 @@ export function addHealth(server: GrpcServer, src: HealthSource, intervalMs = 25
     const r = src.readiness();
     const s: ServingStatus = r.ready ? "SERVING" : "NOT_SERVING";
     // Not at the first evaluation: NOT_SERVING before discovery syncs is the expected start, not news.
-    if (primed && (s !== last || (!r.ready && r.reason !== lastReason))) src.log(r.ready ? "info" : "warn", `readiness ${s}: ${r.reason}`);
+    if (primed && (s !== last || (!r.ready && r.reason !== lastReason)))
+      src.log(r.ready ? "info" : "warn", `readiness ${s}: ${r.reason}`);
     primed = true;
     last = s;
     lastReason = r.reason;

@@ -20,7 +20,12 @@ import {
   ProcessingResponseSchema,
   TrailersResponseSchema,
 } from "./gen/envoy/service/ext_proc/v3/external_processor_pb";
-import { HeaderValueOption_HeaderAppendAction, HeaderValueOptionSchema, HeaderValueSchema, HeaderMap } from "./gen/envoy/config/core/v3/base_pb";
+import {
+  HeaderValueOption_HeaderAppendAction,
+  HeaderValueOptionSchema,
+  HeaderValueSchema,
+  HeaderMap,
+} from "./gen/envoy/config/core/v3/base_pb";
 import { HttpStatusSchema, StatusCode } from "./gen/envoy/type/v3/http_status_pb";
 import { ProcessingMode_BodySendMode } from "./gen/envoy/extensions/filters/http/ext_proc/v3/processing_mode_pb";
 import { Endpoint } from "../core/request";
@@ -40,7 +45,8 @@ import { Counter, Gauge } from "prom-client";
 
 function headerMap(m: HeaderMap | undefined): Record<string, string> {
   const out: Record<string, string> = {};
-  for (const h of m?.headers ?? []) out[h.key.toLowerCase()] = h.rawValue.length ? Buffer.from(h.rawValue).toString("utf8") : h.value;
+  for (const h of m?.headers ?? [])
+    out[h.key.toLowerCase()] = h.rawValue.length ? Buffer.from(h.rawValue).toString("utf8") : h.value;
   return out;
 }
 
@@ -56,14 +62,25 @@ function setHeaders(pairs: Record<string, string>, remove: string[] = []) {
   });
 }
 
-function immediate(status: number, message: string, type: string, path = "", param?: string, extra?: Record<string, string>): ProcessingResponse {
+function immediate(
+  status: number,
+  message: string,
+  type: string,
+  path = "",
+  param?: string,
+  extra?: Record<string, string>,
+): ProcessingResponse {
   return create(ProcessingResponseSchema, {
     response: {
       case: "immediateResponse",
       value: create(ImmediateResponseSchema, {
         status: create(HttpStatusSchema, { code: status as StatusCode }),
         // SDKs retry a 503 after retry-after (Envoy's own 503s carry it too: envoy/envoy.yaml).
-        headers: setHeaders({ "content-type": "application/json", ...(status === 503 ? { "retry-after": "1" } : {}), ...extra }),
+        headers: setHeaders({
+          "content-type": "application/json",
+          ...(status === 503 ? { "retry-after": "1" } : {}),
+          ...extra,
+        }),
         body: Buffer.from(errorJson(path, status, message, type, param)),
         details: "infera_" + type,
       }),
@@ -104,16 +121,28 @@ export const DP_RANK_HEADER = DP_HEADER;
 
 export function isRoutingHeader(name: string, opts: { upstreamHeader: string; prefillHeader: string }): boolean {
   const n = name.toLowerCase();
-  return n.startsWith("x-infera-") || n.startsWith(DEST_KEY) || n === opts.upstreamHeader || n === opts.prefillHeader || n === DP_RANK_HEADER;
+  return (
+    n.startsWith("x-infera-") ||
+    n.startsWith(DEST_KEY) ||
+    n === opts.upstreamHeader ||
+    n === opts.prefillHeader ||
+    n === DP_RANK_HEADER
+  );
 }
 const CONTINUE_RESP_HEADERS = constant(
   create(ProcessingResponseSchema, {
-    response: { case: "responseHeaders", value: create(HeadersResponseSchema, { response: create(CommonResponseSchema, {}) }) },
+    response: {
+      case: "responseHeaders",
+      value: create(HeadersResponseSchema, { response: create(CommonResponseSchema, {}) }),
+    },
   }),
 );
 const CONTINUE_RESP_BODY = constant(
   create(ProcessingResponseSchema, {
-    response: { case: "responseBody", value: create(BodyResponseSchema, { response: create(CommonResponseSchema, {}) }) },
+    response: {
+      case: "responseBody",
+      value: create(BodyResponseSchema, { response: create(CommonResponseSchema, {}) }),
+    },
   }),
 );
 
@@ -149,7 +178,11 @@ export function subsetOf(m: ProcessingRequest): string[] | null {
   const v = ns[SUBSET_KEY];
   if (Array.isArray(v)) return v.filter((x): x is string => typeof x === "string").map((x) => x.trim());
   // Not the protocol's list, but some gateways can only write strings.
-  if (typeof v === "string") return v.split(",").map((x) => x.trim()).filter(Boolean);
+  if (typeof v === "string")
+    return v
+      .split(",")
+      .map((x) => x.trim())
+      .filter(Boolean);
   return [];
 }
 
@@ -169,7 +202,9 @@ function headersContinue(strip: string[]): ProcessingResponse {
     m = create(ProcessingResponseSchema, {
       response: {
         case: "requestHeaders",
-        value: create(HeadersResponseSchema, { response: create(CommonResponseSchema, { headerMutation: setHeaders({}, strip), clearRouteCache: true }) }),
+        value: create(HeadersResponseSchema, {
+          response: create(CommonResponseSchema, { headerMutation: setHeaders({}, strip), clearRouteCache: true }),
+        }),
       },
     });
     if (continueByStrip.size < 64) continueByStrip.set(key, constant(m));
@@ -263,10 +298,16 @@ function handleStream(app: App, call: Call<ProcessingRequest, ProcessingResponse
   const decide = async (body: Buffer, phase: Phase, strip: string[]): Promise<ProcessingResponse> => {
     decided = true;
     const ep = endpoint;
-    const allow = subset ? ((set: Record<string, true>) => (w: Worker) => set[w.address] === true)(Object.fromEntries(subset.map((a) => [a, true as const]))) : undefined;
+    const allow = subset
+      ? (
+          (set: Record<string, true>) => (w: Worker) =>
+            set[w.address] === true
+        )(Object.fromEntries(subset.map((a) => [a, true as const])))
+      : undefined;
     let pick: Pick;
     try {
-      if (subset && !subset.length) throw httpError(503, "the gateway's endpoint subset is empty", "service_unavailable");
+      if (subset && !subset.length)
+        throw httpError(503, "the gateway's endpoint subset is empty", "service_unavailable");
       if (ep) {
         pick = await app.routeAsync(ep, body, headers[app.opts.sessionHeader] || null, allow);
       } else {
@@ -277,18 +318,36 @@ function handleStream(app: App, call: Call<ProcessingRequest, ProcessingResponse
       const err = asHttpError(e);
       app.metrics.badRequests.inc({ status: String(err.status) });
       outcome(outcomeOf(err as { status: number; outcome?: string }));
-      if (err.status >= 500) app.log("warn", `routing failed: ${err.message}${subset ? ` (gateway subset: ${subset.join(",") || "empty"})` : ""}`);
+      if (err.status >= 500)
+        app.log(
+          "warn",
+          `routing failed: ${err.message}${subset ? ` (gateway subset: ${subset.join(",") || "empty"})` : ""}`,
+        );
       return immediate(err.status, err.message, err.type, headers[":path"] || "", err.param);
     }
     // The target's pool, cheapest first: the pick, then the fallbacks a retrying gateway walks.
-    const pool = (pick.decodeCandidates ?? pick.candidates).slice().sort((a, b) => a.cost - b.cost || a.active - b.active);
+    const pool = (pick.decodeCandidates ?? pick.candidates)
+      .slice()
+      .sort((a, b) => a.cost - b.cost || a.active - b.active);
     const shedAt = app.opts.eppShedActiveBlocks;
-    if (shedAt > 0 && app.opts.eppSheddableObjectives.includes(headers[OBJECTIVE_HEADER] ?? "") && pool.every((c) => c.active >= shedAt)) {
+    if (
+      shedAt > 0 &&
+      app.opts.eppSheddableObjectives.includes(headers[OBJECTIVE_HEADER] ?? "") &&
+      pool.every((c) => c.active >= shedAt)
+    ) {
       pick.reservation.finish();
       app.metrics.badRequests.inc({ status: "429" });
       outcome("shed");
-      app.log("info", `shed a '${headers[OBJECTIVE_HEADER]}' request: every candidate holds >= ${shedAt} active blocks`);
-      return immediate(429, "all endpoints are saturated; sheddable request dropped", "rate_limited", headers[":path"] || "");
+      app.log(
+        "info",
+        `shed a '${headers[OBJECTIVE_HEADER]}' request: every candidate holds >= ${shedAt} active blocks`,
+      );
+      return immediate(
+        429,
+        "all endpoints are saturated; sheddable request dropped",
+        "rate_limited",
+        headers[":path"] || "",
+      );
     }
     // Objectives (core/objectives.ts): a sheddable request whose worker has no
     // free prefill slot is refused now, with a time to come back; any other
@@ -298,7 +357,14 @@ function handleStream(app: App, call: Call<ProcessingRequest, ProcessingResponse
       pick.reservation.finish();
       app.metrics.badRequests.inc({ status: "429" });
       outcome("shed");
-      return immediate(429, "the workers are saturated; sheddable request refused, retry later", "rate_limited", headers[":path"] || "", undefined, { "retry-after": "1" });
+      return immediate(
+        429,
+        "the workers are saturated; sheddable request refused, retry later",
+        "rate_limited",
+        headers[":path"] || "",
+        undefined,
+        { "retry-after": "1" },
+      );
     }
     // Prefill admission: a cold prompt waits here while another cold one is
     // prefilling on its worker. A stream that ends meanwhile finishes it.
@@ -309,7 +375,12 @@ function handleStream(app: App, call: Call<ProcessingRequest, ProcessingResponse
       // Nobody is left to answer: the load this pick holds goes back now.
       pick.reservation.finish();
       outcome("client_closed");
-      return immediate(499, "client went away while the request was being routed", "client_closed", headers[":path"] || "");
+      return immediate(
+        499,
+        "client went away while the request was being routed",
+        "client_closed",
+        headers[":path"] || "",
+      );
     }
     res = pick.reservation;
     picked = pick.target;
@@ -328,15 +399,27 @@ function handleStream(app: App, call: Call<ProcessingRequest, ProcessingResponse
     const dynamicMetadata = { [DEST_NAMESPACE]: lb };
     if (phase === "requestTrailers") {
       // Headers can no longer change once trailers arrive; the metadata still routes.
-      if (pick.prefill) app.log("warn", `request ended with trailers: prefill peer ${pick.prefill.id} cannot be named in a header, the decode worker prefills itself`);
-      return create(ProcessingResponseSchema, { response: { case: "requestTrailers", value: create(TrailersResponseSchema, {}) }, dynamicMetadata });
+      if (pick.prefill)
+        app.log(
+          "warn",
+          `request ended with trailers: prefill peer ${pick.prefill.id} cannot be named in a header, the decode worker prefills itself`,
+        );
+      return create(ProcessingResponseSchema, {
+        response: { case: "requestTrailers", value: create(TrailersResponseSchema, {}) },
+        dynamicMetadata,
+      });
     }
-    const hdrs: Record<string, string> = { [app.opts.upstreamHeader]: pick.target.address, "x-infera-worker": pick.target.id, [DEST_KEY]: dest };
+    const hdrs: Record<string, string> = {
+      [app.opts.upstreamHeader]: pick.target.address,
+      "x-infera-worker": pick.target.id,
+      [DEST_KEY]: dest,
+    };
     if (pick.prefill) {
       hdrs[app.opts.prefillHeader] = pick.prefill.address;
       hdrs[LLMD_PREFILL_HEADER] = pick.prefill.address;
       // A prefill engine with DP ranks: its address alone does not name the rank the pick scored.
-      if (pick.prefill.dpRank !== undefined) hdrs[prefillRankHeader(app.opts.prefillHeader)] = String(pick.prefill.dpRank);
+      if (pick.prefill.dpRank !== undefined)
+        hdrs[prefillRankHeader(app.opts.prefillHeader)] = String(pick.prefill.dpRank);
     }
     // A data-parallel rank target: vLLM (and SGLang's OpenAI routes) pin the request to that rank by this header.
     if (pick.target.dpRank !== undefined) hdrs[DP_RANK_HEADER] = String(pick.target.dpRank);
@@ -348,9 +431,24 @@ function handleStream(app: App, call: Call<ProcessingRequest, ProcessingResponse
       hdrs["content-length"] = String(newBody.length);
     }
     // The prefill headers are removed again here: only the router names prefill peers.
-    const remove = [...new Set([...strip, app.opts.prefillHeader, prefillRankHeader(app.opts.prefillHeader), LLMD_PREFILL_HEADER, "x-prefiller-url"])].filter((h) => !(h in hdrs));
-    const bodyMutation = newBody && phase === "requestBody" ? create(BodyMutationSchema, { mutation: { case: "body", value: newBody } }) : undefined;
-    const common = create(CommonResponseSchema, { headerMutation: setHeaders(hdrs, remove), clearRouteCache: true, bodyMutation });
+    const remove = [
+      ...new Set([
+        ...strip,
+        app.opts.prefillHeader,
+        prefillRankHeader(app.opts.prefillHeader),
+        LLMD_PREFILL_HEADER,
+        "x-prefiller-url",
+      ]),
+    ].filter((h) => !(h in hdrs));
+    const bodyMutation =
+      newBody && phase === "requestBody"
+        ? create(BodyMutationSchema, { mutation: { case: "body", value: newBody } })
+        : undefined;
+    const common = create(CommonResponseSchema, {
+      headerMutation: setHeaders(hdrs, remove),
+      clearRouteCache: true,
+      bodyMutation,
+    });
     return create(ProcessingResponseSchema, {
       response:
         phase === "requestHeaders"
@@ -404,7 +502,16 @@ function handleStream(app: App, call: Call<ProcessingRequest, ProcessingResponse
           // Always a removal (of our own names at least): Envoy re-resolves the
           // route only after a header mutation, and the route must be resolved
           // again once the pick's metadata exists, even when no body phase follows.
-          strip = [...new Set([app.opts.upstreamHeader, app.opts.prefillHeader, prefillRankHeader(app.opts.prefillHeader), DEST_KEY, LLMD_PREFILL_HEADER, ...Object.keys(headers).filter((h) => isRoutingHeader(h, app.opts) || h.startsWith("x-prefiller-"))])];
+          strip = [
+            ...new Set([
+              app.opts.upstreamHeader,
+              app.opts.prefillHeader,
+              prefillRankHeader(app.opts.prefillHeader),
+              DEST_KEY,
+              LLMD_PREFILL_HEADER,
+              ...Object.keys(headers).filter((h) => isRoutingHeader(h, app.opts) || h.startsWith("x-prefiller-")),
+            ]),
+          ];
           for (const h of strip) delete headers[h];
           // Only allowed paths reach a worker; the rest are answered here, before any body is read.
           const verdict = checkPath(app.opts.pathRules, headers[":method"] || "GET", headers[":path"] || "/");
@@ -418,7 +525,8 @@ function handleStream(app: App, call: Call<ProcessingRequest, ProcessingResponse
           endpoint = verdict.endpoint;
           // No body coming (GET, or an empty POST): decide now.
           if (r.value.endOfStream) answer(decide(Buffer.alloc(0), "requestHeaders", strip));
-          else if (fullDuplex) break; // answered once the body is complete
+          else if (fullDuplex)
+            break; // answered once the body is complete
           else answer(headersContinue(strip));
           break;
         }
@@ -431,8 +539,18 @@ function handleStream(app: App, call: Call<ProcessingRequest, ProcessingResponse
             bodyChunks = [];
             call.releaseHeld();
             app.metrics.badRequests.inc({ status: "503" });
-            app.log("warn", `ext_proc: request body refused, the buffered-bytes cap is reached (--ext-proc-max-buffered-bytes-per-connection ${app.opts.extProcMaxBufferedBytesPerConnection}, --ext-proc-max-buffered-bytes ${app.opts.extProcMaxBufferedBytes})`);
-            answer(immediate(503, "the router is holding too many request bodies; retry shortly", "service_unavailable", headers[":path"] || ""));
+            app.log(
+              "warn",
+              `ext_proc: request body refused, the buffered-bytes cap is reached (--ext-proc-max-buffered-bytes-per-connection ${app.opts.extProcMaxBufferedBytesPerConnection}, --ext-proc-max-buffered-bytes ${app.opts.extProcMaxBufferedBytes})`,
+            );
+            answer(
+              immediate(
+                503,
+                "the router is holding too many request bodies; retry shortly",
+                "service_unavailable",
+                headers[":path"] || "",
+              ),
+            );
             break;
           }
           bodyChunks.push(Buffer.from(r.value.body));
@@ -445,7 +563,14 @@ function handleStream(app: App, call: Call<ProcessingRequest, ProcessingResponse
             call.releaseHeld();
             app.metrics.badRequests.inc({ status: "413" });
             outcome("too_large");
-            answer(immediate(413, `request body is over the ${app.opts.maxBodyBytes}-byte limit`, "request_too_large", headers[":path"] || ""));
+            answer(
+              immediate(
+                413,
+                `request body is over the ${app.opts.maxBodyBytes}-byte limit`,
+                "request_too_large",
+                headers[":path"] || "",
+              ),
+            );
             break;
           }
           if (fullDuplex) {
@@ -462,16 +587,30 @@ function handleStream(app: App, call: Call<ProcessingRequest, ProcessingResponse
           } else {
             // A partial body (STREAMED / BUFFERED_PARTIAL): the upstream header can no
             // longer be set once chunks flow, so say what to fix instead of misrouting.
-            app.log("warn", "ext_proc got a partial request body: set request_body_mode: BUFFERED or FULL_DUPLEX_STREAMED");
+            app.log(
+              "warn",
+              "ext_proc got a partial request body: set request_body_mode: BUFFERED or FULL_DUPLEX_STREAMED",
+            );
             outcome("error");
-            answer(immediate(500, "gateway misconfigured: ext_proc request_body_mode must be BUFFERED or FULL_DUPLEX_STREAMED (routing needs the whole body)", "server_misconfigured", headers[":path"] || ""));
+            answer(
+              immediate(
+                500,
+                "gateway misconfigured: ext_proc request_body_mode must be BUFFERED or FULL_DUPLEX_STREAMED (routing needs the whole body)",
+                "server_misconfigured",
+                headers[":path"] || "",
+              ),
+            );
           }
           break;
         case "requestTrailers":
           if (tooLarge) break;
           if (fullDuplex && !decided) {
             duplexRelease(true);
-            answer(create(ProcessingResponseSchema, { response: { case: "requestTrailers", value: create(TrailersResponseSchema, {}) } }));
+            answer(
+              create(ProcessingResponseSchema, {
+                response: { case: "requestTrailers", value: create(TrailersResponseSchema, {}) },
+              }),
+            );
             break;
           }
           // An HTTP/2 request may end with trailers, with or without body frames:
@@ -481,7 +620,12 @@ function handleStream(app: App, call: Call<ProcessingRequest, ProcessingResponse
             bodyChunks = [];
             answer(decide(body, "requestTrailers", []));
             inOrder(() => call.releaseHeld());
-          } else answer(create(ProcessingResponseSchema, { response: { case: "requestTrailers", value: create(TrailersResponseSchema, {}) } }));
+          } else
+            answer(
+              create(ProcessingResponseSchema, {
+                response: { case: "requestTrailers", value: create(TrailersResponseSchema, {}) },
+              }),
+            );
           break;
         case "responseHeaders": {
           // Load moves only on the gateway's word (the server refuses other peers' streams; belt and braces).
@@ -498,7 +642,10 @@ function handleStream(app: App, call: Call<ProcessingRequest, ProcessingResponse
               moved = again;
             }
             app.metrics.eppFallbacks.inc({ known: String(!!again) });
-            app.log("info", `gateway served from ${served} instead of ${picked.address}${again ? `: load moved to ${w!.id}` : " (not a known worker)"}`);
+            app.log(
+              "info",
+              `gateway served from ${served} instead of ${picked.address}${again ? `: load moved to ${w!.id}` : " (not a known worker)"}`,
+            );
           }
           if (r.value.endOfStream) last(CONTINUE_RESP_HEADERS);
           else send(CONTINUE_RESP_HEADERS);
@@ -508,14 +655,21 @@ function handleStream(app: App, call: Call<ProcessingRequest, ProcessingResponse
           if (!sawBody && res) res.firstToken();
           sawBody = true;
           {
-            const reply = respBodyMode === ProcessingMode_BodySendMode.FULL_DUPLEX_STREAMED ? streamedBody("responseBody", Buffer.from(r.value.body), r.value.endOfStream) : CONTINUE_RESP_BODY;
+            const reply =
+              respBodyMode === ProcessingMode_BodySendMode.FULL_DUPLEX_STREAMED
+                ? streamedBody("responseBody", Buffer.from(r.value.body), r.value.endOfStream)
+                : CONTINUE_RESP_BODY;
             // end_of_stream on a body chunk means no trailers follow (they would carry it).
             if (r.value.endOfStream) last(reply);
             else send(reply);
           }
           break;
         case "responseTrailers":
-          last(create(ProcessingResponseSchema, { response: { case: "responseTrailers", value: create(TrailersResponseSchema, {}) } }));
+          last(
+            create(ProcessingResponseSchema, {
+              response: { case: "responseTrailers", value: create(TrailersResponseSchema, {}) },
+            }),
+          );
           break;
         default:
           break;
@@ -553,17 +707,29 @@ function streamedBody(phase: "requestBody" | "responseBody", body: Buffer, endOf
       value: create(BodyResponseSchema, {
         response: create(CommonResponseSchema, {
           status: CommonResponse_ResponseStatus.CONTINUE_AND_REPLACE,
-          bodyMutation: create(BodyMutationSchema, { mutation: { case: "streamedResponse", value: create(StreamedBodyResponseSchema, { body, endOfStream }) } }),
+          bodyMutation: create(BodyMutationSchema, {
+            mutation: { case: "streamedResponse", value: create(StreamedBodyResponseSchema, { body, endOfStream }) },
+          }),
         }),
       }),
     },
   });
 }
 
-export async function startExtProc(app: App, host: string, port: number): Promise<{ server: GrpcServer; port: number }> {
+export async function startExtProc(
+  app: App,
+  host: string,
+  port: number,
+): Promise<{ server: GrpcServer; port: number }> {
   // One per registry: a second server on the same App (tests) replaces the first's gauge.
-  for (const n of ["infera_router_ext_proc_refused_streams_total", "infera_router_ext_proc_buffered_bytes"]) app.metrics.registry.removeSingleMetric(n);
-  const refusedStreams = new Counter({ name: "infera_router_ext_proc_refused_streams_total", help: "ext_proc streams refused: not_gateway (client certificate not in --ext-proc-client-identities), buffer_cap (over a buffered-bytes cap)", labelNames: ["reason"], registers: [app.metrics.registry] });
+  for (const n of ["infera_router_ext_proc_refused_streams_total", "infera_router_ext_proc_buffered_bytes"])
+    app.metrics.registry.removeSingleMetric(n);
+  const refusedStreams = new Counter({
+    name: "infera_router_ext_proc_refused_streams_total",
+    help: "ext_proc streams refused: not_gateway (client certificate not in --ext-proc-client-identities), buffer_cap (over a buffered-bytes cap)",
+    labelNames: ["reason"],
+    registers: [app.metrics.registry],
+  });
   const tls = app.opts.extProcTls;
   const server = new GrpcServer({
     // Tied to the body limit: bodies up to twice --max-body-bytes still reach us
@@ -573,18 +739,34 @@ export async function startExtProc(app: App, host: string, port: number): Promis
     maxConcurrentStreams: app.opts.extProcMaxStreams,
     maxBufferedBytesPerConnection: app.opts.extProcMaxBufferedBytesPerConnection,
     maxBufferedBytes: app.opts.extProcMaxBufferedBytes,
-    tls: tls ? { cert: fs.readFileSync(tls.cert), key: fs.readFileSync(tls.key), clientCa: tls.clientCa ? fs.readFileSync(tls.clientCa) : null } : null,
+    tls: tls
+      ? {
+          cert: fs.readFileSync(tls.cert),
+          key: fs.readFileSync(tls.key),
+          clientCa: tls.clientCa ? fs.readFileSync(tls.clientCa) : null,
+        }
+      : null,
     trustedClients: app.opts.extProcClientIdentities,
     onRefused: (reason) => refusedStreams.inc({ reason }),
   });
-  new Gauge({ name: "infera_router_ext_proc_buffered_bytes", help: "Request bytes the ext_proc server holds now (messages being received, bodies before their pick); capped by --ext-proc-max-buffered-bytes", registers: [app.metrics.registry], collect() {
-    this.set(server.buffered.used);
-  } });
+  new Gauge({
+    name: "infera_router_ext_proc_buffered_bytes",
+    help: "Request bytes the ext_proc server holds now (messages being received, bodies before their pick); capped by --ext-proc-max-buffered-bytes",
+    registers: [app.metrics.registry],
+    collect() {
+      this.set(server.buffered.used);
+    },
+  });
   // Only the gateway may route: a stream holds load, takes admission slots and
   // buffers a body, so a client that is not the gateway is refused outright
   // (ignoring its metadata alone would leave those open). The health service
   // stays open to any client the TLS layer admits.
-  server.add<ProcessingRequest, ProcessingResponse>(ExtProcService.Process.path, { decode: decodeRequest, encode: encodeResponse, handler: (call) => handleStream(app, call), trustedOnly: true });
+  server.add<ProcessingRequest, ProcessingResponse>(ExtProcService.Process.path, {
+    decode: decodeRequest,
+    encode: encodeResponse,
+    handler: (call) => handleStream(app, call),
+    trustedOnly: true,
+  });
   // grpc.health.v1 on the same port (Endpoint Picker Protocol: liveness, readiness, ext_proc).
   const health = addHealth(server, app);
   const shutdown = server.forceShutdown.bind(server);

@@ -5,7 +5,12 @@
 // unexpected in a body message, goes through the generated decoder.
 import { create, fromBinary, toBinary } from "@bufbuild/protobuf";
 import { Metadata, MetadataSchema } from "./gen/envoy/config/core/v3/base_pb";
-import { ProcessingRequest, ProcessingRequestSchema, ProcessingResponse, ProcessingResponseSchema } from "./gen/envoy/service/ext_proc/v3/external_processor_pb";
+import {
+  ProcessingRequest,
+  ProcessingRequestSchema,
+  ProcessingResponse,
+  ProcessingResponseSchema,
+} from "./gen/envoy/service/ext_proc/v3/external_processor_pb";
 
 // ProcessingRequest field numbers (envoy/service/ext_proc/v3/external_processor.proto).
 const REQUEST_BODY = 4;
@@ -94,7 +99,10 @@ export function decodeRequest(buf: Uint8Array): ProcessingRequest {
   // The generated message's shape, minus the fields a body chunk leaves unset.
   return {
     $typeName: "envoy.service.ext_proc.v3.ProcessingRequest",
-    request: { case: field5 ? "responseBody" : "requestBody", value: { $typeName: "envoy.service.ext_proc.v3.HttpBody", body: chunk.body, endOfStream: chunk.endOfStream } },
+    request: {
+      case: field5 ? "responseBody" : "requestBody",
+      value: { $typeName: "envoy.service.ext_proc.v3.HttpBody", body: chunk.body, endOfStream: chunk.endOfStream },
+    },
     attributes: {},
     observabilityMode,
     metadataContext: metadata,

@@ -88,7 +88,7 @@ export class Shadow {
               blockSize: ev.blockSize,
               loraId: ev.loraId ?? null,
               loraName: ev.loraName ?? null,
-              extra: ev.extraKeys ? ev.extraKeys[j] ?? null : null,
+              extra: ev.extraKeys ? (ev.extraKeys[j] ?? null) : null,
               tiers: [tier],
               kids: 0,
             });
@@ -170,19 +170,42 @@ export class Shadow {
           last = {};
         }
         const c = cur[t];
-        if (c && b.parent === last[t] && b.blockSize === c.blockSize && (b.loraId ?? null) === (c.loraId ?? null) && b.loraName === (c.loraName ?? null)) {
+        if (
+          c &&
+          b.parent === last[t] &&
+          b.blockSize === c.blockSize &&
+          (b.loraId ?? null) === (c.loraId ?? null) &&
+          b.loraName === (c.loraName ?? null)
+        ) {
           c.hashes.push(h);
           for (const x of b.tokens) c.tokens.push(x);
           (c.extraKeys as (unknown[] | null)[]).push(b.extra);
         } else {
-          cur[t] = { type: "BlockStored", hashes: [h], parent: b.parent, tokens: b.tokens.slice(), blockSize: b.blockSize, loraId: b.loraId, loraName: b.loraName, extraKeys: [b.extra], medium: t, ...group };
+          cur[t] = {
+            type: "BlockStored",
+            hashes: [h],
+            parent: b.parent,
+            tokens: b.tokens.slice(),
+            blockSize: b.blockSize,
+            loraId: b.loraId,
+            loraName: b.loraName,
+            extraKeys: [b.extra],
+            medium: t,
+            ...group,
+          };
           batches[batches.length - 1].push(cur[t]);
         }
         last[t] = h;
         inBatch++;
       }
     }
-    if (ghosts.length) batches[batches.length - 1].push({ type: "BlockRemoved", hashes: ghosts, medium: "GPU", ...(this.fullGroup === null ? {} : { groupIdx: this.fullGroup }) });
+    if (ghosts.length)
+      batches[batches.length - 1].push({
+        type: "BlockRemoved",
+        hashes: ghosts,
+        medium: "GPU",
+        ...(this.fullGroup === null ? {} : { groupIdx: this.fullGroup }),
+      });
     return batches;
   }
 }
@@ -208,13 +231,40 @@ export class Bridge implements Fleet {
   readonly nginxState: ReturnType<typeof stateLogger>;
   readonly registry = new Registry();
   readonly m = {
-    pushes: new Counter({ name: "infera_bridge_pushes_total", help: "Pushes to nginx by result", labelNames: ["type", "result"], registers: [this.registry] }),
-    resyncs: new Counter({ name: "infera_bridge_resyncs_total", help: "Full resyncs of nginx's state (fleet + mirrors)", registers: [this.registry] }),
-    overflow: new Counter({ name: "infera_bridge_queue_overflows_total", help: "Times the queue passed --bridge-queue-max and was replaced by a resync", registers: [this.registry] }),
+    pushes: new Counter({
+      name: "infera_bridge_pushes_total",
+      help: "Pushes to nginx by result",
+      labelNames: ["type", "result"],
+      registers: [this.registry],
+    }),
+    resyncs: new Counter({
+      name: "infera_bridge_resyncs_total",
+      help: "Full resyncs of nginx's state (fleet + mirrors)",
+      registers: [this.registry],
+    }),
+    overflow: new Counter({
+      name: "infera_bridge_queue_overflows_total",
+      help: "Times the queue passed --bridge-queue-max and was replaced by a resync",
+      registers: [this.registry],
+    }),
     queue: new Gauge({ name: "infera_bridge_queue_depth", help: "Pushes waiting", registers: [this.registry] }),
-    dirty: new Gauge({ name: "infera_bridge_nginx_dirty", help: "1 while nginx may be missing state (a resync is pending)", registers: [this.registry] }),
-    blocks: new Gauge({ name: "infera_bridge_shadow_blocks", help: "Resident blocks per worker as the bridge last saw them", labelNames: ["worker"], registers: [this.registry] }),
-    eventErrors: new Counter({ name: "infera_bridge_kv_event_errors_total", help: "KV event frames refused (malformed) or transport failures, per worker", labelNames: ["worker", "reason"], registers: [this.registry] }),
+    dirty: new Gauge({
+      name: "infera_bridge_nginx_dirty",
+      help: "1 while nginx may be missing state (a resync is pending)",
+      registers: [this.registry],
+    }),
+    blocks: new Gauge({
+      name: "infera_bridge_shadow_blocks",
+      help: "Resident blocks per worker as the bridge last saw them",
+      labelNames: ["worker"],
+      registers: [this.registry],
+    }),
+    eventErrors: new Counter({
+      name: "infera_bridge_kv_event_errors_total",
+      help: "KV event frames refused (malformed) or transport failures, per worker",
+      labelNames: ["worker", "reason"],
+      registers: [this.registry],
+    }),
   };
   /**
    * Active health checks, as the router runs them (runtime/health-check.ts):
@@ -228,7 +278,11 @@ export class Bridge implements Fleet {
   private readonly kvRefused = rateLimitedLog((l, m, f) => this.log(l, m, f), KV_REFUSED_LOG);
   stats = { pushed: 0, refused: 0, failed: 0, resyncs: 0 };
 
-  constructor(readonly opts: Options, readonly log: Logger, private events: EventSource) {
+  constructor(
+    readonly opts: Options,
+    readonly log: Logger,
+    private events: EventSource,
+  ) {
     this.nginxState = stateLogger(log, `nginx push (${opts.nginxPushUrl})`);
     this.m.dirty.set(1);
     const target = (w: WorkerSpec | undefined) => (w ? { id: w.id, address: w.address, key: JSON.stringify(w) } : null);
@@ -239,7 +293,11 @@ export class Bridge implements Fleet {
       verdict: (id, ok) => {
         if ((this.healthy[id] !== false) === ok) return;
         this.healthy[id] = ok;
-        this.log(ok ? "info" : "warn", `worker ${id} ${ok ? "healthy again" : "failed health checks: nginx stops picking it"}`, { worker: id });
+        this.log(
+          ok ? "info" : "warn",
+          `worker ${id} ${ok ? "healthy again" : "failed health checks: nginx stops picking it"}`,
+          { worker: id },
+        );
         this.enqueue(this.fleetBody());
       },
     });
@@ -274,7 +332,16 @@ export class Bridge implements Fleet {
   private fleetBody(): Push {
     return {
       type: "workers",
-      workers: Object.values(this.fleet).map((w) => ({ id: w.id, address: w.address, role: w.role, blockSize: w.blockSize, dpRank: w.dpRank, engine: w.engine, models: this.models[w.id] ?? null, healthy: this.healthy[w.id] !== false })),
+      workers: Object.values(this.fleet).map((w) => ({
+        id: w.id,
+        address: w.address,
+        role: w.role,
+        blockSize: w.blockSize,
+        dpRank: w.dpRank,
+        engine: w.engine,
+        models: this.models[w.id] ?? null,
+        healthy: this.healthy[w.id] !== false,
+      })),
     };
   }
 
@@ -282,7 +349,10 @@ export class Bridge implements Fleet {
     if (this.dirty) return void this.pump(); // the coming resync carries it
     if (this.queue.length >= this.opts.bridgeQueueMax) {
       this.m.overflow.inc();
-      this.log("warn", `push queue passed --bridge-queue-max ${this.opts.bridgeQueueMax}: resyncing nginx in full instead`);
+      this.log(
+        "warn",
+        `push queue passed --bridge-queue-max ${this.opts.bridgeQueueMax}: resyncing nginx in full instead`,
+      );
       this.markDirty();
     } else this.queue.push(p);
     this.m.queue.set(this.queue.length);
@@ -305,7 +375,9 @@ export class Bridge implements Fleet {
       if (!sh || sh.seq === null) continue;
       const batches = sh.replay(2000);
       // Sequence numbers end at the shadow's, so the next live batch follows on.
-      batches.forEach((events, i) => bodies.push({ type: "events", worker: id, seq: (sh.seq as number) - (batches.length - 1 - i), events }));
+      batches.forEach((events, i) =>
+        bodies.push({ type: "events", worker: id, seq: (sh.seq as number) - (batches.length - 1 - i), events }),
+      );
     }
     this.queue = [];
     this.dirty = false;
@@ -313,7 +385,10 @@ export class Bridge implements Fleet {
     this.stats.resyncs++;
     this.m.resyncs.inc();
     this.m.dirty.set(0);
-    this.log("info", "nginx resynced", { workers: Object.keys(this.fleet).length, blocks: Object.values(this.shadows).reduce((a, s) => a + s.live, 0) });
+    this.log("info", "nginx resynced", {
+      workers: Object.keys(this.fleet).length,
+      blocks: Object.values(this.shadows).reduce((a, s) => a + s.live, 0),
+    });
   }
 
   private async pump(): Promise<void> {
@@ -355,7 +430,10 @@ export class Bridge implements Fleet {
         const r = await fetch(url, { signal: AbortSignal.timeout(2000) });
         const ws = (await r.json()) as unknown[];
         if (r.ok && Array.isArray(ws) && ws.length !== Object.keys(this.fleet).length) {
-          this.log("warn", `nginx holds ${ws.length} worker(s), the fleet has ${Object.keys(this.fleet).length} (nginx restarted?): resyncing`);
+          this.log(
+            "warn",
+            `nginx holds ${ws.length} worker(s), the fleet has ${Object.keys(this.fleet).length} (nginx restarted?): resyncing`,
+          );
           this.markDirty();
           void this.pump();
         }
@@ -370,19 +448,31 @@ export class Bridge implements Fleet {
 
   readiness(): { ready: boolean; degraded: string[]; checks: Record<string, { ok: boolean; detail: string }> } {
     const checks = {
-      nginx: { ok: !this.dirty && !this.nginxState.failing, detail: this.dirty ? "resync pending (nginx unreachable or refused a push)" : "in sync" },
+      nginx: {
+        ok: !this.dirty && !this.nginxState.failing,
+        detail: this.dirty ? "resync pending (nginx unreachable or refused a push)" : "in sync",
+      },
       discovery: { ok: this.discoveryState.ok, detail: this.discoveryState.detail },
-      workers: { ok: this.routable() > 0, detail: `${this.routable()} of ${Object.keys(this.fleet).length} worker(s) routable${this.health.running ? " (healthy, through a health check)" : ""}` },
+      workers: {
+        ok: this.routable() > 0,
+        detail: `${this.routable()} of ${Object.keys(this.fleet).length} worker(s) routable${this.health.running ? " (healthy, through a health check)" : ""}`,
+      },
     };
     // Discovery that lost its registry keeps feeding nginx the last known fleet: degraded, not unready.
     const degraded = !checks.discovery.ok && checks.workers.ok ? ["discovery"] : [];
-    return { ready: checks.nginx.ok && checks.workers.ok && (checks.discovery.ok || degraded.length > 0), degraded, checks };
+    return {
+      ready: checks.nginx.ok && checks.workers.ok && (checks.discovery.ok || degraded.length > 0),
+      degraded,
+      checks,
+    };
   }
 
   /** Workers nginx may pick: with health checks on, those that passed one and are not failing. */
   private routable(): number {
     const ids = Object.keys(this.fleet);
-    return this.health.running ? ids.filter((id) => this.healthy[id] !== false && this.health.hasPassed(id)).length : ids.length;
+    return this.health.running
+      ? ids.filter((id) => this.healthy[id] !== false && this.health.hasPassed(id)).length
+      : ids.length;
   }
 
   setDiscoveryState(ok: boolean, detail: string): void {
@@ -431,10 +521,17 @@ export class Bridge implements Fleet {
             shadow.apply(seq, evs, !!info?.restart);
             this.m.blocks.set({ worker: w.id }, shadow.live);
             // restart: njs drops the worker's mirror (every tier) before applying the batch.
-            this.enqueue(info?.restart ? { type: "events", worker: w.id, seq, events: evs, restart: true } : { type: "events", worker: w.id, seq, events: evs });
+            this.enqueue(
+              info?.restart
+                ? { type: "events", worker: w.id, seq, events: evs, restart: true }
+                : { type: "events", worker: w.id, seq, events: evs },
+            );
           },
           (reason) => {
-            this.m.eventErrors.inc({ worker: w.id, reason: reason.startsWith("subscriber") ? "transport" : "malformed" });
+            this.m.eventErrors.inc({
+              worker: w.id,
+              reason: reason.startsWith("subscriber") ? "transport" : "malformed",
+            });
             this.kvRefused(w.id, `kv-events worker=${w.id} refused frame: ${reason}`);
           },
           (up) => {
@@ -464,7 +561,8 @@ export class Bridge implements Fleet {
   /** Resolves once nothing is queued and nginx is in sync (or after timeoutMs). */
   async flush(timeoutMs = 30000): Promise<void> {
     const end = Date.now() + timeoutMs;
-    while ((this.pumping || this.dirty || this.queue.length) && Date.now() < end) await new Promise((r) => setTimeout(r, 20));
+    while ((this.pumping || this.dirty || this.queue.length) && Date.now() < end)
+      await new Promise((r) => setTimeout(r, 20));
   }
 
   async close(): Promise<void> {
@@ -492,7 +590,11 @@ function serveAdmin(b: Bridge, host: string, port: number): Promise<http.Server>
     if (p === "/livez") return send(200, { status: "alive" });
     if (p === "/readyz" || p === "/healthz") {
       const r = b.readiness();
-      return send(r.ready ? 200 : 503, { status: r.ready ? "ready" : "not_ready", degraded: r.degraded, checks: r.checks });
+      return send(r.ready ? 200 : 503, {
+        status: r.ready ? "ready" : "not_ready",
+        degraded: r.degraded,
+        checks: r.checks,
+      });
     }
     send(404, { error: { message: "not found", type: "not_found", code: 404 } });
   });
@@ -507,7 +609,9 @@ export function startBridge(argv: string[]): Promise<void> {
     const opts = optionsFrom(p.values, "bridge");
     const log = makeLogger(opts.logLevel, opts.logFormat, { component: "bridge" });
     const b = await Bridge.create(opts, log);
-    const admin = await serveAdmin(b, opts.host, opts.adminPort).catch((e) => Promise.reject(listenError("--admin-port", opts.host, opts.adminPort, e)));
+    const admin = await serveAdmin(b, opts.host, opts.adminPort).catch((e) =>
+      Promise.reject(listenError("--admin-port", opts.host, opts.adminPort, e)),
+    );
     // Nothing to drain (nginx keeps its state): each close step is bounded, a
     // second signal exits at once. Handled from here on, discovery still starting included.
     let d: Discovery | null = null;
@@ -520,7 +624,11 @@ export function startBridge(argv: string[]): Promise<void> {
     d = await startDiscovery(b);
     b.startHeartbeat();
     b.health.start();
-    log("info", "bridge started", { version: version(), push_url: opts.nginxPushUrl, admin: `${opts.host}:${(admin.address() as { port: number }).port}` });
+    log("info", "bridge started", {
+      version: version(),
+      push_url: opts.nginxPushUrl,
+      admin: `${opts.host}:${(admin.address() as { port: number }).port}`,
+    });
   });
 }
 

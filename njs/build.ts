@@ -51,11 +51,16 @@ function njsLoadCheck(): void {
     return;
   }
   const script = path.join(ROOT, "njs", "build", "load-check.mjs");
-  fs.writeFileSync(script, "import a from 'infera.js';\nimport b from 'infera-cli.js';\nconsole.log(typeof a.route + ' ' + typeof b.timePick);\n");
+  fs.writeFileSync(
+    script,
+    "import a from 'infera.js';\nimport b from 'infera-cli.js';\nconsole.log(typeof a.route + ' ' + typeof b.timePick);\n",
+  );
   for (const bin of clis) {
     const r = spawnSync(bin, ["-p", OUT, script], { encoding: "utf8" });
     if (r.status !== 0 || r.stdout.trim() !== "function function")
-      throw new Error(`njs (${bin} ${spawnSync(bin, ["-v"], { encoding: "utf8" }).stdout.trim()}) rejects the bundle: ${r.stderr}${r.stdout}`);
+      throw new Error(
+        `njs (${bin} ${spawnSync(bin, ["-v"], { encoding: "utf8" }).stdout.trim()}) rejects the bundle: ${r.stderr}${r.stdout}`,
+      );
   }
 }
 
@@ -63,11 +68,18 @@ function njsLoadCheck(): void {
 export function compactWithChat(dir: string): CompactTokenizer {
   const c = compact(path.join(dir, "tokenizer.json"));
   const tok = loadTokenizer(dir)!;
-  if (tok.template) c.chat = { ast: templateAst(tok.template), special: tok.special, format: detectContentFormat(tok.template), readsContent: tok.template.indexOf("content") >= 0 };
+  if (tok.template)
+    c.chat = {
+      ast: templateAst(tok.template),
+      special: tok.special,
+      format: detectContentFormat(tok.template),
+      readsContent: tok.template.indexOf("content") >= 0,
+    };
   const plain = tok.encode("a");
   const withSpecial = tok.encodeSpecial!("a");
   let at = -1;
-  for (let i = 0; i + plain.length <= withSpecial.length && at < 0; i++) if (plain.every((x, k) => withSpecial[i + k] === x)) at = i;
+  for (let i = 0; i + plain.length <= withSpecial.length && at < 0; i++)
+    if (plain.every((x, k) => withSpecial[i + k] === x)) at = i;
   if (at >= 0) {
     c.specialPrefix = withSpecial.slice(0, at);
     c.specialSuffix = withSpecial.slice(at + plain.length);
@@ -78,9 +90,16 @@ export function compactWithChat(dir: string): CompactTokenizer {
 export async function buildNjs(): Promise<{ bundle: string; cli: string; vocab: string }> {
   fs.rmSync(path.join(ROOT, "njs", "build"), { recursive: true, force: true });
   fs.mkdirSync(OUT, { recursive: true });
-  execFileSync(process.execPath, [require.resolve("typescript/bin/tsc"), "-p", path.join(ROOT, "njs", "tsconfig.json")], { stdio: "inherit" });
+  execFileSync(
+    process.execPath,
+    [require.resolve("typescript/bin/tsc"), "-p", path.join(ROOT, "njs", "tsconfig.json")],
+    { stdio: "inherit" },
+  );
   const outs: Record<string, string> = {};
-  for (const [entry, name, global] of [["infera", "infera.js", "__infera"], ["njs-bench", "infera-cli.js", "__infera_cli"]]) {
+  for (const [entry, name, global] of [
+    ["infera", "infera.js", "__infera"],
+    ["njs-bench", "infera-cli.js", "__infera_cli"],
+  ]) {
     const file = path.join(OUT, name);
     await build({
       entryPoints: [path.join(ROOT, "njs", "build", "njs", `${entry}.js`)],

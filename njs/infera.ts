@@ -3,10 +3,29 @@
 // globals). Requires njs >= 0.8.0; see docs/gateways/nginx.md.
 import { createRouter, Guard, Router, RouterConfig, Worker } from "../core/router";
 import { Store } from "../core/store";
-import { MAX_PUSH_SEQ_AHEAD_US, acceptPushSeq, countDecision, countHitBlocks, decisionCounts, guardKey, hitBlockCounts, keyedState, nextRequestId, saveGuard, storeModelTable } from "../core/state/keyed";
+import {
+  MAX_PUSH_SEQ_AHEAD_US,
+  acceptPushSeq,
+  countDecision,
+  countHitBlocks,
+  decisionCounts,
+  guardKey,
+  hitBlockCounts,
+  keyedState,
+  nextRequestId,
+  saveGuard,
+  storeModelTable,
+} from "../core/state/keyed";
 import { computeFeatures, parseRequest, Tokenizer } from "../core/request";
 import { checkPath, pathRules, PathRule } from "../core/paths";
-import { applyBatch, clearAllTiers, defaultTierWeights, KvEvent, parseTierWeights, requestRoot } from "../core/kvevents";
+import {
+  applyBatch,
+  clearAllTiers,
+  defaultTierWeights,
+  KvEvent,
+  parseTierWeights,
+  requestRoot,
+} from "../core/kvevents";
 import { compactTokenizer } from "../core/bpe";
 import { asHttpError, promLabel, sameSecret } from "../core/util";
 import { checkSessionId } from "../core/limits";
@@ -85,7 +104,15 @@ interface Ctx {
 function build(r: NjsRequest): Ctx | string {
   const sh = typeof ngx !== "undefined" ? ngx.shared : undefined;
   if (!sh || !sh[STR_ZONE] || !sh[NUM_ZONE])
-    return "infera-gate needs njs >= 0.8.0 with js_shared_dict_zone zones " + STR_ZONE + " (string) and " + NUM_ZONE + " (number); njs " + njs.version + " cannot keep router state between requests";
+    return (
+      "infera-gate needs njs >= 0.8.0 with js_shared_dict_zone zones " +
+      STR_ZONE +
+      " (string) and " +
+      NUM_ZONE +
+      " (number); njs " +
+      njs.version +
+      " cannot keep router state between requests"
+    );
   const st = sharedStore(sh[STR_ZONE], sh[NUM_ZONE]);
   const cfg = config(r);
   try {
@@ -158,10 +185,27 @@ function route(r: NjsRequest): void {
       const body = r.requestText || "";
       const bytes = r.requestBuffer ? r.requestBuffer.length : body.length;
       const maxBody = nginxFlag("max-body-bytes", getVar(r)) as number;
-      const lim = { maxBodyBytes: maxBody, maxMessages: nginxFlag("max-messages", getVar(r)) as number, maxMedia: nginxFlag("max-images", getVar(r)) as number, maxJsonDepth: nginxFlag("max-json-depth", getVar(r)) as number };
-      const req = parseRequest(ep, body, bytes, lim, r.headersIn[nginxFlag("session-header", getVar(r)) as string] || null);
+      const lim = {
+        maxBodyBytes: maxBody,
+        maxMessages: nginxFlag("max-messages", getVar(r)) as number,
+        maxMedia: nginxFlag("max-images", getVar(r)) as number,
+        maxJsonDepth: nginxFlag("max-json-depth", getVar(r)) as number,
+      };
+      const req = parseRequest(
+        ep,
+        body,
+        bytes,
+        lim,
+        r.headersIn[nginxFlag("session-header", getVar(r)) as string] || null,
+      );
       checkSessionId(req.sessionId, nginxFlag("max-session-id-bytes", getVar(r)) as number);
-      const f = computeFeatures(req, tokenizer(), c.cfg.blockSize, undefined, requestRoot(c.router.state.mirror, req.model, req.cacheSalt));
+      const f = computeFeatures(
+        req,
+        tokenizer(),
+        c.cfg.blockSize,
+        undefined,
+        requestRoot(c.router.state.mirror, req.model, req.cacheSalt),
+      );
       pick = c.router.pick(f, req.sessionId);
     } else pick = c.router.pick({ blocks: [], inputTokens: 0, exact: false, mediaHashes: [], n: 1 });
   } catch (e) {
@@ -190,7 +234,8 @@ function route(r: NjsRequest): void {
   r.variables.infera_worker = pick.target.id;
   r.variables.infera_prefill = pick.prefill ? pick.prefill.address : "";
   // The prefill target's rank, when the prefill engine has DP ranks (beside X-Infera-Prefill).
-  r.variables.infera_prefill_dp_rank = pick.prefill && pick.prefill.dpRank !== undefined ? String(pick.prefill.dpRank) : "";
+  r.variables.infera_prefill_dp_rank =
+    pick.prefill && pick.prefill.dpRank !== undefined ? String(pick.prefill.dpRank) : "";
   // SGLang reads the ranks from the body: the proxy location that sends $infera_body instead.
   const fields = ep ? dpBodyFields(ep, pick.target, pick.prefill) : null;
   const rewritten = fields ? withBodyFields(r.requestText || "", fields) : null;
@@ -209,7 +254,8 @@ function zoneWarning(r: NjsRequest, what: string): void {
   const zones = [STR_ZONE, NUM_ZONE];
   for (let i = 0; i < zones.length; i++) {
     const z = sh[zones[i]];
-    if (z && typeof z.freeSpace === "function") parts.push(zones[i] + " " + z.freeSpace() + "/" + z.capacity + " bytes free");
+    if (z && typeof z.freeSpace === "function")
+      parts.push(zones[i] + " " + z.freeSpace() + "/" + z.capacity + " bytes free");
   }
   let last = 0;
   try {
@@ -219,7 +265,13 @@ function zoneWarning(r: NjsRequest, what: string): void {
   } catch (e) {
     /* the number zone is full too: log anyway */
   }
-  r.warn("infera: shared dict zone full or nearly (" + what + "): " + parts.join(", ") + "; routing continues, cache affinity degrades; raise the js_shared_dict_zone size");
+  r.warn(
+    "infera: shared dict zone full or nearly (" +
+      what +
+      "): " +
+      parts.join(", ") +
+      "; routing continues, cache affinity degrades; raise the js_shared_dict_zone size",
+  );
 }
 
 /** Routing when the state cannot be written: a usable worker chosen at random, no load held. */
@@ -277,7 +329,14 @@ interface PushBody {
   type: "workers" | "events";
   pseq: number;
   /** healthy: the bridge's health-check verdict (absent = healthy). */
-  workers?: { id: string; address: string; role: "prefill" | "decode" | "mixed"; blockSize?: number; models?: string[] | null; healthy?: boolean }[];
+  workers?: {
+    id: string;
+    address: string;
+    role: "prefill" | "decode" | "mixed";
+    blockSize?: number;
+    models?: string[] | null;
+    healthy?: boolean;
+  }[];
   worker?: string;
   seq?: number;
   events?: KvEvent[];
@@ -295,8 +354,15 @@ function push(r: NjsRequest): void {
   // or, if set, from $infera_push_token (e.g. an included secrets file).
   const env = typeof process !== "undefined" && process.env ? process.env.INFERA_PUSH_TOKEN : undefined;
   const want = r.variables.infera_push_token || env || "";
-  if (!want) return fail(r, 503, "push refused: set INFERA_PUSH_TOKEN in nginx's environment (env INFERA_PUSH_TOKEN;) or $infera_push_token", "push_disabled");
-  if (!sameSecret(String(r.headersIn["X-Infera-Push-Token"] || ""), want)) return fail(r, 403, "push refused: bad token", "forbidden");
+  if (!want)
+    return fail(
+      r,
+      503,
+      "push refused: set INFERA_PUSH_TOKEN in nginx's environment (env INFERA_PUSH_TOKEN;) or $infera_push_token",
+      "push_disabled",
+    );
+  if (!sameSecret(String(r.headersIn["X-Infera-Push-Token"] || ""), want))
+    return fail(r, 403, "push refused: bad token", "forbidden");
   const c = ctx(r);
   if (!c) return;
   let b: PushBody;
@@ -306,7 +372,15 @@ function push(r: NjsRequest): void {
     return fail(r, 400, "push body is not JSON", "invalid_request_error");
   }
   if (typeof b.pseq !== "number") return fail(r, 400, "push needs a numeric pseq", "invalid_request_error");
-  if (b.pseq > Date.now() * 1000 + MAX_PUSH_SEQ_AHEAD_US) return fail(r, 400, "push refused: pseq " + b.pseq + " is more than 10 minutes ahead of this host's clock (microseconds since the epoch)", "invalid_request_error");
+  if (b.pseq > Date.now() * 1000 + MAX_PUSH_SEQ_AHEAD_US)
+    return fail(
+      r,
+      400,
+      "push refused: pseq " +
+        b.pseq +
+        " is more than 10 minutes ahead of this host's clock (microseconds since the epoch)",
+      "invalid_request_error",
+    );
   const seqOk = acceptPushSeq(c.st, b.type === "workers" ? "workers" : "ev:" + b.worker, b.pseq);
   if (!seqOk.ok) return fail(r, 409, "stale push: pseq " + b.pseq + " <= " + seqOk.last, "stale");
   if (b.type === "workers") {
@@ -327,13 +401,21 @@ function push(r: NjsRequest): void {
   }
   let res;
   try {
-    res = applyBatch(c.router.state.mirror, w.epochKey, b.seq || 0, b.events || [], c.cfg.blockSize, { maxBlocks: nginxFlag("max-mirror-blocks", getVar(r)) as number });
+    res = applyBatch(c.router.state.mirror, w.epochKey, b.seq || 0, b.events || [], c.cfg.blockSize, {
+      maxBlocks: nginxFlag("max-mirror-blocks", getVar(r)) as number,
+    });
   } catch (e) {
     zoneWarning(r, "kv events of " + w.id);
-    return fail(r, 507, "shared dict zone full: events of " + w.id + " not applied (" + String(e) + ")", "insufficient_storage");
+    return fail(
+      r,
+      507,
+      "shared dict zone full: events of " + w.id + " not applied (" + String(e) + ")",
+      "insufficient_storage",
+    );
   }
   const str = (ngx.shared as { [z: string]: NjsSharedDict })[STR_ZONE];
-  if (typeof str.freeSpace === "function" && str.freeSpace() < str.capacity / 10) zoneWarning(r, "after events of " + w.id);
+  if (typeof str.freeSpace === "function" && str.freeSpace() < str.capacity / 10)
+    zoneWarning(r, "after events of " + w.id);
   if (res.fatal) c.router.exclude(w.id, res.fatal);
   json(r, 200, res);
 }
@@ -365,24 +447,73 @@ function metrics(r: NjsRequest): void {
   const lines: string[] = [];
   const gauge = (name: string, help: string, label: string, value: (id: string) => number, decodeOnly: boolean) => {
     lines.push("# HELP " + name + " " + help, "# TYPE " + name + " gauge");
-    for (let i = 0; i < ws.length; i++) if (!decodeOnly || ws[i].role !== "prefill") lines.push(name + "{" + label + '="' + promLabel(ws[i].id) + '"} ' + value(ws[i].id));
+    for (let i = 0; i < ws.length; i++)
+      if (!decodeOnly || ws[i].role !== "prefill")
+        lines.push(name + "{" + label + '="' + promLabel(ws[i].id) + '"} ' + value(ws[i].id));
   };
-  gauge("infera_router_decode_demand_tokens", "In-flight input tokens booked on each decode target", "target", (id) => c.router.demand(id).tokens, true);
-  gauge("infera_router_decode_demand_requests", "Requests held on each decode target", "target", (id) => c.router.demand(id).requests, true);
-  gauge("infera_router_active_blocks", "Distinct in-flight prompt blocks per worker", "worker", (id) => c.router.activeBlocks(id), false);
-  gauge("infera_router_mirror_blocks", "Blocks mirrored from each worker's KV events", "worker", (id) => {
-    const v = c.router.cacheView(id);
-    return v ? v.block_count : 0;
-  }, false);
-  lines.push("# HELP infera_router_decode_demand_decisions_total Decode input-demand decisions", "# TYPE infera_router_decode_demand_decisions_total counter");
+  gauge(
+    "infera_router_decode_demand_tokens",
+    "In-flight input tokens booked on each decode target",
+    "target",
+    (id) => c.router.demand(id).tokens,
+    true,
+  );
+  gauge(
+    "infera_router_decode_demand_requests",
+    "Requests held on each decode target",
+    "target",
+    (id) => c.router.demand(id).requests,
+    true,
+  );
+  gauge(
+    "infera_router_active_blocks",
+    "Distinct in-flight prompt blocks per worker",
+    "worker",
+    (id) => c.router.activeBlocks(id),
+    false,
+  );
+  gauge(
+    "infera_router_mirror_blocks",
+    "Blocks mirrored from each worker's KV events",
+    "worker",
+    (id) => {
+      const v = c.router.cacheView(id);
+      return v ? v.block_count : 0;
+    },
+    false,
+  );
+  lines.push(
+    "# HELP infera_router_decode_demand_decisions_total Decode input-demand decisions",
+    "# TYPE infera_router_decode_demand_decisions_total counter",
+  );
   const counts = decisionCounts(c.st);
   for (let i = 0; i < counts.length; i++) {
     const d = counts[i];
-    lines.push('infera_router_decode_demand_decisions_total{mode="' + d.mode + '",input="' + d.input + '",agrees="' + d.agrees + '"} ' + d.count);
+    lines.push(
+      'infera_router_decode_demand_decisions_total{mode="' +
+        d.mode +
+        '",input="' +
+        d.input +
+        '",agrees="' +
+        d.agrees +
+        '"} ' +
+        d.count,
+    );
   }
-  lines.push("# HELP infera_router_cache_hit_blocks_total Prompt blocks already cached on the picked worker", "# TYPE infera_router_cache_hit_blocks_total counter");
+  lines.push(
+    "# HELP infera_router_cache_hit_blocks_total Prompt blocks already cached on the picked worker",
+    "# TYPE infera_router_cache_hit_blocks_total counter",
+  );
   const hb = hitBlockCounts(c.st);
-  for (let i = 0; i < hb.length; i++) lines.push('infera_router_cache_hit_blocks_total{worker="' + promLabel(hb[i].worker) + '",role="' + hb[i].role + '"} ' + hb[i].count);
+  for (let i = 0; i < hb.length; i++)
+    lines.push(
+      'infera_router_cache_hit_blocks_total{worker="' +
+        promLabel(hb[i].worker) +
+        '",role="' +
+        hb[i].role +
+        '"} ' +
+        hb[i].count,
+    );
   r.headersOut["Content-Type"] = "text/plain; version=0.0.4";
   r.return(200, lines.join("\n") + "\n");
 }

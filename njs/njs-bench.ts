@@ -45,13 +45,18 @@ function timePick(vocab: CompactTokenizer, text: string, reps: number): { tokens
 }
 
 /** Parse + render + tokenize each request as the njs router does: ids, or the error the router answers with. */
-function renderIds(vocab: CompactTokenizer, items: { endpoint: Endpoint; body: string }[]): { ids?: number[]; error?: string }[] {
+function renderIds(
+  vocab: CompactTokenizer,
+  items: { endpoint: Endpoint; body: string }[],
+): { ids?: number[]; error?: string }[] {
   const tok = compactTokenizer(vocab);
   const out: { ids?: number[]; error?: string }[] = [];
   for (let i = 0; i < items.length; i++) {
     try {
       const b = items[i].body;
-      out.push({ ids: promptTokenIds(parseRequest(items[i].endpoint, b, b.length, { maxBodyBytes: 1 << 30 }), tok) as number[] });
+      out.push({
+        ids: promptTokenIds(parseRequest(items[i].endpoint, b, b.length, { maxBodyBytes: 1 << 30 }), tok) as number[],
+      });
     } catch (e) {
       out.push({ error: String((e as Error).message) });
     }
@@ -94,4 +99,11 @@ function phases(vocab: CompactTokenizer, text: string, reps: number): { [phase: 
   return out;
 }
 
-export default { encodeAll: encodeAll, hashes: hashes, timePick: timePick, phases: phases, blockHashes: blockHashes, renderIds: renderIds };
+export default {
+  encodeAll: encodeAll,
+  hashes: hashes,
+  timePick: timePick,
+  phases: phases,
+  blockHashes: blockHashes,
+  renderIds: renderIds,
+};

@@ -25,7 +25,14 @@ interface NjsRequest {
   warn(msg: string): void;
   log(msg: string): void;
 }
-declare const ngx: { shared?: { [zone: string]: NjsSharedDict }; version: string; log(level: number, msg: string): void; INFO: number; WARN: number; ERR: number };
+declare const ngx: {
+  shared?: { [zone: string]: NjsSharedDict };
+  version: string;
+  log(level: number, msg: string): void;
+  INFO: number;
+  WARN: number;
+  ERR: number;
+};
 declare const njs: { version: string };
 declare const infera_vocab: import("../core/bpe").CompactTokenizer | undefined;
 declare const process: { env: { [k: string]: string | undefined } } | undefined;

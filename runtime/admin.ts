@@ -46,7 +46,11 @@ export function startAdmin(app: App, host: string, port: number): Promise<{ serv
       if (p === "/readyz" || p === "/healthz") {
         const r = app.readiness();
         // 200 = can route; degraded names what is impaired while it still routes (discovery on its cached fleet).
-        return json(res, r.ready ? 200 : 503, { status: r.ready ? "ready" : "not_ready", degraded: r.degraded, checks: r.checks });
+        return json(res, r.ready ? 200 : 503, {
+          status: r.ready ? "ready" : "not_ready",
+          degraded: r.degraded,
+          checks: r.checks,
+        });
       }
       const m = /^\/v1\/admin\/cache-view\/(.+)$/.exec(p);
       if (m) {
@@ -61,7 +65,9 @@ export function startAdmin(app: App, host: string, port: number): Promise<{ serv
           app.router.workers().map((w) => ({
             ...workerRow(app.router, w),
             models: app.models.get(w.id),
-            render_parity: app.probes ? app.probes.state(w.id) : { status: "unchecked", checked_at: null, reason: "--render-probe-api off" },
+            render_parity: app.probes
+              ? app.probes.state(w.id)
+              : { status: "unchecked", checked_at: null, reason: "--render-probe-api off" },
             ...app.eventStatus(w.id),
           })),
         );
@@ -73,7 +79,10 @@ export function startAdmin(app: App, host: string, port: number): Promise<{ serv
   };
   const tls = app.opts.adminTls;
   const server: http.Server = tls
-    ? (https.createServer({ cert: fs.readFileSync(tls.cert), key: fs.readFileSync(tls.key) }, handler) as unknown as http.Server)
+    ? (https.createServer(
+        { cert: fs.readFileSync(tls.cert), key: fs.readFileSync(tls.key) },
+        handler,
+      ) as unknown as http.Server)
     : http.createServer(handler);
   return new Promise((resolve, reject) => {
     server.once("error", reject);

@@ -7,7 +7,15 @@ import { EpochKey } from "../core/types";
 import { diffFleet } from "../core/fleet";
 import { checkSessionId } from "../core/limits";
 import { httpError } from "../core/util";
-import { computeFeatures, Endpoint, featuresOf, mediaSalt, parseRequest, ParsedRequest, promptTokenIds } from "../core/request";
+import {
+  computeFeatures,
+  Endpoint,
+  featuresOf,
+  mediaSalt,
+  parseRequest,
+  ParsedRequest,
+  promptTokenIds,
+} from "../core/request";
 import { prefixHashes } from "./prefix-hashes";
 import { Features } from "../core/types";
 import { prefillAdmission, PrefillAdmission } from "../core/admission";
@@ -27,7 +35,10 @@ import { memoryModelTable, ModelTable, withModels } from "../core/models";
 import { defaultReplicaId, ReplicaSync } from "./replicas";
 
 /** GET <worker>/v1/models: served model ids (base models and LoRA adapters) and each adapter's parent. */
-export async function fetchModels(address: string, timeoutMs = 3000): Promise<{ ids: string[]; parent: Record<string, string> } | null> {
+export async function fetchModels(
+  address: string,
+  timeoutMs = 3000,
+): Promise<{ ids: string[]; parent: Record<string, string> } | null> {
   try {
     const r = await fetch(`http://${address}/v1/models`, { signal: AbortSignal.timeout(timeoutMs) });
     if (!r.ok) {
@@ -76,36 +87,59 @@ function tokenizerFromFlag(p: string | null, lo: Parameters<typeof loadTokenizer
     return loadTokenizer(p, lo);
   } catch (e) {
     const m = (e as Error).message.split("\n")[0];
-    throw new CliError(/^--(router-tokenizer-path|tokenizer-backend)\b/.test(m) ? m : `--router-tokenizer-path ${p ?? "(default)"}: ${m}`);
+    throw new CliError(
+      /^--(router-tokenizer-path|tokenizer-backend)\b/.test(m)
+        ? m
+        : `--router-tokenizer-path ${p ?? "(default)"}: ${m}`,
+    );
   }
 }
 
 /** A few refused-frame lines per minute per process; the rest are counted (metrics) and summarised. */
-export const KV_REFUSED_LOG = { level: "warn" as const, perWindow: 3, windowMs: 60000, what: "kv-events refused frame" };
+export const KV_REFUSED_LOG = {
+  level: "warn" as const,
+  perWindow: 3,
+  windowMs: 60000,
+  what: "kv-events refused frame",
+};
 
 export interface EventSource {
   /** onState reports the transport's connection state for this subscription, when the transport knows it. */
-  subscribe(w: WorkerSpec, onBatch: (seq: number, events: KvEvent[], info?: BatchInfo) => void, onError: (reason: string) => void, onState?: (connected: boolean) => void): Subscription;
+  subscribe(
+    w: WorkerSpec,
+    onBatch: (seq: number, events: KvEvent[], info?: BatchInfo) => void,
+    onError: (reason: string) => void,
+    onState?: (connected: boolean) => void,
+  ): Subscription;
   close(): Promise<void>;
 }
 
 function zmqEventSource(opts: Options, log?: Logger): EventSource {
   return {
     subscribe: (w, onBatch, onError, onState) =>
-      subscribeZmq(w.id, w.events as string, opts.kvEventTopic, (_id, seq, evs, info) => onBatch(seq, evs, info), (_id, r) => onError(r), onState, {
-        replay: w.replay,
-        snapshot: w.snapshot,
-        replayTimeoutMs: opts.kvReplayTimeoutMs,
-        dpRank: w.dpEvents === "tagged" ? w.dpRank : undefined,
-        log: log ? (l, line) => log(l, line) : undefined,
-      }),
+      subscribeZmq(
+        w.id,
+        w.events as string,
+        opts.kvEventTopic,
+        (_id, seq, evs, info) => onBatch(seq, evs, info),
+        (_id, r) => onError(r),
+        onState,
+        {
+          replay: w.replay,
+          snapshot: w.snapshot,
+          replayTimeoutMs: opts.kvReplayTimeoutMs,
+          dpRank: w.dpEvents === "tagged" ? w.dpRank : undefined,
+          log: log ? (l, line) => log(l, line) : undefined,
+        },
+      ),
     close: async () => undefined,
   };
 }
 
 /** The KV event transport --kv-event-transport names (shared by the ext_proc app and the nginx bridge). */
 export async function eventSourceFor(opts: Options, log: Logger): Promise<EventSource> {
-  if (opts.kvEventTransport === "nats") return (await import("./nats")).natsEventSource(opts.natsUrl, log, opts.kvReplayTimeoutMs);
+  if (opts.kvEventTransport === "nats")
+    return (await import("./nats")).natsEventSource(opts.natsUrl, log, opts.kvReplayTimeoutMs);
   return zmqEventSource(opts, log);
 }
 
@@ -129,11 +163,15 @@ export class App {
   private eventSource: EventSource;
   private discoverySynced = false;
   /** Per worker: when its events last arrived, picks since, whether it is flagged silent. */
-  readonly kv: Record<string, { since: number; lastEvent: number | null; picksSinceEvent: number; silent: boolean }> = {};
+  readonly kv: Record<string, { since: number; lastEvent: number | null; picksSinceEvent: number; silent: boolean }> =
+    {};
   private silenceTimer: NodeJS.Timeout | null = null;
   /** Refused KV-event frames: every one counted, a few logged per minute (runtime/ratelog.ts). */
   private readonly kvRefused = rateLimitedLog((l, m, f) => this.log(l, m, f), KV_REFUSED_LOG);
-  private readonly kvGaps = rateLimitedLog((l, m, f) => this.log(l, m, f), { ...KV_REFUSED_LOG, what: "kv-events sequence gap" });
+  private readonly kvGaps = rateLimitedLog((l, m, f) => this.log(l, m, f), {
+    ...KV_REFUSED_LOG,
+    what: "kv-events sequence gap",
+  });
   /** Render-parity probe per worker (null with --render-probe-api off). */
   readonly probes: RenderProbes | null;
   /** Per worker: is its KV event transport connected (absent = unknown yet). */
@@ -155,7 +193,11 @@ export class App {
   /** Discovery's connection state (static discovery is always connected). */
   discoveryState: { ok: boolean; detail: string } = { ok: true, detail: "connected" };
 
-  constructor(readonly opts: Options, readonly log: Logger, eventSource?: EventSource) {
+  constructor(
+    readonly opts: Options,
+    readonly log: Logger,
+    eventSource?: EventSource,
+  ) {
     const tp = tokenizerPaths(opts.tokenizerPath);
     const lo = { backend: opts.tokenize.backend };
     this.tokenizer = tokenizerFromFlag(tp.dflt, lo);
@@ -165,8 +207,14 @@ export class App {
       if (t) this.tokKeys.set(t, tp.byModel[m]);
     }
     for (const t of this.tokKeys.keys())
-      log("info", `tokenizer ${t.source}: ${t.backend === "fast-bpe" ? "fast byte-level BPE (runtime/fastbpe.ts, the file's own merges; --tokenizer-backend hf for @huggingface/tokenizers)" : "@huggingface/tokenizers (fast BPE not used: " + t.fallbackReason + ")"}`);
-    this.admission = prefillAdmission({ slots: opts.router.policy === "kv-aware" ? opts.admission.slots : 0, warmTokens: opts.admission.warmTokens });
+      log(
+        "info",
+        `tokenizer ${t.source}: ${t.backend === "fast-bpe" ? "fast byte-level BPE (runtime/fastbpe.ts, the file's own merges; --tokenizer-backend hf for @huggingface/tokenizers)" : "@huggingface/tokenizers (fast BPE not used: " + t.fallbackReason + ")"}`,
+      );
+    this.admission = prefillAdmission({
+      slots: opts.router.policy === "kv-aware" ? opts.admission.slots : 0,
+      warmTokens: opts.admission.warmTokens,
+    });
     this.metrics = createMetrics(
       () => this.router,
       () => this.cacheStats(),
@@ -187,7 +235,12 @@ export class App {
     });
     if (opts.replica && opts.replica.sync === "nats") {
       const r = opts.replica;
-      this.replicas = new ReplicaSync(this.state.load, this.state.workers, { id: r.id || defaultReplicaId(), subject: r.subject, heartbeatMs: r.heartbeatMs, ttlMs: r.ttlMs }, log);
+      this.replicas = new ReplicaSync(
+        this.state.load,
+        this.state.workers,
+        { id: r.id || defaultReplicaId(), subject: r.subject, heartbeatMs: r.heartbeatMs, ttlMs: r.ttlMs },
+        log,
+      );
       this.state.load = this.replicas.ledger;
       this.replicas.register(this.metrics.registry);
     }
@@ -202,7 +255,8 @@ export class App {
       },
       onDemand: (d) => this.metrics.decisions.inc({ mode: d.mode, input: d.input, agrees: String(d.agrees) }),
       onTiming: (worker, predicted, ms) => {
-        if (predicted !== null && ms > 0) this.metrics.ttftPredictionError.observe({ worker }, Math.abs(predicted - ms) / ms);
+        if (predicted !== null && ms > 0)
+          this.metrics.ttftPredictionError.observe({ worker }, Math.abs(predicted - ms) / ms);
       },
     });
     const target = (id: string) => {
@@ -219,7 +273,12 @@ export class App {
     this.probes =
       opts.renderProbeApi === "off"
         ? null
-        : new RenderProbes((id) => this.probeTarget(id), { intervalMs: opts.renderProbeIntervalMs, api: opts.renderProbeApi, timeoutMs: 5000 }, (l, line) => log(l, line), this.metrics.registry);
+        : new RenderProbes(
+            (id) => this.probeTarget(id),
+            { intervalMs: opts.renderProbeIntervalMs, api: opts.renderProbeApi, timeoutMs: 5000 },
+            (l, line) => log(l, line),
+            this.metrics.registry,
+          );
   }
 
   /** Builds the app with the event transport named by --kv-event-transport. */
@@ -228,7 +287,11 @@ export class App {
     if (app.replicas) {
       const { natsConnect } = await import("./nats");
       await app.replicas.start(await natsConnect(opts.natsUrl, log, `infera-gate-router ${app.replicas.opts.id}`));
-      log("info", "replica load sync on", { replica_id: app.replicas.opts.id, subject: opts.replica.subject, nats: opts.natsUrl });
+      log("info", "replica load sync on", {
+        replica_id: app.replicas.opts.id,
+        subject: opts.replica.subject,
+        nats: opts.natsUrl,
+      });
     }
     return app;
   }
@@ -299,13 +362,20 @@ export class App {
         spec,
         (seq, evs, info) => this.onEvents(spec.id, epochKey, seq, evs, info),
         (reason) => {
-          this.metrics.eventErrors.inc({ worker: spec.id, reason: reason.startsWith("subscriber") ? "transport" : "malformed" });
+          this.metrics.eventErrors.inc({
+            worker: spec.id,
+            reason: reason.startsWith("subscriber") ? "transport" : "malformed",
+          });
           this.kvRefused(spec.id, `kv-events worker=${spec.id} refused frame: ${reason}`);
         },
         (up) => {
           if (this.subs[spec.id]?.epochKey !== epochKey) return;
           const was = this.eventsUp[spec.id];
-          if (was !== up) this.log(up ? "info" : "warn", `kv-events worker=${spec.id} ${up ? "connected" : "disconnected"}`, { worker: spec.id, events: spec.events });
+          if (was !== up)
+            this.log(up ? "info" : "warn", `kv-events worker=${spec.id} ${up ? "connected" : "disconnected"}`, {
+              worker: spec.id,
+              events: spec.events,
+            });
           this.eventsUp[spec.id] = up;
           // A dropped event stream is often the engine dying: probe it now, not at the next interval.
           if (was === true && !up && this.health.running) void this.health.probe(spec.id, true);
@@ -314,7 +384,10 @@ export class App {
     } catch (e) {
       // A transport refusing the endpoint must not take the process down: route by load.
       this.metrics.eventErrors.inc({ worker: spec.id, reason: "transport" });
-      this.log("warn", `kv-events worker=${spec.id} cannot subscribe to ${spec.events}: ${(e as Error).message}; routing to it by load only`);
+      this.log(
+        "warn",
+        `kv-events worker=${spec.id} cannot subscribe to ${spec.events}: ${(e as Error).message}; routing to it by load only`,
+      );
       return;
     }
     this.subs[spec.id] = { sub, epochKey };
@@ -330,7 +403,8 @@ export class App {
     delete this.subs[id];
     this.health.leave(id);
     delete this.kv[id];
-    if (this.router.removeWorker(id)) this.log("info", `worker ${id} left; mirror dropped, in-flight reservations kept`);
+    if (this.router.removeWorker(id))
+      this.log("info", `worker ${id} left; mirror dropped, in-flight reservations kept`);
   }
 
   listWorkerCount(): number {
@@ -352,17 +426,23 @@ export class App {
   private startSilenceCheck(): void {
     if (this.silenceTimer || !(this.opts.kvEventSilenceS > 0)) return;
     const limit = this.opts.kvEventSilenceS * 1000;
-    this.silenceTimer = setInterval(() => {
-      const now = Date.now();
-      for (const id of Object.keys(this.kv)) {
-        const k = this.kv[id];
-        const quiet = now - (k.lastEvent ?? k.since);
-        if (!k.silent && quiet >= limit && k.picksSinceEvent > 0) {
-          k.silent = true;
-          this.log("warn", `kv-events worker=${id} sent nothing for ${Math.round(quiet / 1000)}s while serving ${k.picksSinceEvent} pick(s): check its --kv-events-config (endpoint, topic '${this.opts.kvEventTopic}')`);
+    this.silenceTimer = setInterval(
+      () => {
+        const now = Date.now();
+        for (const id of Object.keys(this.kv)) {
+          const k = this.kv[id];
+          const quiet = now - (k.lastEvent ?? k.since);
+          if (!k.silent && quiet >= limit && k.picksSinceEvent > 0) {
+            k.silent = true;
+            this.log(
+              "warn",
+              `kv-events worker=${id} sent nothing for ${Math.round(quiet / 1000)}s while serving ${k.picksSinceEvent} pick(s): check its --kv-events-config (endpoint, topic '${this.opts.kvEventTopic}')`,
+            );
+          }
         }
-      }
-    }, Math.min(1000, limit / 2));
+      },
+      Math.min(1000, limit / 2),
+    );
     this.silenceTimer.unref();
   }
 
@@ -398,12 +478,19 @@ export class App {
     });
     if (r.gap) {
       this.metrics.eventErrors.inc({ worker: id, reason: "sequence_gap" });
-      this.kvGaps(id, `kv-events worker=${id} sequence gap at seq=${info?.seqText ?? seq} that replay could not fill${w.replay ? "" : " (no replay endpoint)"}: mirror cleared, resyncing from live events`);
+      this.kvGaps(
+        id,
+        `kv-events worker=${id} sequence gap at seq=${info?.seqText ?? seq} that replay could not fill${w.replay ? "" : " (no replay endpoint)"}: mirror cleared, resyncing from live events`,
+      );
     }
     if (r.resync) {
       this.metrics.events.inc({ worker: id, type: "snapshot_resync" });
-      if (r.resync.unknown) this.metrics.eventErrors.inc({ worker: id, reason: "snapshot_unknown_block" }, r.resync.unknown);
-      this.log("info", `kv-events worker=${id} resynced from its snapshot at seq=${info?.seqText ?? seq}: ${r.resync.kept} mirrored block(s) kept, ${r.resync.unknown} never seen stored (left out until stored again)`);
+      if (r.resync.unknown)
+        this.metrics.eventErrors.inc({ worker: id, reason: "snapshot_unknown_block" }, r.resync.unknown);
+      this.log(
+        "info",
+        `kv-events worker=${id} resynced from its snapshot at seq=${info?.seqText ?? seq}: ${r.resync.kept} mirrored block(s) kept, ${r.resync.unknown} never seen stored (left out until stored again)`,
+      );
     }
     if (r.otherGroup) this.metrics.events.inc({ worker: id, type: "other_group" }, r.otherGroup);
     if (r.fatal) {
@@ -436,7 +523,12 @@ export class App {
    * `degraded`, not as unready, or a probe would take the only replica out of
    * its Service while it still routes.
    */
-  readiness(): { ready: boolean; degraded: string[]; reason: string; checks: Record<string, { ok: boolean; detail: string }> } {
+  readiness(): {
+    ready: boolean;
+    degraded: string[];
+    reason: string;
+    checks: Record<string, { ok: boolean; detail: string }>;
+  } {
     const ws = this.router.workers();
     const usable = ws.filter((w) => this.router.healthy(w.id) && !this.router.excluded(w.id));
     const routable = this.health.running ? usable.filter((w) => this.health.hasPassed(w.id)) : usable;
@@ -448,10 +540,15 @@ export class App {
     const noSub = ws.filter((w) => w.events && !this.subs[w.id]);
     const checks = {
       draining: { ok: !this.draining, detail: this.draining ? "shutting down" : "no" },
-      discovery: { ok: this.discoverySynced && this.discoveryState.ok, detail: this.discoverySynced ? this.discoveryState.detail : "discovery has not synced" },
+      discovery: {
+        ok: this.discoverySynced && this.discoveryState.ok,
+        detail: this.discoverySynced ? this.discoveryState.detail : "discovery has not synced",
+      },
       workers: {
         ok: routable.length > 0,
-        detail: ws.length ? `${routable.length} routable of ${ws.length}${unprobed ? ` (${unprobed} not yet through a health check)` : ""}` : "no workers known",
+        detail: ws.length
+          ? `${routable.length} routable of ${ws.length}${unprobed ? ` (${unprobed} not yet through a health check)` : ""}`
+          : "no workers known",
       },
       events: {
         ok: noSub.length === 0 && (withEvents.length === 0 || flowing.length > 0),
@@ -465,7 +562,9 @@ export class App {
     // Discovery after its first view: routing goes on on the cached fleet.
     const degraded = this.discoverySynced && !this.discoveryState.ok ? ["discovery"] : [];
     const failing = Object.entries(checks).find(([k, c]) => !c.ok && degraded.indexOf(k) < 0);
-    const reason = failing ? `${failing[0]}: ${failing[1].detail}` : `${routable.length} worker(s)${degraded.length ? `; degraded: discovery: ${checks.discovery.detail}` : ""}`;
+    const reason = failing
+      ? `${failing[0]}: ${failing[1].detail}`
+      : `${routable.length} worker(s)${degraded.length ? `; degraded: discovery: ${checks.discovery.detail}` : ""}`;
     return { ready: !failing, degraded, reason, checks };
   }
 
@@ -482,7 +581,16 @@ export class App {
     if (this.pool) return this.pool;
     const threads = this.opts.tokenize.threads ?? defaultThreads();
     if (!threads || !this.tokKeys.size) return null;
-    this.pool = new TokenizerPool({ keys: [...new Set(this.tokKeys.values())], threads, queueMax: this.opts.tokenize.queue, timeoutMs: this.opts.tokenize.timeoutMs, backend: this.opts.tokenize.backend }, (l, m) => this.log(l, m));
+    this.pool = new TokenizerPool(
+      {
+        keys: [...new Set(this.tokKeys.values())],
+        threads,
+        queueMax: this.opts.tokenize.queue,
+        timeoutMs: this.opts.tokenize.timeoutMs,
+        backend: this.opts.tokenize.backend,
+      },
+      (l, m) => this.log(l, m),
+    );
     return this.pool;
   }
 
@@ -491,11 +599,25 @@ export class App {
     const pool = this.tokenizerPool();
     if (!pool) return;
     await pool.ready();
-    this.log("info", `tokenizer threads: ${pool.threads()} (prompts over ${this.opts.tokenize.inlineChars} chars; bound ${this.opts.tokenize.timeoutMs} ms, queue ${this.opts.tokenize.queue})`);
+    this.log(
+      "info",
+      `tokenizer threads: ${pool.threads()} (prompts over ${this.opts.tokenize.inlineChars} chars; bound ${this.opts.tokenize.timeoutMs} ms, queue ${this.opts.tokenize.queue})`,
+    );
   }
 
   private parse(endpoint: Endpoint, body: Buffer, sessionHeader: string | null): ParsedRequest {
-    return parseRequest(endpoint, body.length <= this.opts.maxBodyBytes ? body.toString("utf8") : "", body.length, { maxBodyBytes: this.opts.maxBodyBytes, maxMessages: this.opts.maxMessages, maxMedia: this.opts.maxImages, maxJsonDepth: this.opts.maxJsonDepth }, sessionHeader);
+    return parseRequest(
+      endpoint,
+      body.length <= this.opts.maxBodyBytes ? body.toString("utf8") : "",
+      body.length,
+      {
+        maxBodyBytes: this.opts.maxBodyBytes,
+        maxMessages: this.opts.maxMessages,
+        maxMedia: this.opts.maxImages,
+        maxJsonDepth: this.opts.maxJsonDepth,
+      },
+      sessionHeader,
+    );
   }
 
   /** Features from the estimated token count, no blocks; failure: why tokenizing failed (logged). */
@@ -509,7 +631,12 @@ export class App {
   private featuresInline(req: ParsedRequest, root: string | null, text?: string): Features {
     try {
       const tok = this.tokenizerFor(req.model);
-      const ids = text !== undefined && tok && !req.promptTokens ? (req.addSpecialTokens && tok.encodeSpecial ? tok.encodeSpecial(text) : tok.encode(text)) : promptTokenIds(req, tok);
+      const ids =
+        text !== undefined && tok && !req.promptTokens
+          ? req.addSpecialTokens && tok.encodeSpecial
+            ? tok.encodeSpecial(text)
+            : tok.encode(text)
+          : promptTokenIds(req, tok);
       if (!ids) return this.estimated(req, root);
       const ms = mediaSalt(req, nativeHasher, root);
       return featuresOf(req, ids.length, this.hashes.hash(ids, this.opts.router.blockSize, ms.salt), ms.mediaHashes);
@@ -531,7 +658,12 @@ export class App {
    * the event loop keeps serving other picks and KV events meanwhile. A
    * prompt over the time bound or a full queue rejects with 413/503.
    */
-  async routeAsync(endpoint: Endpoint, body: Buffer, sessionHeader: string | null, allow?: (w: Worker) => boolean): Promise<Pick> {
+  async routeAsync(
+    endpoint: Endpoint,
+    body: Buffer,
+    sessionHeader: string | null,
+    allow?: (w: Worker) => boolean,
+  ): Promise<Pick> {
     const t0 = process.hrtime.bigint();
     const req = this.parse(endpoint, body, sessionHeader);
     const root = requestRoot(this.state.mirror, req.model, req.cacheSalt, nativeHasher);
@@ -546,11 +678,18 @@ export class App {
       }
     }
     const pool = text !== null && text.length > this.opts.tokenize.inlineChars ? this.tokenizerPool() : null;
-    if (!pool || text === null) return this.finishPick(req, this.featuresInline(req, root, text ?? undefined), t0, allow);
+    if (!pool || text === null)
+      return this.finishPick(req, this.featuresInline(req, root, text ?? undefined), t0, allow);
     const ms = mediaSalt(req, nativeHasher, root);
     let feats: Features;
     try {
-      const job = pool.encode(key!, text, !!(req.addSpecialTokens && tok!.encodeSpecial), this.opts.router.blockSize, ms.salt ?? null);
+      const job = pool.encode(
+        key!,
+        text,
+        !!(req.addSpecialTokens && tok!.encodeSpecial),
+        this.opts.router.blockSize,
+        ms.salt ?? null,
+      );
       this.metrics.tokenizeQueue.set(pool.depth());
       const r = await job;
       this.metrics.tokenizeQueue.set(pool.depth());
@@ -570,7 +709,12 @@ export class App {
     const endpoint = req.endpoint;
     checkSessionId(req.sessionId, this.opts.maxSessionIdBytes);
     // Before discovery's first view an empty fleet means "not yet", not "none".
-    if (!this.discoverySynced && !this.router.workers().length) throw httpError(503, "no workers available: no worker yet (discovery has not delivered the fleet)", "service_unavailable");
+    if (!this.discoverySynced && !this.router.workers().length)
+      throw httpError(
+        503,
+        "no workers available: no worker yet (discovery has not delivered the fleet)",
+        "service_unavailable",
+      );
     // A worker that renders differently counts other tokens than ours: demand is then an estimate.
     if (feats.exact && this.probes && this.probes.anyDiverged()) feats = { ...feats, exact: false };
     const pick = this.router.pick(feats, req.sessionId, allow);
@@ -578,16 +722,18 @@ export class App {
     const secs = Number(process.hrtime.bigint() - t0) / 1e9;
     this.metrics.pickLatency.observe(secs);
     // Costs and counts only: prompt text never reaches the logs.
-    if (this.opts.logLevel === "debug") this.log("debug", "pick", {
-      endpoint,
-      worker: pick.target.id,
-      prefill: pick.prefill?.id ?? null,
-      blocks: feats.blocks.length,
-      input_tokens: feats.inputTokens,
-      candidates: pick.candidates.map((c) => ({ id: c.id, cost: c.cost, hits: c.hits, active: c.active })),
-      decode_candidates: pick.decodeCandidates?.map((c) => ({ id: c.id, cost: c.cost, hits: c.hits, active: c.active })) ?? null,
-      pick_ms: +(secs * 1000).toFixed(3),
-    });
+    if (this.opts.logLevel === "debug")
+      this.log("debug", "pick", {
+        endpoint,
+        worker: pick.target.id,
+        prefill: pick.prefill?.id ?? null,
+        blocks: feats.blocks.length,
+        input_tokens: feats.inputTokens,
+        candidates: pick.candidates.map((c) => ({ id: c.id, cost: c.cost, hits: c.hits, active: c.active })),
+        decode_candidates:
+          pick.decodeCandidates?.map((c) => ({ id: c.id, cost: c.cost, hits: c.hits, active: c.active })) ?? null,
+        pick_ms: +(secs * 1000).toFixed(3),
+      });
     return pick;
   }
 
@@ -597,7 +743,8 @@ export class App {
    * with cold prefills. Anything of priority 0 or more waits instead.
    */
   shed(pick: Pick, objective: Objective): boolean {
-    if (objective.priority >= 0 || !this.admission.wouldWait((pick.prefill ?? pick.target).id, pick.uncachedTokens)) return false;
+    if (objective.priority >= 0 || !this.admission.wouldWait((pick.prefill ?? pick.target).id, pick.uncachedTokens))
+      return false;
     this.metrics.shed.inc({ priority: String(objective.priority) });
     return true;
   }
@@ -615,21 +762,29 @@ export class App {
     let timer: NodeJS.Timeout | null = null;
     let resolve!: () => void;
     const ready = new Promise<void>((r) => (resolve = r));
-    const ticket = this.admission.enter(key, pick.uncachedTokens, () => {
-      // Its worker's first token is timed from here, not from the pick.
-      pick.reservation.dispatched();
-      if (timer) {
-        clearTimeout(timer);
-        this.metrics.admissionWait.observe((performance.now() - t0) / 1000);
-      }
-      resolve();
-    }, objective);
+    const ticket = this.admission.enter(
+      key,
+      pick.uncachedTokens,
+      () => {
+        // Its worker's first token is timed from here, not from the pick.
+        pick.reservation.dispatched();
+        if (timer) {
+          clearTimeout(timer);
+          this.metrics.admissionWait.observe((performance.now() - t0) / 1000);
+        }
+        resolve();
+      },
+      objective,
+    );
     // Warm (or admission off): no slot to give back, nothing to wrap.
     if (ticket.admitted && !ticket.slot) return ready;
     if (!ticket.admitted) {
       timer = setTimeout(() => {
         this.metrics.admissionForced.inc();
-        this.log("info", `prefill admission: a request waited ${this.opts.admission.maxWaitMs} ms for ${key}; sent past the limit`);
+        this.log(
+          "info",
+          `prefill admission: a request waited ${this.opts.admission.maxWaitMs} ms for ${key}; sent past the limit`,
+        );
         ticket.force();
       }, this.opts.admission.maxWaitMs);
       timer.unref();

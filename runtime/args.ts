@@ -20,11 +20,33 @@ export interface CommandInfo {
 }
 
 export const COMMANDS: Record<Command, CommandInfo> = {
-  router: { name: "router", prog: "infera-gate", summary: "Envoy ext_proc server: KV-cache-aware routing for an OpenAI/Anthropic-compatible fleet" },
-  bridge: { name: "bridge", prog: "infera-bridge", summary: "feeds nginx's njs router: discovery + KV events pushed to nginx's push location" },
-  relay: { name: "relay", prog: "infera-kv-relay", summary: "republishes a worker's ZMQ KV events on NATS", positionals: ["zmq-endpoint", "nats-url", "subject"] },
-  register: { name: "register", prog: "infera-register", summary: "keeps a worker registered in etcd under a kept-alive lease" },
-  sim: { name: "sim", prog: "infera-sim", summary: "engine simulator: an OpenAI/Anthropic-compatible worker over a vLLM-like engine model, publishing vLLM KV events" },
+  router: {
+    name: "router",
+    prog: "infera-gate",
+    summary: "Envoy ext_proc server: KV-cache-aware routing for an OpenAI/Anthropic-compatible fleet",
+  },
+  bridge: {
+    name: "bridge",
+    prog: "infera-bridge",
+    summary: "feeds nginx's njs router: discovery + KV events pushed to nginx's push location",
+  },
+  relay: {
+    name: "relay",
+    prog: "infera-kv-relay",
+    summary: "republishes a worker's ZMQ KV events on NATS",
+    positionals: ["zmq-endpoint", "nats-url", "subject"],
+  },
+  register: {
+    name: "register",
+    prog: "infera-register",
+    summary: "keeps a worker registered in etcd under a kept-alive lease",
+  },
+  sim: {
+    name: "sim",
+    prog: "infera-sim",
+    summary:
+      "engine simulator: an OpenAI/Anthropic-compatible worker over a vLLM-like engine model, publishing vLLM KV events",
+  },
 };
 
 export function version(): string {
@@ -41,7 +63,12 @@ export function version(): string {
 
 export function helpText(cmd: Command): string {
   const info = COMMANDS[cmd];
-  const lines = [`${info.prog} ${version()}: ${info.summary}`, "", `usage: ${info.prog} [flags]${info.positionals ? " [" + info.positionals.join(" ") + "]" : ""}`, ""];
+  const lines = [
+    `${info.prog} ${version()}: ${info.summary}`,
+    "",
+    `usage: ${info.prog} [flags]${info.positionals ? " [" + info.positionals.join(" ") + "]" : ""}`,
+    "",
+  ];
   const rows: [string, string][] = [];
   for (const f of flagsFor(cmd)) {
     const left = `--${f.name}${f.kind === "bool" ? "" : " " + (f.metavar ?? (f.choices ? f.choices.join("|") : f.kind === "int" || f.kind === "number" ? "N" : "S"))}`;
@@ -54,7 +81,7 @@ export function helpText(cmd: Command): string {
     rows.push([left, `${f.help} (${bits.join("; ")})`]);
   }
   rows.push(["--help, -h", "this text"], ["--version", "print the version"]);
-  const w = Math.min(40, Math.max(...rows.map((r) => r.length > 0 ? r[0].length : 0)) + 2);
+  const w = Math.min(40, Math.max(...rows.map((r) => (r.length > 0 ? r[0].length : 0))) + 2);
   for (const [l, r] of rows) lines.push(`  ${l.padEnd(w)} ${r}`);
   return lines.join("\n") + "\n";
 }
@@ -79,12 +106,16 @@ export function readConfigFile(file: string): Record<string, unknown> {
   try {
     doc = /\.json$/i.test(file) ? JSON.parse(text) : parseYaml(text);
   } catch (e) {
-    throw new CliError(`--config ${file}: not valid ${/\.json$/i.test(file) ? "JSON" : "YAML"}: ${(e as Error).message.split("\n")[0]}`);
+    throw new CliError(
+      `--config ${file}: not valid ${/\.json$/i.test(file) ? "JSON" : "YAML"}: ${(e as Error).message.split("\n")[0]}`,
+    );
   }
   if (doc === null || doc === undefined) return {};
-  if (typeof doc !== "object" || Array.isArray(doc)) throw new CliError(`--config ${file}: want a mapping of flag names to values`);
+  if (typeof doc !== "object" || Array.isArray(doc))
+    throw new CliError(`--config ${file}: want a mapping of flag names to values`);
   const out: Record<string, unknown> = {};
-  for (const [k, v] of Object.entries(doc as Record<string, unknown>)) out[k.replace(/[A-Z]/g, (c) => "-" + c.toLowerCase())] = v;
+  for (const [k, v] of Object.entries(doc as Record<string, unknown>))
+    out[k.replace(/[A-Z]/g, (c) => "-" + c.toLowerCase())] = v;
   return out;
 }
 
@@ -103,7 +134,10 @@ export function parseCommand(cmd: Command, argv: string[], env: NodeJS.ProcessEn
       args.push(`${a}=${argv[++i]}`);
     } else args.push(a);
   }
-  const options: Record<string, { type: "string" | "boolean"; short?: string }> = { help: { type: "boolean", short: "h" }, version: { type: "boolean" } };
+  const options: Record<string, { type: "string" | "boolean"; short?: string }> = {
+    help: { type: "boolean", short: "h" },
+    version: { type: "boolean" },
+  };
   for (const f of specs) options[f.name] = { type: f.kind === "bool" ? "boolean" : "string" };
   let raw: { values: Record<string, string | boolean | undefined>; positionals: string[] };
   try {
@@ -118,13 +152,15 @@ export function parseCommand(cmd: Command, argv: string[], env: NodeJS.ProcessEn
   const out: Parsed = { values: {}, given: {}, help: !!raw.values.help, version: !!raw.values.version };
   if (out.help || out.version) return out;
   const pos = COMMANDS[cmd].positionals ?? [];
-  if (raw.positionals.length > pos.length) throw new CliError(`too many arguments: ${raw.positionals.slice(pos.length).join(" ")}`);
+  if (raw.positionals.length > pos.length)
+    throw new CliError(`too many arguments: ${raw.positionals.slice(pos.length).join(" ")}`);
   const cli: Record<string, string | boolean> = {};
   raw.positionals.forEach((p, i) => (cli[pos[i]] = p));
   for (const [k, v] of Object.entries(raw.values)) if (k !== "help" && k !== "version" && v !== undefined) cli[k] = v;
   const cfgPath = (cli.config as string | undefined) ?? env[envName("config")];
   const file = cfgPath ? readConfigFile(cfgPath) : {};
-  for (const k of Object.keys(file)) if (!byName[k] || k === "config") throw new CliError(`--config ${cfgPath}: unknown key '${k}' (not a ${cmd} flag)`);
+  for (const k of Object.keys(file))
+    if (!byName[k] || k === "config") throw new CliError(`--config ${cfgPath}: unknown key '${k}' (not a ${cmd} flag)`);
   for (const f of specs) {
     let v: FlagValue = f.def;
     try {
@@ -186,7 +222,8 @@ export async function runCommand(cmd: Command, argv: string[], start: (p: Parsed
 export function listenError(flag: string, host: string, port: number, e: unknown): CliError {
   const code = (e as NodeJS.ErrnoException).code;
   const msg = (e as Error).message || String(e);
-  if (code === "EADDRINUSE" || /address already in use|No address added/i.test(msg)) return new CliError(`${flag} ${port}: ${host}:${port} is already in use`);
+  if (code === "EADDRINUSE" || /address already in use|No address added/i.test(msg))
+    return new CliError(`${flag} ${port}: ${host}:${port} is already in use`);
   if (code === "EACCES") return new CliError(`${flag} ${port}: permission denied binding ${host}:${port}`);
   if (code === "EADDRNOTAVAIL" || code === "ENOTFOUND") return new CliError(`--host ${host}: cannot bind this address`);
   return new CliError(`${flag} ${port}: cannot listen on ${host}:${port}: ${msg.split("\n")[0]}`);

@@ -32,7 +32,13 @@ export interface Options {
   workers: WorkerSpec[];
   tokenizerPath: string | null;
   /** Tokenizer threads and bounds (--tokenizer-*, --tokenize-*). */
-  tokenize: { backend: "auto" | "fast-bpe" | "hf"; threads: number | null; inlineChars: number; timeoutMs: number; queue: number };
+  tokenize: {
+    backend: "auto" | "fast-bpe" | "hf";
+    threads: number | null;
+    inlineChars: number;
+    timeoutMs: number;
+    queue: number;
+  };
   /** Request objectives (core/objectives.ts): the name -> priority table, and whether the headers count. */
   objectives: { table: { [name: string]: number }; trust: boolean };
   /** Prefill admission (core/admission.ts): slots per worker (0 = off), the warm bound, the wait bound. */
@@ -107,7 +113,10 @@ export function secretFrom(value: string | null, file: string | null): string {
 /** Why a KV event endpoint cannot work, or null: ZMQ tcp://host:port / ipc://path, or a NATS subject. */
 export function badEventEndpoint(ep: string): string | null {
   const m = /^([a-z]+):\/\/(.*)$/.exec(ep);
-  if (!m) return /^[A-Za-z0-9_$-]+(\.[A-Za-z0-9_$-]+)*$/.test(ep) ? null : `'${ep}' is neither tcp://host:port, ipc://path nor a NATS subject`;
+  if (!m)
+    return /^[A-Za-z0-9_$-]+(\.[A-Za-z0-9_$-]+)*$/.test(ep)
+      ? null
+      : `'${ep}' is neither tcp://host:port, ipc://path nor a NATS subject`;
   if (m[1] === "ipc") return m[2] ? null : `'${ep}' has an empty ipc path`;
   if (m[1] !== "tcp") return `'${ep}': scheme ${m[1]}:// is not supported (tcp:// or ipc://)`;
   const hp = /^([^:\s/]+|\[[0-9a-fA-F:]+\]):(\d{1,5})$/.exec(m[2]);
@@ -118,13 +127,17 @@ export function badEventEndpoint(ep: string): string | null {
 /** Parses [role=]host:port[@endpoint] entries. */
 export function parseWorkers(s: string): WorkerSpec[] {
   const out: WorkerSpec[] = [];
-  for (const raw of s.split(",").map((x) => x.trim()).filter(Boolean)) {
+  for (const raw of s
+    .split(",")
+    .map((x) => x.trim())
+    .filter(Boolean)) {
     let rest = raw;
     let role: Role = "mixed";
     const eq = rest.indexOf("=");
     if (eq > 0 && !rest.slice(0, eq).includes(":")) {
       const r = rest.slice(0, eq);
-      if (r !== "prefill" && r !== "decode" && r !== "mixed") throw new CliError(`--workers: unknown role '${r}' in '${raw}'`);
+      if (r !== "prefill" && r !== "decode" && r !== "mixed")
+        throw new CliError(`--workers: unknown role '${r}' in '${raw}'`);
       role = r;
       rest = rest.slice(eq + 1);
     }
@@ -158,21 +171,30 @@ export function parseWorkers(s: string): WorkerSpec[] {
       rest = rest.slice(0, dpm.index);
     }
     if (!/^[^:\s@]+:\d{1,5}$/.test(rest) || Number(rest.slice(rest.lastIndexOf(":") + 1)) > 65535)
-      throw new CliError(`--workers: '${raw}' is not [role=]host:port[/dp=N[/tagged]][/sglang][@kv-endpoint[+replay-endpoint[+snapshot-endpoint]]]`);
+      throw new CliError(
+        `--workers: '${raw}' is not [role=]host:port[/dp=N[/tagged]][/sglang][@kv-endpoint[+replay-endpoint[+snapshot-endpoint]]]`,
+      );
     if (events !== undefined) {
       const why = badEventEndpoint(events);
       if (why) throw new CliError(`--workers: '${raw}': KV event endpoint ${why}`);
     }
-    if (replay !== undefined && !/^tcp:\/\/[^\s]+:\d+$/.test(replay)) throw new CliError(`--workers: '${raw}': replay endpoint '${replay}' is not tcp://host:port`);
-    if (snapshot !== undefined && !/^tcp:\/\/[^\s]+:\d+$/.test(snapshot)) throw new CliError(`--workers: '${raw}': snapshot endpoint '${snapshot}' is not tcp://host:port`);
-    const base: WorkerSpec = replay ? { id: rest, address: rest, role, events, replay } : { id: rest, address: rest, role, events };
+    if (replay !== undefined && !/^tcp:\/\/[^\s]+:\d+$/.test(replay))
+      throw new CliError(`--workers: '${raw}': replay endpoint '${replay}' is not tcp://host:port`);
+    if (snapshot !== undefined && !/^tcp:\/\/[^\s]+:\d+$/.test(snapshot))
+      throw new CliError(`--workers: '${raw}': snapshot endpoint '${snapshot}' is not tcp://host:port`);
+    const base: WorkerSpec = replay
+      ? { id: rest, address: rest, role, events, replay }
+      : { id: rest, address: rest, role, events };
     if (snapshot) base.snapshot = snapshot;
     if (engine === "sglang") base.engine = "sglang";
     for (const w of expandDp(base, dp, dpMode)) {
       // Two entries for one id would share one mirror and one load ledger, the
       // later silently replacing the earlier: refuse rather than guess.
       const dup = out.find((o) => o.id === w.id);
-      if (dup) throw new CliError(`--workers: worker id '${w.id}' appears twice ('${raw}'); each host:port (and DP rank) may be listed once`);
+      if (dup)
+        throw new CliError(
+          `--workers: worker id '${w.id}' appears twice ('${raw}'); each host:port (and DP rank) may be listed once`,
+        );
       out.push(w);
     }
   }
@@ -184,7 +206,10 @@ export function parseWorkers(s: string): WorkerSpec[] {
  * in --workers, per worker address (DP ranks get port + rank).
  */
 export function applyReplayEndpoints(workers: WorkerSpec[], s: string): void {
-  for (const raw of s.split(",").map((x) => x.trim()).filter(Boolean)) {
+  for (const raw of s
+    .split(",")
+    .map((x) => x.trim())
+    .filter(Boolean)) {
     const eq = raw.indexOf("=");
     if (eq <= 0) throw new CliError(`--kv-replay-endpoint: '${raw}' is not host:port=tcp://host:port`);
     const addr = raw.slice(0, eq);
@@ -205,7 +230,9 @@ export function optionsFrom(values: Record<string, FlagValue>, cmd: "router" | "
   const v = (k: string): FlagValue => (values[k] !== undefined ? values[k] : defaults[k]);
   configureTransportSecurity(values);
   const r = defaultConfig() as unknown as Record<string, FlagValue>;
-  for (const f of flagsFor("router")) if (f.routerKey && values[f.name] !== undefined && !(values[f.name] === null && f.kind === "weights")) r[f.routerKey] = values[f.name];
+  for (const f of flagsFor("router"))
+    if (f.routerKey && values[f.name] !== undefined && !(values[f.name] === null && f.kind === "weights"))
+      r[f.routerKey] = values[f.name];
   const o: Options = {
     router: r as unknown as RouterConfig,
     host: v("host") as string,
@@ -241,7 +268,7 @@ export function optionsFrom(values: Record<string, FlagValue>, cmd: "router" | "
     kvEventTopic: v("kv-event-topic") as string,
     natsUrl: v("nats-url") as string,
     replica: {
-      sync: (v("replica-sync") as string) as "off" | "nats",
+      sync: v("replica-sync") as string as "off" | "nats",
       id: v("replica-id") as string | null,
       subject: v("replica-subject") as string,
       heartbeatMs: v("replica-heartbeat-ms") as number,
@@ -258,32 +285,56 @@ export function optionsFrom(values: Record<string, FlagValue>, cmd: "router" | "
     k8sNamespace: v("k8s-namespace") as string,
     inferencePool: v("inference-pool") as string,
     k8sSelector: v("k8s-selector") as string,
-    k8sTargetPorts: (v("k8s-target-port") as string).split(",").map((x) => x.trim()).filter(Boolean).map((x) => {
-      const n = Number(x);
-      if (!(Number.isInteger(n) && n >= 1 && n <= 65535)) throw new CliError(`--k8s-target-port: '${x}' is not a port 1..65535`);
-      return n;
-    }),
+    k8sTargetPorts: (v("k8s-target-port") as string)
+      .split(",")
+      .map((x) => x.trim())
+      .filter(Boolean)
+      .map((x) => {
+        const n = Number(x);
+        if (!(Number.isInteger(n) && n >= 1 && n <= 65535))
+          throw new CliError(`--k8s-target-port: '${x}' is not a port 1..65535`);
+        return n;
+      }),
     eppFallbackCount: v("epp-fallback-endpoints") as number,
     eppShedActiveBlocks: v("epp-shed-active-blocks") as number,
-    eppSheddableObjectives: (v("epp-sheddable-objectives") as string).split(",").map((x) => x.trim()).filter(Boolean),
+    eppSheddableObjectives: (v("epp-sheddable-objectives") as string)
+      .split(",")
+      .map((x) => x.trim())
+      .filter(Boolean),
     drainTimeoutS: v("drain-timeout-s") as number,
     bridgeQueueMax: v("bridge-queue-max") as number,
     bridgeBackoffMaxMs: v("bridge-backoff-max-ms") as number,
-    renderProbeIntervalMs: parseInterval("--render-probe-interval", (v("render-probe-interval") as string)),
-    renderProbeApi: (v("render-probe-api") as string) as Options["renderProbeApi"],
-    extProcTls: v("ext-proc-tls-cert") || v("ext-proc-tls-key") ? { cert: (v("ext-proc-tls-cert") as string) ?? "", key: (v("ext-proc-tls-key") as string) ?? "", clientCa: (v("ext-proc-tls-client-ca") as string | null) ?? null } : null,
+    renderProbeIntervalMs: parseInterval("--render-probe-interval", v("render-probe-interval") as string),
+    renderProbeApi: v("render-probe-api") as string as Options["renderProbeApi"],
+    extProcTls:
+      v("ext-proc-tls-cert") || v("ext-proc-tls-key")
+        ? {
+            cert: (v("ext-proc-tls-cert") as string) ?? "",
+            key: (v("ext-proc-tls-key") as string) ?? "",
+            clientCa: (v("ext-proc-tls-client-ca") as string | null) ?? null,
+          }
+        : null,
     extProcStreamIdleS: v("ext-proc-stream-idle-s") as number,
     extProcMaxStreams: v("ext-proc-max-streams") as number,
-    extProcClientIdentities: v("ext-proc-client-identities") ? (v("ext-proc-client-identities") as string).split(",").map((x) => x.trim()).filter(Boolean) : null,
+    extProcClientIdentities: v("ext-proc-client-identities")
+      ? (v("ext-proc-client-identities") as string)
+          .split(",")
+          .map((x) => x.trim())
+          .filter(Boolean)
+      : null,
     extProcMaxBufferedBytesPerConnection: v("ext-proc-max-buffered-bytes-per-connection") as number,
     extProcMaxBufferedBytes: v("ext-proc-max-buffered-bytes") as number,
     kvEventSilenceS: v("kv-event-silence-s") as number,
     maxMirrorBlocks: v("max-mirror-blocks") as number,
     kvReplayTimeoutMs: v("kv-replay-timeout-ms") as number,
     adminToken: secretFrom(v("admin-token") as string | null, v("admin-token-file") as string | null),
-    adminTls: v("admin-tls-cert") || v("admin-tls-key") ? { cert: (v("admin-tls-cert") as string) ?? "", key: (v("admin-tls-key") as string) ?? "" } : null,
+    adminTls:
+      v("admin-tls-cert") || v("admin-tls-key")
+        ? { cert: (v("admin-tls-cert") as string) ?? "", key: (v("admin-tls-key") as string) ?? "" }
+        : null,
   };
-  if (o.adminTls && (!o.adminTls.cert || !o.adminTls.key)) throw new CliError("--admin-tls-cert and --admin-tls-key go together");
+  if (o.adminTls && (!o.adminTls.cert || !o.adminTls.key))
+    throw new CliError("--admin-tls-cert and --admin-tls-key go together");
   if (v("kv-tier-weights")) {
     try {
       o.router.kvTierWeights = { ...defaultTierWeights(), ...parseTierWeights(v("kv-tier-weights") as string) };
@@ -292,24 +343,47 @@ export function optionsFrom(values: Record<string, FlagValue>, cmd: "router" | "
     }
   }
   if (v("kv-replay-endpoint")) applyReplayEndpoints(o.workers, v("kv-replay-endpoint") as string);
-  if (o.extProcTls && (!o.extProcTls.cert || !o.extProcTls.key)) throw new CliError("--ext-proc-tls-cert and --ext-proc-tls-key go together");
-  if (!o.extProcTls && v("ext-proc-tls-client-ca")) throw new CliError("--ext-proc-tls-client-ca needs --ext-proc-tls-cert and --ext-proc-tls-key");
-  if (o.extProcClientIdentities && !o.extProcTls?.clientCa) throw new CliError("--ext-proc-client-identities needs mTLS: --ext-proc-tls-cert, --ext-proc-tls-key and --ext-proc-tls-client-ca (without a verified client certificate there is no identity to check)");
-  if (v("ext-proc-client-identities") !== null && v("ext-proc-client-identities") !== undefined && !o.extProcClientIdentities) throw new CliError("--ext-proc-client-identities: no identity given");
+  if (o.extProcTls && (!o.extProcTls.cert || !o.extProcTls.key))
+    throw new CliError("--ext-proc-tls-cert and --ext-proc-tls-key go together");
+  if (!o.extProcTls && v("ext-proc-tls-client-ca"))
+    throw new CliError("--ext-proc-tls-client-ca needs --ext-proc-tls-cert and --ext-proc-tls-key");
+  if (o.extProcClientIdentities && !o.extProcTls?.clientCa)
+    throw new CliError(
+      "--ext-proc-client-identities needs mTLS: --ext-proc-tls-cert, --ext-proc-tls-key and --ext-proc-tls-client-ca (without a verified client certificate there is no identity to check)",
+    );
+  if (
+    v("ext-proc-client-identities") !== null &&
+    v("ext-proc-client-identities") !== undefined &&
+    !o.extProcClientIdentities
+  )
+    throw new CliError("--ext-proc-client-identities: no identity given");
   {
     // One message must fit in a connection's budget, or no body near --max-body-bytes could be sent at all.
     const message = 2 * o.maxBodyBytes + 1024 * 1024 + 5;
-    if (o.extProcMaxBufferedBytesPerConnection < message) throw new CliError(`--ext-proc-max-buffered-bytes-per-connection must be at least ${message} (one gRPC message carrying a body of twice --max-body-bytes)`);
-    if (o.extProcMaxBufferedBytes < o.extProcMaxBufferedBytesPerConnection) throw new CliError("--ext-proc-max-buffered-bytes must be at least --ext-proc-max-buffered-bytes-per-connection");
+    if (o.extProcMaxBufferedBytesPerConnection < message)
+      throw new CliError(
+        `--ext-proc-max-buffered-bytes-per-connection must be at least ${message} (one gRPC message carrying a body of twice --max-body-bytes)`,
+      );
+    if (o.extProcMaxBufferedBytes < o.extProcMaxBufferedBytesPerConnection)
+      throw new CliError("--ext-proc-max-buffered-bytes must be at least --ext-proc-max-buffered-bytes-per-connection");
   }
-  if (o.discovery === "k8s" && !o.inferencePool && !o.k8sSelector) throw new CliError("--discovery-backend k8s needs --inference-pool NAME or --k8s-selector LABELS");
-  if (o.discovery === "static" && o.workers.length === 0) throw new CliError("--workers is required with --discovery-backend static");
-  if (o.replica.sync !== "off" && o.replica.ttlMs <= o.replica.heartbeatMs) throw new CliError("--replica-ttl-ms must be longer than --replica-heartbeat-ms (a live replica would expire between heartbeats)");
+  if (o.discovery === "k8s" && !o.inferencePool && !o.k8sSelector)
+    throw new CliError("--discovery-backend k8s needs --inference-pool NAME or --k8s-selector LABELS");
+  if (o.discovery === "static" && o.workers.length === 0)
+    throw new CliError("--workers is required with --discovery-backend static");
+  if (o.replica.sync !== "off" && o.replica.ttlMs <= o.replica.heartbeatMs)
+    throw new CliError(
+      "--replica-ttl-ms must be longer than --replica-heartbeat-ms (a live replica would expire between heartbeats)",
+    );
   if (cmd === "bridge" && !o.pushToken) throw new CliError("--push-token (or INFERA_PUSH_TOKEN) is required");
   return o;
 }
 
 /** Parses a command line (and env, and --config) into Options; --help and --version belong to the commands (runCommand). */
-export function parseArgs(argv: string[], env: NodeJS.ProcessEnv = process.env, cmd: "router" | "bridge" = "router"): Options {
+export function parseArgs(
+  argv: string[],
+  env: NodeJS.ProcessEnv = process.env,
+  cmd: "router" | "bridge" = "router",
+): Options {
   return optionsFrom(parseCommand(cmd, argv, env).values, cmd);
 }

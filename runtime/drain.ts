@@ -2,7 +2,10 @@
 // and sends GOAWAY on every connection, so Envoy opens no new streams here,
 // while streams already open (requests being answered) run to their end. After
 // the timeout whatever is left is cut.
-export function drainGrpc(server: { tryShutdown(cb: () => void): void; forceShutdown(): void }, timeoutMs: number): Promise<{ forced: boolean; waitedMs: number }> {
+export function drainGrpc(
+  server: { tryShutdown(cb: () => void): void; forceShutdown(): void },
+  timeoutMs: number,
+): Promise<{ forced: boolean; waitedMs: number }> {
   const t0 = Date.now();
   return new Promise((resolve) => {
     let done = false;

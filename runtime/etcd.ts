@@ -38,17 +38,31 @@ export interface Registration {
 
 export function specFromEtcd(id: string, value: string): WorkerSpec {
   const r = JSON.parse(value) as Registration;
-  if (typeof r.address !== "string" || !/^[^:\s]+:\d+$/.test(r.address)) throw new Error(`registration ${id}: 'address' must be host:port`);
+  if (typeof r.address !== "string" || !/^[^:\s]+:\d+$/.test(r.address))
+    throw new Error(`registration ${id}: 'address' must be host:port`);
   const role = r.role ?? "mixed";
-  if (role !== "prefill" && role !== "decode" && role !== "mixed") throw new Error(`registration ${id}: unknown role '${role}'`);
-  if (r.block_size !== undefined && !(Number.isInteger(r.block_size) && r.block_size >= 1)) throw new Error(`registration ${id}: 'block_size' must be a positive integer`);
-  const why = r.kv_events === undefined || r.kv_events === null ? null : typeof r.kv_events !== "string" ? "must be a string" : badEventEndpoint(r.kv_events);
+  if (role !== "prefill" && role !== "decode" && role !== "mixed")
+    throw new Error(`registration ${id}: unknown role '${role}'`);
+  if (r.block_size !== undefined && !(Number.isInteger(r.block_size) && r.block_size >= 1))
+    throw new Error(`registration ${id}: 'block_size' must be a positive integer`);
+  const why =
+    r.kv_events === undefined || r.kv_events === null
+      ? null
+      : typeof r.kv_events !== "string"
+        ? "must be a string"
+        : badEventEndpoint(r.kv_events);
   if (why) throw new Error(`registration ${id}: 'kv_events' ${why}`);
   const spec: WorkerSpec = { id, address: r.address, role, blockSize: r.block_size, events: r.kv_events };
   if (typeof r.kv_replay === "string" && r.kv_replay) spec.replay = r.kv_replay;
-  if (r.kv_snapshot !== undefined && r.kv_snapshot !== null && (typeof r.kv_snapshot !== "string" || !/^tcp:\/\/[^\s]+:\d+$/.test(r.kv_snapshot))) throw new Error(`registration ${id}: 'kv_snapshot' must be tcp://host:port`);
+  if (
+    r.kv_snapshot !== undefined &&
+    r.kv_snapshot !== null &&
+    (typeof r.kv_snapshot !== "string" || !/^tcp:\/\/[^\s]+:\d+$/.test(r.kv_snapshot))
+  )
+    throw new Error(`registration ${id}: 'kv_snapshot' must be tcp://host:port`);
   if (typeof r.kv_snapshot === "string" && r.kv_snapshot) spec.snapshot = r.kv_snapshot;
-  if (r.engine !== undefined && r.engine !== "vllm" && r.engine !== "sglang") throw new Error(`registration ${id}: unknown engine '${r.engine}' (vllm | sglang)`);
+  if (r.engine !== undefined && r.engine !== "vllm" && r.engine !== "sglang")
+    throw new Error(`registration ${id}: unknown engine '${r.engine}' (vllm | sglang)`);
   if (r.engine === "sglang") spec.engine = "sglang";
   return spec;
 }
@@ -125,7 +139,11 @@ export async function startEtcdDiscovery(app: Fleet): Promise<{ close(): Promise
     while (!closed) {
       try {
         const rev = await list();
-        const w = await client.watch().prefix(prefix).startRevision(String(BigInt(rev) + BigInt(1))).create();
+        const w = await client
+          .watch()
+          .prefix(prefix)
+          .startRevision(String(BigInt(rev) + BigInt(1)))
+          .create();
         current = w;
         if (closed) break;
         const n = app.listWorkerCount?.();
@@ -180,7 +198,14 @@ export async function startEtcdDiscovery(app: Fleet): Promise<{ close(): Promise
  * (its keep-alive timers stopped) before the next grant, after an exponential
  * backoff, so an etcd outage costs neither memory nor log lines per attempt.
  */
-export async function registerWorker(endpoint: string, prefix: string, id: string, reg: Registration, ttlSeconds = 5, log?: Logger): Promise<{ close(): Promise<void> }> {
+export async function registerWorker(
+  endpoint: string,
+  prefix: string,
+  id: string,
+  reg: Registration,
+  ttlSeconds = 5,
+  log?: Logger,
+): Promise<{ close(): Promise<void> }> {
   // etcd restores leases with their TTL when it comes back: a registrant that
   // waits longer than that to re-register lets its old key expire first, and
   // the router sees the worker leave. So it retries at least three times per TTL.
@@ -188,8 +213,14 @@ export async function registerWorker(endpoint: string, prefix: string, id: strin
   // The etcd3 client's own per-host circuit breaker (open 5 s after three
   // failures) would refuse those retries for longer than a short TTL after etcd
   // returns (heal.test.ts saw the fleet empty so): it reopens as often as we retry.
-  const host = () => circuitBreaker(handleWhen(isRecoverableError), { halfOpenAfter: retryMs, breaker: new ConsecutiveBreaker(3) });
-  const client = new Etcd3({ hosts: endpoint.split(","), dialTimeout: 2000, faultHandling: { host }, ...etcdClientOptions() });
+  const host = () =>
+    circuitBreaker(handleWhen(isRecoverableError), { halfOpenAfter: retryMs, breaker: new ConsecutiveBreaker(3) });
+  const client = new Etcd3({
+    hosts: endpoint.split(","),
+    dialTimeout: 2000,
+    faultHandling: { host },
+    ...etcdClientOptions(),
+  });
   const logger: Logger = log ?? makeLogger("warn", "text", { component: "register" });
   const state = stateLogger(logger, `etcd: registration of ${id} at ${endpoint}`);
   let lease: Lease | null = null;

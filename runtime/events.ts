@@ -74,11 +74,25 @@ function jsonSafe(v: unknown): unknown {
 
 function extraKeys(v: unknown): ExtraKeys | null {
   if (v === null || v === undefined) return null;
-  return list(v, "extra_keys").map((e) => (e === null || e === undefined ? null : Array.isArray(e) ? (jsonSafe(e) as unknown[]) : [jsonSafe(e)]));
+  return list(v, "extra_keys").map((e) =>
+    e === null || e === undefined ? null : Array.isArray(e) ? (jsonSafe(e) as unknown[]) : [jsonSafe(e)],
+  );
 }
 
 // Field order of the array_like (positional) encoding, after the tag.
-const STORED_FIELDS = ["block_hashes", "parent_block_hash", "token_ids", "block_size", "lora_id", "medium", "lora_name", "extra_keys", "group_idx", "kv_cache_spec_kind", "kv_cache_spec_sliding_window"];
+const STORED_FIELDS = [
+  "block_hashes",
+  "parent_block_hash",
+  "token_ids",
+  "block_size",
+  "lora_id",
+  "medium",
+  "lora_name",
+  "extra_keys",
+  "group_idx",
+  "kv_cache_spec_kind",
+  "kv_cache_spec_sliding_window",
+];
 const REMOVED_FIELDS = ["block_hashes", "medium", "group_idx"];
 const CLEARED_FIELDS = ["medium"];
 
@@ -112,7 +126,10 @@ export function normalizeEvent(e: unknown): KvEvent | null {
     return {
       type: "BlockStored",
       hashes,
-      parent: get("parent_block_hash") === null || get("parent_block_hash") === undefined ? null : hashKey(get("parent_block_hash")),
+      parent:
+        get("parent_block_hash") === null || get("parent_block_hash") === undefined
+          ? null
+          : hashKey(get("parent_block_hash")),
       tokens: list(get("token_ids"), "token_ids").map((t) => intOf(t, "token id")),
       // Early vLLM sent num_toks_per_block (a list) where block_size now stands.
       blockSize: Array.isArray(bs) ? uniformBlockSize(bs) : intOf(bs, "block_size"),
@@ -130,7 +147,12 @@ export function normalizeEvent(e: unknown): KvEvent | null {
     };
   }
   if (tag === "BlockRemoved")
-    return { type: "BlockRemoved", hashes: list(get("block_hashes"), "block_hashes").map(hashKey), medium: optStr(get("medium")), groupIdx: optInt(get("group_idx"), "group_idx") };
+    return {
+      type: "BlockRemoved",
+      hashes: list(get("block_hashes"), "block_hashes").map(hashKey),
+      medium: optStr(get("medium")),
+      groupIdx: optInt(get("group_idx"), "group_idx"),
+    };
   if (tag === "AllBlocksCleared") return { type: "AllBlocksCleared", medium: optStr(get("medium")) };
   return null;
 }
@@ -155,8 +177,7 @@ export function decodeBatch(payload: Uint8Array): DecodedBatch {
     // vLLM names the rank data_parallel_rank; SGLang's EventBatch field is attn_dp_rank
     // (its encoder is array_like, where the rank is the third element either way).
     dp = o.data_parallel_rank ?? o.attn_dp_rank;
-  }
-  else throw new Error("batch is neither an array nor a map");
+  } else throw new Error("batch is neither an array nor a map");
   const events: KvEvent[] = [];
   let unknown = 0;
   for (const e of list(evs, "events")) {
@@ -296,10 +317,14 @@ export async function requestSnapshot(endpoint: string, timeoutMs: number): Prom
       const frames = await sock.receive();
       const f = frames[0] && frames[0].length === 0 ? frames.slice(1) : frames;
       const kind = f[0] ? Buffer.from(f[0]).toString("utf8") : "";
-      if (kind === "error") throw new Error("engine answered: " + (f[1] ? Buffer.from(f[1]).toString("utf8") : "error"));
+      if (kind === "error")
+        throw new Error("engine answered: " + (f[1] ? Buffer.from(f[1]).toString("utf8") : "error"));
       if (kind === "header") {
         const h = decode(f[1], { useBigInt64: true });
-        if (!Array.isArray(h) || h.length < 7) throw new Error("snapshot header is not [version, epoch, replica_rank, resume_seq, barrier_seq, barrier_id, record_count]");
+        if (!Array.isArray(h) || h.length < 7)
+          throw new Error(
+            "snapshot header is not [version, epoch, replica_rank, resume_seq, barrier_seq, barrier_id, record_count]",
+          );
         if (intOf(h[0], "snapshot version") !== 1) throw new Error("snapshot version " + String(h[0]) + ", want 1");
         header = h;
       } else if (kind === "chunk") {
@@ -325,7 +350,9 @@ export async function requestSnapshot(endpoint: string, timeoutMs: number): Prom
     throw new Error("no end of snapshot in time");
   } catch (e) {
     const m = (e as Error).message;
-    throw new Error(/timed? ?out|Socket temporarily unavailable|EAGAIN/i.test(m) ? `no answer within ${timeoutMs} ms` : m);
+    throw new Error(
+      /timed? ?out|Socket temporarily unavailable|EAGAIN/i.test(m) ? `no answer within ${timeoutMs} ms` : m,
+    );
   } finally {
     sock.close();
   }
@@ -338,7 +365,11 @@ const END_SEQ = -1n;
  * [b"", start as 8-byte BE] from a DEALER, reads [b"", seq, payload] until the
  * END_SEQ (-1, signed 8-byte BE) terminator. Null when it does not answer in time.
  */
-export async function requestReplay(endpoint: string, start: number, timeoutMs: number): Promise<{ seq: number; payload: Uint8Array; text: string }[] | null> {
+export async function requestReplay(
+  endpoint: string,
+  start: number,
+  timeoutMs: number,
+): Promise<{ seq: number; payload: Uint8Array; text: string }[] | null> {
   const sock = new zmq.Dealer({ linger: 0, receiveTimeout: timeoutMs, sendTimeout: timeoutMs });
   const out: { seq: number; payload: Uint8Array; text: string }[] = [];
   try {
@@ -401,7 +432,12 @@ export interface Sequencer {
  * Without a replay endpoint a reconnect cannot be verified, so it counts as a
  * restart: stale blocks are worse than a cold mirror.
  */
-export function createSequencer(workerId: string, sink: EventSink, onError: EventErrorSink, ro: ReplayOptions = {}): Sequencer {
+export function createSequencer(
+  workerId: string,
+  sink: EventSink,
+  onError: EventErrorSink,
+  ro: ReplayOptions = {},
+): Sequencer {
   let closed = false;
   let last: number | undefined;
   let lastText = "";
@@ -414,7 +450,8 @@ export function createSequencer(workerId: string, sink: EventSink, onError: Even
   const timeout = ro.replayTimeoutMs ?? 2000;
   // Exact decimal of a seq for logs: the frame's own text when we have it.
   const txt = (seq: number, text?: string): string => text ?? String(seq);
-  const nextText = (): string => (lastText && /^\d+$/.test(lastText) ? (BigInt(lastText) + 1n).toString() : String((last ?? -1) + 1));
+  const nextText = (): string =>
+    lastText && /^\d+$/.test(lastText) ? (BigInt(lastText) + 1n).toString() : String((last ?? -1) + 1);
 
   const deliver = (seq: number, payload: Uint8Array, replayed: boolean, text?: string): void => {
     let batch: DecodedBatch;
@@ -432,7 +469,13 @@ export function createSequencer(workerId: string, sink: EventSink, onError: Even
     lastText = txt(seq, text);
     lastDigest = digest(payload);
     const other = ro.dpRank !== undefined && batch.dpRank !== null && batch.dpRank !== ro.dpRank;
-    sink(workerId, seq, other ? [] : batch.events, { restart, replayed, unknown: batch.unknown, dpRank: batch.dpRank, seqText: txt(seq, text) });
+    sink(workerId, seq, other ? [] : batch.events, {
+      restart,
+      replayed,
+      unknown: batch.unknown,
+      dpRank: batch.dpRank,
+      seqText: txt(seq, text),
+    });
   };
 
   // Replays from start, applies what came back in order, then the held live frames.
@@ -440,15 +483,25 @@ export function createSequencer(workerId: string, sink: EventSink, onError: Even
     repairing = true;
     const got = closed ? null : await requestReplay(ro.replay as string, start, timeout);
     if (closed) return;
-    if (got === null) ro.log?.("warn", `kv-events worker=${workerId} replay from seq=${startText ?? start} (${why}) got no answer from ${ro.replay}`);
-    else if (got.length && got[0].seq > start && start > 0) ro.log?.("warn", `kv-events worker=${workerId} replay buffer starts at seq=${got[0].text ?? got[0].seq}, gap from ${startText ?? start} cannot be filled${ro.snapshot ? ": resyncing from the snapshot endpoint" : ""}`);
+    if (got === null)
+      ro.log?.(
+        "warn",
+        `kv-events worker=${workerId} replay from seq=${startText ?? start} (${why}) got no answer from ${ro.replay}`,
+      );
+    else if (got.length && got[0].seq > start && start > 0)
+      ro.log?.(
+        "warn",
+        `kv-events worker=${workerId} replay buffer starts at seq=${got[0].text ?? got[0].seq}, gap from ${startText ?? start} cannot be filled${ro.snapshot ? ": resyncing from the snapshot endpoint" : ""}`,
+      );
     const unfilled = got === null || (got.length > 0 && got[0].seq > start);
     if (unfilled && ro.snapshot && start > 0 && !pendingRestart) {
       // What replay did return is live history after the gap: it goes in before the cut.
       for (const f of got || []) held.push({ seq: f.seq, payload: f.payload, text: f.text });
       return resync(why);
     }
-    const all = (got || []).map((f) => ({ seq: f.seq, payload: f.payload, replayed: true, text: f.text as string | undefined })).concat(held.splice(0).map((f) => ({ seq: f.seq, payload: f.payload, replayed: false, text: f.text })));
+    const all = (got || [])
+      .map((f) => ({ seq: f.seq, payload: f.payload, replayed: true, text: f.text as string | undefined }))
+      .concat(held.splice(0).map((f) => ({ seq: f.seq, payload: f.payload, replayed: false, text: f.text })));
     all.sort((a, b) => a.seq - b.seq);
     for (const f of all) {
       if (last !== undefined && f.seq <= last) continue;
@@ -478,7 +531,10 @@ export function createSequencer(workerId: string, sink: EventSink, onError: Even
     held.sort((a, b) => a.seq - b.seq);
     if (!snap) {
       // No snapshot: the next batch arrives with its gap and core clears the mirror.
-      ro.log?.("warn", `kv-events worker=${workerId} snapshot from ${ro.snapshot} (${why}) failed: ${err}; mirror will be cleared`);
+      ro.log?.(
+        "warn",
+        `kv-events worker=${workerId} snapshot from ${ro.snapshot} (${why}) failed: ${err}; mirror will be cleared`,
+      );
       for (const f of held.splice(0)) if (last === undefined || f.seq > last) deliver(f.seq, f.payload, false, f.text);
       repairing = false;
       return;
@@ -493,7 +549,8 @@ export function createSequencer(workerId: string, sink: EventSink, onError: Even
       try {
         const b = decodeBatch(f.payload);
         unknown += b.unknown;
-        if (!(ro.dpRank !== undefined && b.dpRank !== null && b.dpRank !== ro.dpRank)) for (const e of b.events) events.push(e);
+        if (!(ro.dpRank !== undefined && b.dpRank !== null && b.dpRank !== ro.dpRank))
+          for (const e of b.events) events.push(e);
       } catch (e) {
         onError(workerId, `seq=${txt(f.seq, f.text)}: ${(e as Error).message}`);
       }
@@ -506,7 +563,14 @@ export function createSequencer(workerId: string, sink: EventSink, onError: Even
     lastText = snap.barrierText;
     lastDigest = "";
     if (snap.epoch) epoch = snap.epoch;
-    sink(workerId, cut, events, { restart, replayed: false, unknown, dpRank: null, seqText: snap.barrierText, resync: true });
+    sink(workerId, cut, events, {
+      restart,
+      replayed: false,
+      unknown,
+      dpRank: null,
+      seqText: snap.barrierText,
+      resync: true,
+    });
     for (const f of after) if (f.seq > (last as number)) deliver(f.seq, f.payload, false, f.text);
     repairing = false;
   };
@@ -519,13 +583,18 @@ export function createSequencer(workerId: string, sink: EventSink, onError: Even
     if (closed) return;
     const same = got !== null && got.length > 0 && got[0].seq === last && digest(got[0].payload) === lastDigest;
     if (!same) {
-      ro.log?.("warn", `kv-events worker=${workerId} reconnected to a different event stream (engine restart): rebuilding its mirror from replay`);
+      ro.log?.(
+        "warn",
+        `kv-events worker=${workerId} reconnected to a different event stream (engine restart): rebuilding its mirror from replay`,
+      );
       pendingRestart = true;
       last = undefined;
       await repair(0, "restart");
       return;
     }
-    const rest: { seq: number; payload: Uint8Array; text?: string }[] = got.slice(1).concat(held.splice(0) as typeof got);
+    const rest: { seq: number; payload: Uint8Array; text?: string }[] = got
+      .slice(1)
+      .concat(held.splice(0) as typeof got);
     rest.sort((a, b) => a.seq - b.seq);
     for (const f of rest) if (last === undefined || f.seq > last) deliver(f.seq, f.payload, true, f.text);
     repairing = false;
@@ -551,7 +620,11 @@ export function createSequencer(workerId: string, sink: EventSink, onError: Even
       }
       if (newEpoch || (last !== undefined && seq <= last)) {
         // The sequence went back: a restarted engine. Its earlier batches may be in its buffer.
-        if (newEpoch) ro.log?.("warn", `kv-events worker=${workerId} publisher epoch changed to ${ep} (engine restart): mirror dropped`);
+        if (newEpoch)
+          ro.log?.(
+            "warn",
+            `kv-events worker=${workerId} publisher epoch changed to ${ep} (engine restart): mirror dropped`,
+          );
         pendingRestart = true;
         last = undefined;
         lastText = "";
@@ -576,7 +649,10 @@ export function createSequencer(workerId: string, sink: EventSink, onError: Even
       if (ro.replay) void verify();
       else if (last !== undefined) {
         pendingRestart = true;
-        ro.log?.("warn", `kv-events worker=${workerId} reconnected without a replay endpoint: cannot tell a restart from a blip, mirror dropped`);
+        ro.log?.(
+          "warn",
+          `kv-events worker=${workerId} reconnected without a replay endpoint: cannot tell a restart from a blip, mirror dropped`,
+        );
       }
     },
     close() {
@@ -586,7 +662,15 @@ export function createSequencer(workerId: string, sink: EventSink, onError: Even
 }
 
 /** Subscribes to one worker's ZMQ PUB. Frames: [topic, seq, payload] (topic optional); sequencing in createSequencer. */
-export function subscribeZmq(workerId: string, endpoint: string, topic: string, sink: EventSink, onError: EventErrorSink, onState?: EventStateSink, ro: ReplayOptions = {}): Subscription {
+export function subscribeZmq(
+  workerId: string,
+  endpoint: string,
+  topic: string,
+  sink: EventSink,
+  onError: EventErrorSink,
+  onState?: EventStateSink,
+  ro: ReplayOptions = {},
+): Subscription {
   const sock = new zmq.Subscriber({ reconnectInterval: 200, reconnectMaxInterval: 2000 });
   if (onState) {
     sock.events.on("connect", () => onState(true));
@@ -610,21 +694,29 @@ export function subscribeZmq(workerId: string, endpoint: string, topic: string, 
     try {
       for await (const frames of sock) {
         try {
-          if (frames.length !== 3 && !(frames.length === 2 && topic === "")) throw new Error("want [topic, seq, payload], got " + frames.length + " frame(s)");
+          if (frames.length !== 3 && !(frames.length === 2 && topic === ""))
+            throw new Error("want [topic, seq, payload], got " + frames.length + " frame(s)");
           // The subscription filter is a prefix: drop other topics (kv-events-canary for kv-events).
           const ti = frames.length === 3 ? parseTopic(frames[0], topic) : { epoch: null, barrier: null };
           if (!ti) {
             // Once per subscription: a publisher whose topic differs from ours sends us nothing usable.
             if (!warnedTopic) {
               warnedTopic = true;
-              ro.log?.("warn", `kv-events worker=${workerId} ignores frames on topic '${printable(frames[0])}': --kv-event-topic is '${topic}', matched exactly (SGLang's epoch suffix allowed)`);
+              ro.log?.(
+                "warn",
+                `kv-events worker=${workerId} ignores frames on topic '${printable(frames[0])}': --kv-event-topic is '${topic}', matched exactly (SGLang's epoch suffix allowed)`,
+              );
             }
             ro.onOtherTopic?.();
             continue;
           }
           const sf = frames[frames.length - 2];
           if (sf.length !== 8) throw new Error(`sequence frame is ${sf.length} bytes, want 8`);
-          seqr.frame(decodeSeq(sf), frames[frames.length - 1], { seqText: seqText(sf), epoch: ti.epoch, barrier: ti.barrier });
+          seqr.frame(decodeSeq(sf), frames[frames.length - 1], {
+            seqText: seqText(sf),
+            epoch: ti.epoch,
+            barrier: ti.barrier,
+          });
         } catch (e) {
           onError(workerId, (e as Error).message);
         }

@@ -30,9 +30,20 @@ function splitPattern(pt: any): { pattern: string } | { reason: string } {
   const byteLevel = (p: any) => p && p.type === "ByteLevel" && !p.add_prefix_space;
   if (pt.type === "Sequence" && Array.isArray(pt.pretokenizers) && pt.pretokenizers.length === 2) {
     const [s, b] = pt.pretokenizers;
-    if (s.type === "Split" && s.pattern && typeof s.pattern.Regex === "string" && s.behavior === "Isolated" && !s.invert && byteLevel(b) && b.use_regex === false) return { pattern: s.pattern.Regex };
+    if (
+      s.type === "Split" &&
+      s.pattern &&
+      typeof s.pattern.Regex === "string" &&
+      s.behavior === "Isolated" &&
+      !s.invert &&
+      byteLevel(b) &&
+      b.use_regex === false
+    )
+      return { pattern: s.pattern.Regex };
   }
-  return { reason: `pre-tokenizer ${JSON.stringify(pt).slice(0, 120)} is not Sequence[Split(regex, Isolated), ByteLevel(use_regex=false)]` };
+  return {
+    reason: `pre-tokenizer ${JSON.stringify(pt).slice(0, 120)} is not Sequence[Split(regex, Isolated), ByteLevel(use_regex=false)]`,
+  };
 }
 
 /** null when the fast path reproduces this tokenizer.json exactly, else the reason it does not. */
@@ -48,7 +59,8 @@ export function fastBpeSupport(tj: TokenizerJson): string | null {
   if ("reason" in sp) return sp.reason;
   for (const a of tj.added_tokens || []) {
     if (a.lstrip || a.rstrip || a.single_word) return `added token ${a.content} strips or matches whole words`;
-    if (a.normalized && a.content.normalize("NFC") !== a.content) return `added token ${a.content} changes under normalization`;
+    if (a.normalized && a.content.normalize("NFC") !== a.content)
+      return `added token ${a.content} changes under normalization`;
   }
   // Every byte must have its own token, or a word could fall outside the vocabulary.
   const bytes = byteTable();
@@ -164,7 +176,15 @@ export function createFastBpe(tj: TokenizerJson, opts: { maxWords?: number } = {
   const addedIds = new Map<string, number>();
   for (const a of added) addedIds.set(a.content, a.id);
   const esc = (s: string) => s.replace(/[.*+?^${}()|[\]\\]/g, "\\$&");
-  const addedRe = added.length ? new RegExp([...addedIds.keys()].sort((x, y) => y.length - x.length).map(esc).join("|"), "g") : null;
+  const addedRe = added.length
+    ? new RegExp(
+        [...addedIds.keys()]
+          .sort((x, y) => y.length - x.length)
+          .map(esc)
+          .join("|"),
+        "g",
+      )
+    : null;
 
   const maxWords = opts.maxWords ?? 200000;
   let cache = new Map<string, number[]>();
@@ -233,17 +253,28 @@ export function createFastBpe(tj: TokenizerJson, opts: { maxWords?: number } = {
       return ra < rb || (ra === rb && hp[a] < hp[b]);
     };
     const swap = (a: number, b: number) => {
-      let t = hv[a]; hv[a] = hv[b]; hv[b] = t;
-      t = hp[a]; hp[a] = hp[b]; hp[b] = t;
-      t = hl[a]; hl[a] = hl[b]; hl[b] = t;
-      t = hr[a]; hr[a] = hr[b]; hr[b] = t;
+      let t = hv[a];
+      hv[a] = hv[b];
+      hv[b] = t;
+      t = hp[a];
+      hp[a] = hp[b];
+      hp[b] = t;
+      t = hl[a];
+      hl[a] = hl[b];
+      hl[b] = t;
+      t = hr[a];
+      hr[a] = hr[b];
+      hr[b] = t;
     };
     const push = (pos: number) => {
       const q = next[pos];
       if (q < 0) return;
       const v = merges.get(tok[pos], tok[q]);
       if (v === undefined) return;
-      hv.push(v); hp.push(pos); hl.push(tok[pos]); hr.push(tok[q]);
+      hv.push(v);
+      hp.push(pos);
+      hl.push(tok[pos]);
+      hr.push(tok[q]);
       let i = hv.length - 1;
       while (i > 0) {
         const p = (i - 1) >> 1;
@@ -255,10 +286,14 @@ export function createFastBpe(tj: TokenizerJson, opts: { maxWords?: number } = {
     const pop = () => {
       const last = hv.length - 1;
       swap(0, last);
-      const v = hv.pop()!, p = hp.pop()!, l = hl.pop()!, r = hr.pop()!;
+      const v = hv.pop()!,
+        p = hp.pop()!,
+        l = hl.pop()!,
+        r = hr.pop()!;
       let i = 0;
       for (;;) {
-        const a = 2 * i + 1, b = a + 1;
+        const a = 2 * i + 1,
+          b = a + 1;
         let s = i;
         if (a < hv.length && less(a, s)) s = a;
         if (b < hv.length && less(b, s)) s = b;

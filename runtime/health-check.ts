@@ -72,7 +72,9 @@ export class HealthChecker {
     if (!t) return false;
     let ok = false;
     try {
-      const r = await fetch(`http://${t.address}/health`, { signal: AbortSignal.timeout(Math.max(200, this.o.intervalMs)) });
+      const r = await fetch(`http://${t.address}/health`, {
+        signal: AbortSignal.timeout(Math.max(200, this.o.intervalMs)),
+      });
       ok = r.ok;
       await r.arrayBuffer().catch(() => undefined);
     } catch {

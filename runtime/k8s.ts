@@ -40,10 +40,15 @@ export function selectorString(matchLabels: Record<string, string>): string {
     .join(",");
 }
 
-export function poolTarget(pool: { spec?: { selector?: { matchLabels?: Record<string, string> }; targetPorts?: { number?: number }[] } }, name: string): PoolTarget {
+export function poolTarget(
+  pool: { spec?: { selector?: { matchLabels?: Record<string, string> }; targetPorts?: { number?: number }[] } },
+  name: string,
+): PoolTarget {
   const ml = pool.spec?.selector?.matchLabels;
   if (!ml || !Object.keys(ml).length) throw new Error(`InferencePool ${name}: spec.selector.matchLabels is empty`);
-  const ports = (pool.spec?.targetPorts ?? []).map((p) => Number(p.number)).filter((n) => Number.isInteger(n) && n > 0 && n < 65536);
+  const ports = (pool.spec?.targetPorts ?? [])
+    .map((p) => Number(p.number))
+    .filter((n) => Number.isInteger(n) && n > 0 && n < 65536);
   if (!ports.length) throw new Error(`InferencePool ${name}: spec.targetPorts has no valid port`);
   return { selector: selectorString(ml), ports };
 }
@@ -73,11 +78,13 @@ export function specsFromPod(pod: k8s.V1Pod, ports: number[]): WorkerSpec[] {
   const name = pod.metadata?.name ?? ip;
   const role = roleOf(pod);
   const dp = Number(meta(pod, "infera-gate.io/dp-size") ?? "1");
-  if (!Number.isInteger(dp) || dp < 1 || dp > 64) throw new Error(`infera-gate.io/dp-size '${meta(pod, "infera-gate.io/dp-size")}' is not 1..64`);
+  if (!Number.isInteger(dp) || dp < 1 || dp > 64)
+    throw new Error(`infera-gate.io/dp-size '${meta(pod, "infera-gate.io/dp-size")}' is not 1..64`);
   const rankPorts = ports.length > 1 ? ports : Array.from({ length: dp }, (_, r) => ports[0] + r);
   const bsRaw = meta(pod, "infera-gate.io/block-size");
   const blockSize = bsRaw === undefined ? undefined : Number(bsRaw);
-  if (blockSize !== undefined && !(Number.isInteger(blockSize) && blockSize > 0)) throw new Error(`infera-gate.io/block-size '${bsRaw}' is not a positive integer`);
+  if (blockSize !== undefined && !(Number.isInteger(blockSize) && blockSize > 0))
+    throw new Error(`infera-gate.io/block-size '${bsRaw}' is not a positive integer`);
   const evTpl = meta(pod, "infera-gate.io/kv-events");
   const evPort = meta(pod, "infera-gate.io/kv-events-port");
   return rankPorts.map((port, r) => {
@@ -160,7 +167,10 @@ export async function startK8sDiscovery(app: Fleet & { setSynced?(v: boolean): v
     inf.on("delete", onChange);
     inf.on("error", (err: unknown) => {
       if (closed || pods !== inf) return;
-      app.log("warn", `k8s: pod watch failed (${String((err as Error)?.message ?? err)}); keeping the last known fleet, re-listing`);
+      app.log(
+        "warn",
+        `k8s: pod watch failed (${String((err as Error)?.message ?? err)}); keeping the last known fleet, re-listing`,
+      );
       retry = setTimeout(() => {
         retry = null;
         if (!closed && pods === inf) inf.start().catch(() => undefined);
@@ -189,7 +199,14 @@ export async function startK8sDiscovery(app: Fleet & { setSynced?(v: boolean): v
     const inf = new k8s.ListWatch<k8s.KubernetesObject>(
       path,
       watch,
-      () => custom.listNamespacedCustomObject({ group: POOL_GROUP, version: POOL_VERSION, namespace: ns, plural, fieldSelector: `metadata.name=${name}` }) as Promise<k8s.KubernetesListObject<k8s.KubernetesObject>>,
+      () =>
+        custom.listNamespacedCustomObject({
+          group: POOL_GROUP,
+          version: POOL_VERSION,
+          namespace: ns,
+          plural,
+          fieldSelector: `metadata.name=${name}`,
+        }) as Promise<k8s.KubernetesListObject<k8s.KubernetesObject>>,
       false,
       undefined,
       `metadata.name=${name}`,
@@ -198,7 +215,8 @@ export async function startK8sDiscovery(app: Fleet & { setSynced?(v: boolean): v
     inf.on("add", onPool);
     inf.on("update", onPool);
     inf.on("delete", (obj) => {
-      if (obj.metadata?.name === name) app.log("warn", `k8s: InferencePool ${ns}/${name} was deleted; keeping the last known fleet`);
+      if (obj.metadata?.name === name)
+        app.log("warn", `k8s: InferencePool ${ns}/${name} was deleted; keeping the last known fleet`);
     });
     inf.on("error", (err: unknown) => {
       if (closed) return;

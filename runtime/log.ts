@@ -22,14 +22,20 @@ export function currentRequestId(): string | undefined {
   return requestScope.getStore()?.requestId;
 }
 
-export function makeLogger(level: Level = "info", format: "json" | "text" = "json", base: Record<string, unknown> = {}, out: (line: string) => void = (l) => process.stderr.write(l)): Logger {
+export function makeLogger(
+  level: Level = "info",
+  format: "json" | "text" = "json",
+  base: Record<string, unknown> = {},
+  out: (line: string) => void = (l) => process.stderr.write(l),
+): Logger {
   const min = RANK[level] ?? 1;
   return (l, msg, fields) => {
     if ((RANK[l] ?? 3) < min) return;
     const rid = currentRequestId();
     if (format === "text") {
       let line = `${new Date().toISOString()} ${l}${rid ? ` [${rid}]` : ""} ${msg}`;
-      for (const [k, v] of Object.entries(fields ?? {})) line += ` ${k}=${typeof v === "string" ? v : JSON.stringify(v)}`;
+      for (const [k, v] of Object.entries(fields ?? {}))
+        line += ` ${k}=${typeof v === "string" ? v : JSON.stringify(v)}`;
       out(line + "\n");
       return;
     }
@@ -44,7 +50,15 @@ export function makeLogger(level: Level = "info", format: "json" | "text" = "jso
  * Logs a condition once when it starts and once when it clears, however often
  * it is reported in between (retry loops must not print a line per attempt).
  */
-export function stateLogger(log: Logger, what: string): { fail(reason: string, fields?: Record<string, unknown>): void; ok(fields?: Record<string, unknown>): void; readonly failing: boolean; readonly since: number } {
+export function stateLogger(
+  log: Logger,
+  what: string,
+): {
+  fail(reason: string, fields?: Record<string, unknown>): void;
+  ok(fields?: Record<string, unknown>): void;
+  readonly failing: boolean;
+  readonly since: number;
+} {
   let failing = false;
   let since = 0;
   let count = 0;
@@ -58,7 +72,11 @@ export function stateLogger(log: Logger, what: string): { fail(reason: string, f
     },
     ok(fields) {
       if (!failing) return;
-      log("info", `${what}: recovered after ${((Date.now() - since) / 1000).toFixed(1)}s and ${count} failed attempt(s)`, fields);
+      log(
+        "info",
+        `${what}: recovered after ${((Date.now() - since) / 1000).toFixed(1)}s and ${count} failed attempt(s)`,
+        fields,
+      );
       failing = false;
       count = 0;
     },

@@ -14,7 +14,16 @@ export type EventStatus = (id: string) => { kv_event_age_s: number | null; kv_ev
  * overloaded (503: the tokenizer queue was full or the wait ran out), client_closed (499: the
  * stream ended while the pick was being computed) and error (5xx: a misconfigured gateway or a fault).
  */
-export const REQUEST_OUTCOMES = ["routed", "bad_request", "too_large", "shed", "no_worker", "overloaded", "client_closed", "error"] as const;
+export const REQUEST_OUTCOMES = [
+  "routed",
+  "bad_request",
+  "too_large",
+  "shed",
+  "no_worker",
+  "overloaded",
+  "client_closed",
+  "error",
+] as const;
 export type RequestOutcome = (typeof REQUEST_OUTCOMES)[number];
 
 /** Out of every pool for a configuration fault: excluded by the router, or a declared block size not the router's. */
@@ -23,27 +32,61 @@ function excludedNow(r: Router, w: Worker): boolean {
 }
 
 /** probed: whether a worker passed a health probe since it joined (always true with health checks off). */
-export function createMetrics(router: () => Router, tokenizerCache?: () => { hitTokens: number; missTokens: number; pieces: number; chars: number } | null, eventStatus?: EventStatus, probed?: (id: string) => boolean) {
+export function createMetrics(
+  router: () => Router,
+  tokenizerCache?: () => { hitTokens: number; missTokens: number; pieces: number; chars: number } | null,
+  eventStatus?: EventStatus,
+  probed?: (id: string) => boolean,
+) {
   const registry = new client.Registry();
   client.collectDefaultMetrics({ register: registry });
-  const picks = new client.Counter({ name: "infera_router_picks_total", help: "Picks per worker and role", labelNames: ["worker", "role", "policy"], registers: [registry] });
-  const hitBlocks = new client.Counter({ name: "infera_router_cache_hit_blocks_total", help: "Prompt blocks already cached on the picked worker", labelNames: ["worker", "role"], registers: [registry] });
-  const reqBlocks = new client.Counter({ name: "infera_router_request_blocks_total", help: "Prompt blocks of routed requests", labelNames: ["role"], registers: [registry] });
+  const picks = new client.Counter({
+    name: "infera_router_picks_total",
+    help: "Picks per worker and role",
+    labelNames: ["worker", "role", "policy"],
+    registers: [registry],
+  });
+  const hitBlocks = new client.Counter({
+    name: "infera_router_cache_hit_blocks_total",
+    help: "Prompt blocks already cached on the picked worker",
+    labelNames: ["worker", "role"],
+    registers: [registry],
+  });
+  const reqBlocks = new client.Counter({
+    name: "infera_router_request_blocks_total",
+    help: "Prompt blocks of routed requests",
+    labelNames: ["role"],
+    registers: [registry],
+  });
   const pickLatency = new client.Histogram({
     name: "infera_router_pick_latency_seconds",
     help: "Parse + tokenize + hash + score time per request",
     buckets: [0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1],
     registers: [registry],
   });
-  const events = new client.Counter({ name: "infera_router_kv_events_total", help: "KV events applied", labelNames: ["worker", "type"], registers: [registry] });
-  const eventErrors = new client.Counter({ name: "infera_router_kv_event_errors_total", help: "KV event frames refused or resyncs", labelNames: ["worker", "reason"], registers: [registry] });
+  const events = new client.Counter({
+    name: "infera_router_kv_events_total",
+    help: "KV events applied",
+    labelNames: ["worker", "type"],
+    registers: [registry],
+  });
+  const eventErrors = new client.Counter({
+    name: "infera_router_kv_event_errors_total",
+    help: "KV event frames refused or resyncs",
+    labelNames: ["worker", "reason"],
+    registers: [registry],
+  });
   const admissionWait = new client.Histogram({
     name: "infera_router_prefill_admission_wait_seconds",
     help: "Time cold requests waited at the router for a prefill slot on their worker (--prefill-admission-slots)",
     buckets: [0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5],
     registers: [registry],
   });
-  const admissionForced = new client.Counter({ name: "infera_router_prefill_admission_forced_total", help: "Requests sent past the slot limit because they waited --prefill-admission-max-wait-ms", registers: [registry] });
+  const admissionForced = new client.Counter({
+    name: "infera_router_prefill_admission_forced_total",
+    help: "Requests sent past the slot limit because they waited --prefill-admission-max-wait-ms",
+    registers: [registry],
+  });
   const ttftPredictionError = new client.Histogram({
     name: "infera_router_ttft_prediction_error_ratio",
     help: "|predicted - observed| / observed time to first token, per worker, for requests the speed model had learned enough to predict (sum/count = MAPE)",
@@ -80,8 +123,18 @@ export function createMetrics(router: () => Router, tokenizerCache?: () => { hit
       }
     },
   });
-  const shed = new client.Counter({ name: "infera_router_shed_total", help: "Sheddable requests (negative priority, --objectives) refused with 429 because their worker had no free prefill slot", labelNames: ["priority"], registers: [registry] });
-  const badRequests = new client.Counter({ name: "infera_router_bad_requests_total", help: "Requests refused with 4xx", labelNames: ["status"], registers: [registry] });
+  const shed = new client.Counter({
+    name: "infera_router_shed_total",
+    help: "Sheddable requests (negative priority, --objectives) refused with 429 because their worker had no free prefill slot",
+    labelNames: ["priority"],
+    registers: [registry],
+  });
+  const badRequests = new client.Counter({
+    name: "infera_router_bad_requests_total",
+    help: "Requests refused with 4xx",
+    labelNames: ["status"],
+    registers: [registry],
+  });
   const requests = new client.Counter({
     name: "infera_router_requests_total",
     help: "Requests the router answered, by outcome: routed, bad_request, too_large, shed, no_worker, overloaded, client_closed, error",
@@ -99,7 +152,11 @@ export function createMetrics(router: () => Router, tokenizerCache?: () => { hit
     collect() {
       this.reset();
       const r = router();
-      for (const w of r.workers()) this.set({ worker: w.id, role: w.role }, !excludedNow(r, w) && r.healthy(w.id) && (!probed || probed(w.id)) ? 1 : 0);
+      for (const w of r.workers())
+        this.set(
+          { worker: w.id, role: w.role },
+          !excludedNow(r, w) && r.healthy(w.id) && (!probed || probed(w.id)) ? 1 : 0,
+        );
     },
   });
   new client.Gauge({
@@ -113,7 +170,12 @@ export function createMetrics(router: () => Router, tokenizerCache?: () => { hit
       for (const w of r.workers()) this.set({ worker: w.id }, excludedNow(r, w) ? 1 : 0);
     },
   });
-  const eppFallbacks = new client.Counter({ name: "infera_router_epp_served_elsewhere_total", help: "Responses the gateway reports served from an endpoint other than the pick (known: a worker we track)", labelNames: ["known"], registers: [registry] });
+  const eppFallbacks = new client.Counter({
+    name: "infera_router_epp_served_elsewhere_total",
+    help: "Responses the gateway reports served from an endpoint other than the pick (known: a worker we track)",
+    labelNames: ["known"],
+    registers: [registry],
+  });
   const decisions = new client.Counter({
     name: "infera_router_decode_demand_decisions_total",
     help: "Decode input-demand decisions; agrees=whether the demand suggestion matched the original choice",
@@ -128,7 +190,8 @@ export function createMetrics(router: () => Router, tokenizerCache?: () => { hit
     registers: [registry],
     collect() {
       this.reset();
-      for (const w of router().workers()) if (w.role !== "prefill") this.set({ target: w.id }, router().demand(w.id).tokens);
+      for (const w of router().workers())
+        if (w.role !== "prefill") this.set({ target: w.id }, router().demand(w.id).tokens);
     },
   });
   new client.Gauge({
@@ -138,7 +201,8 @@ export function createMetrics(router: () => Router, tokenizerCache?: () => { hit
     registers: [registry],
     collect() {
       this.reset();
-      for (const w of router().workers()) if (w.role !== "prefill") this.set({ target: w.id }, router().demand(w.id).requests);
+      for (const w of router().workers())
+        if (w.role !== "prefill") this.set({ target: w.id }, router().demand(w.id).requests);
     },
   });
   new client.Gauge({
@@ -183,7 +247,8 @@ export function createMetrics(router: () => Router, tokenizerCache?: () => { hit
     collect() {
       this.reset();
       if (!eventStatus) return;
-      for (const w of router().workers()) if (w.events) this.set({ worker: w.id }, eventStatus(w.id).kv_events_silent ? 1 : 0);
+      for (const w of router().workers())
+        if (w.events) this.set({ worker: w.id }, eventStatus(w.id).kv_events_silent ? 1 : 0);
     },
   });
   new client.Gauge({
@@ -236,8 +301,17 @@ export function createMetrics(router: () => Router, tokenizerCache?: () => { hit
       lag.reset();
     },
   });
-  const tokenizeJobs = new client.Counter({ name: "infera_router_tokenize_jobs_total", help: "Long prompts sent to tokenizer threads, by outcome (ok, timeout, queue_full, error)", labelNames: ["outcome"], registers: [registry] });
-  const tokenizeQueue = new client.Gauge({ name: "infera_router_tokenize_queue", help: "Prompts waiting for or on tokenizer threads", registers: [registry] });
+  const tokenizeJobs = new client.Counter({
+    name: "infera_router_tokenize_jobs_total",
+    help: "Long prompts sent to tokenizer threads, by outcome (ok, timeout, queue_full, error)",
+    labelNames: ["outcome"],
+    registers: [registry],
+  });
+  const tokenizeQueue = new client.Gauge({
+    name: "infera_router_tokenize_queue",
+    help: "Prompts waiting for or on tokenizer threads",
+    registers: [registry],
+  });
   new client.Gauge({
     name: "infera_router_tokenizer_piece_cache_hit_ratio",
     help: "Share of prompt tokens served from the piece cache since start (event loop and threads)",
@@ -256,5 +330,23 @@ export function createMetrics(router: () => Router, tokenizerCache?: () => { hit
       if (s) this.set(s.chars);
     },
   });
-  return { registry, tokenizeJobs, tokenizeQueue, picks, hitBlocks, reqBlocks, pickLatency, events, eventErrors, badRequests, requests, decisions, eppFallbacks, admissionWait, admissionForced, ttftPredictionError, shed };
+  return {
+    registry,
+    tokenizeJobs,
+    tokenizeQueue,
+    picks,
+    hitBlocks,
+    reqBlocks,
+    pickLatency,
+    events,
+    eventErrors,
+    badRequests,
+    requests,
+    decisions,
+    eppFallbacks,
+    admissionWait,
+    admissionForced,
+    ttftPredictionError,
+    shed,
+  };
 }

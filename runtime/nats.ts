@@ -15,10 +15,19 @@ export function natsSubject(id: string, events: string): string {
 }
 
 export async function natsConnect(url: string, log: Logger, name: string): Promise<NatsConnection> {
-  const nc = await connect({ servers: url, name, reconnect: true, maxReconnectAttempts: -1, reconnectTimeWait: 250, waitOnFirstConnect: true, ...natsClientOptions() });
+  const nc = await connect({
+    servers: url,
+    name,
+    reconnect: true,
+    maxReconnectAttempts: -1,
+    reconnectTimeWait: 250,
+    waitOnFirstConnect: true,
+    ...natsClientOptions(),
+  });
   (async () => {
     for await (const s of nc.status()) {
-      if (s.type === "disconnect" || s.type === "reconnect") log(s.type === "reconnect" ? "info" : "warn", `nats ${s.type} ${String(s.data)}`);
+      if (s.type === "disconnect" || s.type === "reconnect")
+        log(s.type === "reconnect" ? "info" : "warn", `nats ${s.type} ${String(s.data)}`);
     }
   })().catch(() => undefined);
   return nc;
@@ -43,13 +52,18 @@ export async function natsEventSource(url: string, log: Logger, replayTimeoutMs 
   return {
     subscribe(w, onBatch, onError, onState) {
       const sub = nc.subscribe(natsSubject(w.id, w.events as string));
-      const seqr = createSequencer(w.id, (_id, seq, evs, info) => onBatch(seq, evs, info), (_id, reason) => onError(reason), {
-        replay: w.replay,
-        snapshot: w.snapshot,
-        replayTimeoutMs,
-        dpRank: w.dpEvents === "tagged" ? w.dpRank : undefined,
-        log: (l, line) => log(l, line),
-      });
+      const seqr = createSequencer(
+        w.id,
+        (_id, seq, evs, info) => onBatch(seq, evs, info),
+        (_id, reason) => onError(reason),
+        {
+          replay: w.replay,
+          snapshot: w.snapshot,
+          replayTimeoutMs,
+          dpRank: w.dpEvents === "tagged" ? w.dpRank : undefined,
+          log: (l, line) => log(l, line),
+        },
+      );
       if (onState) {
         watchers.add(onState);
         // After subscribe() returns: the caller registers the subscription first.

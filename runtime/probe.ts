@@ -27,8 +27,26 @@ export interface ParityState {
 }
 
 const TOOLS = [
-  { type: "function", function: { name: "get_weather", description: "Weather for a city", parameters: { type: "object", properties: { city: { type: "string" }, unit: { type: "string", enum: ["c", "f"] } }, required: ["city"] } } },
-  { type: "function", function: { name: "lookup_order", description: "Order status by id", parameters: { type: "object", properties: { order_id: { type: "integer" } }, required: ["order_id"] } } },
+  {
+    type: "function",
+    function: {
+      name: "get_weather",
+      description: "Weather for a city",
+      parameters: {
+        type: "object",
+        properties: { city: { type: "string" }, unit: { type: "string", enum: ["c", "f"] } },
+        required: ["city"],
+      },
+    },
+  },
+  {
+    type: "function",
+    function: {
+      name: "lookup_order",
+      description: "Order status by id",
+      parameters: { type: "object", properties: { order_id: { type: "integer" } }, required: ["order_id"] },
+    },
+  },
 ];
 
 /** Fixed probe conversations. Only token ids and positions are ever logged. */
@@ -39,10 +57,18 @@ export const PROBES: { name: string; body: Record<string, unknown> }[] = [
       messages: [
         { role: "system", content: "You are a helpful assistant." },
         { role: "user", content: "Weather in Zürich and 東京?" },
-        { role: "assistant", content: null, tool_calls: [
-          { id: "p1", type: "function", function: { name: "get_weather", arguments: '{"city": "Zürich", "unit": "c"}' } },
-          { id: "p2", type: "function", function: { name: "get_weather", arguments: '{"city": "東京"}' } },
-        ] },
+        {
+          role: "assistant",
+          content: null,
+          tool_calls: [
+            {
+              id: "p1",
+              type: "function",
+              function: { name: "get_weather", arguments: '{"city": "Zürich", "unit": "c"}' },
+            },
+            { id: "p2", type: "function", function: { name: "get_weather", arguments: '{"city": "東京"}' } },
+          ],
+        },
         { role: "tool", tool_call_id: "p1", content: '{"temp": 7}' },
         { role: "tool", tool_call_id: "p2", content: '{"temp": 14}' },
       ],
@@ -54,7 +80,14 @@ export const PROBES: { name: string; body: Record<string, unknown> }[] = [
     body: {
       messages: [
         { role: "user", content: "Where is order 42?" },
-        { role: "assistant", content: "Let me check.", reasoning: "Need lookup_order.", tool_calls: [{ id: "p3", type: "function", function: { name: "lookup_order", arguments: '{"order_id": 42}' } }] },
+        {
+          role: "assistant",
+          content: "Let me check.",
+          reasoning: "Need lookup_order.",
+          tool_calls: [
+            { id: "p3", type: "function", function: { name: "lookup_order", arguments: '{"order_id": 42}' } },
+          ],
+        },
         { role: "tool", tool_call_id: "p3", content: "shipped" },
         { role: "assistant", content: "It has shipped." },
         { role: "user", content: "Thanks — and the weather at the depot?" },
@@ -72,31 +105,53 @@ function firstDiff(a: number[], b: number[]): number {
 }
 
 /** Probes one worker. Never throws: failures are `unchecked` with a reason. */
-export async function probeWorker(address: string, tok: Tokenizer | null, api: "vllm" | "sglang", model: string | null, timeoutMs: number): Promise<ParityState> {
+export async function probeWorker(
+  address: string,
+  tok: Tokenizer | null,
+  api: "vllm" | "sglang",
+  model: string | null,
+  timeoutMs: number,
+): Promise<ParityState> {
   const now = () => new Date().toISOString();
   if (!tok) return { status: "unchecked", checked_at: now(), reason: "router has no tokenizer", api };
   for (const p of PROBES) {
     // vLLM checks `model` against what it serves; without a known name it is left out.
-    const body: Record<string, unknown> = model ? { model, add_generation_prompt: true, ...p.body } : { add_generation_prompt: true, ...p.body };
+    const body: Record<string, unknown> = model
+      ? { model, add_generation_prompt: true, ...p.body }
+      : { add_generation_prompt: true, ...p.body };
     const text = JSON.stringify({ model: model ?? "probe", ...body });
     let mine: number[];
     let payload: unknown;
     try {
       const req = parseRequest("chat", text, text.length, { maxBodyBytes: 1 << 24 });
       mine = promptTokenIds(req, tok) as number[];
-      payload = api === "vllm" ? body : { ...(model ? { model } : {}), prompt: tok.renderChat(req.chat!), add_special_tokens: false };
+      payload =
+        api === "vllm"
+          ? body
+          : { ...(model ? { model } : {}), prompt: tok.renderChat(req.chat!), add_special_tokens: false };
     } catch (e) {
-      return { status: "unchecked", checked_at: now(), reason: "router cannot render probe " + p.name + ": " + (e as Error).message, api };
+      return {
+        status: "unchecked",
+        checked_at: now(),
+        reason: "router cannot render probe " + p.name + ": " + (e as Error).message,
+        api,
+      };
     }
     let theirs: number[];
     try {
-      const r = await fetch(`http://${address}/tokenize`, { method: "POST", headers: { "content-type": "application/json" }, body: JSON.stringify(payload), signal: AbortSignal.timeout(timeoutMs) });
+      const r = await fetch(`http://${address}/tokenize`, {
+        method: "POST",
+        headers: { "content-type": "application/json" },
+        body: JSON.stringify(payload),
+        signal: AbortSignal.timeout(timeoutMs),
+      });
       if (!r.ok) {
         await r.arrayBuffer().catch(() => undefined);
         return { status: "unchecked", checked_at: now(), reason: `POST /tokenize answered ${r.status}`, api };
       }
       const j = (await r.json()) as { tokens?: unknown };
-      if (!Array.isArray(j.tokens)) return { status: "unchecked", checked_at: now(), reason: "POST /tokenize returned no token list", api };
+      if (!Array.isArray(j.tokens))
+        return { status: "unchecked", checked_at: now(), reason: "POST /tokenize returned no token list", api };
       theirs = j.tokens as number[];
     } catch (e) {
       return { status: "unchecked", checked_at: now(), reason: "POST /tokenize failed: " + (e as Error).message, api };
@@ -135,7 +190,8 @@ export class RenderProbes {
       collect() {
         this.reset();
         for (const id of Object.keys(self.addresses))
-          for (const s of ["exact", "diverged", "unchecked"] as const) this.set({ worker: id, status: s }, self.state(id).status === s ? 1 : 0);
+          for (const s of ["exact", "diverged", "unchecked"] as const)
+            this.set({ worker: id, status: s }, self.state(id).status === s ? 1 : 0);
       },
     });
   }
@@ -171,14 +227,21 @@ export class RenderProbes {
     const prev = this.states[id];
     this.states[id] = s;
     if (s.status === "diverged")
-      this.log("warn", `render parity: worker ${id} diverged at token ${s.position} of probe ${s.probe}; its prompts hash to blocks the router cannot match`);
+      this.log(
+        "warn",
+        `render parity: worker ${id} diverged at token ${s.position} of probe ${s.probe}; its prompts hash to blocks the router cannot match`,
+      );
     else if (s.status === "exact" && prev?.status !== "exact") this.log("info", `render parity: worker ${id} exact`);
-    else if (s.status === "unchecked" && prev?.status !== "unchecked") this.log("info", `render parity: worker ${id} unchecked (${s.reason})`);
+    else if (s.status === "unchecked" && prev?.status !== "unchecked")
+      this.log("info", `render parity: worker ${id} unchecked (${s.reason})`);
   }
 
   start(): void {
     if (this.timer || !(this.o.intervalMs > 0)) return;
-    this.timer = setInterval(() => void Promise.all(Object.keys(this.addresses).map((id) => this.check(id))), this.o.intervalMs);
+    this.timer = setInterval(
+      () => void Promise.all(Object.keys(this.addresses).map((id) => this.check(id))),
+      this.o.intervalMs,
+    );
     this.timer.unref();
   }
 

@@ -31,9 +31,16 @@ export function rateLimitedLog(log: Logger, o: RateLimitOptions): RateLimitedLog
   const summary = (): void => {
     if (suppressed > 0) {
       const keys = Object.keys(perKey).sort((a, b) => perKey[b] - perKey[a]);
-      const top = keys.slice(0, 10).map((k) => `${k}: ${perKey[k]}`).join(", ");
+      const top = keys
+        .slice(0, 10)
+        .map((k) => `${k}: ${perKey[k]}`)
+        .join(", ");
       const secs = Math.max(1, Math.round((Date.now() - windowStart) / 1000));
-      log(o.level, `${o.what}: ${suppressed} more line(s) suppressed in the last ${secs}s (${top}${keys.length > 10 ? `, +${keys.length - 10} more` : ""}); counters in /metrics`, { suppressed, per_key: perKey });
+      log(
+        o.level,
+        `${o.what}: ${suppressed} more line(s) suppressed in the last ${secs}s (${top}${keys.length > 10 ? `, +${keys.length - 10} more` : ""}); counters in /metrics`,
+        { suppressed, per_key: perKey },
+      );
     }
     suppressed = 0;
     perKey = {};
@@ -59,7 +66,12 @@ export function rateLimitedLog(log: Logger, o: RateLimitOptions): RateLimitedLog
     }
     if (written < o.perWindow) {
       written++;
-      log(o.level, written === o.perWindow ? `${msg} (further lines like this are counted, not logged, for ${Math.round(o.windowMs / 1000)}s)` : msg);
+      log(
+        o.level,
+        written === o.perWindow
+          ? `${msg} (further lines like this are counted, not logged, for ${Math.round(o.windowMs / 1000)}s)`
+          : msg,
+      );
       return;
     }
     suppressed++;

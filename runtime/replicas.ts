@@ -35,7 +35,10 @@ export interface ReplicaOptions {
 
 type GuardData = [gid: number, worker: string, blocks: BlockHash[], tokens: number, requests: number, pending: number];
 type Op = ["h", ...GuardData] | ["r", number];
-type Msg = { r: string; t: "o"; ts: number; ops: Op[] } | { r: string; t: "s"; ts: number; n: number; last: boolean; g: GuardData[] } | { r: string; t: "bye" };
+type Msg =
+  | { r: string; t: "o"; ts: number; ops: Op[] }
+  | { r: string; t: "s"; ts: number; n: number; last: boolean; g: GuardData[] }
+  | { r: string; t: "bye" };
 
 interface Remote {
   worker: string;
@@ -92,7 +95,12 @@ export class ReplicaSync {
     lag: client.Histogram<string>;
   } | null = null;
 
-  constructor(private inner: LoadLedger, private workers: WorkerRegistry, readonly opts: ReplicaOptions, private log: Logger) {
+  constructor(
+    private inner: LoadLedger,
+    private workers: WorkerRegistry,
+    readonly opts: ReplicaOptions,
+    private log: Logger,
+  ) {
     const self = this;
     this.self = `${opts.id}#${crypto.randomBytes(4).toString("hex")}`;
     this.ledger = {
@@ -112,7 +120,13 @@ export class ReplicaSync {
         // epoch key and the same blocks array as the held one.
         if (gid === undefined) {
           for (const [h, id] of self.local) {
-            if (h.epochKey === g.epochKey && h.blocks === g.blocks && h.tokens === g.tokens && h.requests === g.requests && (h.pending || 0) === (g.pending || 0)) {
+            if (
+              h.epochKey === g.epochKey &&
+              h.blocks === g.blocks &&
+              h.tokens === g.tokens &&
+              h.requests === g.requests &&
+              (h.pending || 0) === (g.pending || 0)
+            ) {
               g = h;
               gid = id;
               break;
@@ -138,7 +152,14 @@ export class ReplicaSync {
   /** Registers the replica metrics (gauges read at scrape time). */
   register(registry: client.Registry): void {
     const self = this;
-    new client.Gauge({ name: "infera_router_replica_peers", help: "Other router replicas heard from within --replica-ttl-ms", registers: [registry], collect() { this.set(self.peers.size); } });
+    new client.Gauge({
+      name: "infera_router_replica_peers",
+      help: "Other router replicas heard from within --replica-ttl-ms",
+      registers: [registry],
+      collect() {
+        this.set(self.peers.size);
+      },
+    });
     new client.Gauge({
       name: "infera_router_replica_remote_guards",
       help: "In-flight load entries booked by other replicas; applied = counted in this replica's scores, unknown_worker = for a worker this replica does not know (yet)",
@@ -150,12 +171,37 @@ export class ReplicaSync {
         this.set({ state: "unknown_worker" }, s.unknown);
       },
     });
-    new client.Gauge({ name: "infera_router_replica_local_guards", help: "In-flight load entries this replica booked and shares", registers: [registry], collect() { this.set(self.local.size); } });
+    new client.Gauge({
+      name: "infera_router_replica_local_guards",
+      help: "In-flight load entries this replica booked and shares",
+      registers: [registry],
+      collect() {
+        this.set(self.local.size);
+      },
+    });
     this.metrics = {
-      messages: new client.Counter({ name: "infera_router_replica_messages_total", help: "Replica load-sync messages (kind: ops, heartbeat, bye)", labelNames: ["direction", "kind"], registers: [registry] }),
-      publishErrors: new client.Counter({ name: "infera_router_replica_publish_errors_total", help: "Load-sync messages NATS refused (disconnected, over max_payload); the next heartbeat resends the state", registers: [registry] }),
-      expired: new client.Counter({ name: "infera_router_replica_expired_total", help: "Replicas dropped after --replica-ttl-ms of silence (their load with them)", registers: [registry] }),
-      dropped: new client.Counter({ name: "infera_router_replica_dropped_total", help: "Remote load entries dropped: expired (replica silent), bye (replica left), resync (absent from its heartbeat), bad (malformed message)", labelNames: ["reason"], registers: [registry] }),
+      messages: new client.Counter({
+        name: "infera_router_replica_messages_total",
+        help: "Replica load-sync messages (kind: ops, heartbeat, bye)",
+        labelNames: ["direction", "kind"],
+        registers: [registry],
+      }),
+      publishErrors: new client.Counter({
+        name: "infera_router_replica_publish_errors_total",
+        help: "Load-sync messages NATS refused (disconnected, over max_payload); the next heartbeat resends the state",
+        registers: [registry],
+      }),
+      expired: new client.Counter({
+        name: "infera_router_replica_expired_total",
+        help: "Replicas dropped after --replica-ttl-ms of silence (their load with them)",
+        registers: [registry],
+      }),
+      dropped: new client.Counter({
+        name: "infera_router_replica_dropped_total",
+        help: "Remote load entries dropped: expired (replica silent), bye (replica left), resync (absent from its heartbeat), bad (malformed message)",
+        labelNames: ["reason"],
+        registers: [registry],
+      }),
       lag: new client.Histogram({
         name: "infera_router_replica_sync_lag_seconds",
         help: "From a peer publishing a load change to it being applied here (wall clocks: exact on one host)",
@@ -274,7 +320,10 @@ export class ReplicaSync {
 
   private receive(m: Msg): void {
     if (!m || typeof m.r !== "string" || m.r === this.self) return;
-    this.metrics?.messages.inc({ direction: "received", kind: m.t === "o" ? "ops" : m.t === "s" ? "heartbeat" : "bye" });
+    this.metrics?.messages.inc({
+      direction: "received",
+      kind: m.t === "o" ? "ops" : m.t === "s" ? "heartbeat" : "bye",
+    });
     if (m.t === "bye") {
       this.dropPeer(m.r, "bye");
       return;
@@ -353,7 +402,10 @@ export class ReplicaSync {
     this.peers.delete(id);
     this.metrics?.dropped.inc({ reason }, n);
     if (reason === "expired") this.metrics?.expired.inc();
-    this.log(reason === "expired" ? "warn" : "info", `replica ${id} ${reason === "expired" ? `silent for ${this.opts.ttlMs} ms` : "left"}: dropped its ${n} in-flight load entries`);
+    this.log(
+      reason === "expired" ? "warn" : "info",
+      `replica ${id} ${reason === "expired" ? `silent for ${this.opts.ttlMs} ms` : "left"}: dropped its ${n} in-flight load entries`,
+    );
   }
 
   /** Replicas silent past the TTL: their load goes (a dead replica leaves no phantom load). */

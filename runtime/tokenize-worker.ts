@@ -47,7 +47,13 @@ parentPort!.on("message", (job: TokenizeJob) => {
     if (!tok) throw new Error("no tokenizer");
     const ids = job.special && tok.encodeSpecial ? tok.encodeSpecial(job.text) : tok.encode(job.text);
     const blocks = hashes.hash(ids, job.blockSize, job.salt || undefined).join("");
-    parentPort!.postMessage({ id: job.id, tokens: ids.length, blocks, ms: performance.now() - t0, stats: tok.cacheStats() } as TokenizeResult);
+    parentPort!.postMessage({
+      id: job.id,
+      tokens: ids.length,
+      blocks,
+      ms: performance.now() - t0,
+      stats: tok.cacheStats(),
+    } as TokenizeResult);
   } catch (e) {
     parentPort!.postMessage({ id: job.id, error: (e as Error).message } as TokenizeResult);
   }

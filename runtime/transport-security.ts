@@ -36,7 +36,10 @@ function read(flag: string, file: unknown): string | null {
 }
 
 function files(prefix: string, v: Values): Files {
-  const f = (k: string) => (typeof v[`${prefix}-${k}-file`] === "string" && v[`${prefix}-${k}-file`] ? (v[`${prefix}-${k}-file`] as string) : null);
+  const f = (k: string) =>
+    typeof v[`${prefix}-${k}-file`] === "string" && v[`${prefix}-${k}-file`]
+      ? (v[`${prefix}-${k}-file`] as string)
+      : null;
   const out = { ca: f("ca"), cert: f("cert"), key: f("key") };
   if (!!out.cert !== !!out.key) throw new CliError(`--${prefix}-cert-file and --${prefix}-key-file go together`);
   for (const k of ["ca", "cert", "key"] as const) if (out[k]) read(`--${prefix}-${k}-file`, out[k]);
@@ -45,24 +48,51 @@ function files(prefix: string, v: Values): Files {
 
 /** Reads the --etcd-* and --nats-* security flags (those the command has). */
 export function configureTransportSecurity(v: Values): void {
-  etcd = { ...files("etcd", v), username: (v["etcd-username"] as string) || null, password: read("--etcd-password-file", v["etcd-password-file"]) };
+  etcd = {
+    ...files("etcd", v),
+    username: (v["etcd-username"] as string) || null,
+    password: read("--etcd-password-file", v["etcd-password-file"]),
+  };
   if (!!etcd.username !== !!etcd.password) throw new CliError("--etcd-username and --etcd-password-file go together");
-  nats = { ...files("nats", v), token: read("--nats-token-file", v["nats-token-file"]), user: (v["nats-user"] as string) || null, password: read("--nats-password-file", v["nats-password-file"]) };
+  nats = {
+    ...files("nats", v),
+    token: read("--nats-token-file", v["nats-token-file"]),
+    user: (v["nats-user"] as string) || null,
+    password: read("--nats-password-file", v["nats-password-file"]),
+  };
   if (!!nats.user !== !!nats.password) throw new CliError("--nats-user and --nats-password-file go together");
 }
 
 /** Options for `new Etcd3(...)` beyond hosts: TLS (https endpoints) and user/password auth. */
-export function etcdClientOptions(): { credentials?: { rootCertificate: Buffer; certChain?: Buffer; privateKey?: Buffer }; auth?: { username: string; password: string } } {
+export function etcdClientOptions(): {
+  credentials?: { rootCertificate: Buffer; certChain?: Buffer; privateKey?: Buffer };
+  auth?: { username: string; password: string };
+} {
   const o: ReturnType<typeof etcdClientOptions> = {};
-  if (etcd.ca) o.credentials = { rootCertificate: fs.readFileSync(etcd.ca), ...(etcd.cert && etcd.key ? { certChain: fs.readFileSync(etcd.cert), privateKey: fs.readFileSync(etcd.key) } : {}) };
+  if (etcd.ca)
+    o.credentials = {
+      rootCertificate: fs.readFileSync(etcd.ca),
+      ...(etcd.cert && etcd.key
+        ? { certChain: fs.readFileSync(etcd.cert), privateKey: fs.readFileSync(etcd.key) }
+        : {}),
+    };
   if (etcd.username && etcd.password) o.auth = { username: etcd.username, password: etcd.password };
   return o;
 }
 
 /** Options for nats `connect(...)`: TLS files, and a token or user/password. */
-export function natsClientOptions(): { tls?: { caFile?: string; certFile?: string; keyFile?: string }; token?: string; user?: string; pass?: string } {
+export function natsClientOptions(): {
+  tls?: { caFile?: string; certFile?: string; keyFile?: string };
+  token?: string;
+  user?: string;
+  pass?: string;
+} {
   const o: ReturnType<typeof natsClientOptions> = {};
-  if (nats.ca || nats.cert) o.tls = { ...(nats.ca ? { caFile: nats.ca } : {}), ...(nats.cert && nats.key ? { certFile: nats.cert, keyFile: nats.key } : {}) };
+  if (nats.ca || nats.cert)
+    o.tls = {
+      ...(nats.ca ? { caFile: nats.ca } : {}),
+      ...(nats.cert && nats.key ? { certFile: nats.cert, keyFile: nats.key } : {}),
+    };
   if (nats.token) o.token = nats.token;
   if (nats.user && nats.password) {
     o.user = nats.user;

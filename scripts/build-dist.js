@@ -28,9 +28,18 @@ async function main() {
   const files = [];
   for (const d of DIRS) if (fs.existsSync(path.join(ROOT, d))) walk(path.join(ROOT, d), files);
   fs.rmSync(path.join(ROOT, "dist"), { recursive: true, force: true });
-  await esbuild.build({ entryPoints: files, outdir: path.join(ROOT, "dist"), outbase: ROOT, format: "cjs", platform: "node", target: "node20", sourcemap: true, logLevel: "warning",
+  await esbuild.build({
+    entryPoints: files,
+    outdir: path.join(ROOT, "dist"),
+    outbase: ROOT,
+    format: "cjs",
+    platform: "node",
+    target: "node20",
+    sourcemap: true,
+    logLevel: "warning",
     // Lazy import("./x") must become require("./x"): Node resolves an extension-less path only for require.
-    supported: { "dynamic-import": false } });
+    supported: { "dynamic-import": false },
+  });
   process.stderr.write(`build-dist: ${files.length} files -> dist/\n`);
 }
 

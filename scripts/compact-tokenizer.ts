@@ -7,14 +7,15 @@ import { CompactTokenizer } from "../core/bpe";
 
 export function compact(tokenizerJson: string): CompactTokenizer {
   const t = JSON.parse(fs.readFileSync(tokenizerJson, "utf8"));
-  if (t.model?.type !== "BPE") throw new Error(`${tokenizerJson}: only BPE models are supported in njs (got ${t.model?.type})`);
+  if (t.model?.type !== "BPE")
+    throw new Error(`${tokenizerJson}: only BPE models are supported in njs (got ${t.model?.type})`);
   const merges: Record<string, number> = {};
   (t.model.merges as (string | [string, string])[]).forEach((m, i) => {
     merges[Array.isArray(m) ? m.join(" ") : m] = i;
   });
   const findSplit = (p: { type: string; pattern?: { Regex?: string }; pretokenizers?: unknown[] }): string | null => {
     if (p.type === "Split" && p.pattern?.Regex) return p.pattern.Regex;
-    for (const c of (p.pretokenizers ?? []) as typeof p[]) {
+    for (const c of (p.pretokenizers ?? []) as (typeof p)[]) {
       const r = findSplit(c);
       if (r) return r;
     }
@@ -22,7 +23,12 @@ export function compact(tokenizerJson: string): CompactTokenizer {
   };
   const pattern = findSplit(t.pre_tokenizer);
   if (!pattern) throw new Error(`${tokenizerJson}: no Split pre-tokenizer regex found`);
-  return { vocab: t.model.vocab, merges, added: t.added_tokens.map((a: { content: string; id: number }) => [a.content, a.id]), pattern };
+  return {
+    vocab: t.model.vocab,
+    merges,
+    added: t.added_tokens.map((a: { content: string; id: number }) => [a.content, a.id]),
+    pattern,
+  };
 }
 
 if (require.main === module) {

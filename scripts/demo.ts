@@ -10,9 +10,14 @@ async function main(): Promise<void> {
   const doc = longText("demo", 300);
   for (const q of ["What is this about?", "Summarize it.", "List three facts."]) {
     const r = await chat(envoy.url, `${doc}\n\n${q}`);
-    process.stdout.write(`  ${q.padEnd(22)} -> ${r.worker}  TTFT ${r.ttftMs.toFixed(0).padStart(4)} ms  cached ${r.cachedTokens} tokens\n`);
+    process.stdout.write(
+      `  ${q.padEnd(22)} -> ${r.worker}  TTFT ${r.ttftMs.toFixed(0).padStart(4)} ms  cached ${r.cachedTokens} tokens\n`,
+    );
     const s = sims.find((x) => x.id === r.worker)!;
-    await waitFor("events", async () => (await router.cacheView(s.address)).block_count === (await s.stats()).cached_blocks);
+    await waitFor(
+      "events",
+      async () => (await router.cacheView(s.address)).block_count === (await s.stats()).cached_blocks,
+    );
   }
   process.stdout.write(`
 Envoy:   ${envoy.url}   (try it)

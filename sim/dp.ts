@@ -33,9 +33,22 @@ export async function startDpSim(o: SimOptions): Promise<DpSim> {
     const url = new URL(req.url || "/", "http://x");
     if (req.method === "GET" && url.pathname === "/sim/stats" && !url.searchParams.has("rank")) {
       // Every rank's stats, and the fleet totals a single-engine caller reads.
-      void Promise.all(ranks.map((e) => fetch(`http://${o.host}:${e.o.port}/sim/stats`).then((x) => x.json() as Promise<{ cached_blocks: number; requests: number }>))).then((all) => {
+      void Promise.all(
+        ranks.map((e) =>
+          fetch(`http://${o.host}:${e.o.port}/sim/stats`).then(
+            (x) => x.json() as Promise<{ cached_blocks: number; requests: number }>,
+          ),
+        ),
+      ).then((all) => {
         res.setHeader("content-type", "application/json");
-        res.end(JSON.stringify({ id: o.id, cached_blocks: all.reduce((a, s) => a + s.cached_blocks, 0), requests: all.reduce((a, s) => a + s.requests, 0), ranks: all }));
+        res.end(
+          JSON.stringify({
+            id: o.id,
+            cached_blocks: all.reduce((a, s) => a + s.cached_blocks, 0),
+            requests: all.reduce((a, s) => a + s.requests, 0),
+            ranks: all,
+          }),
+        );
       });
       return;
     }
@@ -93,7 +106,9 @@ export async function startDpSim(o: SimOptions): Promise<DpSim> {
 
 export async function dpMain(o: SimOptions): Promise<void> {
   const d = await startDpSim(o);
-  process.stderr.write(`sim ${o.id} data-parallel-size=${o.dpSize} http=${o.host}:${d.port} kv-events=${o.kvEventsPort === null ? "off" : `tcp://${o.host}:${o.kvEventsPort}+rank`}\n`);
+  process.stderr.write(
+    `sim ${o.id} data-parallel-size=${o.dpSize} http=${o.host}:${d.port} kv-events=${o.kvEventsPort === null ? "off" : `tcp://${o.host}:${o.kvEventsPort}+rank`}\n`,
+  );
   if (o.etcdEndpoint) {
     const { registerWorker } = await import("../runtime/etcd");
     const host = o.advertise ?? o.host;

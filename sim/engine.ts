@@ -139,7 +139,11 @@ class Runner {
   /** Wall time (performance.now()) at which the step in flight ends. */
   private stepEnd = 0;
   private listeners = new Map<string, (t: TokenOut) => void>();
-  constructor(private model: EngineModel, private scale: number, private onEvents: (e: ModelEvent[]) => void) {}
+  constructor(
+    private model: EngineModel,
+    private scale: number,
+    private onEvents: (e: ModelEvent[]) => void,
+  ) {}
 
   submit(req: Parameters<EngineModel["add"]>[0], onToken: (t: TokenOut) => void): void {
     this.model.add(req);
@@ -221,7 +225,9 @@ export class EngineSim {
       this.tok = loadTokenizer(o.tokenizerPath);
     } catch (e) {
       // A bad --tokenizer-path is a flag error: one line, exit 2.
-      throw new CliError(`--tokenizer-path ${o.tokenizerPath}: ${(e as Error).message.split("\n")[0].replace(/^--router-tokenizer-path: /, "")}`);
+      throw new CliError(
+        `--tokenizer-path ${o.tokenizerPath}: ${(e as Error).message.split("\n")[0].replace(/^--router-tokenizer-path: /, "")}`,
+      );
     }
     this.model = new EngineModel(modelConfig(o));
     this.runner = new Runner(this.model, o.timeScale, (e) => this.publishModel(e));
@@ -232,8 +238,24 @@ export class EngineSim {
   }
 
   async start(): Promise<void> {
-    if (this.o.kvEventsPort !== null && (this.o.kvReplayPort !== null || this.o.dpRank !== null || this.o.kvEventEncoding === "map" || this.o.engine === "sglang")) {
-      this.kvp = new KvPublisher({ host: this.o.host, port: this.o.kvEventsPort, replayPort: this.o.kvReplayPort, topic: this.o.topic, encoding: this.o.kvEventEncoding, bufferSteps: 10000, dpRank: this.o.dpRank, dialect: this.o.engine, snapshotPort: this.o.engine === "sglang" ? (this.o.kvSnapshotPort ?? null) : null });
+    if (
+      this.o.kvEventsPort !== null &&
+      (this.o.kvReplayPort !== null ||
+        this.o.dpRank !== null ||
+        this.o.kvEventEncoding === "map" ||
+        this.o.engine === "sglang")
+    ) {
+      this.kvp = new KvPublisher({
+        host: this.o.host,
+        port: this.o.kvEventsPort,
+        replayPort: this.o.kvReplayPort,
+        topic: this.o.topic,
+        encoding: this.o.kvEventEncoding,
+        bufferSteps: 10000,
+        dpRank: this.o.dpRank,
+        dialect: this.o.engine,
+        snapshotPort: this.o.engine === "sglang" ? (this.o.kvSnapshotPort ?? null) : null,
+      });
       await this.kvp.bind();
     } else if (this.o.kvEventsPort !== null) {
       this.pub = new zmq.Publisher({ sendHighWaterMark: 100000 });
@@ -281,8 +303,25 @@ export class EngineSim {
     }
     // BlockStored: [tag, block_hashes, parent_block_hash, token_ids, block_size, lora_id, medium]
     this.publish(
-      events.map((e) => (e.type === "stored" ? ["BlockStored", e.hashes, e.parent, e.tokens, bs, null, "GPU"] : ["BlockRemoved", e.hashes, "GPU"])),
-      events.map((e) => (e.type === "stored" ? { type: "BlockStored", block_hashes: e.hashes, parent_block_hash: e.parent, token_ids: e.tokens, block_size: bs, lora_id: null, medium: "GPU", lora_name: null } : { type: "BlockRemoved", block_hashes: e.hashes, medium: "GPU", lora_name: null })),
+      events.map((e) =>
+        e.type === "stored"
+          ? ["BlockStored", e.hashes, e.parent, e.tokens, bs, null, "GPU"]
+          : ["BlockRemoved", e.hashes, "GPU"],
+      ),
+      events.map((e) =>
+        e.type === "stored"
+          ? {
+              type: "BlockStored",
+              block_hashes: e.hashes,
+              parent_block_hash: e.parent,
+              token_ids: e.tokens,
+              block_size: bs,
+              lora_id: null,
+              medium: "GPU",
+              lora_name: null,
+            }
+          : { type: "BlockRemoved", block_hashes: e.hashes, medium: "GPU", lora_name: null },
+      ),
     );
   }
 
@@ -302,7 +341,12 @@ export class EngineSim {
       .then(async () => {
         if (bad) await pub.send([this.o.topic, Buffer.from("bogus"), Buffer.from([0xc1, 0xff, 0x00])]);
         await pub.send([this.o.topic, seqBuf, Buffer.from(payload)]);
-        if (mapPub && mapEvents) await mapPub.send([this.o.topic, seqBuf, Buffer.from(encode([Date.now() / 1000, mapEvents, null], { useBigInt64: true }))]);
+        if (mapPub && mapEvents)
+          await mapPub.send([
+            this.o.topic,
+            seqBuf,
+            Buffer.from(encode([Date.now() / 1000, mapEvents, null], { useBigInt64: true })),
+          ]);
       })
       .catch(() => undefined);
   }
@@ -322,14 +366,30 @@ export class EngineSim {
   metrics(): string {
     const l = `{engine="0",model_name="${this.o.servedModels[0] ?? "sim-model"}"}`;
     const m = this.model;
-    const g = (name: string, help: string, type: string, v: number) => `# HELP ${name} ${help}\n# TYPE ${name} ${type}\n${name}${l} ${v}\n`;
+    const g = (name: string, help: string, type: string, v: number) =>
+      `# HELP ${name} ${help}\n# TYPE ${name} ${type}\n${name}${l} ${v}\n`;
     return (
       g("vllm:num_requests_running", "Number of requests in model execution batches.", "gauge", m.numRunning()) +
       g("vllm:num_requests_waiting", "Number of requests waiting to be processed.", "gauge", m.numWaiting()) +
       g("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", "gauge", m.usage()) +
-      g("vllm:prefix_cache_queries_total", "Prefix cache queries, in terms of number of queried tokens.", "counter", m.stats.queries) +
-      g("vllm:prefix_cache_hits_total", "Prefix cache hits, in terms of number of cached tokens.", "counter", m.stats.hits) +
-      g("vllm:num_preemptions_total", "Cumulative number of preemption from the engine.", "counter", m.stats.preemptions) +
+      g(
+        "vllm:prefix_cache_queries_total",
+        "Prefix cache queries, in terms of number of queried tokens.",
+        "counter",
+        m.stats.queries,
+      ) +
+      g(
+        "vllm:prefix_cache_hits_total",
+        "Prefix cache hits, in terms of number of cached tokens.",
+        "counter",
+        m.stats.hits,
+      ) +
+      g(
+        "vllm:num_preemptions_total",
+        "Cumulative number of preemption from the engine.",
+        "counter",
+        m.stats.preemptions,
+      ) +
       g("vllm:prompt_tokens_total", "Number of prefill tokens processed.", "counter", m.stats.promptTokens) +
       g("vllm:generation_tokens_total", "Number of generation tokens processed.", "counter", m.stats.generated)
     );
@@ -346,7 +406,11 @@ export class EngineSim {
   }
 
   private notFound(req: http.IncomingMessage, res: http.ServerResponse): void {
-    this.fail(req, res, Object.assign(new Error(`no route for ${req.method} ${(req.url || "/").split("?")[0]}`), { status: 404 }));
+    this.fail(
+      req,
+      res,
+      Object.assign(new Error(`no route for ${req.method} ${(req.url || "/").split("?")[0]}`), { status: 404 }),
+    );
   }
 
   private async readBody(req: http.IncomingMessage): Promise<Buffer> {
@@ -366,13 +430,44 @@ export class EngineSim {
       if (url === "/sim/stats") {
         res.setHeader("content-type", "application/json");
         const m = this.model;
-        return void res.end(JSON.stringify({ id: this.o.id, role: this.o.role, cached_blocks: m.cachedBlocks(), running: m.numRunning(), waiting: m.numWaiting(), kv_usage: m.usage(), cpu_blocks: this.extras.cpuBlocks(), last_kv_seq: this.lastKvSeq(), ...m.stats, ...this.stats }));
+        return void res.end(
+          JSON.stringify({
+            id: this.o.id,
+            role: this.o.role,
+            cached_blocks: m.cachedBlocks(),
+            running: m.numRunning(),
+            waiting: m.numWaiting(),
+            kv_usage: m.usage(),
+            cpu_blocks: this.extras.cpuBlocks(),
+            last_kv_seq: this.lastKvSeq(),
+            ...m.stats,
+            ...this.stats,
+          }),
+        );
       }
       if (url === "/v1/models") {
         res.setHeader("content-type", "application/json");
         // vLLM's shape: served names, then LoRA adapters with their base model as parent. None given: an empty list (serves any model).
         const base = this.o.servedModels[0];
-        const data = this.o.servedModels.map((id) => ({ id, object: "model", created: 0, owned_by: this.o.id, root: id, parent: null as string | null })).concat(this.o.loraModules.map((id) => ({ id, object: "model", created: 0, owned_by: this.o.id, root: id, parent: base ?? null })));
+        const data = this.o.servedModels
+          .map((id) => ({
+            id,
+            object: "model",
+            created: 0,
+            owned_by: this.o.id,
+            root: id,
+            parent: null as string | null,
+          }))
+          .concat(
+            this.o.loraModules.map((id) => ({
+              id,
+              object: "model",
+              created: 0,
+              owned_by: this.o.id,
+              root: id,
+              parent: base ?? null,
+            })),
+          );
         return void res.end(JSON.stringify({ object: "list", data }));
       }
       return void this.notFound(req, res);
@@ -438,9 +533,17 @@ export class EngineSim {
         // the body) and we pin the prefill there the way that engine reads a
         // rank. The body's own routed_dp_rank is this decode target's, never the prefill's.
         const hdrRank = req.headers[this.o.prefillHeader + "-dp-rank"];
-        const bodyRank = this.o.engine === "sglang" && Number.isInteger(j.disagg_prefill_dp_rank) ? String(j.disagg_prefill_dp_rank) : undefined;
+        const bodyRank =
+          this.o.engine === "sglang" && Number.isInteger(j.disagg_prefill_dp_rank)
+            ? String(j.disagg_prefill_dp_rank)
+            : undefined;
         // SGLang's decode reads its body only (it knows nothing of our header); a vLLM-side proxy the header.
-        const prank = this.o.engine === "sglang" ? bodyRank : typeof hdrRank === "string" && /^\d+$/.test(hdrRank) ? hdrRank : undefined;
+        const prank =
+          this.o.engine === "sglang"
+            ? bodyRank
+            : typeof hdrRank === "string" && /^\d+$/.test(hdrRank)
+              ? hdrRank
+              : undefined;
         const pbody: Record<string, unknown> = { ...j, stream: false, max_tokens: 1 };
         delete pbody.routed_dp_rank;
         delete pbody.data_parallel_rank;
@@ -450,11 +553,18 @@ export class EngineSim {
           if (this.o.engine === "sglang") pbody.routed_dp_rank = Number(prank);
           else pheaders["x-data-parallel-rank"] = prank;
         }
-        const pres = await fetch(`http://${prefillPeer}${url}`, { method: "POST", headers: pheaders, body: JSON.stringify(pbody) });
-        if (!pres.ok) throw Object.assign(new Error(`prefill worker ${prefillPeer} answered ${pres.status}`), { status: 502 });
+        const pres = await fetch(`http://${prefillPeer}${url}`, {
+          method: "POST",
+          headers: pheaders,
+          body: JSON.stringify(pbody),
+        });
+        if (!pres.ok)
+          throw Object.assign(new Error(`prefill worker ${prefillPeer} answered ${pres.status}`), { status: 502 });
         const servedRank = pres.headers.get("x-sim-dp-rank");
         if (servedRank !== null) res.setHeader("x-sim-prefill-dp-rank", servedRank);
-        const pj = (await pres.json()) as { usage?: { prompt_tokens_details?: { cached_tokens?: number }; cache_read_input_tokens?: number } };
+        const pj = (await pres.json()) as {
+          usage?: { prompt_tokens_details?: { cached_tokens?: number }; cache_read_input_tokens?: number };
+        };
         peerCached = pj.usage?.prompt_tokens_details?.cached_tokens ?? pj.usage?.cache_read_input_tokens ?? 0;
         res.setHeader("x-sim-prefill-worker", prefillPeer);
         await sleep(1 / this.o.timeScale); // KV transfer
@@ -509,26 +619,65 @@ interface Usage {
 class Writer {
   private pending: string[] = [];
   private created = Math.floor(Date.now() / 1000);
-  constructor(private res: http.ServerResponse, private ep: string, private model: string, private id: string, private interval: number) {}
+  constructor(
+    private res: http.ServerResponse,
+    private ep: string,
+    private model: string,
+    private id: string,
+    private interval: number,
+  ) {}
 
   private openaiUsage(u: Usage) {
-    return { prompt_tokens: u.prompt, completion_tokens: u.completion, total_tokens: u.prompt + u.completion, prompt_tokens_details: { cached_tokens: u.cached } };
+    return {
+      prompt_tokens: u.prompt,
+      completion_tokens: u.completion,
+      total_tokens: u.prompt + u.completion,
+      prompt_tokens_details: { cached_tokens: u.cached },
+    };
   }
 
   private anthropicUsage(u: Usage, output: number) {
     // Anthropic counts cached input apart from input_tokens.
-    return { input_tokens: u.prompt - u.cached, output_tokens: output, cache_read_input_tokens: u.cached, cache_creation_input_tokens: 0 };
+    return {
+      input_tokens: u.prompt - u.cached,
+      output_tokens: output,
+      cache_read_input_tokens: u.cached,
+      cache_creation_input_tokens: 0,
+    };
   }
 
   whole(n: number, u: Usage): void {
     const text = words(n);
     this.res.setHeader("content-type", "application/json");
     if (this.ep === "messages") {
-      this.res.end(JSON.stringify({ id: `msg_${this.id}`, type: "message", role: "assistant", model: this.model, content: [{ type: "text", text }], stop_reason: "max_tokens", stop_sequence: null, usage: this.anthropicUsage(u, n) }));
+      this.res.end(
+        JSON.stringify({
+          id: `msg_${this.id}`,
+          type: "message",
+          role: "assistant",
+          model: this.model,
+          content: [{ type: "text", text }],
+          stop_reason: "max_tokens",
+          stop_sequence: null,
+          usage: this.anthropicUsage(u, n),
+        }),
+      );
       return;
     }
-    const choice = this.ep === "chat" ? { index: 0, message: { role: "assistant", content: text }, logprobs: null, finish_reason: "length" } : { index: 0, text, logprobs: null, finish_reason: "length" };
-    this.res.end(JSON.stringify({ id: `${this.ep === "chat" ? "chatcmpl" : "cmpl"}-${this.id}`, object: this.ep === "chat" ? "chat.completion" : "text_completion", created: this.created, model: this.model, choices: [choice], usage: this.openaiUsage(u) }));
+    const choice =
+      this.ep === "chat"
+        ? { index: 0, message: { role: "assistant", content: text }, logprobs: null, finish_reason: "length" }
+        : { index: 0, text, logprobs: null, finish_reason: "length" };
+    this.res.end(
+      JSON.stringify({
+        id: `${this.ep === "chat" ? "chatcmpl" : "cmpl"}-${this.id}`,
+        object: this.ep === "chat" ? "chat.completion" : "text_completion",
+        created: this.created,
+        model: this.model,
+        choices: [choice],
+        usage: this.openaiUsage(u),
+      }),
+    );
   }
 
   private sse(event: string | null, data: unknown): string {
@@ -541,27 +690,92 @@ class Writer {
       res.writeHead(200, { "content-type": "text/event-stream", "cache-control": "no-cache" });
       if (this.ep === "messages") {
         this.pending.push(
-          this.sse("message_start", { type: "message_start", message: { id: `msg_${this.id}`, type: "message", role: "assistant", model: this.model, content: [], stop_reason: null, stop_sequence: null, usage: this.anthropicUsage(u, 1) } }),
-          this.sse("content_block_start", { type: "content_block_start", index: 0, content_block: { type: "text", text: "" } }),
+          this.sse("message_start", {
+            type: "message_start",
+            message: {
+              id: `msg_${this.id}`,
+              type: "message",
+              role: "assistant",
+              model: this.model,
+              content: [],
+              stop_reason: null,
+              stop_sequence: null,
+              usage: this.anthropicUsage(u, 1),
+            },
+          }),
+          this.sse("content_block_start", {
+            type: "content_block_start",
+            index: 0,
+            content_block: { type: "text", text: "" },
+          }),
         );
       }
     }
     const piece = (i ? " " : "") + "tok" + i;
-    if (this.ep === "chat") this.pending.push(this.sse(null, { id: `chatcmpl-${this.id}`, object: "chat.completion.chunk", created: this.created, model: this.model, choices: [{ index: 0, delta: i ? { content: piece } : { role: "assistant", content: piece }, logprobs: null, finish_reason: null }] }));
-    else if (this.ep === "completions") this.pending.push(this.sse(null, { id: `cmpl-${this.id}`, object: "text_completion", created: this.created, model: this.model, choices: [{ index: 0, text: piece, logprobs: null, finish_reason: null }] }));
-    else this.pending.push(this.sse("content_block_delta", { type: "content_block_delta", index: 0, delta: { type: "text_delta", text: piece } }));
+    if (this.ep === "chat")
+      this.pending.push(
+        this.sse(null, {
+          id: `chatcmpl-${this.id}`,
+          object: "chat.completion.chunk",
+          created: this.created,
+          model: this.model,
+          choices: [
+            {
+              index: 0,
+              delta: i ? { content: piece } : { role: "assistant", content: piece },
+              logprobs: null,
+              finish_reason: null,
+            },
+          ],
+        }),
+      );
+    else if (this.ep === "completions")
+      this.pending.push(
+        this.sse(null, {
+          id: `cmpl-${this.id}`,
+          object: "text_completion",
+          created: this.created,
+          model: this.model,
+          choices: [{ index: 0, text: piece, logprobs: null, finish_reason: null }],
+        }),
+      );
+    else
+      this.pending.push(
+        this.sse("content_block_delta", {
+          type: "content_block_delta",
+          index: 0,
+          delta: { type: "text_delta", text: piece },
+        }),
+      );
     if (done) {
       if (this.ep === "messages") {
         this.pending.push(
           this.sse("content_block_stop", { type: "content_block_stop", index: 0 }),
-          this.sse("message_delta", { type: "message_delta", delta: { stop_reason: "max_tokens", stop_sequence: null }, usage: { output_tokens: u.completion } }),
+          this.sse("message_delta", {
+            type: "message_delta",
+            delta: { stop_reason: "max_tokens", stop_sequence: null },
+            usage: { output_tokens: u.completion },
+          }),
           this.sse("message_stop", { type: "message_stop" }),
         );
       } else {
         const object = this.ep === "chat" ? "chat.completion.chunk" : "text_completion";
-        const choice = this.ep === "chat" ? { index: 0, delta: {}, logprobs: null, finish_reason: "length" } : { index: 0, text: "", logprobs: null, finish_reason: "length" };
+        const choice =
+          this.ep === "chat"
+            ? { index: 0, delta: {}, logprobs: null, finish_reason: "length" }
+            : { index: 0, text: "", logprobs: null, finish_reason: "length" };
         // usage rides on the last chunk (vLLM sends it with stream_options.include_usage; we always do, clients ignore it)
-        this.pending.push(this.sse(null, { id: `${this.ep === "chat" ? "chatcmpl" : "cmpl"}-${this.id}`, object, created: this.created, model: this.model, choices: [choice], usage: this.openaiUsage(u) }), "data: [DONE]\n\n");
+        this.pending.push(
+          this.sse(null, {
+            id: `${this.ep === "chat" ? "chatcmpl" : "cmpl"}-${this.id}`,
+            object,
+            created: this.created,
+            model: this.model,
+            choices: [choice],
+            usage: this.openaiUsage(u),
+          }),
+          "data: [DONE]\n\n",
+        );
       }
       res.end(this.pending.join(""));
       this.pending = [];
@@ -589,7 +803,11 @@ export function simOptionsFrom(p: Parsed): SimOptions {
   const v = p.values;
   const num = (k: string) => v[k] as number;
   const str = (k: string) => v[k] as string;
-  const list = (k: string) => str(k).split(",").map((x) => x.trim()).filter(Boolean);
+  const list = (k: string) =>
+    str(k)
+      .split(",")
+      .map((x) => x.trim())
+      .filter(Boolean);
   const ep = str("kv-events-port");
   return {
     id: str("id"),
@@ -629,7 +847,9 @@ export function simOptionsFrom(p: Parsed): SimOptions {
     renderFixture: v["render-fixture"] as string | null,
     renderDivergent: v["render-divergent"] as boolean,
     servedModels: list("served-model-name"),
-    loraModules: list("lora-modules").map((x) => x.split("=")[0]).filter(Boolean),
+    loraModules: list("lora-modules")
+      .map((x) => x.split("=")[0])
+      .filter(Boolean),
   };
 }
 
@@ -643,7 +863,14 @@ function bindError(o: SimOptions, e: unknown): Error {
   const m = /:(\d+)$/.exec(String((e as { address?: string }).address ?? ""));
   if (!m) return listenError("--port", o.host, o.port, e);
   const port = Number(m[1]);
-  const flag = port === o.kvEventsPort ? "--kv-events-port" : port === o.kvEventsMapPort ? "--kv-events-map-port" : port === o.kvSnapshotPort ? "--kv-snapshot-port" : "--kv-replay-port";
+  const flag =
+    port === o.kvEventsPort
+      ? "--kv-events-port"
+      : port === o.kvEventsMapPort
+        ? "--kv-events-map-port"
+        : port === o.kvSnapshotPort
+          ? "--kv-snapshot-port"
+          : "--kv-replay-port";
   return listenError(flag, o.host, port, e);
 }
 
@@ -662,7 +889,19 @@ export function startSimCommand(argv: string[]): Promise<void> {
     process.stderr.write(`sim ${o.id} role=${o.role} http=${o.host}:${o.port} kv-events=${events ?? "off"}\n`);
     if (o.etcdEndpoint) {
       const { registerWorker } = await import("../runtime/etcd");
-      await registerWorker(o.etcdEndpoint, o.etcdPrefix, o.id, { address: `${host}:${o.port}`, role: o.role, block_size: o.blockSize, kv_events: events, kv_replay: o.kvReplayPort === null ? undefined : `tcp://${host}:${o.kvReplayPort}` }, 2);
+      await registerWorker(
+        o.etcdEndpoint,
+        o.etcdPrefix,
+        o.id,
+        {
+          address: `${host}:${o.port}`,
+          role: o.role,
+          block_size: o.blockSize,
+          kv_events: events,
+          kv_replay: o.kvReplayPort === null ? undefined : `tcp://${host}:${o.kvReplayPort}`,
+        },
+        2,
+      );
       process.stderr.write(`sim ${o.id} registered in etcd ${o.etcdEndpoint}${o.etcdPrefix}${o.id}\n`);
     }
   });

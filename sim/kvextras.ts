@@ -84,7 +84,12 @@ export class KvExtras {
     for (const e of model) {
       if (e.type === "stored") {
         const bs = this.o.blockSize;
-        e.hashes.forEach((h, i) => this.content.set(h, { tokens: e.tokens.slice(i * bs, (i + 1) * bs), parent: i === 0 ? e.parent : e.hashes[i - 1] }));
+        e.hashes.forEach((h, i) =>
+          this.content.set(h, {
+            tokens: e.tokens.slice(i * bs, (i + 1) * bs),
+            parent: i === 0 ? e.parent : e.hashes[i - 1],
+          }),
+        );
         out.push(...this.stored(e.hashes, e.parent, e.tokens, "GPU"));
         continue;
       }

@@ -18,7 +18,19 @@ export interface SimKvEvent {
 }
 
 const FIELDS: { [type: string]: string[] } = {
-  BlockStored: ["block_hashes", "parent_block_hash", "token_ids", "block_size", "lora_id", "medium", "lora_name", "extra_keys", "group_idx", "kv_cache_spec_kind", "kv_cache_spec_sliding_window"],
+  BlockStored: [
+    "block_hashes",
+    "parent_block_hash",
+    "token_ids",
+    "block_size",
+    "lora_id",
+    "medium",
+    "lora_name",
+    "extra_keys",
+    "group_idx",
+    "kv_cache_spec_kind",
+    "kv_cache_spec_sliding_window",
+  ],
   BlockRemoved: ["block_hashes", "medium", "group_idx"],
   AllBlocksCleared: [],
 };
@@ -43,7 +55,8 @@ export type Dialect = "vllm" | "sglang";
 
 /** Encodes one event the way msgspec does for the given struct options. */
 export function encodeEvent(e: SimKvEvent, enc: Encoding, dialect: Dialect = "vllm"): unknown {
-  if (dialect === "sglang" && typeof e.medium === "string" && SGLANG_MEDIUM[e.medium]) e = { ...e, medium: SGLANG_MEDIUM[e.medium] };
+  if (dialect === "sglang" && typeof e.medium === "string" && SGLANG_MEDIUM[e.medium])
+    e = { ...e, medium: SGLANG_MEDIUM[e.medium] };
   const fields = dialect === "sglang" ? SGLANG_FIELDS : FIELDS;
   const required = dialect === "sglang" ? SGLANG_REQUIRED : REQUIRED;
   const names = fields[e.type] || Object.keys(e).filter((k) => k !== "type");
@@ -142,7 +155,8 @@ export class KvPublisher {
           this.placement.set(String(h), { hash: h, parent });
           parent = h;
         }
-      } else if (e.type === "BlockRemoved") for (const h of (e.block_hashes as unknown[]) || []) this.placement.delete(String(h));
+      } else if (e.type === "BlockRemoved")
+        for (const h of (e.block_hashes as unknown[]) || []) this.placement.delete(String(h));
       else if (e.type === "AllBlocksCleared") this.placement.clear();
     }
   }
@@ -160,7 +174,9 @@ export class KvPublisher {
       for await (const frames of sock) {
         const id = frames[0];
         if (frames.length !== 3 || frames[1].length !== 0 || frames[2].toString() !== "snapshot-v1") {
-          await sock.send([id, Buffer.alloc(0), Buffer.from("error"), Buffer.from("invalid snapshot-v1 request")]).catch(() => undefined);
+          await sock
+            .send([id, Buffer.alloc(0), Buffer.from("error"), Buffer.from("invalid snapshot-v1 request")])
+            .catch(() => undefined);
           continue;
         }
         const barrierId = randomBytes(16).toString("hex");
@@ -178,9 +194,17 @@ export class KvPublisher {
           if (pub && !this.closed) await pub.send([topic, s, payload]);
         });
         await this.chain.catch(() => undefined);
-        const header = encode([1, this.epoch, rank, barrierSeq + 1, barrierSeq, barrierId, blocks.length], { useBigInt64: true });
+        const header = encode([1, this.epoch, rank, barrierSeq + 1, barrierSeq, barrierId, blocks.length], {
+          useBigInt64: true,
+        });
         await sock.send([id, Buffer.alloc(0), Buffer.from("header"), Buffer.from(header)]);
-        for (let i = 0; i < blocks.length; i += SNAPSHOT_CHUNK) await sock.send([id, Buffer.alloc(0), Buffer.from("chunk"), Buffer.from(encode(blocks.slice(i, i + SNAPSHOT_CHUNK), { useBigInt64: true }))]);
+        for (let i = 0; i < blocks.length; i += SNAPSHOT_CHUNK)
+          await sock.send([
+            id,
+            Buffer.alloc(0),
+            Buffer.from("chunk"),
+            Buffer.from(encode(blocks.slice(i, i + SNAPSHOT_CHUNK), { useBigInt64: true })),
+          ]);
         await sock.send([id, Buffer.alloc(0), Buffer.from("end"), Buffer.alloc(0)]);
       }
     } catch {

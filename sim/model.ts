@@ -64,8 +64,7 @@ export function llama8bH100(): ModelConfig {
 }
 
 export type ModelEvent =
-  | { type: "stored"; hashes: bigint[]; parent: bigint | null; tokens: number[] }
-  | { type: "removed"; hashes: bigint[] };
+  { type: "stored"; hashes: bigint[]; parent: bigint | null; tokens: number[] } | { type: "removed"; hashes: bigint[] };
 
 export interface ModelRequest {
   id: string;
@@ -142,8 +141,19 @@ export class EngineModel {
   add(r: ModelRequest): void {
     if (this.seqs.has(r.id)) throw new Error(`duplicate request id ${r.id}`);
     const need = Math.ceil((r.tokens.length + r.maxTokens) / this.cfg.blockSize);
-    if (need > this.cfg.numBlocks) throw Object.assign(new Error(`request needs ${need} KV blocks, engine has ${this.cfg.numBlocks}`), { status: 400 });
-    const s: Seq = { r, computed: 0, outputs: 0, blocks: [], registered: 0, cachedTokens: -1, arrivedStep: this.stepNo };
+    if (need > this.cfg.numBlocks)
+      throw Object.assign(new Error(`request needs ${need} KV blocks, engine has ${this.cfg.numBlocks}`), {
+        status: 400,
+      });
+    const s: Seq = {
+      r,
+      computed: 0,
+      outputs: 0,
+      blocks: [],
+      registered: 0,
+      cachedTokens: -1,
+      arrivedStep: this.stepNo,
+    };
     this.seqs.set(r.id, s);
     this.waiting.push(s);
   }
@@ -375,7 +385,13 @@ export class EngineModel {
         this.stats.cachedTokens += Math.max(0, s.cachedTokens);
       }
       const done = s.outputs >= s.r.maxTokens;
-      out.push({ id: s.r.id, index: s.outputs - 1, done, cachedTokens: Math.max(0, s.cachedTokens), promptTokens: s.r.tokens.length });
+      out.push({
+        id: s.r.id,
+        index: s.outputs - 1,
+        done,
+        cachedTokens: Math.max(0, s.cachedTokens),
+        promptTokens: s.r.tokens.length,
+      });
       if (done) {
         this.seqs.delete(s.r.id);
         this.running = this.running.filter((x) => x !== s);

@@ -16,7 +16,10 @@ export interface SimRenderOptions {
 }
 
 export function bodyKey(body: string): string {
-  return crypto.createHash("sha256").update(JSON.stringify(JSON.parse(body))).digest("hex");
+  return crypto
+    .createHash("sha256")
+    .update(JSON.stringify(JSON.parse(body)))
+    .digest("hex");
 }
 
 export interface SimRender {
@@ -44,16 +47,25 @@ export function simRender(tok: Tokenizer | null, o: SimRenderOptions): SimRender
         return { status: 400, json: { error: { message: "body is not JSON", type: "BadRequestError", code: 400 } } };
       }
       const isChat = Array.isArray(j.messages);
-      if (!isChat && j.prompt === undefined) return { status: 400, json: { error: { message: "'messages' or 'prompt' is required", type: "BadRequestError", code: 400 } } };
+      if (!isChat && j.prompt === undefined)
+        return {
+          status: 400,
+          json: { error: { message: "'messages' or 'prompt' is required", type: "BadRequestError", code: 400 } },
+        };
       const withModel = JSON.stringify({ model: "sim-model", ...j });
       try {
-        const pr = parseRequest(isChat ? "chat" : "completions", withModel, withModel.length, { maxBodyBytes: 64 << 20 });
+        const pr = parseRequest(isChat ? "chat" : "completions", withModel, withModel.length, {
+          maxBodyBytes: 64 << 20,
+        });
         const hit = fixture[bodyKey(body)];
         const tokens = hit ?? own(pr);
         return { status: 200, json: { count: tokens.length, max_model_len: maxModelLen, tokens, token_strs: null } };
       } catch (e) {
         const err = e as Error & { status?: number };
-        return { status: err.status ?? 500, json: { error: { message: err.message, type: "BadRequestError", code: err.status ?? 500 } } };
+        return {
+          status: err.status ?? 500,
+          json: { error: { message: err.message, type: "BadRequestError", code: err.status ?? 500 } },
+        };
       }
     },
   };

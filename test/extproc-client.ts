@@ -7,7 +7,13 @@ import { create } from "@bufbuild/protobuf";
 import { App } from "../runtime/app";
 import { parseArgs } from "../runtime/config";
 import { ExtProcService, startExtProc } from "../extproc/server";
-import { HttpBodySchema, HttpHeadersSchema, ProcessingRequest, ProcessingRequestSchema, ProcessingResponse } from "../extproc/gen/envoy/service/ext_proc/v3/external_processor_pb";
+import {
+  HttpBodySchema,
+  HttpHeadersSchema,
+  ProcessingRequest,
+  ProcessingRequestSchema,
+  ProcessingResponse,
+} from "../extproc/gen/envoy/service/ext_proc/v3/external_processor_pb";
 import { HeaderMapSchema, HeaderValueSchema } from "../extproc/gen/envoy/config/core/v3/base_pb";
 
 export interface ExtProcFixture {
@@ -19,7 +25,10 @@ export interface ExtProcFixture {
 
 /** An App from router flags (--workers ...) serving ext_proc on a free loopback port; synced: discovery counts as done. */
 export async function startExtProcFixture(args: string[], opts: { synced?: boolean } = {}): Promise<ExtProcFixture> {
-  const app = new App(parseArgs(args, {}), () => undefined, { subscribe: () => ({ close() {} }), close: async () => undefined });
+  const app = new App(parseArgs(args, {}), () => undefined, {
+    subscribe: () => ({ close() {} }),
+    close: async () => undefined,
+  });
   app.setWorkers(app.opts.workers);
   if (opts.synced) app.setSynced(true);
   const s = await startExtProc(app, "127.0.0.1", 0);
@@ -36,14 +45,42 @@ export async function startExtProcFixture(args: string[], opts: { synced?: boole
   };
 }
 
-export const hdrs = (pairs: Record<string, string>) => create(HeaderMapSchema, { headers: Object.entries(pairs).map(([key, v]) => create(HeaderValueSchema, { key, rawValue: Buffer.from(v) })) });
+export const hdrs = (pairs: Record<string, string>) =>
+  create(HeaderMapSchema, {
+    headers: Object.entries(pairs).map(([key, v]) => create(HeaderValueSchema, { key, rawValue: Buffer.from(v) })),
+  });
 
 // Envoy's messages for one HTTP exchange, as a BUFFERED request and STREAMED response send them.
-export const reqHeaders = (path: string, method = "POST", eos = false, extra: Record<string, string> = {}): ProcessingRequest =>
-  create(ProcessingRequestSchema, { request: { case: "requestHeaders", value: create(HttpHeadersSchema, { headers: hdrs({ ":path": path, ":method": method, ...extra }), endOfStream: eos }) } });
-export const reqBody = (body: string): ProcessingRequest => create(ProcessingRequestSchema, { request: { case: "requestBody", value: create(HttpBodySchema, { body: Buffer.from(body), endOfStream: true }) } });
-export const respHeaders = (): ProcessingRequest => create(ProcessingRequestSchema, { request: { case: "responseHeaders", value: create(HttpHeadersSchema, { headers: hdrs({ ":status": "200" }) }) } });
-export const respBody = (eos: boolean): ProcessingRequest => create(ProcessingRequestSchema, { request: { case: "responseBody", value: create(HttpBodySchema, { body: Buffer.from("data: x\n\n"), endOfStream: eos }) } });
+export const reqHeaders = (
+  path: string,
+  method = "POST",
+  eos = false,
+  extra: Record<string, string> = {},
+): ProcessingRequest =>
+  create(ProcessingRequestSchema, {
+    request: {
+      case: "requestHeaders",
+      value: create(HttpHeadersSchema, {
+        headers: hdrs({ ":path": path, ":method": method, ...extra }),
+        endOfStream: eos,
+      }),
+    },
+  });
+export const reqBody = (body: string): ProcessingRequest =>
+  create(ProcessingRequestSchema, {
+    request: { case: "requestBody", value: create(HttpBodySchema, { body: Buffer.from(body), endOfStream: true }) },
+  });
+export const respHeaders = (): ProcessingRequest =>
+  create(ProcessingRequestSchema, {
+    request: { case: "responseHeaders", value: create(HttpHeadersSchema, { headers: hdrs({ ":status": "200" }) }) },
+  });
+export const respBody = (eos: boolean): ProcessingRequest =>
+  create(ProcessingRequestSchema, {
+    request: {
+      case: "responseBody",
+      value: create(HttpBodySchema, { body: Buffer.from("data: x\n\n"), endOfStream: eos }),
+    },
+  });
 
 /**
  * One Process call. got holds every answer in order; next() hands them out one
@@ -51,7 +88,11 @@ export const respBody = (eos: boolean): ProcessingRequest => create(ProcessingRe
  */
 export function processStream(client: grpc.Client) {
   const def = ExtProcService.Process;
-  const call = client.makeBidiStreamRequest(def.path, def.requestSerialize, def.responseDeserialize) as grpc.ClientDuplexStream<ProcessingRequest, ProcessingResponse>;
+  const call = client.makeBidiStreamRequest(
+    def.path,
+    def.requestSerialize,
+    def.responseDeserialize,
+  ) as grpc.ClientDuplexStream<ProcessingRequest, ProcessingResponse>;
   const got: ProcessingResponse[] = [];
   let read = 0;
   let wake: (() => void)[] = [];

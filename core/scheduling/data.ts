@@ -22,12 +22,14 @@ export function produce(ctx: PickContext, pool: Worker[]): Row[] {
   // Leading request blocks in flight on each worker: prefill side only (a
   // decode worker's cache is what was transferred to it and reported, and
   // decode load stays whole), and not under pure load balance (weight 0).
-  const inflight: { [ek: string]: number } = f.blocks.length && ctx.profile === "prefill" && overlapWeight(ctx) > 0 ? load.activePrefix(f.blocks, eks) : {};
+  const inflight: { [ek: string]: number } =
+    f.blocks.length && ctx.profile === "prefill" && overlapWeight(ctx) > 0 ? load.activePrefix(f.blocks, eks) : {};
   // Of those, the blocks still queued for prefill there.
   const queued: { [ek: string]: number } = f.blocks.length ? load.queuedShared(f.blocks, inflight) : {};
   // The cached prefix: what KV events reported (a lower tier earns its --kv-tier-weights
   // share of a GPU hit), or what requests in flight there hold, whichever is longer.
-  const cached: { [ek: string]: number } = f.blocks.length && !images ? ctx.state.mirror.prefixHits(f.blocks, live, ctx.config.kvTierWeights) : {};
+  const cached: { [ek: string]: number } =
+    f.blocks.length && !images ? ctx.state.mirror.prefixHits(f.blocks, live, ctx.config.kvTierWeights) : {};
   const slow: { [ek: string]: number } = ctx.latency ? ctx.latency.slowness(eks) : {};
   for (let i = 0; i < pool.length; i++) {
     const ek = eks[i];

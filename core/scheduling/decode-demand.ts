@@ -15,7 +15,11 @@ export interface DemandDecision {
   candidates: { id: string; demand: number; originalCost: number }[];
 }
 
-export function decideDemand(ctx: PickContext, rows: Row[], original: number): { index: number; decision: DemandDecision } {
+export function decideDemand(
+  ctx: PickContext,
+  rows: Row[],
+  original: number,
+): { index: number; decision: DemandDecision } {
   const need = ctx.features.inputTokens * demandN(ctx.features);
   const out: { id: string; demand: number; originalCost: number }[] = [];
   let bi = 0;

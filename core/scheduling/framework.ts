@@ -115,7 +115,14 @@ export interface PickResult {
   /** Load held for the request (filled by the load-reservation plugin). */
   guards: { prefill: Guard | null; main: Guard | null; queued: Guard | null };
   /** What the speed-learning plugin observes at the first token: null when it does not learn from this request. */
-  timing: { model: LatencyModel; now: () => number; worker: EpochKey; tokens: number; running: number; start: number } | null;
+  timing: {
+    model: LatencyModel;
+    now: () => number;
+    worker: EpochKey;
+    tokens: number;
+    running: number;
+    start: number;
+  } | null;
 }
 
 interface Registry {

@@ -25,7 +25,18 @@
 import { Store } from "../store";
 import { ModelTable } from "../models";
 import { BlockHash, EpochKey, Guard, SessionBinding, Worker, WorkerSpec } from "../types";
-import { copyEventFields, ImageAffinity, LoadLedger, MAX_SESSIONS, MirrorIndex, prefixRun, RouterState, SessionTable, visitTarget, WorkerRegistry } from "./types";
+import {
+  copyEventFields,
+  ImageAffinity,
+  LoadLedger,
+  MAX_SESSIONS,
+  MirrorIndex,
+  prefixRun,
+  RouterState,
+  SessionTable,
+  visitTarget,
+  WorkerRegistry,
+} from "./types";
 
 export function keyedMirror(st: Store): MirrorIndex {
   function addHolder(h: string, ek: string): void {
@@ -143,7 +154,9 @@ export function keyedLedger(st: Store): LoadLedger {
   return {
     hold(ek, blocks, tokens, requests, pending) {
       if (pending) for (let i = 0; i < blocks.length; i++) st.incr("Q:" + ek + ":" + blocks[i], 1);
-      else for (let i = 0; i < blocks.length; i++) if (st.incr("A:" + ek + ":" + blocks[i], 1) === 1) st.incr("AC:" + ek, 1);
+      else
+        for (let i = 0; i < blocks.length; i++)
+          if (st.incr("A:" + ek + ":" + blocks[i], 1) === 1) st.incr("AC:" + ek, 1);
       if (tokens) st.incr("DT:" + ek, tokens);
       if (requests) st.incr("DR:" + ek, requests);
       if (pending) st.incr("PQ:" + ek, pending);
@@ -158,13 +171,14 @@ export function keyedLedger(st: Store): LoadLedger {
           const k = "Q:" + ek + ":" + g.blocks[i];
           if (st.incr(k, -1) <= 0) st.delNum(k);
         }
-      else for (let i = 0; i < g.blocks.length; i++) {
-        const k = "A:" + ek + ":" + g.blocks[i];
-        if (st.incr(k, -1) <= 0) {
-          st.delNum(k);
-          if (st.incr("AC:" + ek, -1) <= 0) st.delNum("AC:" + ek);
+      else
+        for (let i = 0; i < g.blocks.length; i++) {
+          const k = "A:" + ek + ":" + g.blocks[i];
+          if (st.incr(k, -1) <= 0) {
+            st.delNum(k);
+            if (st.incr("AC:" + ek, -1) <= 0) st.delNum("AC:" + ek);
+          }
         }
-      }
       if (g.tokens && st.incr("DT:" + ek, -g.tokens) <= 0) st.delNum("DT:" + ek);
       if (g.requests && st.incr("DR:" + ek, -g.requests) <= 0) st.delNum("DR:" + ek);
       if (g.pending && st.incr("PQ:" + ek, -g.pending) <= 0) st.delNum("PQ:" + ek);
@@ -225,7 +239,14 @@ export function keyedRegistry(st: Store): WorkerRegistry {
       return null;
     },
     add(spec: WorkerSpec) {
-      const w: Worker = { id: spec.id, address: spec.address, role: spec.role || "mixed", blockSize: spec.blockSize, events: spec.events, epochKey: (spec.id + "#" + st.incr("EP", 1)) as EpochKey };
+      const w: Worker = {
+        id: spec.id,
+        address: spec.address,
+        role: spec.role || "mixed",
+        blockSize: spec.blockSize,
+        events: spec.events,
+        epochKey: (spec.id + "#" + st.incr("EP", 1)) as EpochKey,
+      };
       copyEventFields(spec, w);
       save(list().concat([w]));
       return w;
@@ -382,7 +403,6 @@ export function storeModelTable(st: Store): ModelTable {
     },
   };
 }
-
 
 /** Request blocks found cached on the picked worker, per worker and role (for /metrics). */
 export function countHitBlocks(st: Store, worker: string, role: string, hits: number): void {

@@ -1,7 +1,18 @@
 // Router state in Maps and Sets, for the Node process (ext_proc server, tests).
 // Not part of the njs bundle (njs has no Map/Set); njs uses state/keyed.ts.
 import { BlockHash, EngineHash, EpochKey, SessionBinding, Worker } from "../types";
-import { copyEventFields, ImageAffinity, LoadLedger, MAX_SESSIONS, MirrorIndex, prefixRun, RouterState, SessionTable, visitTarget, WorkerRegistry } from "./types";
+import {
+  copyEventFields,
+  ImageAffinity,
+  LoadLedger,
+  MAX_SESSIONS,
+  MirrorIndex,
+  prefixRun,
+  RouterState,
+  SessionTable,
+  visitTarget,
+  WorkerRegistry,
+} from "./types";
 import { typedMirror } from "./typed-mirror";
 import { generations, Generations } from "./generations";
 
@@ -124,19 +135,35 @@ export function memoryLedger(): LoadLedger {
   // deleted key in its hash chain until the Map rehashes, so delete + set of
   // one key made each later lookup of it longer. Zeros (blocks.size - live)
   // are swept once they outnumber the live blocks.
-  const per = new Map<EpochKey, { blocks: Map<BlockHash, number>; queued: Map<BlockHash, number>; live: number; tokens: number; requests: number; pending: number; guards: number }>();
+  const per = new Map<
+    EpochKey,
+    {
+      blocks: Map<BlockHash, number>;
+      queued: Map<BlockHash, number>;
+      live: number;
+      tokens: number;
+      requests: number;
+      pending: number;
+      guards: number;
+    }
+  >();
   let open = 0;
   return {
     hold(ek, blocks, tokens, requests, pending = 0) {
       let p = per.get(ek);
-      if (!p) per.set(ek, (p = { blocks: new Map(), queued: new Map(), live: 0, tokens: 0, requests: 0, pending: 0, guards: 0 }));
+      if (!p)
+        per.set(
+          ek,
+          (p = { blocks: new Map(), queued: new Map(), live: 0, tokens: 0, requests: 0, pending: 0, guards: 0 }),
+        );
       p.guards++;
       if (pending > 0) for (const b of blocks) p.queued.set(b, (p.queued.get(b) ?? 0) + 1);
-      else for (const b of blocks) {
-        const n = p.blocks.get(b) ?? 0;
-        if (!n) p.live++;
-        p.blocks.set(b, n + 1);
-      }
+      else
+        for (const b of blocks) {
+          const n = p.blocks.get(b) ?? 0;
+          if (!n) p.live++;
+          p.blocks.set(b, n + 1);
+        }
       p.tokens += tokens;
       p.requests += requests;
       p.pending += pending;
@@ -153,12 +180,13 @@ export function memoryLedger(): LoadLedger {
           if (n > 1) p.queued.set(b, n - 1);
           else p.queued.delete(b);
         }
-      else for (const b of g.blocks) {
-        const n = p.blocks.get(b);
-        if (!n) continue;
-        p.blocks.set(b, n - 1);
-        if (n === 1) p.live--;
-      }
+      else
+        for (const b of g.blocks) {
+          const n = p.blocks.get(b);
+          if (!n) continue;
+          p.blocks.set(b, n - 1);
+          if (n === 1) p.live--;
+        }
       const zeros = p.blocks.size - p.live;
       if (zeros > 1024 && zeros > p.live) {
         const kept = new Map<BlockHash, number>();
@@ -215,7 +243,14 @@ export function memoryRegistry(): WorkerRegistry {
     list: () => list,
     get: (id) => list.find((w) => w.id === id) ?? null,
     add(spec) {
-      const w: Worker = { id: spec.id, address: spec.address, role: spec.role || "mixed", blockSize: spec.blockSize, events: spec.events, epochKey: (spec.id + "#" + ++epoch) as EpochKey };
+      const w: Worker = {
+        id: spec.id,
+        address: spec.address,
+        role: spec.role || "mixed",
+        blockSize: spec.blockSize,
+        events: spec.events,
+        epochKey: (spec.id + "#" + ++epoch) as EpochKey,
+      };
       copyEventFields(spec, w);
       // Copy on write: callers may hold the previous list while picking.
       list = list.concat([w]);

@@ -186,7 +186,17 @@ export function typedMirror(opts?: TypedMirrorOptions): TypedMirror {
     let t = targets.get(ek);
     if (!t) {
       const bar = ek.indexOf("|");
-      t = { id: -1, base: bar < 0 ? ek : ek.slice(0, bar), tier: bar < 0 ? "GPU" : ek.slice(bar + 1), head: -1, tail: -1, entries: 0, count: 0, seq: undefined, meta: {} };
+      t = {
+        id: -1,
+        base: bar < 0 ? ek : ek.slice(0, bar),
+        tier: bar < 0 ? "GPU" : ek.slice(bar + 1),
+        head: -1,
+        tail: -1,
+        entries: 0,
+        count: 0,
+        seq: undefined,
+        meta: {},
+      };
       t.id = newId(t);
       targets.set(ek, t);
     }
@@ -279,7 +289,7 @@ export function typedMirror(opts?: TypedMirrorOptions): TypedMirror {
       n.set(E);
       E = n;
     }
-    if ((eLive + 1) > eIdx.length * MAX_LOAD) {
+    if (eLive + 1 > eIdx.length * MAX_LOAD) {
       eIdx = new Int32Array(eIdx.length * 2).fill(-1);
       eMask = eIdx.length - 1;
       // Rebuild from the chains: every live entry is on one target's or the graveyard's.
@@ -298,7 +308,7 @@ export function typedMirror(opts?: TypedMirrorOptions): TypedMirror {
       n.set(B);
       B = n;
     }
-    if ((bLive + 1) > bIdx.length * MAX_LOAD) {
+    if (bLive + 1 > bIdx.length * MAX_LOAD) {
       bIdx = new Int32Array(bIdx.length * 2).fill(-1);
       bMask = bIdx.length - 1;
       for (let b = 0; b < bUsed; b++) if (B[b * BS + 2] >= 0) bIndexInsert(b);
@@ -495,7 +505,11 @@ export function typedMirror(opts?: TypedMirrorOptions): TypedMirror {
       const t = targets.get(ek);
       return t ? t.count : 0;
     },
-    prefixHits: (blocks: BlockHash[], live: { [epochKey: string]: boolean }, weights?: { [tier: string]: number }): { [epochKey: string]: number } =>
+    prefixHits: (
+      blocks: BlockHash[],
+      live: { [epochKey: string]: boolean },
+      weights?: { [tier: string]: number },
+    ): { [epochKey: string]: number } =>
       prefixRun(
         blocks.length,
         (i, visit) => {
@@ -542,7 +556,12 @@ export function typedMirror(opts?: TypedMirrorOptions): TypedMirror {
     },
     /** Live entries and blocks, and the bytes the typed arrays take. */
     stats() {
-      return { entries: eLive, blocks: bLive, graveyard: gCount, bytes: E.byteLength + B.byteLength + eIdx.byteLength + bIdx.byteLength };
+      return {
+        entries: eLive,
+        blocks: bLive,
+        graveyard: gCount,
+        bytes: E.byteLength + B.byteLength + eIdx.byteLength + bIdx.byteLength,
+      };
     },
     sweep,
   };

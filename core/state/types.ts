@@ -23,7 +23,11 @@ export interface MirrorIndex {
    * (targets `<ek>|<TIER>`, see core/kvevents.ts tierKey) and the prefix runs
    * while some tier with a weight > 0 holds the next block.
    */
-  prefixHits(blocks: BlockHash[], live: { [epochKey: string]: boolean }, weights?: { [tier: string]: number }): { [epochKey: string]: number };
+  prefixHits(
+    blocks: BlockHash[],
+    live: { [epochKey: string]: boolean },
+    weights?: { [tier: string]: number },
+  ): { [epochKey: string]: number };
   /** Engine blocks mirrored for a target (>= count: several engine blocks may share one hash). */
   entries(epochKey: EpochKey): number;
   /** Forgets the engine block mirrored longest ago on a target (the --max-mirror-blocks bound). False when empty. */

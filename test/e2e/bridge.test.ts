@@ -5,7 +5,23 @@ import { test, after } from "node:test";
 import * as assert from "node:assert/strict";
 import * as fs from "fs";
 import * as path from "path";
-import { ROOT, nginx08, startSim, startNginx, startBridge, workerArg, chat, longText, stopAll, sleep, waitFor, run, freePort, httpOk, Sim } from "../harness";
+import {
+  ROOT,
+  nginx08,
+  startSim,
+  startNginx,
+  startBridge,
+  workerArg,
+  chat,
+  longText,
+  stopAll,
+  sleep,
+  waitFor,
+  run,
+  freePort,
+  httpOk,
+  Sim,
+} from "../harness";
 import { needs } from "../tools";
 
 const n8 = nginx08();
@@ -13,97 +29,158 @@ const built = fs.existsSync(path.join(ROOT, "njs", "dist", "infera.js"));
 const skip = needs(!n8 && "njs >= 0.8 not set up (bash scripts/njs08.sh)") || (!built && "run npm run build:njs");
 after(stopAll);
 
-test("bridge: nginx stopped under traffic, then back: full resync, cache-view equals the engines', /readyz and /metrics tell", { skip, timeout: 180000 }, async () => {
-  // A small cache, so the outage also sees evictions (BlockRemoved), not only stores.
-  const sims: Sim[] = await Promise.all(["b0", "b1"].map((id) => startSim(id, ["--capacity-blocks", "400", "--decode-ms-per-token", "1"])));
-  const ng = await startNginx(n8!);
-  const admin = await freePort();
-  const bridge = await startBridge(["--workers", workerArg(sims), "--admin-port", String(admin), "--bridge-backoff-max-ms", "500"], `${ng.url}/_infera/push`);
-  const bAdmin = `http://127.0.0.1:${admin}`;
-  await waitFor("bridge ready", () => httpOk(`${bAdmin}/readyz`), 15000);
+test(
+  "bridge: nginx stopped under traffic, then back: full resync, cache-view equals the engines', /readyz and /metrics tell",
+  { skip, timeout: 180000 },
+  async () => {
+    // A small cache, so the outage also sees evictions (BlockRemoved), not only stores.
+    const sims: Sim[] = await Promise.all(
+      ["b0", "b1"].map((id) => startSim(id, ["--capacity-blocks", "400", "--decode-ms-per-token", "1"])),
+    );
+    const ng = await startNginx(n8!);
+    const admin = await freePort();
+    const bridge = await startBridge(
+      ["--workers", workerArg(sims), "--admin-port", String(admin), "--bridge-backoff-max-ms", "500"],
+      `${ng.url}/_infera/push`,
+    );
+    const bAdmin = `http://127.0.0.1:${admin}`;
+    await waitFor("bridge ready", () => httpOk(`${bAdmin}/readyz`), 15000);
 
-  const view = async (s: Sim) => ((await (await fetch(`${ng.url}/v1/admin/cache-view/${s.address}`)).json()) as { block_count: number }).block_count;
-  const inSync = async () => {
-    for (const s of sims) if ((await view(s)) !== (await s.stats()).cached_blocks) return false;
-    return true;
-  };
-  // Engine traffic straight to the workers, independent of nginx being up.
-  let stop = false;
-  let sent = 0;
-  const traffic = (async () => {
-    for (let i = 0; !stop && i < 2000; i++) {
-      await Promise.all(sims.map((s, j) => chat(`http://127.0.0.1:${s.port}`, longText(`br${i % 37}x${j}`, 60 + (i % 5) * 40)).catch(() => null)));
-      sent += sims.length;
-    }
-  })();
-  await sleep(1500);
-  stop = true;
-  await traffic;
-  await waitFor("nginx mirrors the engines before the outage", inSync, 15000);
+    const view = async (s: Sim) =>
+      ((await (await fetch(`${ng.url}/v1/admin/cache-view/${s.address}`)).json()) as { block_count: number })
+        .block_count;
+    const inSync = async () => {
+      for (const s of sims) if ((await view(s)) !== (await s.stats()).cached_blocks) return false;
+      return true;
+    };
+    // Engine traffic straight to the workers, independent of nginx being up.
+    let stop = false;
+    let sent = 0;
+    const traffic = (async () => {
+      for (let i = 0; !stop && i < 2000; i++) {
+        await Promise.all(
+          sims.map((s, j) =>
+            chat(`http://127.0.0.1:${s.port}`, longText(`br${i % 37}x${j}`, 60 + (i % 5) * 40)).catch(() => null),
+          ),
+        );
+        sent += sims.length;
+      }
+    })();
+    await sleep(1500);
+    stop = true;
+    await traffic;
+    await waitFor("nginx mirrors the engines before the outage", inSync, 15000);
 
-  // nginx goes away; the engines keep storing and evicting.
-  // SIGTERM: a SIGKILLed master leaves its workers serving.
-  await ng.proc.kill("SIGTERM");
-  stop = false;
-  const traffic2 = (async () => {
-    for (let i = 0; !stop && i < 2000; i++) {
-      await Promise.all(sims.map((s, j) => chat(`http://127.0.0.1:${s.port}`, longText(`out${i}x${j}`, 80 + (i % 7) * 30)).catch(() => null)));
-      sent += sims.length;
-    }
-  })();
-  await waitFor("bridge not ready while nginx is down", async () => (await fetch(`${bAdmin}/readyz`)).status === 503, 10000);
-  await sleep(6000);
-  stop = true;
-  await traffic2;
-  const during = (await sims[0].stats()).cached_blocks;
-  assert.ok(during > 0);
+    // nginx goes away; the engines keep storing and evicting.
+    // SIGTERM: a SIGKILLed master leaves its workers serving.
+    await ng.proc.kill("SIGTERM");
+    stop = false;
+    const traffic2 = (async () => {
+      for (let i = 0; !stop && i < 2000; i++) {
+        await Promise.all(
+          sims.map((s, j) =>
+            chat(`http://127.0.0.1:${s.port}`, longText(`out${i}x${j}`, 80 + (i % 7) * 30)).catch(() => null),
+          ),
+        );
+        sent += sims.length;
+      }
+    })();
+    await waitFor(
+      "bridge not ready while nginx is down",
+      async () => (await fetch(`${bAdmin}/readyz`)).status === 503,
+      10000,
+    );
+    await sleep(6000);
+    stop = true;
+    await traffic2;
+    const during = (await sims[0].stats()).cached_blocks;
+    assert.ok(during > 0);
 
-  // nginx back on the same port with empty shared dicts.
-  const ng2 = run("nginx-again", n8!.bin, ["-p", ng.dir, "-c", path.join(ng.dir, "nginx.conf"), "-e", "stderr", "-g", "daemon off;"], { INFERA_PUSH_TOKEN: "test-token" });
-  await waitFor("nginx answers", async () => !!(await fetch(`${ng.url}/v1/admin/reservations`).catch(() => null)), 15000);
-  await waitFor("bridge ready again", () => httpOk(`${bAdmin}/readyz`), 20000);
-  await waitFor("nginx's cache-view equals each engine's after the resync", inSync, 20000).catch(async (e) => {
-    const got = await Promise.all(sims.map(async (s) => `${s.id}: nginx ${await view(s)} engine ${(await s.stats()).cached_blocks}`));
-    throw new Error(`${(e as Error).message}: ${got.join("; ")}\n${bridge.log().slice(-3000)}`);
-  });
-  for (const s of sims) assert.ok((await view(s)) > 0, "mirror restored, not just emptied");
+    // nginx back on the same port with empty shared dicts.
+    const ng2 = run(
+      "nginx-again",
+      n8!.bin,
+      ["-p", ng.dir, "-c", path.join(ng.dir, "nginx.conf"), "-e", "stderr", "-g", "daemon off;"],
+      { INFERA_PUSH_TOKEN: "test-token" },
+    );
+    await waitFor(
+      "nginx answers",
+      async () => !!(await fetch(`${ng.url}/v1/admin/reservations`).catch(() => null)),
+      15000,
+    );
+    await waitFor("bridge ready again", () => httpOk(`${bAdmin}/readyz`), 20000);
+    await waitFor("nginx's cache-view equals each engine's after the resync", inSync, 20000).catch(async (e) => {
+      const got = await Promise.all(
+        sims.map(async (s) => `${s.id}: nginx ${await view(s)} engine ${(await s.stats()).cached_blocks}`),
+      );
+      throw new Error(`${(e as Error).message}: ${got.join("; ")}\n${bridge.log().slice(-3000)}`);
+    });
+    for (const s of sims) assert.ok((await view(s)) > 0, "mirror restored, not just emptied");
 
-  // Live batches after the resync still apply (sequence continues).
-  const r = await chat(`http://127.0.0.1:${sims[1].port}`, longText("afterresync", 200));
-  assert.equal(r.status, 200);
-  await waitFor("live events after the resync", inSync, 10000);
+    // Live batches after the resync still apply (sequence continues).
+    const r = await chat(`http://127.0.0.1:${sims[1].port}`, longText("afterresync", 200));
+    assert.equal(r.status, 200);
+    await waitFor("live events after the resync", inSync, 10000);
 
-  // nginx may have applied the last push before the bridge read its answer.
-  await waitFor("queue drained", async () => /^infera_bridge_queue_depth 0$/m.test(await (await fetch(`${bAdmin}/metrics`)).text()), 5000);
-  const m = await (await fetch(`${bAdmin}/metrics`)).text();
-  const resyncs = Number(/^infera_bridge_resyncs_total (\d+)/m.exec(m)?.[1] ?? 0);
-  assert.ok(resyncs >= 2, `startup + after the outage: ${resyncs}`);
-  assert.match(m, /^infera_bridge_nginx_dirty 0$/m);
-  assert.match(m, /^infera_bridge_queue_depth 0$/m);
-  // One warning when nginx went away, one line when it came back; not a line per retry.
-  const warn = bridge.log().split("\n").filter((l) => /nginx push .*retrying/.test(l));
-  assert.ok(warn.length >= 1 && warn.length <= 3, `outage warnings: ${warn.length}`);
-  assert.match(bridge.log(), /nginx push .* recovered after/);
-  void ng2;
-  void sent;
-});
+    // nginx may have applied the last push before the bridge read its answer.
+    await waitFor(
+      "queue drained",
+      async () => /^infera_bridge_queue_depth 0$/m.test(await (await fetch(`${bAdmin}/metrics`)).text()),
+      5000,
+    );
+    const m = await (await fetch(`${bAdmin}/metrics`)).text();
+    const resyncs = Number(/^infera_bridge_resyncs_total (\d+)/m.exec(m)?.[1] ?? 0);
+    assert.ok(resyncs >= 2, `startup + after the outage: ${resyncs}`);
+    assert.match(m, /^infera_bridge_nginx_dirty 0$/m);
+    assert.match(m, /^infera_bridge_queue_depth 0$/m);
+    // One warning when nginx went away, one line when it came back; not a line per retry.
+    const warn = bridge
+      .log()
+      .split("\n")
+      .filter((l) => /nginx push .*retrying/.test(l));
+    assert.ok(warn.length >= 1 && warn.length <= 3, `outage warnings: ${warn.length}`);
+    assert.match(bridge.log(), /nginx push .* recovered after/);
+    void ng2;
+    void sent;
+  },
+);
 
-test("bridge: a queue over --bridge-queue-max is replaced by a full resync, not dropped", { skip, timeout: 120000 }, async () => {
-  const sims: Sim[] = await Promise.all(["q0", "q1"].map((id) => startSim(id, ["--capacity-blocks", "300", "--decode-ms-per-token", "1"])));
-  const ng = await startNginx(n8!);
-  const admin = await freePort();
-  await startBridge(["--workers", workerArg(sims), "--admin-port", String(admin), "--bridge-queue-max", "1"], `${ng.url}/_infera/push`);
-  const bAdmin = `http://127.0.0.1:${admin}`;
-  await waitFor("bridge ready", () => httpOk(`${bAdmin}/readyz`), 15000);
-  const view = async (s: Sim) => ((await (await fetch(`${ng.url}/v1/admin/cache-view/${s.address}`)).json()) as { block_count: number }).block_count;
-  // Bursts of concurrent requests: batches arrive faster than one-at-a-time pushes drain.
-  for (let round = 0; round < 6; round++)
-    await Promise.all(Array.from({ length: 8 }, (_, i) => chat(`http://127.0.0.1:${sims[i % 2].port}`, longText(`qq${round}x${i}`, 120)).catch(() => null)));
-  const metric = async (name: string) => Number(new RegExp(`^${name} (\\d+)`, "m").exec(await (await fetch(`${bAdmin}/metrics`)).text())?.[1] ?? -1);
-  assert.ok((await metric("infera_bridge_queue_overflows_total")) >= 1, "the queue overflowed");
-  await waitFor("nginx equals the engines after the overflow resync", async () => {
-    for (const s of sims) if ((await view(s)) !== (await s.stats()).cached_blocks) return false;
-    return true;
-  }, 20000);
-  assert.ok((await metric("infera_bridge_resyncs_total")) >= 2);
-});
+test(
+  "bridge: a queue over --bridge-queue-max is replaced by a full resync, not dropped",
+  { skip, timeout: 120000 },
+  async () => {
+    const sims: Sim[] = await Promise.all(
+      ["q0", "q1"].map((id) => startSim(id, ["--capacity-blocks", "300", "--decode-ms-per-token", "1"])),
+    );
+    const ng = await startNginx(n8!);
+    const admin = await freePort();
+    await startBridge(
+      ["--workers", workerArg(sims), "--admin-port", String(admin), "--bridge-queue-max", "1"],
+      `${ng.url}/_infera/push`,
+    );
+    const bAdmin = `http://127.0.0.1:${admin}`;
+    await waitFor("bridge ready", () => httpOk(`${bAdmin}/readyz`), 15000);
+    const view = async (s: Sim) =>
+      ((await (await fetch(`${ng.url}/v1/admin/cache-view/${s.address}`)).json()) as { block_count: number })
+        .block_count;
+    // Bursts of concurrent requests: batches arrive faster than one-at-a-time pushes drain.
+    for (let round = 0; round < 6; round++)
+      await Promise.all(
+        Array.from({ length: 8 }, (_, i) =>
+          chat(`http://127.0.0.1:${sims[i % 2].port}`, longText(`qq${round}x${i}`, 120)).catch(() => null),
+        ),
+      );
+    const metric = async (name: string) =>
+      Number(new RegExp(`^${name} (\\d+)`, "m").exec(await (await fetch(`${bAdmin}/metrics`)).text())?.[1] ?? -1);
+    assert.ok((await metric("infera_bridge_queue_overflows_total")) >= 1, "the queue overflowed");
+    await waitFor(
+      "nginx equals the engines after the overflow resync",
+      async () => {
+        for (const s of sims) if ((await view(s)) !== (await s.stats()).cached_blocks) return false;
+        return true;
+      },
+      20000,
+    );
+    assert.ok((await metric("infera_bridge_resyncs_total")) >= 2);
+  },
+);

@@ -23,16 +23,34 @@ after(stopAll);
 test("etcd + NATS in containers: discovery and KV events through them", async (t) => {
   if (reason) return t.skip(reason);
   const etcd = await new tc!.GenericContainer("quay.io/coreos/etcd:v3.5.17")
-    .withCommand(["etcd", "--listen-client-urls", "http://0.0.0.0:2379", "--advertise-client-urls", "http://127.0.0.1:2379"])
+    .withCommand([
+      "etcd",
+      "--listen-client-urls",
+      "http://0.0.0.0:2379",
+      "--advertise-client-urls",
+      "http://127.0.0.1:2379",
+    ])
     .withExposedPorts(2379)
     .start();
   const nats = await new tc!.GenericContainer("nats:2.10").withExposedPorts(4222).start();
   try {
     const etcdUrl = `http://127.0.0.1:${etcd.getMappedPort(2379)}`;
     const natsUrl = `nats://127.0.0.1:${nats.getMappedPort(4222)}`;
-    const sims = [await startSim("c0", ["--etcd-endpoint", etcdUrl]), await startSim("c1", ["--etcd-endpoint", etcdUrl])];
+    const sims = [
+      await startSim("c0", ["--etcd-endpoint", etcdUrl]),
+      await startSim("c1", ["--etcd-endpoint", etcdUrl]),
+    ];
     for (const s of sims) startRelay(s, natsUrl, `infera.kv.${s.id}`);
-    const router = await startRouter(["--discovery-backend", "etcd", "--etcd-endpoint", etcdUrl, "--kv-event-transport", "nats", "--nats-url", natsUrl]);
+    const router = await startRouter([
+      "--discovery-backend",
+      "etcd",
+      "--etcd-endpoint",
+      etcdUrl,
+      "--kv-event-transport",
+      "nats",
+      "--nats-url",
+      natsUrl,
+    ]);
     await waitFor("fleet", async () => (await router.workers()).length === 2, 20000);
     const envoy = await startEnvoy(router.grpcPort);
     const p = longText("containers", 300);

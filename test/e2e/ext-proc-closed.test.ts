@@ -14,7 +14,13 @@ import { startRouter, stopAll, sleep, waitFor, RouterProc } from "../harness";
 import { makePki, issue, gatewayCert, routerMtlsArgs, Pki } from "../pki";
 import { processStream, reqHeaders, hdrs } from "../extproc-client";
 import { ExtProcService } from "../../extproc/server";
-import { HttpBodySchema, HttpHeadersSchema, ProcessingRequest, ProcessingRequestSchema, ProcessingResponse } from "../../extproc/gen/envoy/service/ext_proc/v3/external_processor_pb";
+import {
+  HttpBodySchema,
+  HttpHeadersSchema,
+  ProcessingRequest,
+  ProcessingRequestSchema,
+  ProcessingResponse,
+} from "../../extproc/gen/envoy/service/ext_proc/v3/external_processor_pb";
 import { MetadataSchema } from "../../extproc/gen/envoy/config/core/v3/base_pb";
 
 after(stopAll);
@@ -30,7 +36,12 @@ const clients: grpc.Client[] = [];
 after(() => clients.forEach((c) => c.close()));
 
 function client(port: number, who: { cert: string; key: string } | "anonymous" | "plaintext"): grpc.Client {
-  const creds = who === "plaintext" ? grpc.credentials.createInsecure() : who === "anonymous" ? grpc.credentials.createSsl(ca) : grpc.credentials.createSsl(ca, fs.readFileSync(who.key), fs.readFileSync(who.cert));
+  const creds =
+    who === "plaintext"
+      ? grpc.credentials.createInsecure()
+      : who === "anonymous"
+        ? grpc.credentials.createSsl(ca)
+        : grpc.credentials.createSsl(ca, fs.readFileSync(who.key), fs.readFileSync(who.cert));
   // A channel per client: grpc-js would otherwise share one subchannel between equal targets.
   const c = new grpc.Client(`127.0.0.1:${port}`, creds, { "grpc.use_local_subchannel_pool": 1 });
   clients.push(c);
@@ -38,16 +49,35 @@ function client(port: number, who: { cert: string; key: string } | "anonymous" |
 }
 
 // A cold prompt (well over --prefill-admission-warm-tokens) unique to its seed.
-const coldBody = (seed: string) => Buffer.from(JSON.stringify({ model: "m", stream: true, max_tokens: 400, messages: [{ role: "user", content: Array.from({ length: 1500 }, (_, i) => `${seed}${i}w${(i * 7919) % 1009}`).join(" ") }] }));
-const body = (b: Buffer): ProcessingRequest => create(ProcessingRequestSchema, { request: { case: "requestBody", value: create(HttpBodySchema, { body: b, endOfStream: true }) } });
+const coldBody = (seed: string) =>
+  Buffer.from(
+    JSON.stringify({
+      model: "m",
+      stream: true,
+      max_tokens: 400,
+      messages: [
+        { role: "user", content: Array.from({ length: 1500 }, (_, i) => `${seed}${i}w${(i * 7919) % 1009}`).join(" ") },
+      ],
+    }),
+  );
+const body = (b: Buffer): ProcessingRequest =>
+  create(ProcessingRequestSchema, {
+    request: { case: "requestBody", value: create(HttpBodySchema, { body: b, endOfStream: true }) },
+  });
 const servedHeaders = (served: string): ProcessingRequest =>
   create(ProcessingRequestSchema, {
     request: { case: "responseHeaders", value: create(HttpHeadersSchema, { headers: hdrs({ ":status": "200" }) }) },
-    metadataContext: create(MetadataSchema, { filterMetadata: { "envoy.lb": { "x-gateway-destination-endpoint-served": served } as JsonObject } }),
+    metadataContext: create(MetadataSchema, {
+      filterMetadata: { "envoy.lb": { "x-gateway-destination-endpoint-served": served } as JsonObject },
+    }),
   });
 
 /** Opens a Process call, sends a cold request (and optionally served metadata); resolves with the first answer's case or the call's status name. */
-function attempt(c: grpc.Client, seed: string, served?: string): { result: Promise<string>; call: grpc.ClientDuplexStream<ProcessingRequest, ProcessingResponse> } {
+function attempt(
+  c: grpc.Client,
+  seed: string,
+  served?: string,
+): { result: Promise<string>; call: grpc.ClientDuplexStream<ProcessingRequest, ProcessingResponse> } {
   const s = processStream(c);
   const result = new Promise<string>((resolve) => {
     s.call.on("error", (e: grpc.ServiceError) => resolve(grpc.status[e.code]));
@@ -63,16 +93,30 @@ function attempt(c: grpc.Client, seed: string, served?: string): { result: Promi
 }
 
 const load = async (r: RouterProc) => Object.fromEntries((await r.workers()).map((w) => [w.id, w.active_blocks]));
-const rssMb = (pid: number) => Number(/VmRSS:\s+(\d+) kB/.exec(fs.readFileSync(`/proc/${pid}/status`, "utf8"))![1]) / 1024;
+const rssMb = (pid: number) =>
+  Number(/VmRSS:\s+(\d+) kB/.exec(fs.readFileSync(`/proc/${pid}/status`, "utf8"))![1]) / 1024;
 
 test("mTLS with the gateway identity: no certificate, or a certificate that is not the gateway, cannot hold load, take admission slots or move load", async () => {
-  const router = await startRouter(["--workers", `${A},${B}`, "--health-interval-ms", "0", "--prefill-admission-slots", "1", "--prefill-admission-max-wait-ms", "3000", ...routerMtlsArgs(k)]);
+  const router = await startRouter([
+    "--workers",
+    `${A},${B}`,
+    "--health-interval-ms",
+    "0",
+    "--prefill-admission-slots",
+    "1",
+    "--prefill-admission-max-wait-ms",
+    "3000",
+    ...routerMtlsArgs(k),
+  ]);
 
   // Without a client certificate (or without TLS) there is no connection at all.
   for (const who of ["plaintext", "anonymous"] as const) {
     const c = client(router.grpcPort, who);
     const rs = await Promise.all(Array.from({ length: 10 }, (_, i) => attempt(c, `${who}-${i}-`).result));
-    assert.ok(rs.every((r) => r === "UNAVAILABLE"), `${who}: ${rs.join(",")}`);
+    assert.ok(
+      rs.every((r) => r === "UNAVAILABLE"),
+      `${who}: ${rs.join(",")}`,
+    );
   }
   assert.deepEqual(await load(router), { [A]: 0, [B]: 0 });
 
@@ -81,7 +125,10 @@ test("mTLS with the gateway identity: no certificate, or a certificate that is n
   const intruder = client(router.grpcPort, other);
   const tries = Array.from({ length: 40 }, (_, i) => attempt(intruder, `intruder-${i}-`, i % 2 ? B : undefined));
   const rs = await Promise.all(tries.map((t) => t.result));
-  assert.ok(rs.every((r) => r === "PERMISSION_DENIED"), rs.join(","));
+  assert.ok(
+    rs.every((r) => r === "PERMISSION_DENIED"),
+    rs.join(","),
+  );
   assert.deepEqual(await load(router), { [A]: 0, [B]: 0 }, "no load held by the intruder");
   assert.match(await router.metrics(), /infera/, "router still answers");
 
@@ -99,7 +146,9 @@ test("mTLS with the gateway identity: no certificate, or a certificate that is n
   assert.equal(pick.response.case, "requestBody");
   assert.ok(waited < 1500, `the gateway's cold request waited ${waited} ms for admission`);
   assert.ok((await Promise.all(storm.map((t) => t.result))).every((r) => r === "PERMISSION_DENIED"));
-  const to = (pick.dynamicMetadata as { "envoy.lb": { "x-gateway-destination-endpoint": string } })["envoy.lb"]["x-gateway-destination-endpoint"];
+  const to = (pick.dynamicMetadata as { "envoy.lb": { "x-gateway-destination-endpoint": string } })["envoy.lb"][
+    "x-gateway-destination-endpoint"
+  ];
   const elsewhere = to === A ? B : A;
   const before = await load(router);
   assert.ok(before[to] > 0 && before[elsewhere] === 0, JSON.stringify(before));
@@ -120,11 +169,20 @@ test("mTLS with the gateway identity: no certificate, or a certificate that is n
 
 /** A raw HTTP/2 client over mTLS: `n` Process streams, each declaring one `size`-byte message and sending all of it but the last byte. */
 async function partialMessages(port: number, who: { cert: string; key: string }, n: number, size: number) {
-  const session = http2.connect(`https://127.0.0.1:${port}`, { ca, cert: fs.readFileSync(who.cert), key: fs.readFileSync(who.key) });
+  const session = http2.connect(`https://127.0.0.1:${port}`, {
+    ca,
+    cert: fs.readFileSync(who.cert),
+    key: fs.readFileSync(who.key),
+  });
   session.on("error", () => undefined);
   const chunk = Buffer.alloc(size - 1, 0x61);
   const outcomes = Array.from({ length: n }, () => {
-    const st = session.request({ ":method": "POST", ":path": ExtProcService.Process.path, "content-type": "application/grpc", te: "trailers" });
+    const st = session.request({
+      ":method": "POST",
+      ":path": ExtProcService.Process.path,
+      "content-type": "application/grpc",
+      te: "trailers",
+    });
     st.on("error", () => undefined);
     return new Promise<string>((done) => {
       const limit = setTimeout(() => done("pending"), 60000);
@@ -153,13 +211,24 @@ async function partialMessages(port: number, who: { cert: string; key: string },
 }
 
 const metric = (text: string, re: RegExp) => Number(re.exec(text)?.[1] ?? 0);
-const refusedBy = async (r: RouterProc, reason: string) => metric(await r.metrics(), new RegExp(`infera_router_ext_proc_refused_streams_total\\{reason="${reason}"\\} (\\d+)`));
+const refusedBy = async (r: RouterProc, reason: string) =>
+  metric(await r.metrics(), new RegExp(`infera_router_ext_proc_refused_streams_total\\{reason="${reason}"\\} (\\d+)`));
 const bufferedBytes = async (r: RouterProc) => metric(await r.metrics(), /infera_router_ext_proc_buffered_bytes (\d+)/);
 
 test("buffered request bytes are capped per connection and overall: 30 x 16 MB partial bodies, refused past the caps, router RSS bounded", async () => {
   const MB = 1024 * 1024;
   // Caps sized for the test: 2 messages of 16 MB per connection, 3 in all.
-  const router = await startRouter(["--workers", `${A},${B}`, "--health-interval-ms", "0", "--ext-proc-max-buffered-bytes-per-connection", String(40 * MB), "--ext-proc-max-buffered-bytes", String(56 * MB), ...routerMtlsArgs(k)]);
+  const router = await startRouter([
+    "--workers",
+    `${A},${B}`,
+    "--health-interval-ms",
+    "0",
+    "--ext-proc-max-buffered-bytes-per-connection",
+    String(40 * MB),
+    "--ext-proc-max-buffered-bytes",
+    String(56 * MB),
+    ...routerMtlsArgs(k),
+  ]);
   const pid = router.proc.child.pid!;
   await sleep(500);
   const base = rssMb(pid);
@@ -191,7 +260,10 @@ test("buffered request bytes are capped per connection and overall: 30 x 16 MB p
   await waitFor("released on close", async () => (await bufferedBytes(router)) === 0, 10000);
   // Generous bounds (GC timing, a noisy machine); without the caps 60 x 16 MB would be ~960 MB.
   assert.ok(afterIntruder - base < 60, `intruder grew RSS ${base.toFixed(0)} -> ${afterIntruder.toFixed(0)} MB`);
-  assert.ok(peak - base < 220, `RSS ${base.toFixed(0)} -> ${peak.toFixed(0)} MB with ${(held / MB).toFixed(0)} MB buffered`);
+  assert.ok(
+    peak - base < 220,
+    `RSS ${base.toFixed(0)} -> ${peak.toFixed(0)} MB with ${(held / MB).toFixed(0)} MB buffered`,
+  );
   // The router serves on: a new gateway stream gets its answer.
   const g = processStream(client(router.grpcPort, gw));
   g.send(reqHeaders("/v1/models", "GET", true));
@@ -204,7 +276,18 @@ test("a client whose connection drops inside a message does not take the router 
   // It did: the stream's end of input came after it had closed, and answering it threw.
   const MB = 1024 * 1024;
   // mTLS with flags today's main has too.
-  const router = await startRouter(["--workers", `${A},${B}`, "--health-interval-ms", "0", "--ext-proc-tls-cert", k.cert, "--ext-proc-tls-key", k.key, "--ext-proc-tls-client-ca", k.ca]);
+  const router = await startRouter([
+    "--workers",
+    `${A},${B}`,
+    "--health-interval-ms",
+    "0",
+    "--ext-proc-tls-cert",
+    k.cert,
+    "--ext-proc-tls-key",
+    k.key,
+    "--ext-proc-tls-client-ca",
+    k.ca,
+  ]);
   for (let i = 0; i < 3; i++) {
     // Streams in the middle of large messages when the connection goes.
     const p = await partialMessages(router.grpcPort, gw, 4, 8 * MB);

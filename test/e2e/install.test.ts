@@ -19,7 +19,11 @@ test("npm ci --omit=dev && npm start works without dev dependencies", async () =
     fs.mkdirSync(path.dirname(path.join(dir, f)), { recursive: true });
     fs.copyFileSync(path.join(ROOT, f), path.join(dir, f));
   }
-  const ci = spawnSync("npm", ["ci", "--omit=dev", "--no-audit", "--no-fund", "--prefer-offline"], { cwd: dir, encoding: "utf8", timeout: 300000 });
+  const ci = spawnSync("npm", ["ci", "--omit=dev", "--no-audit", "--no-fund", "--prefer-offline"], {
+    cwd: dir,
+    encoding: "utf8",
+    timeout: 300000,
+  });
   assert.equal(ci.status, 0, ci.stderr);
   assert.ok(!fs.existsSync(path.join(dir, "node_modules", "tsx")), "tsx is not installed");
   assert.ok(!fs.existsSync(path.join(dir, "node_modules", "typescript")), "typescript is not installed");
@@ -32,22 +36,57 @@ test("npm ci --omit=dev && npm start works without dev dependencies", async () =
   const sim = await startSim("inst0");
   const admin = await freePort();
   // What `npm start` runs, without npm in between so the test holds the router's own PID.
-  const q = spawnRouter(dir, ["--workers", workerArg([sim]), "--ext-proc-port", String(await freePort()), "--admin-port", String(admin)]);
+  const q = spawnRouter(dir, [
+    "--workers",
+    workerArg([sim]),
+    "--ext-proc-port",
+    String(await freePort()),
+    "--admin-port",
+    String(admin),
+  ]);
   try {
-    await waitFor("installed router ready", async () => {
-      if (q.exitCode !== null) throw fatal(`installed router exited ${q.exitCode}: ${out}`);
-      return httpOk(`http://127.0.0.1:${admin}/readyz`);
-    }, 60000);
+    await waitFor(
+      "installed router ready",
+      async () => {
+        if (q.exitCode !== null) throw fatal(`installed router exited ${q.exitCode}: ${out}`);
+        return httpOk(`http://127.0.0.1:${admin}/readyz`);
+      },
+      60000,
+    );
     const ws = (await (await fetch(`http://127.0.0.1:${admin}/v1/admin/workers`)).json()) as { id: string }[];
-    assert.deepEqual(ws.map((w) => w.id), [sim.address]);
+    assert.deepEqual(
+      ws.map((w) => w.id),
+      [sim.address],
+    );
     // The simulator runs from dist/ too, in process through the shared CLI. It and data
     // parallelism are lazy import()s, which esbuild must turn into require for CommonJS
     // (an extension-less import() path does not resolve; etcd/k8s/NATS load the same way).
-    const h = spawnSync(process.execPath, ["dist/cli/main.js", "sim", "--help"], { cwd: dir, encoding: "utf8", timeout: 30000 });
+    const h = spawnSync(process.execPath, ["dist/cli/main.js", "sim", "--help"], {
+      cwd: dir,
+      encoding: "utf8",
+      timeout: 30000,
+    });
     assert.equal(h.status, 0, h.stderr);
     assert.match(h.stdout, /^infera-sim .*\n[\s\S]*--data-parallel-size N/);
     const simPort = await freePort();
-    const s = spawn(process.execPath, ["dist/cli/main.js", "sim", "--id", "dist-sim", "--port", String(simPort), "--kv-events-port", "none", "--tokenizer-path", "none", "--data-parallel-size", "2"], { cwd: dir, stdio: ["ignore", "ignore", "pipe"] });
+    const s = spawn(
+      process.execPath,
+      [
+        "dist/cli/main.js",
+        "sim",
+        "--id",
+        "dist-sim",
+        "--port",
+        String(simPort),
+        "--kv-events-port",
+        "none",
+        "--tokenizer-path",
+        "none",
+        "--data-parallel-size",
+        "2",
+      ],
+      { cwd: dir, stdio: ["ignore", "ignore", "pipe"] },
+    );
     let serr = "";
     s.stderr!.on("data", (d: Buffer) => (serr += d.toString()));
     try {
@@ -55,7 +94,10 @@ test("npm ci --omit=dev && npm start works without dev dependencies", async () =
         if (s.exitCode !== null) throw fatal(`installed sim exited ${s.exitCode}: ${serr}`);
         return httpOk(`http://127.0.0.1:${simPort}/health`);
       });
-      const st = (await (await fetch(`http://127.0.0.1:${simPort}/sim/stats`)).json()) as { id: string; ranks: unknown[] };
+      const st = (await (await fetch(`http://127.0.0.1:${simPort}/sim/stats`)).json()) as {
+        id: string;
+        ranks: unknown[];
+      };
       assert.equal(st.id, "dist-sim");
       assert.equal(st.ranks.length, 2);
     } finally {
@@ -69,7 +111,10 @@ test("npm ci --omit=dev && npm start works without dev dependencies", async () =
 
 let out = "";
 function spawnRouter(cwd: string, args: string[]) {
-  const c = spawn(process.execPath, ["dist/cli/main.js", "router", ...args], { cwd, stdio: ["ignore", "pipe", "pipe"] });
+  const c = spawn(process.execPath, ["dist/cli/main.js", "router", ...args], {
+    cwd,
+    stdio: ["ignore", "pipe", "pipe"],
+  });
   c.stderr!.on("data", (d: Buffer) => (out += d.toString()));
   return c;
 }

@@ -56,17 +56,23 @@ function runNjs(bin: string, script: string): string {
   }
 }
 
-test("njs tokenize + hash + pick is linear in the prompt: 4x the tokens costs at most 6x the time, with HF's ids on long mixed text", { skip: !built ? "run npm run build:njs" : needs(clis.length === 0 && "no njs CLI (apt-get install njs)"), timeout: 120000 }, () => {
-  const long = mixedText(60000);
-  const expected = loadTokenizer(null)!.encode(long);
-  // ~12.5k and ~50k prompt tokens with the bench's generator (bench/njs-scale.ts).
-  const small = longText("scale", 1840);
-  const large = longText("scale", 7360);
-  for (const [label, bin] of clis) {
-    const t0 = Date.now();
-    const out = runNjs(
-      bin,
-      `import cli from 'infera-cli.js';
+test(
+  "njs tokenize + hash + pick is linear in the prompt: 4x the tokens costs at most 6x the time, with HF's ids on long mixed text",
+  {
+    skip: !built ? "run npm run build:njs" : needs(clis.length === 0 && "no njs CLI (apt-get install njs)"),
+    timeout: 120000,
+  },
+  () => {
+    const long = mixedText(60000);
+    const expected = loadTokenizer(null)!.encode(long);
+    // ~12.5k and ~50k prompt tokens with the bench's generator (bench/njs-scale.ts).
+    const small = longText("scale", 1840);
+    const large = longText("scale", 7360);
+    for (const [label, bin] of clis) {
+      const t0 = Date.now();
+      const out = runNjs(
+        bin,
+        `import cli from 'infera-cli.js';
 import fs from 'fs';
 const vocab = JSON.parse(fs.readFileSync(${JSON.stringify(path.join(DIST, "tokenizer.json"))}));
 const ids = JSON.stringify(cli.encodeAll(vocab, [${JSON.stringify(long)}])[0]);
@@ -87,25 +93,30 @@ for (let k = 0; k < 3; k++) {
   a.push(x.cpu); b.push(y.cpu); wa.push(x.wall); wb.push(y.wall); ta = x.tokens; tb = y.tokens;
 }
 console.log('time\\t' + JSON.stringify({ small: Math.min.apply(null, a), large: Math.min.apply(null, b), wallSmall: Math.min.apply(null, wa), wallLarge: Math.min.apply(null, wb), ta: ta, tb: tb }));`,
-    );
-    let idsJson = "";
-    let time: { small: number; large: number; wallSmall: number; wallLarge: number; ta: number; tb: number } | null = null;
-    for (const l of out.split("\n")) {
-      if (l.startsWith("ids\t")) idsJson += l.slice(4);
-      else if (l.startsWith("time\t")) time = JSON.parse(l.slice(5));
+      );
+      let idsJson = "";
+      let time: { small: number; large: number; wallSmall: number; wallLarge: number; ta: number; tb: number } | null =
+        null;
+      for (const l of out.split("\n")) {
+        if (l.startsWith("ids\t")) idsJson += l.slice(4);
+        else if (l.startsWith("time\t")) time = JSON.parse(l.slice(5));
+      }
+      const got = JSON.parse(idsJson) as number[];
+      assert.equal(got.length, expected.length, `${label}: token count of a ${long.length}-char mixed text`);
+      const at = got.findIndex((x, i) => x !== expected[i]);
+      assert.equal(at, -1, `${label}: ids differ from token ${at}`);
+      assert.ok(time, `${label}: no timing line`);
+      const ratio = time!.large / Math.max(1, time!.small);
+      process.stdout.write(
+        `# ${label}: CPU ms per pick ${time!.small} at ${time!.ta} tokens, ${time!.large} at ${time!.tb}: ratio ${ratio.toFixed(2)} (wall ${time!.wallSmall} -> ${time!.wallLarge} ms; whole check ${Date.now() - t0} ms)\n`,
+      );
+      assert.ok(time!.ta > 11000 && time!.ta < 14000, `~12.5k tokens, got ${time!.ta}`);
+      assert.ok(time!.tb > 45000 && time!.tb < 55000, `~50k tokens, got ${time!.tb}`);
+      // Linear is 4x; quadratic 16x. 6 leaves room for a noisy shared machine.
+      assert.ok(
+        ratio <= 6,
+        `${label}: ${(time!.tb / time!.ta).toFixed(1)}x the tokens took ${ratio.toFixed(1)}x the time (${time!.small} -> ${time!.large} ms)`,
+      );
     }
-    const got = JSON.parse(idsJson) as number[];
-    assert.equal(got.length, expected.length, `${label}: token count of a ${long.length}-char mixed text`);
-    const at = got.findIndex((x, i) => x !== expected[i]);
-    assert.equal(at, -1, `${label}: ids differ from token ${at}`);
-    assert.ok(time, `${label}: no timing line`);
-    const ratio = time!.large / Math.max(1, time!.small);
-    process.stdout.write(
-      `# ${label}: CPU ms per pick ${time!.small} at ${time!.ta} tokens, ${time!.large} at ${time!.tb}: ratio ${ratio.toFixed(2)} (wall ${time!.wallSmall} -> ${time!.wallLarge} ms; whole check ${Date.now() - t0} ms)\n`,
-    );
-    assert.ok(time!.ta > 11000 && time!.ta < 14000, `~12.5k tokens, got ${time!.ta}`);
-    assert.ok(time!.tb > 45000 && time!.tb < 55000, `~50k tokens, got ${time!.tb}`);
-    // Linear is 4x; quadratic 16x. 6 leaves room for a noisy shared machine.
-    assert.ok(ratio <= 6, `${label}: ${(time!.tb / time!.ta).toFixed(1)}x the tokens took ${ratio.toFixed(1)}x the time (${time!.small} -> ${time!.large} ms)`);
-  }
-});
+  },
+);

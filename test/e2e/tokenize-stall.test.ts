@@ -30,7 +30,10 @@ function bigPrompt(bytes: number): string {
   return out.join(" ");
 }
 
-async function post(url: string, content: string): Promise<{ status: number; ms: number; body: string; worker: string | null }> {
+async function post(
+  url: string,
+  content: string,
+): Promise<{ status: number; ms: number; body: string; worker: string | null }> {
   const t0 = performance.now();
   const r = await fetch(`${url}/v1/chat/completions`, {
     method: "POST",
@@ -48,10 +51,19 @@ function lagMax(metrics: string): number {
 }
 
 async function scenario(sims: Sim[], args: string[], big: string) {
-  const router = await startRouter(["--workers", workerArg(sims), "--health-interval-ms", "0", "--render-probe-api", "off", ...args]);
+  const router = await startRouter([
+    "--workers",
+    workerArg(sims),
+    "--health-interval-ms",
+    "0",
+    "--render-probe-api",
+    "off",
+    ...args,
+  ]);
   const envoy = await startEnvoy(router.grpcPort);
   assert.equal((await post(envoy.url, "warm up")).status, 200);
-  if (!args.includes("0")) await waitFor("tokenizer threads loaded", async () => /tokenizer threads: \d/.test(router.proc.log()), 30000);
+  if (!args.includes("0"))
+    await waitFor("tokenizer threads loaded", async () => /tokenizer threads: \d/.test(router.proc.log()), 30000);
   await router.metrics(); // starts a fresh lag window
   const t0 = performance.now();
   let bigDone = false;
@@ -71,43 +83,76 @@ async function scenario(sims: Sim[], args: string[], big: string) {
   return { big: b, bigMs: performance.now() - t0, shorts, lag };
 }
 
-test("a 4 MB prompt in flight: short requests keep their picks fast and the event loop stays responsive (control: threads off stalls)", { skip }, async () => {
-  const sims = await Promise.all(["ts0", "ts1"].map((id) => startSim(id, ["--decode-ms-per-token", "1", "--prefill-us-per-token", "0"])));
-  const big = bigPrompt(4 * 1024 * 1024);
-  // A generous bound: this test is about the stall, and the machine is shared.
-  const on = await scenario(sims, ["--tokenizer-threads", "1", "--tokenize-timeout-ms", "30000"], big);
-  const off = await scenario(sims, ["--tokenizer-threads", "0"], big);
-  const fmt = (r: typeof on) => `big ${r.big.status} in ${r.bigMs.toFixed(0)} ms, ${r.shorts.length} short requests, slowest ${Math.max(...r.shorts).toFixed(0)} ms, event-loop lag max ${(r.lag * 1000).toFixed(0)} ms`;
-  process.stderr.write(`threads on:  ${fmt(on)}\nthreads off: ${fmt(off)}\n`);
-  // Routed to a simulator either way: it answers, or refuses a prompt over its KV capacity itself.
-  for (const r of [on, off]) assert.ok(r.big.status === 200 || (r.big.status === 400 && /KV blocks, engine has/.test(r.big.body)), r.big.body.slice(0, 300));
-  assert.ok(on.shorts.length >= 3, "short requests overlapped the big one");
-  // Absolute bounds with headroom for a shared 2-core machine (a quiet run measures
-  // ~100 ms / ~50 ms); the control, same machine minutes apart, must be several times worse.
-  const slow = (r: typeof on) => Math.max(...r.shorts);
-  assert.ok(slow(on) < 1500, `slowest short request ${slow(on).toFixed(0)} ms while the 4 MB prompt tokenized`);
-  assert.ok(on.lag < 1.0, `event-loop lag max ${on.lag} s`);
-  // The control: the same prompt on the event loop stalls it; the guards above would catch that.
-  assert.ok(off.lag > 0.3 && off.lag > 3 * on.lag, `threads off: lag max ${off.lag} s vs ${on.lag} s with a thread`);
-  assert.ok(slow(off) > 3 * slow(on), `threads off: slowest short ${slow(off).toFixed(0)} ms vs ${slow(on).toFixed(0)} ms`);
-});
+test(
+  "a 4 MB prompt in flight: short requests keep their picks fast and the event loop stays responsive (control: threads off stalls)",
+  { skip },
+  async () => {
+    const sims = await Promise.all(
+      ["ts0", "ts1"].map((id) => startSim(id, ["--decode-ms-per-token", "1", "--prefill-us-per-token", "0"])),
+    );
+    const big = bigPrompt(4 * 1024 * 1024);
+    // A generous bound: this test is about the stall, and the machine is shared.
+    const on = await scenario(sims, ["--tokenizer-threads", "1", "--tokenize-timeout-ms", "30000"], big);
+    const off = await scenario(sims, ["--tokenizer-threads", "0"], big);
+    const fmt = (r: typeof on) =>
+      `big ${r.big.status} in ${r.bigMs.toFixed(0)} ms, ${r.shorts.length} short requests, slowest ${Math.max(...r.shorts).toFixed(0)} ms, event-loop lag max ${(r.lag * 1000).toFixed(0)} ms`;
+    process.stderr.write(`threads on:  ${fmt(on)}\nthreads off: ${fmt(off)}\n`);
+    // Routed to a simulator either way: it answers, or refuses a prompt over its KV capacity itself.
+    for (const r of [on, off])
+      assert.ok(
+        r.big.status === 200 || (r.big.status === 400 && /KV blocks, engine has/.test(r.big.body)),
+        r.big.body.slice(0, 300),
+      );
+    assert.ok(on.shorts.length >= 3, "short requests overlapped the big one");
+    // Absolute bounds with headroom for a shared 2-core machine (a quiet run measures
+    // ~100 ms / ~50 ms); the control, same machine minutes apart, must be several times worse.
+    const slow = (r: typeof on) => Math.max(...r.shorts);
+    assert.ok(slow(on) < 1500, `slowest short request ${slow(on).toFixed(0)} ms while the 4 MB prompt tokenized`);
+    assert.ok(on.lag < 1.0, `event-loop lag max ${on.lag} s`);
+    // The control: the same prompt on the event loop stalls it; the guards above would catch that.
+    assert.ok(off.lag > 0.3 && off.lag > 3 * on.lag, `threads off: lag max ${off.lag} s vs ${on.lag} s with a thread`);
+    assert.ok(
+      slow(off) > 3 * slow(on),
+      `threads off: slowest short ${slow(off).toFixed(0)} ms vs ${slow(on).toFixed(0)} ms`,
+    );
+  },
+);
 
-test("a prompt over --tokenize-timeout-ms gets a 413 with a JSON error, its thread is replaced, and the router keeps routing", { skip }, async () => {
-  const sims = await Promise.all(["tt0"].map((id) => startSim(id, ["--decode-ms-per-token", "1"])));
-  const router = await startRouter(["--workers", workerArg(sims), "--health-interval-ms", "0", "--render-probe-api", "off", "--tokenizer-threads", "1", "--tokenize-timeout-ms", "150"]);
-  const envoy = await startEnvoy(router.grpcPort);
-  await waitFor("tokenizer threads loaded", async () => /tokenizer threads: \d/.test(router.proc.log()), 30000);
-  const r = await post(envoy.url, bigPrompt(4 * 1024 * 1024));
-  assert.equal(r.status, 413, r.body.slice(0, 300));
-  const err = JSON.parse(r.body) as { error: { message: string; type: string } };
-  assert.match(err.error.message, /took over 150 ms to tokenize.*--tokenize-timeout-ms/);
-  assert.equal(err.error.type, "request_too_large");
-  // Short prompts stay inline meanwhile; a long one tokenizes on the replacement thread once it is up.
-  assert.equal((await post(envoy.url, "still here")).status, 200);
-  await waitFor("replacement thread", async () => /tokenizer thread replaced and ready/.test(router.proc.log()), 30000);
-  const mid = await post(envoy.url, bigPrompt(70 * 1024));
-  assert.equal(mid.status, 200, mid.body.slice(0, 300));
-  const m = await router.metrics();
-  assert.match(m, /infera_router_tokenize_jobs_total\{outcome="timeout"\} 1/);
-  assert.match(m, /infera_router_tokenize_jobs_total\{outcome="ok"\} [1-9]/);
-});
+test(
+  "a prompt over --tokenize-timeout-ms gets a 413 with a JSON error, its thread is replaced, and the router keeps routing",
+  { skip },
+  async () => {
+    const sims = await Promise.all(["tt0"].map((id) => startSim(id, ["--decode-ms-per-token", "1"])));
+    const router = await startRouter([
+      "--workers",
+      workerArg(sims),
+      "--health-interval-ms",
+      "0",
+      "--render-probe-api",
+      "off",
+      "--tokenizer-threads",
+      "1",
+      "--tokenize-timeout-ms",
+      "150",
+    ]);
+    const envoy = await startEnvoy(router.grpcPort);
+    await waitFor("tokenizer threads loaded", async () => /tokenizer threads: \d/.test(router.proc.log()), 30000);
+    const r = await post(envoy.url, bigPrompt(4 * 1024 * 1024));
+    assert.equal(r.status, 413, r.body.slice(0, 300));
+    const err = JSON.parse(r.body) as { error: { message: string; type: string } };
+    assert.match(err.error.message, /took over 150 ms to tokenize.*--tokenize-timeout-ms/);
+    assert.equal(err.error.type, "request_too_large");
+    // Short prompts stay inline meanwhile; a long one tokenizes on the replacement thread once it is up.
+    assert.equal((await post(envoy.url, "still here")).status, 200);
+    await waitFor(
+      "replacement thread",
+      async () => /tokenizer thread replaced and ready/.test(router.proc.log()),
+      30000,
+    );
+    const mid = await post(envoy.url, bigPrompt(70 * 1024));
+    assert.equal(mid.status, 200, mid.body.slice(0, 300));
+    const m = await router.metrics();
+    assert.match(m, /infera_router_tokenize_jobs_total\{outcome="timeout"\} 1/);
+    assert.match(m, /infera_router_tokenize_jobs_total\{outcome="ok"\} [1-9]/);
+  },
+);

@@ -4,7 +4,15 @@
 // leaves nothing held, and the wait bound sends a request anyway.
 import { test } from "node:test";
 import * as assert from "node:assert/strict";
-import { ExtProcFixture, processStream, reqBody, reqHeaders, respBody, respHeaders, startExtProcFixture } from "../extproc-client";
+import {
+  ExtProcFixture,
+  processStream,
+  reqBody,
+  reqHeaders,
+  respBody,
+  respHeaders,
+  startExtProcFixture,
+} from "../extproc-client";
 
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
 const until = async (f: () => boolean) => {
@@ -69,7 +77,10 @@ test("a second cold prompt waits for the first one's first token; a warm one pas
     await d.answered;
     for (const s of [b.s, d.s]) await finish(s);
     await finish(c.s).catch(() => undefined);
-    assert.ok(await until(() => f.app.router.openGuards() === 0 && f.app.admission.busy("127.0.0.1:7101") === 0), `guards ${f.app.router.openGuards()}`);
+    assert.ok(
+      await until(() => f.app.router.openGuards() === 0 && f.app.admission.busy("127.0.0.1:7101") === 0),
+      `guards ${f.app.router.openGuards()}`,
+    );
     const metrics = await f.app.metrics.registry.metrics();
     assert.match(metrics, /infera_router_prefill_admission_wait_seconds_count 2/);
   } finally {
@@ -92,7 +103,10 @@ test("a stream cancelled while it waits leaves the queue and holds nothing; the 
     assert.ok(await until(() => f.app.admission.waiting() === 2));
     const guards = f.app.router.openGuards();
     b.s.call.cancel();
-    assert.ok(await until(() => f.app.admission.waiting() === 1 && f.app.router.openGuards() === guards - bravo), "bravo's load went back and it left the queue");
+    assert.ok(
+      await until(() => f.app.admission.waiting() === 1 && f.app.router.openGuards() === guards - bravo),
+      "bravo's load went back and it left the queue",
+    );
     await firstToken(a.s);
     await c.answered;
     await finish(a.s);
@@ -105,7 +119,14 @@ test("a stream cancelled while it waits leaves the queue and holds nothing; the 
 });
 
 test("the wait bound sends a request past the limit, and round-robin never waits", async () => {
-  const f = await startExtProcFixture(["--workers", "127.0.0.1:7103", "--health-interval-ms", "0", "--prefill-admission-max-wait-ms", "200"]);
+  const f = await startExtProcFixture([
+    "--workers",
+    "127.0.0.1:7103",
+    "--health-interval-ms",
+    "0",
+    "--prefill-admission-max-wait-ms",
+    "200",
+  ]);
   try {
     const a = await route(f, cold("alpha"));
     const t0 = await a.answered;
@@ -121,7 +142,14 @@ test("the wait bound sends a request past the limit, and round-robin never waits
   } finally {
     await f.close();
   }
-  const rr = await startExtProcFixture(["--workers", "127.0.0.1:7104", "--health-interval-ms", "0", "--router-policy", "round-robin"]);
+  const rr = await startExtProcFixture([
+    "--workers",
+    "127.0.0.1:7104",
+    "--health-interval-ms",
+    "0",
+    "--router-policy",
+    "round-robin",
+  ]);
   try {
     const a = await route(rr, cold("alpha"));
     await a.answered;

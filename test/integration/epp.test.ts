@@ -26,7 +26,10 @@ let f: ExtProcFixture;
 let app: App;
 
 before(async () => {
-  f = await startExtProcFixture(["--workers", `${A},${B}`, "--health-interval-ms", "0", "--epp-fallback-endpoints", "1"], { synced: true });
+  f = await startExtProcFixture(
+    ["--workers", `${A},${B}`, "--health-interval-ms", "0", "--epp-fallback-endpoints", "1"],
+    { synced: true },
+  );
   app = f.app;
 });
 after(() => f.close());
@@ -34,27 +37,57 @@ after(() => f.close());
 const meta = (ns: Record<string, JsonObject>) => create(MetadataSchema, { filterMetadata: ns });
 function reqHeaders(mode: Mode, opts: { subset?: unknown; extra?: Record<string, string> } = {}): ProcessingRequest {
   return create(ProcessingRequestSchema, {
-    request: { case: "requestHeaders", value: create(HttpHeadersSchema, { headers: hdrs({ ":path": "/v1/chat/completions", ":method": "POST", ...(opts.extra ?? {}) }) }) },
-    protocolConfig: create(ProtocolConfigurationSchema, { requestBodyMode: mode, responseBodyMode: mode === Mode.FULL_DUPLEX_STREAMED ? mode : Mode.STREAMED }),
-    metadataContext: opts.subset === undefined ? undefined : meta({ "envoy.lb.subset_hint": { "x-gateway-destination-endpoint-subset": opts.subset as never } }),
+    request: {
+      case: "requestHeaders",
+      value: create(HttpHeadersSchema, {
+        headers: hdrs({ ":path": "/v1/chat/completions", ":method": "POST", ...(opts.extra ?? {}) }),
+      }),
+    },
+    protocolConfig: create(ProtocolConfigurationSchema, {
+      requestBodyMode: mode,
+      responseBodyMode: mode === Mode.FULL_DUPLEX_STREAMED ? mode : Mode.STREAMED,
+    }),
+    metadataContext:
+      opts.subset === undefined
+        ? undefined
+        : meta({ "envoy.lb.subset_hint": { "x-gateway-destination-endpoint-subset": opts.subset as never } }),
   });
 }
-const reqBody = (b: Buffer, eos: boolean) => create(ProcessingRequestSchema, { request: { case: "requestBody", value: create(HttpBodySchema, { body: b, endOfStream: eos }) } });
-const reqTrailers = () => create(ProcessingRequestSchema, { request: { case: "requestTrailers", value: create(HttpTrailersSchema, { trailers: hdrs({ "x-t": "1" }) }) } });
+const reqBody = (b: Buffer, eos: boolean) =>
+  create(ProcessingRequestSchema, {
+    request: { case: "requestBody", value: create(HttpBodySchema, { body: b, endOfStream: eos }) },
+  });
+const reqTrailers = () =>
+  create(ProcessingRequestSchema, {
+    request: { case: "requestTrailers", value: create(HttpTrailersSchema, { trailers: hdrs({ "x-t": "1" }) }) },
+  });
 const respHeaders = (served?: string) =>
   create(ProcessingRequestSchema, {
     request: { case: "responseHeaders", value: create(HttpHeadersSchema, { headers: hdrs({ ":status": "200" }) }) },
     metadataContext: served ? meta({ "envoy.lb": { "x-gateway-destination-endpoint-served": served } }) : undefined,
   });
-const respBody = (b: string, eos: boolean) => create(ProcessingRequestSchema, { request: { case: "responseBody", value: create(HttpBodySchema, { body: Buffer.from(b), endOfStream: eos }) } });
+const respBody = (b: string, eos: boolean) =>
+  create(ProcessingRequestSchema, {
+    request: { case: "responseBody", value: create(HttpBodySchema, { body: Buffer.from(b), endOfStream: eos }) },
+  });
 
 const stream = () => processStream(f.client);
-type Common = { headerMutation?: { setHeaders: { header: { key: string; rawValue: Uint8Array } }[] }; bodyMutation?: { mutation: { case: string; value: { body: Uint8Array; endOfStream: boolean } } } };
+type Common = {
+  headerMutation?: { setHeaders: { header: { key: string; rawValue: Uint8Array } }[] };
+  bodyMutation?: { mutation: { case: string; value: { body: Uint8Array; endOfStream: boolean } } };
+};
 const common = (m: ProcessingResponse) => (m.response.value as { response: Common }).response;
-const setOf = (m: ProcessingResponse) => Object.fromEntries((common(m).headerMutation?.setHeaders ?? []).map((h) => [h.header.key, Buffer.from(h.header.rawValue).toString()]));
-const dest = (m: ProcessingResponse) => (m.dynamicMetadata as { "envoy.lb": { "x-gateway-destination-endpoint": string } })["envoy.lb"]["x-gateway-destination-endpoint"];
+const setOf = (m: ProcessingResponse) =>
+  Object.fromEntries(
+    (common(m).headerMutation?.setHeaders ?? []).map((h) => [h.header.key, Buffer.from(h.header.rawValue).toString()]),
+  );
+const dest = (m: ProcessingResponse) =>
+  (m.dynamicMetadata as { "envoy.lb": { "x-gateway-destination-endpoint": string } })["envoy.lb"][
+    "x-gateway-destination-endpoint"
+  ];
 const streamed = (m: ProcessingResponse) => common(m).bodyMutation!.mutation.value;
-const body = (text: string) => Buffer.from(JSON.stringify({ model: "m", stream: true, messages: [{ role: "user", content: text }] }));
+const body = (text: string) =>
+  Buffer.from(JSON.stringify({ model: "m", stream: true, messages: [{ role: "user", content: text }] }));
 const held = () => app.router.workers().reduce((n, w) => n + app.router.activeBlocks(w.id), 0);
 const until = async (f: () => boolean) => {
   for (let i = 0; i < 100 && !f(); i++) await new Promise((r) => setTimeout(r, 10));
@@ -83,14 +116,20 @@ test("FULL_DUPLEX_STREAMED: nothing answered until end of body; then headers (pi
     assert.equal(m.response.case, "requestBody");
     return streamed(m);
   });
-  assert.deepEqual(back.map((x) => x.endOfStream), back.map((_, i) => i === back.length - 1));
+  assert.deepEqual(
+    back.map((x) => x.endOfStream),
+    back.map((_, i) => i === back.length - 1),
+  );
   assert.ok(Buffer.concat(back.map((x) => Buffer.from(x.body))).equals(b), "body echoed unchanged");
   // Response side in full duplex: every chunk is echoed too.
   s.send(respHeaders());
   s.send(respBody("data: a\n\n", false));
   s.send(respBody("data: [DONE]\n\n", true));
   await s.wait(1 + pieces + 3);
-  assert.deepEqual(s.got.slice(-2).map((m) => Buffer.from(streamed(m).body).toString()), ["data: a\n\n", "data: [DONE]\n\n"]);
+  assert.deepEqual(
+    s.got.slice(-2).map((m) => Buffer.from(streamed(m).body).toString()),
+    ["data: a\n\n", "data: [DONE]\n\n"],
+  );
   assert.ok(await until(() => held() === 0), "released at response end");
   s.call.end();
 });
@@ -102,7 +141,10 @@ test("FULL_DUPLEX_STREAMED with request trailers: headers, body (not end), trail
   s.send(reqBody(b, false));
   s.send(reqTrailers());
   await s.wait(3);
-  assert.deepEqual(s.got.map((m) => m.response.case), ["requestHeaders", "requestBody", "requestTrailers"]);
+  assert.deepEqual(
+    s.got.map((m) => m.response.case),
+    ["requestHeaders", "requestBody", "requestTrailers"],
+  );
   assert.equal(streamed(s.got[1]).endOfStream, false);
   assert.ok(Buffer.from(streamed(s.got[1]).body).equals(b));
   s.call.cancel();
@@ -110,7 +152,12 @@ test("FULL_DUPLEX_STREAMED with request trailers: headers, body (not end), trail
 });
 
 test("subset hint: a list binds the pick, a string list too, an empty list is a 503, a foreign one is a 503", async () => {
-  for (const [subset, want] of [[[B], B], [A, A], [[], 503], [["10.0.0.1:80"], 503]] as const) {
+  for (const [subset, want] of [
+    [[B], B],
+    [A, A],
+    [[], 503],
+    [["10.0.0.1:80"], 503],
+  ] as const) {
     const s = stream();
     s.send(reqHeaders(Mode.BUFFERED, { subset }));
     s.send(reqBody(body("subset " + JSON.stringify(subset)), true));
@@ -141,7 +188,10 @@ test("served endpoint differs from the pick: the load moves there and is release
   assert.equal(app.router.activeBlocks(B), before);
   s.send(respBody("data: x\n\n", true));
   await s.wait(4);
-  assert.ok(await until(() => held() === 0 && app.router.openGuards() === 0), `held ${held()} guards ${app.router.openGuards()}`);
+  assert.ok(
+    await until(() => held() === 0 && app.router.openGuards() === 0),
+    `held ${held()} guards ${app.router.openGuards()}`,
+  );
   s.call.cancel();
   await new Promise((r) => setTimeout(r, 30));
   assert.equal(app.router.openGuards(), 0, "cancel after completion releases nothing more");
@@ -155,7 +205,10 @@ test("STREAMED request bodies are refused with the modes to use", async () => {
   await s.wait(2);
   const r = s.got[1];
   assert.equal(r.response.case, "immediateResponse");
-  assert.match(Buffer.from((r.response.value as { body: Uint8Array }).body).toString(), /BUFFERED or FULL_DUPLEX_STREAMED/);
+  assert.match(
+    Buffer.from((r.response.value as { body: Uint8Array }).body).toString(),
+    /BUFFERED or FULL_DUPLEX_STREAMED/,
+  );
   s.call.cancel();
 });
 

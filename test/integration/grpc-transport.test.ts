@@ -10,7 +10,12 @@ import { App } from "../../runtime/app";
 import { parseArgs } from "../../runtime/config";
 import { ExtProcService, startExtProc } from "../../extproc/server";
 import { EXT_PROC_SERVICE } from "../../extproc/health";
-import { ProcessingRequest, ProcessingRequestSchema, ProcessingResponse, HttpHeadersSchema } from "../../extproc/gen/envoy/service/ext_proc/v3/external_processor_pb";
+import {
+  ProcessingRequest,
+  ProcessingRequestSchema,
+  ProcessingResponse,
+  HttpHeadersSchema,
+} from "../../extproc/gen/envoy/service/ext_proc/v3/external_processor_pb";
 import { HeaderMapSchema, HeaderValueSchema } from "../../extproc/gen/envoy/config/core/v3/base_pb";
 
 const noEvents = { subscribe: () => ({ close() {} }), close: async () => undefined };
@@ -19,7 +24,11 @@ const cleanup: (() => void)[] = [];
 after(() => cleanup.forEach((f) => f()));
 
 async function serve(args: string[] = []) {
-  const app = new App(parseArgs(["--workers", "127.0.0.1:7001", "--health-interval-ms", "0", ...args], {}), () => undefined, noEvents);
+  const app = new App(
+    parseArgs(["--workers", "127.0.0.1:7001", "--health-interval-ms", "0", ...args], {}),
+    () => undefined,
+    noEvents,
+  );
   app.setWorkers(app.opts.workers);
   const s = await startExtProc(app, "127.0.0.1", 0);
   cleanup.push(() => s.server.forceShutdown());
@@ -30,18 +39,37 @@ async function serve(args: string[] = []) {
 
 const enc = (s: string) => Buffer.concat([Buffer.from([0x0a, Buffer.byteLength(s)]), Buffer.from(s)]);
 const statusOf = (b: Buffer) => (b.length >= 2 && b[0] === 0x08 ? b[1] : -1);
-const hdrs = (pairs: Record<string, string>) => create(HeaderMapSchema, { headers: Object.entries(pairs).map(([key, v]) => create(HeaderValueSchema, { key, rawValue: Buffer.from(v) })) });
-const chatHeaders = (): ProcessingRequest => create(ProcessingRequestSchema, { request: { case: "requestHeaders", value: create(HttpHeadersSchema, { headers: hdrs({ ":path": "/v1/chat/completions", ":method": "POST" }) }) } });
+const hdrs = (pairs: Record<string, string>) =>
+  create(HeaderMapSchema, {
+    headers: Object.entries(pairs).map(([key, v]) => create(HeaderValueSchema, { key, rawValue: Buffer.from(v) })),
+  });
+const chatHeaders = (): ProcessingRequest =>
+  create(ProcessingRequestSchema, {
+    request: {
+      case: "requestHeaders",
+      value: create(HttpHeadersSchema, { headers: hdrs({ ":path": "/v1/chat/completions", ":method": "POST" }) }),
+    },
+  });
 
 function check(c: grpc.Client, service: string): Promise<number | string> {
   return new Promise((resolve) =>
-    c.makeUnaryRequest("/grpc.health.v1.Health/Check", enc, statusOf, service, (err, v) => resolve(err ? "error:" + grpc.status[err.code] : (v as number))),
+    c.makeUnaryRequest("/grpc.health.v1.Health/Check", enc, statusOf, service, (err, v) =>
+      resolve(err ? "error:" + grpc.status[err.code] : (v as number)),
+    ),
   );
 }
 
 test("an unknown method is UNIMPLEMENTED; health Check answers per service and NOT_FOUND for others", async () => {
   const { c } = await serve();
-  const unknown = await new Promise<string>((resolve) => c.makeUnaryRequest("/no.Such/Method", (x: Buffer) => x, (b: Buffer) => b, Buffer.alloc(0), (err) => resolve(err ? grpc.status[err.code] : "ok")));
+  const unknown = await new Promise<string>((resolve) =>
+    c.makeUnaryRequest(
+      "/no.Such/Method",
+      (x: Buffer) => x,
+      (b: Buffer) => b,
+      Buffer.alloc(0),
+      (err) => resolve(err ? grpc.status[err.code] : "ok"),
+    ),
+  );
   assert.equal(unknown, "UNIMPLEMENTED");
   assert.equal(await check(c, "liveness"), 1);
   assert.equal(await check(c, "readiness"), 2, "not ready before discovery has synced");
@@ -86,7 +114,12 @@ test("a message split over several writes is decoded once whole; a compressed on
   cleanup.push(() => s.destroy());
   const call = (frames: Buffer[]) =>
     new Promise<{ status: string; bytes: number }>((resolve) => {
-      const st = s.request({ ":method": "POST", ":path": def.path, "content-type": "application/grpc", te: "trailers" });
+      const st = s.request({
+        ":method": "POST",
+        ":path": def.path,
+        "content-type": "application/grpc",
+        te: "trailers",
+      });
       let bytes = 0;
       st.on("data", (d: Buffer) => (bytes += d.length));
       st.on("trailers", (t) => resolve({ status: String(t["grpc-status"]), bytes }));
@@ -99,7 +132,19 @@ test("a message split over several writes is decoded once whole; a compressed on
         st.end();
       })();
     });
-  const msg = Buffer.from(def.requestSerialize(create(ProcessingRequestSchema, { request: { case: "requestHeaders", value: create(HttpHeadersSchema, { headers: hdrs({ ":path": "/v1/models", ":method": "GET" }), endOfStream: true }) } })));
+  const msg = Buffer.from(
+    def.requestSerialize(
+      create(ProcessingRequestSchema, {
+        request: {
+          case: "requestHeaders",
+          value: create(HttpHeadersSchema, {
+            headers: hdrs({ ":path": "/v1/models", ":method": "GET" }),
+            endOfStream: true,
+          }),
+        },
+      }),
+    ),
+  );
   const framed = Buffer.concat([Buffer.from([0, 0, 0, 0, 0]), msg]);
   framed.writeUInt32BE(msg.length, 1);
   // Prefix split mid-length, then the rest: one answer (a headers reply, bytes > 5), status OK.
@@ -115,7 +160,11 @@ test("a message split over several writes is decoded once whole; a compressed on
 
 test("tryShutdown: new streams are refused while one already open runs to its end, then the callback", async () => {
   const { app, server, port, c } = await serve();
-  const call = c.makeBidiStreamRequest(def.path, def.requestSerialize, def.responseDeserialize) as grpc.ClientDuplexStream<ProcessingRequest, ProcessingResponse>;
+  const call = c.makeBidiStreamRequest(
+    def.path,
+    def.requestSerialize,
+    def.responseDeserialize,
+  ) as grpc.ClientDuplexStream<ProcessingRequest, ProcessingResponse>;
   const answers: string[] = [];
   call.on("data", (m: ProcessingResponse) => answers.push(String(m.response.case)));
   const ended = new Promise<string>((resolve) => {

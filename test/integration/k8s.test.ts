@@ -52,7 +52,11 @@ const fleet = (app: App) =>
     .sort();
 
 function makeApp(extra: string[]): App {
-  return new App(parseArgs(["--discovery-backend", "k8s", "--kubeconfig", kubeconfig, "--health-interval-ms", "0", ...extra], {}), (l, s) => process.env.K8S_DEBUG && console.error(l, s), noEvents);
+  return new App(
+    parseArgs(["--discovery-backend", "k8s", "--kubeconfig", kubeconfig, "--health-interval-ms", "0", ...extra], {}),
+    (l, s) => process.env.K8S_DEBUG && console.error(l, s),
+    noEvents,
+  );
 }
 
 function healthCheck(port: number, service: string): Promise<number> {
@@ -60,11 +64,17 @@ function healthCheck(port: number, service: string): Promise<number> {
   // grpc.health.v1.HealthCheckRequest{service=1} / HealthCheckResponse{status=1}, encoded by hand.
   const enc = (s: string) => Buffer.concat([Buffer.from([0x0a, Buffer.byteLength(s)]), Buffer.from(s)]);
   return new Promise((resolve, reject) =>
-    c.makeUnaryRequest("/grpc.health.v1.Health/Check", enc, (b: Buffer) => (b.length >= 2 && b[0] === 0x08 ? b[1] : 0), service, (err, v) => {
-      c.close();
-      if (err) reject(err);
-      else resolve(v as number);
-    }),
+    c.makeUnaryRequest(
+      "/grpc.health.v1.Health/Check",
+      enc,
+      (b: Buffer) => (b.length >= 2 && b[0] === 0x08 ? b[1] : 0),
+      service,
+      (err, v) => {
+        c.close();
+        if (err) reject(err);
+        else resolve(v as number);
+      },
+    ),
   );
 }
 
@@ -73,10 +83,26 @@ test("InferencePool: selector + targetPorts pick ready pods; joins, leaves, unre
     apiVersion: "inference.networking.k8s.io/v1",
     kind: "InferencePool",
     metadata: { name: "qwen", namespace: NS },
-    spec: { selector: { matchLabels: { app: "vllm" } }, targetPorts: [{ number: 8000 }], endpointPickerRef: { name: "infera-gate", port: { number: 9002 } } },
+    spec: {
+      selector: { matchLabels: { app: "vllm" } },
+      targetPorts: [{ number: 8000 }],
+      endpointPickerRef: { name: "infera-gate", port: { number: 9002 } },
+    },
   });
-  api.put("pods", pod("p0", "10.0.0.10", { labels: { "llm-d.ai/role": "prefill" }, annotations: { "infera-gate.io/kv-events-port": "5557" } }));
-  api.put("pods", pod("d0", "10.0.0.20", { labels: { "llm-d.ai/role": "decode" }, annotations: { "infera-gate.io/kv-events": "tcp://{ip}:5557" } }));
+  api.put(
+    "pods",
+    pod("p0", "10.0.0.10", {
+      labels: { "llm-d.ai/role": "prefill" },
+      annotations: { "infera-gate.io/kv-events-port": "5557" },
+    }),
+  );
+  api.put(
+    "pods",
+    pod("d0", "10.0.0.20", {
+      labels: { "llm-d.ai/role": "decode" },
+      annotations: { "infera-gate.io/kv-events": "tcp://{ip}:5557" },
+    }),
+  );
   api.put("pods", pod("starting", "10.0.0.30", { ready: false }));
   api.put("pods", pod("other", "10.0.0.40", { labels: { app: "something-else" } }));
 
@@ -88,7 +114,10 @@ test("InferencePool: selector + targetPorts pick ready pods; joins, leaves, unre
   try {
     d = await startDiscovery(app);
     await until("first sync", () => app.router.workers().length === 2);
-    assert.deepEqual(fleet(app), ["d0=decode@10.0.0.20:8000|tcp://10.0.0.20:5557", "p0=prefill@10.0.0.10:8000|tcp://10.0.0.10:5557"]);
+    assert.deepEqual(fleet(app), [
+      "d0=decode@10.0.0.20:8000|tcp://10.0.0.20:5557",
+      "p0=prefill@10.0.0.10:8000|tcp://10.0.0.10:5557",
+    ]);
     const podLists = api.requests.filter((r) => r.path.endsWith("/pods") && r.query.watch !== "true");
     assert.equal(podLists[0].query.labelSelector, "app=vllm", "the pool's matchLabels become the labelSelector");
     const poolReq = api.requests.find((r) => r.path.endsWith("/inferencepools"));
@@ -120,17 +149,31 @@ test("InferencePool: selector + targetPorts pick ready pods; joins, leaves, unre
     api.del("pods", "starting");
     api.put("pods", pod("m2", "10.0.0.50"));
     api.compact();
-    await until("relist after 410", () => fleet(app).join() === ["d1=decode@10.0.0.21:8000", "m2=mixed@10.0.0.50:8000"].join(), 8000);
-    assert.ok(api.requests.filter((r) => r.path.endsWith("/pods") && r.query.watch !== "true").length > listsBefore, "a new list was made");
+    await until(
+      "relist after 410",
+      () => fleet(app).join() === ["d1=decode@10.0.0.21:8000", "m2=mixed@10.0.0.50:8000"].join(),
+      8000,
+    );
+    assert.ok(
+      api.requests.filter((r) => r.path.endsWith("/pods") && r.query.watch !== "true").length > listsBefore,
+      "a new list was made",
+    );
 
     // The pool changes its target port: every worker moves.
     api.put("inferencepools", {
       apiVersion: "inference.networking.k8s.io/v1",
       kind: "InferencePool",
       metadata: { name: "qwen", namespace: NS },
-      spec: { selector: { matchLabels: { app: "vllm" } }, targetPorts: [{ number: 8200 }], endpointPickerRef: { name: "infera-gate", port: { number: 9002 } } },
+      spec: {
+        selector: { matchLabels: { app: "vllm" } },
+        targetPorts: [{ number: 8200 }],
+        endpointPickerRef: { name: "infera-gate", port: { number: 9002 } },
+      },
     });
-    await until("ports follow the pool", () => fleet(app).join() === ["d1=decode@10.0.0.21:8200", "m2=mixed@10.0.0.50:8200"].join());
+    await until(
+      "ports follow the pool",
+      () => fleet(app).join() === ["d1=decode@10.0.0.21:8200", "m2=mixed@10.0.0.50:8200"].join(),
+    );
 
     // Everything leaves: readiness drops.
     api.del("pods", "d1");
@@ -146,12 +189,25 @@ test("InferencePool: selector + targetPorts pick ready pods; joins, leaves, unre
 });
 
 test("plain label selector, several target ports, and DP ranks from annotations", async () => {
-  api.put("pods", pod("dp", "10.0.1.1", { labels: { tier: "dp" }, annotations: { "infera-gate.io/dp-size": "2", "infera-gate.io/kv-events-port": "5557", "infera-gate.io/block-size": "16" } }));
+  api.put(
+    "pods",
+    pod("dp", "10.0.1.1", {
+      labels: { tier: "dp" },
+      annotations: {
+        "infera-gate.io/dp-size": "2",
+        "infera-gate.io/kv-events-port": "5557",
+        "infera-gate.io/block-size": "16",
+      },
+    }),
+  );
   const app = makeApp(["--k8s-selector", "app=vllm,tier=dp", "--k8s-target-port", "9000"]);
   const d = await startDiscovery(app);
   try {
     await until("dp ranks", () => app.router.workers().length === 2);
-    assert.deepEqual(fleet(app), ["dp-dp0=mixed@10.0.1.1:9000|tcp://10.0.1.1:5557", "dp-dp1=mixed@10.0.1.1:9001|tcp://10.0.1.1:5558"]);
+    assert.deepEqual(fleet(app), [
+      "dp-dp0=mixed@10.0.1.1:9000|tcp://10.0.1.1:5557",
+      "dp-dp1=mixed@10.0.1.1:9001|tcp://10.0.1.1:5558",
+    ]);
     assert.equal(app.router.worker("dp-dp0")?.blockSize, 16);
   } finally {
     await d.close();
@@ -159,7 +215,17 @@ test("plain label selector, several target ports, and DP ranks from annotations"
   }
   // Several pool target ports = one worker per port (ranks), regardless of dp-size.
   const specs = specsFromPod(pod("x", "10.0.2.2") as never, [8000, 8001, 8002]);
-  assert.deepEqual(specs.map((s) => s.address), ["10.0.2.2:8000", "10.0.2.2:8001", "10.0.2.2:8002"]);
-  assert.deepEqual(specsFromPod(pod("y", "10.0.2.3", { phase: "Pending" }) as never, [8000]), [], "not Running -> no worker");
-  assert.throws(() => specsFromPod(pod("z", "10.0.2.4", { labels: { "infera-gate.io/role": "router" } }) as never, [8000]), /unknown role/);
+  assert.deepEqual(
+    specs.map((s) => s.address),
+    ["10.0.2.2:8000", "10.0.2.2:8001", "10.0.2.2:8002"],
+  );
+  assert.deepEqual(
+    specsFromPod(pod("y", "10.0.2.3", { phase: "Pending" }) as never, [8000]),
+    [],
+    "not Running -> no worker",
+  );
+  assert.throws(
+    () => specsFromPod(pod("z", "10.0.2.4", { labels: { "infera-gate.io/role": "router" } }) as never, [8000]),
+    /unknown role/,
+  );
 });

@@ -21,7 +21,8 @@ const seqFrame = (n: bigint) => {
   b.writeBigUInt64BE(n);
   return b;
 };
-const stored = (hash: number, base: number) => encode([0, [["BlockStored", [hash], null, Array.from({ length: 16 }, (_, i) => base + i), 16, null, "GPU"]], 0]);
+const stored = (hash: number, base: number) =>
+  encode([0, [["BlockStored", [hash], null, Array.from({ length: 16 }, (_, i) => base + i), 16, null, "GPU"]], 0]);
 const empty = () => encode([0, [], 0]);
 
 async function publisher(): Promise<{ pub: zmq.Publisher; ep: string }> {
@@ -33,7 +34,22 @@ async function publisher(): Promise<{ pub: zmq.Publisher; ep: string }> {
 }
 
 function router(ep: string, topic: string, lines: string[]): App {
-  const a = new App(parseArgs(["--workers", `127.0.0.1:9@${ep}`, "--health-interval-ms", "0", "--router-tokenizer-path", "none", "--kv-event-topic", topic], {}), (l, m) => lines.push(`${l} ${m}`));
+  const a = new App(
+    parseArgs(
+      [
+        "--workers",
+        `127.0.0.1:9@${ep}`,
+        "--health-interval-ms",
+        "0",
+        "--router-tokenizer-path",
+        "none",
+        "--kv-event-topic",
+        topic,
+      ],
+      {},
+    ),
+    (l, m) => lines.push(`${l} ${m}`),
+  );
   a.setWorkers(a.opts.workers);
   opened.push({ close: () => a.close() });
   return a;
@@ -64,7 +80,11 @@ test("exact topic: kv-events-canary is ignored by a router on kv-events; SGLang'
   seq += 2n;
   await waitFor("real topic applied", async () => a.state.mirror.lookup(ek, "2001" as never) !== undefined, 10000);
   assert.equal(a.state.mirror.lookup(ek, "1001" as never), undefined, "the canary's block is not mirrored");
-  assert.equal(lines.filter((l) => /ignores frames on topic 'kv-events-canary': --kv-event-topic is 'kv-events'/.test(l)).length, 1, lines.join("\n"));
+  assert.equal(
+    lines.filter((l) => /ignores frames on topic 'kv-events-canary': --kv-event-topic is 'kv-events'/.test(l)).length,
+    1,
+    lines.join("\n"),
+  );
   // A topic that merely starts like ours, or an empty epoch, is not ours either.
   await pub.send(["kv-events\u0000other", seqFrame(seq), stored(1002, 300)]);
   await pub.send(["kv-events\u0000sgl-kv-epoch=", seqFrame(seq), stored(1003, 400)]);
@@ -87,7 +107,7 @@ const N = 10000;
 /** 10,000 bad frames over real ZMQ, in chunks the subscriber can take (no HWM drops). */
 async function flood(pub: zmq.Publisher, topic: string, first: bigint, counted: () => Promise<number>): Promise<void> {
   const chunk = 500;
-  for (let sent = 0; sent < N; ) {
+  for (let sent = 0; sent < N;) {
     for (let i = 0; i < chunk && sent < N; i++, sent++) {
       // Half with a payload that is not msgpack, half with a sequence frame of the wrong size.
       if (sent % 2 === 0) await pub.send([topic, seqFrame(first + BigInt(sent)), Buffer.from([0xc1, 0xff, 0x00])]);
@@ -99,7 +119,10 @@ async function flood(pub: zmq.Publisher, topic: string, first: bigint, counted: 
 
 const counterOf = (text: string, name: string) => {
   let n = 0;
-  for (const m of text.matchAll(new RegExp(`^${name}\\{worker="127\\.0\\.0\\.1:9",reason="malformed"\\} (\\d+)$`, "gm"))) n += Number(m[1]);
+  for (const m of text.matchAll(
+    new RegExp(`^${name}\\{worker="127\\.0\\.0\\.1:9",reason="malformed"\\} (\\d+)$`, "gm"),
+  ))
+    n += Number(m[1]);
   return n;
 };
 
@@ -111,36 +134,61 @@ test("10,000 bad KV frames: the router logs a few lines (sequence numbers exact)
   await join(pub, "", () => a.state.mirror.sequence(ek) !== undefined);
   const t0 = Date.now();
   // 2^53 + 1: a double cannot hold it; the log must show it as sent.
-  await flood(pub, "", 9007199254740993n, async () => counterOf(await a.metrics.registry.metrics(), "infera_router_kv_event_errors_total"));
+  await flood(pub, "", 9007199254740993n, async () =>
+    counterOf(await a.metrics.registry.metrics(), "infera_router_kv_event_errors_total"),
+  );
   const secs = (Date.now() - t0) / 1000;
   assert.equal(counterOf(await a.metrics.registry.metrics(), "infera_router_kv_event_errors_total"), N);
   const refused = lines.filter((l) => /refused frame/.test(l));
   t.diagnostic(`router: ${N} bad frames in ${secs.toFixed(1)}s, ${refused.length} refused-frame log lines`);
-  assert.ok(refused.length <= 3 * Math.ceil(secs / 60) + 1, `${refused.length} refused-frame lines in ${secs}s:\n${refused.join("\n")}`);
+  assert.ok(
+    refused.length <= 3 * Math.ceil(secs / 60) + 1,
+    `${refused.length} refused-frame lines in ${secs}s:\n${refused.join("\n")}`,
+  );
   assert.match(refused[0], /seq=9007199254740993: /, "the first line names the frame's exact sequence number");
   await a.close();
   const all = lines.filter((l) => /kv-events/.test(l));
   assert.ok(all.length <= 8, `${all.length} kv-events lines:\n${all.join("\n")}`);
   const summary = lines.find((l) => /more line\(s\) suppressed/.test(l));
-  assert.ok(summary && new RegExp(`kv-events refused frame: ${N - refused.length} more line\\(s\\) suppressed .*127\\.0\\.0\\.1:9: ${N - refused.length}`).test(summary), summary);
+  assert.ok(
+    summary &&
+      new RegExp(
+        `kv-events refused frame: ${N - refused.length} more line\\(s\\) suppressed .*127\\.0\\.0\\.1:9: ${N - refused.length}`,
+      ).test(summary),
+    summary,
+  );
 });
 
 test("10,000 bad KV frames: the bridge logs a few lines and counts 10,000 in its /metrics", async (t) => {
   const { pub, ep } = await publisher();
   const lines: string[] = [];
   const deadPort = await freePort();
-  const opts = parseArgs(["--workers", `127.0.0.1:9@${ep}`, "--push-token", "t", "--nginx-push-url", `http://127.0.0.1:${deadPort}/push`], {}, "bridge");
+  const opts = parseArgs(
+    ["--workers", `127.0.0.1:9@${ep}`, "--push-token", "t", "--nginx-push-url", `http://127.0.0.1:${deadPort}/push`],
+    {},
+    "bridge",
+  );
   const b = await Bridge.create(opts, (l, m) => lines.push(`${l} ${m}`));
   opened.push({ close: () => b.close() });
   b.addWorker(opts.workers[0]);
-  await join(pub, "", () => (b as unknown as { shadows: Record<string, { seq: number | null }> }).shadows["127.0.0.1:9"]?.seq !== null);
+  await join(
+    pub,
+    "",
+    () => (b as unknown as { shadows: Record<string, { seq: number | null }> }).shadows["127.0.0.1:9"]?.seq !== null,
+  );
   const t0 = Date.now();
   await flood(pub, "", 5n, async () => counterOf(await b.registry.metrics(), "infera_bridge_kv_event_errors_total"));
   const secs = (Date.now() - t0) / 1000;
   assert.equal(counterOf(await b.registry.metrics(), "infera_bridge_kv_event_errors_total"), N);
   const refused = lines.filter((l) => /refused frame/.test(l));
   t.diagnostic(`bridge: ${N} bad frames in ${secs.toFixed(1)}s, ${refused.length} refused-frame log lines`);
-  assert.ok(refused.length >= 1 && refused.length <= 3 * Math.ceil(secs / 60) + 1, `${refused.length} refused-frame lines in ${secs}s:\n${refused.join("\n")}`);
+  assert.ok(
+    refused.length >= 1 && refused.length <= 3 * Math.ceil(secs / 60) + 1,
+    `${refused.length} refused-frame lines in ${secs}s:\n${refused.join("\n")}`,
+  );
   await b.close();
-  assert.ok(lines.some((l) => new RegExp(`${N - refused.length} more line\\(s\\) suppressed`).test(l)), lines.filter((l) => /kv-events/.test(l)).join("\n"));
+  assert.ok(
+    lines.some((l) => new RegExp(`${N - refused.length} more line\\(s\\) suppressed`).test(l)),
+    lines.filter((l) => /kv-events/.test(l)).join("\n"),
+  );
 });

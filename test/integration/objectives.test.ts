@@ -3,7 +3,15 @@
 // critical one waits and goes first, and untrusted headers change nothing.
 import { test } from "node:test";
 import * as assert from "node:assert/strict";
-import { ExtProcFixture, processStream, reqBody, reqHeaders, respBody, respHeaders, startExtProcFixture } from "../extproc-client";
+import {
+  ExtProcFixture,
+  processStream,
+  reqBody,
+  reqHeaders,
+  respBody,
+  respHeaders,
+  startExtProcFixture,
+} from "../extproc-client";
 
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
 const cold = (word: string) => `${word} `.repeat(1500);
@@ -26,7 +34,10 @@ async function finish(s: ReturnType<typeof processStream>) {
   await s.next();
 }
 
-const objective = (name: string, flow = "t") => ({ "x-gateway-inference-objective": name, "x-gateway-inference-fairness-id": flow });
+const objective = (name: string, flow = "t") => ({
+  "x-gateway-inference-objective": name,
+  "x-gateway-inference-fairness-id": flow,
+});
 const ARGS = ["--workers", "127.0.0.1:7301", "--health-interval-ms", "0", "--objectives", "critical=100,batch=-1"];
 
 test("saturated worker: sheddable gets 429 + Retry-After at once, critical waits and goes before standard", async () => {
@@ -45,9 +56,15 @@ test("saturated worker: sheddable gets 429 + Retry-After at once, critical waits
     const batch = send(f, cold("delta"), objective("batch"));
     const shed = await batch.answer;
     assert.equal(shed.r.response.case, "immediateResponse");
-    const imm = shed.r.response.value as { status?: { code: number }; headers?: { setHeaders: { header?: { key: string; rawValue: Uint8Array } }[] }; body: Uint8Array };
+    const imm = shed.r.response.value as {
+      status?: { code: number };
+      headers?: { setHeaders: { header?: { key: string; rawValue: Uint8Array } }[] };
+      body: Uint8Array;
+    };
     assert.equal(imm.status?.code, 429);
-    const hdr = Object.fromEntries((imm.headers?.setHeaders ?? []).map((h) => [h.header!.key, Buffer.from(h.header!.rawValue).toString()]));
+    const hdr = Object.fromEntries(
+      (imm.headers?.setHeaders ?? []).map((h) => [h.header!.key, Buffer.from(h.header!.rawValue).toString()]),
+    );
     assert.equal(hdr["retry-after"], "1");
     assert.match(Buffer.from(imm.body).toString(), /"code":429/);
     assert.ok(shed.at - shed.sentAt < 200, `answered in ${shed.at - shed.sentAt} ms`);

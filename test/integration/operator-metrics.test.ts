@@ -10,8 +10,22 @@ import * as http from "http";
 import { AddressInfo } from "net";
 import { create } from "@bufbuild/protobuf";
 import type { JsonObject } from "@bufbuild/protobuf";
-import { ExtProcFixture, hdrs, processStream, reqBody, reqHeaders, respBody, respHeaders, startExtProcFixture } from "../extproc-client";
-import { HttpBodySchema, HttpHeadersSchema, ProcessingRequestSchema, ProcessingResponse } from "../../extproc/gen/envoy/service/ext_proc/v3/external_processor_pb";
+import {
+  ExtProcFixture,
+  hdrs,
+  processStream,
+  reqBody,
+  reqHeaders,
+  respBody,
+  respHeaders,
+  startExtProcFixture,
+} from "../extproc-client";
+import {
+  HttpBodySchema,
+  HttpHeadersSchema,
+  ProcessingRequestSchema,
+  ProcessingResponse,
+} from "../../extproc/gen/envoy/service/ext_proc/v3/external_processor_pb";
 import { MetadataSchema } from "../../extproc/gen/envoy/config/core/v3/base_pb";
 import { freePort } from "../harness";
 
@@ -40,8 +54,10 @@ const outcomes = async (f: ExtProcFixture) => {
   return o;
 };
 
-const status = (r: ProcessingResponse) => (r.response.case === "immediateResponse" ? Number(r.response.value.status?.code) : 0);
-const chat = (text: string) => JSON.stringify({ model: "m", stream: true, messages: [{ role: "user", content: text }] });
+const status = (r: ProcessingResponse) =>
+  r.response.case === "immediateResponse" ? Number(r.response.value.status?.code) : 0;
+const chat = (text: string) =>
+  JSON.stringify({ model: "m", stream: true, messages: [{ role: "user", content: text }] });
 // ~1,500 tokens, sharing nothing but the chat template: cold on any worker, so prefill admission applies.
 const cold = (word: string) => `${word} `.repeat(1500);
 
@@ -69,7 +85,11 @@ test("each request is counted once under the outcome the router answered it with
   ]);
   try {
     const zero = await outcomes(f);
-    assert.deepEqual(zero, { routed: 0, bad_request: 0, too_large: 0, shed: 0, no_worker: 0, overloaded: 0, client_closed: 0, error: 0 }, "every outcome is exported at 0 from the start");
+    assert.deepEqual(
+      zero,
+      { routed: 0, bad_request: 0, too_large: 0, shed: 0, no_worker: 0, overloaded: 0, client_closed: 0, error: 0 },
+      "every outcome is exported at 0 from the start",
+    );
 
     // routed: a cold prompt gets its pick (and holds its load until its response ends)
     const a = await send(f, chat(cold("alpha")));
@@ -84,7 +104,10 @@ test("each request is counted once under the outcome the router answered it with
     void b.answer.catch(() => undefined);
     assert.ok(await until(() => f.app.admission.waiting() === 1), "bravo waits for a prefill slot");
     b.s.call.cancel();
-    assert.ok(await until(async () => (await outcomes(f)).client_closed === 1), "the abandoned request counts as client_closed");
+    assert.ok(
+      await until(async () => (await outcomes(f)).client_closed === 1),
+      "the abandoned request counts as client_closed",
+    );
 
     // bad_request: a body that is not JSON, and a path the gateway does not serve
     const bad = await send(f, "{not json");
@@ -101,8 +124,15 @@ test("each request is counted once under the outcome the router answered it with
     const nw = processStream(f.client);
     nw.send(
       create(ProcessingRequestSchema, {
-        request: { case: "requestHeaders", value: create(HttpHeadersSchema, { headers: hdrs({ ":path": "/v1/chat/completions", ":method": "POST" }) }) },
-        metadataContext: create(MetadataSchema, { filterMetadata: { "envoy.lb.subset_hint": { "x-gateway-destination-endpoint-subset": ["127.0.0.1:1"] } as JsonObject } }),
+        request: {
+          case: "requestHeaders",
+          value: create(HttpHeadersSchema, { headers: hdrs({ ":path": "/v1/chat/completions", ":method": "POST" }) }),
+        },
+        metadataContext: create(MetadataSchema, {
+          filterMetadata: {
+            "envoy.lb.subset_hint": { "x-gateway-destination-endpoint-subset": ["127.0.0.1:1"] } as JsonObject,
+          },
+        }),
       }),
     );
     await nw.next();
@@ -113,7 +143,11 @@ test("each request is counted once under the outcome the router answered it with
     const part = processStream(f.client);
     part.send(reqHeaders("/v1/chat/completions"));
     await part.next();
-    part.send(create(ProcessingRequestSchema, { request: { case: "requestBody", value: create(HttpBodySchema, { body: Buffer.from("{"), endOfStream: false }) } }));
+    part.send(
+      create(ProcessingRequestSchema, {
+        request: { case: "requestBody", value: create(HttpBodySchema, { body: Buffer.from("{"), endOfStream: false }) },
+      }),
+    );
     assert.equal(status(await part.next()), 500);
 
     // alpha's response runs to its end: no second count for a routed request
@@ -123,7 +157,16 @@ test("each request is counted once under the outcome the router answered it with
     await a.s.next();
     assert.ok(await until(() => f.app.router.openGuards() === 0));
 
-    assert.deepEqual(await outcomes(f), { routed: 1, bad_request: 2, too_large: 1, shed: 1, no_worker: 1, overloaded: 0, client_closed: 1, error: 1 });
+    assert.deepEqual(await outcomes(f), {
+      routed: 1,
+      bad_request: 2,
+      too_large: 1,
+      shed: 1,
+      no_worker: 1,
+      overloaded: 0,
+      client_closed: 1,
+      error: 1,
+    });
     // The 4xx counter by status is unchanged alongside.
     const s = await scrape(f);
     assert.equal(s['infera_router_bad_requests_total{status="400"}'], 1);
@@ -143,7 +186,14 @@ test("worker_up follows the real health probes; worker_excluded marks a block-si
   await new Promise<void>((r) => live.listen(0, "127.0.0.1", () => r()));
   const up = `127.0.0.1:${(live.address() as AddressInfo).port}`;
   const down = `127.0.0.1:${await freePort()}`;
-  const f = await startExtProcFixture(["--workers", `${up},${down}`, "--health-interval-ms", "200", "--block-size", "16"]);
+  const f = await startExtProcFixture([
+    "--workers",
+    `${up},${down}`,
+    "--health-interval-ms",
+    "200",
+    "--block-size",
+    "16",
+  ]);
   try {
     f.app.startHealthChecks();
     const key = (m: string, w: string) => `${m}{worker="${w}",role="mixed"}`;
@@ -173,9 +223,22 @@ test("worker_up follows the real health probes; worker_excluded marks a block-si
 
 test("a full tokenizer queue counts as overloaded, not as no_worker", async () => {
   // Every prompt goes to the single tokenizer thread; one may wait or run, the rest are refused at once.
-  const f = await startExtProcFixture(["--workers", "127.0.0.1:7302", "--health-interval-ms", "0", "--tokenize-inline-chars", "0", "--tokenizer-threads", "1", "--tokenize-queue", "1"]);
+  const f = await startExtProcFixture([
+    "--workers",
+    "127.0.0.1:7302",
+    "--health-interval-ms",
+    "0",
+    "--tokenize-inline-chars",
+    "0",
+    "--tokenizer-threads",
+    "1",
+    "--tokenize-queue",
+    "1",
+  ]);
   try {
-    const sent = await Promise.all([0, 1, 2, 3].map((i) => send(f, chat(`${"lorem ipsum dolor sit amet ".repeat(8000)} ${i}`))));
+    const sent = await Promise.all(
+      [0, 1, 2, 3].map((i) => send(f, chat(`${"lorem ipsum dolor sit amet ".repeat(8000)} ${i}`))),
+    );
     const answers = await Promise.all(sent.map((x) => x.answer));
     const refused = answers.filter((r) => status(r) === 503).length;
     const routed = answers.filter((r) => r.response.case === "requestBody").length;

@@ -5,7 +5,15 @@
 // that used to fill those fields switched off.
 import { test } from "node:test";
 import * as assert from "node:assert/strict";
-import { ExtProcFixture, processStream, reqBody, reqHeaders, respBody, respHeaders, startExtProcFixture } from "../extproc-client";
+import {
+  ExtProcFixture,
+  processStream,
+  reqBody,
+  reqHeaders,
+  respBody,
+  respHeaders,
+  startExtProcFixture,
+} from "../extproc-client";
 
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
 const doc = "alpha ".repeat(1500);
@@ -50,7 +58,14 @@ test("admission: a turn extending a prompt in flight is warm, with or without th
   assert.equal(await extendingTurnWaits([]), false, "default weights");
   assert.equal(await extendingTurnWaits(["--scorer-weights", "prefix-overlap=0"]), false, "prefix-overlap=0");
   // The cold control: the same second prompt with nothing shared does wait.
-  const f = await startExtProcFixture(["--workers", "127.0.0.1:7202", "--health-interval-ms", "0", "--scorer-weights", "prefix-overlap=0"]);
+  const f = await startExtProcFixture([
+    "--workers",
+    "127.0.0.1:7202",
+    "--health-interval-ms",
+    "0",
+    "--scorer-weights",
+    "prefix-overlap=0",
+  ]);
   try {
     const first = send(f, doc);
     await first.answer;
@@ -67,13 +82,26 @@ test("admission: a turn extending a prompt in flight is warm, with or without th
 
 /** The status a sheddable request gets while another request holds load on the only worker. */
 async function shedStatus(weights: string[]): Promise<string> {
-  const f = await startExtProcFixture(["--workers", "127.0.0.1:7203", "--health-interval-ms", "0", "--epp-shed-active-blocks", "1", "--epp-sheddable-objectives", "batch", "--prefill-admission-slots", "0", ...weights]);
+  const f = await startExtProcFixture([
+    "--workers",
+    "127.0.0.1:7203",
+    "--health-interval-ms",
+    "0",
+    "--epp-shed-active-blocks",
+    "1",
+    "--epp-sheddable-objectives",
+    "batch",
+    "--prefill-admission-slots",
+    "0",
+    ...weights,
+  ]);
   try {
     const busy = send(f, doc);
     await busy.answer;
     const batch = send(f, "a batch job", { "x-gateway-inference-objective": "batch" });
     const r = await batch.answer;
-    const status = r.response.case === "immediateResponse" ? String(r.response.value.status?.code) : String(r.response.case);
+    const status =
+      r.response.case === "immediateResponse" ? String(r.response.value.status?.code) : String(r.response.case);
     await finish(busy.s);
     return status;
   } finally {

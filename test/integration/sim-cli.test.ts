@@ -18,10 +18,15 @@ test("infera-gate sim serves and publishes KV events with flags from argv, INFER
   const dir = fs.mkdtempSync(path.join(os.tmpdir(), "infera-sim-it-"));
   const cfg = path.join(dir, "sim.yaml");
   fs.writeFileSync(cfg, "id: cfg-sim\nblock-size: 8\ntopic: kv\nserved-model-name: m1\n");
-  const proc = run("sim-cli", process.execPath, ["--import", "tsx", "cli/main.ts", "sim", "--config", cfg, "--port", String(port), "--tokenizer-path", "none"], {
-    INFERA_KV_EVENTS_PORT: String(eventsPort),
-    INFERA_TIME_SCALE: "20",
-  });
+  const proc = run(
+    "sim-cli",
+    process.execPath,
+    ["--import", "tsx", "cli/main.ts", "sim", "--config", cfg, "--port", String(port), "--tokenizer-path", "none"],
+    {
+      INFERA_KV_EVENTS_PORT: String(eventsPort),
+      INFERA_TIME_SCALE: "20",
+    },
+  );
   await waitFor("sim via infera-gate", async () => {
     if (proc.child.exitCode !== null) throw new Error(`sim exited: ${proc.log()}`);
     return httpOk(`http://127.0.0.1:${port}/health`);
@@ -30,7 +35,10 @@ test("infera-gate sim serves and publishes KV events with flags from argv, INFER
   assert.equal(stats.id, "cfg-sim", "--config set the id");
   assert.equal(stats.role, "mixed");
   const models = (await (await fetch(`http://127.0.0.1:${port}/v1/models`)).json()) as { data: { id: string }[] };
-  assert.deepEqual(models.data.map((m) => m.id), ["m1"]);
+  assert.deepEqual(
+    models.data.map((m) => m.id),
+    ["m1"],
+  );
 
   const sub = new zmq.Subscriber();
   sub.connect(`tcp://127.0.0.1:${eventsPort}`);
@@ -49,7 +57,11 @@ test("infera-gate sim serves and publishes KV events with flags from argv, INFER
     void got.then((g) => (done = g));
     for (let i = 0; i < 50 && !done; i++) {
       const prompt = Array.from({ length: 40 }, (_, k) => 100 + i * 1000 + k);
-      const r = await fetch(`http://127.0.0.1:${port}/v1/completions`, { method: "POST", headers: { "content-type": "application/json" }, body: JSON.stringify({ model: "m1", prompt, max_tokens: 2 }) });
+      const r = await fetch(`http://127.0.0.1:${port}/v1/completions`, {
+        method: "POST",
+        headers: { "content-type": "application/json" },
+        body: JSON.stringify({ model: "m1", prompt, max_tokens: 2 }),
+      });
       assert.equal(r.status, 200);
       assert.equal(r.headers.get("x-sim-worker"), "cfg-sim");
       await r.arrayBuffer();

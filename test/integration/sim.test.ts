@@ -11,24 +11,38 @@ after(async () => {
 });
 
 async function sim(extra: string[]): Promise<string> {
-  const s = new EngineSim(parseSimArgs(["--id", "it", "--port", String(await freePort()), "--kv-events-port", "none", ...extra]));
+  const s = new EngineSim(
+    parseSimArgs(["--id", "it", "--port", String(await freePort()), "--kv-events-port", "none", ...extra]),
+  );
   await s.start();
   sims.push(s);
   return `http://127.0.0.1:${s.o.port}`;
 }
 
-const ids = (seed: number, n: number) => Array.from({ length: n }, (_, i) => 1000 + ((seed * 7919 + i * 104729) % 140000));
+const ids = (seed: number, n: number) =>
+  Array.from({ length: n }, (_, i) => 1000 + ((seed * 7919 + i * 104729) % 140000));
 
 /** Streams one completion; returns TTFT and mean inter-token gap (wall ms) and the final usage. */
 async function stream(base: string, prompt: number[], maxTokens: number) {
   const t0 = performance.now();
-  const r = await fetch(`${base}/v1/completions`, { method: "POST", headers: { "content-type": "application/json" }, body: JSON.stringify({ model: "m", prompt, max_tokens: maxTokens, stream: true }) });
+  const r = await fetch(`${base}/v1/completions`, {
+    method: "POST",
+    headers: { "content-type": "application/json" },
+    body: JSON.stringify({ model: "m", prompt, max_tokens: maxTokens, stream: true }),
+  });
   assert.equal(r.status, 200);
   const text = await r.text().then((t) => t);
   const t1 = performance.now();
   const chunks = text.split("\n\n").filter((l) => l.startsWith("data: {"));
   const last = JSON.parse(chunks[chunks.length - 1].slice(6));
-  return { total: t1 - t0, usage: last.usage as { prompt_tokens: number; completion_tokens: number; prompt_tokens_details: { cached_tokens: number } } };
+  return {
+    total: t1 - t0,
+    usage: last.usage as {
+      prompt_tokens: number;
+      completion_tokens: number;
+      prompt_tokens_details: { cached_tokens: number };
+    },
+  };
 }
 
 async function metric(base: string, name: string): Promise<number> {

@@ -8,7 +8,11 @@ import { parseArgs, parseWorkers } from "../../runtime/config";
 const noEvents = { subscribe: () => ({ close() {} }), close: async () => undefined };
 
 test("a PD request is tokenized exactly once, shared by the prefill and decode picks", async () => {
-  const app = new App(parseArgs(["--workers", "prefill=127.0.0.1:1,decode=127.0.0.1:2", "--decode-input-demand", "on"], {}), () => undefined, noEvents);
+  const app = new App(
+    parseArgs(["--workers", "prefill=127.0.0.1:1,decode=127.0.0.1:2", "--decode-input-demand", "on"], {}),
+    () => undefined,
+    noEvents,
+  );
   app.setWorkers(app.opts.workers);
   let calls = 0;
   const tok = app.tokenizer!;
@@ -17,7 +21,9 @@ test("a PD request is tokenized exactly once, shared by the prefill and decode p
     calls++;
     return orig(t);
   };
-  const body = Buffer.from(JSON.stringify({ model: "m", n: 2, messages: [{ role: "user", content: "hello there ".repeat(50) }] }));
+  const body = Buffer.from(
+    JSON.stringify({ model: "m", n: 2, messages: [{ role: "user", content: "hello there ".repeat(50) }] }),
+  );
   const p = app.route("chat", body, null);
   assert.equal(calls, 1);
   assert.ok(p.prefill && p.target.role === "decode");
@@ -34,10 +40,25 @@ test("a PD request is tokenized exactly once, shared by the prefill and decode p
 });
 
 test("flags: env fallbacks, validation with the flag named, worker list syntax", () => {
-  assert.equal(parseArgs(["--workers", "127.0.0.1:1"], { INFERA_DECODE_INPUT_DEMAND: "shadow", INFERA_DECODE_REQUEST_WEIGHT: "7" }).router.decodeInputDemand, "shadow");
-  assert.equal(parseArgs(["--workers", "127.0.0.1:1"], { INFERA_DECODE_REQUEST_WEIGHT: "7" }).router.decodeRequestWeight, 7);
-  assert.equal(parseArgs(["--workers", "127.0.0.1:1", "--decode-input-demand", "off"], { INFERA_DECODE_INPUT_DEMAND: "on" }).router.decodeInputDemand, "off", "the flag wins over the env");
-  assert.throws(() => parseArgs(["--workers", "127.0.0.1:1", "--decode-input-demand", "maybe"], {}), /--decode-input-demand: 'maybe' is not one of off, shadow, on/);
+  assert.equal(
+    parseArgs(["--workers", "127.0.0.1:1"], { INFERA_DECODE_INPUT_DEMAND: "shadow", INFERA_DECODE_REQUEST_WEIGHT: "7" })
+      .router.decodeInputDemand,
+    "shadow",
+  );
+  assert.equal(
+    parseArgs(["--workers", "127.0.0.1:1"], { INFERA_DECODE_REQUEST_WEIGHT: "7" }).router.decodeRequestWeight,
+    7,
+  );
+  assert.equal(
+    parseArgs(["--workers", "127.0.0.1:1", "--decode-input-demand", "off"], { INFERA_DECODE_INPUT_DEMAND: "on" }).router
+      .decodeInputDemand,
+    "off",
+    "the flag wins over the env",
+  );
+  assert.throws(
+    () => parseArgs(["--workers", "127.0.0.1:1", "--decode-input-demand", "maybe"], {}),
+    /--decode-input-demand: 'maybe' is not one of off, shadow, on/,
+  );
   assert.throws(() => parseArgs([], {}), /--workers is required/);
   assert.throws(() => parseArgs(["--workers", "x"], {}), /not \[role=\]host:port/);
   assert.throws(() => parseArgs(["--workers", "127.0.0.1:1", "--bogus"], {}), /unknown flag --bogus/);
@@ -45,11 +66,23 @@ test("flags: env fallbacks, validation with the flag named, worker list syntax",
     { id: "10.0.0.1:8000", address: "10.0.0.1:8000", role: "prefill", events: "tcp://10.0.0.1:5557" },
     { id: "10.0.0.2:8000", address: "10.0.0.2:8000", role: "mixed", events: undefined },
   ]);
-  assert.throws(() => new App(parseArgs(["--workers", "127.0.0.1:1", "--router-policy", "random", "--decode-input-demand", "on"], {}), () => undefined, noEvents), /needs --router-policy kv-aware/);
+  assert.throws(
+    () =>
+      new App(
+        parseArgs(["--workers", "127.0.0.1:1", "--router-policy", "random", "--decode-input-demand", "on"], {}),
+        () => undefined,
+        noEvents,
+      ),
+    /needs --router-policy kv-aware/,
+  );
 });
 
 test("400s for malformed requests come out of route() with status and type", () => {
-  const app = new App(parseArgs(["--workers", "127.0.0.1:1", "--max-body-bytes", "100"], {}), () => undefined, noEvents);
+  const app = new App(
+    parseArgs(["--workers", "127.0.0.1:1", "--max-body-bytes", "100"], {}),
+    () => undefined,
+    noEvents,
+  );
   app.setWorkers(app.opts.workers);
   const err = (b: string) => {
     try {
@@ -60,14 +93,36 @@ test("400s for malformed requests come out of route() with status and type", () 
     return null;
   };
   assert.deepEqual(err("{"), [400, "invalid_request_error"]);
-  assert.deepEqual(err(JSON.stringify({ model: "m", messages: [{ role: "user", content: "x".repeat(200) }] })), [413, "request_too_large"]);
+  assert.deepEqual(err(JSON.stringify({ model: "m", messages: [{ role: "user", content: "x".repeat(200) }] })), [
+    413,
+    "request_too_large",
+  ]);
 });
 
 test("a session id over --max-session-id-bytes is refused with a 400 before it reaches the session table", () => {
-  const app = new App(parseArgs(["--workers", "127.0.0.1:7001", "--health-interval-ms", "0", "--session-affinity", "prefill", "--max-session-id-bytes", "64"], {}), () => undefined, { subscribe: () => ({ close() {} }), close: async () => undefined });
+  const app = new App(
+    parseArgs(
+      [
+        "--workers",
+        "127.0.0.1:7001",
+        "--health-interval-ms",
+        "0",
+        "--session-affinity",
+        "prefill",
+        "--max-session-id-bytes",
+        "64",
+      ],
+      {},
+    ),
+    () => undefined,
+    { subscribe: () => ({ close() {} }), close: async () => undefined },
+  );
   app.setWorkers(app.opts.workers);
   const body = Buffer.from(JSON.stringify({ model: "m", messages: [{ role: "user", content: "hi" }] }));
-  assert.throws(() => app.route("chat", body, "s".repeat(65)), (e: Error & { status?: number }) => e.status === 400 && /65 bytes, over the 64-byte limit/.test(e.message));
+  assert.throws(
+    () => app.route("chat", body, "s".repeat(65)),
+    (e: Error & { status?: number }) => e.status === 400 && /65 bytes, over the 64-byte limit/.test(e.message),
+  );
   assert.throws(() => app.route("chat", body, "é".repeat(33)), /66 bytes/);
   assert.equal(app.state.sessions.size(), 0);
   app.route("chat", body, "s".repeat(64)).reservation.finish();
@@ -87,22 +142,51 @@ test("decode-demand input is an estimate for multimodal requests and once a work
   });
   await new Promise<void>((res) => srv.listen(0, "127.0.0.1", res));
   const diverging = `127.0.0.1:${(srv.address() as { port: number }).port}`;
-  const app = new App(parseArgs(["--workers", "prefill=127.0.0.1:1,decode=127.0.0.1:2", "--decode-input-demand", "shadow"], {}), () => undefined, noEvents);
+  const app = new App(
+    parseArgs(["--workers", "prefill=127.0.0.1:1,decode=127.0.0.1:2", "--decode-input-demand", "shadow"], {}),
+    () => undefined,
+    noEvents,
+  );
   try {
     app.setWorkers(app.opts.workers);
     const text = (s: string) => Buffer.from(JSON.stringify({ model: "m", messages: [{ role: "user", content: s }] }));
     app.route("chat", text("plain ".repeat(40)), null).reservation.finish();
-    const img = Buffer.from(JSON.stringify({ model: "m", messages: [{ role: "user", content: [{ type: "text", text: "what is this" }, { type: "image_url", image_url: { url: "https://img/1.png" } }] }] }));
+    const img = Buffer.from(
+      JSON.stringify({
+        model: "m",
+        messages: [
+          {
+            role: "user",
+            content: [
+              { type: "text", text: "what is this" },
+              { type: "image_url", image_url: { url: "https://img/1.png" } },
+            ],
+          },
+        ],
+      }),
+    );
     app.route("chat", img, null).reservation.finish();
     let m = await app.metrics.registry.metrics();
-    assert.match(m, /infera_router_decode_demand_decisions_total\{mode="shadow",input="exact",agrees="(true|false)"\} 1/);
-    assert.match(m, /infera_router_decode_demand_decisions_total\{mode="shadow",input="estimate",agrees="(true|false)"\} 1/, "multimodal -> estimate");
+    assert.match(
+      m,
+      /infera_router_decode_demand_decisions_total\{mode="shadow",input="exact",agrees="(true|false)"\} 1/,
+    );
+    assert.match(
+      m,
+      /infera_router_decode_demand_decisions_total\{mode="shadow",input="estimate",agrees="(true|false)"\} 1/,
+      "multimodal -> estimate",
+    );
     app.addWorker({ id: "x", address: diverging, role: "mixed" });
-    for (let i = 0; i < 100 && app.probes!.state("x").status !== "diverged"; i++) await new Promise((r) => setTimeout(r, 50));
+    for (let i = 0; i < 100 && app.probes!.state("x").status !== "diverged"; i++)
+      await new Promise((r) => setTimeout(r, 50));
     assert.equal(app.probes!.state("x").status, "diverged");
     app.route("chat", text("plain again ".repeat(40)), null).reservation.finish();
     m = await app.metrics.registry.metrics();
-    assert.match(m, /infera_router_decode_demand_decisions_total\{mode="shadow",input="estimate",agrees="(true|false)"\} 2/, "a diverged worker -> estimate");
+    assert.match(
+      m,
+      /infera_router_decode_demand_decisions_total\{mode="shadow",input="estimate",agrees="(true|false)"\} 2/,
+      "a diverged worker -> estimate",
+    );
   } finally {
     await app.close();
     srv.close();

@@ -15,7 +15,7 @@ const BS = 4;
 
 function engine(seed: number, capacity: number) {
   let s = seed;
-  const rnd = (n: number) => ((s = (Math.imul(s, 1103515245) + 12345) >>> 0) % n);
+  const rnd = (n: number) => (s = (Math.imul(s, 1103515245) + 12345) >>> 0) % n;
   const resident = new Map<string, number>(); // hash -> last use
   let clock = 0;
   let seq = 0;
@@ -38,7 +38,13 @@ function engine(seed: number, capacity: number) {
       if (fresh.length) {
         const first = fresh[0].h;
         const p = first.slice(0, first.lastIndexOf("/"));
-        events.push({ type: "BlockStored", hashes: fresh.map((f) => f.h), parent: p.includes("/") ? p : null, tokens: fresh.flatMap((f) => f.tokens), blockSize: BS });
+        events.push({
+          type: "BlockStored",
+          hashes: fresh.map((f) => f.h),
+          parent: p.includes("/") ? p : null,
+          tokens: fresh.flatMap((f) => f.tokens),
+          blockSize: BS,
+        });
       }
       const evict: string[] = [];
       while (resident.size > capacity) {
@@ -85,7 +91,9 @@ test("a Shadow replay rebuilds the live mirror exactly, ghosts (evicted parents 
         // nginx restarted: a fresh mirror gets the replay, then keeps following live batches.
         rebuilt = memoryState().mirror;
         const batches = shadow.replay(7);
-        batches.forEach((evs, j) => applyBatch(rebuilt!, ek, (shadow.seq as number) - (batches.length - 1 - j), evs, BS));
+        batches.forEach((evs, j) =>
+          applyBatch(rebuilt!, ek, (shadow.seq as number) - (batches.length - 1 - j), evs, BS),
+        );
         same(live, ek, rebuilt, ek, seen);
         replays++;
       }
@@ -105,7 +113,7 @@ test("a Shadow replay rebuilds the live mirror exactly, ghosts (evicted parents 
  */
 function tieredEngine(seed: number, gpuCap: number, cpuCap: number) {
   let s = seed;
-  const rnd = (n: number) => ((s = (Math.imul(s, 1103515245) + 12345) >>> 0) % n);
+  const rnd = (n: number) => (s = (Math.imul(s, 1103515245) + 12345) >>> 0) % n;
   const gpu = new Map<string, number>();
   const cpu = new Map<string, number>();
   const meta = new Map<string, { parent: string | null; tokens: number[] }>();
@@ -128,7 +136,8 @@ function tieredEngine(seed: number, gpuCap: number, cpuCap: number) {
       const fresh: string[] = [];
       for (let i = 0; i < n; i++) {
         const h: string = `${parent ?? "r" + root}/${i === 0 ? root : rnd(3)}`;
-        if (!meta.has(h)) meta.set(h, { parent, tokens: Array.from({ length: BS }, (_, j) => (h.length * 31 + j * 7 + i) % 1000) });
+        if (!meta.has(h))
+          meta.set(h, { parent, tokens: Array.from({ length: BS }, (_, j) => (h.length * 31 + j * 7 + i) % 1000) });
         if (!gpu.has(h)) fresh.push(h);
         gpu.set(h, ++clock);
         if (cpu.has(h)) cpu.set(h, clock);
@@ -137,7 +146,15 @@ function tieredEngine(seed: number, gpuCap: number, cpuCap: number) {
       // Stores of one event must chain; a prompt's fresh blocks can skip over ones still on the GPU.
       let run: string[] = [];
       const flush = () => {
-        if (run.length) events.push({ type: "BlockStored", hashes: run, parent: meta.get(run[0])!.parent, tokens: run.flatMap((h) => meta.get(h)!.tokens), blockSize: BS, medium: "GPU" });
+        if (run.length)
+          events.push({
+            type: "BlockStored",
+            hashes: run,
+            parent: meta.get(run[0])!.parent,
+            tokens: run.flatMap((h) => meta.get(h)!.tokens),
+            blockSize: BS,
+            medium: "GPU",
+          });
         run = [];
       };
       for (const h of fresh) {
@@ -150,7 +167,15 @@ function tieredEngine(seed: number, gpuCap: number, cpuCap: number) {
         const h = lru(gpu);
         gpu.delete(h);
         out.push(h);
-        if (!cpu.has(h)) events.push({ type: "BlockStored", hashes: [h], parent: meta.get(h)!.parent, tokens: meta.get(h)!.tokens.slice(), blockSize: BS, medium: "CPU" });
+        if (!cpu.has(h))
+          events.push({
+            type: "BlockStored",
+            hashes: [h],
+            parent: meta.get(h)!.parent,
+            tokens: meta.get(h)!.tokens.slice(),
+            blockSize: BS,
+            medium: "CPU",
+          });
         cpu.set(h, ++clock);
       }
       if (out.length) events.push({ type: "BlockRemoved", hashes: out, medium: "GPU" });
@@ -192,14 +217,17 @@ test("lower tiers too: a Shadow replay rebuilds the GPU and CPU mirrors exactly 
       if (i % 97 === 50) {
         rebuilt = memoryState().mirror;
         const batches = shadow.replay(7);
-        batches.forEach((evs, j) => applyBatch(rebuilt!, ek, (shadow.seq as number) - (batches.length - 1 - j), evs, BS));
+        batches.forEach((evs, j) =>
+          applyBatch(rebuilt!, ek, (shadow.seq as number) - (batches.length - 1 - j), evs, BS),
+        );
         replays++;
       }
       if (rebuilt)
         for (const t of ["GPU", "CPU"]) {
           const k = tierKey(ek, t);
           assert.equal(rebuilt.count(k), live.count(k), `${t} count after ${i}`);
-          for (const h of seen) assert.equal(rebuilt.lookup(k, h as never), live.lookup(k, h as never), `${t} block ${h}`);
+          for (const h of seen)
+            assert.equal(rebuilt.lookup(k, h as never), live.lookup(k, h as never), `${t} block ${h}`);
         }
     }
     assert.ok(replays >= 5 && maxCpu === 30, `replays ${replays}, CPU tier reached ${maxCpu}`);

@@ -49,7 +49,10 @@ test("the command parsers see a difference between README and .ci/run", () => {
   // Guards the test above against passing vacuously: an extra CI step or another README command is seen.
   const readme = "x\n## Set up and test\n\n```sh\nbash scripts/setup.sh\nnpm test   # all\n```\n";
   assert.deepEqual(readmeSetupCommands(readme), ["bash scripts/setup.sh", "npm test"]);
-  assert.deepEqual(ciCommands("#!/bin/sh\nset -e\ncd x\nexport CI=1\nbash scripts/setup.sh\ntimeout 99 npm test\n"), ["bash scripts/setup.sh", "npm test"]);
+  assert.deepEqual(ciCommands("#!/bin/sh\nset -e\ncd x\nexport CI=1\nbash scripts/setup.sh\ntimeout 99 npm test\n"), [
+    "bash scripts/setup.sh",
+    "npm test",
+  ]);
   assert.notDeepEqual(ciCommands("bash scripts/setup.sh\npip install x\nnpm test\n"), readmeSetupCommands(readme));
 });
 
@@ -122,12 +125,15 @@ test("every relative link in README.md, CONTRIBUTING.md and docs/ points to a fi
     for (const link of links(read(file))) {
       checked++;
       const [target, anchor] = link.split("#");
-      const abs = target ? path.resolve(path.dirname(path.join(ROOT, file)), decodeURIComponent(target)) : path.join(ROOT, file);
+      const abs = target
+        ? path.resolve(path.dirname(path.join(ROOT, file)), decodeURIComponent(target))
+        : path.join(ROOT, file);
       if (!fs.existsSync(abs)) {
         bad.push(`${file}: ${link} (no such file)`);
         continue;
       }
-      if (anchor && abs.endsWith(".md") && !anchors(fs.readFileSync(abs, "utf8")).has(anchor)) bad.push(`${file}: ${link} (no such heading)`);
+      if (anchor && abs.endsWith(".md") && !anchors(fs.readFileSync(abs, "utf8")).has(anchor))
+        bad.push(`${file}: ${link} (no such heading)`);
     }
   }
   assert.ok(checked >= 20, `only ${checked} links found: the parser is broken`);
@@ -135,7 +141,12 @@ test("every relative link in README.md, CONTRIBUTING.md and docs/ points to a fi
 });
 
 test("the link checker catches a missing file and a missing anchor", () => {
-  assert.deepEqual(links("see [a](docs/x.md#y) and `[b](not-a-link.md)` and [c](https://example.org)"), ["docs/x.md#y"]);
+  assert.deepEqual(links("see [a](docs/x.md#y) and `[b](not-a-link.md)` and [c](https://example.org)"), [
+    "docs/x.md#y",
+  ]);
   assert.ok(anchors("# Router replicas\n## Router replicas\n").has("router-replicas-1"));
-  assert.equal(slug("Kubernetes discovery (`--discovery-backend k8s`)"), "kubernetes-discovery---discovery-backend-k8s");
+  assert.equal(
+    slug("Kubernetes discovery (`--discovery-backend k8s`)"),
+    "kubernetes-discovery---discovery-backend-k8s",
+  );
 });

@@ -39,7 +39,6 @@ const ID_CORPUS: string[] = [
   "",
 ];
 
-
 function hfOf(dir: string) {
   const tj = JSON.parse(fs.readFileSync(path.join(dir, "tokenizer.json"), "utf8"));
   const cfgPath = path.join(dir, "tokenizer_config.json");
@@ -64,7 +63,11 @@ for (const [name, dir] of [
       // again: now from the word cache
       assert.deepEqual(fast.encode(text), want, `cached: ${JSON.stringify(text.slice(0, 80))}`);
       assert.deepEqual(tok.encode(text), want, `loaded (piece cache): ${JSON.stringify(text.slice(0, 80))}`);
-      assert.deepEqual(tok.encodeSpecial!(text), hf.encode(text, { add_special_tokens: true }).ids, `add_special_tokens: ${JSON.stringify(text.slice(0, 80))}`);
+      assert.deepEqual(
+        tok.encodeSpecial!(text),
+        hf.encode(text, { add_special_tokens: true }).ids,
+        `add_special_tokens: ${JSON.stringify(text.slice(0, 80))}`,
+      );
       n += want.length;
     }
     assert.ok(n > 20000, `${n} tokens compared`);
@@ -84,7 +87,8 @@ test("tokenizers the fast path cannot reproduce fall back to @huggingface/tokeni
     const tok = loadTokenizer(dir)!;
     assert.equal(tok.backend, "hf");
     assert.match(String(tok.fallbackReason), why);
-    for (const text of ID_CORPUS.slice(0, 8)) assert.deepEqual(tok.encode(text), hf.encode(text, { add_special_tokens: false }).ids);
+    for (const text of ID_CORPUS.slice(0, 8))
+      assert.deepEqual(tok.encode(text), hf.encode(text, { add_special_tokens: false }).ids);
     assert.throws(() => loadTokenizer(dir, { backend: "fast-bpe" }), why);
   }
   // Forcing the old path on a supported tokenizer.

@@ -7,16 +7,28 @@ import { BlockHash, Features } from "../../core/types";
 export function mk(specs: Partial<WorkerSpec>[], cfg: Partial<RouterConfig> = {}, logs?: string[]) {
   const st: RouterState = memoryState();
   const demand: unknown[] = [];
-  const r: Router = createRouter(st, { ...defaultConfig(), ...cfg }, {
-    log: (_l, line) => logs?.push(line),
-    onDemand: (d) => demand.push(d),
-    random: () => 0.99,
-  });
-  for (const [i, s] of specs.entries()) r.addWorker({ id: s.id ?? `w${i}`, address: s.address ?? `127.0.0.1:${8000 + i}`, role: s.role ?? "mixed", blockSize: s.blockSize, events: s.events });
+  const r: Router = createRouter(
+    st,
+    { ...defaultConfig(), ...cfg },
+    {
+      log: (_l, line) => logs?.push(line),
+      onDemand: (d) => demand.push(d),
+      random: () => 0.99,
+    },
+  );
+  for (const [i, s] of specs.entries())
+    r.addWorker({
+      id: s.id ?? `w${i}`,
+      address: s.address ?? `127.0.0.1:${8000 + i}`,
+      role: s.role ?? "mixed",
+      blockSize: s.blockSize,
+      events: s.events,
+    });
   return { st, r, demand };
 }
 
-export const blocks = (prefix: string, n: number) => Array.from({ length: n }, (_, i) => `${prefix}${i.toString(16).padStart(14, "0")}`.slice(-16) as BlockHash);
+export const blocks = (prefix: string, n: number) =>
+  Array.from({ length: n }, (_, i) => `${prefix}${i.toString(16).padStart(14, "0")}`.slice(-16) as BlockHash);
 
 /** Marks the first blocks as cached on worker id (through the mirror, as events would). */
 export function cache(st: RouterState, r: Router, id: string, bs: BlockHash[]): void {

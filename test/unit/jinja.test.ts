@@ -12,10 +12,25 @@ import { needs, pythonMissing } from "../tools";
 const msgs = [
   { role: "system", content: "  Be brief.\n" },
   { role: "user", content: "Zürich → 東京? 🚀" },
-  { role: "assistant", content: null, tool_calls: [{ function: { name: "f", arguments: { b: 1, a: [true, null, 0.5, "x\"y"] } } }] },
+  {
+    role: "assistant",
+    content: null,
+    tool_calls: [{ function: { name: "f", arguments: { b: 1, a: [true, null, 0.5, 'x"y'] } } }],
+  },
   { role: "tool", content: "ok" },
 ];
-const V = { messages: msgs, tools: [{ type: "function", function: { name: "f", description: null, parameters: { type: "object", properties: {} } } }], add_generation_prompt: true, n: 7, s: "\n\n abc \t\n", d: { k: "v", z: 1, a: 2 }, e: [], none: null };
+const V = {
+  messages: msgs,
+  tools: [
+    { type: "function", function: { name: "f", description: null, parameters: { type: "object", properties: {} } } },
+  ],
+  add_generation_prompt: true,
+  n: 7,
+  s: "\n\n abc \t\n",
+  d: { k: "v", z: 1, a: 2 },
+  e: [],
+  none: null,
+};
 
 const CASES: string[] = [
   "{{ s.strip() }}|{{ s.lstrip() }}|{{ s.rstrip() }}|{{ s.strip('\\n') }}|{{ s.rstrip('\\n') }}|{{ 'xxhixx'.strip('x') }}",
@@ -49,27 +64,34 @@ const CASES: string[] = [
   "{{ '%s'|length }}{{ ' '.join(['a', 'b']) }}|{{ 'x,y'.rsplit(',', 1) }}",
 ];
 
-test("core/jinja.ts renders like jinja2 in transformers' environment (outputs and failures)", { skip: needs(pythonMissing(["transformers", "jinja2"], "'transformers>=5.24' 'jinja2>=3.1.6'")) }, () => {
-  const r = spawnSync("python3", [path.join(__dirname, "..", "jinja_reference.py")], {
-    input: JSON.stringify(CASES.map((t) => ({ template: t, vars: V }))),
-    encoding: "utf8",
-    maxBuffer: 1 << 24,
-  });
-  assert.equal(r.status, 0, "jinja_reference.py (needs transformers + jinja2): " + r.stderr);
-  const ref = JSON.parse(r.stdout) as { out?: string; error?: string }[];
-  const bad: string[] = [];
-  CASES.forEach((t, i) => {
-    let out: string | null = null;
-    let err = "";
-    try {
-      out = renderTemplate(templateAst(t), V);
-    } catch (e) {
-      err = (e as Error).message;
-    }
-    const want = ref[i];
-    if (want.error !== undefined) {
-      if (!err) bad.push(`#${i} ${t}\n  jinja2 fails (${want.error}) but we rendered ${JSON.stringify(out)}`);
-    } else if (err || out !== want.out) bad.push(`#${i} ${t}\n  want ${JSON.stringify(want.out)}\n  got  ${err ? "error " + err : JSON.stringify(out)}`);
-  });
-  assert.equal(bad.length, 0, bad.join("\n"));
-});
+test(
+  "core/jinja.ts renders like jinja2 in transformers' environment (outputs and failures)",
+  { skip: needs(pythonMissing(["transformers", "jinja2"], "'transformers>=5.24' 'jinja2>=3.1.6'")) },
+  () => {
+    const r = spawnSync("python3", [path.join(__dirname, "..", "jinja_reference.py")], {
+      input: JSON.stringify(CASES.map((t) => ({ template: t, vars: V }))),
+      encoding: "utf8",
+      maxBuffer: 1 << 24,
+    });
+    assert.equal(r.status, 0, "jinja_reference.py (needs transformers + jinja2): " + r.stderr);
+    const ref = JSON.parse(r.stdout) as { out?: string; error?: string }[];
+    const bad: string[] = [];
+    CASES.forEach((t, i) => {
+      let out: string | null = null;
+      let err = "";
+      try {
+        out = renderTemplate(templateAst(t), V);
+      } catch (e) {
+        err = (e as Error).message;
+      }
+      const want = ref[i];
+      if (want.error !== undefined) {
+        if (!err) bad.push(`#${i} ${t}\n  jinja2 fails (${want.error}) but we rendered ${JSON.stringify(out)}`);
+      } else if (err || out !== want.out)
+        bad.push(
+          `#${i} ${t}\n  want ${JSON.stringify(want.out)}\n  got  ${err ? "error " + err : JSON.stringify(out)}`,
+        );
+    });
+    assert.equal(bad.length, 0, bad.join("\n"));
+  },
+);

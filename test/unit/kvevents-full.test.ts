@@ -4,7 +4,15 @@
 import { test } from "node:test";
 import * as assert from "node:assert/strict";
 import { encode } from "@msgpack/msgpack";
-import { applyBatch, chainRoot, KvEvent, parseTierWeights, requestRoot, tierCounts, tierKey } from "../../core/kvevents";
+import {
+  applyBatch,
+  chainRoot,
+  KvEvent,
+  parseTierWeights,
+  requestRoot,
+  tierCounts,
+  tierKey,
+} from "../../core/kvevents";
 import { blockHashes } from "../../core/hash";
 import { memoryMirror } from "../../core/state/memory";
 import { typedMirror } from "../../core/state/typed-mirror";
@@ -21,7 +29,14 @@ const live = { "w#1": true };
 const toks = (n: number, base = 0) => Array.from({ length: n }, (_, i) => base + i);
 const ids = (p: string, n: number) => Array.from({ length: n }, (_, i) => p + i);
 type Stored = Extract<KvEvent, { type: "BlockStored" }>;
-const stored = (hashes: string[], tokens: number[], more: Partial<Stored> = {}): KvEvent => ({ type: "BlockStored", hashes, parent: null, tokens, blockSize: 16, ...more });
+const stored = (hashes: string[], tokens: number[], more: Partial<Stored> = {}): KvEvent => ({
+  type: "BlockStored",
+  hashes,
+  parent: null,
+  tokens,
+  blockSize: 16,
+  ...more,
+});
 
 const backends: [string, () => MirrorIndex][] = [
   ["memory", memoryMirror],
@@ -44,21 +59,64 @@ test("both encodings decode to the same events: every field, signed/unsigned int
     kv_cache_spec_kind: "sliding_window",
     kv_cache_spec_sliding_window: 128,
   };
-  const rm: SimKvEvent = { type: "BlockRemoved", block_hashes: [new Uint8Array([1, 255])], medium: "DISK", group_idx: 2 };
-  const asMap = decodeBatch(encode({ ts: 1, events: [encodeEvent(full, "map"), encodeEvent(rm, "map"), { type: "BlockStored", ...{ future_field: 1 }, block_hashes: [1], parent_block_hash: 0, token_ids: toks(16), block_size: 16 }], data_parallel_rank: 1 }, { useBigInt64: true }));
-  const asArr = decodeBatch(encode([1, [encodeEvent(full, "array"), encodeEvent(rm, "array"), ["BlockStored", [1], 0, toks(16), 16]], 1], { useBigInt64: true }));
+  const rm: SimKvEvent = {
+    type: "BlockRemoved",
+    block_hashes: [new Uint8Array([1, 255])],
+    medium: "DISK",
+    group_idx: 2,
+  };
+  const asMap = decodeBatch(
+    encode(
+      {
+        ts: 1,
+        events: [
+          encodeEvent(full, "map"),
+          encodeEvent(rm, "map"),
+          {
+            type: "BlockStored",
+            ...{ future_field: 1 },
+            block_hashes: [1],
+            parent_block_hash: 0,
+            token_ids: toks(16),
+            block_size: 16,
+          },
+        ],
+        data_parallel_rank: 1,
+      },
+      { useBigInt64: true },
+    ),
+  );
+  const asArr = decodeBatch(
+    encode([1, [encodeEvent(full, "array"), encodeEvent(rm, "array"), ["BlockStored", [1], 0, toks(16), 16]], 1], {
+      useBigInt64: true,
+    }),
+  );
   assert.deepEqual(asMap.events, asArr.events);
   assert.equal(asMap.dpRank, 1);
   const s = asMap.events[0] as Stored;
   // -5 signed and 2^64-5 unsigned are the same 64-bit hash
   assert.deepEqual(s.hashes, ["18446744073709551611", "18446744073709551611"]);
-  assert.deepEqual([s.medium, s.loraName, s.loraId, s.groupIdx, s.specKind, s.slidingWindow], ["CPU_PINNED", "sql-adapter", 3, 1, "sliding_window", 128]);
+  assert.deepEqual(
+    [s.medium, s.loraName, s.loraId, s.groupIdx, s.specKind, s.slidingWindow],
+    ["CPU_PINNED", "sql-adapter", 3, 1, "sliding_window", 128],
+  );
   assert.deepEqual(s.extraKeys, [["sql-adapter", "tenant-a"], [["img-1", 4]]]);
   assert.deepEqual(asMap.events[1], { type: "BlockRemoved", hashes: ["01ff"], medium: "DISK", groupIdx: 2 });
   assert.equal((asMap.events[2] as Stored).parent, "0");
   // short SGLang arrays (no medium and later fields) still decode
-  const sg = decodeBatch(encode([0, [["BlockStored", [7], null, toks(16), 16, null], ["BlockRemoved", [7]]]]));
-  assert.deepEqual([(sg.events[0] as Stored).medium, (sg.events[1] as { medium?: string | null }).medium], [null, null]);
+  const sg = decodeBatch(
+    encode([
+      0,
+      [
+        ["BlockStored", [7], null, toks(16), 16, null],
+        ["BlockRemoved", [7]],
+      ],
+    ]),
+  );
+  assert.deepEqual(
+    [(sg.events[0] as Stored).medium, (sg.events[1] as { medium?: string | null }).medium],
+    [null, null],
+  );
 });
 
 test("tier weights flag: gpu=1,cpu=0.75,disk=0.25 with CPU_PINNED as CPU, bad values named", () => {
@@ -78,7 +136,16 @@ for (const [name, make] of backends) {
     applyBatch(m, W, 2, [{ type: "BlockRemoved", hashes: h.slice(0, 8), medium: "CPU" }], 16);
     assert.deepEqual(tierCounts(m, W), { GPU: 12, CPU: 0, DISK: 0, EXTERNAL: 0 }, "the GPU still holds all 12");
     // SGLang host tier: CPU_PINNED store, then a GPU eviction leaves the 8 on CPU
-    applyBatch(m, W, 3, [stored(h.slice(0, 8), t.slice(0, 128), { medium: "CPU_PINNED" }), { type: "BlockRemoved", hashes: h, medium: "GPU" }], 16);
+    applyBatch(
+      m,
+      W,
+      3,
+      [
+        stored(h.slice(0, 8), t.slice(0, 128), { medium: "CPU_PINNED" }),
+        { type: "BlockRemoved", hashes: h, medium: "GPU" },
+      ],
+      16,
+    );
     assert.deepEqual(tierCounts(m, W), { GPU: 0, CPU: 8, DISK: 0, EXTERNAL: 0 });
     // an AllBlocksCleared for one medium clears that tier only
     applyBatch(m, W, 4, [stored(h.slice(0, 2), t.slice(0, 32)), { type: "AllBlocksCleared", medium: "CPU" }], 16);
@@ -91,13 +158,38 @@ for (const [name, make] of backends) {
     const h = ids("x", 6);
     // blocks 0-1 on GPU, 2-3 only on CPU, 4 only on DISK, 5 nowhere
     applyBatch(m, W, 0, [stored(h.slice(0, 2), t.slice(0, 32))], 16);
-    applyBatch(m, W, 1, [{ type: "BlockStored", hashes: h.slice(2, 4), parent: "x1", tokens: t.slice(32, 64), blockSize: 16, medium: "CPU" }], 16);
-    applyBatch(m, W, 2, [{ type: "BlockStored", hashes: [h[4]], parent: "x3", tokens: t.slice(64, 80), blockSize: 16, medium: "DISK" }], 16);
+    applyBatch(
+      m,
+      W,
+      1,
+      [
+        {
+          type: "BlockStored",
+          hashes: h.slice(2, 4),
+          parent: "x1",
+          tokens: t.slice(32, 64),
+          blockSize: 16,
+          medium: "CPU",
+        },
+      ],
+      16,
+    );
+    applyBatch(
+      m,
+      W,
+      2,
+      [{ type: "BlockStored", hashes: [h[4]], parent: "x3", tokens: t.slice(64, 80), blockSize: 16, medium: "DISK" }],
+      16,
+    );
     const ours = blockHashes(t, 16);
     const w = { GPU: 1, CPU: 0.75, DISK: 0.25 };
     assert.equal(m.prefixHits(ours, live, w)["w#1"], 2 + 2 * 0.75 + 0.25);
     assert.equal(m.prefixHits(ours, live)["w#1"], 2, "no weights: GPU only");
-    assert.equal(m.prefixHits(ours, live, { GPU: 1, CPU: 0.5, DISK: 0 })["w#1"], 3, "a zero-weight tier ends the prefix");
+    assert.equal(
+      m.prefixHits(ours, live, { GPU: 1, CPU: 0.5, DISK: 0 })["w#1"],
+      3,
+      "a zero-weight tier ends the prefix",
+    );
   });
 
   test(`${name}: KV-cache groups: the full-attention group is mirrored; sliding-window stores and removals never touch it`, () => {
@@ -106,7 +198,20 @@ for (const [name, make] of backends) {
     const h = ids("g", 8);
     const r0 = applyBatch(m, W, 0, [stored(h, t, { groupIdx: 0, specKind: "full_attention" })], 16);
     // the sliding-window group: same engine hashes, another block size; must not exclude the worker
-    const r1 = applyBatch(m, W, 1, [stored(h.slice(0, 4), toks(4 * 32, 50), { blockSize: 32, groupIdx: 1, specKind: "sliding_window", slidingWindow: 1024 })], 16);
+    const r1 = applyBatch(
+      m,
+      W,
+      1,
+      [
+        stored(h.slice(0, 4), toks(4 * 32, 50), {
+          blockSize: 32,
+          groupIdx: 1,
+          specKind: "sliding_window",
+          slidingWindow: 1024,
+        }),
+      ],
+      16,
+    );
     assert.equal(r1.fatal, null);
     assert.equal(r1.otherGroup, 4);
     applyBatch(m, W, 2, [{ type: "BlockRemoved", hashes: h.slice(4), groupIdx: 1 }], 16);
@@ -114,22 +219,59 @@ for (const [name, make] of backends) {
     assert.equal(r0.stored, 8);
     // full attention learned as group 1 on another engine: group 0 removals are then ignored
     const W2 = "w#2" as EpochKey;
-    applyBatch(m, W2, 0, [stored(h, t, { groupIdx: 1, specKind: "FullAttentionSpec" }), stored(["o"], toks(16), { groupIdx: 0, specKind: "mamba" })], 16);
-    applyBatch(m, W2, 1, [{ type: "BlockRemoved", hashes: h, groupIdx: 0 }, { type: "BlockRemoved", hashes: [h[0]], groupIdx: 1 }], 16);
+    applyBatch(
+      m,
+      W2,
+      0,
+      [
+        stored(h, t, { groupIdx: 1, specKind: "FullAttentionSpec" }),
+        stored(["o"], toks(16), { groupIdx: 0, specKind: "mamba" }),
+      ],
+      16,
+    );
+    applyBatch(
+      m,
+      W2,
+      1,
+      [
+        { type: "BlockRemoved", hashes: h, groupIdx: 0 },
+        { type: "BlockRemoved", hashes: [h[0]], groupIdx: 1 },
+      ],
+      16,
+    );
     assert.equal(m.count(W2), 7);
     // the block-size check still applies to the mirrored group
-    assert.match(applyBatch(m, W, 3, [stored(["z"], toks(32), { blockSize: 32, groupIdx: 0 })], 16).fatal!, /block size 32/);
+    assert.match(
+      applyBatch(m, W, 3, [stored(["z"], toks(32), { blockSize: 32, groupIdx: 0 })], 16).fatal!,
+      /block size 32/,
+    );
   });
 
   test(`${name}: cache_salt and LoRA names fold into the chain exactly as requests compute it; multimodal blocks never hit text`, () => {
     const m = make();
     const t = toks(3 * 16, 700);
     // same tokens under two salts and no salt: three distinct chains
-    applyBatch(m, W, 0, [stored(ids("a", 3), t, { extraKeys: [["tenant-a"], null, null] }), stored(ids("b", 3), t, { extraKeys: [["tenant-b"], null, null] }), stored(ids("n", 3), t)], 16);
+    applyBatch(
+      m,
+      W,
+      0,
+      [
+        stored(ids("a", 3), t, { extraKeys: [["tenant-a"], null, null] }),
+        stored(ids("b", 3), t, { extraKeys: [["tenant-b"], null, null] }),
+        stored(ids("n", 3), t),
+      ],
+      16,
+    );
     assert.equal(m.count(W), 9);
     const body = (extra: object) => JSON.stringify({ model: "base", prompt: "x", ...extra });
     const feats = (model: string, salt: string | null) => {
-      const req = parseRequest("completions", body(salt ? { cache_salt: salt, model } : { model }), 10, { maxBodyBytes: 1e6 }, null);
+      const req = parseRequest(
+        "completions",
+        body(salt ? { cache_salt: salt, model } : { model }),
+        10,
+        { maxBodyBytes: 1e6 },
+        null,
+      );
       req.promptTokens = t;
       return computeFeatures(req, null, 16, undefined, requestRoot(m, req.model, req.cacheSalt)).blocks;
     };
@@ -141,14 +283,21 @@ for (const [name, make] of backends) {
     applyBatch(m, W, 1, [stored(["l0", "l1"], lt, { loraName: "sql", loraId: 7, extraKeys: [["sql"], ["sql"]] })], 16);
     const lreq = parseRequest("completions", body({ model: "sql" }), 10, { maxBodyBytes: 1e6 }, null);
     lreq.promptTokens = lt;
-    assert.equal(m.prefixHits(computeFeatures(lreq, null, 16, undefined, requestRoot(m, "sql", null)).blocks, live)["w#1"], 2);
+    assert.equal(
+      m.prefixHits(computeFeatures(lreq, null, 16, undefined, requestRoot(m, "sql", null)).blocks, live)["w#1"],
+      2,
+    );
     assert.equal(m.prefixHits(blockHashes(lt, 16), live)["w#1"], undefined, "base model never hits adapter blocks");
     assert.equal(requestRoot(m, "base", null), null);
     assert.equal(chainRoot("sql", null), requestRoot(m, "sql", null));
     // multimodal: an (mm id, offset) extra key poisons the block and everything after it
     const mt = toks(2 * 16, 300);
     applyBatch(m, W, 2, [stored(["m0", "m1"], mt, { extraKeys: [null, [["img-9", 3]]] })], 16);
-    assert.equal(m.prefixHits(blockHashes(mt, 16), live)["w#1"], 1, "the text block before the image hits, the image block does not");
+    assert.equal(
+      m.prefixHits(blockHashes(mt, 16), live)["w#1"],
+      1,
+      "the text block before the image hits, the image block does not",
+    );
   });
 
   test(`${name}: --max-mirror-blocks evicts the oldest engine blocks, counted`, () => {
@@ -166,7 +315,10 @@ for (const [name, make] of backends) {
     // a removed block leaves a hole the eviction skips
     applyBatch(m, W, 2, [{ type: "BlockRemoved", hashes: ["q2"] }, stored(ids("s", 2), toks(32, 300))], 16, opts);
     assert.equal(m.entries(W), 4);
-    assert.deepEqual(["r0", "r1", "r2", "s0", "s1"].map((x) => m.lookup(W, x) !== undefined), [false, true, true, true, true]);
+    assert.deepEqual(
+      ["r0", "r1", "r2", "s0", "s1"].map((x) => m.lookup(W, x) !== undefined),
+      [false, true, true, true, true],
+    );
     assert.equal(m.entries(tierKey(W, "CPU")), 0);
   });
 }

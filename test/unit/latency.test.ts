@@ -25,7 +25,12 @@ test("typical until learned: no prediction and slowness 1 before minSamples", ()
 
 test("a 3x faster worker is learned from its first tokens; predictions land within 15%", () => {
   const m = latencyModel();
-  const ws = { fast: engine(1, 0.15, 1), s1: engine(3, 0.15, 2), s2: engine(3, 0.15, 3), s3: engine(3, 0.15, 4) } as Record<string, ReturnType<typeof engine>>;
+  const ws = {
+    fast: engine(1, 0.15, 1),
+    s1: engine(3, 0.15, 2),
+    s2: engine(3, 0.15, 3),
+    s3: engine(3, 0.15, 4),
+  } as Record<string, ReturnType<typeof engine>>;
   let errs = 0;
   let n = 0;
   for (let i = 0; i < 60; i++)
@@ -67,10 +72,19 @@ test("the pick prices work in time: a cold prompt goes to the fast worker even w
     const router = createRouter(memoryState(), { ...defaultConfig(), speedLearning }, { now: () => clock });
     router.addWorker({ id: "fast", address: "127.0.0.1:1", role: "mixed" });
     router.addWorker({ id: "slow", address: "127.0.0.1:2", role: "mixed" });
-    const prompt = (p: string, n: number) => ({ blocks: Array.from({ length: n }, (_, i) => `${p}${i}` as BlockHash), inputTokens: n * 16, exact: true, mediaHashes: [], n: 1 });
+    const prompt = (p: string, n: number) => ({
+      blocks: Array.from({ length: n }, (_, i) => `${p}${i}` as BlockHash),
+      inputTokens: n * 16,
+      exact: true,
+      mediaHashes: [],
+      n: 1,
+    });
     // Teach it: each worker serves alone, the slow one 3x slower per token.
     for (let i = 0; i < 6; i++)
-      for (const [id, k] of [["fast", 1], ["slow", 3]] as const) {
+      for (const [id, k] of [
+        ["fast", 1],
+        ["slow", 3],
+      ] as const) {
         const allow = (w: { id: string }) => w.id === id;
         const pick = router.pick(prompt(`t${id}${i}`, 40 + i * 20), null, allow);
         clock += k * (5 + 0.035 * (40 + i * 20) * 16);

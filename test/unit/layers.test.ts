@@ -26,7 +26,10 @@ function sources(dir: string): string[] {
 function imports(file: string): string[] {
   const src = fs.readFileSync(path.join(ROOT, file), "utf8");
   const out: string[] = [];
-  for (const m of src.matchAll(/(?:^|\n)\s*(?:import|export)\b[^;]*?\bfrom\s+"([^"]+)"|(?:^|\n)\s*import\s+"([^"]+)"|\brequire\("([^"]+)"\)/g)) out.push(m[1] ?? m[2] ?? m[3]);
+  for (const m of src.matchAll(
+    /(?:^|\n)\s*(?:import|export)\b[^;]*?\bfrom\s+"([^"]+)"|(?:^|\n)\s*import\s+"([^"]+)"|\brequire\("([^"]+)"\)/g,
+  ))
+    out.push(m[1] ?? m[2] ?? m[3]);
   return out;
 }
 
@@ -36,18 +39,20 @@ function violations(files: { file: string; specs: string[] }[]): string[] {
   for (const { file, specs } of files) {
     const layer = file.split("/")[0];
     for (const spec of specs) {
-        if (!spec.startsWith(".")) {
-          const bare = spec.replace(/^node:/, "").split("/")[0];
-          if (layer === "core" && builtinModules.includes(bare)) bad.push(`${file} -> ${spec}: core uses no Node API`);
-          else if (file === "njs/infera.ts" && spec !== "../core") bad.push(`${file} -> ${spec}: the njs entry bundles core only`);
-          continue;
-        }
-        const top = path.normalize(path.join(path.dirname(file), spec)).split(path.sep)[0];
-        if (top === layer) continue;
-        if ((TOOLING[file] ?? []).includes(top)) continue;
-        if (file === "njs/infera.ts" && top !== "core") bad.push(`${file} -> ${spec}: the njs entry bundles core only`);
-        else if (!(top in RANK)) bad.push(`${file} -> ${spec}: ${top}/ is not a layer the product may import`);
-        else if (RANK[top] >= RANK[layer]) bad.push(`${file} -> ${spec}: ${layer} (layer ${RANK[layer]}) may not import ${top} (layer ${RANK[top]})`);
+      if (!spec.startsWith(".")) {
+        const bare = spec.replace(/^node:/, "").split("/")[0];
+        if (layer === "core" && builtinModules.includes(bare)) bad.push(`${file} -> ${spec}: core uses no Node API`);
+        else if (file === "njs/infera.ts" && spec !== "../core")
+          bad.push(`${file} -> ${spec}: the njs entry bundles core only`);
+        continue;
+      }
+      const top = path.normalize(path.join(path.dirname(file), spec)).split(path.sep)[0];
+      if (top === layer) continue;
+      if ((TOOLING[file] ?? []).includes(top)) continue;
+      if (file === "njs/infera.ts" && top !== "core") bad.push(`${file} -> ${spec}: the njs entry bundles core only`);
+      else if (!(top in RANK)) bad.push(`${file} -> ${spec}: ${top}/ is not a layer the product may import`);
+      else if (RANK[top] >= RANK[layer])
+        bad.push(`${file} -> ${spec}: ${layer} (layer ${RANK[layer]}) may not import ${top} (layer ${RANK[top]})`);
     }
   }
   return bad;
@@ -66,7 +71,18 @@ test("the check sees a violation when one is there", () => {
     { file: "extproc/z.ts", specs: ["../njs/infera"] },
     { file: "njs/infera.ts", specs: ["../runtime/app", "fs"] },
   ]);
-  assert.deepEqual(v.map((l) => l.split(":")[0]), ["runtime/x.ts -> ../cli/main", "runtime/x.ts -> ../extproc/server", "core/y.ts -> fs", "core/y.ts -> node", "extproc/z.ts -> ../njs/infera", "njs/infera.ts -> ../runtime/app", "njs/infera.ts -> fs"]);
+  assert.deepEqual(
+    v.map((l) => l.split(":")[0]),
+    [
+      "runtime/x.ts -> ../cli/main",
+      "runtime/x.ts -> ../extproc/server",
+      "core/y.ts -> fs",
+      "core/y.ts -> node",
+      "extproc/z.ts -> ../njs/infera",
+      "njs/infera.ts -> ../runtime/app",
+      "njs/infera.ts -> fs",
+    ],
+  );
   // The import reader finds each form.
   assert.ok(imports("runtime/config.ts").includes("./args"));
 });

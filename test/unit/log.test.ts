@@ -21,7 +21,10 @@ test("JSON lines by default with level, msg, fields and the request id of the re
   });
   log("info", "after");
   const recs = lines.map((l) => JSON.parse(l));
-  assert.deepEqual(recs.map((r) => r.msg), ["plain", "inside", "deeper", "after"]);
+  assert.deepEqual(
+    recs.map((r) => r.msg),
+    ["plain", "inside", "deeper", "after"],
+  );
   assert.equal(recs[0].worker, "w0");
   assert.equal(recs[0].component, "t");
   assert.equal(recs[0].request_id, undefined);
@@ -37,8 +40,14 @@ test("--log-format text is for humans; the level comes from the flag or INFERA_L
   assert.match(lines[0], /^\S+Z debug \[r9\] pick worker=w1\n$/);
   assert.equal(parseArgs(["--workers", "127.0.0.1:1"], {}).logFormat, "json");
   assert.equal(parseArgs(["--workers", "127.0.0.1:1"], { INFERA_LOG_LEVEL: "debug" }).logLevel, "debug");
-  assert.equal(parseArgs(["--workers", "127.0.0.1:1", "--log-level", "error"], { INFERA_LOG_LEVEL: "debug" }).logLevel, "error");
-  assert.throws(() => parseArgs(["--workers", "127.0.0.1:1"], { INFERA_LOG_LEVEL: "loud" }), /INFERA_LOG_LEVEL: 'loud' is not one of debug, info, warn, error/);
+  assert.equal(
+    parseArgs(["--workers", "127.0.0.1:1", "--log-level", "error"], { INFERA_LOG_LEVEL: "debug" }).logLevel,
+    "error",
+  );
+  assert.throws(
+    () => parseArgs(["--workers", "127.0.0.1:1"], { INFERA_LOG_LEVEL: "loud" }),
+    /INFERA_LOG_LEVEL: 'loud' is not one of debug, info, warn, error/,
+  );
 });
 
 test("a failing loop logs once when it starts failing and once when it recovers; backoff grows to its cap", () => {
@@ -53,5 +62,8 @@ test("a failing loop logs once when it starts failing and once when it recovers;
   assert.match(JSON.parse(lines[1]).msg, /recovered after .* and 100 failed attempt/);
   const d = Array.from({ length: 30 }, (_, i) => backoff(i, 5000));
   assert.ok(d[0] <= 50 && d[3] >= 200 && d[3] <= 400, `early delays ${d.slice(0, 4)}`);
-  assert.ok(d.slice(10).every((x) => x >= 2500 && x <= 5000), "capped, with jitter");
+  assert.ok(
+    d.slice(10).every((x) => x >= 2500 && x <= 5000),
+    "capped, with jitter",
+  );
 });

@@ -27,13 +27,29 @@ const gobin = goBinDir();
 const promtool = findBin("promtool", gobin ? [gobin] : []);
 const noPromtool = needs(!promtool && "promtool not installed");
 
-type Rule = { alert?: string; record?: string; expr: string; for?: string; labels?: Record<string, string>; annotations?: Record<string, string> };
+type Rule = {
+  alert?: string;
+  record?: string;
+  expr: string;
+  for?: string;
+  labels?: Record<string, string>;
+  annotations?: Record<string, string>;
+};
 type Group = { name: string; rules: Rule[] };
-const ruleDoc = parse(fs.readFileSync(path.join(MON, "prometheusrule.yaml"), "utf8")) as { kind: string; spec: { groups: Group[] } };
+const ruleDoc = parse(fs.readFileSync(path.join(MON, "prometheusrule.yaml"), "utf8")) as {
+  kind: string;
+  spec: { groups: Group[] };
+};
 const groups = ruleDoc.spec.groups;
 const rules = groups.flatMap((g) => g.rules);
 
-type Panel = { type: string; title: string; panels?: Panel[]; targets?: { expr: string; refId: string }[]; datasource?: { uid: string } };
+type Panel = {
+  type: string;
+  title: string;
+  panels?: Panel[];
+  targets?: { expr: string; refId: string }[];
+  datasource?: { uid: string };
+};
 const dashboard = JSON.parse(fs.readFileSync(path.join(MON, "grafana-dashboard.json"), "utf8")) as {
   uid: string;
   title: string;
@@ -43,13 +59,21 @@ const dashboard = JSON.parse(fs.readFileSync(path.join(MON, "grafana-dashboard.j
 const allPanels = (ps: Panel[]): Panel[] => ps.flatMap((p) => [p, ...allPanels(p.panels ?? [])]);
 
 /** Grafana's own variables, as a query sent to Prometheus would have them. */
-const GRAFANA_VARS: Record<string, string> = { __rate_interval: "5m", __interval: "1m", __range: "1h", namespace: ".*", pod: ".*" };
+const GRAFANA_VARS: Record<string, string> = {
+  __rate_interval: "5m",
+  __interval: "1m",
+  __range: "1h",
+  namespace: ".*",
+  pod: ".*",
+};
 const expand = (q: string) => q.replace(/\$\{?(\w+)\}?/g, (m, v: string) => GRAFANA_VARS[v] ?? m);
 
 /** Every PromQL expression shipped, named by where it comes from. Template queries contribute their label_values selector. */
 const exprs: { where: string; expr: string }[] = [
   ...rules.map((r) => ({ where: `alert ${r.alert ?? r.record}`, expr: r.expr })),
-  ...allPanels(dashboard.panels).flatMap((p) => (p.targets ?? []).map((t) => ({ where: `panel "${p.title}" ${t.refId}`, expr: expand(t.expr) }))),
+  ...allPanels(dashboard.panels).flatMap((p) =>
+    (p.targets ?? []).map((t) => ({ where: `panel "${p.title}" ${t.refId}`, expr: expand(t.expr) })),
+  ),
   ...dashboard.templating.list
     .filter((v) => v.type === "query")
     .map((v) => {
@@ -91,7 +115,7 @@ test("the name extractor finds selected metrics and nothing else", () => {
     ['up{job="infera-gate"} == 0', ["up"]],
     ['histogram_quantile(0.99, sum by (namespace, le) (rate(a_bucket{x=~"a|b"}[5m]))) > 2.5e-3', ["a_bucket"]],
     ["sum(rate(a_total[5m] offset 1h)) by (worker) / on (worker) group_left(role) b", ["a_total", "b"]],
-    ['(sum by (pod) (x) == 0) or (max by (pod) (y) == 0) unless z and bool_metric', ["bool_metric", "x", "y", "z"]],
+    ["(sum by (pod) (x) == 0) or (max by (pod) (y) == 0) unless z and bool_metric", ["bool_metric", "x", "y", "z"]],
     ['label_replace(m, "dst", "$1", "src", "(.*)") + absent(n) * 0x1f', ["m", "n"]],
     ["max_over_time(rate(c[1m])[10m:1m])", ["c"]],
     ['{__name__="by_name"}', []],
@@ -110,8 +134,19 @@ test("the alert rules and the dashboard are complete and well-formed", () => {
     for (const k of ["summary", "description", "runbook"]) assert.ok(r.annotations?.[k], `${r.alert}: annotation ${k}`);
   }
   // What the brief asks the alerts to cover: router down, no/few workers, 5xx and no-worker rates, KV events, admission, pick latency.
-  for (const m of ["up", "infera_router_worker_up", "infera_router_requests_total", "infera_router_kv_events_silent", "infera_router_kv_event_errors_total", "infera_router_prefill_admission_wait_seconds_bucket", "infera_router_pick_latency_seconds_bucket"])
-    assert.ok(rules.some((r) => metricNames(r.expr).includes(m)), `an alert on ${m}`);
+  for (const m of [
+    "up",
+    "infera_router_worker_up",
+    "infera_router_requests_total",
+    "infera_router_kv_events_silent",
+    "infera_router_kv_event_errors_total",
+    "infera_router_prefill_admission_wait_seconds_bucket",
+    "infera_router_pick_latency_seconds_bucket",
+  ])
+    assert.ok(
+      rules.some((r) => metricNames(r.expr).includes(m)),
+      `an alert on ${m}`,
+    );
   assert.equal(dashboard.uid, "infera-gate-router");
   const panels = allPanels(dashboard.panels).filter((p) => p.type !== "row");
   for (const p of panels) {
@@ -134,7 +169,11 @@ test("the alert rules and the dashboard are complete and well-formed", () => {
     assert.ok(used.has(m), `a panel on ${m}`);
   // The Helm chart ships the same files (links), not copies that drift.
   for (const f of ["prometheusrule.yaml", "grafana-dashboard.json"])
-    assert.equal(fs.readFileSync(path.join(ROOT, "deploy/helm/infera-gate/files", f), "utf8"), fs.readFileSync(path.join(MON, f), "utf8"), `helm files/${f}`);
+    assert.equal(
+      fs.readFileSync(path.join(ROOT, "deploy/helm/infera-gate/files", f), "utf8"),
+      fs.readFileSync(path.join(MON, f), "utf8"),
+      `helm files/${f}`,
+    );
 });
 
 test("every PromQL expression parses (promtool check rules)", { skip: noPromtool }, () => {
@@ -151,10 +190,20 @@ test("every PromQL expression parses (promtool check rules)", { skip: noPromtool
     assert.match(a.stdout, new RegExp(`SUCCESS: ${rules.length} rules found`));
     // The dashboard's queries, each as a recording rule.
     const queries = exprs.filter((e) => !e.where.startsWith("alert"));
-    const d = check("dashboard.yaml", { groups: [{ name: "dashboard", rules: queries.map((e, i) => ({ record: `infera_dashboard:q${i}`, expr: e.expr })) }] });
-    assert.equal(d.status, 0, d.stdout + d.stderr + queries.map((e, i) => `\ninfera_dashboard:q${i} = ${e.where}`).join(""));
+    const d = check("dashboard.yaml", {
+      groups: [
+        { name: "dashboard", rules: queries.map((e, i) => ({ record: `infera_dashboard:q${i}`, expr: e.expr })) },
+      ],
+    });
+    assert.equal(
+      d.status,
+      0,
+      d.stdout + d.stderr + queries.map((e, i) => `\ninfera_dashboard:q${i} = ${e.where}`).join(""),
+    );
     // The check can fail: a broken expression is refused with the parser's message.
-    const bad = check("bad.yaml", { groups: [{ name: "bad", rules: [{ record: "x:y", expr: "sum(rate(infera_router_requests_total[5m])" }] }] });
+    const bad = check("bad.yaml", {
+      groups: [{ name: "bad", rules: [{ record: "x:y", expr: "sum(rate(infera_router_requests_total[5m])" }] }],
+    });
     assert.notEqual(bad.status, 0);
     assert.match(bad.stdout + bad.stderr, /unclosed left parenthesis|parse error/);
   } finally {
@@ -172,7 +221,15 @@ test("every metric an expression names exists in a real router's /metrics", asyn
       const s = processStream(client);
       s.send(reqHeaders("/v1/chat/completions"));
       await s.next();
-      s.send(reqBody(JSON.stringify({ model: "m", stream: true, messages: [{ role: "user", content: longText(`q${i % 2}`, 300) }] })));
+      s.send(
+        reqBody(
+          JSON.stringify({
+            model: "m",
+            stream: true,
+            messages: [{ role: "user", content: longText(`q${i % 2}`, 300) }],
+          }),
+        ),
+      );
       const r = await s.next();
       assert.equal(r.response.case, "requestBody");
       s.send(respHeaders());
@@ -200,7 +257,12 @@ test("every metric an expression names exists in a real router's /metrics", asyn
       for (const n of names) if (!SYNTHETIC.has(n) && !declared.has(n)) missing.push(`${e.where}: ${n}`);
     }
     assert.deepEqual(missing, [], "metrics the router does not export");
-    assert.ok(sampled.has("infera_router_worker_up") && sampled.has("infera_router_picks_total") && sampled.has("infera_router_requests_total"), "labelled series exist after traffic");
+    assert.ok(
+      sampled.has("infera_router_worker_up") &&
+        sampled.has("infera_router_picks_total") &&
+        sampled.has("infera_router_requests_total"),
+      "labelled series exist after traffic",
+    );
   } finally {
     client.close();
     await stopAll();

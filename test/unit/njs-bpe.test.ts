@@ -21,7 +21,48 @@ const PATTERNS: { [family: string]: string } = {
 };
 
 /** Seeded strings over every character class the split patterns and the cut rule care about. */
-const POOL = ["a", "Z", "é", "e\u0301", "\u0301", "ß", "日", "한", "ж", "𝐀", "Ⅻ", "²", "٣", "😀", "👍🏽", "1", "23", " ", "  ", "\n", "\r\n", "\t", "\u00a0", "\u3000", "\u200b", "'", "'s", "'LL", "’", ".", ",", "!", "/", "_", "-", "{", "$", "，", "。", "don't"];
+const POOL = [
+  "a",
+  "Z",
+  "é",
+  "e\u0301",
+  "\u0301",
+  "ß",
+  "日",
+  "한",
+  "ж",
+  "𝐀",
+  "Ⅻ",
+  "²",
+  "٣",
+  "😀",
+  "👍🏽",
+  "1",
+  "23",
+  " ",
+  "  ",
+  "\n",
+  "\r\n",
+  "\t",
+  "\u00a0",
+  "\u3000",
+  "\u200b",
+  "'",
+  "'s",
+  "'LL",
+  "’",
+  ".",
+  ",",
+  "!",
+  "/",
+  "_",
+  "-",
+  "{",
+  "$",
+  "，",
+  "。",
+  "don't",
+];
 const randomTexts = (n: number, seed: number) => randomCorpus(n, seed, POOL, 150, 30);
 
 test("the chunked pre-tokenizer split equals one String#match for every split pattern family, cut at every chance", () => {
@@ -30,7 +71,12 @@ test("the chunked pre-tokenizer split equals one String#match for every split pa
   for (const family in PATTERNS) {
     const re = compilePattern(PATTERNS[family]);
     for (const text of texts)
-      for (const chunk of [1, 3, 16]) assert.deepEqual(splitPieces(text, re, cut, chunk), text.match(re) || [], `${family}, chunk ${chunk}: ${JSON.stringify(text)}`);
+      for (const chunk of [1, 3, 16])
+        assert.deepEqual(
+          splitPieces(text, re, cut, chunk),
+          text.match(re) || [],
+          `${family}, chunk ${chunk}: ${JSON.stringify(text)}`,
+        );
   }
 });
 
@@ -40,12 +86,21 @@ test("njs BPE ids equal @huggingface/tokenizers on texts long enough to be split
   const hf = new HfTokenizer(tj, JSON.parse(fs.readFileSync(path.join(dir, "tokenizer_config.json"), "utf8")));
   const bpe = createBpe(compact(path.join(dir, "tokenizer.json")));
   // A piece that is exactly a prototype member's name (at the start of a line) once read Object.prototype's.
-  const proto = "constructor\ntoString\nvalueOf hasOwnProperty\n__proto__\nisPrototypeOf\n__defineGetter__ propertyIsEnumerable";
+  const proto =
+    "constructor\ntoString\nvalueOf hasOwnProperty\n__proto__\nisPrototypeOf\n__defineGetter__ propertyIsEnumerable";
   const random = randomTexts(600, 7);
-  const long = [NJS_CORPUS.concat(NJS_CORPUS, NJS_CORPUS, NJS_CORPUS).join("\n"), random.join(""), random.join("\n\n"), proto + "\n" + random.slice(0, 100).join(" ")];
+  const long = [
+    NJS_CORPUS.concat(NJS_CORPUS, NJS_CORPUS, NJS_CORPUS).join("\n"),
+    random.join(""),
+    random.join("\n\n"),
+    proto + "\n" + random.slice(0, 100).join(" "),
+  ];
   for (const text of [proto, ...NJS_CORPUS, ...random.slice(0, 200), ...long]) {
     const want = hf.encode(text, { add_special_tokens: false }).ids;
     assert.deepEqual(bpe.encode(text), want, JSON.stringify(text.slice(0, 80)));
   }
-  assert.ok(long.every((t) => t.length > 2 * SPLIT_CHUNK), "the long texts go through the chunked split");
+  assert.ok(
+    long.every((t) => t.length > 2 * SPLIT_CHUNK),
+    "the long texts go through the chunked split",
+  );
 });

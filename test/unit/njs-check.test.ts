@@ -22,11 +22,20 @@ test("the njs syntax check refuses what njs cannot run", () => {
 });
 
 test("the check ignores strings and comments, and passes ES5 code", () => {
-  assert.doesNotThrow(() => checkNjsSyntax('var s = "class A {} new Map() a?.b ...x"; // for (const x of y)\n/* class B {} */ var f = function (a) { return a + 1; };', "t.js"));
+  assert.doesNotThrow(() =>
+    checkNjsSyntax(
+      'var s = "class A {} new Map() a?.b ...x"; // for (const x of y)\n/* class B {} */ var f = function (a) { return a + 1; };',
+      "t.js",
+    ),
+  );
 });
 
-test("the built bundle passes the check (when built)", { skip: !fs.existsSync(path.join(__dirname, "../../njs/dist/infera.js")) && "run npm run build:njs" }, () => {
-  const code = fs.readFileSync(path.join(__dirname, "../../njs/dist/infera.js"), "utf8");
-  assert.doesNotThrow(() => checkNjsSyntax(code, "infera.js"));
-  assert.ok(code.trimEnd().endsWith("export default __infera.default;"));
-});
+test(
+  "the built bundle passes the check (when built)",
+  { skip: !fs.existsSync(path.join(__dirname, "../../njs/dist/infera.js")) && "run npm run build:njs" },
+  () => {
+    const code = fs.readFileSync(path.join(__dirname, "../../njs/dist/infera.js"), "utf8");
+    assert.doesNotThrow(() => checkNjsSyntax(code, "infera.js"));
+    assert.ok(code.trimEnd().endsWith("export default __infera.default;"));
+  },
+);

@@ -10,14 +10,19 @@ import { parseCommand } from "../../runtime/args";
 test("--objectives maps names to integer priorities; bad entries fail at start naming the flag", () => {
   assert.deepEqual(parseObjectives("critical=100, standard=0,batch=-10"), { critical: 100, standard: 0, batch: -10 });
   assert.deepEqual(parseObjectives(""), {});
-  for (const bad of ["critical", "=3", "x=1.5", "x=high"]) assert.throws(() => parseCommand("router", ["--objectives", bad], {}), /--objectives/, bad);
+  for (const bad of ["critical", "=3", "x=1.5", "x=high"])
+    assert.throws(() => parseCommand("router", ["--objectives", bad], {}), /--objectives/, bad);
 });
 
 test("objective headers count only when trusted; unknown objectives are 0", () => {
   const table = { critical: 100, batch: -1 };
   const h = (m: Record<string, string>) => (n: string) => m[n];
   const sent = h({ "x-gateway-inference-objective": "critical", "x-gateway-inference-fairness-id": "tenant-a" });
-  assert.deepEqual(objectiveOf(sent, table, false), { name: "", priority: 0, flow: "default-flow" }, "ignored: no client raises its own priority");
+  assert.deepEqual(
+    objectiveOf(sent, table, false),
+    { name: "", priority: 0, flow: "default-flow" },
+    "ignored: no client raises its own priority",
+  );
   assert.deepEqual(objectiveOf(sent, table, true), { name: "critical", priority: 100, flow: "tenant-a" });
   assert.equal(objectiveOf(h({ "x-gateway-inference-objective": "vip" }), table, true).priority, 0);
   assert.equal(objectiveOf(h({ "x-gateway-inference-objective": "batch" }), table, true).priority, -1);
@@ -37,9 +42,27 @@ function order(reqs: [string, number, string][]): string[] {
 }
 
 test("waiting requests go by band, then least recently served flow, then arrival", () => {
-  assert.deepEqual(order([["s1", 0, "a"], ["c1", 100, "a"], ["b1", -1, "a"], ["c2", 100, "a"]]), ["c1", "c2", "s1", "b1"]);
+  assert.deepEqual(
+    order([
+      ["s1", 0, "a"],
+      ["c1", 100, "a"],
+      ["b1", -1, "a"],
+      ["c2", 100, "a"],
+    ]),
+    ["c1", "c2", "s1", "b1"],
+  );
   // A noisy flow with many waiting cannot take the band's turns from the quiet ones.
-  assert.deepEqual(order([["n1", 0, "noisy"], ["n2", 0, "noisy"], ["n3", 0, "noisy"], ["q1", 0, "quiet"], ["n4", 0, "noisy"], ["r1", 0, "rare"]]), ["n1", "q1", "r1", "n2", "n3", "n4"]);
+  assert.deepEqual(
+    order([
+      ["n1", 0, "noisy"],
+      ["n2", 0, "noisy"],
+      ["n3", 0, "noisy"],
+      ["q1", 0, "quiet"],
+      ["n4", 0, "noisy"],
+      ["r1", 0, "rare"],
+    ]),
+    ["n1", "q1", "r1", "n2", "n3", "n4"],
+  );
 });
 
 test("wouldWait and the waiting count per band", () => {

@@ -16,7 +16,22 @@ test("the inference endpoints pass with their routing, by method", () => {
 });
 
 test("everything else is a 404, a known path with another method a 405", () => {
-  for (const p of ["/sim/clear", "/reset_prefix_cache", "/sleep", "/v1/load_lora_adapter", "/metrics", "/", "", "/v1/chat/completions/../../sim/clear", "/v1/chat/completions%2F", "//v1/chat/completions", "/x/v1/chat/completions", "/v1/chat/completionsX", "/v1/models/m", "/V1/CHAT/COMPLETIONS"]) {
+  for (const p of [
+    "/sim/clear",
+    "/reset_prefix_cache",
+    "/sleep",
+    "/v1/load_lora_adapter",
+    "/metrics",
+    "/",
+    "",
+    "/v1/chat/completions/../../sim/clear",
+    "/v1/chat/completions%2F",
+    "//v1/chat/completions",
+    "/x/v1/chat/completions",
+    "/v1/chat/completionsX",
+    "/v1/models/m",
+    "/V1/CHAT/COMPLETIONS",
+  ]) {
     const v = checkPath(rules, "POST", p);
     assert.equal(v.error?.status, 404, p);
     assert.equal(v.endpoint, null);
@@ -49,5 +64,8 @@ test("bad --extra-paths entries are refused at start, naming the flag; nginx rea
     assert.throws(() => parseCommand("router", ["--extra-paths", bad], {}), /--extra-paths/, bad);
   }
   assert.equal(parseCommand("router", ["--extra-paths", "POST /v1/score"], {}).values["extra-paths"], "POST /v1/score");
-  assert.equal(nginxFlag("extra-paths", (n) => (n === "infera_extra_paths" ? "GET /v1/models/*" : undefined)), "GET /v1/models/*");
+  assert.equal(
+    nginxFlag("extra-paths", (n) => (n === "infera_extra_paths" ? "GET /v1/models/*" : undefined)),
+    "GET /v1/models/*",
+  );
 });

@@ -78,17 +78,27 @@ test("release never throws, even when the store fails", () => {
 
 test("fuzz: random pick / first-token / EOF / cancel / abandon / worker-leave sequences end with every counter at zero", () => {
   let seed = 12345;
-  const rnd = () => ((seed = (Math.imul(seed, 1103515245) + 12345) >>> 0) / 4294967296);
+  const rnd = () => (seed = (Math.imul(seed, 1103515245) + 12345) >>> 0) / 4294967296;
   for (let round = 0; round < 30; round++) {
     const demand = (["off", "shadow", "on"] as const)[round % 3];
-    const { r } = mk(PD, { decodeInputDemand: demand, decodeRequestWeight: 10, sessionAffinity: round % 2 ? "both" : "off", pdPrefillGuardRelease: round % 4 < 2 ? "first-token" : "completion" });
+    const { r } = mk(PD, {
+      decodeInputDemand: demand,
+      decodeRequestWeight: 10,
+      sessionAffinity: round % 2 ? "both" : "off",
+      pdPrefillGuardRelease: round % 4 < 2 ? "first-token" : "completion",
+    });
     const live: { finish(): void; firstToken(): void }[] = [];
     for (let step = 0; step < 300; step++) {
       const x = rnd();
       if (x < 0.4) {
         try {
           const bs = blocks("f" + Math.floor(rnd() * 5), 1 + Math.floor(rnd() * 6));
-          live.push(r.pick(feats(bs, { inputTokens: 10 + Math.floor(rnd() * 100), n: rnd() < 0.2 ? -1 : 2 }), rnd() < 0.5 ? "s" + Math.floor(rnd() * 3) : null).reservation);
+          live.push(
+            r.pick(
+              feats(bs, { inputTokens: 10 + Math.floor(rnd() * 100), n: rnd() < 0.2 ? -1 : 2 }),
+              rnd() < 0.5 ? "s" + Math.floor(rnd() * 3) : null,
+            ).reservation,
+          );
         } catch (e) {
           assert.match((e as Error).message, /no workers available/);
         }
@@ -130,7 +140,10 @@ test("multimodal: text overlap dropped, image affinity decides, unseen image -> 
   const again = r.pick(img1);
   assert.equal(again.target.id, "b", "image affinity: b served this image");
   assert.equal(again.mmAffinityHits, 1);
-  assert.ok(logs.includes("pick policy=kv-aware role=prefill picked=b mm_images=1 mm_affinity_hits=1"), logs.join("\n"));
+  assert.ok(
+    logs.includes("pick policy=kv-aware role=prefill picked=b mm_images=1 mm_affinity_hits=1"),
+    logs.join("\n"),
+  );
   assert.ok(logs.includes("pick policy=kv-aware role=prefill picked=b mm_images=1 mm_affinity_hits=0"));
   // unseen image: b is loaded (again still held), so load balance sends it to a
   const other = r.pick(feats(text, { mediaHashes: ["2222222222222222"] }));
@@ -155,7 +168,13 @@ test("multimodal under PD: prefill pool by image affinity, decode by load", () =
 });
 
 test("image LRU is bounded: the oldest image stops being a hit", () => {
-  const { st, r } = mk([{ id: "p", role: "prefill" }, { id: "d", role: "decode" }], { mmLruSize: 2 });
+  const { st, r } = mk(
+    [
+      { id: "p", role: "prefill" },
+      { id: "d", role: "decode" },
+    ],
+    { mmLruSize: 2 },
+  );
   const hits = (h: string) => {
     const p = r.pick(feats([], { mediaHashes: [h] }));
     p.reservation.finish();

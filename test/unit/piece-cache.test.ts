@@ -15,16 +15,32 @@ test("piece cache: same ids as a whole-text encode on chat prompts with special 
   const pc = pieceCache(tj, raw)!;
   assert.ok(pc, "Qwen3's added tokens strip nothing: the cache is on");
   const tok = loadTokenizer(null)!;
-  const msgs: { role: string; content: string }[] = [{ role: "system", content: "You are terse. Ünïcödé, 日本語, emoji 🎉 and  double  spaces\n\n" }];
+  const msgs: { role: string; content: string }[] = [
+    { role: "system", content: "You are terse. Ünïcödé, 日本語, emoji 🎉 and  double  spaces\n\n" },
+  ];
   let prevMiss = 0;
   for (let turn = 0; turn < 6; turn++) {
-    msgs.push({ role: "user", content: `Question ${turn}: <tool_call>{"a":${turn}}</tool_call> what about   part ${turn * 7}?\n` });
-    const text = tok.renderChat({ messages: msgs, tools: null, kwargs: {}, addGenerationPrompt: true, continueFinal: false, documents: null } as never);
+    msgs.push({
+      role: "user",
+      content: `Question ${turn}: <tool_call>{"a":${turn}}</tool_call> what about   part ${turn * 7}?\n`,
+    });
+    const text = tok.renderChat({
+      messages: msgs,
+      tools: null,
+      kwargs: {},
+      addGenerationPrompt: true,
+      continueFinal: false,
+      documents: null,
+    } as never);
     const before = pc.stats();
     assert.deepEqual(pc.encode(text), raw(text), `turn ${turn}`);
     const after = pc.stats();
     const miss = after.missTokens - before.missTokens;
-    if (turn > 0) assert.ok(miss < (after.hitTokens - before.hitTokens), `turn ${turn}: ${miss} tokens encoded afresh, ${after.hitTokens - before.hitTokens} from the cache`);
+    if (turn > 0)
+      assert.ok(
+        miss < after.hitTokens - before.hitTokens,
+        `turn ${turn}: ${miss} tokens encoded afresh, ${after.hitTokens - before.hitTokens} from the cache`,
+      );
     prevMiss = miss;
     msgs.push({ role: "assistant", content: `Answer ${turn} with <think>reasoning</think> and more text.` });
   }
@@ -32,11 +48,18 @@ test("piece cache: same ids as a whole-text encode on chat prompts with special 
 });
 
 test("piece cache stays within its budget and is off when added tokens strip whitespace", () => {
-  const pc = pieceCache({ added_tokens: [{ id: 9, content: "<s>" }] }, (t) => Array.from(t, (c) => c.charCodeAt(0)), 10)!;
+  const pc = pieceCache(
+    { added_tokens: [{ id: 9, content: "<s>" }] },
+    (t) => Array.from(t, (c) => c.charCodeAt(0)),
+    10,
+  )!;
   for (let i = 0; i < 50; i++) pc.encode(`<s>piece${i}<s>`);
   assert.ok(pc.stats().chars <= 10);
   assert.deepEqual(pc.encode("ab<s>c"), [97, 98, 9, 99]);
-  assert.equal(pieceCache({ added_tokens: [{ id: 1, content: "<mask>", lstrip: true }] }, () => []), null);
+  assert.equal(
+    pieceCache({ added_tokens: [{ id: 1, content: "<mask>", lstrip: true }] }, () => []),
+    null,
+  );
 });
 
 // At its budget the cache evicted by walking a fresh iterator from the start
@@ -53,5 +76,8 @@ test("piece cache: inserts at the budget cost what inserts below it cost", () =>
   run(40000, 80000); // past the budget (~90k pieces of 11 chars)
   const full = run(120000, 40000);
   assert.ok(pc.stats().chars <= 1_000_000);
-  assert.ok(full < 4 * filling, `40k inserts at the budget took ${full.toFixed(0)} ms, below it ${filling.toFixed(0)} ms`);
+  assert.ok(
+    full < 4 * filling,
+    `40k inserts at the budget took ${full.toFixed(0)} ms, below it ${filling.toFixed(0)} ms`,
+  );
 });

@@ -25,9 +25,14 @@ import "../../core/scheduling/plugins";
 
 const B = (n: number, p = "b") => Array.from({ length: n }, (_, i) => `${p}${i}` as BlockHash);
 
-function setup(roles: Role[], opts: { config?: Partial<RouterConfig>; features?: Partial<Features>; profile?: ProfileName; pd?: boolean } = {}) {
+function setup(
+  roles: Role[],
+  opts: { config?: Partial<RouterConfig>; features?: Partial<Features>; profile?: ProfileName; pd?: boolean } = {},
+) {
   const state = memoryState();
-  const fleet: Worker[] = roles.map((role, i) => state.workers.add({ id: `w${i}`, address: `127.0.0.1:${9000 + i}`, role }));
+  const fleet: Worker[] = roles.map((role, i) =>
+    state.workers.add({ id: `w${i}`, address: `127.0.0.1:${9000 + i}`, role }),
+  );
   const ctx: PickContext = {
     features: { blocks: B(4), inputTokens: 64, exact: true, mediaHashes: [], n: 1, ...opts.features },
     // Weight 1 keeps the expected costs readable; weight resolution has its own table.
@@ -59,7 +64,11 @@ test("filter usable: block size, exclusion and health", () => {
   for (const c of cases) {
     const s = setup(["mixed", "mixed", "mixed"]);
     c.prep(s);
-    assert.deepEqual(usableFilter.filter(s.ctx, s.fleet).map((w) => w.id), c.keep, c.name);
+    assert.deepEqual(
+      usableFilter.filter(s.ctx, s.fleet).map((w) => w.id),
+      c.keep,
+      c.name,
+    );
   }
 });
 
@@ -73,7 +82,11 @@ test("filter role-pool: PD pools put dedicated workers first, then mixed", () =>
   ];
   for (const c of cases) {
     const s = setup(roles, { profile: c.profile, pd: c.pd });
-    assert.deepEqual(rolePoolFilter.filter(s.ctx, s.fleet).map((w) => w.id), c.keep, `${c.profile} pd=${c.pd}`);
+    assert.deepEqual(
+      rolePoolFilter.filter(s.ctx, s.fleet).map((w) => w.id),
+      c.keep,
+      `${c.profile} pd=${c.pd}`,
+    );
   }
 });
 
@@ -88,19 +101,28 @@ test("scorer prefix-overlap: request blocks minus the longest cached prefix; wei
     c.cached.forEach((n, i) => B(n).forEach((h) => s.state.mirror.store(s.fleet[i].epochKey, "e" + h, h)));
     const rows = s.rows();
     assert.deepEqual(prefixOverlapScorer.score(s.ctx, rows), c.want);
-    assert.deepEqual(rows.map((r) => r.hits), c.cached);
+    assert.deepEqual(
+      rows.map((r) => r.hits),
+      c.cached,
+    );
   }
-  const weights: { config: Partial<RouterConfig>; profile: ProfileName; pd: boolean; media?: boolean; want: number }[] = [
-    { config: {}, profile: "prefill", pd: false, want: 1 },
-    { config: { overlapWeight: 0 }, profile: "prefill", pd: false, want: 0 },
-    { config: { prefillOverlapWeight: 20 }, profile: "prefill", pd: true, want: 20 },
-    { config: { prefillOverlapWeight: 20 }, profile: "prefill", pd: false, want: 1 },
-    { config: { decodeOverlapWeight: 2 }, profile: "decode", pd: true, want: 2 },
-    { config: {}, profile: "prefill", pd: false, media: true, want: 0 },
-    { config: { policy: "round-robin" }, profile: "prefill", pd: false, media: true, want: 1 },
-  ];
+  const weights: { config: Partial<RouterConfig>; profile: ProfileName; pd: boolean; media?: boolean; want: number }[] =
+    [
+      { config: {}, profile: "prefill", pd: false, want: 1 },
+      { config: { overlapWeight: 0 }, profile: "prefill", pd: false, want: 0 },
+      { config: { prefillOverlapWeight: 20 }, profile: "prefill", pd: true, want: 20 },
+      { config: { prefillOverlapWeight: 20 }, profile: "prefill", pd: false, want: 1 },
+      { config: { decodeOverlapWeight: 2 }, profile: "decode", pd: true, want: 2 },
+      { config: {}, profile: "prefill", pd: false, media: true, want: 0 },
+      { config: { policy: "round-robin" }, profile: "prefill", pd: false, media: true, want: 1 },
+    ];
   for (const w of weights) {
-    const s = setup(["mixed"], { config: w.config, profile: w.profile, pd: w.pd, features: w.media ? { mediaHashes: ["img"] } : {} });
+    const s = setup(["mixed"], {
+      config: w.config,
+      profile: w.profile,
+      pd: w.pd,
+      features: w.media ? { mediaHashes: ["img"] } : {},
+    });
     assert.equal(prefixOverlapScorer.weight(s.ctx), w.want, JSON.stringify(w));
   }
 });
@@ -132,12 +154,18 @@ test("scorer active-blocks: distinct in-flight blocks the request does not share
     s.state.load.hold(s.fleet[2].epochKey, B(1, "z"), 0, 0);
     const rows = s.rows();
     assert.deepEqual(activeBlocksScorer.score(s.ctx, rows), c.want, c.profile);
-    assert.deepEqual(rows.map((r) => r.active), [5, 0, 1]);
+    assert.deepEqual(
+      rows.map((r) => r.active),
+      [5, 0, 1],
+    );
   }
 });
 
 test("scorer queued-prefill: queued blocks at half the overlap weight, the ones the request shares at full", () => {
-  const s = setup(["mixed", "mixed", "mixed"], { config: { overlapWeight: 4 }, features: { blocks: ["d0", "d1", "d2", "q7"] as BlockHash[] } });
+  const s = setup(["mixed", "mixed", "mixed"], {
+    config: { overlapWeight: 4 },
+    features: { blocks: ["d0", "d1", "d2", "q7"] as BlockHash[] },
+  });
   const g = s.state.load.hold(s.fleet[1].epochKey, [], 0, 0, 40);
   // Waiting behind another request's queued block costs half of prefilling one of the request's own.
   assert.equal(queuedPrefillScorer.weight(s.ctx), 2);
@@ -154,11 +182,17 @@ test("scorer queued-prefill: queued blocks at half the overlap weight, the ones 
   assert.deepEqual(queuedPrefillScorer.score(s.ctx, s.rows()), [7, 0, 0]);
   // With w1 and w2 idle the burst spreads: w0 costs 4 x 1 (q7) + 2 x 7 + 1 (q1 in flight) = 19, a copy 4 x 4 = 16.
   const rows = runProfile(s.ctx);
-  assert.deepEqual(rows.map((r) => r.cost), [19, 16, 16]);
+  assert.deepEqual(
+    rows.map((r) => r.cost),
+    [19, 16, 16],
+  );
 });
 
 test("scorer queued-shared: credits queued blocks the request shares, only while no worker is idle", () => {
-  const s = setup(["mixed", "mixed", "mixed"], { config: { overlapWeight: 3 }, features: { blocks: ["d0", "d1", "d2", "q7"] as BlockHash[] } });
+  const s = setup(["mixed", "mixed", "mixed"], {
+    config: { overlapWeight: 3 },
+    features: { blocks: ["d0", "d1", "d2", "q7"] as BlockHash[] },
+  });
   const doc = ["d0", "d1", "d2", "q1"] as BlockHash[];
   // w0 is computing the document for an earlier question; w1 is busy with something else.
   s.state.load.hold(s.fleet[0].epochKey, doc, 0, 0);
@@ -173,38 +207,131 @@ test("scorer queued-shared: credits queued blocks the request shares, only while
   // In the whole pipeline the credit cancels the wait for the shared part only: w0 pays half a block for q1.
   s.ctx.cycle = {};
   const rows = runProfile(s.ctx);
-  assert.deepEqual(rows.map((r) => 1.5 * r.terms["queued-prefill"] + 3 * (r.terms["queued-shared"] || 0)), [1.5, 3, 0]);
+  assert.deepEqual(
+    rows.map((r) => 1.5 * r.terms["queued-prefill"] + 3 * (r.terms["queued-shared"] || 0)),
+    [1.5, 3, 0],
+  );
   assert.equal(lowestCostPicker.pick(s.ctx, rows), 0, "the worker computing the document");
   assert.equal(queuedSharedScorer.weight(setup(["mixed"], { config: { overlapWeight: 0 } }).ctx), 0);
 });
 
 test("pickers: lowest cost with tie-breaks, round-robin, random", () => {
   const cases: { rows: [number, number, number][]; want: number }[] = [
-    { rows: [[5, 0, 0], [3, 0, 0], [4, 0, 0]], want: 1 },
-    { rows: [[3, 2, 0], [3, 1, 0], [3, 1, 0]], want: 1 },
-    { rows: [[3, 1, 9], [3, 1, 2], [3, 1, 5]], want: 1 },
-    { rows: [[1, 0, 0], [1, 0, 0], [1, 0, 0]], want: 0 },
+    {
+      rows: [
+        [5, 0, 0],
+        [3, 0, 0],
+        [4, 0, 0],
+      ],
+      want: 1,
+    },
+    {
+      rows: [
+        [3, 2, 0],
+        [3, 1, 0],
+        [3, 1, 0],
+      ],
+      want: 1,
+    },
+    {
+      rows: [
+        [3, 1, 9],
+        [3, 1, 2],
+        [3, 1, 5],
+      ],
+      want: 1,
+    },
+    {
+      rows: [
+        [1, 0, 0],
+        [1, 0, 0],
+        [1, 0, 0],
+      ],
+      want: 0,
+    },
   ];
   for (const c of cases) {
     const s = setup(["mixed", "mixed", "mixed"]);
-    c.rows.forEach(([, , cached], i) => B(cached, "c" + i).forEach((h) => s.state.mirror.store(s.fleet[i].epochKey, h, h)));
+    c.rows.forEach(([, , cached], i) =>
+      B(cached, "c" + i).forEach((h) => s.state.mirror.store(s.fleet[i].epochKey, h, h)),
+    );
     const rows = s.rows().map((r, i) => ({ ...r, cost: c.rows[i][0], active: c.rows[i][1] }));
     assert.equal(lowestCostPicker.pick(s.ctx, rows), c.want, JSON.stringify(c.rows));
   }
   const s = setup(["mixed", "mixed", "mixed"]);
-  assert.deepEqual([0, 1, 2, 3].map(() => roundRobinPicker.pick(s.ctx, s.rows())), [0, 1, 2, 0]);
+  assert.deepEqual(
+    [0, 1, 2, 3].map(() => roundRobinPicker.pick(s.ctx, s.rows())),
+    [0, 1, 2, 0],
+  );
   assert.equal(randomPicker.pick(s.ctx, s.rows()), 1, "random 0.5 of 3 rows");
 });
 
 test("decode-demand: in-flight tokens + this request x n + W x requests; ties by original cost", () => {
-  const cases: { held: [number, number][]; cost: number[]; w: number; n: number; mode: "shadow" | "on"; want: string; agrees: boolean }[] = [
-    { held: [[0, 0], [0, 0]], cost: [2, 1], w: 0, n: 1, mode: "on", want: "w1", agrees: false },
-    { held: [[500, 1], [100, 1]], cost: [0, 5], w: 0, n: 2, mode: "on", want: "w1", agrees: false },
-    { held: [[500, 1], [100, 1]], cost: [0, 5], w: 0, n: 2, mode: "shadow", want: "w0", agrees: false },
-    { held: [[100, 0], [0, 10]], cost: [0, 0], w: 20, n: 1, mode: "on", want: "w0", agrees: true },
+  const cases: {
+    held: [number, number][];
+    cost: number[];
+    w: number;
+    n: number;
+    mode: "shadow" | "on";
+    want: string;
+    agrees: boolean;
+  }[] = [
+    {
+      held: [
+        [0, 0],
+        [0, 0],
+      ],
+      cost: [2, 1],
+      w: 0,
+      n: 1,
+      mode: "on",
+      want: "w1",
+      agrees: false,
+    },
+    {
+      held: [
+        [500, 1],
+        [100, 1],
+      ],
+      cost: [0, 5],
+      w: 0,
+      n: 2,
+      mode: "on",
+      want: "w1",
+      agrees: false,
+    },
+    {
+      held: [
+        [500, 1],
+        [100, 1],
+      ],
+      cost: [0, 5],
+      w: 0,
+      n: 2,
+      mode: "shadow",
+      want: "w0",
+      agrees: false,
+    },
+    {
+      held: [
+        [100, 0],
+        [0, 10],
+      ],
+      cost: [0, 0],
+      w: 20,
+      n: 1,
+      mode: "on",
+      want: "w0",
+      agrees: true,
+    },
   ];
   for (const c of cases) {
-    const s = setup(["decode", "decode"], { profile: "decode", pd: true, config: { decodeInputDemand: c.mode, decodeRequestWeight: c.w }, features: { n: c.n } });
+    const s = setup(["decode", "decode"], {
+      profile: "decode",
+      pd: true,
+      config: { decodeInputDemand: c.mode, decodeRequestWeight: c.w },
+      features: { n: c.n },
+    });
     c.held.forEach(([t, r], i) => s.state.load.hold(s.fleet[i].epochKey, [], t, r));
     const rows = s.rows().map((r, i) => ({ ...r, cost: c.cost[i] }));
     const d = decideDemand(s.ctx, rows, 0);
@@ -220,17 +347,41 @@ test("runProfile: cost is the weighted sum of the scorers' terms (seed's worked 
   s.state.load.hold(s.fleet[0].epochKey, B(6, "l"), 0, 0);
   s.state.load.hold(s.fleet[1].epochKey, B(1, "m"), 0, 0);
   const rows = runProfile(s.ctx);
-  assert.deepEqual(rows.map((r) => [r.cost, r.terms["prefix-overlap"], r.terms["active-blocks"]]), [[8, 2, 6], [11, 10, 1]]);
+  assert.deepEqual(
+    rows.map((r) => [r.cost, r.terms["prefix-overlap"], r.terms["active-blocks"]]),
+    [
+      [8, 2, 6],
+      [11, 10, 1],
+    ],
+  );
 });
 
 test("policies and scorers come from the registry: unknown names fail at start, naming the valid ones", () => {
   assert.deepEqual(policyNames().sort(), ["kv-aware", "random", "round-robin"]);
-  assert.deepEqual(scorerNames().sort(), ["active-blocks", "image-affinity", "prefix-overlap", "queued-prefill", "queued-shared"]);
-  assert.throws(() => parseCommand("router", ["--scorer-weights", "prefix-overlp=0"], {}), /--scorer-weights.*unknown scorer prefix-overlp \(known: .*prefix-overlap.*\)/);
-  assert.throws(() => parseCommand("router", ["--router-policy", "least-load"], {}), /--router-policy.*kv-aware, round-robin, random/);
+  assert.deepEqual(scorerNames().sort(), [
+    "active-blocks",
+    "image-affinity",
+    "prefix-overlap",
+    "queued-prefill",
+    "queued-shared",
+  ]);
+  assert.throws(
+    () => parseCommand("router", ["--scorer-weights", "prefix-overlp=0"], {}),
+    /--scorer-weights.*unknown scorer prefix-overlp \(known: .*prefix-overlap.*\)/,
+  );
+  assert.throws(
+    () => parseCommand("router", ["--router-policy", "least-load"], {}),
+    /--router-policy.*kv-aware, round-robin, random/,
+  );
   // nginx reads the same names from its variables; createRouter refuses them too.
-  assert.throws(() => createRouter(memoryState(), { ...defaultConfig(), scorerWeights: { nope: 1 } }), /unknown scorer nope \(known: /);
-  assert.throws(() => createRouter(memoryState(), { ...defaultConfig(), policy: "least-load" as never }), /unknown policy least-load \(known: kv-aware, round-robin, random\)/);
+  assert.throws(
+    () => createRouter(memoryState(), { ...defaultConfig(), scorerWeights: { nope: 1 } }),
+    /unknown scorer nope \(known: /,
+  );
+  assert.throws(
+    () => createRouter(memoryState(), { ...defaultConfig(), policy: "least-load" as never }),
+    /unknown policy least-load \(known: kv-aware, round-robin, random\)/,
+  );
 });
 
 test("round-robin and random run no scorers; the data stage still fills every row", () => {
@@ -239,7 +390,21 @@ test("round-robin and random run no scorers; the data stage still fills every ro
     B(3).forEach((h) => s.state.mirror.store(s.fleet[1].epochKey, h, h));
     s.state.load.hold(s.fleet[0].epochKey, B(2, "z"), 0, 0);
     const rows = runProfile(s.ctx);
-    assert.deepEqual(rows.map((r) => [r.cost, Object.keys(r.terms).length]), [[0, 0], [0, 0]], policy);
-    assert.deepEqual(rows.map((r) => [r.data.hits, r.data.active, r.data.held]), [[0, 2, 1], [3, 0, 0]], policy);
+    assert.deepEqual(
+      rows.map((r) => [r.cost, Object.keys(r.terms).length]),
+      [
+        [0, 0],
+        [0, 0],
+      ],
+      policy,
+    );
+    assert.deepEqual(
+      rows.map((r) => [r.data.hits, r.data.active, r.data.held]),
+      [
+        [0, 2, 1],
+        [3, 0, 0],
+      ],
+      policy,
+    );
   }
 });

@@ -55,7 +55,11 @@ test("prefill queued on a worker counts until the first token", () => {
   assert.equal(cost.a, 20 + 1 / 2 + 41);
   long.reservation.firstToken();
   const after = r.pick(feats(blocks("cold2", 20)));
-  assert.equal(Object.fromEntries(after.candidates.map((c) => [c.id, c.cost])).b, 20 + 300, "queue released at the first token");
+  assert.equal(
+    Object.fromEntries(after.candidates.map((c) => [c.id, c.cost])).b,
+    20 + 300,
+    "queue released at the first token",
+  );
   for (const p of [long, big, q, after]) p.reservation.finish();
   assert.equal(r.openGuards(), 0);
 });
@@ -67,7 +71,10 @@ test("weight 0 stays pure load balance: no cache, no in-flight prefix pulls", ()
   const one = r.pick(feats(prompt));
   one.reservation.firstToken();
   const two = r.pick(feats(prompt));
-  assert.deepEqual(Object.fromEntries(two.candidates.map((c) => [c.id, c.cost])), { [one.target.id]: 50, [one.target.id === "a" ? "b" : "a"]: 0 });
+  assert.deepEqual(Object.fromEntries(two.candidates.map((c) => [c.id, c.cost])), {
+    [one.target.id]: 50,
+    [one.target.id === "a" ? "b" : "a"]: 0,
+  });
   assert.notEqual(two.target.id, one.target.id);
 });
 

@@ -8,14 +8,20 @@ import { nativeHasher } from "../../runtime/hasher";
 
 test("prefix hash reuse: same hashes as hashing from scratch, only new blocks hashed, bounded", () => {
   const ph = prefixHashes(nativeHasher, 5000);
-  const seq = (n: number, seed: number) => Array.from({ length: n }, (_, i) => (Math.imul(i + 1, 2654435761) ^ seed) >>> 12);
+  const seq = (n: number, seed: number) =>
+    Array.from({ length: n }, (_, i) => (Math.imul(i + 1, 2654435761) ^ seed) >>> 12);
   const base = seq(1000, 7);
-  const check = (ids: number[], salt?: string) => assert.deepEqual(ph.hash(ids, 16, salt), blockHashes(ids, 16, nativeHasher, salt));
+  const check = (ids: number[], salt?: string) =>
+    assert.deepEqual(ph.hash(ids, 16, salt), blockHashes(ids, 16, nativeHasher, salt));
   check(base);
   const before = ph.stats().hashedBlocks;
   const grown = base.concat(seq(200, 9));
   check(grown);
-  assert.equal(ph.stats().hashedBlocks - before, Math.floor(1200 / 16) - Math.floor(1000 / 16), "a grown prompt hashes only its new blocks");
+  assert.equal(
+    ph.stats().hashedBlocks - before,
+    Math.floor(1200 / 16) - Math.floor(1000 / 16),
+    "a grown prompt hashes only its new blocks",
+  );
   // diverges inside block 30: blocks 0..29 reused, the rest rehashed
   const fork = grown.slice();
   fork[30 * 16 + 5] ^= 1;
@@ -44,5 +50,8 @@ test("prefix hash reuse: inserts at the bound cost what inserts below it cost", 
   run(40000, 180000); // past the bound (~150k entries of 28 tokens)
   const full = run(220000, 40000);
   assert.ok(ph.stats().tokens <= 4 * 1024 * 1024);
-  assert.ok(full < 4 * filling, `40k inserts at the bound took ${full.toFixed(0)} ms, below it ${filling.toFixed(0)} ms`);
+  assert.ok(
+    full < 4 * filling,
+    `40k inserts at the bound took ${full.toFixed(0)} ms, below it ${filling.toFixed(0)} ms`,
+  );
 });

@@ -11,18 +11,34 @@ const ROOT = path.resolve(__dirname, "../..");
 const buf = path.join(ROOT, "node_modules", ".bin", "buf");
 
 function files(dir: string): string[] {
-  return fs.readdirSync(dir, { withFileTypes: true }).flatMap((e) => (e.isDirectory() ? files(path.join(dir, e.name)).map((f) => path.join(e.name, f)) : [e.name]));
+  return fs
+    .readdirSync(dir, { withFileTypes: true })
+    .flatMap((e) => (e.isDirectory() ? files(path.join(dir, e.name)).map((f) => path.join(e.name, f)) : [e.name]));
 }
 
 test("generated ext_proc code matches proto/", { skip: fs.existsSync(buf) ? false : "buf not installed" }, () => {
   const out = fs.mkdtempSync(path.join(os.tmpdir(), "infera-gen-"));
   const tpl = path.join(out, "buf.gen.yaml");
-  fs.writeFileSync(tpl, fs.readFileSync(path.join(ROOT, "buf.gen.yaml"), "utf8").replace("out: extproc/gen", `out: ${path.join(out, "gen")}`));
-  const r = spawnSync(buf, ["generate", "--template", tpl], { cwd: ROOT, encoding: "utf8", env: { ...process.env, PATH: `${path.join(ROOT, "node_modules", ".bin")}:${process.env.PATH}` } });
+  fs.writeFileSync(
+    tpl,
+    fs
+      .readFileSync(path.join(ROOT, "buf.gen.yaml"), "utf8")
+      .replace("out: extproc/gen", `out: ${path.join(out, "gen")}`),
+  );
+  const r = spawnSync(buf, ["generate", "--template", tpl], {
+    cwd: ROOT,
+    encoding: "utf8",
+    env: { ...process.env, PATH: `${path.join(ROOT, "node_modules", ".bin")}:${process.env.PATH}` },
+  });
   assert.equal(r.status, 0, r.stderr);
   const want = files(path.join(ROOT, "extproc", "gen")).sort();
   assert.deepEqual(files(path.join(out, "gen")).sort(), want);
-  for (const f of want) assert.equal(fs.readFileSync(path.join(out, "gen", f), "utf8"), fs.readFileSync(path.join(ROOT, "extproc", "gen", f), "utf8"), f);
+  for (const f of want)
+    assert.equal(
+      fs.readFileSync(path.join(out, "gen", f), "utf8"),
+      fs.readFileSync(path.join(ROOT, "extproc", "gen", f), "utf8"),
+      f,
+    );
 });
 
 test("field numbers are Envoy's for the messages the server relies on", () => {

@@ -29,15 +29,42 @@ test("endpoints", () => {
 });
 
 test("malformed bodies are 400s with a message, never a crash", () => {
-  assert.deepEqual(status(() => parse("chat", "{not json")), [400, "request body is not valid JSON"]);
-  assert.deepEqual(status(() => parse("chat", "[1,2]")), [400, "request body must be a JSON object"]);
-  assert.deepEqual(status(() => parse("chat", { messages: [{ role: "user", content: "x" }] })), [400, "'model' is required"]);
-  assert.deepEqual(status(() => parse("chat", { model: "m" })), [400, "'messages' is required"]);
-  assert.deepEqual(status(() => parse("chat", { model: "m", messages: [] })), [400, "'messages' must be a non-empty array"]);
-  assert.deepEqual(status(() => parse("chat", { model: "m", messages: [{ content: "x" }] })), [400, "messages[0] needs a string 'role'"]);
-  assert.deepEqual(status(() => parse("completions", { model: "m" })), [400, "'prompt' is required"]);
-  assert.deepEqual(status(() => parse("completions", { model: "m", prompt: [1, -2] })), [400, "'prompt' token ids must be non-negative integers"]);
-  assert.deepEqual(status(() => parse("chat", { model: "m", messages: [{ role: "user", content: [{ type: "image_url" }] }] })), [400, "image_url part needs a url"]);
+  assert.deepEqual(
+    status(() => parse("chat", "{not json")),
+    [400, "request body is not valid JSON"],
+  );
+  assert.deepEqual(
+    status(() => parse("chat", "[1,2]")),
+    [400, "request body must be a JSON object"],
+  );
+  assert.deepEqual(
+    status(() => parse("chat", { messages: [{ role: "user", content: "x" }] })),
+    [400, "'model' is required"],
+  );
+  assert.deepEqual(
+    status(() => parse("chat", { model: "m" })),
+    [400, "'messages' is required"],
+  );
+  assert.deepEqual(
+    status(() => parse("chat", { model: "m", messages: [] })),
+    [400, "'messages' must be a non-empty array"],
+  );
+  assert.deepEqual(
+    status(() => parse("chat", { model: "m", messages: [{ content: "x" }] })),
+    [400, "messages[0] needs a string 'role'"],
+  );
+  assert.deepEqual(
+    status(() => parse("completions", { model: "m" })),
+    [400, "'prompt' is required"],
+  );
+  assert.deepEqual(
+    status(() => parse("completions", { model: "m", prompt: [1, -2] })),
+    [400, "'prompt' token ids must be non-negative integers"],
+  );
+  assert.deepEqual(
+    status(() => parse("chat", { model: "m", messages: [{ role: "user", content: [{ type: "image_url" }] }] })),
+    [400, "image_url part needs a url"],
+  );
   const big = JSON.stringify({ model: "m", messages: [{ role: "user", content: "x".repeat(100) }] });
   const [st, msg] = status(() => parseRequest("chat", big, big.length, { maxBodyBytes: 50 }));
   assert.equal(st, 413, "over the body limit is 413 Payload Too Large (issue 15)");
@@ -47,7 +74,16 @@ test("malformed bodies are 400s with a message, never a crash", () => {
 test("OpenAI and Anthropic media shapes, top-level images", () => {
   const oa = parse("chat", {
     model: "m",
-    messages: [{ role: "user", content: [{ type: "text", text: "what is" }, { type: "image_url", image_url: { url: "https://x/a.png" } }, { type: "input_audio", input_audio: { data: "QUJD", format: "mp3" } }] }],
+    messages: [
+      {
+        role: "user",
+        content: [
+          { type: "text", text: "what is" },
+          { type: "image_url", image_url: { url: "https://x/a.png" } },
+          { type: "input_audio", input_audio: { data: "QUJD", format: "mp3" } },
+        ],
+      },
+    ],
   });
   assert.deepEqual(oa.media, ["https://x/a.png", "data:audio/mp3;base64,QUJD"]);
   assert.equal(oa.chat!.messages[0].content[0].text, "what is");
@@ -55,7 +91,16 @@ test("OpenAI and Anthropic media shapes, top-level images", () => {
     model: "m",
     max_tokens: 5,
     system: "be brief",
-    messages: [{ role: "user", content: [{ type: "image", source: { type: "base64", media_type: "image/png", data: "iVBOR" } }, { type: "image", source: { type: "url", url: "https://y/b.jpg" } }, { type: "text", text: "hi" }] }],
+    messages: [
+      {
+        role: "user",
+        content: [
+          { type: "image", source: { type: "base64", media_type: "image/png", data: "iVBOR" } },
+          { type: "image", source: { type: "url", url: "https://y/b.jpg" } },
+          { type: "text", text: "hi" },
+        ],
+      },
+    ],
   });
   assert.deepEqual(an.media, ["data:image/png;base64,iVBOR", "https://y/b.jpg"]);
   assert.deepEqual(an.chat!.messages[0], { role: "system", content: "be brief" });
@@ -65,12 +110,29 @@ test("OpenAI and Anthropic media shapes, top-level images", () => {
 
 test("estimate = text bytes / 4, skipping data: URLs and base64 fields; n and session id", () => {
   const data = "data:image/png;base64," + "A".repeat(4000);
-  const r = parse("chat", { model: "m", n: 3, session_id: "s1", messages: [{ role: "user", content: [{ type: "text", text: "abcdefgh" }, { type: "image_url", image_url: { url: data } }] }] });
+  const r = parse("chat", {
+    model: "m",
+    n: 3,
+    session_id: "s1",
+    messages: [
+      {
+        role: "user",
+        content: [
+          { type: "text", text: "abcdefgh" },
+          { type: "image_url", image_url: { url: data } },
+        ],
+      },
+    ],
+  });
   assert.equal(r.estimatedTokens, Math.ceil(("user".length + 8 + "text".length + "image_url".length) / 4));
   assert.equal(r.n, 3);
   assert.equal(r.sessionId, "s1");
   assert.equal(parse("chat", { model: "m", n: 0, messages: [{ role: "user", content: "x" }] }).n, 1, "invalid n -> 1");
-  assert.equal(parse("chat", { model: "m", session_id: "body", messages: [{ role: "user", content: "x" }] }, "hdr").sessionId, "hdr", "header wins");
+  assert.equal(
+    parse("chat", { model: "m", session_id: "body", messages: [{ role: "user", content: "x" }] }, "hdr").sessionId,
+    "hdr",
+    "header wins",
+  );
 });
 
 test("chat is rendered with the model's chat template, then tokenized; built-in ChatML matches Qwen3's template", () => {
@@ -91,7 +153,23 @@ test("chat is rendered with the model's chat template, then tokenized; built-in 
 test("same text with different images never shares text blocks", () => {
   const tok = loadTokenizer(null)!;
   const text = "describe this picture in great detail please ".repeat(20);
-  const mk = (url: string) => computeFeatures(parse("chat", { model: "m", messages: [{ role: "user", content: [{ type: "text", text }, { type: "image_url", image_url: { url } }] }] }), tok, 16);
+  const mk = (url: string) =>
+    computeFeatures(
+      parse("chat", {
+        model: "m",
+        messages: [
+          {
+            role: "user",
+            content: [
+              { type: "text", text },
+              { type: "image_url", image_url: { url } },
+            ],
+          },
+        ],
+      }),
+      tok,
+      16,
+    );
   const a = mk("https://img/1.png");
   const b = mk("https://img/2.png");
   const plain = computeFeatures(parse("chat", { model: "m", messages: [{ role: "user", content: text }] }), tok, 16);
@@ -106,7 +184,11 @@ test("same text with different images never shares text blocks", () => {
 test("without a tokenizer, token counts are estimated and there are no blocks", () => {
   const f = computeFeatures(parse("completions", { model: "m", prompt: "x".repeat(400) }), null, 16);
   assert.deepEqual([f.exact, f.inputTokens, f.blocks.length], [false, 100, 0]);
-  const t = computeFeatures(parse("completions", { model: "m", prompt: Array.from({ length: 40 }, (_, i) => i) }), null, 16);
+  const t = computeFeatures(
+    parse("completions", { model: "m", prompt: Array.from({ length: 40 }, (_, i) => i) }),
+    null,
+    16,
+  );
   assert.deepEqual([t.exact, t.inputTokens, t.blocks.length], [true, 40, 2], "token-id prompts need no tokenizer");
 });
 
@@ -118,24 +200,61 @@ test("--router-tokenizer-path takes a directory, a tokenizer.json file, or none;
   const text = "<|im_start|>user\nhi there<|im_end|>\n";
   assert.deepEqual(fromDir.encode(text), loadTokenizer(null)!.encode(text));
   assert.deepEqual(fromFile.encode(text), fromDir.encode(text));
-  assert.equal(fromDir.renderChat(plainChat([{ role: "user", content: "x" }])), "<|im_start|>user\nx<|im_end|>\n<|im_start|>assistant\n", "no tokenizer_config.json: ChatML");
+  assert.equal(
+    fromDir.renderChat(plainChat([{ role: "user", content: "x" }])),
+    "<|im_start|>user\nx<|im_end|>\n<|im_start|>assistant\n",
+    "no tokenizer_config.json: ChatML",
+  );
   assert.equal(loadTokenizer("none"), null);
   assert.throws(() => loadTokenizer(path.join(dir, "missing")), /--router-tokenizer-path: no tokenizer.json at/);
 });
 
 test("fuzz: mangled bodies only ever yield a parsed request or a 400", () => {
   let seed = 99;
-  const rnd = (n: number) => ((seed = (Math.imul(seed, 1103515245) + 12345) >>> 0) % n);
+  const rnd = (n: number) => (seed = (Math.imul(seed, 1103515245) + 12345) >>> 0) % n;
   const base = [
-    { model: "m", messages: [{ role: "user", content: [{ type: "text", text: "a" }, { type: "image_url", image_url: { url: "https://x" } }] }], n: 2 },
+    {
+      model: "m",
+      messages: [
+        {
+          role: "user",
+          content: [
+            { type: "text", text: "a" },
+            { type: "image_url", image_url: { url: "https://x" } },
+          ],
+        },
+      ],
+      n: 2,
+    },
     { model: "m", prompt: [1, 2, 3] },
-    { model: "m", system: [{ type: "text", text: "s" }], messages: [{ role: "user", content: [{ type: "image", source: { type: "base64", media_type: "image/png", data: "AA" } }] }] },
+    {
+      model: "m",
+      system: [{ type: "text", text: "s" }],
+      messages: [
+        { role: "user", content: [{ type: "image", source: { type: "base64", media_type: "image/png", data: "AA" } }] },
+      ],
+    },
   ];
-  const junk: unknown[] = [null, 0, -1, 1.5, "", "x", [], {}, [null], [{}], { type: "image" }, { type: "input_audio" }, true];
+  const junk: unknown[] = [
+    null,
+    0,
+    -1,
+    1.5,
+    "",
+    "x",
+    [],
+    {},
+    [null],
+    [{}],
+    { type: "image" },
+    { type: "input_audio" },
+    true,
+  ];
   const mutate = (v: unknown, depth: number): unknown => {
     if (depth > 4 || rnd(4) === 0) return junk[rnd(junk.length)];
     if (Array.isArray(v)) return v.map((x) => mutate(x, depth + 1));
-    if (v && typeof v === "object") return Object.fromEntries(Object.entries(v).map(([k, x]) => [k, rnd(3) ? x : mutate(x, depth + 1)]));
+    if (v && typeof v === "object")
+      return Object.fromEntries(Object.entries(v).map(([k, x]) => [k, rnd(3) ? x : mutate(x, depth + 1)]));
     return v;
   };
   for (let i = 0; i < 3000; i++) {
@@ -161,7 +280,8 @@ test("--router-tokenizer-path takes a Hugging Face model id, resolved offline fr
   fs.writeFileSync(path.join(base, "refs", "main"), "c0ffee\n");
   const snap = path.join(base, "snapshots", "c0ffee");
   fs.mkdirSync(snap, { recursive: true });
-  for (const f of ["tokenizer.json", "tokenizer_config.json"]) fs.copyFileSync(path.join(defaultTokenizerDir(), f), path.join(snap, f));
+  for (const f of ["tokenizer.json", "tokenizer_config.json"])
+    fs.copyFileSync(path.join(defaultTokenizerDir(), f), path.join(snap, f));
   const saved = { HF_HOME: process.env.HF_HOME, HF_HUB_CACHE: process.env.HF_HUB_CACHE };
   try {
     delete process.env.HF_HUB_CACHE;
@@ -170,16 +290,35 @@ test("--router-tokenizer-path takes a Hugging Face model id, resolved offline fr
     const tok = loadTokenizer("Qwen/Qwen3-0.6B")!;
     const chat = plainChat([{ role: "user", content: "hi" }]);
     chat.tools = [{ type: "function", function: { name: "f", description: "d", parameters: { type: "object" } } }];
-    assert.deepEqual(tok.encode(tok.renderChat(chat)), loadTokenizer(null)!.encode(loadTokenizer(null)!.renderChat(chat)), "same files, same ids");
-    assert.match(tok.renderChat(chat), /<tools>\n\{"type": "function", "function": \{"name": "f"/, "the cached snapshot's chat template renders the tools");
+    assert.deepEqual(
+      tok.encode(tok.renderChat(chat)),
+      loadTokenizer(null)!.encode(loadTokenizer(null)!.renderChat(chat)),
+      "same files, same ids",
+    );
+    assert.match(
+      tok.renderChat(chat),
+      /<tools>\n\{"type": "function", "function": \{"name": "f"/,
+      "the cached snapshot's chat template renders the tools",
+    );
     // HF_HUB_CACHE wins over HF_HOME.
     process.env.HF_HUB_CACHE = path.join(root, "elsewhere");
     assert.throws(
       () => loadTokenizer("Qwen/Qwen3-0.6B"),
-      (e: Error) => e.message.includes(path.join(root, "elsewhere", "models--Qwen--Qwen3-0.6B")) && e.message.includes(path.join(root, "home", "hub", "models--Qwen--Qwen3-0.6B", "snapshots", "c0ffee", "tokenizer.json")) === false && /not a local path/.test(e.message),
+      (e: Error) =>
+        e.message.includes(path.join(root, "elsewhere", "models--Qwen--Qwen3-0.6B")) &&
+        e.message.includes(
+          path.join(root, "home", "hub", "models--Qwen--Qwen3-0.6B", "snapshots", "c0ffee", "tokenizer.json"),
+        ) === false &&
+        /not a local path/.test(e.message),
     );
     delete process.env.HF_HUB_CACHE;
-    assert.throws(() => loadTokenizer("Qwen/Qwen3-8B"), (e: Error) => e.message.includes(path.join(root, "home", "hub", "models--Qwen--Qwen3-8B", "snapshots", "main", "tokenizer.json")));
+    assert.throws(
+      () => loadTokenizer("Qwen/Qwen3-8B"),
+      (e: Error) =>
+        e.message.includes(
+          path.join(root, "home", "hub", "models--Qwen--Qwen3-8B", "snapshots", "main", "tokenizer.json"),
+        ),
+    );
   } finally {
     for (const k of ["HF_HOME", "HF_HUB_CACHE"] as const) {
       if (saved[k] === undefined) delete process.env[k];
@@ -190,21 +329,46 @@ test("--router-tokenizer-path takes a Hugging Face model id, resolved offline fr
 });
 
 test("token ids that do not fit in 32 bits are refused, not truncated", () => {
-  assert.deepEqual(status(() => parse("completions", { model: "m", prompt: [1, 4294967296] })), [400, "'prompt' token id 4294967296 does not fit in 32 bits"]);
+  assert.deepEqual(
+    status(() => parse("completions", { model: "m", prompt: [1, 4294967296] })),
+    [400, "'prompt' token id 4294967296 does not fit in 32 bits"],
+  );
   assert.doesNotThrow(() => parse("completions", { model: "m", prompt: [0, 4294967295] }));
 });
 
 test("bounded work per request: deep nesting, too many messages or images get a clear 400 fast", () => {
-  const deep = '{"model":"m","messages":[{"role":"user","content":"hi","x":' + "[".repeat(10000) + "1" + "]".repeat(10000) + "}]}";
+  const deep =
+    '{"model":"m","messages":[{"role":"user","content":"hi","x":' + "[".repeat(10000) + "1" + "]".repeat(10000) + "}]}";
   const t0 = Date.now();
-  assert.deepEqual(status(() => parseRequest("chat", deep, deep.length, P)), [400, "request body nests deeper than 64 levels (--max-json-depth)"]);
-  const many = JSON.stringify({ model: "m", messages: Array.from({ length: 5000 }, (_, i) => ({ role: "user", content: "m" + i })) });
-  assert.deepEqual(status(() => parseRequest("chat", many, many.length, P)), [400, "request has 5000 messages, over the limit of 4096 (--max-messages)"]);
-  const imgs = JSON.stringify({ model: "m", messages: [{ role: "user", content: Array.from({ length: 600 }, (_, i) => ({ type: "image_url", image_url: { url: "http://x/" + i } })) }] });
-  assert.deepEqual(status(() => parseRequest("chat", imgs, imgs.length, P)), [400, "request has 600 images or audio parts, over the limit of 512 (--max-images)"]);
+  assert.deepEqual(
+    status(() => parseRequest("chat", deep, deep.length, P)),
+    [400, "request body nests deeper than 64 levels (--max-json-depth)"],
+  );
+  const many = JSON.stringify({
+    model: "m",
+    messages: Array.from({ length: 5000 }, (_, i) => ({ role: "user", content: "m" + i })),
+  });
+  assert.deepEqual(
+    status(() => parseRequest("chat", many, many.length, P)),
+    [400, "request has 5000 messages, over the limit of 4096 (--max-messages)"],
+  );
+  const imgs = JSON.stringify({
+    model: "m",
+    messages: [
+      {
+        role: "user",
+        content: Array.from({ length: 600 }, (_, i) => ({ type: "image_url", image_url: { url: "http://x/" + i } })),
+      },
+    ],
+  });
+  assert.deepEqual(
+    status(() => parseRequest("chat", imgs, imgs.length, P)),
+    [400, "request has 600 images or audio parts, over the limit of 512 (--max-images)"],
+  );
   assert.ok(Date.now() - t0 < 2000, `refusals took ${Date.now() - t0} ms`);
   // the limits are flags
   assert.doesNotThrow(() => parseRequest("chat", many, many.length, { ...P, maxMessages: 5000 }));
-  const nested = '{"model":"m","messages":[{"role":"user","content":"hi","x":' + "[".repeat(60) + "1" + "]".repeat(60) + "}]}";
+  const nested =
+    '{"model":"m","messages":[{"role":"user","content":"hi","x":' + "[".repeat(60) + "1" + "]".repeat(60) + "}]}";
   assert.doesNotThrow(() => parseRequest("chat", nested, nested.length, P));
 });

@@ -91,14 +91,24 @@ test("unrelated prompts spread across idle workers", () => {
 
 test("round-robin and random policies", () => {
   const { r } = mk([{ id: "a" }, { id: "b" }, { id: "c" }], { policy: "round-robin" });
-  assert.deepEqual([0, 1, 2, 3].map(() => r.pick(feats([])).target.id), ["a", "b", "c", "a"]);
+  assert.deepEqual(
+    [0, 1, 2, 3].map(() => r.pick(feats([])).target.id),
+    ["a", "b", "c", "a"],
+  );
   const { r: rr } = mk([{ id: "a" }, { id: "b" }, { id: "c" }], { policy: "random" });
   assert.equal(rr.pick(feats([])).target.id, "c", "random() = 0.99 picks the last");
 });
 
 test("block-size mismatch excludes a worker; excluded workers are never picked", () => {
   const logs: string[] = [];
-  const { r } = mk([{ id: "a", blockSize: 32 }, { id: "b", blockSize: 16 }], {}, logs);
+  const { r } = mk(
+    [
+      { id: "a", blockSize: 32 },
+      { id: "b", blockSize: 16 },
+    ],
+    {},
+    logs,
+  );
   for (let i = 0; i < 4; i++) assert.equal(r.pick(feats(blocks("k" + i, 2))).target.id, "b");
   assert.ok(logs.some((l) => /worker a excluded: block size 32 != router --block-size 16/.test(l)));
   r.exclude("b", "test");
@@ -106,7 +116,10 @@ test("block-size mismatch excludes a worker; excluded workers are never picked",
 });
 
 test("config validation names the flag", () => {
-  assert.throws(() => validateConfig({ ...defaultConfig(), policy: "round-robin", decodeInputDemand: "on" }), /--decode-input-demand on needs --router-policy kv-aware/);
+  assert.throws(
+    () => validateConfig({ ...defaultConfig(), policy: "round-robin", decodeInputDemand: "on" }),
+    /--decode-input-demand on needs --router-policy kv-aware/,
+  );
   assert.throws(() => validateConfig({ ...defaultConfig(), blockSize: 0 }), /--block-size/);
   assert.throws(() => validateConfig({ ...defaultConfig(), overlapWeight: -1 }), /--kv-overlap-weight/);
 });

@@ -18,14 +18,49 @@ const ROOT = path.resolve(__dirname, "../..");
 function cli(args: string[], env: Record<string, string> = {}) {
   const clean: Record<string, string> = {};
   for (const [k, v] of Object.entries(process.env)) if (!k.startsWith("INFERA_") && v !== undefined) clean[k] = v;
-  return spawnSync(process.execPath, ["--import", "tsx", "cli/main.ts", ...args], { cwd: ROOT, env: { ...clean, ...env }, encoding: "utf8", timeout: 30000 });
+  return spawnSync(process.execPath, ["--import", "tsx", "cli/main.ts", ...args], {
+    cwd: ROOT,
+    env: { ...clean, ...env },
+    encoding: "utf8",
+    timeout: 30000,
+  });
 }
 
 const SIM_FLAGS = [
-  "id", "host", "port", "kv-events-port", "topic", "block-size", "capacity-blocks", "prefill-us-per-token", "prefill-base-ms", "decode-ms-per-token",
-  "prefill-attn-us-per-kctx", "decode-us-per-seq", "kv-read-us-per-ktoken", "max-num-batched-tokens", "max-num-seqs", "time-scale", "stream-interval",
-  "kv-events-map-port", "kv-replay-port", "kv-event-encoding", "kv-cpu-blocks", "kv-sliding-window", "data-parallel-size", "role", "malformed-every",
-  "tokenizer-path", "etcd-endpoint", "etcd-prefix", "advertise", "prefill-header", "render-fixture", "render-divergent", "served-model-name", "lora-modules",
+  "id",
+  "host",
+  "port",
+  "kv-events-port",
+  "topic",
+  "block-size",
+  "capacity-blocks",
+  "prefill-us-per-token",
+  "prefill-base-ms",
+  "decode-ms-per-token",
+  "prefill-attn-us-per-kctx",
+  "decode-us-per-seq",
+  "kv-read-us-per-ktoken",
+  "max-num-batched-tokens",
+  "max-num-seqs",
+  "time-scale",
+  "stream-interval",
+  "kv-events-map-port",
+  "kv-replay-port",
+  "kv-event-encoding",
+  "kv-cpu-blocks",
+  "kv-sliding-window",
+  "data-parallel-size",
+  "role",
+  "malformed-every",
+  "tokenizer-path",
+  "etcd-endpoint",
+  "etcd-prefix",
+  "advertise",
+  "prefill-header",
+  "render-fixture",
+  "render-divergent",
+  "served-model-name",
+  "lora-modules",
 ];
 
 test("infera-gate sim --help lists every simulator flag of the table, with its env variable, and no router flag", () => {
@@ -39,7 +74,9 @@ test("infera-gate sim --help lists every simulator flag of the table, with its e
     assert.match(h.stdout, new RegExp(`^  --${f.name}[ \\n]`, "m"), `--${f.name} in help`);
     assert.ok(h.stdout.includes(envName(f.name)), `${envName(f.name)} in help`);
   }
-  for (const f of FLAGS) if (!f.commands.includes("sim") && !FLAGS.some((g) => g.name === f.name && g.commands.includes("sim"))) assert.doesNotMatch(h.stdout, new RegExp(`^  --${f.name}[ \\n]`, "m"), `--${f.name} is not a sim flag`);
+  for (const f of FLAGS)
+    if (!f.commands.includes("sim") && !FLAGS.some((g) => g.name === f.name && g.commands.includes("sim")))
+      assert.doesNotMatch(h.stdout, new RegExp(`^  --${f.name}[ \\n]`, "m"), `--${f.name} is not a sim flag`);
   const v = cli(["sim", "--version"]);
   assert.equal(v.status, 0, v.stderr);
   assert.match(v.stdout, /^infera-sim \d+\.\d+\.\d+\n$/);
@@ -64,13 +101,19 @@ test("the table's simulator defaults are the engine model's (Llama-3.1-8B on an 
   // Shared with the router, whose default is a local etcd: a simulator registers only when told where.
   assert.equal(d.etcdEndpoint, null);
   assert.equal(parseSimArgs(["--etcd-endpoint", "http://127.0.0.1:2379"], {}).etcdEndpoint, "http://127.0.0.1:2379");
-  assert.equal(parseSimArgs([], { INFERA_ETCD_ENDPOINT: "http://127.0.0.1:2380" }).etcdEndpoint, "http://127.0.0.1:2380");
+  assert.equal(
+    parseSimArgs([], { INFERA_ETCD_ENDPOINT: "http://127.0.0.1:2380" }).etcdEndpoint,
+    "http://127.0.0.1:2380",
+  );
 });
 
 test("env variables and --config files set simulator flags: command line > env > file > default", () => {
   const dir = fs.mkdtempSync(path.join(os.tmpdir(), "infera-sim-cli-"));
   const yml = path.join(dir, "sim.yaml");
-  fs.writeFileSync(yml, "id: from-file\ncapacity-blocks: 700\nserved-model-name: [llama3, alias]\nkvEventsPort: none\nrole: decode\nrender-divergent: true\netcd-endpoint: http://127.0.0.1:2381\n");
+  fs.writeFileSync(
+    yml,
+    "id: from-file\ncapacity-blocks: 700\nserved-model-name: [llama3, alias]\nkvEventsPort: none\nrole: decode\nrender-divergent: true\netcd-endpoint: http://127.0.0.1:2381\n",
+  );
   let o = parseSimArgs(["--config", yml], {});
   assert.equal(o.id, "from-file");
   assert.equal(o.capacityBlocks, 700);
@@ -79,7 +122,11 @@ test("env variables and --config files set simulator flags: command line > env >
   assert.equal(o.role, "decode");
   assert.equal(o.renderDivergent, true);
   assert.equal(o.etcdEndpoint, "http://127.0.0.1:2381", "a file counts as given");
-  o = parseSimArgs(["--config", yml], { INFERA_CAPACITY_BLOCKS: "800", INFERA_KV_EVENTS_PORT: "6000", INFERA_TIME_SCALE: "4" });
+  o = parseSimArgs(["--config", yml], {
+    INFERA_CAPACITY_BLOCKS: "800",
+    INFERA_KV_EVENTS_PORT: "6000",
+    INFERA_TIME_SCALE: "4",
+  });
   assert.equal(o.capacityBlocks, 800, "env beats file");
   assert.equal(o.kvEventsPort, 6000);
   assert.equal(o.timeScale, 4);
@@ -109,7 +156,8 @@ test("unknown flags and bad values are rejected with the flag named", () => {
     [["--port"], {}, /--port needs a value/],
     [[], { INFERA_MAX_NUM_SEQS: "1.5" }, /INFERA_MAX_NUM_SEQS: '1.5' is not an integer/],
   ];
-  for (const [args, env, re] of bad) assert.throws(() => parseSimArgs(args, env), re, args.join(" ") + JSON.stringify(env));
+  for (const [args, env, re] of bad)
+    assert.throws(() => parseSimArgs(args, env), re, args.join(" ") + JSON.stringify(env));
 });
 
 test("infera-gate sim: bad flags and busy ports end the process with one line naming the flag, exit 2", async () => {
@@ -119,8 +167,14 @@ test("infera-gate sim: bad flags and busy ports end the process with one line na
   await new Promise<void>((r) => holder.listen(0, "127.0.0.1", r));
   const busy = (holder.address() as net.AddressInfo).port;
   try {
-    oneLine(cli(["sim", "--port", String(busy), "--kv-events-port", "none", "--tokenizer-path", "none"]), new RegExp(`^infera-sim: --port ${busy}: 127.0.0.1:${busy} is already in use`));
-    oneLine(cli(["sim", "--port", "0", "--kv-events-port", String(busy), "--tokenizer-path", "none"]), new RegExp(`^infera-sim: --kv-events-port ${busy}: 127.0.0.1:${busy} is already in use`));
+    oneLine(
+      cli(["sim", "--port", String(busy), "--kv-events-port", "none", "--tokenizer-path", "none"]),
+      new RegExp(`^infera-sim: --port ${busy}: 127.0.0.1:${busy} is already in use`),
+    );
+    oneLine(
+      cli(["sim", "--port", "0", "--kv-events-port", String(busy), "--tokenizer-path", "none"]),
+      new RegExp(`^infera-sim: --kv-events-port ${busy}: 127.0.0.1:${busy} is already in use`),
+    );
   } finally {
     holder.close();
   }

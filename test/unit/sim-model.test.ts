@@ -78,7 +78,11 @@ test("long prompts are prefilled in chunks of the token budget, and decodes shar
   const r = drain(m);
   const firstLong = r.out.findIndex((o) => o.id === "long");
   assert.ok(firstLong >= 0);
-  assert.deepEqual(r.steps.slice(0, 3).map((s) => s.prefill), [2048, 2048, 954], "5000 + 50 tokens over three 2048-token steps");
+  assert.deepEqual(
+    r.steps.slice(0, 3).map((s) => s.prefill),
+    [2048, 2048, 954],
+    "5000 + 50 tokens over three 2048-token steps",
+  );
   // the short request got its first token in step 3 and decodes alongside the rest
   assert.ok(r.steps[3].decode === 2);
   assert.ok(r.steps[0].ms > r.steps[3].ms * 10, "a 2k-token prefill step costs far more than a decode step");
@@ -102,7 +106,10 @@ test("step time grows with running sequences and KV tokens read", () => {
   const sixteenLong = time(16, 4000);
   assert.ok(one > 6 && one < 7, `lone decode step ${one.toFixed(2)} ms (H100, Llama-3.1-8B: ~6.5 ms TPOT)`);
   assert.ok(sixteen > one + 1, `16 sequences ${sixteen.toFixed(2)} ms > 1 sequence ${one.toFixed(2)} ms`);
-  assert.ok(sixteenLong > sixteen + 2, `more KV read costs more: ${sixteenLong.toFixed(2)} vs ${sixteen.toFixed(2)} ms`);
+  assert.ok(
+    sixteenLong > sixteen + 2,
+    `more KV read costs more: ${sixteenLong.toFixed(2)} vs ${sixteen.toFixed(2)} ms`,
+  );
 });
 
 test("requests wait when KV memory is full and run when it frees", () => {
@@ -115,7 +122,10 @@ test("requests wait when KV memory is full and run when it frees", () => {
   assert.ok(m.usage() > 0.6);
   m.complete(p);
   const r = drain(m);
-  assert.deepEqual(r.out.filter((o) => o.done).map((o) => o.id), ["a", "b"]);
+  assert.deepEqual(
+    r.out.filter((o) => o.done).map((o) => o.id),
+    ["a", "b"],
+  );
   assert.equal(m.numWaiting(), 0);
   assert.equal(m.usage(), 0, "everything freed (cached blocks count as free)");
 });
@@ -145,13 +155,20 @@ test("freed blocks stay cached and are evicted least recently used first, with B
   const ah = blockHashesOf(a, 16, "");
   const bh = blockHashesOf(b, 16, "");
   const ch = blockHashesOf(c, 16, "");
-  assert.ok(ah.every((h) => m.holds(h)), "recently used a survives");
+  assert.ok(
+    ah.every((h) => m.holds(h)),
+    "recently used a survives",
+  );
   assert.ok(!m.holds(bh[9]) && !m.holds(bh[5]), "b's tail went first");
   assert.ok(m.holds(bh[4]) && m.holds(bh[0]), "b's head outlives its tail");
   assert.ok(ch.every((h) => m.holds(h)));
   assert.equal(m.cachedBlocks(), 10 + 5 + 15);
   const cmp = (x: bigint, y: bigint) => (x < y ? -1 : x > y ? 1 : 0);
-  assert.deepEqual([...mir.held].sort(cmp), [...ah, ...bh, ...ch].filter((h) => m.holds(h)).sort(cmp), "the event mirror names exactly the held blocks");
+  assert.deepEqual(
+    [...mir.held].sort(cmp),
+    [...ah, ...bh, ...ch].filter((h) => m.holds(h)).sort(cmp),
+    "the event mirror names exactly the held blocks",
+  );
 });
 
 test("under memory pressure the newest running request is preempted and recomputed", () => {

@@ -45,7 +45,11 @@ for (const [name, make] of backends) {
     ["p0", "p1", "p3"].forEach((h, i) => mirror.store(E("a#1"), "a" + i, B(h)));
     ["p0", "p1", "p2", "p3"].forEach((h, i) => mirror.store(E("b#2"), "b" + i, B(h)));
     mirror.store(E("c#3"), "c0", B("p0"));
-    assert.deepEqual(mirror.prefixHits(req, { "a#1": true, "b#2": true, "c#3": true }), { "a#1": 2, "b#2": 4, "c#3": 1 });
+    assert.deepEqual(mirror.prefixHits(req, { "a#1": true, "b#2": true, "c#3": true }), {
+      "a#1": 2,
+      "b#2": 4,
+      "c#3": 1,
+    });
     assert.deepEqual(mirror.prefixHits(req, { "a#1": true }), { "a#1": 2 }, "only live workers count");
     mirror.clear(E("b#2"));
     assert.equal(mirror.count(E("b#2")), 0);
@@ -103,7 +107,10 @@ for (const [name, make] of backends) {
     const { workers } = make();
     const a = workers.add({ id: "a", address: "127.0.0.1:1", role: "mixed" });
     const b = workers.add({ id: "b", address: "127.0.0.1:2", role: "decode", blockSize: 16 });
-    assert.deepEqual(workers.list().map((w) => w.id), ["a", "b"]);
+    assert.deepEqual(
+      workers.list().map((w) => w.id),
+      ["a", "b"],
+    );
     assert.equal(workers.get("b")!.blockSize, 16);
     assert.notEqual(a.epochKey, b.epochKey);
     workers.setHealthy(a.epochKey, false);
@@ -141,7 +148,9 @@ test("keyed backend: worker ids with colons never collide with another worker's 
   st.mirror.store(E("127.0.0.1:8001#10"), "e", B("h"));
   st.mirror.clear(E("127.0.0.1:8001#1"));
   assert.equal(st.mirror.count(E("127.0.0.1:8001#10")), 1);
-  assert.deepEqual(st.mirror.prefixHits([B("h")], { "127.0.0.1:8001#10": true, "127.0.0.1:8001#1": true }), { "127.0.0.1:8001#10": 1 });
+  assert.deepEqual(st.mirror.prefixHits([B("h")], { "127.0.0.1:8001#10": true, "127.0.0.1:8001#1": true }), {
+    "127.0.0.1:8001#10": 1,
+  });
 });
 
 test("prometheus label values are escaped and secrets compare by content", async () => {
@@ -163,7 +172,8 @@ test("typed mirror matches the Map mirror on a random run through table growth a
     seed = (Math.imul(seed, 1103515245) + 12345) >>> 0;
     return (seed >>> 8) % n;
   };
-  const hex = (i: number) => (i * 2654435761 >>> 0).toString(16).padStart(8, "0") + (i >>> 0).toString(16).padStart(8, "0");
+  const hex = (i: number) =>
+    ((i * 2654435761) >>> 0).toString(16).padStart(8, "0") + (i >>> 0).toString(16).padStart(8, "0");
   const workers = ["127.0.0.1:8001#1", "127.0.0.1:8001#10", "w:3#3"];
   const targets = workers.flatMap((w) => [w, w + "|CPU", w + "|DISK"]).map(E);
   const live = Object.fromEntries(workers.map((w) => [w, true]));
@@ -177,7 +187,8 @@ test("typed mirror matches the Map mirror on a random run through table growth a
     const op = rnd(1000);
     // Engine hashes: decimal u64 (the wire form), hex bytes, and a few arbitrary names.
     const ehN = rnd(20000);
-    const eh = ehN % 7 === 0 ? "ext-" + ehN : ehN % 5 === 0 ? "18446744073709" + String(551000 + ehN) : String(ehN * 7919);
+    const eh =
+      ehN % 7 === 0 ? "ext-" + ehN : ehN % 5 === 0 ? "18446744073709" + String(551000 + ehN) : String(ehN * 7919);
     const bh = B(rnd(10) === 0 ? "name-" + rnd(200) : hex(rnd(1500)));
     if (op < 750) assert.equal(b.store(t, eh, bh), a.store(t, eh, bh), `store ${step}`);
     else if (op < 870) assert.equal(b.remove(t, eh), a.remove(t, eh), `remove ${step}`);

@@ -31,7 +31,10 @@ test("threads: same tokens and block hashes as inline, queue bound 503, time bou
   // Bounded queue: the third concurrent prompt is refused at once.
   const a = pool.encode("", text + "a", false, 16, null);
   const b = pool.encode("", text + "b", false, 16, null);
-  await assert.rejects(pool.encode("", text + "c", false, 16, null), (e: Error & { status?: number }) => e.status === 503 && /queue is full/.test(e.message));
+  await assert.rejects(
+    pool.encode("", text + "c", false, 16, null),
+    (e: Error & { status?: number }) => e.status === 503 && /queue is full/.test(e.message),
+  );
   await Promise.all([a, b]);
   assert.equal(pool.counts.queueFull, 1);
   // A prompt whose own encoding runs past the bound: 413, the thread is replaced, the next one works.
@@ -40,7 +43,10 @@ test("threads: same tokens and block hashes as inline, queue bound 503, time bou
   await slow.ready();
   const huge = longText("huge", 300000);
   const t0 = performance.now();
-  await assert.rejects(slow.encode("", huge, false, 16, null), (e: Error & { status?: number }) => e.status === 413 && /took over 30 ms to tokenize/.test(e.message));
+  await assert.rejects(
+    slow.encode("", huge, false, 16, null),
+    (e: Error & { status?: number }) => e.status === 413 && /took over 30 ms to tokenize/.test(e.message),
+  );
   assert.ok(performance.now() - t0 < 1000, "the caller hears at the bound, not when the encoding would have ended");
   assert.equal(slow.counts.restarts, 1);
   await slow.ready();
@@ -49,26 +55,62 @@ test("threads: same tokens and block hashes as inline, queue bound 503, time bou
 });
 
 test("routeAsync puts long prompts on a thread and picks exactly what route picks", async () => {
-  const app = new App(parseArgs(["--workers", "127.0.0.1:1,127.0.0.1:2", "--tokenizer-threads", "1", "--tokenize-inline-chars", "1000", "--render-probe-api", "off", "--health-interval-ms", "0"], {}), () => undefined, {
-    subscribe: () => ({ close() {} }),
-    close: async () => undefined,
-  });
+  const app = new App(
+    parseArgs(
+      [
+        "--workers",
+        "127.0.0.1:1,127.0.0.1:2",
+        "--tokenizer-threads",
+        "1",
+        "--tokenize-inline-chars",
+        "1000",
+        "--render-probe-api",
+        "off",
+        "--health-interval-ms",
+        "0",
+      ],
+      {},
+    ),
+    () => undefined,
+    {
+      subscribe: () => ({ close() {} }),
+      close: async () => undefined,
+    },
+  );
   try {
     app.setWorkers(app.opts.workers);
     await app.warmTokenizers();
-    const body = Buffer.from(JSON.stringify({ model: "m", messages: [{ role: "system", content: "be brief" }, { role: "user", content: longText("ra", 2000) }] }));
+    const body = Buffer.from(
+      JSON.stringify({
+        model: "m",
+        messages: [
+          { role: "system", content: "be brief" },
+          { role: "user", content: longText("ra", 2000) },
+        ],
+      }),
+    );
     const inline = app.route("chat", body, null);
     const blocksInline = inline.candidates.map((c) => c.cost);
     inline.reservation.finish();
     const threaded = await app.routeAsync("chat", body, null);
-    assert.deepEqual(threaded.candidates.map((c) => c.cost), blocksInline, "same request blocks, same costs");
+    assert.deepEqual(
+      threaded.candidates.map((c) => c.cost),
+      blocksInline,
+      "same request blocks, same costs",
+    );
     threaded.reservation.finish();
     const m = await app.metrics.registry.metrics();
     assert.match(m, /infera_router_tokenize_jobs_total\{outcome="ok"\} 1/);
     assert.match(m, /infera_router_event_loop_lag_seconds\{stat="max"\} /);
     assert.match(m, /infera_router_tokenizer_piece_cache_hit_ratio /);
     // Short prompts stay on the event loop.
-    (await app.routeAsync("chat", Buffer.from(JSON.stringify({ model: "m", messages: [{ role: "user", content: "hi" }] })), null)).reservation.finish();
+    (
+      await app.routeAsync(
+        "chat",
+        Buffer.from(JSON.stringify({ model: "m", messages: [{ role: "user", content: "hi" }] })),
+        null,
+      )
+    ).reservation.finish();
     assert.match(await app.metrics.registry.metrics(), /infera_router_tokenize_jobs_total\{outcome="ok"\} 1/);
   } finally {
     await app.close();

@@ -28,7 +28,12 @@ test("needs nothing", { skip: needs(false) }, () => {});
     delete clean.INFERA_REQUIRE_TOOLS;
     delete clean.INFERA_REQUIRE_DEPLOY_TOOLS;
     delete clean.NODE_TEST_CONTEXT; // else the child reports to this runner instead of printing TAP
-    return spawnSync(process.execPath, ["--import", "tsx", "--test", "--test-reporter=tap", file], { cwd: ROOT, env: { ...clean, ...env }, encoding: "utf8", timeout: 60000 });
+    return spawnSync(process.execPath, ["--import", "tsx", "--test", "--test-reporter=tap", file], {
+      cwd: ROOT,
+      env: { ...clean, ...env },
+      encoding: "utf8",
+      timeout: 60000,
+    });
   } finally {
     fs.rmSync(dir, { recursive: true, force: true });
   }
@@ -56,5 +61,8 @@ test("the probes tell present from missing", () => {
   assert.equal(binMissing("sh"), false);
   assert.equal(binMissing("infera-no-such-tool-x"), "infera-no-such-tool-x not installed");
   assert.equal(pythonMissing(["json"]), false);
-  assert.match(pythonMissing(["infera_no_such_module"]) || "", /python3 cannot import infera_no_such_module .*ModuleNotFoundError/);
+  assert.match(
+    pythonMissing(["infera_no_such_module"]) || "",
+    /python3 cannot import infera_no_such_module .*ModuleNotFoundError/,
+  );
 });

@@ -4,7 +4,11 @@ import { RouterConfig, Worker } from "../../../types";
 import { RouterState } from "../../../state/types";
 
 export function isUsable(w: Worker, config: RouterConfig, state: RouterState): boolean {
-  return (w.blockSize === undefined || w.blockSize === config.blockSize) && state.workers.excluded(w.epochKey) === null && state.workers.healthy(w.epochKey);
+  return (
+    (w.blockSize === undefined || w.blockSize === config.blockSize) &&
+    state.workers.excluded(w.epochKey) === null &&
+    state.workers.healthy(w.epochKey)
+  );
 }
 
 export const usableFilter: Filter = {

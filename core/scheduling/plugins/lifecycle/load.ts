@@ -22,7 +22,12 @@ export const loadReservation: LifecyclePlugin = {
     }
     const demandOn = ctx.config.decodeInputDemand !== "off";
     result.guards.prefill = load.hold(prefill.epochKey, f.blocks, 0, 0);
-    result.guards.main = load.hold(result.decode.worker.epochKey, f.blocks, demandOn ? f.inputTokens * demandN(f) : 0, demandOn ? 1 : 0);
+    result.guards.main = load.hold(
+      result.decode.worker.epochKey,
+      f.blocks,
+      demandOn ? f.inputTokens * demandN(f) : 0,
+      demandOn ? 1 : 0,
+    );
   },
   firstToken(result, release) {
     release(result.guards.queued);

@@ -6,7 +6,8 @@ import { SessionBinding } from "../../../types";
 export const imageTouch: LifecyclePlugin = {
   name: "image-touch",
   preRequest(ctx, result) {
-    if (ctx.features.mediaHashes.length) ctx.state.images.touch(result.prefill.worker.epochKey, ctx.features.mediaHashes, ctx.config.mmLruSize);
+    if (ctx.features.mediaHashes.length)
+      ctx.state.images.touch(result.prefill.worker.epochKey, ctx.features.mediaHashes, ctx.config.mmLruSize);
   },
 };
 

@@ -14,7 +14,14 @@ export const speedLearning: LifecyclePlugin = {
     const d = result.prefill.data;
     const bs = ctx.config.blockSize;
     const own = Math.max(0, ctx.features.inputTokens - d.hits * bs);
-    result.timing = { model: ctx.latency, now: ctx.now, worker: result.prefill.worker.epochKey, tokens: d.pending * bs + own, running: d.held, start: ctx.now() };
+    result.timing = {
+      model: ctx.latency,
+      now: ctx.now,
+      worker: result.prefill.worker.epochKey,
+      tokens: d.pending * bs + own,
+      running: d.held,
+      start: ctx.now(),
+    };
   },
   firstToken(result) {
     const t = result.timing;

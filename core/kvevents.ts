@@ -322,7 +322,9 @@ export function applyBatch(
   return res;
 }
 
-export function resetSequence(mirror: MirrorIndex, ek: EpochKey): void {
+/** Forgets everything mirrored for a worker (every tier) and its event sequence: it left, or its engine restarted. */
+export function forgetMirror(mirror: MirrorIndex, ek: EpochKey): void {
+  clearAllTiers(mirror, ek);
   mirror.setSequence(ek, undefined);
 }
 

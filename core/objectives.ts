@@ -9,6 +9,8 @@
 // trust; otherwise every request is priority 0 in one flow and no client can
 // raise its own priority. ES5-safe: njs bundles this file.
 
+import { hasOwn } from "./util";
+
 export const OBJECTIVE_HEADER = "x-gateway-inference-objective";
 export const FAIRNESS_HEADER = "x-gateway-inference-fairness-id";
 /** The flow of a request without a fairness id (the Inference Extension's name for it). */
@@ -62,6 +64,6 @@ export function objectiveOf(
   if (!trust) return { name: "", priority: 0, flow: DEFAULT_FLOW };
   const name = clip(header(OBJECTIVE_HEADER) || "");
   const flow = clip(header(FAIRNESS_HEADER) || "") || DEFAULT_FLOW;
-  const p = Object.prototype.hasOwnProperty.call(table, name) ? table[name] : 0;
+  const p = hasOwn(table, name) ? table[name] : 0;
   return { name: name, priority: p, flow: flow };
 }

@@ -20,7 +20,7 @@ import { sameWorker } from "./fleet";
 import "./scheduling/plugins";
 import { Candidate, Features, Guard, Policy, RouterConfig, Worker, WorkerSpec } from "./types";
 import { httpError } from "./util";
-import { clearAllTiers, defaultTierWeights, tierCounts } from "./kvevents";
+import { clearAllTiers, defaultTierWeights, forgetMirror, tierCounts } from "./kvevents";
 import { Reservation, reservations } from "./reservation";
 import { LatencyModel, latencyModel } from "./latency";
 
@@ -193,8 +193,7 @@ export function createRouter(state: RouterState, cfg: RouterConfig, hooks?: Rout
     if (!gone) return false;
     // Cache contents go with the worker; in-flight reservations keep their own
     // epoch key and drain into counters nobody else reads.
-    clearAllTiers(state.mirror, gone.epochKey);
-    state.mirror.setSequence(gone.epochKey, undefined);
+    forgetMirror(state.mirror, gone.epochKey);
     state.images.drop(gone.epochKey);
     if (latency) latency.forget(gone.epochKey);
     reg.forget(gone.epochKey);

@@ -29,3 +29,12 @@ export function workerRow(router: Router, w: Worker): WorkerRow {
     healthy: router.healthy(w.id),
   };
 }
+
+/** A cache-view 404's message: the id asked for, and the ids the router knows (the first 20). */
+export function unknownWorker(router: Router, id: string): string {
+  const ws = router.workers();
+  const ids: string[] = [];
+  for (let i = 0; i < ws.length && i < 20; i++) ids.push(ws[i].id);
+  const more = ws.length > 20 ? ", ... " + (ws.length - 20) + " more" : "";
+  return "unknown worker '" + id + "' (known: " + (ids.length ? ids.join(", ") + more : "none") + ")";
+}

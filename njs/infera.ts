@@ -18,18 +18,11 @@ import {
 } from "../core/state/keyed";
 import { computeFeatures, parseRequest, Tokenizer } from "../core/request";
 import { checkPath, pathRules, PathRule } from "../core/paths";
-import {
-  applyBatch,
-  clearAllTiers,
-  defaultTierWeights,
-  KvEvent,
-  parseTierWeights,
-  requestRoot,
-} from "../core/kvevents";
+import { applyBatch, forgetMirror, defaultTierWeights, KvEvent, parseTierWeights, requestRoot } from "../core/kvevents";
 import { compactTokenizer } from "../core/bpe";
 import { asHttpError, promLabel, sameSecret } from "../core/util";
 import { checkSessionId } from "../core/limits";
-import { workerRow } from "../core/views";
+import { unknownWorker, workerRow } from "../core/views";
 import { withModels } from "../core/models";
 import { nginxFlag, routerConfigFromVars } from "../core/flags";
 import { errorJson } from "../core/errors";
@@ -396,8 +389,7 @@ function push(r: NjsRequest): void {
   const w = c.router.worker(b.worker || "");
   if (!w) return fail(r, 404, "unknown worker " + b.worker, "not_found");
   if (b.restart) {
-    clearAllTiers(c.router.state.mirror, w.epochKey);
-    c.router.state.mirror.setSequence(w.epochKey, undefined);
+    forgetMirror(c.router.state.mirror, w.epochKey);
   }
   let res;
   try {
@@ -426,8 +418,9 @@ function admin(r: NjsRequest): void {
   if (!c) return;
   const m = /^\/v1\/admin\/cache-view\/(.+)$/.exec(r.uri);
   if (m) {
-    const v = c.router.cacheView(decodeURIComponent(m[1]));
-    return v ? json(r, 200, v) : fail(r, 404, "unknown worker '" + m[1] + "'", "not_found");
+    const id = decodeURIComponent(m[1]);
+    const v = c.router.cacheView(id);
+    return v ? json(r, 200, v) : fail(r, 404, unknownWorker(c.router, id), "not_found");
   }
   if (r.uri === "/v1/admin/workers") {
     const ws = c.router.workers();

@@ -6,7 +6,7 @@ import * as fs from "fs";
 import * as http from "http";
 import * as https from "https";
 import { App } from "./app";
-import { workerRow } from "../core/views";
+import { unknownWorker, workerRow } from "../core/views";
 import { sameSecret } from "../core/util";
 
 function fail(res: http.ServerResponse, status: number, message: string, type: string): void {
@@ -56,7 +56,7 @@ export function startAdmin(app: App, host: string, port: number): Promise<{ serv
       if (m) {
         const id = decodeURIComponent(m[1]);
         const v = app.router.cacheView(id);
-        return v ? json(res, 200, v) : fail(res, 404, `unknown worker '${id}'`, "not_found");
+        return v ? json(res, 200, v) : fail(res, 404, unknownWorker(app.router, id), "not_found");
       }
       if (p === "/v1/admin/workers")
         return json(

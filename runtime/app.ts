@@ -23,7 +23,7 @@ import { Objective } from "../core/objectives";
 import { HealthChecker } from "./health-check";
 import { Gauge } from "prom-client";
 import { addStats, defaultThreads, JobOutcome, TokenizerPool } from "./tokenpool";
-import { applyBatch, clearAllTiers, KvEvent, requestRoot } from "../core/kvevents";
+import { applyBatch, forgetMirror, KvEvent, requestRoot } from "../core/kvevents";
 import { nativeHasher } from "./hasher";
 import { loadTokenizer, LoadedTokenizer } from "./tokenizer";
 import { createMetrics, Metrics } from "./metrics";
@@ -465,8 +465,7 @@ export class App {
       k.silent = false;
     }
     if (info?.restart) {
-      clearAllTiers(this.state.mirror, epochKey);
-      this.state.mirror.setSequence(epochKey, undefined);
+      forgetMirror(this.state.mirror, epochKey);
       this.metrics.eventErrors.inc({ worker: id, reason: "engine_restart" });
     }
     if (info?.unknown) this.metrics.eventErrors.inc({ worker: id, reason: "unknown_event" }, info.unknown);

@@ -144,7 +144,10 @@ export function parseCommand(cmd: Command, argv: string[], env: NodeJS.ProcessEn
     raw = nodeParseArgs({ args, options, strict: true, allowPositionals: !!COMMANDS[cmd].positionals }) as never;
   } catch (e) {
     const m = /Unknown option '([^']+)'/.exec((e as Error).message);
-    if (m) throw new CliError(`unknown flag ${m[1]} (see --help)`);
+    if (m) {
+      const near = nearestFlag(m[1].replace(/^-+/, "").split("=")[0], specs);
+      throw new CliError(`unknown flag ${m[1]}${near ? `; did you mean --${near}?` : ""} (see --help)`);
+    }
     const p = /Unexpected argument '([^']+)'/.exec((e as Error).message);
     if (p) throw new CliError(`unexpected argument '${p[1]}' (see --help)`);
     throw new CliError((e as Error).message.split("\n")[0]);
@@ -216,6 +219,32 @@ export async function runCommand(cmd: Command, argv: string[], start: (p: Parsed
     if (p.values["log-level"] === "debug" && !(e instanceof CliError)) process.stderr.write(`${(e as Error).stack}\n`);
     process.exit(e instanceof CliError ? 2 : 1);
   }
+}
+
+/** The command's flag closest to a mistyped name (edit distance at most 2, or a unique prefix), if any. */
+export function nearestFlag(name: string, specs: FlagSpec[]): string | null {
+  const dist = (a: string, b: string): number => {
+    let prev = Array.from({ length: b.length + 1 }, (_, j) => j);
+    for (let i = 1; i <= a.length; i++) {
+      const cur = [i];
+      for (let j = 1; j <= b.length; j++)
+        cur[j] = Math.min(prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (a[i - 1] === b[j - 1] ? 0 : 1));
+      prev = cur;
+    }
+    return prev[b.length];
+  };
+  let best: string | null = null;
+  let bestD = 3;
+  for (const f of specs) {
+    const d = dist(name, f.name);
+    if (d < bestD) {
+      best = f.name;
+      bestD = d;
+    }
+  }
+  if (best) return best;
+  const prefixed = specs.filter((f) => name.length >= 3 && f.name.startsWith(name));
+  return prefixed.length === 1 ? prefixed[0].name : null;
 }
 
 /** Turns a listen failure into a one-line error naming the flag. */

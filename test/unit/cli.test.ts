@@ -340,3 +340,16 @@ test("runtime/config.ts repeats no default of the flag table: every flag's defau
   assert.equal(o.extProcMaxStreams, def("ext-proc-max-streams"));
   assert.equal(o.bridgeQueueMax, FLAGS.find((x) => x.name === "bridge-queue-max")!.def);
 });
+
+test("a mistyped flag gets the nearest one suggested", () => {
+  assert.throws(
+    () => parseCommand("router", ["--worker", "127.0.0.1:1"], {}),
+    /unknown flag --worker; did you mean --workers\? \(see --help\)/,
+  );
+  assert.throws(() => parseCommand("router", ["--kv-overlap-weigth", "2"], {}), /did you mean --kv-overlap-weight\?/);
+  assert.throws(() => parseCommand("bridge", ["--nginx-push", "x"], {}), /did you mean --nginx-push-url\?/);
+  assert.throws(
+    () => parseCommand("router", ["--zzzzzz", "1"], {}),
+    (e: Error) => /unknown flag --zzzzzz \(see --help\)/.test(e.message) && !/did you mean/.test(e.message),
+  );
+});

@@ -293,11 +293,11 @@ export const FLAGS: FlagSpec[] = [
   {
     name: "speed-learning",
     kind: "enum",
-    def: "on",
+    def: "off",
     choices: ["on", "off"],
     commands: ["router"],
     routerKey: "speedLearning",
-    help: "learn each worker's prefill speed from its first tokens and price its work in time (a worker twice as fast costs half); Envoy path",
+    help: "learn each worker's prefill speed from its first tokens and price its work in time (a worker twice as fast costs half); for fleets that mix hardware; Envoy path",
   },
   {
     name: "max-session-id-bytes",

@@ -30,6 +30,8 @@ test(
       "0",
       "--prefill-admission-slots",
       "0",
+      "--speed-learning",
+      "on",
     ]);
     const url = (await startEnvoy(router.grpcPort)).url;
     // Cold prompts, one at a time: each worker gets some while speeds are unknown (ties spread).

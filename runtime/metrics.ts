@@ -40,6 +40,22 @@ export function createMetrics(
 ) {
   const registry = new client.Registry();
   client.collectDefaultMetrics({ register: registry });
+  /** A gauge with one series per worker, read from the router at scrape time (so it never drifts); null = no series. */
+  const perWorker = (name: string, help: string, value: (w: Worker, r: Router) => number | null, label = "worker") =>
+    new client.Gauge({
+      name,
+      help,
+      labelNames: [label],
+      registers: [registry],
+      collect() {
+        this.reset();
+        const r = router();
+        for (const w of r.workers()) {
+          const v = value(w, r);
+          if (v !== null) this.set({ [label]: w.id }, v);
+        }
+      },
+    });
   const picks = new client.Counter({
     name: "infera_router_picks_total",
     help: "Picks per worker and role",
@@ -108,21 +124,11 @@ export function createMetrics(
       for (const w of ws) this.set({ worker: w.id }, s[w.epochKey] ?? 1);
     },
   });
-  new client.Gauge({
-    name: "infera_router_worker_prefill_ms_per_token",
-    help: "Learned prefill milliseconds per prompt token (absent until learned; --speed-learning)",
-    labelNames: ["worker"],
-    registers: [registry],
-    collect() {
-      this.reset();
-      const r = router();
-      if (!r.latency) return;
-      for (const w of r.workers()) {
-        const v = r.latency.msPerToken(w.epochKey);
-        if (v !== null) this.set({ worker: w.id }, v);
-      }
-    },
-  });
+  perWorker(
+    "infera_router_worker_prefill_ms_per_token",
+    "Learned prefill milliseconds per prompt token (absent until learned; --speed-learning)",
+    (w, r) => (r.latency ? r.latency.msPerToken(w.epochKey) : null),
+  );
   const shed = new client.Counter({
     name: "infera_router_shed_total",
     help: "Sheddable requests (negative priority, --objectives) refused with 429 because their worker had no free prefill slot",
@@ -159,17 +165,11 @@ export function createMetrics(
         );
     },
   });
-  new client.Gauge({
-    name: "infera_router_worker_excluded",
-    help: "1 when the router keeps the worker out of every pool for a configuration fault (e.g. block size mismatch; reason in /v1/admin/workers), else 0",
-    labelNames: ["worker"],
-    registers: [registry],
-    collect() {
-      this.reset();
-      const r = router();
-      for (const w of r.workers()) this.set({ worker: w.id }, excludedNow(r, w) ? 1 : 0);
-    },
-  });
+  perWorker(
+    "infera_router_worker_excluded",
+    "1 when the router keeps the worker out of every pool for a configuration fault (e.g. block size mismatch; reason in /v1/admin/workers), else 0",
+    (w, r) => (excludedNow(r, w) ? 1 : 0),
+  );
   const eppFallbacks = new client.Counter({
     name: "infera_router_epp_served_elsewhere_total",
     help: "Responses the gateway reports served from an endpoint other than the pick (known: a worker we track)",
@@ -183,74 +183,36 @@ export function createMetrics(
     registers: [registry],
   });
   // Gauges read the router at scrape time, so they can never drift from the truth.
-  new client.Gauge({
-    name: "infera_router_decode_demand_tokens",
-    help: "In-flight input tokens booked on each decode target",
-    labelNames: ["target"],
-    registers: [registry],
-    collect() {
-      this.reset();
-      for (const w of router().workers())
-        if (w.role !== "prefill") this.set({ target: w.id }, router().demand(w.id).tokens);
-    },
-  });
-  new client.Gauge({
-    name: "infera_router_decode_demand_requests",
-    help: "Requests held on each decode target",
-    labelNames: ["target"],
-    registers: [registry],
-    collect() {
-      this.reset();
-      for (const w of router().workers())
-        if (w.role !== "prefill") this.set({ target: w.id }, router().demand(w.id).requests);
-    },
-  });
-  new client.Gauge({
-    name: "infera_router_active_blocks",
-    help: "Distinct in-flight prompt blocks per worker",
-    labelNames: ["worker"],
-    registers: [registry],
-    collect() {
-      this.reset();
-      for (const w of router().workers()) this.set({ worker: w.id }, router().activeBlocks(w.id));
-    },
-  });
-  new client.Gauge({
-    name: "infera_router_mirror_blocks",
-    help: "Blocks mirrored from each worker's KV events",
-    labelNames: ["worker"],
-    registers: [registry],
-    collect() {
-      this.reset();
-      for (const w of router().workers()) this.set({ worker: w.id }, router().cacheView(w.id)?.block_count ?? 0);
-    },
-  });
-  new client.Gauge({
-    name: "infera_router_kv_event_age_seconds",
-    help: "Seconds since each worker's last KV event batch (since it joined, if none yet)",
-    labelNames: ["worker"],
-    registers: [registry],
-    collect() {
-      this.reset();
-      if (!eventStatus) return;
-      for (const w of router().workers()) {
-        const s = eventStatus(w.id);
-        if (w.events && s.kv_event_age_s !== null) this.set({ worker: w.id }, s.kv_event_age_s);
-      }
-    },
-  });
-  new client.Gauge({
-    name: "infera_router_kv_events_silent",
-    help: "1 when a worker with a KV events endpoint sent nothing for --kv-event-silence-s while serving picks",
-    labelNames: ["worker"],
-    registers: [registry],
-    collect() {
-      this.reset();
-      if (!eventStatus) return;
-      for (const w of router().workers())
-        if (w.events) this.set({ worker: w.id }, eventStatus(w.id).kv_events_silent ? 1 : 0);
-    },
-  });
+  perWorker(
+    "infera_router_decode_demand_tokens",
+    "In-flight input tokens booked on each decode target",
+    (w, r) => (w.role !== "prefill" ? r.demand(w.id).tokens : null),
+    "target",
+  );
+  perWorker(
+    "infera_router_decode_demand_requests",
+    "Requests held on each decode target",
+    (w, r) => (w.role !== "prefill" ? r.demand(w.id).requests : null),
+    "target",
+  );
+  perWorker("infera_router_active_blocks", "Distinct in-flight prompt blocks per worker", (w, r) =>
+    r.activeBlocks(w.id),
+  );
+  perWorker(
+    "infera_router_mirror_blocks",
+    "Blocks mirrored from each worker's KV events",
+    (w, r) => r.cacheView(w.id)?.block_count ?? 0,
+  );
+  perWorker(
+    "infera_router_kv_event_age_seconds",
+    "Seconds since each worker's last KV event batch (since it joined, if none yet)",
+    (w) => (eventStatus && w.events ? eventStatus(w.id).kv_event_age_s : null),
+  );
+  perWorker(
+    "infera_router_kv_events_silent",
+    "1 when a worker with a KV events endpoint sent nothing for --kv-event-silence-s while serving picks",
+    (w) => (eventStatus && w.events ? (eventStatus(w.id).kv_events_silent ? 1 : 0) : null),
+  );
   new client.Gauge({
     name: "infera_router_mirror_tier_blocks",
     help: "Blocks mirrored per worker and storage tier (medium)",

@@ -79,8 +79,8 @@ function extraKeys(v: unknown): ExtraKeys | null {
   );
 }
 
-// Field order of the array_like (positional) encoding, after the tag.
-const STORED_FIELDS = [
+// Field order of vLLM's array_like (positional) encoding, after the tag (the simulator writes the same).
+export const STORED_FIELDS = [
   "block_hashes",
   "parent_block_hash",
   "token_ids",
@@ -93,7 +93,7 @@ const STORED_FIELDS = [
   "kv_cache_spec_kind",
   "kv_cache_spec_sliding_window",
 ];
-const REMOVED_FIELDS = ["block_hashes", "medium", "group_idx"];
+export const REMOVED_FIELDS = ["block_hashes", "medium", "group_idx"];
 const CLEARED_FIELDS = ["medium"];
 
 /**

@@ -8,6 +8,7 @@
 import { encode } from "@msgpack/msgpack";
 import * as zmq from "zeromq";
 import { randomBytes } from "crypto";
+import { REMOVED_FIELDS, STORED_FIELDS } from "../runtime/events";
 
 export type Encoding = "map" | "array";
 
@@ -18,20 +19,8 @@ export interface SimKvEvent {
 }
 
 const FIELDS: { [type: string]: string[] } = {
-  BlockStored: [
-    "block_hashes",
-    "parent_block_hash",
-    "token_ids",
-    "block_size",
-    "lora_id",
-    "medium",
-    "lora_name",
-    "extra_keys",
-    "group_idx",
-    "kv_cache_spec_kind",
-    "kv_cache_spec_sliding_window",
-  ],
-  BlockRemoved: ["block_hashes", "medium", "group_idx"],
+  BlockStored: STORED_FIELDS,
+  BlockRemoved: REMOVED_FIELDS,
   AllBlocksCleared: [],
 };
 // The first fields are required (no default) in vLLM's structs: always sent, null or not.

@@ -505,6 +505,25 @@ interface Row {
   firstErr?: string;
 }
 
+/** A side that did not run on a workload (unavailable, or it failed to start), with the reason. */
+function skippedRow(workload: string, target: string, why: string): Row {
+  return {
+    workload,
+    target,
+    n: 0,
+    errors: 0,
+    ttftMean: NaN,
+    ttftP50: NaN,
+    ttftP90: NaN,
+    itl: NaN,
+    tokPerS: NaN,
+    reqPerS: NaN,
+    hit: null,
+    spread: "",
+    skipped: why,
+  };
+}
+
 /**
  * Requests shaped like the workload's (same path and prompt form, lengths
  * from 500 to 8,000 tokens) that share nothing with it or with each other:
@@ -627,21 +646,7 @@ async function main(): Promise<void> {
     for (const t of ts) {
       const skip = t.unavailable ?? t.cannot?.(w) ?? null;
       if (skip) {
-        rows.push({
-          workload: w.name,
-          target: t.name,
-          n: 0,
-          errors: 0,
-          ttftMean: NaN,
-          ttftP50: NaN,
-          ttftP90: NaN,
-          itl: NaN,
-          tokPerS: NaN,
-          reqPerS: NaN,
-          hit: null,
-          spread: "",
-          skipped: skip,
-        });
+        rows.push(skippedRow(w.name, t.name, skip));
         continue;
       }
       await clearFleet(sims);
@@ -649,21 +654,7 @@ async function main(): Promise<void> {
       try {
         r = await t.start(sims, mapPorts);
       } catch (e) {
-        rows.push({
-          workload: w.name,
-          target: t.name,
-          n: 0,
-          errors: 0,
-          ttftMean: NaN,
-          ttftP50: NaN,
-          ttftP90: NaN,
-          itl: NaN,
-          tokPerS: NaN,
-          reqPerS: NaN,
-          hit: null,
-          spread: "",
-          skipped: `failed to start: ${String((e as Error).message).slice(0, 300)}`,
-        });
+        rows.push(skippedRow(w.name, t.name, `failed to start: ${String((e as Error).message).slice(0, 300)}`));
         continue;
       }
       if (!noWarmup) {

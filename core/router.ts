@@ -23,6 +23,7 @@ import { httpError } from "./util";
 import { clearAllTiers, defaultTierWeights, forgetMirror, tierCounts } from "./kvevents";
 import { Reservation, reservations } from "./reservation";
 import { LatencyModel, latencyModel } from "./latency";
+import { LogFields, LogHook } from "./log";
 
 export type { Reservation } from "./reservation";
 
@@ -103,7 +104,8 @@ export interface Pick {
 export interface RouterHooks {
   /** Milliseconds, for speed learning (default Date.now; a simulation passes its virtual clock). */
   now?: () => number;
-  log?: (level: "info" | "debug" | "warn", line: string) => void;
+  /** Structured log lines (core/log.ts): a stable message and its fields. */
+  log?: LogHook;
   onPick?: (role: string, p: { worker: string; hits: number; blocks: number; policy: Policy }) => void;
   onDemand?: (d: DemandDecision) => void;
   /** A first token the speed model learned from: its prediction beforehand (null: not learned yet) and the time it took. */
@@ -270,17 +272,14 @@ export function createRouter(state: RouterState, cfg: RouterConfig, hooks?: Rout
     const prefillWorker = prefillRows[prefillIndex].worker;
     const media = f.mediaHashes.length > 0 && cfg.policy === "kv-aware";
     const mmHits = media ? prefillRows[prefillIndex].hits : 0;
-    log(
-      "info",
-      "pick policy=" +
-        cfg.policy +
-        " role=prefill picked=" +
-        prefillWorker.id +
-        " mm_images=" +
-        f.mediaHashes.length +
-        " mm_affinity_hits=" +
-        mmHits,
-    );
+    // Per pick: debug, with fields (the request's logs say where it went at debug level).
+    log("debug", "pick", {
+      policy: cfg.policy,
+      role: "prefill",
+      picked: prefillWorker.id,
+      mm_images: f.mediaHashes.length,
+      mm_affinity_hits: mmHits,
+    });
     if (hk.onPick)
       hk.onPick("prefill", {
         worker: prefillWorker.id,
@@ -304,28 +303,20 @@ export function createRouter(state: RouterState, cfg: RouterConfig, hooks?: Rout
           const r = d.decision.candidates[i];
           rowsTxt.push(r.id + ":" + r.demand + "/" + r.originalCost);
         }
-        log(
-          "debug",
-          "decode-demand mode=" +
-            d.decision.mode +
-            " input=" +
-            d.decision.input +
-            " candidates=" +
-            rowsTxt.join(",") +
-            " original=" +
-            d.decision.original +
-            " suggestion=" +
-            d.decision.suggestion +
-            " actual=" +
-            d.decision.actual,
-        );
+        log("debug", "decode-demand", {
+          mode: d.decision.mode,
+          input: d.decision.input,
+          candidates: rowsTxt.join(","),
+          original: d.decision.original,
+          suggestion: d.decision.suggestion,
+          actual: d.decision.actual,
+        });
         if (hk.onDemand) hk.onDemand(d.decision);
       }
       const decodeWorker = decodeRows[decodeIndex].worker;
-      log(
-        "info",
-        "pick policy=" + cfg.policy + " role=decode picked=" + decodeWorker.id + (c.bound ? " session=bound" : ""),
-      );
+      const fields: LogFields = { policy: cfg.policy, role: "decode", picked: decodeWorker.id };
+      if (c.bound) fields.session = "bound";
+      log("debug", "pick", fields);
       if (hk.onPick)
         hk.onPick("decode", {
           worker: decodeWorker.id,

@@ -27,6 +27,7 @@ import { withModels } from "../core/models";
 import { nginxFlag, routerConfigFromVars } from "../core/flags";
 import { errorJson } from "../core/errors";
 import { dpBodyFields, withBodyFields } from "../core/dprank";
+import { logfmt, LogFields, LogLevel } from "../core/log";
 
 const STR_ZONE = "infera_str";
 const NUM_ZONE = "infera_num";
@@ -110,7 +111,8 @@ function build(r: NjsRequest): Ctx | string {
   const cfg = config(r);
   try {
     const hooks = {
-      log: (l: string, line: string) => (l === "warn" ? r.warn("infera: " + line) : r.log("infera: " + line)),
+      log: (l: LogLevel, msg: string, f?: LogFields) =>
+        l === "warn" || l === "error" ? r.warn("infera: " + logfmt(msg, f)) : r.log("infera: " + logfmt(msg, f)),
       // Decision counters live in the number dict so /metrics sees every VM's.
       onDemand: (d: { mode: string; input: string; agrees: boolean }) => countDecision(st, d.mode, d.input, d.agrees),
       // Same counter as the ext_proc server's: how many request blocks the pick found cached.

@@ -245,7 +245,7 @@ export class App {
       this.replicas.register(this.metrics.registry);
     }
     this.router = createRouter(this.state, opts.router, {
-      log: (l, line) => log(l, line),
+      log: (l, msg, fields) => log(l, msg, fields),
       onPick: (role, p) => {
         this.metrics.picks.inc({ worker: p.worker, role, policy: p.policy });
         const k = this.kv[p.worker];

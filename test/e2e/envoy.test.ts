@@ -28,7 +28,8 @@ before(async () => {
   sims = await Promise.all(
     ["w0", "w1", "w2"].map((id) => startSim(id, ["--prefill-us-per-token", "150", "--decode-ms-per-token", "3"])),
   );
-  router = await startRouter(["--workers", workerArg(sims)]);
+  // Per-pick lines are debug; a test below reads them in their text rendering.
+  router = await startRouter(["--workers", workerArg(sims), "--log-level", "debug", "--log-format", "text"]);
   envoy = await startEnvoy(router.grpcPort);
   // warm every process's JIT and tokenizer so TTFT comparisons measure the cache
   await chat(envoy.url, "warm up " + longText("warm", 50));

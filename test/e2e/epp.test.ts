@@ -84,7 +84,12 @@ for (const mode of ["FULL_DUPLEX_STREAMED", "BUFFERED"] as const) {
     before(async () => {
       // The outside worker is known to the router but not a host of the gateway's
       // pool: a pick of it makes override_host fall back down the list.
+      // Per-pick lines are debug; a test below reads them in their text rendering.
       router = await startRouter([
+        "--log-level",
+        "debug",
+        "--log-format",
+        "text",
         "--workers",
         workerArg([...mixed, outside]),
         "--epp-fallback-endpoints",

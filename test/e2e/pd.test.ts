@@ -30,7 +30,12 @@ before(async () => {
   pre = await Promise.all(["p0", "p1"].map((id) => startSim(id, args, "prefill")));
   dec = await Promise.all(["d0", "d1"].map((id) => startSim(id, args, "decode")));
   const roles = Object.fromEntries([...pre.map((s) => [s.id, "prefill"]), ...dec.map((s) => [s.id, "decode"])]);
+  // Per-pick lines are debug; a test below reads them in their text rendering.
   router = await startRouter([
+    "--log-level",
+    "debug",
+    "--log-format",
+    "text",
     "--workers",
     workerArg([...pre, ...dec], roles),
     "--kv-prefill-overlap-weight",

@@ -3,6 +3,7 @@ import { createRouter, defaultConfig, Router, RouterConfig, WorkerSpec } from ".
 import { memoryState } from "../../core/state/memory";
 import { RouterState } from "../../core/state/types";
 import { BlockHash, Features } from "../../core/types";
+import { logfmt } from "../../core/log";
 
 export function mk(specs: Partial<WorkerSpec>[], cfg: Partial<RouterConfig> = {}, logs?: string[]) {
   const st: RouterState = memoryState();
@@ -11,7 +12,7 @@ export function mk(specs: Partial<WorkerSpec>[], cfg: Partial<RouterConfig> = {}
     st,
     { ...defaultConfig(), ...cfg },
     {
-      log: (_l, line) => logs?.push(line),
+      log: (_l, msg, fields) => logs?.push(logfmt(msg, fields)),
       onDemand: (d) => demand.push(d),
       random: () => 0.99,
     },

@@ -33,6 +33,7 @@ import { rateLimitedLog } from "./ratelog";
 import { RenderProbes } from "./probe";
 import { memoryModelTable, ModelTable, withModels } from "../core/models";
 import { defaultReplicaId, ReplicaSync } from "./replicas";
+import { Director } from "./director";
 
 /** GET <worker>/v1/models: served model ids (base models and LoRA adapters) and each adapter's parent. */
 export async function fetchModels(
@@ -188,6 +189,8 @@ export class App {
   private hashes = prefixHashes(nativeHasher);
   /** Cold prefills in flight per worker (core/admission.ts); kv-aware only: other policies do not know what is cold. */
   readonly admission: PrefillAdmission;
+  /** Route -> shed -> admit -> fallbacks for each request (runtime/director.ts). */
+  readonly director: Director;
   /** Set on SIGTERM: readiness goes false so load balancers stop sending. */
   draining = false;
   /** Discovery's connection state (static discovery is always connected). */
@@ -279,6 +282,7 @@ export class App {
             (l, line) => log(l, line),
             this.metrics.registry,
           );
+    this.director = new Director(this);
   }
 
   /** Builds the app with the event transport named by --kv-event-transport. */
@@ -737,76 +741,11 @@ export class App {
   }
 
   /**
-   * Whether a sheddable request (priority < 0) is refused now: it would have
-   * to wait for a prefill slot on its worker, so that worker is saturated
-   * with cold prefills. Anything of priority 0 or more waits instead.
-   */
-  shed(pick: Pick, objective: Objective): boolean {
-    if (objective.priority >= 0 || !this.admission.wouldWait((pick.prefill ?? pick.target).id, pick.uncachedTokens))
-      return false;
-    this.metrics.shed.inc({ priority: String(objective.priority) });
-    return true;
-  }
-
-  /**
-   * Resolves when the pick may be sent: at once, or when a cold prefill ahead
-   * of it on its prefill worker reaches its first token, or after
-   * --prefill-admission-max-wait-ms. The pick's reservation is wrapped so its
-   * slot is given back at first token or at its end, whichever comes first;
-   * finishing it while it waits (the client went away) resolves it too.
+   * Resolves when the pick may be sent: every admitter (prefill admission)
+   * let it go, or --prefill-admission-max-wait-ms ran out (runtime/director.ts).
    */
   admit(pick: Pick, objective?: Objective): Promise<void> {
-    const key = (pick.prefill ?? pick.target).id;
-    const t0 = performance.now();
-    let timer: NodeJS.Timeout | null = null;
-    let resolve!: () => void;
-    const ready = new Promise<void>((r) => (resolve = r));
-    const ticket = this.admission.enter(
-      key,
-      pick.uncachedTokens,
-      () => {
-        // Its worker's first token is timed from here, not from the pick.
-        pick.reservation.dispatched();
-        if (timer) {
-          clearTimeout(timer);
-          this.metrics.admissionWait.observe((performance.now() - t0) / 1000);
-        }
-        resolve();
-      },
-      objective,
-    );
-    // Warm (or admission off): no slot to give back, nothing to wrap.
-    if (ticket.admitted && !ticket.slot) return ready;
-    if (!ticket.admitted) {
-      timer = setTimeout(() => {
-        this.metrics.admissionForced.inc();
-        this.log(
-          "info",
-          `prefill admission: a request waited ${this.opts.admission.maxWaitMs} ms for ${key}; sent past the limit`,
-        );
-        ticket.force();
-      }, this.opts.admission.maxWaitMs);
-      timer.unref();
-    }
-    const inner = pick.reservation;
-    pick.reservation = {
-      get open() {
-        return inner.open;
-      },
-      guards: () => inner.guards(),
-      dispatched: () => inner.dispatched(),
-      firstToken() {
-        ticket.leave();
-        inner.firstToken();
-      },
-      finish() {
-        if (timer) clearTimeout(timer);
-        ticket.leave();
-        resolve();
-        inner.finish();
-      },
-    };
-    return ready;
+    return this.director.admit(pick, objective);
   }
 
   async close(): Promise<void> {

@@ -5,8 +5,10 @@
 // Plugins are plain objects registered by name (njs has no classes).
 import { RouterState } from "../state/types";
 import { produce } from "./data";
-import { EpochKey, Features, Guard, RouterConfig, SessionBinding, Worker } from "../types";
+import { Candidate, EpochKey, Features, Guard, RouterConfig, SessionBinding, Worker } from "../types";
 import { LatencyModel } from "../latency";
+import { PrefillAdmission, Ticket } from "../admission";
+import { Objective } from "../objectives";
 
 export type ProfileName = "prefill" | "decode";
 
@@ -125,14 +127,74 @@ export interface PickResult {
   } | null;
 }
 
+/**
+ * What the shedders and admitters see of a request once it is picked (the
+ * EPP's admission stage): the pick's figures, the request's objective and
+ * headers, the settings they read, and the admission queues. Plain data, so
+ * the same plugins run for every adapter.
+ */
+export interface AdmissionContext {
+  /** Where the request's prefill runs (the prefill worker under PD, else the target): admission queues per worker. */
+  worker: string;
+  /** Prompt tokens that worker must compute (Pick.uncachedTokens). */
+  uncachedTokens: number;
+  /** The target's pool as scored, cheapest first (the decode pool under PD). */
+  pool: Candidate[];
+  objective: Objective;
+  /** A request header, lower-case name (the adapter has already removed the client's routing headers). */
+  header(name: string): string | undefined;
+  settings: AdmissionSettings;
+  /** Prefill admission's per-worker slots and queues (core/admission.ts). */
+  queue: PrefillAdmission;
+}
+
+export interface AdmissionSettings {
+  /** --epp-shed-active-blocks: 0 = off. */
+  eppShedActiveBlocks: number;
+  /** --epp-sheddable-objectives. */
+  eppSheddableObjectives: string[];
+}
+
+/** A request refused before it is sent: the answer, and what the logs and counters say of it. */
+export interface Refusal {
+  status: number;
+  message: string;
+  /** The OpenAI-style error type. */
+  type: string;
+  headers?: { [name: string]: string };
+  /** Why, for the log line (null: not logged). */
+  log: string | null;
+  /** Set when the refusal counts in infera_router_shed_total, under this priority band. */
+  shedPriority?: number;
+}
+
+/** Refuses a picked request now (429 and the like), or lets it through (null). Runs before any admitter. */
+export interface Shedder {
+  name: string;
+  shed(ctx: AdmissionContext): Refusal | null;
+}
+
+/**
+ * Holds a picked request at the router until it may go: go() runs once, when
+ * it may (before enter returns when at once). The ticket gives back what the
+ * request took, at its first token or its end (leave), and lets the adapter's
+ * wait bound send it past the limit (force). Clock-free: the adapter owns the timer.
+ */
+export interface Admitter {
+  name: string;
+  enter(ctx: AdmissionContext, go: () => void): Ticket;
+}
+
 interface Registry {
   filters: Filter[];
   scorers: Scorer[];
   pickers: { [name: string]: Picker };
   lifecycle: LifecyclePlugin[];
+  shedders: Shedder[];
+  admitters: Admitter[];
 }
 
-const registry: Registry = { filters: [], scorers: [], pickers: {}, lifecycle: [] };
+const registry: Registry = { filters: [], scorers: [], pickers: {}, lifecycle: [], shedders: [], admitters: [] };
 
 function replace<T extends { name: string }>(list: T[], p: T): void {
   for (let i = 0; i < list.length; i++)
@@ -151,6 +213,10 @@ export const register = {
     registry.pickers[p.name] = p;
   },
   lifecycle: (l: LifecyclePlugin) => replace(registry.lifecycle, l),
+  /** Shedders run in registration order; the first refusal answers. */
+  shedder: (p: Shedder) => replace(registry.shedders, p),
+  /** Admitters run in registration order, each once the one before has let the request go. */
+  admitter: (p: Admitter) => replace(registry.admitters, p),
 };
 
 export function picker(name: string): Picker {
@@ -161,6 +227,14 @@ export function picker(name: string): Picker {
 
 export function lifecyclePlugins(): LifecyclePlugin[] {
   return registry.lifecycle;
+}
+
+export function shedders(): Shedder[] {
+  return registry.shedders;
+}
+
+export function admitters(): Admitter[] {
+  return registry.admitters;
 }
 
 export function scorers(): Scorer[] {

@@ -15,6 +15,9 @@ import { randomPicker } from "./plugins/picker/random";
 import { imageTouch, sessionBind } from "./plugins/lifecycle/remember";
 import { loadReservation } from "./plugins/lifecycle/load";
 import { speedLearning } from "./plugins/lifecycle/speed";
+import { eppSaturationShedder } from "./plugins/admission/epp-saturation";
+import { objectiveShedder } from "./plugins/admission/objective-shed";
+import { prefillAdmitter } from "./plugins/admission/prefill-admission";
 
 register.filter(usableFilter);
 register.filter(rolePoolFilter);
@@ -31,3 +34,6 @@ register.lifecycle(imageTouch);
 register.lifecycle(sessionBind);
 register.lifecycle(loadReservation);
 register.lifecycle(speedLearning);
+register.shedder(eppSaturationShedder);
+register.shedder(objectiveShedder);
+register.admitter(prefillAdmitter);

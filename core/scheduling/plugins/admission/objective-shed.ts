@@ -1,0 +1,20 @@
+// Objectives (core/objectives.ts): a sheddable request (priority < 0) whose
+// worker has no free prefill slot is refused now with a time to come back,
+// rather than wait; anything of priority 0 or more waits its band's turn in
+// prefill admission instead.
+import { Shedder } from "../../framework";
+
+export const objectiveShedder: Shedder = {
+  name: "objective-sheddable",
+  shed(ctx) {
+    if (ctx.objective.priority >= 0 || !ctx.queue.wouldWait(ctx.worker, ctx.uncachedTokens)) return null;
+    return {
+      status: 429,
+      message: "the workers are saturated; sheddable request refused, retry later",
+      type: "rate_limited",
+      headers: { "retry-after": "1" },
+      log: null,
+      shedPriority: ctx.objective.priority,
+    };
+  },
+};

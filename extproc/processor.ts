@@ -1,0 +1,503 @@
+// One Envoy HTTP stream = one gRPC stream = one StreamProcessor, with one
+// method per ext_proc phase and the stream's state in one typed object.
+//
+// Request headers -> CONTINUE (client routing headers stripped; a path outside
+// core/paths.ts's allowlist answered here). Buffered request body (or the
+// trailers that end it) -> the director (runtime/director.ts) decides, and the
+// decision is encoded: a header mutation naming the upstream for the
+// ORIGINAL_DST cluster plus the EPP metadata, or an immediate response.
+// FULL_DUPLEX_STREAMED holds the headers answer until the body is whole, then
+// streams the body back. Response body chunks are observed (STREAMED) to
+// release load at first token and at end_of_stream; a reset or closed stream
+// releases whatever is left.
+import { ProcessingRequest, ProcessingResponse } from "./gen/envoy/service/ext_proc/v3/external_processor_pb";
+import { ProcessingMode_BodySendMode } from "./gen/envoy/extensions/filters/http/ext_proc/v3/processing_mode_pb";
+import { Endpoint } from "../core/request";
+import { checkPath } from "../core/paths";
+import { DP_RANK_HEADER } from "../core/dprank";
+import { prefillRankHeader } from "../core/dprank";
+import { Guard } from "../core/router";
+import { App } from "../runtime/app";
+import { RequestOutcome } from "../runtime/metrics";
+import { withRequestId } from "../runtime/log";
+import { Decision, DEST_KEY, LLMD_PREFILL_HEADER, outcomeOf, Routed, STREAM_KEY } from "../runtime/director";
+import {
+  CONTINUE_RESP_BODY,
+  CONTINUE_RESP_HEADERS,
+  headerMap,
+  headersContinue,
+  immediate,
+  responseTrailersContinue,
+  routeAnswer,
+  servedOf,
+  streamedBody,
+  subsetOf,
+  trailersContinue,
+  trailersRoute,
+} from "./encode";
+import { Call, Status } from "./grpc";
+
+// Body pieces sent back in FULL_DUPLEX_STREAMED stay well under gRPC message limits.
+const BODY_PIECE = 64 * 1024;
+
+/**
+ * Client-sent headers that only the router may set. A gateway config may route
+ * or trust on them, so they never survive the request-headers phase.
+ */
+export function isRoutingHeader(name: string, opts: { upstreamHeader: string; prefillHeader: string }): boolean {
+  const n = name.toLowerCase();
+  return (
+    n.startsWith("x-infera-") ||
+    n.startsWith(DEST_KEY) ||
+    n === opts.upstreamHeader ||
+    n === opts.prefillHeader ||
+    n === DP_RANK_HEADER
+  );
+}
+
+type RequestPhase = "requestHeaders" | "requestBody" | "requestTrailers";
+
+/** Everything one stream remembers between its messages. */
+export interface StreamState {
+  /** Request headers, lower-case, the client's routing headers removed. */
+  headers: Record<string, string>;
+  /** The routing headers every request-side answer removes. */
+  strip: string[];
+  /** The gateway's candidate subset (trusted peers only), or null. */
+  subset: string[] | null;
+  /** What the allowlist made of the path: routed by prompt cache, or by load (null). */
+  endpoint: Endpoint | null;
+  /** Envoy names its body modes on the first message; older Envoys do not. */
+  bodyMode: ProcessingMode_BodySendMode | null;
+  respBodyMode: ProcessingMode_BodySendMode | null;
+  /** The request body so far, until the pick. */
+  bodyChunks: Buffer[];
+  bodyBytes: number;
+  /** The body was refused (over a cap): the rest of its messages are ignored. */
+  tooLarge: boolean;
+  /** A routing answer is decided or on its way. */
+  decided: boolean;
+  /** The routed decision, once admitted: its reservation is released at the first byte and at the end. */
+  routed: Routed | null;
+  /** Load moved to the endpoint the gateway reports it actually served from. */
+  moved: Guard | null;
+  /** A response body chunk has been seen (the first token). */
+  sawBody: boolean;
+  /** The request has been counted by outcome (once). */
+  counted: boolean;
+}
+
+/**
+ * Per-phase hooks for features that watch a stream without owning it
+ * (register with addPhaseHooks; each runs after the processor's own work).
+ */
+export interface PhaseHooks {
+  requestHeaders?(s: StreamState): void;
+  /** The routing question was answered. */
+  decided?(s: StreamState, d: Decision): void;
+  /** The first response body chunk. */
+  firstByte?(s: StreamState): void;
+  /** The stream is over (end, error, cancel); runs once. */
+  finished?(s: StreamState): void;
+}
+
+const hooks: PhaseHooks[] = [];
+export function addPhaseHooks(h: PhaseHooks): void {
+  hooks.push(h);
+}
+
+export class StreamProcessor {
+  readonly s: StreamState = {
+    headers: {},
+    strip: [],
+    subset: null,
+    endpoint: null,
+    bodyMode: null,
+    respBodyMode: null,
+    bodyChunks: [],
+    bodyBytes: 0,
+    tooLarge: false,
+    decided: false,
+    routed: null,
+    moved: null,
+    sawBody: false,
+    counted: false,
+  };
+  /** Aborted when the stream ends: a pick waiting for admission gives its load back. */
+  private readonly abort = new AbortController();
+  /** Answers leave in message order even when a pick waits on a tokenizer thread. */
+  private order: Promise<void> = Promise.resolve();
+  private idle: NodeJS.Timeout | null = null;
+  private over = false;
+
+  constructor(
+    private readonly app: App,
+    private readonly call: Call<ProcessingRequest, ProcessingResponse>,
+  ) {
+    this.touch();
+    call.on("data", (m: ProcessingRequest) => {
+      this.touch();
+      // Envoy's x-request-id tags every log line of this request.
+      if (m.request.case === "requestHeaders") this.s.headers = headerMap(m.request.value.headers);
+      withRequestId(this.s.headers["x-request-id"], () => this.message(m));
+    });
+    // Client abort, upstream reset, Envoy closing the stream: all end up here.
+    // A client half-closing after its last message still reads the answers in flight.
+    call.on("end", () =>
+      this.inOrder(() => {
+        this.stopIdle();
+        this.done();
+        call.end();
+      }),
+    );
+    const gone = () => this.gone();
+    call.on("cancelled", gone);
+    call.on("close", gone);
+  }
+
+  private message(m: ProcessingRequest): void {
+    try {
+      if (m.protocolConfig && this.s.bodyMode === null) {
+        this.s.bodyMode = m.protocolConfig.requestBodyMode;
+        this.s.respBodyMode = m.protocolConfig.responseBodyMode;
+      }
+      const r = m.request;
+      switch (r.case) {
+        case "requestHeaders":
+          return this.requestHeaders(m, r.value.endOfStream);
+        case "requestBody":
+          return this.requestBody(r.value.body, r.value.endOfStream);
+        case "requestTrailers":
+          return this.requestTrailers();
+        case "responseHeaders":
+          return this.responseHeaders(m, r.value.endOfStream);
+        case "responseBody":
+          return this.responseBody(r.value.body, r.value.endOfStream);
+        case "responseTrailers":
+          return this.responseTrailers();
+        default:
+          return;
+      }
+    } catch (e) {
+      this.fail(e as Error);
+    }
+  }
+
+  private get fullDuplex(): boolean {
+    return this.s.bodyMode === ProcessingMode_BodySendMode.FULL_DUPLEX_STREAMED;
+  }
+
+  // ---- request headers: read once, on arrival (the request id tags the logs)
+  requestHeaders(m: ProcessingRequest, endOfStream: boolean): void {
+    const { app, s } = this;
+    s.subset = this.call.peer.trusted ? subsetOf(m) : null;
+    // Always a removal (of our own names at least): Envoy re-resolves the
+    // route only after a header mutation, and the route must be resolved
+    // again once the pick's metadata exists, even when no body phase follows.
+    s.strip = [
+      ...new Set([
+        app.opts.upstreamHeader,
+        app.opts.prefillHeader,
+        prefillRankHeader(app.opts.prefillHeader),
+        DEST_KEY,
+        LLMD_PREFILL_HEADER,
+        ...Object.keys(s.headers).filter((h) => isRoutingHeader(h, app.opts) || h.startsWith("x-prefiller-")),
+      ]),
+    ];
+    for (const h of s.strip) delete s.headers[h];
+    for (const h of hooks) h.requestHeaders?.(s);
+    // Only allowed paths reach a worker; the rest are answered here, before any body is read.
+    const verdict = checkPath(app.opts.pathRules, s.headers[":method"] || "GET", s.headers[":path"] || "/");
+    if (verdict.error) {
+      s.decided = true;
+      app.metrics.badRequests.inc({ status: String(verdict.error.status) });
+      this.outcome(outcomeOf(verdict.error));
+      this.answer(this.refusal(verdict.error.status, verdict.error.message, verdict.error.type));
+      return;
+    }
+    s.endpoint = verdict.endpoint;
+    // No body coming (GET, or an empty POST): decide now.
+    if (endOfStream) this.answer(this.route(Buffer.alloc(0), "requestHeaders", s.strip));
+    else if (!this.fullDuplex) this.answer(headersContinue(s.strip));
+    // FULL_DUPLEX_STREAMED: answered once the body is complete.
+  }
+
+  // ---- request body: buffered until whole, then routed
+  requestBody(chunk: Uint8Array, endOfStream: boolean): void {
+    const { app, s } = this;
+    if (s.tooLarge) return;
+    if (!this.call.hold(chunk.length)) {
+      // Over the connection's (or the server's) cap on buffered request
+      // bytes: this request goes, the connection and the others stay.
+      this.refuseBody();
+      app.metrics.badRequests.inc({ status: "503" });
+      app.log(
+        "warn",
+        `ext_proc: request body refused, the buffered-bytes cap is reached (--ext-proc-max-buffered-bytes-per-connection ${app.opts.extProcMaxBufferedBytesPerConnection}, --ext-proc-max-buffered-bytes ${app.opts.extProcMaxBufferedBytes})`,
+      );
+      this.answer(
+        this.refusal(503, "the router is holding too many request bodies; retry shortly", "service_unavailable"),
+      );
+      return;
+    }
+    s.bodyChunks.push(Buffer.from(chunk));
+    s.bodyBytes += chunk.length;
+    if (this.fullDuplex && s.bodyBytes > app.opts.maxBodyBytes) {
+      // Streamed bodies are not bounded by Envoy's buffer: refuse at the
+      // limit rather than hold an unbounded body in memory.
+      this.refuseBody();
+      app.metrics.badRequests.inc({ status: "413" });
+      this.outcome("too_large");
+      this.answer(
+        this.refusal(413, `request body is over the ${app.opts.maxBodyBytes}-byte limit`, "request_too_large"),
+      );
+      return;
+    }
+    if (this.fullDuplex) {
+      if (endOfStream) this.duplexRelease(false);
+      return;
+    }
+    // BUFFERED sends the body once it is whole; without end_of_stream it
+    // means trailers follow (and Envoy waits for this answer before sending them).
+    if (endOfStream || s.bodyMode === ProcessingMode_BodySendMode.BUFFERED) {
+      this.answer(this.route(this.takeBody(), "requestBody", []));
+      this.inOrder(() => this.call.releaseHeld());
+    } else {
+      // A partial body (STREAMED / BUFFERED_PARTIAL): the upstream header can no
+      // longer be set once chunks flow, so say what to fix instead of misrouting.
+      app.log("warn", "ext_proc got a partial request body: set request_body_mode: BUFFERED or FULL_DUPLEX_STREAMED");
+      this.outcome("error");
+      this.answer(
+        this.refusal(
+          500,
+          "gateway misconfigured: ext_proc request_body_mode must be BUFFERED or FULL_DUPLEX_STREAMED (routing needs the whole body)",
+          "server_misconfigured",
+        ),
+      );
+    }
+  }
+
+  // ---- request trailers: an HTTP/2 request may end with trailers, with or without body frames
+  requestTrailers(): void {
+    const s = this.s;
+    if (s.tooLarge) return;
+    if (this.fullDuplex && !s.decided) {
+      this.duplexRelease(true);
+      this.answer(trailersContinue());
+      return;
+    }
+    // That is its end of body, and the pick happens here.
+    if (!s.decided) {
+      this.answer(this.route(this.takeBody(), "requestTrailers", []));
+      this.inOrder(() => this.call.releaseHeld());
+    } else this.answer(trailersContinue());
+  }
+
+  // ---- response headers: the gateway may report where it actually sent the request
+  responseHeaders(m: ProcessingRequest, endOfStream: boolean): void {
+    const { app, s } = this;
+    // Load moves only on the gateway's word (the server refuses other peers' streams; belt and braces).
+    const served = this.call.peer.trusted ? servedOf(m) : null;
+    const picked = s.routed ? s.routed.pick.target : null;
+    if (served && picked && s.routed && !s.moved && served !== picked.address) {
+      // The gateway fell back down the list (or past it): the load sits
+      // where the request went, not where we sent it.
+      const w = app.router.workers().find((x) => x.address === served);
+      const g = s.routed.reservation.guards().main;
+      const again = w && !g.done ? app.router.holdOn(w.id, g) : null;
+      if (again) {
+        app.router.releaseGuard(g);
+        g.done = true;
+        s.moved = again;
+      }
+      app.metrics.eppFallbacks.inc({ known: String(!!again) });
+      app.log(
+        "info",
+        `gateway served from ${served} instead of ${picked.address}${again ? `: load moved to ${w!.id}` : " (not a known worker)"}`,
+      );
+    }
+    if (endOfStream) this.last(CONTINUE_RESP_HEADERS);
+    else this.send(CONTINUE_RESP_HEADERS);
+  }
+
+  // ---- response body: the first chunk is the first token
+  responseBody(chunk: Uint8Array, endOfStream: boolean): void {
+    const s = this.s;
+    if (!s.sawBody) {
+      if (s.routed) s.routed.reservation.firstToken();
+      for (const h of hooks) h.firstByte?.(s);
+    }
+    s.sawBody = true;
+    const reply =
+      s.respBodyMode === ProcessingMode_BodySendMode.FULL_DUPLEX_STREAMED
+        ? streamedBody("responseBody", Buffer.from(chunk), endOfStream)
+        : CONTINUE_RESP_BODY;
+    // end_of_stream on a body chunk means no trailers follow (they would carry it).
+    if (endOfStream) this.last(reply);
+    else this.send(reply);
+  }
+
+  // ---- response trailers: the end of the exchange
+  responseTrailers(): void {
+    this.last(responseTrailersContinue());
+  }
+
+  // ---- stream end: client gone, reset, cancel
+  gone(): void {
+    this.abort.abort();
+    this.stopIdle();
+    this.done();
+  }
+
+  /** A failed message: counted, logged, released, and the call ends with INTERNAL. */
+  private fail(e: Error): void {
+    this.outcome("error");
+    this.app.log("error", `ext_proc message failed: ${e.stack}`);
+    this.done();
+    this.call.fail(Status.INTERNAL, e.message);
+  }
+
+  /** Asks the director, records the outcome, and encodes the decision for this phase. */
+  private async route(body: Buffer, phase: RequestPhase, strip: string[]): Promise<ProcessingResponse> {
+    const s = this.s;
+    s.decided = true;
+    const d = await this.app.director.decide({
+      endpoint: s.endpoint,
+      body,
+      headers: s.headers,
+      subset: s.subset,
+      signal: this.abort.signal,
+    });
+    this.outcome(d.outcome);
+    if (d.kind === "route") s.routed = d;
+    for (const h of hooks) h.decided?.(s, d);
+    return this.encode(d, phase, strip);
+  }
+
+  private encode(d: Decision, phase: RequestPhase, strip: string[]): ProcessingResponse {
+    if (d.kind === "refuse") return this.refusal(d.status, d.message, d.type, d.param, d.headers);
+    const lb: Record<string, string | boolean> = { [DEST_KEY]: d.destination };
+    if (d.stream) lb[STREAM_KEY] = true;
+    if (phase === "requestTrailers") {
+      // Headers can no longer change once trailers arrive; the metadata still routes.
+      if (d.pick.prefill)
+        this.app.log(
+          "warn",
+          `request ended with trailers: prefill peer ${d.pick.prefill.id} cannot be named in a header, the decode worker prefills itself`,
+        );
+      return trailersRoute(lb);
+    }
+    const remove = [...new Set([...strip, ...d.remove])].filter((h) => !(h in d.headers));
+    return routeAnswer(phase, d.headers, remove, phase === "requestBody" ? d.body : null, lb);
+  }
+
+  private refusal(
+    status: number,
+    message: string,
+    type: string,
+    param?: string,
+    extra?: Record<string, string>,
+  ): ProcessingResponse {
+    return immediate(status, message, type, this.s.headers[":path"] || "", param, extra);
+  }
+
+  // FULL_DUPLEX_STREAMED: nothing reaches the upstream until we answer, so the
+  // headers answer (carrying the pick) waits for the whole body; then the body
+  // goes back unchanged (or as the pick rewrote it) as streamed pieces.
+  private duplexRelease(trailersFollow: boolean): void {
+    const orig = this.takeBody();
+    const answered = this.route(orig, "requestHeaders", this.s.strip);
+    this.inOrder(async () => {
+      const r = await answered;
+      this.send(r);
+      if (r.response.case === "immediateResponse") return;
+      const body = this.s.routed?.body ?? orig;
+      const pieces = Math.max(1, Math.ceil(body.length / BODY_PIECE));
+      for (let i = 0; i < pieces; i++) {
+        const last = i === pieces - 1;
+        this.send(
+          streamedBody("requestBody", body.subarray(i * BODY_PIECE, (i + 1) * BODY_PIECE), last && !trailersFollow),
+        );
+      }
+    });
+    // The body has gone back to Envoy (or the request was refused): no longer held.
+    this.inOrder(() => this.call.releaseHeld());
+  }
+
+  private takeBody(): Buffer {
+    const body = Buffer.concat(this.s.bodyChunks);
+    this.s.bodyChunks = [];
+    return body;
+  }
+
+  private refuseBody(): void {
+    this.s.tooLarge = true;
+    this.s.bodyChunks = [];
+    this.call.releaseHeld();
+  }
+
+  /** Each request is counted once by how its routing question was answered. */
+  private outcome(o: RequestOutcome): void {
+    if (this.s.counted) return;
+    this.s.counted = true;
+    this.app.metrics.requests.inc({ outcome: o });
+  }
+
+  private inOrder(f: () => void | Promise<void>): void {
+    this.order = this.order.then(f).catch((e) => this.fail(e as Error));
+  }
+
+  private answer(r: ProcessingResponse | Promise<ProcessingResponse>): void {
+    this.inOrder(async () => this.send(await r));
+  }
+
+  private send(m: ProcessingResponse): void {
+    if (!this.call.writable) return;
+    this.call.write(m);
+    // Envoy sends nothing after an immediate response: close our side with OK
+    // rather than wait for Envoy to reset the stream (resets at line rate trip
+    // Node's HTTP/2 reset-flood guard, which then refuses streams).
+    if (m.response.case === "immediateResponse") this.call.end();
+  }
+
+  /** The last answer of the exchange: release, then end the call cleanly. */
+  private last(m: ProcessingResponse): void {
+    this.send(m);
+    this.stopIdle();
+    this.done();
+    if (this.call.writable) this.call.end();
+  }
+
+  /** Releases what the stream holds; safe to call again. */
+  private done(): void {
+    const s = this.s;
+    if (s.routed) s.routed.reservation.finish();
+    if (s.moved) {
+      const g = s.moved;
+      s.moved = null;
+      this.app.router.releaseGuard(g);
+    }
+    if (!this.over) {
+      this.over = true;
+      for (const h of hooks) h.finished?.(s);
+    }
+  }
+
+  // Envoy's streams see a message at least per response chunk; a direct client
+  // that goes quiet must not hold its pick's load forever.
+  private stopIdle(): void {
+    if (this.idle) clearTimeout(this.idle);
+    this.idle = null;
+  }
+
+  private touch(): void {
+    this.stopIdle();
+    const secs = this.app.opts.extProcStreamIdleS;
+    this.idle = setTimeout(() => {
+      this.app.log("warn", `ext_proc stream idle for ${secs}s: ended, its load released`);
+      this.done();
+      this.call.fail(Status.DEADLINE_EXCEEDED, `no message for ${secs}s`);
+    }, secs * 1000);
+    this.idle.unref();
+  }
+}

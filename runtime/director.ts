@@ -1,0 +1,346 @@
+// The request director: one place that turns a request into a decision, in
+// the order route (pick) -> shed -> admit -> fallbacks, for every ext_proc
+// stream whether or not an Endpoint Picker gateway sends a candidate subset.
+// Shedding and admission are plugins (core/scheduling/plugins/admission/,
+// registered in core/scheduling/plugins.ts); the director runs them and owns
+// what core cannot: the wait timer, the metrics and the log lines.
+//
+// The decision is plain data: the worker and the headers, body and metadata
+// values naming it, or the answer to send instead; plus the reservation the
+// adapter releases at the first byte and at the end. The adapter encodes it
+// (extproc/processor.ts into protobuf) and knows nothing of the pipeline.
+import { Endpoint } from "../core/request";
+import { Pick, Reservation, Router, Worker } from "../core/router";
+import { asHttpError, httpError } from "../core/util";
+import { Objective, objectiveOf } from "../core/objectives";
+import { PrefillAdmission, Ticket } from "../core/admission";
+import { AdmissionContext, admitters, shedders } from "../core/scheduling/framework";
+import { DP_RANK_HEADER, dpBodyFields, prefillRankHeader, withBodyFields } from "../core/dprank";
+import { Options } from "./config";
+import { Metrics, RequestOutcome } from "./metrics";
+import { Logger } from "./log";
+
+/** Dynamic-metadata namespace and key the gateway's ORIGINAL_DST cluster reads the pick from (GIE convention). */
+export const DEST_NAMESPACE = "envoy.lb";
+export const DEST_KEY = "x-gateway-destination-endpoint";
+/**
+ * Set (true) in the pick's metadata when the request asked for a streamed
+ * answer: the shipped Envoy configs select a route by it, a short idle timeout
+ * for streams (tokens keep flowing) and a long one for answers that arrive
+ * whole at the end of the generation.
+ */
+export const STREAM_KEY = "x-infera-stream";
+/** The llm-d P/D routing sidecar reads the prefill peer (host:port) from this header. */
+export const LLMD_PREFILL_HEADER = "x-prefiller-host-port";
+
+/**
+ * The outcome label of a refused request (infera_router_requests_total). A 503
+ * carrying a tokenizer-pool outcome (queue_full, timeout) means the router was
+ * overloaded; any other 503 means no worker could take the request.
+ */
+export function outcomeOf(e: { status: number; outcome?: string }): RequestOutcome {
+  if (e.status === 413) return "too_large";
+  if (e.status === 429) return "shed";
+  if (e.status === 499) return "client_closed";
+  if (e.status === 503) return e.outcome === undefined ? "no_worker" : e.outcome === "error" ? "error" : "overloaded";
+  return e.status >= 500 ? "error" : "bad_request";
+}
+
+/** What the director needs of the app: the routing piece, its settings, counters and log. */
+export interface DirectorDeps {
+  readonly opts: Options;
+  readonly log: Logger;
+  readonly metrics: Metrics;
+  readonly router: Router;
+  /** Prefill admission's slots and queues, shared with the admission gauge. */
+  readonly admission: PrefillAdmission;
+  /** Parse, tokenize (on a thread when long), pick; throws an httpError to answer with. */
+  routeAsync(
+    endpoint: Endpoint,
+    body: Buffer,
+    sessionHeader: string | null,
+    allow?: (w: Worker) => boolean,
+  ): Promise<Pick>;
+}
+
+export interface RouteInput {
+  /** What the allowlist (core/paths.ts) made of the path: routed by prompt cache, or by load alone (null). */
+  endpoint: Endpoint | null;
+  body: Buffer;
+  /** The request headers, lower-case, the client's routing headers already removed. */
+  headers: Record<string, string>;
+  /** The gateway's candidate subset (Endpoint Picker Protocol), or null when it sent none. */
+  subset: string[] | null;
+  /** Aborted when the stream ends: a request waiting for admission gives its load back and gets 499. */
+  signal?: AbortSignal;
+}
+
+/** Answer the request here: nothing was sent to a worker and nothing is held. */
+export interface Refused {
+  kind: "refuse";
+  status: number;
+  message: string;
+  type: string;
+  param?: string;
+  /** Response headers beyond content-type. */
+  headers: Record<string, string>;
+  outcome: RequestOutcome;
+}
+
+/** Send the request to pick.target; the reservation goes back at its first byte and its end. */
+export interface Routed {
+  kind: "route";
+  pick: Pick;
+  /** The pick's reservation, with any admission slot's release wrapped in. */
+  reservation: Reservation;
+  /** The target then the fallbacks a retrying gateway walks, comma-separated (the metadata value). */
+  destination: string;
+  /** The request asked for a streamed answer. */
+  stream: boolean;
+  /** Request headers to set (upstream, worker id, destination, prefill peer, data-parallel ranks). */
+  headers: Record<string, string>;
+  /** Router-owned request headers to remove unless set above (only the router names prefill peers). */
+  remove: string[];
+  /** The body the engine must get when the pick rewrote it (SGLang rank fields), else null. */
+  body: Buffer | null;
+  outcome: "routed";
+}
+
+export type Decision = Refused | Routed;
+
+const NO_FEATURES = { blocks: [], inputTokens: 0, exact: false, mediaHashes: [], n: 1 };
+
+function refuse(
+  status: number,
+  message: string,
+  type: string,
+  outcome: RequestOutcome,
+  headers: Record<string, string> = {},
+  param?: string,
+): Refused {
+  return { kind: "refuse", status, message, type, param, headers, outcome };
+}
+
+export class Director {
+  constructor(private readonly d: DirectorDeps) {}
+
+  /** Route -> shed -> admit -> fallbacks. Never throws for a request's own fault: a refusal says why. */
+  async decide(inp: RouteInput): Promise<Decision> {
+    const { opts, metrics } = this.d;
+    const headers = inp.headers;
+    const subset = inp.subset;
+    let allow: ((w: Worker) => boolean) | undefined;
+    if (subset) {
+      const set: Record<string, true> = Object.fromEntries(subset.map((a) => [a, true as const]));
+      allow = (w) => set[w.address] === true;
+    }
+    let pick: Pick;
+    try {
+      if (subset && !subset.length)
+        throw httpError(503, "the gateway's endpoint subset is empty", "service_unavailable");
+      if (inp.endpoint) {
+        pick = await this.d.routeAsync(inp.endpoint, inp.body, headers[opts.sessionHeader] || null, allow);
+      } else {
+        // An allowed path that is not a prompt (GET /v1/models, embeddings, --extra-paths): any worker can answer; route by load alone.
+        pick = this.d.router.pick(NO_FEATURES, null, allow);
+      }
+    } catch (e) {
+      const err = asHttpError(e);
+      metrics.badRequests.inc({ status: String(err.status) });
+      if (err.status >= 500)
+        this.d.log(
+          "warn",
+          `routing failed: ${err.message}${subset ? ` (gateway subset: ${subset.join(",") || "empty"})` : ""}`,
+        );
+      return refuse(
+        err.status,
+        err.message,
+        err.type,
+        outcomeOf(err as { status: number; outcome?: string }),
+        {},
+        err.param,
+      );
+    }
+    // The target's pool, cheapest first: the pick, then the fallbacks a retrying gateway walks.
+    const pool = (pick.decodeCandidates ?? pick.candidates)
+      .slice()
+      .sort((a, b) => a.cost - b.cost || a.active - b.active);
+    const ctx: AdmissionContext = {
+      worker: (pick.prefill ?? pick.target).id,
+      uncachedTokens: pick.uncachedTokens,
+      pool,
+      objective: objectiveOf((n) => headers[n], opts.objectives.table, opts.objectives.trust),
+      header: (n) => headers[n],
+      settings: { eppShedActiveBlocks: opts.eppShedActiveBlocks, eppSheddableObjectives: opts.eppSheddableObjectives },
+      queue: this.d.admission,
+    };
+    const shed = this.shed(pick, ctx);
+    if (shed) return shed;
+    const signal = inp.signal;
+    if (signal?.aborted) return this.clientGone(pick);
+    // Prefill admission: a cold prompt waits here while another cold one is
+    // prefilling on its worker. A stream that ends meanwhile finishes it.
+    const cancel = () => pick.reservation.finish();
+    signal?.addEventListener("abort", cancel);
+    try {
+      await this.admitWith(pick, ctx);
+    } finally {
+      signal?.removeEventListener("abort", cancel);
+    }
+    if (signal?.aborted) return this.clientGone(pick);
+    return this.routed(inp, pick, pool);
+  }
+
+  /** Runs the shedders in order; the first refusal gives the pick's load back and answers. */
+  private shed(pick: Pick, ctx: AdmissionContext): Refused | null {
+    const list = shedders();
+    for (let i = 0; i < list.length; i++) {
+      const r = list[i].shed(ctx);
+      if (!r) continue;
+      pick.reservation.finish();
+      this.d.metrics.badRequests.inc({ status: String(r.status) });
+      if (r.shedPriority !== undefined) this.d.metrics.shed.inc({ priority: String(r.shedPriority) });
+      if (r.log) this.d.log("info", r.log);
+      return refuse(r.status, r.message, r.type, outcomeOf(r), r.headers ?? {});
+    }
+    return null;
+  }
+
+  /** Nobody is left to answer: the load the pick holds goes back now. */
+  private clientGone(pick: Pick): Refused {
+    pick.reservation.finish();
+    return refuse(499, "client went away while the request was being routed", "client_closed", "client_closed");
+  }
+
+  /**
+   * Resolves when the pick may be sent (every admitter let it go), at once or
+   * after --prefill-admission-max-wait-ms. The pick's reservation is wrapped
+   * so whatever the admitters hold is given back at the first token or at the
+   * end, whichever comes first; finishing it while it waits (the client went
+   * away) resolves it too.
+   */
+  admit(pick: Pick, objective?: Objective): Promise<void> {
+    const pool = pick.decodeCandidates ?? pick.candidates;
+    return this.admitWith(pick, {
+      worker: (pick.prefill ?? pick.target).id,
+      uncachedTokens: pick.uncachedTokens,
+      pool,
+      objective: objective ?? { name: "", priority: 0, flow: "" },
+      header: () => undefined,
+      settings: {
+        eppShedActiveBlocks: this.d.opts.eppShedActiveBlocks,
+        eppSheddableObjectives: this.d.opts.eppSheddableObjectives,
+      },
+      queue: this.d.admission,
+    });
+  }
+
+  private admitWith(pick: Pick, ctx: AdmissionContext): Promise<void> {
+    const list = admitters();
+    const t0 = performance.now();
+    const tickets: Ticket[] = [];
+    let timer: NodeJS.Timeout | null = null;
+    let admitted = false;
+    let resolve!: () => void;
+    const ready = new Promise<void>((r) => (resolve = r));
+    // Each admitter in turn, the next once the one before lets the request go.
+    const from = (i: number): void => {
+      if (i < list.length) {
+        tickets.push(list[i].enter(ctx, () => from(i + 1)));
+        return;
+      }
+      admitted = true;
+      // Its worker's first token is timed from here, not from the pick.
+      pick.reservation.dispatched();
+      if (timer) {
+        clearTimeout(timer);
+        this.d.metrics.admissionWait.observe((performance.now() - t0) / 1000);
+      }
+      resolve();
+    };
+    from(0);
+    // Went at once, holding nothing: no slot to give back, nothing to wrap.
+    if (admitted && !tickets.some((t) => t.slot)) return ready;
+    if (!admitted) {
+      timer = setTimeout(() => {
+        this.d.metrics.admissionForced.inc();
+        this.d.log(
+          "info",
+          `prefill admission: a request waited ${this.d.opts.admission.maxWaitMs} ms for ${ctx.worker}; sent past the limit`,
+        );
+        // Past the bound: every admitter still holding it lets it go (forcing one may reach the next).
+        for (let n = 0; !admitted && n <= list.length; n++) tickets[tickets.length - 1].force();
+      }, this.d.opts.admission.maxWaitMs);
+      timer.unref();
+    }
+    const inner = pick.reservation;
+    const leave = () => {
+      for (const t of tickets) t.leave();
+    };
+    pick.reservation = {
+      get open() {
+        return inner.open;
+      },
+      guards: () => inner.guards(),
+      dispatched: () => inner.dispatched(),
+      firstToken() {
+        leave();
+        inner.firstToken();
+      },
+      finish() {
+        if (timer) clearTimeout(timer);
+        leave();
+        resolve();
+        inner.finish();
+      },
+    };
+    return ready;
+  }
+
+  /** The routed decision: the fallback list, and the headers and body that name the pick. */
+  private routed(inp: RouteInput, pick: Pick, pool: { id: string }[]): Routed {
+    const opts = this.d.opts;
+    const fallbacks: string[] = [];
+    for (const c of pool) {
+      if (fallbacks.length >= opts.eppFallbackCount) break;
+      const w = c.id === pick.target.id ? null : this.d.router.worker(c.id);
+      if (w && !fallbacks.includes(w.address) && w.address !== pick.target.address) fallbacks.push(w.address);
+    }
+    const destination = [pick.target.address, ...fallbacks].join(",");
+    // The gateway connects to the metadata value; the header carries the same
+    // value (the protocol forbids the two differing) for header-driven gateways.
+    const headers: Record<string, string> = {
+      [opts.upstreamHeader]: pick.target.address,
+      "x-infera-worker": pick.target.id,
+      [DEST_KEY]: destination,
+    };
+    if (pick.prefill) {
+      headers[opts.prefillHeader] = pick.prefill.address;
+      headers[LLMD_PREFILL_HEADER] = pick.prefill.address;
+      // A prefill engine with DP ranks: its address alone does not name the rank the pick scored.
+      if (pick.prefill.dpRank !== undefined)
+        headers[prefillRankHeader(opts.prefillHeader)] = String(pick.prefill.dpRank);
+    }
+    // A data-parallel rank target: vLLM (and SGLang's OpenAI routes) pin the request to that rank by this header.
+    if (pick.target.dpRank !== undefined) headers[DP_RANK_HEADER] = String(pick.target.dpRank);
+    // SGLang reads the ranks from the body: appended as its last members, the rest byte for byte.
+    const fields = dpBodyFields(inp.endpoint, pick.target, pick.prefill);
+    const rewritten = fields ? withBodyFields(inp.body.toString("utf8"), fields) : null;
+    let body: Buffer | null = null;
+    if (rewritten !== null) {
+      body = Buffer.from(rewritten, "utf8");
+      headers["content-length"] = String(body.length);
+    }
+    return {
+      kind: "route",
+      pick,
+      reservation: pick.reservation,
+      destination,
+      stream: !!pick.stream,
+      headers,
+      remove: [opts.prefillHeader, prefillRankHeader(opts.prefillHeader), LLMD_PREFILL_HEADER, "x-prefiller-url"],
+      body,
+      outcome: "routed",
+    };
+  }
+}

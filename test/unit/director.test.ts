@@ -1,0 +1,194 @@
+// The request director's decision table (runtime/director.ts) on a real App:
+// the real pipeline, real load ledger and admission queues, no transport.
+// route -> fallbacks, subset, EPP saturation shed (429), objective shed (429
+// with retry-after), admission wait (released by a first token, bounded by
+// the max wait, cancelled by the stream's end).
+import { test } from "node:test";
+import * as assert from "node:assert/strict";
+import { App } from "../../runtime/app";
+import { parseArgs } from "../../runtime/config";
+import { Decision, DEST_KEY, RouteInput, Routed } from "../../runtime/director";
+
+const noEvents = { subscribe: () => ({ close() {} }), close: async () => undefined };
+const W = ["127.0.0.1:1", "127.0.0.1:2", "127.0.0.1:3"];
+
+function app(workers: string[], extra: string[] = []): App {
+  const a = new App(
+    parseArgs(["--workers", workers.join(","), "--health-interval-ms", "0", ...extra], {}),
+    () => undefined,
+    noEvents,
+  );
+  a.setWorkers(a.opts.workers);
+  return a;
+}
+
+/** A chat request; cold (well over --prefill-admission-warm-tokens uncached) unless short. */
+function input(seed: string, opts: Partial<RouteInput> & { short?: boolean } = {}): RouteInput {
+  const content = opts.short ? `hi ${seed}` : `${seed} `.repeat(900);
+  return {
+    endpoint: "chat",
+    body: Buffer.from(JSON.stringify({ model: "m", messages: [{ role: "user", content }] })),
+    headers: { ":path": "/v1/chat/completions", ...(opts.headers ?? {}) },
+    subset: opts.subset ?? null,
+    signal: opts.signal,
+  };
+}
+
+function routed(d: Decision): Routed {
+  assert.equal(d.kind, "route", JSON.stringify(d.kind === "refuse" ? d : d.destination));
+  return d as Routed;
+}
+
+/** Whether the promise has settled after the pending callbacks ran. */
+async function settled(p: Promise<unknown>): Promise<boolean> {
+  let done = false;
+  void p.then(() => (done = true));
+  for (let i = 0; i < 5; i++) await new Promise((r) => setImmediate(r));
+  return done;
+}
+
+test("route: the pick's headers, and fallbacks cheapest first without the loaded worker", async () => {
+  const a = app(W, ["--epp-fallback-endpoints", "1"]);
+  try {
+    const first = routed(await a.director.decide(input("alpha")));
+    assert.equal(first.headers[a.opts.upstreamHeader], first.pick.target.address);
+    assert.equal(first.headers["x-infera-worker"], first.pick.target.id);
+    assert.equal(first.outcome, "routed");
+    assert.ok(a.router.activeBlocks(first.pick.target.id) > 0, "the routed pick holds load");
+    // A second, unrelated prompt avoids the loaded worker; its one fallback is the idle one, not the loaded.
+    const second = routed(await a.director.decide(input("bravo")));
+    const dests = second.destination.split(",");
+    assert.equal(dests.length, 2);
+    assert.equal(dests[0], second.pick.target.address);
+    assert.notEqual(second.pick.target.address, first.pick.target.address);
+    assert.ok(!dests.includes(first.pick.target.address), `loaded worker is not the fallback: ${second.destination}`);
+    assert.equal(second.headers[DEST_KEY], second.destination);
+    assert.deepEqual(
+      second.remove.filter((h) => h in second.headers),
+      [],
+      "nothing set is also removed",
+    );
+    first.reservation.finish();
+    second.reservation.finish();
+    assert.equal(a.router.openGuards(), 0);
+  } finally {
+    await a.close();
+  }
+});
+
+test("subset: only the gateway's endpoints are candidates; an empty subset is a 503", async () => {
+  const a = app(W);
+  try {
+    const only = routed(await a.director.decide(input("charlie", { subset: [W[2]] })));
+    assert.equal(only.pick.target.address, W[2]);
+    only.reservation.finish();
+    const none = await a.director.decide(input("charlie", { subset: [] }));
+    assert.equal(none.kind, "refuse");
+    assert.equal(none.kind === "refuse" && none.status, 503);
+    assert.equal(none.outcome, "no_worker");
+    assert.equal(a.router.openGuards(), 0);
+  } finally {
+    await a.close();
+  }
+});
+
+test("EPP saturation shed: a sheddable objective gets 429 once every candidate is loaded, and holds nothing", async () => {
+  const a = app(W.slice(0, 2), [
+    "--epp-shed-active-blocks",
+    "1",
+    "--epp-sheddable-objectives",
+    "batch",
+    "--prefill-admission-slots",
+    "0",
+  ]);
+  try {
+    const batch = { "x-gateway-inference-objective": "batch" };
+    const held = [routed(await a.director.decide(input("delta"))), routed(await a.director.decide(input("echo")))];
+    assert.notEqual(held[0].pick.target.id, held[1].pick.target.id, "one request on each worker");
+    const guards = a.router.openGuards();
+    const shed = await a.director.decide(input("foxtrot", { headers: batch }));
+    assert.equal(shed.kind, "refuse");
+    assert.equal(shed.kind === "refuse" && shed.status, 429);
+    assert.equal(shed.outcome, "shed");
+    assert.equal(a.router.openGuards(), guards, "the shed pick's load went back");
+    // Not sheddable: routed on the same saturated fleet.
+    routed(await a.director.decide(input("golf"))).reservation.finish();
+    // One worker idle again: the sheddable request goes.
+    held[0].reservation.finish();
+    routed(await a.director.decide(input("hotel", { headers: batch }))).reservation.finish();
+    held[1].reservation.finish();
+  } finally {
+    await a.close();
+  }
+});
+
+test("objective shed: a sheddable cold prompt whose worker has no prefill slot gets 429 with retry-after", async () => {
+  const a = app(W.slice(0, 1), ["--objectives", "batch=-10", "--objective-headers", "trust"]);
+  try {
+    const first = routed(await a.director.decide(input("india")));
+    const d = await a.director.decide(input("juliet", { headers: { "x-gateway-inference-objective": "batch" } }));
+    assert.equal(d.kind, "refuse");
+    if (d.kind !== "refuse") return;
+    assert.equal(d.status, 429);
+    assert.equal(d.headers["retry-after"], "1");
+    assert.match(await a.metrics.registry.metrics(), /infera_router_shed_total\{priority="-10"\} 1/);
+    // A warm sheddable prompt takes no slot: not shed.
+    const warm = routed(
+      await a.director.decide(input("kilo", { short: true, headers: { "x-gateway-inference-objective": "batch" } })),
+    );
+    warm.reservation.finish();
+    first.reservation.finish();
+    assert.equal(a.router.openGuards(), 0);
+  } finally {
+    await a.close();
+  }
+});
+
+test("admit-wait: a cold prompt waits for the slot, goes at the first token, and a stream end cancels it", async () => {
+  const a = app(W.slice(0, 1));
+  try {
+    const first = routed(await a.director.decide(input("lima")));
+    assert.equal(a.admission.busy(first.pick.target.id), 1, "the cold prompt holds the worker's slot");
+    const second = a.director.decide(input("mike"));
+    assert.equal(await settled(second), false, "the second cold prompt waits");
+    assert.equal(a.admission.waiting(), 1);
+    const abort = new AbortController();
+    const third = a.director.decide(input("november", { signal: abort.signal }));
+    assert.equal(await settled(third), false);
+    assert.equal(a.admission.waiting(), 2);
+    // The stream of the third ends: 499, its load and its place in the queue go back.
+    const guards = a.router.openGuards();
+    abort.abort();
+    const gone = await third;
+    assert.equal(gone.kind === "refuse" && gone.status, 499);
+    assert.equal(gone.outcome, "client_closed");
+    assert.equal(a.admission.waiting(), 1);
+    assert.ok(a.router.openGuards() < guards);
+    // The first's first token frees the slot: the second goes.
+    first.reservation.firstToken();
+    const went = routed(await second);
+    assert.equal(a.admission.busy(went.pick.target.id), 1, "the second now holds the slot");
+    went.reservation.finish();
+    first.reservation.finish();
+    assert.equal(a.admission.busy(went.pick.target.id), 0);
+    assert.equal(a.router.openGuards(), 0);
+  } finally {
+    await a.close();
+  }
+});
+
+test("admit-wait is bounded: past --prefill-admission-max-wait-ms the request goes anyway", async () => {
+  const a = app(W.slice(0, 1), ["--prefill-admission-max-wait-ms", "50"]);
+  try {
+    const first = routed(await a.director.decide(input("oscar")));
+    const t0 = Date.now();
+    const second = routed(await a.director.decide(input("papa")));
+    assert.ok(Date.now() - t0 >= 40, "it waited");
+    assert.match(await a.metrics.registry.metrics(), /infera_router_prefill_admission_forced_total 1/);
+    second.reservation.finish();
+    first.reservation.finish();
+    assert.equal(a.admission.busy(first.pick.target.id), 0);
+  } finally {
+    await a.close();
+  }
+});

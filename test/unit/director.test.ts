@@ -182,7 +182,10 @@ test("admit-wait is bounded: past --prefill-admission-max-wait-ms the request go
   try {
     const first = routed(await a.director.decide(input("oscar")));
     const t0 = Date.now();
+    // The wait's timer does not hold the process open (unref): this test's own timer does.
+    const keep = setTimeout(() => undefined, 5000);
     const second = routed(await a.director.decide(input("papa")));
+    clearTimeout(keep);
     assert.ok(Date.now() - t0 >= 40, "it waited");
     assert.match(await a.metrics.registry.metrics(), /infera_router_prefill_admission_forced_total 1/);
     second.reservation.finish();

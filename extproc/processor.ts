@@ -20,7 +20,7 @@ import { Guard } from "../core/router";
 import { App } from "../runtime/app";
 import { RequestOutcome } from "../runtime/metrics";
 import { withRequestId } from "../runtime/log";
-import { Decision, DEST_KEY, LLMD_PREFILL_HEADER, outcomeOf, Routed, STREAM_KEY } from "../runtime/director";
+import { Decision, DEST_KEY, LLMD_PREFILL_HEADER, outcomeOf, Routed, STREAM_KEY, StreamEnd } from "../runtime/director";
 import {
   CONTINUE_RESP_BODY,
   CONTINUE_RESP_HEADERS,
@@ -123,8 +123,8 @@ export class StreamProcessor {
     sawBody: false,
     counted: false,
   };
-  /** Aborted when the stream ends: a pick waiting for admission gives its load back. */
-  private readonly abort = new AbortController();
+  /** Set when the stream ends: a pick waiting for admission gives its load back. */
+  private readonly end: StreamEnd = { ended: false, onEnd: null };
   /** Answers leave in message order even when a pick waits on a tokenizer thread. */
   private order: Promise<void> = Promise.resolve();
   private idle: NodeJS.Timeout | null = null;
@@ -344,7 +344,10 @@ export class StreamProcessor {
 
   // ---- stream end: client gone, reset, cancel
   gone(): void {
-    this.abort.abort();
+    this.end.ended = true;
+    const f = this.end.onEnd;
+    this.end.onEnd = null;
+    if (f) f();
     this.stopIdle();
     this.done();
   }
@@ -366,7 +369,7 @@ export class StreamProcessor {
       body,
       headers: s.headers,
       subset: s.subset,
-      signal: this.abort.signal,
+      end: this.end,
     });
     this.outcome(d.outcome);
     if (d.kind === "route") s.routed = d;

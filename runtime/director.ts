@@ -71,8 +71,18 @@ export interface RouteInput {
   headers: Record<string, string>;
   /** The gateway's candidate subset (Endpoint Picker Protocol), or null when it sent none. */
   subset: string[] | null;
-  /** Aborted when the stream ends: a request waiting for admission gives its load back and gets 499. */
-  signal?: AbortSignal;
+  /** Set when the stream ends: a request waiting for admission gives its load back and gets 499. */
+  end?: StreamEnd;
+}
+
+/**
+ * The stream's end as the director sees it: ended once the client, Envoy or a
+ * reset closed it; onEnd (set by the director while a request waits) runs then.
+ * A plain object rather than an AbortSignal: one is made per request.
+ */
+export interface StreamEnd {
+  ended: boolean;
+  onEnd: (() => void) | null;
 }
 
 /** Answer the request here: nothing was sent to a worker and nothing is held. */
@@ -176,18 +186,17 @@ export class Director {
     };
     const shed = this.shed(pick, ctx);
     if (shed) return shed;
-    const signal = inp.signal;
-    if (signal?.aborted) return this.clientGone(pick);
+    const end = inp.end;
+    if (end?.ended) return this.clientGone(pick);
     // Prefill admission: a cold prompt waits here while another cold one is
     // prefilling on its worker. A stream that ends meanwhile finishes it.
-    const cancel = () => pick.reservation.finish();
-    signal?.addEventListener("abort", cancel);
+    if (end) end.onEnd = () => pick.reservation.finish();
     try {
       await this.admitWith(pick, ctx);
     } finally {
-      signal?.removeEventListener("abort", cancel);
+      if (end) end.onEnd = null;
     }
-    if (signal?.aborted) return this.clientGone(pick);
+    if (end?.ended) return this.clientGone(pick);
     return this.routed(inp, pick, pool);
   }
 

@@ -30,7 +30,7 @@ function input(seed: string, opts: Partial<RouteInput> & { short?: boolean } = {
     body: Buffer.from(JSON.stringify({ model: "m", messages: [{ role: "user", content }] })),
     headers: { ":path": "/v1/chat/completions", ...(opts.headers ?? {}) },
     subset: opts.subset ?? null,
-    signal: opts.signal,
+    end: opts.end,
   };
 }
 
@@ -152,13 +152,15 @@ test("admit-wait: a cold prompt waits for the slot, goes at the first token, and
     const second = a.director.decide(input("mike"));
     assert.equal(await settled(second), false, "the second cold prompt waits");
     assert.equal(a.admission.waiting(), 1);
-    const abort = new AbortController();
-    const third = a.director.decide(input("november", { signal: abort.signal }));
+    const end = { ended: false, onEnd: null as (() => void) | null };
+    const third = a.director.decide(input("november", { end }));
     assert.equal(await settled(third), false);
     assert.equal(a.admission.waiting(), 2);
     // The stream of the third ends: 499, its load and its place in the queue go back.
     const guards = a.router.openGuards();
-    abort.abort();
+    // As the processor ends it (extproc/processor.ts gone()).
+    end.ended = true;
+    end.onEnd?.();
     const gone = await third;
     assert.equal(gone.kind === "refuse" && gone.status, 499);
     assert.equal(gone.outcome, "client_closed");

@@ -186,6 +186,7 @@ export function createRouter(state: RouterState, cfg: RouterConfig, hooks?: Rout
       log(
         "warn",
         "worker " + w.id + " excluded: block size " + w.blockSize + " != router --block-size " + cfg.blockSize,
+        { worker: w.id },
       );
     return w;
   }
@@ -214,7 +215,9 @@ export function createRouter(state: RouterState, cfg: RouterConfig, hooks?: Rout
     const w = reg.get(id);
     if (!w || reg.healthy(w.epochKey) === ok) return;
     reg.setHealthy(w.epochKey, ok);
-    log(ok ? "info" : "warn", "worker " + id + (ok ? " healthy again" : " failed health checks: out of every pool"));
+    log(ok ? "info" : "warn", "worker " + id + (ok ? " healthy again" : " failed health checks: out of every pool"), {
+      worker: id,
+    });
   }
 
   function exclude(id: string, reason: string): void {
@@ -222,7 +225,7 @@ export function createRouter(state: RouterState, cfg: RouterConfig, hooks?: Rout
     if (!w || reg.excluded(w.epochKey) !== null) return;
     reg.exclude(w.epochKey, reason);
     clearAllTiers(state.mirror, w.epochKey);
-    log("warn", "worker " + id + " excluded: " + reason);
+    log("warn", "worker " + id + " excluded: " + reason, { worker: id });
   }
 
   function context(f: Features, fleet: Worker[], pd: boolean, sessionId: string | null): PickContext {

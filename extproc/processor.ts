@@ -298,24 +298,7 @@ export class StreamProcessor {
     const { app, s } = this;
     // Load moves only on the gateway's word (the server refuses other peers' streams; belt and braces).
     const served = this.call.peer.trusted ? servedOf(m) : null;
-    const picked = s.routed ? s.routed.pick.target : null;
-    if (served && picked && s.routed && !s.moved && served !== picked.address) {
-      // The gateway fell back down the list (or past it): the load sits
-      // where the request went, not where we sent it.
-      const w = app.router.workers().find((x) => x.address === served);
-      const g = s.routed.reservation.guards().main;
-      const again = w && !g.done ? app.router.holdOn(w.id, g) : null;
-      if (again) {
-        app.router.releaseGuard(g);
-        g.done = true;
-        s.moved = again;
-      }
-      app.metrics.eppFallbacks.inc({ known: String(!!again) });
-      app.log(
-        "info",
-        `gateway served from ${served} instead of ${picked.address}${again ? `: load moved to ${w!.id}` : " (not a known worker)"}`,
-      );
-    }
+    if (served && s.routed && !s.moved) s.moved = app.director.served(s.routed, served);
     if (endOfStream) this.last(CONTINUE_RESP_HEADERS);
     else this.send(CONTINUE_RESP_HEADERS);
   }

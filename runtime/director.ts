@@ -10,7 +10,7 @@
 // adapter releases at the first byte and at the end. The adapter encodes it
 // (extproc/processor.ts into protobuf) and knows nothing of the pipeline.
 import { Endpoint } from "../core/request";
-import { Pick, Reservation, Router, Worker } from "../core/router";
+import { Guard, Pick, Reservation, Router, Worker } from "../core/router";
 import { asHttpError, httpError } from "../core/util";
 import { Objective, objectiveOf } from "../core/objectives";
 import { PrefillAdmission, Ticket } from "../core/admission";
@@ -198,6 +198,30 @@ export class Director {
     }
     if (end?.ended) return this.clientGone(pick);
     return this.routed(inp, pick, pool);
+  }
+
+  /**
+   * The gateway reports it served the request from another endpoint (it fell
+   * back down the list, or past it): the load moves to where the request went,
+   * when that is a known worker. Returns the guard now held there (the caller
+   * releases it at the end), or null.
+   */
+  served(d: Routed, address: string): Guard | null {
+    const picked = d.pick.target;
+    if (address === picked.address) return null;
+    const w = this.d.router.workers().find((x) => x.address === address);
+    const g = d.reservation.guards().main;
+    const again = w && !g.done ? this.d.router.holdOn(w.id, g) : null;
+    if (again) {
+      this.d.router.releaseGuard(g);
+      g.done = true;
+    }
+    this.d.metrics.eppFallbacks.inc({ known: String(!!again) });
+    this.d.log(
+      "info",
+      `gateway served from ${address} instead of ${picked.address}${again ? `: load moved to ${w!.id}` : " (not a known worker)"}`,
+    );
+    return again;
   }
 
   /** Runs the shedders in order; the first refusal gives the pick's load back and answers. */

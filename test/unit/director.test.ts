@@ -197,3 +197,26 @@ test("admit-wait is bounded: past --prefill-admission-max-wait-ms the request go
     await a.close();
   }
 });
+
+test("served elsewhere: the load moves to the known worker the gateway used; an unknown one only counts", async () => {
+  const a = app(W.slice(0, 2));
+  try {
+    const d = routed(await a.director.decide(input("quebec")));
+    const other = W.find((x) => x !== d.pick.target.address)!;
+    const blocks = a.router.activeBlocks(d.pick.target.id);
+    assert.equal(a.director.served(d, d.pick.target.address), null, "served where picked: nothing moves");
+    assert.equal(a.director.served(d, "127.0.0.1:9"), null, "not a known worker");
+    assert.equal(a.router.activeBlocks(d.pick.target.id), blocks);
+    const moved = a.director.served(d, other);
+    assert.ok(moved);
+    assert.equal(a.router.activeBlocks(d.pick.target.id), 0);
+    assert.equal(a.router.activeBlocks(other), blocks);
+    assert.match(await a.metrics.registry.metrics(), /infera_router_epp_served_elsewhere_total\{known="false"\} 1/);
+    d.reservation.finish();
+    a.router.releaseGuard(moved!);
+    assert.equal(a.router.activeBlocks(other), 0);
+    assert.equal(a.router.openGuards(), 0);
+  } finally {
+    await a.close();
+  }
+});

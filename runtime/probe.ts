@@ -10,6 +10,7 @@
 //           text only, so the router sends its own rendered prompt and the
 //           probe checks the tokenizer, not the chat template.
 import * as client from "prom-client";
+import { spec } from "./metrics";
 import { parseRequest, promptTokenIds, Tokenizer } from "../core/request";
 
 export type ParityStatus = "exact" | "diverged" | "unchecked";
@@ -183,9 +184,7 @@ export class RenderProbes {
   ) {
     const self = this;
     new client.Gauge({
-      name: "infera_router_render_parity",
-      help: "1 for each worker's render-parity status (exact | diverged | unchecked) from the tokenize probe",
-      labelNames: ["worker", "status"],
+      ...spec("infera_router_render_parity"),
       registers: [registry],
       collect() {
         this.reset();

@@ -49,6 +49,13 @@ export const METRICS: MetricSpec[] = [
     buckets: [0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1],
   },
   {
+    name: "infera_router_plugin_duration_seconds",
+    type: "histogram",
+    help: "Time each scheduling plugin took per run (kind: filter, data, scorer, picker, lifecycle)",
+    labels: ["plugin", "kind"],
+    buckets: [0.000001, 0.0000025, 0.000005, 0.00001, 0.000025, 0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.005, 0.025],
+  },
+  {
     name: "infera_router_kv_events_total",
     type: "counter",
     help: "KV events applied",

@@ -1,7 +1,8 @@
 import * as client from "prom-client";
-import { monitorEventLoopDelay } from "perf_hooks";
+import { monitorEventLoopDelay, performance } from "perf_hooks";
 import { Router, Worker } from "../core/router";
 import { metricSpec } from "../core/metric-table";
+import { setPluginTimer } from "../core/scheduling/framework";
 
 export type Metrics = ReturnType<typeof createMetrics>;
 
@@ -83,6 +84,22 @@ export function createMetrics(
   const pickLatency = new client.Histogram({
     ...spec("infera_router_pick_latency_seconds"),
     registers: [registry],
+  });
+  // Each plugin run of the scheduling pipeline, timed by core through this
+  // process-wide timer (the last registry created gets them). Label children
+  // are bound once so a run costs two clock reads and a bucket increment.
+  const pluginDuration = new client.Histogram({
+    ...spec("infera_router_plugin_duration_seconds"),
+    registers: [registry],
+  });
+  const pluginChildren: Record<string, Record<string, client.Histogram.Internal<string>>> = {};
+  setPluginTimer({
+    now: () => performance.now(),
+    observe(kind, plugin, seconds) {
+      const byName = pluginChildren[kind] ?? (pluginChildren[kind] = {});
+      const h = byName[plugin] ?? (byName[plugin] = pluginDuration.labels({ plugin, kind }));
+      h.observe(seconds);
+    },
   });
   const events = new client.Counter({
     ...spec("infera_router_kv_events_total"),

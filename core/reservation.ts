@@ -19,7 +19,10 @@ export interface Reservation {
   guards(): { prefill: Guard | null; main: Guard; queued: Guard | null };
 }
 
-export function reservations(state: RouterState, log: (level: "warn", line: string) => void) {
+export function reservations(
+  state: RouterState,
+  log: (level: "warn", msg: string, fields?: { [k: string]: string | number | boolean }) => void,
+) {
   const release: Release = (g) => {
     if (!g || g.done) return;
     g.done = true;
@@ -27,7 +30,7 @@ export function reservations(state: RouterState, log: (level: "warn", line: stri
       state.load.release(g);
     } catch (e) {
       // Release must never throw into a response path; the log says what broke.
-      log("warn", "release failed for " + g.epochKey + ": " + String(e));
+      log("warn", "release failed", { epoch_key: g.epochKey, error: String(e) });
     }
   };
   function each(plugins: LifecyclePlugin[], hook: "firstToken" | "complete", result: PickResult): void {
@@ -37,7 +40,7 @@ export function reservations(state: RouterState, log: (level: "warn", line: stri
       try {
         f(result, release);
       } catch (e) {
-        log("warn", "lifecycle " + plugins[i].name + " " + hook + " failed: " + String(e));
+        log("warn", "lifecycle hook failed", { plugin: plugins[i].name, hook: hook, error: String(e) });
       }
     }
   }

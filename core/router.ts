@@ -103,7 +103,12 @@ export interface Pick {
 export interface RouterHooks {
   /** Milliseconds, for speed learning (default Date.now; a simulation passes its virtual clock). */
   now?: () => number;
-  log?: (level: "info" | "debug" | "warn", line: string) => void;
+  /** Structured log line: a stable message, and what varies in fields. */
+  log?: (
+    level: "debug" | "info" | "warn" | "error",
+    msg: string,
+    fields?: { [k: string]: string | number | boolean },
+  ) => void;
   onPick?: (role: string, p: { worker: string; hits: number; blocks: number; policy: Policy }) => void;
   onDemand?: (d: DemandDecision) => void;
   /** A first token the speed model learned from: its prediction beforehand (null: not learned yet) and the time it took. */
@@ -212,7 +217,9 @@ export function createRouter(state: RouterState, cfg: RouterConfig, hooks?: Rout
     const w = reg.get(id);
     if (!w || reg.healthy(w.epochKey) === ok) return;
     reg.setHealthy(w.epochKey, ok);
-    log(ok ? "info" : "warn", "worker " + id + (ok ? " healthy again" : " failed health checks: out of every pool"));
+    log(ok ? "info" : "warn", ok ? "worker healthy again" : "worker failed health checks: out of every pool", {
+      worker: id,
+    });
   }
 
   function exclude(id: string, reason: string): void {

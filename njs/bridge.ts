@@ -295,7 +295,7 @@ export class Bridge implements Fleet {
         this.healthy[id] = ok;
         this.log(
           ok ? "info" : "warn",
-          `worker ${id} ${ok ? "healthy again" : "failed health checks: nginx stops picking it"}`,
+          ok ? "worker healthy again" : "worker failed health checks: nginx stops picking it",
           { worker: id },
         );
         this.enqueue(this.fleetBody());
@@ -349,10 +349,9 @@ export class Bridge implements Fleet {
     if (this.dirty) return void this.pump(); // the coming resync carries it
     if (this.queue.length >= this.opts.bridgeQueueMax) {
       this.m.overflow.inc();
-      this.log(
-        "warn",
-        `push queue passed --bridge-queue-max ${this.opts.bridgeQueueMax}: resyncing nginx in full instead`,
-      );
+      this.log("warn", "push queue passed --bridge-queue-max: resyncing nginx in full instead", {
+        bridge_queue_max: this.opts.bridgeQueueMax,
+      });
       this.markDirty();
     } else this.queue.push(p);
     this.m.queue.set(this.queue.length);
@@ -430,10 +429,10 @@ export class Bridge implements Fleet {
         const r = await fetch(url, { signal: AbortSignal.timeout(2000) });
         const ws = (await r.json()) as unknown[];
         if (r.ok && Array.isArray(ws) && ws.length !== Object.keys(this.fleet).length) {
-          this.log(
-            "warn",
-            `nginx holds ${ws.length} worker(s), the fleet has ${Object.keys(this.fleet).length} (nginx restarted?): resyncing`,
-          );
+          this.log("warn", "nginx holds another number of workers than the fleet (nginx restarted?): resyncing", {
+            nginx_workers: ws.length,
+            fleet_workers: Object.keys(this.fleet).length,
+          });
           this.markDirty();
           void this.pump();
         }
@@ -540,7 +539,11 @@ export class Bridge implements Fleet {
           },
         );
       } catch (e) {
-        this.log("warn", `kv-events worker=${w.id} cannot subscribe to ${w.events}: ${(e as Error).message}`);
+        this.log("warn", "kv-events: cannot subscribe", {
+          worker: w.id,
+          endpoint: w.events,
+          error: (e as Error).message,
+        });
       }
     return true;
   }

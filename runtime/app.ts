@@ -129,7 +129,7 @@ function zmqEventSource(opts: Options, log?: Logger): EventSource {
           snapshot: w.snapshot,
           replayTimeoutMs: opts.kvReplayTimeoutMs,
           dpRank: w.dpEvents === "tagged" ? w.dpRank : undefined,
-          log: log ? (l, line) => log(l, line) : undefined,
+          log: log ? (l, line, f) => log(l, line, f) : undefined,
         },
       ),
     close: async () => undefined,
@@ -245,7 +245,7 @@ export class App {
       this.replicas.register(this.metrics.registry);
     }
     this.router = createRouter(this.state, opts.router, {
-      log: (l, line) => log(l, line),
+      log: (l, line, f) => log(l, line, f),
       onPick: (role, p) => {
         this.metrics.picks.inc({ worker: p.worker, role, policy: p.policy });
         const k = this.kv[p.worker];
@@ -276,7 +276,7 @@ export class App {
         : new RenderProbes(
             (id) => this.probeTarget(id),
             { intervalMs: opts.renderProbeIntervalMs, api: opts.renderProbeApi, timeoutMs: 5000 },
-            (l, line) => log(l, line),
+            (l, line, f) => log(l, line, f),
             this.metrics.registry,
           );
   }
@@ -588,7 +588,7 @@ export class App {
         timeoutMs: this.opts.tokenize.timeoutMs,
         backend: this.opts.tokenize.backend,
       },
-      (l, m) => this.log(l, m),
+      (l, m, f) => this.log(l, m, f),
     );
     return this.pool;
   }

@@ -179,7 +179,7 @@ export class RenderProbes {
     /** The worker's tokenizer and a model name it serves (null: unknown). */
     private readonly target: (id: string) => { tok: Tokenizer | null; model: string | null },
     private readonly o: ProbeOptions,
-    private readonly log: (level: "info" | "warn", line: string) => void,
+    private readonly log: (level: "info" | "warn", msg: string, fields?: Record<string, string | number>) => void,
     registry: client.Registry,
   ) {
     const self = this;
@@ -230,9 +230,9 @@ export class RenderProbes {
         "warn",
         `render parity: worker ${id} diverged at token ${s.position} of probe ${s.probe}; its prompts hash to blocks the router cannot match`,
       );
-    else if (s.status === "exact" && prev?.status !== "exact") this.log("info", `render parity: worker ${id} exact`);
+    else if (s.status === "exact" && prev?.status !== "exact") this.log("info", "render parity: exact", { worker: id });
     else if (s.status === "unchecked" && prev?.status !== "unchecked")
-      this.log("info", `render parity: worker ${id} unchecked (${s.reason})`);
+      this.log("info", "render parity: unchecked", { worker: id, reason: s.reason ?? "" });
   }
 
   start(): void {

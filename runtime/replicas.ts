@@ -216,7 +216,7 @@ export class ReplicaSync {
           this.receive(JSON.parse(new TextDecoder().decode(m.data)) as Msg);
         } catch (e) {
           this.metrics?.dropped.inc({ reason: "bad" });
-          this.log("warn", `replica sync: bad message: ${(e as Error).message}`);
+          this.log("warn", "replica sync: bad message", { error: (e as Error).message });
         }
       }
     })().catch(() => undefined);
@@ -283,7 +283,7 @@ export class ReplicaSync {
     } catch (e) {
       // Disconnected: the next heartbeat after the reconnect says it all again.
       this.metrics?.publishErrors.inc();
-      this.log("debug", `replica sync: publish failed: ${(e as Error).message}`);
+      this.log("debug", "replica sync: publish failed", { error: (e as Error).message });
     }
   }
 
@@ -320,7 +320,7 @@ export class ReplicaSync {
     let p = this.peers.get(m.r);
     if (!p) {
       this.peers.set(m.r, (p = { lastSeen: 0, guards: new Map(), snap: null }));
-      this.log("info", `replica ${m.r} joined load sync`);
+      this.log("info", "replica joined load sync", { replica: m.r });
     }
     p.lastSeen = Date.now();
     if (m.t === "o") {
@@ -393,7 +393,10 @@ export class ReplicaSync {
     if (reason === "expired") this.metrics?.expired.inc();
     this.log(
       reason === "expired" ? "warn" : "info",
-      `replica ${id} ${reason === "expired" ? `silent for ${this.opts.ttlMs} ms` : "left"}: dropped its ${n} in-flight load entries`,
+      reason === "expired"
+        ? "replica silent past --replica-ttl-ms: dropped its in-flight load entries"
+        : "replica left: dropped its in-flight load entries",
+      { replica: id, entries: n, ttl_ms: this.opts.ttlMs },
     );
   }
 

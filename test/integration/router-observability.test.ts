@@ -4,7 +4,7 @@
 import { test, after } from "node:test";
 import * as assert from "node:assert/strict";
 import * as grpc from "@grpc/grpc-js";
-import { longText, startRouter, startSim, stopAll, workerArg } from "../harness";
+import { freePort, longText, startRouter, startSim, stopAll, waitFor, workerArg } from "../harness";
 import { processStream, reqBody, reqHeaders, respBody, respHeaders } from "../extproc-client";
 
 after(stopAll);
@@ -33,6 +33,74 @@ function series(text: string, name: string): Record<string, number> {
   }
   return out;
 }
+
+test("--log-format json: every line is one JSON object with time, level, msg, and fields for what varies", async () => {
+  // A worker nobody serves: the health checks take it out, which core logs with the worker as a field.
+  const ghost = `127.0.0.1:${await freePort()}`;
+  const router = await startRouter([
+    "--workers",
+    ghost,
+    "--health-interval-ms",
+    "100",
+    "--log-format",
+    "json",
+    "--router-tokenizer-path",
+    "none",
+  ]);
+  await waitFor("health verdict logged", async () => /failed health checks/.test(router.proc.log()), 15000);
+  const lines = router.proc
+    .log()
+    .split("\n")
+    .filter((l) => l.trim());
+  const recs = lines.map((l) => {
+    try {
+      return JSON.parse(l) as Record<string, unknown>;
+    } catch {
+      assert.fail(`not a JSON line: ${l}`);
+    }
+  });
+  for (const r of recs) {
+    assert.ok(!Number.isNaN(Date.parse(String(r.time))), JSON.stringify(r));
+    assert.ok(["debug", "info", "warn", "error"].includes(String(r.level)), JSON.stringify(r));
+    assert.equal(typeof r.msg, "string");
+  }
+  const down = recs.find((r) => r.msg === "worker failed health checks: out of every pool");
+  assert.ok(down, "a stable message: " + lines.join("\n"));
+  assert.equal(down.worker, ghost, "the worker is a field, not part of the message");
+  assert.equal(down.level, "warn");
+  assert.ok(
+    recs.some((r) => r.msg === "listening" && typeof r.ext_proc === "string" && typeof r.block_size === "number"),
+    lines.join("\n"),
+  );
+});
+
+test("--log-format text: time level msg k=v, values quoted when they hold spaces", async () => {
+  const ghost = `127.0.0.1:${await freePort()}`;
+  const router = await startRouter([
+    "--workers",
+    ghost,
+    "--health-interval-ms",
+    "100",
+    "--log-format",
+    "text",
+    "--router-tokenizer-path",
+    "none",
+  ]);
+  await waitFor("health verdict logged", async () => /failed health checks/.test(router.proc.log()), 15000);
+  const lines = router.proc
+    .log()
+    .split("\n")
+    .filter((l) => l.trim());
+  for (const l of lines) assert.match(l, /^\S+Z (debug|info|warn|error) \S/, l);
+  assert.ok(
+    lines.some((l) =>
+      new RegExp(
+        `^\\S+Z warn worker failed health checks: out of every pool worker=${ghost.replace(/\./g, "\\.")}$`,
+      ).test(l),
+    ),
+    lines.join("\n"),
+  );
+});
 
 test("infera_router_plugin_duration_seconds times every plugin of every pick, one observation per run", async () => {
   const sims = [await startSim("po0"), await startSim("po1")];

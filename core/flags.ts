@@ -649,14 +649,6 @@ export const FLAGS: FlagSpec[] = [
     help: "registration key prefix",
   },
   {
-    name: "request-transport",
-    kind: "enum",
-    def: "http",
-    choices: ["http"],
-    commands: ["router"],
-    help: "requests go to workers over HTTP/1.1",
-  },
-  {
     name: "nginx-push-url",
     kind: "string",
     def: "http://127.0.0.1:8080/_infera/push",

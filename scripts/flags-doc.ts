@@ -32,9 +32,6 @@ export function renderMetricTable(doc: string): string {
   return doc.slice(0, i + METRICS_BEGIN.length) + "\n" + metricTableMarkdown() + doc.slice(j);
 }
 
-/** The old name, for callers written when the table lived in the README. */
-export const renderReadme = renderFlagTable;
-
 if (require.main === module) {
   const file = path.join(__dirname, "..", FLAG_DOC);
   fs.writeFileSync(file, renderMetricTable(renderFlagTable(fs.readFileSync(file, "utf8"))));

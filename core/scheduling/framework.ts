@@ -191,11 +191,6 @@ export function setPluginTimer(t: PluginTimer | null): void {
   timedHooks = null;
 }
 
-/** The timer in force, so a caller can clear it only if it is still its own. */
-export function pluginTimer(): PluginTimer | null {
-  return timer;
-}
-
 function timedPicker(p: Picker): Picker {
   const cached = timedPickers[p.name];
   if (cached && registry.pickers[p.name] === p) return cached;

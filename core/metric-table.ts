@@ -15,8 +15,10 @@ export interface MetricSpec {
   labels: string[];
   /** Histogram bucket upper bounds, in the metric's unit. */
   buckets?: number[];
-  /** The njs router (nginx) exports it too; every metric is exported by the Envoy ext_proc router. */
+  /** The njs router (nginx) exports it too. */
   njs?: boolean;
+  /** Exported by the bridge (infera-gate bridge) instead of the router. */
+  bridge?: boolean;
 }
 
 const WORKER = ["worker"];
@@ -304,6 +306,50 @@ export const METRICS: MetricSpec[] = [
     labels: [],
     buckets: [0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5],
   },
+  // The bridge that feeds nginx (njs/bridge.ts), on its own admin port.
+  {
+    name: "infera_bridge_pushes_total",
+    type: "counter",
+    help: "Pushes to nginx by result",
+    labels: ["type", "result"],
+    bridge: true,
+  },
+  {
+    name: "infera_bridge_resyncs_total",
+    type: "counter",
+    help: "Full resyncs of nginx's state (fleet + mirrors)",
+    labels: [],
+    bridge: true,
+  },
+  {
+    name: "infera_bridge_queue_overflows_total",
+    type: "counter",
+    help: "Times the queue passed --bridge-queue-max and was replaced by a resync",
+    labels: [],
+    bridge: true,
+  },
+  { name: "infera_bridge_queue_depth", type: "gauge", help: "Pushes waiting", labels: [], bridge: true },
+  {
+    name: "infera_bridge_nginx_dirty",
+    type: "gauge",
+    help: "1 while nginx may be missing state (a resync is pending)",
+    labels: [],
+    bridge: true,
+  },
+  {
+    name: "infera_bridge_shadow_blocks",
+    type: "gauge",
+    help: "Resident blocks per worker as the bridge last saw them",
+    labels: ["worker"],
+    bridge: true,
+  },
+  {
+    name: "infera_bridge_kv_event_errors_total",
+    type: "counter",
+    help: "KV event frames refused (malformed) or transport failures, per worker",
+    labels: ["worker", "reason"],
+    bridge: true,
+  },
 ];
 
 /** The table's entry for a metric; an unknown name is a programming error. */
@@ -320,7 +366,7 @@ export function metricHeader(name: string): string[] {
 
 /** The metric list of docs/configuration.md (Markdown), one row per metric. */
 export function metricTableMarkdown(): string {
-  const rows = ["| Metric | Type | Labels | nginx | Meaning |", "|---|---|---|---|---|"];
+  const rows = ["| Metric | Type | Labels | Exported by | Meaning |", "|---|---|---|---|---|"];
   for (let i = 0; i < METRICS.length; i++) {
     const m = METRICS[i];
     rows.push(
@@ -331,7 +377,7 @@ export function metricTableMarkdown(): string {
         " | " +
         m.labels.join(", ") +
         " | " +
-        (m.njs ? "yes" : "") +
+        (m.bridge ? "bridge" : m.njs ? "router, njs" : "router") +
         " | " +
         m.help.replace(/\|/g, "\\|") +
         (m.buckets ? " (buckets " + m.buckets.join(", ") + ")" : "") +

@@ -21,6 +21,7 @@ import { Subscription } from "../runtime/events";
 import { KvEvent, tierOf } from "../core/kvevents";
 import { WorkerSpec } from "../core/router";
 import { backoff, Logger, makeLogger, stateLogger } from "../runtime/log";
+import { spec } from "../runtime/metrics";
 import { listenError, runCommand, version } from "../runtime/args";
 import { CLOSE_BUDGET_MS, closeStep, onShutdown } from "../runtime/shutdown";
 
@@ -232,37 +233,28 @@ export class Bridge implements Fleet {
   readonly registry = new Registry();
   readonly m = {
     pushes: new Counter({
-      name: "infera_bridge_pushes_total",
-      help: "Pushes to nginx by result",
-      labelNames: ["type", "result"],
+      ...spec("infera_bridge_pushes_total"),
       registers: [this.registry],
     }),
     resyncs: new Counter({
-      name: "infera_bridge_resyncs_total",
-      help: "Full resyncs of nginx's state (fleet + mirrors)",
+      ...spec("infera_bridge_resyncs_total"),
       registers: [this.registry],
     }),
     overflow: new Counter({
-      name: "infera_bridge_queue_overflows_total",
-      help: "Times the queue passed --bridge-queue-max and was replaced by a resync",
+      ...spec("infera_bridge_queue_overflows_total"),
       registers: [this.registry],
     }),
-    queue: new Gauge({ name: "infera_bridge_queue_depth", help: "Pushes waiting", registers: [this.registry] }),
+    queue: new Gauge({ ...spec("infera_bridge_queue_depth"), registers: [this.registry] }),
     dirty: new Gauge({
-      name: "infera_bridge_nginx_dirty",
-      help: "1 while nginx may be missing state (a resync is pending)",
+      ...spec("infera_bridge_nginx_dirty"),
       registers: [this.registry],
     }),
     blocks: new Gauge({
-      name: "infera_bridge_shadow_blocks",
-      help: "Resident blocks per worker as the bridge last saw them",
-      labelNames: ["worker"],
+      ...spec("infera_bridge_shadow_blocks"),
       registers: [this.registry],
     }),
     eventErrors: new Counter({
-      name: "infera_bridge_kv_event_errors_total",
-      help: "KV event frames refused (malformed) or transport failures, per worker",
-      labelNames: ["worker", "reason"],
+      ...spec("infera_bridge_kv_event_errors_total"),
       registers: [this.registry],
     }),
   };

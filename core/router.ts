@@ -189,6 +189,7 @@ export function createRouter(state: RouterState, cfg: RouterConfig, hooks?: Rout
       log(
         "warn",
         "worker " + w.id + " excluded: block size " + w.blockSize + " != router --block-size " + cfg.blockSize,
+        { worker: w.id, block_size: w.blockSize, router_block_size: cfg.blockSize },
       );
     return w;
   }
@@ -227,7 +228,8 @@ export function createRouter(state: RouterState, cfg: RouterConfig, hooks?: Rout
     if (!w || reg.excluded(w.epochKey) !== null) return;
     reg.exclude(w.epochKey, reason);
     clearAllTiers(state.mirror, w.epochKey);
-    log("warn", "worker " + id + " excluded: " + reason);
+    // Exclusion messages keep their values in the text (patterns in use match them); the fields carry them too.
+    log("warn", "worker " + id + " excluded: " + reason, { worker: id, reason: reason });
   }
 
   function context(f: Features, fleet: Worker[], pd: boolean, sessionId: string | null): PickContext {

@@ -714,6 +714,7 @@ export function subscribeZmq(
               ro.log?.(
                 "warn",
                 `kv-events worker=${workerId} ignores frames on topic '${printable(frames[0])}': --kv-event-topic is '${topic}', matched exactly (SGLang's epoch suffix allowed)`,
+                { worker: workerId, topic: printable(frames[0]), kv_event_topic: topic },
               );
             }
             ro.onOtherTopic?.();

@@ -229,6 +229,7 @@ export class RenderProbes {
       this.log(
         "warn",
         `render parity: worker ${id} diverged at token ${s.position} of probe ${s.probe}; its prompts hash to blocks the router cannot match`,
+        { worker: id, position: s.position ?? -1, probe: s.probe ?? "" },
       );
     else if (s.status === "exact" && prev?.status !== "exact") this.log("info", "render parity: exact", { worker: id });
     else if (s.status === "unchecked" && prev?.status !== "unchecked")

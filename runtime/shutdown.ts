@@ -45,7 +45,7 @@ export function onShutdown(log: Logger, backstopMs: number, graceful: (signal: s
   let stopping = false;
   const stop = (sig: string) => {
     if (stopping) {
-      log("warn", `second ${sig}: exiting now`);
+      log("warn", `second ${sig}: exiting now`, { signal: sig });
       process.exit(1);
     }
     stopping = true;

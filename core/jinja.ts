@@ -8,8 +8,10 @@
 //
 // Values: str, number, bool, null (None), undefined (Undefined), arrays, plain
 // objects (dicts, insertion order), namespaces, loop objects and functions.
-
-import { hasOwn } from "./util";
+//
+// Own-property checks call Object.prototype.hasOwnProperty directly rather
+// than core/util's hasOwn: njs 0.7.9's stack overflows on the deeper templates
+// with one more frame per lookup (test/e2e/njs.test.ts render parity).
 
 export type Ast = any;
 
@@ -370,7 +372,7 @@ function dictMethod(d: any, name: string): Fn | undefined {
       });
     case "get":
       return fn(function (a) {
-        return hasOwn(d, a[0]) ? d[a[0]] : a.length > 1 ? a[1] : null;
+        return Object.prototype.hasOwnProperty.call(d, a[0]) ? d[a[0]] : a.length > 1 ? a[1] : null;
       });
   }
   return undefined;
@@ -382,7 +384,7 @@ function getAttr(obj: any, key: any, computed: boolean): any {
     if (obj === undefined) throw TemplateError("'" + pyStr(key) + "' is undefined (attribute of Undefined)");
     return undefined;
   }
-  if (isNs(obj)) return hasOwn(obj.a, key) ? obj.a[key] : undefined;
+  if (isNs(obj)) return Object.prototype.hasOwnProperty.call(obj.a, key) ? obj.a[key] : undefined;
   if (typeof obj === "string") {
     if (typeof key === "number") {
       const i = pyIndex(obj.length, key);
@@ -398,7 +400,8 @@ function getAttr(obj: any, key: any, computed: boolean): any {
     return undefined;
   }
   if (isDict(obj)) {
-    const own = typeof key === "string" || typeof key === "number" ? hasOwn(obj, key) : false;
+    const own =
+      typeof key === "string" || typeof key === "number" ? Object.prototype.hasOwnProperty.call(obj, key) : false;
     if (computed) return own ? obj[key] : typeof key === "string" ? dictMethod(obj, key) : undefined;
     const m = typeof key === "string" ? dictMethod(obj, key) : undefined;
     if (m) return m;
@@ -451,7 +454,8 @@ function binary(op: string, a: any, b: any): any {
             r = true;
             break;
           }
-      } else if (isDict(b)) r = (typeof a === "string" || typeof a === "number") && hasOwn(b, a);
+      } else if (isDict(b))
+        r = (typeof a === "string" || typeof a === "number") && Object.prototype.hasOwnProperty.call(b, a);
       else if (b === undefined) r = false;
       else throw TemplateError("argument of type '" + typeName(b) + "' is not iterable");
       return op === "in" ? r : !r;
@@ -541,7 +545,7 @@ interface Scope {
 
 function lookup(s: Scope | null, name: string): any {
   while (s) {
-    if (hasOwn(s.vars, name)) return s.vars[name];
+    if (Object.prototype.hasOwnProperty.call(s.vars, name)) return s.vars[name];
     s = s.parent;
   }
   return undefined;

@@ -181,7 +181,8 @@ export interface PluginTimer {
 }
 
 let timer: PluginTimer | null = null;
-let timedPickers: { [name: string]: Picker } = {};
+/** Each picker's timed wrapper, with the registered picker it wraps (re-registration replaces it). */
+let timedPickers: { [name: string]: { inner: Picker; timed: Picker } } = {};
 let timedHooks: LifecyclePlugin[] | null = null;
 
 /** Sets (or with null clears) the process's plugin timer. */
@@ -193,7 +194,7 @@ export function setPluginTimer(t: PluginTimer | null): void {
 
 function timedPicker(p: Picker): Picker {
   const cached = timedPickers[p.name];
-  if (cached && registry.pickers[p.name] === p) return cached;
+  if (cached && cached.inner === p) return cached.timed;
   const t = timer as PluginTimer;
   const w: Picker = {
     name: p.name,
@@ -204,7 +205,7 @@ function timedPicker(p: Picker): Picker {
       return i;
     },
   };
-  timedPickers[p.name] = w;
+  timedPickers[p.name] = { inner: p, timed: w };
   return w;
 }
 

@@ -212,7 +212,7 @@ export async function registerWorker(
   const retryMs = Math.max(200, Math.min(5000, (ttlSeconds * 1000) / 3));
   // The etcd3 client's own per-host circuit breaker (open 5 s after three
   // failures) would refuse those retries for longer than a short TTL after etcd
-  // returns (heal.test.ts saw the fleet empty so): it reopens as often as we retry.
+  // returns (etcd-outage.test.ts saw the fleet empty so): it reopens as often as we retry.
   const host = () =>
     circuitBreaker(handleWhen(isRecoverableError), { halfOpenAfter: retryMs, breaker: new ConsecutiveBreaker(3) });
   const client = new Etcd3({

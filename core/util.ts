@@ -35,7 +35,8 @@ export function utf8Length(s: string): number {
   return n;
 }
 
-export function hasOwn(o: object, k: string): boolean {
+/** o's own property k (not one from its prototype, e.g. "constructor" or "__proto__"). */
+export function hasOwn(o: object, k: string | number): boolean {
   return Object.prototype.hasOwnProperty.call(o, k);
 }
 

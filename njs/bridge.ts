@@ -21,6 +21,7 @@ import { Subscription } from "../runtime/events";
 import { KvEvent, tierOf } from "../core/kvevents";
 import { WorkerSpec } from "../core/router";
 import { backoff, Logger, makeLogger, stateLogger } from "../runtime/log";
+import { spec } from "../runtime/metrics";
 import { listenError, runCommand, version } from "../runtime/args";
 import { CLOSE_BUDGET_MS, closeStep, onShutdown } from "../runtime/shutdown";
 
@@ -232,37 +233,28 @@ export class Bridge implements Fleet {
   readonly registry = new Registry();
   readonly m = {
     pushes: new Counter({
-      name: "infera_bridge_pushes_total",
-      help: "Pushes to nginx by result",
-      labelNames: ["type", "result"],
+      ...spec("infera_bridge_pushes_total"),
       registers: [this.registry],
     }),
     resyncs: new Counter({
-      name: "infera_bridge_resyncs_total",
-      help: "Full resyncs of nginx's state (fleet + mirrors)",
+      ...spec("infera_bridge_resyncs_total"),
       registers: [this.registry],
     }),
     overflow: new Counter({
-      name: "infera_bridge_queue_overflows_total",
-      help: "Times the queue passed --bridge-queue-max and was replaced by a resync",
+      ...spec("infera_bridge_queue_overflows_total"),
       registers: [this.registry],
     }),
-    queue: new Gauge({ name: "infera_bridge_queue_depth", help: "Pushes waiting", registers: [this.registry] }),
+    queue: new Gauge({ ...spec("infera_bridge_queue_depth"), registers: [this.registry] }),
     dirty: new Gauge({
-      name: "infera_bridge_nginx_dirty",
-      help: "1 while nginx may be missing state (a resync is pending)",
+      ...spec("infera_bridge_nginx_dirty"),
       registers: [this.registry],
     }),
     blocks: new Gauge({
-      name: "infera_bridge_shadow_blocks",
-      help: "Resident blocks per worker as the bridge last saw them",
-      labelNames: ["worker"],
+      ...spec("infera_bridge_shadow_blocks"),
       registers: [this.registry],
     }),
     eventErrors: new Counter({
-      name: "infera_bridge_kv_event_errors_total",
-      help: "KV event frames refused (malformed) or transport failures, per worker",
-      labelNames: ["worker", "reason"],
+      ...spec("infera_bridge_kv_event_errors_total"),
       registers: [this.registry],
     }),
   };
@@ -295,7 +287,7 @@ export class Bridge implements Fleet {
         this.healthy[id] = ok;
         this.log(
           ok ? "info" : "warn",
-          `worker ${id} ${ok ? "healthy again" : "failed health checks: nginx stops picking it"}`,
+          ok ? "worker healthy again" : "worker failed health checks: nginx stops picking it",
           { worker: id },
         );
         this.enqueue(this.fleetBody());
@@ -349,10 +341,9 @@ export class Bridge implements Fleet {
     if (this.dirty) return void this.pump(); // the coming resync carries it
     if (this.queue.length >= this.opts.bridgeQueueMax) {
       this.m.overflow.inc();
-      this.log(
-        "warn",
-        `push queue passed --bridge-queue-max ${this.opts.bridgeQueueMax}: resyncing nginx in full instead`,
-      );
+      this.log("warn", "push queue passed --bridge-queue-max: resyncing nginx in full instead", {
+        bridge_queue_max: this.opts.bridgeQueueMax,
+      });
       this.markDirty();
     } else this.queue.push(p);
     this.m.queue.set(this.queue.length);
@@ -430,10 +421,10 @@ export class Bridge implements Fleet {
         const r = await fetch(url, { signal: AbortSignal.timeout(2000) });
         const ws = (await r.json()) as unknown[];
         if (r.ok && Array.isArray(ws) && ws.length !== Object.keys(this.fleet).length) {
-          this.log(
-            "warn",
-            `nginx holds ${ws.length} worker(s), the fleet has ${Object.keys(this.fleet).length} (nginx restarted?): resyncing`,
-          );
+          this.log("warn", "nginx holds another number of workers than the fleet (nginx restarted?): resyncing", {
+            nginx_workers: ws.length,
+            fleet_workers: Object.keys(this.fleet).length,
+          });
           this.markDirty();
           void this.pump();
         }
@@ -540,7 +531,11 @@ export class Bridge implements Fleet {
           },
         );
       } catch (e) {
-        this.log("warn", `kv-events worker=${w.id} cannot subscribe to ${w.events}: ${(e as Error).message}`);
+        this.log("warn", "kv-events: cannot subscribe", {
+          worker: w.id,
+          endpoint: w.events,
+          error: (e as Error).message,
+        });
       }
     return true;
   }

@@ -25,6 +25,7 @@ import { checkSessionId } from "../core/limits";
 import { unknownWorker, workerRow } from "../core/views";
 import { withModels } from "../core/models";
 import { nginxFlag, routerConfigFromVars } from "../core/flags";
+import { metricHeader, metricSpec } from "../core/metric-table";
 import { errorJson } from "../core/errors";
 import { dpBodyFields, withBodyFields } from "../core/dprank";
 import { logfmt, LogFields, LogLevel } from "../core/log";
@@ -440,47 +441,30 @@ function metrics(r: NjsRequest): void {
   if (!c) return;
   const ws = c.router.workers();
   const lines: string[] = [];
-  const gauge = (name: string, help: string, label: string, value: (id: string) => number, decodeOnly: boolean) => {
-    lines.push("# HELP " + name + " " + help, "# TYPE " + name + " gauge");
+  // Names, help, types and labels come from core/metric-table.ts, as for the Node router.
+  const header = (name: string) => {
+    const h = metricHeader(name);
+    lines.push(h[0], h[1]);
+  };
+  const gauge = (name: string, value: (id: string) => number, decodeOnly: boolean) => {
+    header(name);
+    const label = metricSpec(name).labels[0];
     for (let i = 0; i < ws.length; i++)
       if (!decodeOnly || ws[i].role !== "prefill")
         lines.push(name + "{" + label + '="' + promLabel(ws[i].id) + '"} ' + value(ws[i].id));
   };
-  gauge(
-    "infera_router_decode_demand_tokens",
-    "In-flight input tokens booked on each decode target",
-    "target",
-    (id) => c.router.demand(id).tokens,
-    true,
-  );
-  gauge(
-    "infera_router_decode_demand_requests",
-    "Requests held on each decode target",
-    "target",
-    (id) => c.router.demand(id).requests,
-    true,
-  );
-  gauge(
-    "infera_router_active_blocks",
-    "Distinct in-flight prompt blocks per worker",
-    "worker",
-    (id) => c.router.activeBlocks(id),
-    false,
-  );
+  gauge("infera_router_decode_demand_tokens", (id) => c.router.demand(id).tokens, true);
+  gauge("infera_router_decode_demand_requests", (id) => c.router.demand(id).requests, true);
+  gauge("infera_router_active_blocks", (id) => c.router.activeBlocks(id), false);
   gauge(
     "infera_router_mirror_blocks",
-    "Blocks mirrored from each worker's KV events",
-    "worker",
     (id) => {
       const v = c.router.cacheView(id);
       return v ? v.block_count : 0;
     },
     false,
   );
-  lines.push(
-    "# HELP infera_router_decode_demand_decisions_total Decode input-demand decisions",
-    "# TYPE infera_router_decode_demand_decisions_total counter",
-  );
+  header("infera_router_decode_demand_decisions_total");
   const counts = decisionCounts(c.st);
   for (let i = 0; i < counts.length; i++) {
     const d = counts[i];
@@ -495,10 +479,7 @@ function metrics(r: NjsRequest): void {
         d.count,
     );
   }
-  lines.push(
-    "# HELP infera_router_cache_hit_blocks_total Prompt blocks already cached on the picked worker",
-    "# TYPE infera_router_cache_hit_blocks_total counter",
-  );
+  header("infera_router_cache_hit_blocks_total");
   const hb = hitBlockCounts(c.st);
   for (let i = 0; i < hb.length; i++)
     lines.push(

@@ -14,6 +14,8 @@ export interface CommandInfo {
   name: Command;
   /** Program name in help and errors. */
   prog: string;
+  /** How it is run: the one installed binary, infera-gate, and the command. */
+  invoke: string;
   summary: string;
   /** Positional arguments, mapped in order onto these flags. */
   positionals?: string[];
@@ -23,27 +25,32 @@ export const COMMANDS: Record<Command, CommandInfo> = {
   router: {
     name: "router",
     prog: "infera-gate",
+    invoke: "infera-gate [router]",
     summary: "Envoy ext_proc server: KV-cache-aware routing for an OpenAI/Anthropic-compatible fleet",
   },
   bridge: {
     name: "bridge",
     prog: "infera-bridge",
+    invoke: "infera-gate bridge",
     summary: "feeds nginx's njs router: discovery + KV events pushed to nginx's push location",
   },
   relay: {
     name: "relay",
     prog: "infera-kv-relay",
+    invoke: "infera-gate relay",
     summary: "republishes a worker's ZMQ KV events on NATS",
     positionals: ["zmq-endpoint", "nats-url", "subject"],
   },
   register: {
     name: "register",
     prog: "infera-register",
+    invoke: "infera-gate register",
     summary: "keeps a worker registered in etcd under a kept-alive lease",
   },
   sim: {
     name: "sim",
     prog: "infera-sim",
+    invoke: "infera-gate sim",
     summary:
       "engine simulator: an OpenAI/Anthropic-compatible worker over a vLLM-like engine model, publishing vLLM KV events",
   },
@@ -66,7 +73,7 @@ export function helpText(cmd: Command): string {
   const lines = [
     `${info.prog} ${version()}: ${info.summary}`,
     "",
-    `usage: ${info.prog} [flags]${info.positionals ? " [" + info.positionals.join(" ") + "]" : ""}`,
+    `usage: ${info.invoke} [flags]${info.positionals ? " [" + info.positionals.join(" ") + "]" : ""}`,
     "",
   ];
   const rows: [string, string][] = [];
@@ -223,6 +230,14 @@ export async function runCommand(cmd: Command, argv: string[], start: (p: Parsed
 
 /** The command's flag closest to a mistyped name (edit distance at most 2, or a unique prefix), if any. */
 export function nearestFlag(name: string, specs: FlagSpec[]): string | null {
+  return nearestName(
+    name,
+    specs.map((f) => f.name),
+  );
+}
+
+/** The name closest to a mistyped one (edit distance at most 2, or a unique prefix of 3+ characters), if any. */
+export function nearestName(name: string, names: string[]): string | null {
   const dist = (a: string, b: string): number => {
     let prev = Array.from({ length: b.length + 1 }, (_, j) => j);
     for (let i = 1; i <= a.length; i++) {
@@ -235,16 +250,16 @@ export function nearestFlag(name: string, specs: FlagSpec[]): string | null {
   };
   let best: string | null = null;
   let bestD = 3;
-  for (const f of specs) {
-    const d = dist(name, f.name);
+  for (const n of names) {
+    const d = dist(name, n);
     if (d < bestD) {
-      best = f.name;
+      best = n;
       bestD = d;
     }
   }
   if (best) return best;
-  const prefixed = specs.filter((f) => name.length >= 3 && f.name.startsWith(name));
-  return prefixed.length === 1 ? prefixed[0].name : null;
+  const prefixed = names.filter((n) => name.length >= 3 && n.startsWith(name));
+  return prefixed.length === 1 ? prefixed[0] : null;
 }
 
 /** Turns a listen failure into a one-line error naming the flag. */

@@ -63,7 +63,6 @@ export interface Options {
   discovery: "static" | "etcd" | "k8s";
   etcdEndpoint: string;
   etcdPrefix: string;
-  requestTransport: "http";
   /** Bridge mode: nginx push location and its token. */
   nginxPushUrl: string;
   /** Active health checks: GET <worker>/health every N ms (0 = off). */
@@ -277,7 +276,6 @@ export function optionsFrom(values: Record<string, FlagValue>, cmd: "router" | "
     discovery: v("discovery-backend") as Options["discovery"],
     etcdEndpoint: v("etcd-endpoint") as string,
     etcdPrefix: v("etcd-prefix") as string,
-    requestTransport: "http",
     nginxPushUrl: v("nginx-push-url") as string,
     healthIntervalMs: v("health-interval-ms") as number,
     pushToken: secretFrom(v("push-token") as string, v("push-token-file") as string | null),

@@ -114,7 +114,7 @@ export async function startEtcdDiscovery(app: Fleet): Promise<{ close(): Promise
       targets[id] = now;
       for (const s of specs) app.addWorker(s);
     } catch (e) {
-      app.log("warn", `etcd: ignoring ${key}: ${(e as Error).message}`);
+      app.log("warn", "etcd: ignoring a registration", { key, error: (e as Error).message });
     }
   };
   const list = async (): Promise<string> => {
@@ -127,7 +127,7 @@ export async function startEtcdDiscovery(app: Fleet): Promise<{ close(): Promise
         targets[k.slice(prefix.length)] = got.map((s) => s.id);
         specs.push(...got);
       } catch (e) {
-        app.log("warn", `etcd: ignoring ${k}: ${(e as Error).message}`);
+        app.log("warn", "etcd: ignoring a registration", { key: k, error: (e as Error).message });
       }
     }
     app.setWorkers(specs);
@@ -148,7 +148,7 @@ export async function startEtcdDiscovery(app: Fleet): Promise<{ close(): Promise
         if (closed) break;
         const n = app.listWorkerCount?.();
         state.ok({ workers: n });
-        app.log("info", `etcd: watching ${prefix}`, { workers: n, revision: rev });
+        app.log("info", "etcd: watching", { prefix, workers: n, revision: rev });
         report(true, `watching ${prefix} at ${app.opts.etcdEndpoint}`);
         attempt = 0;
         await new Promise<void>((resolve) => {
@@ -212,7 +212,7 @@ export async function registerWorker(
   const retryMs = Math.max(200, Math.min(5000, (ttlSeconds * 1000) / 3));
   // The etcd3 client's own per-host circuit breaker (open 5 s after three
   // failures) would refuse those retries for longer than a short TTL after etcd
-  // returns (heal.test.ts saw the fleet empty so): it reopens as often as we retry.
+  // returns (etcd-outage.test.ts saw the fleet empty so): it reopens as often as we retry.
   const host = () =>
     circuitBreaker(handleWhen(isRecoverableError), { halfOpenAfter: retryMs, breaker: new ConsecutiveBreaker(3) });
   const client = new Etcd3({

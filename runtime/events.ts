@@ -279,7 +279,7 @@ export interface ReplayOptions {
   replayTimeoutMs?: number;
   /** One socket for several DP ranks: keep only batches tagged with this rank (others still advance the sequence). */
   dpRank?: number;
-  log?: (level: "info" | "warn", line: string) => void;
+  log?: (level: "info" | "warn", msg: string, fields?: Record<string, string | number | boolean>) => void;
   /** A frame on another topic that shares our topic as a prefix was dropped. */
   onOtherTopic?: () => void;
   /** SGLang's snapshot ROUTER endpoint: a gap replay cannot fill resyncs from it. */
@@ -484,14 +484,19 @@ export function createSequencer(
     const got = closed ? null : await requestReplay(ro.replay as string, start, timeout);
     if (closed) return;
     if (got === null)
-      ro.log?.(
-        "warn",
-        `kv-events worker=${workerId} replay from seq=${startText ?? start} (${why}) got no answer from ${ro.replay}`,
-      );
+      ro.log?.("warn", "kv-events: replay got no answer", {
+        worker: workerId,
+        from_seq: startText ?? start,
+        why,
+        endpoint: ro.replay as string,
+      });
     else if (got.length && got[0].seq > start && start > 0)
       ro.log?.(
         "warn",
-        `kv-events worker=${workerId} replay buffer starts at seq=${got[0].text ?? got[0].seq}, gap from ${startText ?? start} cannot be filled${ro.snapshot ? ": resyncing from the snapshot endpoint" : ""}`,
+        ro.snapshot
+          ? "kv-events: replay gap cannot be filled: resyncing from the snapshot endpoint"
+          : "kv-events: replay gap cannot be filled",
+        { worker: workerId, buffer_from_seq: got[0].text ?? got[0].seq, from_seq: startText ?? start },
       );
     const unfilled = got === null || (got.length > 0 && got[0].seq > start);
     if (unfilled && ro.snapshot && start > 0 && !pendingRestart) {
@@ -531,10 +536,12 @@ export function createSequencer(
     held.sort((a, b) => a.seq - b.seq);
     if (!snap) {
       // No snapshot: the next batch arrives with its gap and core clears the mirror.
-      ro.log?.(
-        "warn",
-        `kv-events worker=${workerId} snapshot from ${ro.snapshot} (${why}) failed: ${err}; mirror will be cleared`,
-      );
+      ro.log?.("warn", "kv-events: snapshot failed; mirror will be cleared", {
+        worker: workerId,
+        endpoint: ro.snapshot as string,
+        why,
+        error: String(err),
+      });
       for (const f of held.splice(0)) if (last === undefined || f.seq > last) deliver(f.seq, f.payload, false, f.text);
       repairing = false;
       return;
@@ -585,7 +592,8 @@ export function createSequencer(
     if (!same) {
       ro.log?.(
         "warn",
-        `kv-events worker=${workerId} reconnected to a different event stream (engine restart): rebuilding its mirror from replay`,
+        "kv-events: reconnected to a different event stream (engine restart): rebuilding the mirror from replay",
+        { worker: workerId },
       );
       pendingRestart = true;
       last = undefined;
@@ -621,10 +629,10 @@ export function createSequencer(
       if (newEpoch || (last !== undefined && seq <= last)) {
         // The sequence went back: a restarted engine. Its earlier batches may be in its buffer.
         if (newEpoch)
-          ro.log?.(
-            "warn",
-            `kv-events worker=${workerId} publisher epoch changed to ${ep} (engine restart): mirror dropped`,
-          );
+          ro.log?.("warn", "kv-events: publisher epoch changed (engine restart): mirror dropped", {
+            worker: workerId,
+            epoch: String(ep),
+          });
         pendingRestart = true;
         last = undefined;
         lastText = "";
@@ -651,7 +659,8 @@ export function createSequencer(
         pendingRestart = true;
         ro.log?.(
           "warn",
-          `kv-events worker=${workerId} reconnected without a replay endpoint: cannot tell a restart from a blip, mirror dropped`,
+          "kv-events: reconnected without a replay endpoint: cannot tell a restart from a blip, mirror dropped",
+          { worker: workerId },
         );
       }
     },
@@ -705,6 +714,7 @@ export function subscribeZmq(
               ro.log?.(
                 "warn",
                 `kv-events worker=${workerId} ignores frames on topic '${printable(frames[0])}': --kv-event-topic is '${topic}', matched exactly (SGLang's epoch suffix allowed)`,
+                { worker: workerId, topic: printable(frames[0]), kv_event_topic: topic },
               );
             }
             ro.onOtherTopic?.();

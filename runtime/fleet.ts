@@ -76,7 +76,7 @@ export class Fleet {
         : new RenderProbes(
             (id) => this.probeTarget(id),
             { intervalMs: opts.renderProbeIntervalMs, api: opts.renderProbeApi, timeoutMs: 5000 },
-            (l, line) => log(l, line),
+            (l, line, f) => log(l, line, f),
             metrics.registry,
           );
   }

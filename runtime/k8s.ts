@@ -125,7 +125,7 @@ export async function startK8sDiscovery(app: Fleet & { setSynced?(v: boolean): v
       try {
         specs.push(...specsFromPod(pod, target.ports));
       } catch (e) {
-        app.log("warn", `k8s: ignoring pod ${pod.metadata?.name}: ${(e as Error).message}`);
+        app.log("warn", "k8s: ignoring a pod", { pod: pod.metadata?.name ?? "", error: (e as Error).message });
       }
     }
     // Pod status churns (conditions, timestamps) far more often than the fleet does.
@@ -149,7 +149,8 @@ export async function startK8sDiscovery(app: Fleet & { setSynced?(v: boolean): v
         setImmediate(() => {
           if (pods !== inf) return;
           recompute();
-          if (!isSynced) app.log("info", `k8s: ${inf.list(ns).length} pod(s) match ${t.selector} in ${ns}`);
+          if (!isSynced)
+            app.log("info", "k8s: pods listed", { pods: inf.list(ns).length, selector: t.selector, namespace: ns });
           isSynced = true;
           app.setSynced?.(true);
         });
@@ -167,10 +168,9 @@ export async function startK8sDiscovery(app: Fleet & { setSynced?(v: boolean): v
     inf.on("delete", onChange);
     inf.on("error", (err: unknown) => {
       if (closed || pods !== inf) return;
-      app.log(
-        "warn",
-        `k8s: pod watch failed (${String((err as Error)?.message ?? err)}); keeping the last known fleet, re-listing`,
-      );
+      app.log("warn", "k8s: pod watch failed; keeping the last known fleet, re-listing", {
+        error: String((err as Error)?.message ?? err),
+      });
       retry = setTimeout(() => {
         retry = null;
         if (!closed && pods === inf) inf.start().catch(() => undefined);
@@ -189,12 +189,16 @@ export async function startK8sDiscovery(app: Fleet & { setSynced?(v: boolean): v
       try {
         t = poolTarget(obj as Parameters<typeof poolTarget>[0], name);
       } catch (e) {
-        app.log("warn", `k8s: ${(e as Error).message}; keeping the last known fleet`);
+        app.log("warn", "k8s: keeping the last known fleet", { error: (e as Error).message });
         return;
       }
       if (target && t.selector === target.selector && t.ports.join() === target.ports.join()) return;
-      app.log("info", `k8s: InferencePool ${ns}/${name} selects ${t.selector} ports ${t.ports.join(",")}`);
-      startPods(t).catch((e) => app.log("warn", `k8s: pod watch start failed: ${(e as Error).message}`));
+      app.log("info", "k8s: InferencePool selects pods", {
+        pool: `${ns}/${name}`,
+        selector: t.selector,
+        ports: t.ports.join(","),
+      });
+      startPods(t).catch((e) => app.log("warn", "k8s: pod watch start failed", { error: (e as Error).message }));
     };
     const inf = new k8s.ListWatch<k8s.KubernetesObject>(
       path,
@@ -216,11 +220,11 @@ export async function startK8sDiscovery(app: Fleet & { setSynced?(v: boolean): v
     inf.on("update", onPool);
     inf.on("delete", (obj) => {
       if (obj.metadata?.name === name)
-        app.log("warn", `k8s: InferencePool ${ns}/${name} was deleted; keeping the last known fleet`);
+        app.log("warn", "k8s: InferencePool was deleted; keeping the last known fleet", { pool: `${ns}/${name}` });
     });
     inf.on("error", (err: unknown) => {
       if (closed) return;
-      app.log("warn", `k8s: InferencePool watch failed (${String((err as Error)?.message ?? err)}); retrying`);
+      app.log("warn", "k8s: InferencePool watch failed; retrying", { error: String((err as Error)?.message ?? err) });
       setTimeout(() => !closed && inf.start().catch(() => undefined), 1000).unref();
     });
     await inf.start();

@@ -46,7 +46,7 @@ export function zmqEventSource(opts: Options, log?: Logger): EventSource {
           snapshot: w.snapshot,
           replayTimeoutMs: opts.kvReplayTimeoutMs,
           dpRank: w.dpEvents === "tagged" ? w.dpRank : undefined,
-          log: log ? (l, line) => log(l, line) : undefined,
+          log: log ? (l, line, f) => log(l, line, f) : undefined,
         },
       ),
     close: async () => undefined,

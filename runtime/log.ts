@@ -1,6 +1,8 @@
-// Structured logs: one JSON object per line on stderr by default (--log-format
-// text for humans). Lines logged while a request is being handled carry its
-// x-request-id, through AsyncLocalStorage, so callers need not thread it.
+// Structured logs: one JSON object per line on stderr by default (time, level,
+// msg, then the fields), or --log-format text for humans: "time level msg
+// k=v ..." (logfmt fields). Messages are stable; what varies goes in fields.
+// Lines logged while a request is being handled carry its x-request-id,
+// through AsyncLocalStorage, so callers need not thread it.
 import { AsyncLocalStorage } from "async_hooks";
 
 export type Level = "debug" | "info" | "warn" | "error";
@@ -34,8 +36,7 @@ export function makeLogger(
     const rid = currentRequestId();
     if (format === "text") {
       let line = `${new Date().toISOString()} ${l}${rid ? ` [${rid}]` : ""} ${msg}`;
-      for (const [k, v] of Object.entries(fields ?? {}))
-        line += ` ${k}=${typeof v === "string" ? v : JSON.stringify(v)}`;
+      if (fields) for (const k of Object.keys(fields)) line += ` ${k}=${logfmtValue(fields[k])}`;
       out(line + "\n");
       return;
     }
@@ -44,6 +45,16 @@ export function makeLogger(
     if (fields) Object.assign(rec, fields);
     out(JSON.stringify(rec) + "\n");
   };
+}
+
+/**
+ * A field value as logfmt writes it: bare when it is one token, else a quoted
+ * JSON string (so spaces, quotes, '=' and newlines cannot split or forge a
+ * field); objects as their JSON.
+ */
+export function logfmtValue(v: unknown): string {
+  const s = typeof v === "string" ? v : v === undefined ? "" : (JSON.stringify(v) ?? String(v));
+  return /^[^\s"=\\]+$/.test(s) ? s : JSON.stringify(s);
 }
 
 /**

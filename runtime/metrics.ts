@@ -1,6 +1,8 @@
 import * as client from "prom-client";
-import { monitorEventLoopDelay } from "perf_hooks";
+import { monitorEventLoopDelay, performance } from "perf_hooks";
 import { Router, Worker } from "../core/router";
+import { metricSpec } from "../core/metric-table";
+import { setPluginTimer } from "../core/scheduling/framework";
 
 export type Metrics = ReturnType<typeof createMetrics>;
 
@@ -26,6 +28,14 @@ export const REQUEST_OUTCOMES = [
 ] as const;
 export type RequestOutcome = (typeof REQUEST_OUTCOMES)[number];
 
+/** prom-client's configuration of a metric of core/metric-table.ts: name, help, labels, buckets. */
+export function spec(name: string): { name: string; help: string; labelNames: string[]; buckets?: number[] } {
+  const m = metricSpec(name);
+  return m.buckets
+    ? { name: m.name, help: m.help, labelNames: m.labels, buckets: m.buckets }
+    : { name: m.name, help: m.help, labelNames: m.labels };
+}
+
 /** Out of every pool for a configuration fault: excluded by the router, or a declared block size not the router's. */
 function excludedNow(r: Router, w: Worker): boolean {
   return r.excluded(w.id) !== null || (w.blockSize !== undefined && w.blockSize !== r.config.blockSize);
@@ -40,12 +50,14 @@ export function createMetrics(
 ) {
   const registry = new client.Registry();
   client.collectDefaultMetrics({ register: registry });
-  /** A gauge with one series per worker, read from the router at scrape time (so it never drifts); null = no series. */
-  const perWorker = (name: string, help: string, value: (w: Worker, r: Router) => number | null, label = "worker") =>
-    new client.Gauge({
-      name,
-      help,
-      labelNames: [label],
+  /**
+   * A gauge with one series per worker, read from the router at scrape time (so it never drifts); null = no series.
+   * Its one label (worker, or target) comes from the table.
+   */
+  const perWorker = (name: string, value: (w: Worker, r: Router) => number | null) => {
+    const label = metricSpec(name).labels[0];
+    return new client.Gauge({
+      ...spec(name),
       registers: [registry],
       collect() {
         this.reset();
@@ -56,64 +68,61 @@ export function createMetrics(
         }
       },
     });
+  };
   const picks = new client.Counter({
-    name: "infera_router_picks_total",
-    help: "Picks per worker and role",
-    labelNames: ["worker", "role", "policy"],
+    ...spec("infera_router_picks_total"),
     registers: [registry],
   });
   const hitBlocks = new client.Counter({
-    name: "infera_router_cache_hit_blocks_total",
-    help: "Prompt blocks already cached on the picked worker",
-    labelNames: ["worker", "role"],
+    ...spec("infera_router_cache_hit_blocks_total"),
     registers: [registry],
   });
   const reqBlocks = new client.Counter({
-    name: "infera_router_request_blocks_total",
-    help: "Prompt blocks of routed requests",
-    labelNames: ["role"],
+    ...spec("infera_router_request_blocks_total"),
     registers: [registry],
   });
   const pickLatency = new client.Histogram({
-    name: "infera_router_pick_latency_seconds",
-    help: "Parse + tokenize + hash + score time per request",
-    buckets: [0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1],
+    ...spec("infera_router_pick_latency_seconds"),
     registers: [registry],
   });
+  // Each plugin run of the scheduling pipeline, timed by core through this
+  // process-wide timer (the last registry created gets them). Label children
+  // are bound once so a run costs two clock reads and a bucket increment.
+  const pluginDuration = new client.Histogram({
+    ...spec("infera_router_plugin_duration_seconds"),
+    registers: [registry],
+  });
+  const pluginChildren: Record<string, Record<string, client.Histogram.Internal<string>>> = {};
+  setPluginTimer({
+    now: () => performance.now(),
+    observe(kind, plugin, seconds) {
+      const byName = pluginChildren[kind] ?? (pluginChildren[kind] = {});
+      const h = byName[plugin] ?? (byName[plugin] = pluginDuration.labels({ plugin, kind }));
+      h.observe(seconds);
+    },
+  });
   const events = new client.Counter({
-    name: "infera_router_kv_events_total",
-    help: "KV events applied",
-    labelNames: ["worker", "type"],
+    ...spec("infera_router_kv_events_total"),
     registers: [registry],
   });
   const eventErrors = new client.Counter({
-    name: "infera_router_kv_event_errors_total",
-    help: "KV event frames refused or resyncs",
-    labelNames: ["worker", "reason"],
+    ...spec("infera_router_kv_event_errors_total"),
     registers: [registry],
   });
   const admissionWait = new client.Histogram({
-    name: "infera_router_prefill_admission_wait_seconds",
-    help: "Time cold requests waited at the router for a prefill slot on their worker (--prefill-admission-slots)",
-    buckets: [0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5],
+    ...spec("infera_router_prefill_admission_wait_seconds"),
     registers: [registry],
   });
   const admissionForced = new client.Counter({
-    name: "infera_router_prefill_admission_forced_total",
-    help: "Requests sent past the slot limit because they waited --prefill-admission-max-wait-ms",
+    ...spec("infera_router_prefill_admission_forced_total"),
     registers: [registry],
   });
   const ttftPredictionError = new client.Histogram({
-    name: "infera_router_ttft_prediction_error_ratio",
-    help: "|predicted - observed| / observed time to first token, per worker, for requests the speed model had learned enough to predict (sum/count = MAPE)",
-    labelNames: ["worker"],
-    buckets: [0.05, 0.1, 0.15, 0.25, 0.5, 1, 2, 5],
+    ...spec("infera_router_ttft_prediction_error_ratio"),
     registers: [registry],
   });
   new client.Gauge({
-    name: "infera_router_worker_slowness",
-    help: "Time per unit of work against the fleet median, as the cost uses it (1 = typical or not learned yet; --speed-learning)",
-    labelNames: ["worker"],
+    ...spec("infera_router_worker_slowness"),
     registers: [registry],
     collect() {
       this.reset();
@@ -124,36 +133,26 @@ export function createMetrics(
       for (const w of ws) this.set({ worker: w.id }, s[w.epochKey] ?? 1);
     },
   });
-  perWorker(
-    "infera_router_worker_prefill_ms_per_token",
-    "Learned prefill milliseconds per prompt token (absent until learned; --speed-learning)",
-    (w, r) => (r.latency ? r.latency.msPerToken(w.epochKey) : null),
+  perWorker("infera_router_worker_prefill_ms_per_token", (w, r) =>
+    r.latency ? r.latency.msPerToken(w.epochKey) : null,
   );
   const shed = new client.Counter({
-    name: "infera_router_shed_total",
-    help: "Sheddable requests (negative priority, --objectives) refused with 429 because their worker had no free prefill slot",
-    labelNames: ["priority"],
+    ...spec("infera_router_shed_total"),
     registers: [registry],
   });
   const badRequests = new client.Counter({
-    name: "infera_router_bad_requests_total",
-    help: "Requests refused with 4xx",
-    labelNames: ["status"],
+    ...spec("infera_router_bad_requests_total"),
     registers: [registry],
   });
   const requests = new client.Counter({
-    name: "infera_router_requests_total",
-    help: "Requests the router answered, by outcome: routed, bad_request, too_large, shed, no_worker, overloaded, client_closed, error",
-    labelNames: ["outcome"],
+    ...spec("infera_router_requests_total"),
     registers: [registry],
   });
   // Every outcome exists from the start at 0, so rate() and alerts see the first one.
   for (const o of REQUEST_OUTCOMES) requests.inc({ outcome: o }, 0);
   // Read at scrape time from the router's own health state, like the gauges below.
   new client.Gauge({
-    name: "infera_router_worker_up",
-    help: "1 when the worker can take picks (healthy, not excluded, through a health probe since it joined when checks are on), else 0",
-    labelNames: ["worker", "role"],
+    ...spec("infera_router_worker_up"),
     registers: [registry],
     collect() {
       this.reset();
@@ -165,58 +164,28 @@ export function createMetrics(
         );
     },
   });
-  perWorker(
-    "infera_router_worker_excluded",
-    "1 when the router keeps the worker out of every pool for a configuration fault (e.g. block size mismatch; reason in /v1/admin/workers), else 0",
-    (w, r) => (excludedNow(r, w) ? 1 : 0),
-  );
+  perWorker("infera_router_worker_excluded", (w, r) => (excludedNow(r, w) ? 1 : 0));
   const eppFallbacks = new client.Counter({
-    name: "infera_router_epp_served_elsewhere_total",
-    help: "Responses the gateway reports served from an endpoint other than the pick (known: a worker we track)",
-    labelNames: ["known"],
+    ...spec("infera_router_epp_served_elsewhere_total"),
     registers: [registry],
   });
   const decisions = new client.Counter({
-    name: "infera_router_decode_demand_decisions_total",
-    help: "Decode input-demand decisions; agrees=whether the demand suggestion matched the original choice",
-    labelNames: ["mode", "input", "agrees"],
+    ...spec("infera_router_decode_demand_decisions_total"),
     registers: [registry],
   });
   // Gauges read the router at scrape time, so they can never drift from the truth.
-  perWorker(
-    "infera_router_decode_demand_tokens",
-    "In-flight input tokens booked on each decode target",
-    (w, r) => (w.role !== "prefill" ? r.demand(w.id).tokens : null),
-    "target",
+  perWorker("infera_router_decode_demand_tokens", (w, r) => (w.role !== "prefill" ? r.demand(w.id).tokens : null));
+  perWorker("infera_router_decode_demand_requests", (w, r) => (w.role !== "prefill" ? r.demand(w.id).requests : null));
+  perWorker("infera_router_active_blocks", (w, r) => r.activeBlocks(w.id));
+  perWorker("infera_router_mirror_blocks", (w, r) => r.cacheView(w.id)?.block_count ?? 0);
+  perWorker("infera_router_kv_event_age_seconds", (w) =>
+    eventStatus && w.events ? eventStatus(w.id).kv_event_age_s : null,
   );
-  perWorker(
-    "infera_router_decode_demand_requests",
-    "Requests held on each decode target",
-    (w, r) => (w.role !== "prefill" ? r.demand(w.id).requests : null),
-    "target",
-  );
-  perWorker("infera_router_active_blocks", "Distinct in-flight prompt blocks per worker", (w, r) =>
-    r.activeBlocks(w.id),
-  );
-  perWorker(
-    "infera_router_mirror_blocks",
-    "Blocks mirrored from each worker's KV events",
-    (w, r) => r.cacheView(w.id)?.block_count ?? 0,
-  );
-  perWorker(
-    "infera_router_kv_event_age_seconds",
-    "Seconds since each worker's last KV event batch (since it joined, if none yet)",
-    (w) => (eventStatus && w.events ? eventStatus(w.id).kv_event_age_s : null),
-  );
-  perWorker(
-    "infera_router_kv_events_silent",
-    "1 when a worker with a KV events endpoint sent nothing for --kv-event-silence-s while serving picks",
-    (w) => (eventStatus && w.events ? (eventStatus(w.id).kv_events_silent ? 1 : 0) : null),
+  perWorker("infera_router_kv_events_silent", (w) =>
+    eventStatus && w.events ? (eventStatus(w.id).kv_events_silent ? 1 : 0) : null,
   );
   new client.Gauge({
-    name: "infera_router_mirror_tier_blocks",
-    help: "Blocks mirrored per worker and storage tier (medium)",
-    labelNames: ["worker", "tier"],
+    ...spec("infera_router_mirror_tier_blocks"),
     registers: [registry],
     collect() {
       this.reset();
@@ -227,17 +196,14 @@ export function createMetrics(
     },
   });
   new client.Gauge({
-    name: "infera_router_workers",
-    help: "Workers known to the router (excluded ones included)",
+    ...spec("infera_router_workers"),
     registers: [registry],
     collect() {
       this.set(router().workers().length);
     },
   });
   new client.Gauge({
-    name: "infera_router_tokenizer_piece_cache_tokens",
-    help: "Prompt tokens served from the tokenizer's piece cache (hit) or encoded afresh (miss), since start",
-    labelNames: ["result"],
+    ...spec("infera_router_tokenizer_piece_cache_tokens"),
     registers: [registry],
     collect() {
       const s = tokenizerCache ? tokenizerCache() : null;
@@ -250,9 +216,7 @@ export function createMetrics(
   const lag = monitorEventLoopDelay({ resolution: 10 });
   lag.enable();
   new client.Gauge({
-    name: "infera_router_event_loop_lag_seconds",
-    help: "Event-loop delay since the previous scrape (max, p99, mean): how long picks and KV events waited behind other work",
-    labelNames: ["stat"],
+    ...spec("infera_router_event_loop_lag_seconds"),
     registers: [registry],
     collect() {
       // An empty window (no sample yet) reads as zero delay rather than the histogram's sentinels.
@@ -264,19 +228,15 @@ export function createMetrics(
     },
   });
   const tokenizeJobs = new client.Counter({
-    name: "infera_router_tokenize_jobs_total",
-    help: "Long prompts sent to tokenizer threads, by outcome (ok, timeout, queue_full, error)",
-    labelNames: ["outcome"],
+    ...spec("infera_router_tokenize_jobs_total"),
     registers: [registry],
   });
   const tokenizeQueue = new client.Gauge({
-    name: "infera_router_tokenize_queue",
-    help: "Prompts waiting for or on tokenizer threads",
+    ...spec("infera_router_tokenize_queue"),
     registers: [registry],
   });
   new client.Gauge({
-    name: "infera_router_tokenizer_piece_cache_hit_ratio",
-    help: "Share of prompt tokens served from the piece cache since start (event loop and threads)",
+    ...spec("infera_router_tokenizer_piece_cache_hit_ratio"),
     registers: [registry],
     collect() {
       const s = tokenizerCache ? tokenizerCache() : null;
@@ -284,8 +244,7 @@ export function createMetrics(
     },
   });
   new client.Gauge({
-    name: "infera_router_tokenizer_piece_cache_chars",
-    help: "Characters of prompt pieces held in the piece caches (bounded per cache)",
+    ...spec("infera_router_tokenizer_piece_cache_chars"),
     registers: [registry],
     collect() {
       const s = tokenizerCache ? tokenizerCache() : null;

@@ -27,7 +27,7 @@ export async function natsConnect(url: string, log: Logger, name: string): Promi
   (async () => {
     for await (const s of nc.status()) {
       if (s.type === "disconnect" || s.type === "reconnect")
-        log(s.type === "reconnect" ? "info" : "warn", `nats ${s.type} ${String(s.data)}`);
+        log(s.type === "reconnect" ? "info" : "warn", "nats " + s.type, { server: String(s.data) });
     }
   })().catch(() => undefined);
   return nc;
@@ -61,7 +61,7 @@ export async function natsEventSource(url: string, log: Logger, replayTimeoutMs 
           snapshot: w.snapshot,
           replayTimeoutMs,
           dpRank: w.dpEvents === "tagged" ? w.dpRank : undefined,
-          log: (l, line) => log(l, line),
+          log: (l, line, f) => log(l, line, f),
         },
       );
       if (onState) {

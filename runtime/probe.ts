@@ -10,6 +10,7 @@
 //           text only, so the router sends its own rendered prompt and the
 //           probe checks the tokenizer, not the chat template.
 import * as client from "prom-client";
+import { spec } from "./metrics";
 import { parseRequest, promptTokenIds, Tokenizer } from "../core/request";
 
 export type ParityStatus = "exact" | "diverged" | "unchecked";
@@ -178,14 +179,12 @@ export class RenderProbes {
     /** The worker's tokenizer and a model name it serves (null: unknown). */
     private readonly target: (id: string) => { tok: Tokenizer | null; model: string | null },
     private readonly o: ProbeOptions,
-    private readonly log: (level: "info" | "warn", line: string) => void,
+    private readonly log: (level: "info" | "warn", msg: string, fields?: Record<string, string | number>) => void,
     registry: client.Registry,
   ) {
     const self = this;
     new client.Gauge({
-      name: "infera_router_render_parity",
-      help: "1 for each worker's render-parity status (exact | diverged | unchecked) from the tokenize probe",
-      labelNames: ["worker", "status"],
+      ...spec("infera_router_render_parity"),
       registers: [registry],
       collect() {
         this.reset();
@@ -230,10 +229,11 @@ export class RenderProbes {
       this.log(
         "warn",
         `render parity: worker ${id} diverged at token ${s.position} of probe ${s.probe}; its prompts hash to blocks the router cannot match`,
+        { worker: id, position: s.position ?? -1, probe: s.probe ?? "" },
       );
-    else if (s.status === "exact" && prev?.status !== "exact") this.log("info", `render parity: worker ${id} exact`);
+    else if (s.status === "exact" && prev?.status !== "exact") this.log("info", "render parity: exact", { worker: id });
     else if (s.status === "unchecked" && prev?.status !== "unchecked")
-      this.log("info", `render parity: worker ${id} unchecked (${s.reason})`);
+      this.log("info", "render parity: unchecked", { worker: id, reason: s.reason ?? "" });
   }
 
   start(): void {

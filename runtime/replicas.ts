@@ -22,6 +22,7 @@ import * as crypto from "crypto";
 import * as os from "os";
 import type { NatsConnection, Subscription } from "nats";
 import * as client from "prom-client";
+import { spec } from "./metrics";
 import { LoadLedger, WorkerRegistry } from "../core/state/types";
 import { BlockHash, EpochKey, Guard } from "../core/types";
 import { Logger } from "./log";
@@ -153,17 +154,14 @@ export class ReplicaSync {
   register(registry: client.Registry): void {
     const self = this;
     new client.Gauge({
-      name: "infera_router_replica_peers",
-      help: "Other router replicas heard from within --replica-ttl-ms",
+      ...spec("infera_router_replica_peers"),
       registers: [registry],
       collect() {
         this.set(self.peers.size);
       },
     });
     new client.Gauge({
-      name: "infera_router_replica_remote_guards",
-      help: "In-flight load entries booked by other replicas; applied = counted in this replica's scores, unknown_worker = for a worker this replica does not know (yet)",
-      labelNames: ["state"],
+      ...spec("infera_router_replica_remote_guards"),
       registers: [registry],
       collect() {
         const s = self.remoteStats();
@@ -172,8 +170,7 @@ export class ReplicaSync {
       },
     });
     new client.Gauge({
-      name: "infera_router_replica_local_guards",
-      help: "In-flight load entries this replica booked and shares",
+      ...spec("infera_router_replica_local_guards"),
       registers: [registry],
       collect() {
         this.set(self.local.size);
@@ -181,31 +178,23 @@ export class ReplicaSync {
     });
     this.metrics = {
       messages: new client.Counter({
-        name: "infera_router_replica_messages_total",
-        help: "Replica load-sync messages (kind: ops, heartbeat, bye)",
-        labelNames: ["direction", "kind"],
+        ...spec("infera_router_replica_messages_total"),
         registers: [registry],
       }),
       publishErrors: new client.Counter({
-        name: "infera_router_replica_publish_errors_total",
-        help: "Load-sync messages NATS refused (disconnected, over max_payload); the next heartbeat resends the state",
+        ...spec("infera_router_replica_publish_errors_total"),
         registers: [registry],
       }),
       expired: new client.Counter({
-        name: "infera_router_replica_expired_total",
-        help: "Replicas dropped after --replica-ttl-ms of silence (their load with them)",
+        ...spec("infera_router_replica_expired_total"),
         registers: [registry],
       }),
       dropped: new client.Counter({
-        name: "infera_router_replica_dropped_total",
-        help: "Remote load entries dropped: expired (replica silent), bye (replica left), resync (absent from its heartbeat), bad (malformed message)",
-        labelNames: ["reason"],
+        ...spec("infera_router_replica_dropped_total"),
         registers: [registry],
       }),
       lag: new client.Histogram({
-        name: "infera_router_replica_sync_lag_seconds",
-        help: "From a peer publishing a load change to it being applied here (wall clocks: exact on one host)",
-        buckets: [0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5],
+        ...spec("infera_router_replica_sync_lag_seconds"),
         registers: [registry],
       }),
     };
@@ -227,7 +216,7 @@ export class ReplicaSync {
           this.receive(JSON.parse(new TextDecoder().decode(m.data)) as Msg);
         } catch (e) {
           this.metrics?.dropped.inc({ reason: "bad" });
-          this.log("warn", `replica sync: bad message: ${(e as Error).message}`);
+          this.log("warn", "replica sync: bad message", { error: (e as Error).message });
         }
       }
     })().catch(() => undefined);
@@ -294,7 +283,7 @@ export class ReplicaSync {
     } catch (e) {
       // Disconnected: the next heartbeat after the reconnect says it all again.
       this.metrics?.publishErrors.inc();
-      this.log("debug", `replica sync: publish failed: ${(e as Error).message}`);
+      this.log("debug", "replica sync: publish failed", { error: (e as Error).message });
     }
   }
 
@@ -331,7 +320,7 @@ export class ReplicaSync {
     let p = this.peers.get(m.r);
     if (!p) {
       this.peers.set(m.r, (p = { lastSeen: 0, guards: new Map(), snap: null }));
-      this.log("info", `replica ${m.r} joined load sync`);
+      this.log("info", "replica joined load sync", { replica: m.r });
     }
     p.lastSeen = Date.now();
     if (m.t === "o") {
@@ -404,7 +393,10 @@ export class ReplicaSync {
     if (reason === "expired") this.metrics?.expired.inc();
     this.log(
       reason === "expired" ? "warn" : "info",
-      `replica ${id} ${reason === "expired" ? `silent for ${this.opts.ttlMs} ms` : "left"}: dropped its ${n} in-flight load entries`,
+      reason === "expired"
+        ? "replica silent past --replica-ttl-ms: dropped its in-flight load entries"
+        : "replica left: dropped its in-flight load entries",
+      { replica: id, entries: n, ttl_ms: this.opts.ttlMs },
     );
   }
 

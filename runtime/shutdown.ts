@@ -29,10 +29,11 @@ export async function closeStep(log: Logger, what: string, run: () => Promise<un
   try {
     p = run();
   } catch (e) {
-    log("warn", `shutdown: ${what} failed: ${(e as Error).message}`);
+    log("warn", "shutdown: a step failed", { step: what, error: (e as Error).message });
     return;
   }
-  if (!(await within(p, ms))) log("warn", `shutdown: ${what} did not finish within ${ms} ms; going on without it`);
+  if (!(await within(p, ms)))
+    log("warn", "shutdown: a step did not finish in time; going on without it", { step: what, timeout_ms: ms });
 }
 
 /**
@@ -44,19 +45,19 @@ export function onShutdown(log: Logger, backstopMs: number, graceful: (signal: s
   let stopping = false;
   const stop = (sig: string) => {
     if (stopping) {
-      log("warn", `second ${sig}: exiting now`);
+      log("warn", `second ${sig}: exiting now`, { signal: sig });
       process.exit(1);
     }
     stopping = true;
     // Not unref'd: it is what guarantees the exit.
     setTimeout(() => {
-      log("warn", `shutdown did not finish within ${backstopMs} ms of ${sig}: exiting now`);
+      log("warn", "shutdown did not finish in time: exiting now", { signal: sig, timeout_ms: backstopMs });
       process.exit(1);
     }, backstopMs);
     graceful(sig).then(
       () => process.exit(0),
       (e) => {
-        log("error", `shutdown failed: ${(e as Error).message}`);
+        log("error", "shutdown failed", { error: (e as Error).message });
         process.exit(1);
       },
     );

@@ -103,7 +103,7 @@ export class Tokenizers {
         timeoutMs: this.opts.tokenize.timeoutMs,
         backend: this.opts.tokenize.backend,
       },
-      (l, m) => this.log(l, m),
+      (l, m, f) => this.log(l, m, f),
     );
     return this.threads;
   }

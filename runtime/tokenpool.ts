@@ -86,7 +86,8 @@ export class TokenizerPool {
 
   constructor(
     readonly opts: PoolOptions,
-    private log: (level: "info" | "warn", msg: string) => void = () => undefined,
+    private log: (level: "info" | "warn", msg: string, fields?: Record<string, string | number>) => void = () =>
+      undefined,
   ) {
     for (let i = 0; i < opts.threads; i++) this.slots.push(this.spawn());
   }
@@ -114,7 +115,7 @@ export class TokenizerPool {
       this.done(slot, r);
     });
     worker.on("error", (e) => {
-      this.log("warn", `tokenizer thread failed: ${e.message}; replacing it`);
+      this.log("warn", "tokenizer thread failed; replacing it", { error: e.message });
       this.replace(slot, new Error("tokenizer thread failed: " + e.message));
     });
     return slot;
@@ -235,7 +236,10 @@ export class TokenizerPool {
           "timeout",
         ),
       );
-      this.log("warn", `tokenization of a ${p.job.text.length}-char prompt ran past ${ms} ms: thread replaced`);
+      this.log("warn", "tokenization ran past its time bound: thread replaced", {
+        chars: p.job.text.length,
+        timeout_ms: ms,
+      });
       this.replace(slot, null);
     } else {
       const i = slot.queue.indexOf(p);

@@ -7,6 +7,7 @@
 import * as http from "http";
 import * as crypto from "crypto";
 import * as zmq from "zeromq";
+import "./flags";
 import { KvPublisher } from "./kvpublisher";
 import { KvExtras } from "./kvextras";
 import { encode } from "@msgpack/msgpack";
@@ -85,7 +86,7 @@ export interface SimOptions {
   loraModules: string[];
 }
 
-/** Every flag at its table default (core/flags.ts), ignoring env and config files. */
+/** Every flag at its table default (sim/flags.ts, core/flags.ts), ignoring env and config files. */
 export function simDefaults(): SimOptions {
   return simOptionsFrom(parseCommand("sim", [], {}));
 }
@@ -795,7 +796,7 @@ function words(n: number): string {
 }
 
 /**
- * SimOptions from the shared CLI layer's parse (flags from core/flags.ts,
+ * SimOptions from the shared CLI layer's parse (flags from sim/flags.ts and core/flags.ts,
  * command line > INFERA_* env > --config file > table default). Flags the
  * table shares with other commands keep the simulator's own meaning here.
  */

@@ -212,7 +212,10 @@ export const register = {
   picker: (p: Picker) => {
     registry.pickers[p.name] = p;
   },
-  lifecycle: (l: LifecyclePlugin) => replace(registry.lifecycle, l),
+  lifecycle: (l: LifecyclePlugin) => {
+    replace(registry.lifecycle, l);
+    timedHooks = null;
+  },
   /** Shedders run in registration order; the first refusal answers. */
   shedder: (p: Shedder) => replace(registry.shedders, p),
   /** Admitters run in registration order, each once the one before has let the request go. */
@@ -222,11 +225,82 @@ export const register = {
 export function picker(name: string): Picker {
   const p = registry.pickers[name];
   if (!p) throw new Error("no picker registered as '" + name + "'");
-  return p;
+  return timer ? timedPicker(p) : p;
 }
 
 export function lifecyclePlugins(): LifecyclePlugin[] {
-  return registry.lifecycle;
+  return timer ? timedLifecycle() : registry.lifecycle;
+}
+
+/** What infera_router_plugin_duration_seconds{kind} calls a plugin. */
+export type PluginKind = "filter" | "data" | "scorer" | "picker" | "lifecycle";
+
+/**
+ * Times every plugin run: now() in milliseconds and an observer of (kind,
+ * plugin name, seconds). Core has no clock of its own, so the runtime sets one
+ * (performance.now into a histogram); unset (njs, simulations, benches) the
+ * pipeline runs untimed. One per process, like the registry.
+ */
+export interface PluginTimer {
+  now: () => number;
+  observe: (kind: PluginKind, plugin: string, seconds: number) => void;
+}
+
+let timer: PluginTimer | null = null;
+/** Each picker's timed wrapper, with the registered picker it wraps (re-registration replaces it). */
+let timedPickers: { [name: string]: { inner: Picker; timed: Picker } } = {};
+let timedHooks: LifecyclePlugin[] | null = null;
+
+/** Sets (or with null clears) the process's plugin timer. */
+export function setPluginTimer(t: PluginTimer | null): void {
+  timer = t;
+  timedPickers = {};
+  timedHooks = null;
+}
+
+function timedPicker(p: Picker): Picker {
+  const cached = timedPickers[p.name];
+  if (cached && cached.inner === p) return cached.timed;
+  const t = timer as PluginTimer;
+  const w: Picker = {
+    name: p.name,
+    pick: function (ctx, rows) {
+      const t0 = t.now();
+      const i = p.pick(ctx, rows);
+      t.observe("picker", p.name, (t.now() - t0) / 1000);
+      return i;
+    },
+  };
+  timedPickers[p.name] = { inner: p, timed: w };
+  return w;
+}
+
+function timedHook<A, B>(t: PluginTimer, name: string, f: (a: A, b: B) => void): (a: A, b: B) => void {
+  return function (a, b) {
+    const t0 = t.now();
+    try {
+      f(a, b);
+    } finally {
+      t.observe("lifecycle", name, (t.now() - t0) / 1000);
+    }
+  };
+}
+
+/** The lifecycle plugins with each hook timed; rebuilt when the timer or the registered lifecycle plugins change. */
+function timedLifecycle(): LifecyclePlugin[] {
+  if (timedHooks) return timedHooks;
+  const t = timer as PluginTimer;
+  const out: LifecyclePlugin[] = [];
+  for (let i = 0; i < registry.lifecycle.length; i++) {
+    const l = registry.lifecycle[i];
+    const w: LifecyclePlugin = { name: l.name };
+    if (l.preRequest) w.preRequest = timedHook(t, l.name, l.preRequest);
+    if (l.firstToken) w.firstToken = timedHook(t, l.name, l.firstToken);
+    if (l.complete) w.complete = timedHook(t, l.name, l.complete);
+    out.push(w);
+  }
+  timedHooks = out;
+  return out;
 }
 
 export function shedders(): Shedder[] {
@@ -259,12 +333,19 @@ export function scorerNames(): string[] {
  */
 export function runProfile(ctx: PickContext): Row[] {
   ctx.cycle = {};
+  const t = timer;
+  let t0 = 0;
   let pool = ctx.fleet;
   for (let i = 0; i < registry.filters.length; i++) {
     const f = registry.filters[i];
-    if (f.profiles.indexOf(ctx.profile) >= 0) pool = f.filter(ctx, pool);
+    if (f.profiles.indexOf(ctx.profile) < 0) continue;
+    if (t) t0 = t.now();
+    pool = f.filter(ctx, pool);
+    if (t) t.observe("filter", f.name, (t.now() - t0) / 1000);
   }
+  if (t) t0 = t.now();
   const rows = produce(ctx, pool);
+  if (t) t.observe("data", "candidate-data", (t.now() - t0) / 1000);
   if (!rows.length || ctx.config.policy !== "kv-aware") return rows;
   for (let i = 0; i < registry.scorers.length; i++) {
     const s = registry.scorers[i];
@@ -274,7 +355,9 @@ export function runProfile(ctx: PickContext): Row[] {
     const o = ctx.config.scorerWeights ? ctx.config.scorerWeights[s.name] : undefined;
     if (o !== undefined) w = o;
     if (!(w > 0)) continue;
+    if (t) t0 = t.now();
     const terms = s.score(ctx, rows);
+    if (t) t.observe("scorer", s.name, (t.now() - t0) / 1000);
     for (let j = 0; j < rows.length; j++) {
       rows[j].terms[s.name] = terms[j];
       rows[j].cost += w * terms[j];

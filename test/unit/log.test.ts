@@ -67,3 +67,19 @@ test("a failing loop logs once when it starts failing and once when it recovers;
     "capped, with jitter",
   );
 });
+
+test("text fields are logfmt: one-token values bare, others quoted so they cannot split or forge a field", () => {
+  const { lines, log } = capture("info", "text");
+  log("warn", "kv-events: cannot subscribe", {
+    worker: "w0",
+    error: "Invalid argument x=1",
+    n: 3,
+    ok: false,
+    empty: "",
+    nested: { a: 1 },
+  });
+  assert.match(
+    lines[0],
+    /^\S+Z warn kv-events: cannot subscribe worker=w0 error="Invalid argument x=1" n=3 ok=false empty="" nested="\{\\"a\\":1\}"\n$/,
+  );
+});

@@ -12,6 +12,7 @@ import * as path from "path";
 import { FLAGS, flagsFor, envName } from "../../core/flags";
 import { parseSimArgs, simDefaults, modelConfig } from "../../sim/engine";
 import { llama8bH100 } from "../../sim/model";
+import { SIM_FLAGS as SIM_FLAGS_TABLE } from "../../sim/flags";
 
 const ROOT = path.resolve(__dirname, "../..");
 
@@ -177,5 +178,28 @@ test("infera-gate sim: bad flags and busy ports end the process with one line na
     );
   } finally {
     holder.close();
+  }
+});
+
+test("the simulator's own flags live in sim/flags.ts: core/flags.ts (which njs bundles) holds only the shared ones", () => {
+  // A fresh process that loads core/flags.ts alone, as the njs bundle does.
+  const r = spawnSync(
+    process.execPath,
+    [
+      "--import",
+      "tsx",
+      "-e",
+      'console.log(JSON.stringify(require("./core/flags").flagsFor("sim").map((f) => f.name)))',
+    ],
+    { cwd: ROOT, encoding: "utf8", timeout: 30000 },
+  );
+  assert.equal(r.status, 0, r.stderr);
+  assert.deepEqual(JSON.parse(r.stdout), ["config", "block-size", "etcd-endpoint", "etcd-prefix", "role"]);
+  // With sim/flags.ts loaded (sim/engine.ts imports it) the simulator sees its whole table.
+  for (const f of SIM_FLAGS_TABLE) assert.ok(flagsFor("sim").includes(f), `--${f.name} joined the table`);
+  const bundle = path.join(ROOT, "njs/dist/infera.js");
+  if (fs.existsSync(bundle)) {
+    const code = fs.readFileSync(bundle, "utf8");
+    for (const f of SIM_FLAGS_TABLE) assert.ok(!code.includes(f.help), `the njs bundle does not carry --${f.name}`);
   }
 });

@@ -121,6 +121,8 @@ export interface PickResult {
     worker: EpochKey;
     tokens: number;
     running: number;
+    /** Its own prefill's attention work (latency.ts attentionWork). */
+    attention: number;
     start: number;
   } | null;
 }

@@ -1,11 +1,13 @@
 // Speed learning (core/latency.ts) as lifecycle hooks. After the pick: the
 // prefill work the request waits for on its worker (prefill queued there plus
-// its own uncached tokens), the requests already running there, and the time.
+// its own uncached tokens), its own prefill's attention over its cached
+// prefix, the requests already running there, and the time.
 // At the first token: one observation.
 // Disaggregated picks teach nothing (their first token also waits for the KV
 // transfer and the decode worker), nor do picks whose worker is not the one
 // that prefilled alone.
 import { LifecyclePlugin } from "../../framework";
+import { attentionWork } from "../../../latency";
 
 export const speedLearning: LifecyclePlugin = {
   name: "speed-learning",
@@ -20,11 +22,12 @@ export const speedLearning: LifecyclePlugin = {
       worker: result.prefill.worker.epochKey,
       tokens: d.pending * bs + own,
       running: d.held,
+      attention: attentionWork(own, Math.min(ctx.features.inputTokens, d.hits * bs)),
       start: ctx.now(),
     };
   },
   firstToken(result) {
     const t = result.timing;
-    if (t) t.model.observe(t.worker, t.tokens, t.running, t.now() - t.start);
+    if (t) t.model.observe(t.worker, t.tokens, t.running, t.now() - t.start, t.attention);
   },
 };

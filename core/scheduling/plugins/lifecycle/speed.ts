@@ -6,23 +6,32 @@
 // Disaggregated picks teach nothing (their first token also waits for the KV
 // transfer and the decode worker), nor do picks whose worker is not the one
 // that prefilled alone.
-import { LifecyclePlugin } from "../../framework";
+import { CandidateData, LifecyclePlugin, PickContext } from "../../framework";
 import { attentionWork } from "../../../latency";
+
+/** What the speed model reads for a request on a candidate: prefill tokens it waits for (its own included), running requests, its attention work. */
+export function ttftInputs(ctx: PickContext, d: CandidateData): { tokens: number; running: number; attention: number } {
+  const bs = ctx.config.blockSize;
+  const own = Math.max(0, ctx.features.inputTokens - d.hits * bs);
+  return {
+    tokens: d.pending * bs + own,
+    running: d.held,
+    attention: attentionWork(own, Math.min(ctx.features.inputTokens, d.hits * bs)),
+  };
+}
 
 export const speedLearning: LifecyclePlugin = {
   name: "speed-learning",
   preRequest(ctx, result) {
     if (!ctx.latency || result.decode || ctx.features.mediaHashes.length) return;
-    const d = result.prefill.data;
-    const bs = ctx.config.blockSize;
-    const own = Math.max(0, ctx.features.inputTokens - d.hits * bs);
+    const x = ttftInputs(ctx, result.prefill.data);
     result.timing = {
       model: ctx.latency,
       now: ctx.now,
       worker: result.prefill.worker.epochKey,
-      tokens: d.pending * bs + own,
-      running: d.held,
-      attention: attentionWork(own, Math.min(ctx.features.inputTokens, d.hits * bs)),
+      tokens: x.tokens,
+      running: x.running,
+      attention: x.attention,
       start: ctx.now(),
     };
   },

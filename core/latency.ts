@@ -78,7 +78,7 @@ const K = 4;
 /** A worker's factor reads its last WINDOW observations. */
 const WINDOW = 48;
 /** Pseudo-observations at factor 1 that a worker's own data must outweigh. */
-const PRIOR = 2;
+const PRIOR = 1;
 /** One observation moves a factor's log by at most ln 4 / its weight. */
 const MAX_LOG_RATIO = Math.log(4);
 /** Predictions of a few milliseconds are mostly fixed overheads: they weigh pred / (pred + SMALL_MS). */

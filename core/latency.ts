@@ -38,11 +38,15 @@ export interface LatencyModel {
   /**
    * One request's first token: the tokens of prefill work it waited for (its
    * own included), the requests running on the worker when it was sent, the
-   * time it took, and its own prefill's attention work (attentionWork(); 0 if unknown).
+   * time it took, its own prefill's attention work (attentionWork(); 0 if
+   * unknown), and of `tokens`, how many were other requests' queued prefill
+   * (0 if unknown): the router counts those per request, so a document two
+   * queued requests share counts twice and blocks half computed count whole,
+   * and the fit learns what a queued token costs apart from an own one.
    */
-  observe(ek: EpochKey, tokens: number, running: number, ms: number, attention?: number): void;
+  observe(ek: EpochKey, tokens: number, running: number, ms: number, attention?: number, queued?: number): void;
   /** Predicted time to first token; null before minSamples observations. */
-  predict(ek: EpochKey, tokens: number, running: number, attention?: number): number | null;
+  predict(ek: EpochKey, tokens: number, running: number, attention?: number, queued?: number): number | null;
   /** Learned milliseconds per prefill token; null before minSamples observations. */
   msPerToken(ek: EpochKey): number | null;
   /** Time per unit of work relative to the fleet median, per worker (1 = typical, unknown or within the dead band). */
@@ -73,8 +77,8 @@ export function attentionWork(own: number, cached: number): number {
   return own > 0 ? (own * (cached + own / 2)) / 1e6 : 0;
 }
 
-/** Features in the fit: 1, thousands of tokens, attention (attentionWork), running requests. */
-const K = 4;
+/** Features in the fit: 1, thousands of own tokens, attention (attentionWork), running requests, thousands of queued tokens. */
+const K = 5;
 /** A worker's factor reads its last WINDOW observations. */
 const WINDOW = 48;
 /** Pseudo-observations at factor 1 that a worker's own data must outweigh. */
@@ -83,11 +87,14 @@ const PRIOR = 1;
 const MAX_LOG_RATIO = Math.log(4);
 /** Predictions of a few milliseconds are mostly fixed overheads: they weigh pred / (pred + SMALL_MS). */
 const SMALL_MS = 50;
+/** Observations shorter than this weigh as if this long in the fit (timer and network jitter). */
+const MIN_MS = 10;
 /** slowness() stays within [1/MAX_SLOWNESS, MAX_SLOWNESS]. */
 const MAX_SLOWNESS = 8;
 
-function features(tokens: number, running: number, attention: number): number[] {
-  return [1, tokens / 1000, attention, running];
+function features(tokens: number, running: number, attention: number, queued: number): number[] {
+  const q = queued > 0 ? Math.min(queued, tokens) : 0;
+  return [1, (tokens - q) / 1000, attention, running, q / 1000];
 }
 
 /**
@@ -122,7 +129,8 @@ function solveSubset(xx: number[], xy: number[], use: boolean[]): number[] | nul
       for (let k = c; k <= n; k++) a[r][k] -= m * a[c][k];
     }
   }
-  const out: number[] = [0, 0, 0, 0];
+  const out: number[] = [];
+  for (let i = 0; i < K; i++) out.push(0);
   for (let i = 0; i < n; i++) out[idx[i]] = a[i][n] / a[i][i];
   return out;
 }
@@ -133,7 +141,8 @@ function solveSubset(xx: number[], xy: number[], use: boolean[]): number[] | nul
  * dropped and the rest refitted; failing that, time per token through the origin.
  */
 function solve(xx: number[], xy: number[]): number[] {
-  const use = [true, true, xx[2 * K + 2] > 0, xx[3 * K + 3] > 0];
+  const use: boolean[] = [];
+  for (let i = 0; i < K; i++) use.push(i < 2 || xx[i * K + i] > 0);
   for (let round = 0; round < K; round++) {
     const c = solveSubset(xx, xy, use);
     let worst = -1;
@@ -152,8 +161,10 @@ function solve(xx: number[], xy: number[]): number[] {
     if (worst === 1 || worst < 0) break;
     use[worst] = false;
   }
-  const xt = xy[1];
-  return [0, xx[K + 1] > 0 ? xt / xx[K + 1] : 0, 0, 0];
+  const out: number[] = [];
+  for (let i = 0; i < K; i++) out.push(0);
+  out[1] = xx[K + 1] > 0 ? xy[1] / xx[K + 1] : 0;
+  return out;
 }
 
 /** One worker's recent observations (a ring), enough to price them on any fleet fit. */
@@ -173,7 +184,8 @@ export function latencyModel(
   const decay = Math.pow(0.5, 1 / o.halfLife);
   const xx: number[] = [];
   for (let i = 0; i < K * K; i++) xx.push(0);
-  const xy: number[] = [0, 0, 0, 0];
+  const xy: number[] = [];
+  for (let i = 0; i < K; i++) xy.push(0);
   let fitted: number[] | null = null;
   const workers: { [ek: string]: Recent } = {};
   // Factors against the current fit, recomputed after each observation (the fit moves).
@@ -218,21 +230,25 @@ export function latencyModel(
     return v === undefined ? null : v;
   }
 
-  function predict(ek: EpochKey, tokens: number, running: number, attention?: number): number | null {
+  function predict(ek: EpochKey, tokens: number, running: number, attention?: number, queued?: number): number | null {
     const k = factor(ek);
-    return k === null || !fitted ? null : k * at(fitted, features(tokens, running, attention || 0));
+    return k === null || !fitted ? null : k * at(fitted, features(tokens, running, attention || 0, queued || 0));
   }
 
   return {
-    observe(ek, tokens, running, ms, attention) {
+    observe(ek, tokens, running, ms, attention, queued) {
       const att = attention || 0;
       if (!(ms >= 0 && tokens >= 0 && running >= 0 && att >= 0)) return;
       if (!isFinite(ms) || !isFinite(tokens) || !isFinite(running) || !isFinite(att)) return;
-      if (onObserve) onObserve(ek, predict(ek, tokens, running, att), ms);
-      const x = features(tokens, running, att);
+      if (onObserve) onObserve(ek, predict(ek, tokens, running, att, queued), ms);
+      const x = features(tokens, running, att, queued || 0);
+      // Each observation weighs 1 / its time: the fit minimises error relative
+      // to the time (what MAPE and a ranking by time care about), so the many
+      // short cached requests are not drowned by a few long cold ones.
+      const wt = 1 / Math.max(ms, MIN_MS);
       for (let i = 0; i < K; i++) {
-        xy[i] = xy[i] * decay + x[i] * ms;
-        for (let j = 0; j < K; j++) xx[i * K + j] = xx[i * K + j] * decay + x[i] * x[j];
+        xy[i] = xy[i] * decay + wt * x[i] * ms;
+        for (let j = 0; j < K; j++) xx[i * K + j] = xx[i * K + j] * decay + wt * x[i] * x[j];
       }
       fitted = solve(xx, xy);
       let f = workers[ek];

@@ -123,6 +123,8 @@ export interface PickResult {
     running: number;
     /** Its own prefill's attention work (latency.ts attentionWork). */
     attention: number;
+    /** Of tokens, other requests' queued prefill. */
+    queued: number;
     start: number;
   } | null;
 }

@@ -10,13 +10,17 @@ import { CandidateData, LifecyclePlugin, PickContext } from "../../framework";
 import { attentionWork } from "../../../latency";
 
 /** What the speed model reads for a request on a candidate: prefill tokens it waits for (its own included), running requests, its attention work. */
-export function ttftInputs(ctx: PickContext, d: CandidateData): { tokens: number; running: number; attention: number } {
+export function ttftInputs(
+  ctx: PickContext,
+  d: CandidateData,
+): { tokens: number; running: number; attention: number; queued: number } {
   const bs = ctx.config.blockSize;
   const own = Math.max(0, ctx.features.inputTokens - d.hits * bs);
   return {
     tokens: d.pending * bs + own,
     running: d.held,
     attention: attentionWork(own, Math.min(ctx.features.inputTokens, d.hits * bs)),
+    queued: d.pending * bs,
   };
 }
 
@@ -32,11 +36,12 @@ export const speedLearning: LifecyclePlugin = {
       tokens: x.tokens,
       running: x.running,
       attention: x.attention,
+      queued: x.queued,
       start: ctx.now(),
     };
   },
   firstToken(result) {
     const t = result.timing;
-    if (t) t.model.observe(t.worker, t.tokens, t.running, t.now() - t.start, t.attention);
+    if (t) t.model.observe(t.worker, t.tokens, t.running, t.now() - t.start, t.attention, t.queued);
   },
 };

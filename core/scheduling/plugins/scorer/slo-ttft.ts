@@ -23,7 +23,9 @@ export const sloTtftScorer: Scorer = {
     const slo = ctx.features.sloTtftMs || 0;
     for (let i = 0; i < rows.length; i++) {
       const x = ttftInputs(ctx, rows[i].data);
-      const p = ctx.latency ? ctx.latency.predict(rows[i].worker.epochKey, x.tokens, x.running, x.attention) : null;
+      const p = ctx.latency
+        ? ctx.latency.predict(rows[i].worker.epochKey, x.tokens, x.running, x.attention, x.queued)
+        : null;
       out.push(p === null || p <= slo ? 0 : MISS * (1 + p / slo));
     }
     return out;

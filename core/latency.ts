@@ -190,6 +190,7 @@ export function latencyModel(
   const workers: { [ek: string]: Recent } = {};
   // Factors against the current fit, recomputed after each observation (the fit moves).
   let factors: { [ek: string]: number } = {};
+  let errs: { [ek: string]: number } = {};
   let dirty = true;
 
   function at(c: number[], x: number[]): number {
@@ -198,9 +199,12 @@ export function latencyModel(
     return s;
   }
 
-  function factorOf(f: Recent, c: number[]): number | null {
+  /** The worker's factor, and in errs[ek] the standard error of its log. */
+  function factorOf(ek: string, f: Recent, c: number[]): number | null {
     let sw = 0;
     let sl = 0;
+    let sll = 0;
+    let sww = 0;
     const m = f.y.length;
     for (let i = 0; i < m; i++) {
       const p = at(c, f.x[i]);
@@ -210,9 +214,16 @@ export function latencyModel(
       else if (l < -MAX_LOG_RATIO) l = -MAX_LOG_RATIO;
       const w = p / (p + SMALL_MS);
       sw += w;
+      sww += w * w;
       sl += w * l;
+      sll += w * l * l;
     }
-    return sw > 0 ? Math.exp(sl / (sw + PRIOR)) : null;
+    if (!(sw > 0)) return null;
+    // Weighted variance of the log ratios over the effective sample size (sw^2 / sww).
+    const mean = sl / sw;
+    const v = Math.max(0, sll / sw - mean * mean);
+    errs[ek] = Math.sqrt((v * sww) / (sw * sw));
+    return Math.exp(sl / (sw + PRIOR));
   }
 
   function factor(ek: string): number | null {
@@ -220,8 +231,9 @@ export function latencyModel(
     if (!f || f.n < o.minSamples || !fitted) return null;
     if (dirty) {
       factors = {};
+      errs = {};
       for (const k in workers) {
-        const v = factorOf(workers[k], fitted);
+        const v = factorOf(k, workers[k], fitted);
         if (v !== null) factors[k] = v;
       }
       dirty = false;
@@ -291,7 +303,10 @@ export function latencyModel(
         let r = ks[ek] / mid;
         if (r > MAX_SLOWNESS) r = MAX_SLOWNESS;
         else if (r < 1 / MAX_SLOWNESS) r = 1 / MAX_SLOWNESS;
-        out[ek] = r > o.band || r < 1 / o.band ? r : 1;
+        // Outside the dead band, and by more than twice the factor's own
+        // standard error: a few noisy first tokens do not move a uniform fleet.
+        const d = Math.abs(Math.log(r));
+        out[ek] = d > Math.log(o.band) && d > 2 * (errs[ek] || 0) ? r : 1;
       }
       return out;
     },

@@ -17,13 +17,22 @@
 // A fresh router process per (policy, workload); engines' caches are cleared
 // (AllBlocksCleared) between runs.
 //
-// Usage: npm run bench:trace -- [--quick] [--no-warmup] [--no-floor] [--baseline REV] [--no-peers] [--only a,b] [--workloads trace,shared-prefix,...] [--extra 'label|--flag v;...']
+// --speeds 1,3,3,3 sets the fleet: one simulator per entry, each entry the
+// factor its every cost (sim/model.ts: step, prefill, attention, decode, KV
+// read) is multiplied by, so 3 is a worker three times slower. On a fleet whose
+// speeds differ the bench adds the oracle row: no router, each conversation
+// (shared-prefix: each document) pinned to one worker, workers taking
+// conversations in proportion to their speed. Routers that export the TTFT
+// prediction error (--speed-learning) get its mean (MAPE) in a column.
+//
+// Usage: npm run bench:trace -- [--quick] [--speeds 1,1,1,1] [--no-oracle] [--concurrency 4,16] [--no-warmup] [--no-floor] [--baseline REV] [--no-peers] [--only a,b] [--workloads trace,shared-prefix,...] [--extra 'label|--flag v;...']
 //        [--trace-every 60] [--trace-seconds 45] [--trace-max-output 256]
 //        [--time-scale 1] [--out bench/results/trace.md]
 import * as fs from "fs";
 import * as path from "path";
 import { execFileSync } from "child_process";
 import { sampleTrace, traceFile, traceIds } from "./mooncake";
+import { simDefaults } from "../sim/engine";
 import { baselineRouterEntry } from "./baseline";
 import {
   ROOT,
@@ -55,6 +64,25 @@ const traceEvery = Number(opt("--trace-every", quick ? "120" : "60"));
 const traceSeconds = Number(opt("--trace-seconds", quick ? "20" : "45"));
 const traceMaxOut = Number(opt("--trace-max-output", "256"));
 const TRACE = opt("--trace", "");
+const speeds = opt("--speeds", "1,1,1,1").split(",").map(Number);
+if (!speeds.length || speeds.some((x) => !(x > 0)))
+  throw new Error(`--speeds: positive factors, got ${opt("--speeds", "")}`);
+const mixed = speeds.some((x) => x !== speeds[0]);
+
+/** A simulator's cost flags with every cost multiplied by `slow`. */
+function speedArgs(slow: number): string[] {
+  if (slow === 1) return [];
+  const d = simDefaults();
+  const f = (name: string, v: number) => [`--${name}`, String(v * slow)];
+  return [
+    ...f("decode-ms-per-token", d.decodeMsPerToken),
+    ...f("prefill-us-per-token", d.prefillUsPerToken),
+    ...f("prefill-base-ms", d.prefillBaseMs),
+    ...f("prefill-attn-us-per-kctx", d.prefillAttnUsPerKCtx),
+    ...f("decode-us-per-seq", d.decodeUsPerSeq),
+    ...f("kv-read-us-per-ktoken", d.kvReadUsPerKToken),
+  ];
+}
 
 // ---------------------------------------------------------------- workloads
 
@@ -202,7 +230,9 @@ function workloads(): Workload[] {
   for (const [name, make] of synth) {
     if (!want.includes(name)) continue;
     const convs = make();
-    for (const c of quick ? [4] : [4, 16])
+    for (const c of opt("--concurrency", quick ? "4" : "4,16")
+      .split(",")
+      .map(Number))
       out.push({
         name: `${name} c=${c}`,
         concurrency: c,
@@ -291,7 +321,12 @@ async function send(base: string, r: Req): Promise<Result> {
   }
 }
 
-async function drive(base: string, w: Workload): Promise<{ results: Result[]; wallMs: number }> {
+/** base: one URL for every request, or where conversation `conv` (open loop: -1) sends `req`. */
+async function drive(
+  base: string | ((req: Req, conv: number) => string),
+  w: Workload,
+): Promise<{ results: Result[]; wallMs: number }> {
+  const to = (req: Req, conv: number) => (typeof base === "string" ? base : base(req, conv));
   const results: Result[] = [];
   const t0 = performance.now();
   if (w.timed) {
@@ -299,7 +334,7 @@ async function drive(base: string, w: Workload): Promise<{ results: Result[]; wa
       w.timed.map(async ({ at, req }) => {
         const wait = at / timeScale - (performance.now() - t0);
         if (wait > 0) await new Promise((r) => setTimeout(r, wait));
-        results.push(await send(base, req));
+        results.push(await send(to(req, -1), req));
       }),
     );
   } else {
@@ -333,7 +368,7 @@ async function drive(base: string, w: Workload): Promise<{ results: Result[]; wa
           continue;
         }
         busy.add(j.c);
-        results.push(await send(base, j.r));
+        results.push(await send(to(j.r, j.c), j.r));
         busy.delete(j.c);
         const ws = waiters;
         waiters = [];
@@ -350,6 +385,8 @@ async function drive(base: string, w: Workload): Promise<{ results: Result[]; wa
 interface Running {
   url: string;
   stop(): Promise<void>;
+  /** Sum and count of |predicted - observed| / observed TTFT the router exported so far. */
+  predictionError?(): Promise<{ sum: number; count: number }>;
 }
 interface Target {
   name: string;
@@ -376,6 +413,17 @@ function inferaTarget(name: string, args: string[], entry?: string): Target {
       await waitFor("router sees the fleet", async () => (await router.workers()).length === sims.length);
       return {
         url: envoy.url,
+        predictionError: async () => {
+          const m = await router.metrics();
+          let sum = 0;
+          let count = 0;
+          for (const l of m.split("\n")) {
+            const x = /^infera_router_ttft_prediction_error_ratio_(sum|count)\{[^}]*\} ([0-9.e+-]+)$/.exec(l);
+            if (x && x[1] === "sum") sum += Number(x[2]);
+            else if (x) count += Number(x[2]);
+          }
+          return { sum, count };
+        },
         stop: async () => {
           await envoy.proc.kill();
           await router.proc.kill();
@@ -501,6 +549,7 @@ interface Row {
   reqPerS: number;
   hit: number | null;
   spread: string;
+  mape?: number | null;
   skipped?: string;
   firstErr?: string;
 }
@@ -589,6 +638,34 @@ async function floor(sims: Sim[], w: Workload): Promise<Result[]> {
   return out;
 }
 
+/**
+ * The oracle on a mixed-speed fleet: no router; each conversation (open loop
+ * and shared-prefix: each prompt's first 2,000 characters, its document or
+ * conversation) pinned to one worker, keys dealt to workers in order of first
+ * appearance by smooth weighted round-robin on speed (1 / slowness), so a
+ * worker three times faster holds three times the conversations.
+ */
+function oracle(sims: Sim[], w: Workload): (req: Req, conv: number) => string {
+  const weight = speeds.map((x) => 1 / x);
+  const total = weight.reduce((a, b) => a + b, 0);
+  const credit = speeds.map(() => 0);
+  const pinned = new Map<string, number>();
+  const byPrompt = !!w.timed || w.name.startsWith("shared-prefix");
+  return (req, conv) => {
+    const key = byPrompt ? JSON.stringify(req.body.prompt ?? req.body.messages).slice(0, 2000) : String(conv);
+    let i = pinned.get(key);
+    if (i === undefined) {
+      for (let k = 0; k < credit.length; k++) credit[k] += weight[k];
+      i = credit.indexOf(Math.max(...credit));
+      credit[i] -= total;
+      pinned.set(key, i);
+    }
+    return `http://${sims[i].address}`;
+  };
+}
+
+const ORACLE = "oracle: no router, conversations pinned in proportion to worker speed";
+
 const FLOOR = "floor: each request alone, direct, its prefix cached (no router can average below it)";
 
 /** A table row from one run's results; wallMs null (the floor: one request at a time) leaves the rates out. */
@@ -624,13 +701,17 @@ async function main(): Promise<void> {
   const ws = workloads();
   const ts = targets();
   const simArgs = ["--stream-interval", "4", "--time-scale", String(timeScale), "--served-model-name", "sim-model"];
-  const mapPorts = await Promise.all([0, 1, 2, 3].map(() => freePort()));
+  const mapPorts = await Promise.all(speeds.map(() => freePort()));
   const sims = await Promise.all(
-    ["s0", "s1", "s2", "s3"].map((id, i) => startSim(id, [...simArgs, "--kv-events-map-port", String(mapPorts[i])])),
+    speeds.map((slow, i) =>
+      startSim(`s${i}`, [...simArgs, "--kv-events-map-port", String(mapPorts[i]), ...speedArgs(slow)]),
+    ),
   );
   const rows: Row[] = [];
   const log = (s: string) => process.stderr.write(s + "\n");
-  log(`fleet: ${sims.map((s) => s.address).join(" ")}; workloads: ${ws.map((w) => w.name).join(", ")}`);
+  log(
+    `fleet: ${sims.map((s, i) => `${s.address} x${speeds[i]}`).join(" ")}; workloads: ${ws.map((w) => w.name).join(", ")}`,
+  );
   const floors = new Map<string, Result[]>();
   for (const w of ws) {
     if (!flag("--no-floor")) {
@@ -642,6 +723,15 @@ async function main(): Promise<void> {
       }
       rows.push(summarize(w.name, FLOOR, floors.get(base)!, null, ""));
       log(`${w.name.padEnd(28)} ${"floor".padEnd(40)} ttft mean ${rows[rows.length - 1].ttftMean.toFixed(1)}`);
+    }
+    if (mixed && !flag("--no-oracle")) {
+      await clearFleet(sims);
+      const before = await simCounts(sims);
+      const { results, wallMs } = await drive(oracle(sims, w), w);
+      const after = await simCounts(sims);
+      const row = summarize(w.name, ORACLE, results, wallMs, after.map((a, i) => a - before[i]).join("/"));
+      rows.push(row);
+      log(`${w.name.padEnd(28)} ${"oracle".padEnd(40)} ttft mean ${row.ttftMean.toFixed(1)} spread ${row.spread}`);
     }
     for (const t of ts) {
       const skip = t.unavailable ?? t.cannot?.(w) ?? null;
@@ -668,10 +758,14 @@ async function main(): Promise<void> {
         await clearFleet(sims);
       }
       const before = await simCounts(sims);
+      const errBefore = r.predictionError ? await r.predictionError() : null;
       const { results, wallMs } = await drive(r.url, w);
       const after = await simCounts(sims);
+      const errAfter = r.predictionError ? await r.predictionError() : null;
       await r.stop();
       const row = summarize(w.name, t.name, results, wallMs, after.map((a, i) => a - before[i]).join("/"));
+      if (errBefore && errAfter && errAfter.count > errBefore.count)
+        row.mape = (errAfter.sum - errBefore.sum) / (errAfter.count - errBefore.count);
       rows.push(row);
       save(rows, ws); // a run cut short still leaves every finished row on disk
       log(
@@ -695,24 +789,24 @@ function save(rows: Row[], ws: Workload[]): string {
 function report(rows: Row[], ws: Workload[]): string {
   const f = (x: number, d = 1) => (Number.isFinite(x) ? x.toFixed(d) : "–");
   const lines = [
-    `Routing quality benchmark, ${new Date().toISOString()}, node ${process.version}; 4 simulators (Llama-3.1-8B / H100 cost model, --stream-interval 4, --time-scale ${timeScale})`,
+    `Routing quality benchmark, ${new Date().toISOString()}, node ${process.version}; ${speeds.length} simulators (Llama-3.1-8B / H100 cost model, --stream-interval 4, --time-scale ${timeScale}; cost multipliers ${speeds.join(",")})`,
     `command: npm run bench:trace -- ${argv.join(" ")}`.trimEnd(),
     "",
-    "| workload | router / policy | TTFT mean ms | p50 | p90 | RR/this (mean TTFT) | ITL ms | out tok/s | req/s | cache hit | requests per worker | errors |",
-    "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|",
+    "| workload | router / policy | TTFT mean ms | p50 | p90 | RR/this (mean TTFT) | ITL ms | out tok/s | req/s | cache hit | requests per worker | errors | TTFT MAPE |",
+    "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|",
   ];
   for (const w of ws) {
     const rr = rows.find((r) => r.workload === w.name && r.target === "infera-gate round-robin");
     for (const r of rows.filter((x) => x.workload === w.name)) {
       if (r.skipped) {
         lines.push(
-          `| ${r.workload} | ${r.target} | not run: ${r.skipped.replace(/\|/g, "/").replace(/\n/g, " ")} |||||||||||`,
+          `| ${r.workload} | ${r.target} | not run: ${r.skipped.replace(/\|/g, "/").replace(/\n/g, " ")} ||||||||||||`,
         );
         continue;
       }
       const ratio = rr && Number.isFinite(rr.ttftMean) ? rr.ttftMean / r.ttftMean : NaN;
       lines.push(
-        `| ${r.workload} | ${r.target} | ${f(r.ttftMean)} | ${f(r.ttftP50)} | ${f(r.ttftP90)} | ${f(ratio, 2)}x | ${f(r.itl, 2)} | ${f(r.tokPerS, 0)} | ${f(r.reqPerS, 2)} | ${r.hit === null ? "n/a" : (r.hit * 100).toFixed(1) + "%"} | ${r.spread} | ${r.errors} |`,
+        `| ${r.workload} | ${r.target} | ${f(r.ttftMean)} | ${f(r.ttftP50)} | ${f(r.ttftP90)} | ${f(ratio, 2)}x | ${f(r.itl, 2)} | ${f(r.tokPerS, 0)} | ${f(r.reqPerS, 2)} | ${r.hit === null ? "n/a" : (r.hit * 100).toFixed(1) + "%"} | ${r.spread} | ${r.errors} | ${r.mape == null ? "–" : (r.mape * 100).toFixed(1) + "%"} |`,
       );
     }
   }
@@ -722,8 +816,8 @@ function report(rows: Row[], ws: Workload[]): string {
   // is out of any router's reach where best peer / 1.2 is below the floor.
   lines.push(
     "",
-    `| workload | default mean TTFT ms | round-robin | RR / default | best peer (mean ms) | best peer / default | floor ms | floor / default | 1.2x the best peer reachable (best peer / 1.2 >= floor) |${baseRev ? ` ${baseRev} / default |` : ""}`,
-    `|---|---:|---:|---:|---|---:|---:|---:|---|${baseRev ? "---:|" : ""}`,
+    `| workload | default mean TTFT ms | round-robin | RR / default | best peer (mean ms) | best peer / default | floor ms | floor / default | 1.2x the best peer reachable (best peer / 1.2 >= floor) |${baseRev ? ` ${baseRev} / default |` : ""}${mixed ? " default / oracle |" : ""}`,
+    `|---|---:|---:|---:|---|---:|---:|---:|---|${baseRev ? "---:|" : ""}${mixed ? "---:|" : ""}`,
   );
   for (const w of ws) {
     const ok = rows.filter((r) => r.workload === w.name && !r.skipped && Number.isFinite(r.ttftMean));
@@ -734,6 +828,7 @@ function report(rows: Row[], ws: Workload[]): string {
     const base = ok.find((r) => r.target === BASELINE);
     const x = (r: Row | undefined) => (r ? `${f(r.ttftMean / d.ttftMean, 2)}x` : "–");
     const fl = ok.find((r) => r.target === FLOOR);
+    const orc = ok.find((r) => r.target === ORACLE);
     const reach =
       fl && peer
         ? peer.ttftMean / 1.2 >= fl.ttftMean
@@ -741,7 +836,7 @@ function report(rows: Row[], ws: Workload[]): string {
           : `no: ${f(peer.ttftMean / 1.2)} < ${f(fl.ttftMean)}`
         : "–";
     lines.push(
-      `| ${w.name} | ${f(d.ttftMean)} | ${rr ? f(rr.ttftMean) : "–"} | ${x(rr)} | ${peer ? `${peer.target} (${f(peer.ttftMean)})` : "–"} | ${x(peer)} | ${fl ? f(fl.ttftMean) : "–"} | ${x(fl)} | ${reach} |${baseRev ? ` ${x(base)} |` : ""}`,
+      `| ${w.name} | ${f(d.ttftMean)} | ${rr ? f(rr.ttftMean) : "–"} | ${x(rr)} | ${peer ? `${peer.target} (${f(peer.ttftMean)})` : "–"} | ${x(peer)} | ${fl ? f(fl.ttftMean) : "–"} | ${x(fl)} | ${reach} |${baseRev ? ` ${x(base)} |` : ""}${mixed ? ` ${orc ? f(d.ttftMean / orc.ttftMean, 2) + "x" : "–"} |` : ""}`,
     );
   }
   return lines.join("\n") + "\n";

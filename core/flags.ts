@@ -294,11 +294,11 @@ export const FLAGS: FlagSpec[] = [
   {
     name: "speed-learning",
     kind: "enum",
-    def: "off",
+    def: "on",
     choices: ["on", "off"],
     commands: ["router"],
     routerKey: "speedLearning",
-    help: "learn each worker's prefill speed from its first tokens and price its work in time (a worker twice as fast costs half); for fleets that mix hardware; Envoy path",
+    help: "learn each worker's prefill speed from its first tokens and price its work in time (a worker twice as fast costs half; a uniform fleet prices as with off); Envoy path",
   },
   {
     name: "max-session-id-bytes",

@@ -1,16 +1,30 @@
 // Each worker's speed, learned online from what the router already sees: a
 // request's time from dispatch to its first token, against the prefill work
 // ahead of it on that worker (prefill queued there at dispatch plus its own
-// uncached tokens) and the requests already running there. No sidecar, no
-// training service, no assumption that workers share a shape.
+// uncached tokens), the attention its own prefill does over its context, and
+// the requests already running there. No sidecar, no training service, no
+// assumption that workers share a shape.
 //
 // Two levels, because one worker's first handful of requests cannot pin a
-// line down: a fleet-wide exponentially weighted least-squares line
-// ttft = base + perToken * tokens + perRunning * running, fitted on every
-// worker's observations, and per worker one factor, its observed times over
-// what the fleet line predicts for the same requests, shrunk toward 1 by a
-// pseudo-observation. A worker's prediction is its factor times the
-// fleet line.
+// model down: a fleet-wide exponentially weighted least-squares fit
+//   ttft = base + perToken * tokens + perAttention * attention + perRunning * running
+// on every worker's observations (a term whose coefficient comes out negative
+// is dropped and the rest refitted), and per worker one factor: the geometric
+// mean of its observed times over what the fleet fit predicts for the same
+// requests, over its last WINDOW observations, shrunk toward 1 by PRIOR
+// pseudo-observations. A worker's prediction is its factor times the fleet fit.
+//
+// Why these choices (docs/benchmarks/2026-12-05-mixed-speed.md has the
+// measurement): on a uniform fleet the first model (a line in tokens and
+// running, a factor as the ratio of sums) read load and prompt mix as speed.
+// Prefill attention grows with the square of a long prompt, so a worker whose
+// conversations were long looked slow and one serving short cached turns looked
+// fast; a ratio of sums let one long request swing a factor; and an unbounded
+// factor below 1 pulled every request to the worker that looked fast. Now:
+// the attention term fits long prompts; each observation's log ratio is
+// clamped (one outlier moves a factor by at most a bounded step) and weighted
+// down when the prediction is a few milliseconds (fixed overheads dominate
+// it); and slowness() is bounded.
 //
 // The router's costs count work in blocks; slowness() turns work into time:
 // a worker's factor over the median factor of the candidates. Until a worker
@@ -23,12 +37,16 @@ import { EpochKey } from "./types";
 export interface LatencyModel {
   /**
    * One request's first token: the tokens of prefill work it waited for (its
-   * own included), the requests running on the worker when it was sent, and
-   * the time it took.
+   * own included), the requests running on the worker when it was sent, the
+   * time it took, its own prefill's attention work (attentionWork(); 0 if
+   * unknown), and of `tokens`, how many were other requests' queued prefill
+   * (0 if unknown): the router counts those per request, so a document two
+   * queued requests share counts twice and blocks half computed count whole,
+   * and the fit learns what a queued token costs apart from an own one.
    */
-  observe(ek: EpochKey, tokens: number, running: number, ms: number): void;
+  observe(ek: EpochKey, tokens: number, running: number, ms: number, attention?: number, queued?: number): void;
   /** Predicted time to first token; null before minSamples observations. */
-  predict(ek: EpochKey, tokens: number, running: number): number | null;
+  predict(ek: EpochKey, tokens: number, running: number, attention?: number, queued?: number): number | null;
   /** Learned milliseconds per prefill token; null before minSamples observations. */
   msPerToken(ek: EpochKey): number | null;
   /** Time per unit of work relative to the fleet median, per worker (1 = typical, unknown or within the dead band). */
@@ -38,9 +56,9 @@ export interface LatencyModel {
 }
 
 export interface LatencyOptions {
-  /** Observations after which an old one weighs half. */
+  /** Observations after which an old one weighs half in the fleet fit. */
   halfLife: number;
-  /** Observations before a worker's own line is used. */
+  /** Observations before a worker's own factor is used. */
   minSamples: number;
   /** Ratios within [1/band, band] of the median count as 1. */
   band: number;
@@ -50,60 +68,111 @@ export function defaultLatencyOptions(): LatencyOptions {
   return { halfLife: 64, minSamples: 3, band: 1.35 };
 }
 
-/** Exponentially weighted sums of the normal equations for ms = base + perToken * tokens + perRunning * running. */
-interface Fit {
-  n: number;
-  w: number;
-  t: number;
-  r: number;
-  tt: number;
-  tr: number;
-  rr: number;
-  y: number;
-  ty: number;
-  ry: number;
+/**
+ * A request's own prefill attention work: each of its `own` uncached tokens
+ * attends to the `cached` tokens before it and, on average, half of its own.
+ * In millions of token pairs.
+ */
+export function attentionWork(own: number, cached: number): number {
+  return own > 0 ? (own * (cached + own / 2)) / 1e6 : 0;
 }
 
-interface Line {
-  base: number;
-  perToken: number;
-  perRunning: number;
-}
+/** Features in the fit: 1, thousands of own tokens, attention (attentionWork), running requests, thousands of queued tokens. */
+const K = 5;
+/** A worker's factor reads its last WINDOW observations. */
+const WINDOW = 48;
+/** Pseudo-observations at factor 1 that a worker's own data must outweigh. */
+const PRIOR = 1;
+/** One observation moves a factor's log by at most ln 4 / its weight. */
+const MAX_LOG_RATIO = Math.log(4);
+/** Predictions of a few milliseconds are mostly fixed overheads: they weigh pred / (pred + SMALL_MS). */
+const SMALL_MS = 50;
+/** Observations shorter than this weigh as if this long in the fit (timer and network jitter). */
+const MIN_MS = 10;
+/** slowness() stays within [1/MAX_SLOWNESS, MAX_SLOWNESS]. */
+const MAX_SLOWNESS = 8;
 
-function det3(a: number[]): number {
-  return a[0] * (a[4] * a[8] - a[5] * a[7]) - a[1] * (a[3] * a[8] - a[5] * a[6]) + a[2] * (a[3] * a[7] - a[4] * a[6]);
+function features(tokens: number, running: number, attention: number, queued: number): number[] {
+  const q = queued > 0 ? Math.min(queued, tokens) : 0;
+  return [1, (tokens - q) / 1000, attention, running, q / 1000];
 }
 
 /**
- * The least-squares line, falling back to fewer terms where the data cannot
- * tell them apart or a term comes out negative: without running requests, then
- * through the origin (every prompt alike has no slope of its own).
+ * Least squares on the weighted normal equations (xx: K*K row-major, xy: K)
+ * over the features in `use`; null when singular. Gaussian elimination with
+ * partial pivoting.
  */
-function solve(f: Fit): Line {
-  const m = [f.w, f.t, f.r, f.t, f.tt, f.tr, f.r, f.tr, f.rr];
-  const d = det3(m);
-  if (Math.abs(d) > 1e-9 * f.w * f.tt * (f.rr + 1)) {
-    const b = det3([f.y, f.t, f.r, f.ty, f.tt, f.tr, f.ry, f.tr, f.rr]) / d;
-    const a = det3([f.w, f.y, f.r, f.t, f.ty, f.tr, f.r, f.ry, f.rr]) / d;
-    const c = det3([f.w, f.t, f.y, f.t, f.tt, f.ty, f.r, f.tr, f.ry]) / d;
-    if (a > 0 && b >= 0 && c >= 0) return { base: b, perToken: a, perRunning: c };
+function solveSubset(xx: number[], xy: number[], use: boolean[]): number[] | null {
+  const idx: number[] = [];
+  for (let i = 0; i < K; i++) if (use[i]) idx.push(i);
+  const n = idx.length;
+  if (!n) return null;
+  const a: number[][] = [];
+  for (let i = 0; i < n; i++) {
+    const row: number[] = [];
+    for (let j = 0; j < n; j++) row.push(xx[idx[i] * K + idx[j]]);
+    row.push(xy[idx[i]]);
+    a.push(row);
   }
-  const den = f.w * f.tt - f.t * f.t;
-  if (den > 1e-9 * f.w * f.tt) {
-    const a = (f.w * f.ty - f.t * f.y) / den;
-    const b = (f.y - a * f.t) / f.w;
-    if (a > 0 && b >= 0) return { base: b, perToken: a, perRunning: 0 };
+  for (let c = 0; c < n; c++) {
+    let p = c;
+    for (let r = c + 1; r < n; r++) if (Math.abs(a[r][c]) > Math.abs(a[p][c])) p = r;
+    const scale = Math.abs(xx[idx[c] * K + idx[c]]);
+    if (!(Math.abs(a[p][c]) > 1e-10 * (scale + 1e-300))) return null;
+    const t = a[c];
+    a[c] = a[p];
+    a[p] = t;
+    for (let r = 0; r < n; r++) {
+      if (r === c) continue;
+      const m = a[r][c] / a[c][c];
+      if (m === 0) continue;
+      for (let k = c; k <= n; k++) a[r][k] -= m * a[c][k];
+    }
   }
-  return { base: 0, perToken: f.t > 0 ? f.y / f.t : 0, perRunning: 0 };
+  const out: number[] = [];
+  for (let i = 0; i < K; i++) out.push(0);
+  for (let i = 0; i < n; i++) out[idx[i]] = a[i][n] / a[i][i];
+  return out;
 }
 
-/** One worker's exponentially weighted sums: enough to price its requests on any fleet line, since the line is linear. */
-interface Factor {
+/**
+ * The fit with every coefficient non-negative and a positive per-token one:
+ * a term that comes out negative (the data cannot tell it from the others) is
+ * dropped and the rest refitted; failing that, time per token through the origin.
+ */
+function solve(xx: number[], xy: number[]): number[] {
+  const use: boolean[] = [];
+  for (let i = 0; i < K; i++) use.push(i < 2 || xx[i * K + i] > 0);
+  for (let round = 0; round < K; round++) {
+    const c = solveSubset(xx, xy, use);
+    let worst = -1;
+    if (c) {
+      for (let i = 0; i < K; i++) if (use[i] && c[i] < 0 && (worst < 0 || c[i] < c[worst])) worst = i;
+      if (worst < 0 && c[1] > 0) return c;
+      if (worst < 0) worst = 1;
+    } else {
+      // Singular: drop the last term still in.
+      for (let i = K - 1; i >= 0; i--)
+        if (use[i] && i !== 1) {
+          worst = i;
+          break;
+        }
+    }
+    if (worst === 1 || worst < 0) break;
+    use[worst] = false;
+  }
+  const out: number[] = [];
+  for (let i = 0; i < K; i++) out.push(0);
+  out[1] = xx[K + 1] > 0 ? xy[1] / xx[K + 1] : 0;
+  return out;
+}
+
+/** One worker's recent observations (a ring), enough to price them on any fleet fit. */
+interface Recent {
   n: number;
-  w: number;
-  t: number;
-  r: number;
-  y: number;
+  x: number[][];
+  y: number[];
+  next: number;
 }
 
 /** onObserve: each observation with what the model predicted for it beforehand (null: not learned yet). */
@@ -113,58 +182,104 @@ export function latencyModel(
 ): LatencyModel {
   const o = opts || defaultLatencyOptions();
   const decay = Math.pow(0.5, 1 / o.halfLife);
-  // A pseudo-observation at factor 1 that a worker's own data must outweigh.
-  const PRIOR = 1;
-  const fleet: Fit = { n: 0, w: 0, t: 0, r: 0, tt: 0, tr: 0, rr: 0, y: 0, ty: 0, ry: 0 };
-  const workers: { [ek: string]: Factor } = {};
-  let line: Line | null = null;
+  const xx: number[] = [];
+  for (let i = 0; i < K * K; i++) xx.push(0);
+  const xy: number[] = [];
+  for (let i = 0; i < K; i++) xy.push(0);
+  let fitted: number[] | null = null;
+  const workers: { [ek: string]: Recent } = {};
+  // Factors against the current fit, recomputed after each observation (the fit moves).
+  let factors: { [ek: string]: number } = {};
+  let errs: { [ek: string]: number } = {};
+  let dirty = true;
 
-  function at(l: Line, tokens: number, running: number): number {
-    return l.base + l.perToken * tokens + l.perRunning * running;
+  function at(c: number[], x: number[]): number {
+    let s = 0;
+    for (let i = 0; i < K; i++) s += c[i] * x[i];
+    return s;
   }
 
-  // The worker's observed time over what today's fleet line predicts for the same requests.
+  /** The worker's factor, and in errs[ek] the standard error of its log. */
+  function factorOf(ek: string, f: Recent, c: number[]): number | null {
+    let sw = 0;
+    let sl = 0;
+    let sll = 0;
+    let sww = 0;
+    const m = f.y.length;
+    for (let i = 0; i < m; i++) {
+      const p = at(c, f.x[i]);
+      if (!(p > 0) || !(f.y[i] > 0)) continue;
+      let l = Math.log(f.y[i] / p);
+      if (l > MAX_LOG_RATIO) l = MAX_LOG_RATIO;
+      else if (l < -MAX_LOG_RATIO) l = -MAX_LOG_RATIO;
+      const w = p / (p + SMALL_MS);
+      sw += w;
+      sww += w * w;
+      sl += w * l;
+      sll += w * l * l;
+    }
+    if (!(sw > 0)) return null;
+    // Weighted variance of the log ratios over the effective sample size (sw^2 / sww).
+    const mean = sl / sw;
+    const v = Math.max(0, sll / sw - mean * mean);
+    errs[ek] = Math.sqrt((v * sww) / (sw * sw));
+    return Math.exp(sl / (sw + PRIOR));
+  }
+
   function factor(ek: string): number | null {
     const f = workers[ek];
-    if (!f || f.n < o.minSamples || !line) return null;
-    const predicted = line.base * f.w + line.perToken * f.t + line.perRunning * f.r;
-    if (!(predicted > 0)) return null;
-    const prior = (PRIOR * predicted) / f.w;
-    return (f.y + prior) / (predicted + prior);
+    if (!f || f.n < o.minSamples || !fitted) return null;
+    if (dirty) {
+      factors = {};
+      errs = {};
+      for (const k in workers) {
+        const v = factorOf(k, workers[k], fitted);
+        if (v !== null) factors[k] = v;
+      }
+      dirty = false;
+    }
+    const v = factors[ek];
+    return v === undefined ? null : v;
   }
 
-  function predict(ek: EpochKey, tokens: number, running: number): number | null {
+  function predict(ek: EpochKey, tokens: number, running: number, attention?: number, queued?: number): number | null {
     const k = factor(ek);
-    return k === null || !line ? null : k * at(line, tokens, running);
+    return k === null || !fitted ? null : k * at(fitted, features(tokens, running, attention || 0, queued || 0));
   }
 
   return {
-    observe(ek, tokens, running, ms) {
-      if (!(ms >= 0 && tokens >= 0 && running >= 0) || !isFinite(ms) || !isFinite(tokens) || !isFinite(running)) return;
-      if (onObserve) onObserve(ek, predict(ek, tokens, running), ms);
-      fleet.n++;
-      fleet.w = fleet.w * decay + 1;
-      fleet.t = fleet.t * decay + tokens;
-      fleet.r = fleet.r * decay + running;
-      fleet.tt = fleet.tt * decay + tokens * tokens;
-      fleet.tr = fleet.tr * decay + tokens * running;
-      fleet.rr = fleet.rr * decay + running * running;
-      fleet.y = fleet.y * decay + ms;
-      fleet.ty = fleet.ty * decay + tokens * ms;
-      fleet.ry = fleet.ry * decay + running * ms;
-      line = solve(fleet);
+    observe(ek, tokens, running, ms, attention, queued) {
+      const att = attention || 0;
+      if (!(ms >= 0 && tokens >= 0 && running >= 0 && att >= 0)) return;
+      if (!isFinite(ms) || !isFinite(tokens) || !isFinite(running) || !isFinite(att)) return;
+      if (onObserve) onObserve(ek, predict(ek, tokens, running, att, queued), ms);
+      const x = features(tokens, running, att, queued || 0);
+      // Each observation weighs 1 / its time: the fit minimises error relative
+      // to the time (what MAPE and a ranking by time care about), so the many
+      // short cached requests are not drowned by a few long cold ones.
+      const wt = 1 / Math.max(ms, MIN_MS);
+      for (let i = 0; i < K; i++) {
+        xy[i] = xy[i] * decay + wt * x[i] * ms;
+        for (let j = 0; j < K; j++) xx[i * K + j] = xx[i * K + j] * decay + wt * x[i] * x[j];
+      }
+      fitted = solve(xx, xy);
       let f = workers[ek];
-      if (!f) f = workers[ek] = { n: 0, w: 0, t: 0, r: 0, y: 0 };
+      if (!f) f = workers[ek] = { n: 0, x: [], y: [], next: 0 };
       f.n++;
-      f.w = f.w * decay + 1;
-      f.t = f.t * decay + tokens;
-      f.r = f.r * decay + running;
-      f.y = f.y * decay + ms;
+      if (f.y.length < WINDOW) {
+        f.x.push(x);
+        f.y.push(ms);
+      } else {
+        f.x[f.next] = x;
+        f.y[f.next] = ms;
+        f.next = (f.next + 1) % WINDOW;
+      }
+      dirty = true;
     },
     predict: predict,
     msPerToken(ek) {
       const k = factor(ek);
-      return k === null || !line ? null : k * line.perToken;
+      return k === null || !fitted ? null : (k * fitted[1]) / 1000;
     },
     slowness(eks) {
       const out: { [ek: string]: number } = {};
@@ -185,8 +300,13 @@ export function latencyModel(
       const mid =
         known.length % 2 ? known[(known.length - 1) / 2] : (known[known.length / 2 - 1] + known[known.length / 2]) / 2;
       for (const ek in ks) {
-        const r = ks[ek] / mid;
-        out[ek] = r > o.band || r < 1 / o.band ? r : 1;
+        let r = ks[ek] / mid;
+        if (r > MAX_SLOWNESS) r = MAX_SLOWNESS;
+        else if (r < 1 / MAX_SLOWNESS) r = 1 / MAX_SLOWNESS;
+        // Outside the dead band, and by more than twice the factor's own
+        // standard error: a few noisy first tokens do not move a uniform fleet.
+        const d = Math.abs(Math.log(r));
+        out[ek] = d > Math.log(o.band) && d > 2 * (errs[ek] || 0) ? r : 1;
       }
       return out;
     },
@@ -195,6 +315,7 @@ export function latencyModel(
     },
     forget(ek) {
       delete workers[ek];
+      dirty = true;
     },
   };
 }

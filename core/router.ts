@@ -54,7 +54,7 @@ export function defaultConfig(): RouterConfig {
     mmLruSize: 256,
     kvTierWeights: defaultTierWeights(),
     scorerWeights: {},
-    speedLearning: "off",
+    speedLearning: "on",
   };
 }
 

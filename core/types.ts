@@ -81,6 +81,8 @@ export interface Features {
   n: number;
   /** The request's `model`: only workers serving it are eligible (core/models.ts). */
   model?: string;
+  /** Target time to first token (x-slo-ttft-ms, trusted objective headers only); absent or 0: none. */
+  sloTtftMs?: number;
 }
 
 /** One held piece of load; released exactly once. Plain data, so njs can keep it in a shared dict between phases. */

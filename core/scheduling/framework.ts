@@ -123,6 +123,10 @@ export interface PickResult {
     worker: EpochKey;
     tokens: number;
     running: number;
+    /** Its own prefill's attention work (latency.ts attentionWork). */
+    attention: number;
+    /** Of tokens, other requests' queued prefill. */
+    queued: number;
     start: number;
   } | null;
 }

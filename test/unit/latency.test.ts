@@ -2,7 +2,7 @@
 // first tokens alone, typical until it knows, still on a uniform fleet.
 import { test } from "node:test";
 import * as assert from "node:assert/strict";
-import { latencyModel } from "../../core/latency";
+import { attentionWork, latencyModel } from "../../core/latency";
 import { createRouter, defaultConfig } from "../../core/router";
 import { memoryState } from "../../core/state/memory";
 import { BlockHash, EpochKey } from "../../core/types";
@@ -98,4 +98,60 @@ test("the pick prices work in time: a cold prompt goes to the fast worker even w
     busy.reservation.finish();
     cold.reservation.finish();
   }
+});
+
+/**
+ * A vLLM-like first token: linear layers per token, attention over the context
+ * (quadratic in a long prompt), a step cost per running request; times k.
+ */
+function attnEngine(k: number) {
+  return (own: number, cached: number, running: number) =>
+    k * (6 + 0.035 * own + (0.001 * own * (cached + own / 2)) / 1000 + 1.5 * running);
+}
+
+test("uniform fleet, uneven prompt lengths: every worker typical, and each predicts any length within 10%", () => {
+  const m = latencyModel();
+  const f = attnEngine(1);
+  // Worker a holds the long documents (30k-60k tokens, computed cold), b the short cached turns, c and d a mix.
+  for (let i = 0; i < 120; i++) {
+    const long = 30000 + ((i * 7919) % 30000);
+    const short = 200 + ((i * 613) % 1500);
+    const mid = 2000 + ((i * 131) % 8000);
+    const obs: [string, number, number, number][] = [
+      ["a", long, 0, i % 3],
+      ["b", short, 8000, 4 + (i % 5)],
+      ["c", mid, (i % 2) * 4000, i % 6],
+      ["d", i % 2 ? long / 2 : short, 2000, 2],
+    ];
+    for (const [id, own, cached, running] of obs)
+      m.observe(ek(id), own, running, f(own, cached, running), attentionWork(own, cached));
+  }
+  assert.deepEqual(m.slowness(["a", "b", "c", "d"].map(ek)), { a: 1, b: 1, c: 1, d: 1 });
+  // Any worker's prediction for any length, from the fleet fit: a long prompt on b, a short one on a.
+  for (const [id, own, cached] of [
+    ["b", 50000, 0],
+    ["a", 800, 8000],
+    ["c", 20000, 4000],
+  ] as const) {
+    const p = m.predict(ek(id), own, 1, attentionWork(own, cached))!;
+    const truth = f(own, cached, 1);
+    assert.ok(Math.abs(p - truth) / truth < 0.1, `${own} tokens on ${id}: predicted ${p}, took ${truth}`);
+  }
+});
+
+test("one outlier moves a factor a bounded step; slowness stays within [1/8, 8]", () => {
+  const m = latencyModel();
+  const f = attnEngine(1);
+  for (let i = 0; i < 40; i++)
+    for (const id of ["a", "b", "c"]) {
+      const own = 1000 + ((i * 997 + id.charCodeAt(0)) % 3000);
+      m.observe(ek(id), own, 1, f(own, 0, 1), attentionWork(own, 0));
+    }
+  // One request on a stalls 100x (a GC pause, a hiccup): a stays typical.
+  m.observe(ek("a"), 2000, 1, 100 * f(2000, 0, 1), attentionWork(2000, 0));
+  assert.equal(m.slowness(["a", "b", "c"].map(ek)).a, 1);
+  // A worker that is 20x slower on every request reads as slow, but bounded.
+  for (let i = 0; i < 48; i++) m.observe(ek("z"), 2000, 1, 20 * f(2000, 0, 1), attentionWork(2000, 0));
+  const s = m.slowness(["a", "b", "c", "z"].map(ek));
+  assert.ok(s.z > 3 && s.z <= 8, `z ${s.z}`);
 });

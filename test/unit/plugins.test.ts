@@ -364,6 +364,7 @@ test("policies and scorers come from the registry: unknown names fail at start, 
     "prefix-overlap",
     "queued-prefill",
     "queued-shared",
+    "slo-ttft",
   ]);
   assert.throws(
     () => parseCommand("router", ["--scorer-weights", "prefix-overlp=0"], {}),

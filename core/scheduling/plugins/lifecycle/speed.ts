@@ -1,30 +1,47 @@
 // Speed learning (core/latency.ts) as lifecycle hooks. After the pick: the
 // prefill work the request waits for on its worker (prefill queued there plus
-// its own uncached tokens), the requests already running there, and the time.
+// its own uncached tokens), its own prefill's attention over its cached
+// prefix, the requests already running there, and the time.
 // At the first token: one observation.
 // Disaggregated picks teach nothing (their first token also waits for the KV
 // transfer and the decode worker), nor do picks whose worker is not the one
 // that prefilled alone.
-import { LifecyclePlugin } from "../../framework";
+import { CandidateData, LifecyclePlugin, PickContext } from "../../framework";
+import { attentionWork } from "../../../latency";
+
+/** What the speed model reads for a request on a candidate: prefill tokens it waits for (its own included), running requests, its attention work. */
+export function ttftInputs(
+  ctx: PickContext,
+  d: CandidateData,
+): { tokens: number; running: number; attention: number; queued: number } {
+  const bs = ctx.config.blockSize;
+  const own = Math.max(0, ctx.features.inputTokens - d.hits * bs);
+  return {
+    tokens: d.pending * bs + own,
+    running: d.held,
+    attention: attentionWork(own, Math.min(ctx.features.inputTokens, d.hits * bs)),
+    queued: d.pending * bs,
+  };
+}
 
 export const speedLearning: LifecyclePlugin = {
   name: "speed-learning",
   preRequest(ctx, result) {
     if (!ctx.latency || result.decode || ctx.features.mediaHashes.length) return;
-    const d = result.prefill.data;
-    const bs = ctx.config.blockSize;
-    const own = Math.max(0, ctx.features.inputTokens - d.hits * bs);
+    const x = ttftInputs(ctx, result.prefill.data);
     result.timing = {
       model: ctx.latency,
       now: ctx.now,
       worker: result.prefill.worker.epochKey,
-      tokens: d.pending * bs + own,
-      running: d.held,
+      tokens: x.tokens,
+      running: x.running,
+      attention: x.attention,
+      queued: x.queued,
       start: ctx.now(),
     };
   },
   firstToken(result) {
     const t = result.timing;
-    if (t) t.model.observe(t.worker, t.tokens, t.running, t.now() - t.start);
+    if (t) t.model.observe(t.worker, t.tokens, t.running, t.now() - t.start, t.attention, t.queued);
   },
 };

@@ -1,5 +1,5 @@
-// Prefill admission: at most `slots` cold prefills in flight per worker; the
-// rest wait at the router, in arrival order, bound to the worker they were
+// Prefill admission and flow control: at most `slots` cold prefills in flight
+// per worker; the rest wait at the router, bound to the worker they were
 // picked for, and go as soon as one there reaches its first token.
 //
 // Why: a prefill is compute-bound and an engine step's time grows with the
@@ -17,51 +17,103 @@
 // its queued prefill on that worker exactly as if the engine held it.
 //
 // Who goes first when several wait for a worker (core/objectives.ts): the
-// highest priority band, then, within the band, the flow (tenant) served
-// least recently, so one flow sending ten times the others cannot take the
-// band's turns; within a flow, arrival order. A waiting request never
-// overtakes one already holding a slot: slots are not preempted.
+// highest priority band (strict: a lower band goes only when no higher one
+// waits); within the band, the flow (tenant) with the least attained
+// service; within a flow, arrival order. A waiting request never overtakes
+// one already holding a slot: slots are not preempted.
+//
+// Fairness within a band is least attained service in uncached prefill
+// tokens, the work the engine pays for (Dynamo's deficit round robin counts
+// the same unit), not in turns: a tenant sending few long prompts would take
+// most of the engine's time under turn-taking. Service counts only while a
+// flow is backlogged, as in start-time fair queueing: a flow that starts
+// waiting is lifted to the band's virtual time (the attained service of the
+// flow served last), so an idle tenant cannot bank credit and a noisy one's
+// past excess is forgotten once it stops. A flow ten times as busy as the
+// others therefore gets the same share of a busy worker as each of them, and
+// the quiet ones go first whenever they have waited less.
+//
+// Bounds (flow control): queued requests and queued request bytes, over all
+// bands (maxQueued, maxQueuedBytes) and per band (bandLimits). A request that
+// would pass its band's bound is refused ("queue_full"). One that would pass
+// the overall bound takes the place of the newest request of the lowest band
+// below its own ("evicted", told through its evicted callback), so a higher
+// band is never refused while a lower one holds a queue place; when no lower
+// band has enough to give up, the newcomer is refused. expire() takes a
+// waiting request out (its TTL or SLO deadline passed; the adapter owns the
+// clock).
+//
+// Headroom: a worker is ready for another cold prefill when it has a free
+// slot and no external signal marks it saturated. setSaturated(key, true)
+// is that signal's input (engine queue depth or KV usage from a scrape, kept
+// out of here so any source can feed it); setting it false lets the
+// worker's queue drain.
 //
 // Pure and clock-free (core/): the adapter bounds the wait with its own timer
-// (force) and frees the slot at first token or at the end of the request
-// (leave), whichever comes first.
+// (force, expire) and frees the slot at first token or at the end of the
+// request (leave), whichever comes first.
 
 export interface AdmissionConfig {
   /** Cold prefills in flight per worker; 0 turns admission off. */
   slots: number;
   /** Uncached prefill tokens up to which a request is warm. */
   warmTokens: number;
+  /** Requests waiting over every band and worker; 0 or absent = unbounded. */
+  maxQueued?: number;
+  /** Request bytes waiting over every band and worker; 0 or absent = unbounded. */
+  maxQueuedBytes?: number;
+  /** Per band (priority as a string): its own bounds, 0 = unbounded. */
+  bandLimits?: { [priority: string]: BandLimit };
 }
+
+export interface BandLimit {
+  requests: number;
+  bytes: number;
+}
+
+/** Why a request did not go: refused on arrival, replaced by a higher band, or out of time. */
+export type Refusal = "" | "queue_full" | "evicted" | "expired";
 
 export interface Ticket {
   /** True once the request may go (at once, by a freed slot, or forced). */
   readonly admitted: boolean;
   /** True while it holds one of the worker's slots. */
   readonly slot: boolean;
+  /** Set when the request will not go: queue_full at enter(), evicted or expired later. */
+  readonly refused: Refusal;
   /** Gives the slot back, or leaves the queue; idempotent. */
   leave(): void;
   /** Admits now, past the limit (the wait bound ran out); it still takes a slot. */
   force(): void;
+  /** Leaves the queue as expired, if still waiting; returns whether it was. */
+  expire(): boolean;
+}
+
+/** Where a request stands among others waiting: its band, its flow and its size. */
+export interface QueueClass {
+  priority: number;
+  flow: string;
+  /** Request body bytes, for the byte bounds. */
+  bytes?: number;
 }
 
 interface Waiter {
   t: TicketState;
+  key: string;
   go: () => void;
+  evicted: (() => void) | null;
   priority: number;
   flow: string;
+  bytes: number;
+  tokens: number;
   /** Arrival order. */
   n: number;
-}
-
-/** Where a request stands among others waiting: its band and its flow. */
-export interface QueueClass {
-  priority: number;
-  flow: string;
 }
 
 interface TicketState extends Ticket {
   admitted: boolean;
   slot: boolean;
+  refused: Refusal;
   gone: boolean;
 }
 
@@ -70,15 +122,20 @@ export interface PrefillAdmission {
   /**
    * Asks to send a request with `uncachedTokens` of prefill to worker `key`.
    * go() runs once, when the request is admitted: before enter() returns when
-   * it can go at once.
+   * it can go at once. evicted() runs if a higher band takes its queue place.
+   * A ticket refused at once has `refused` set and neither runs.
    */
-  enter(key: string, uncachedTokens: number, go: () => void, cls?: QueueClass): Ticket;
+  enter(key: string, uncachedTokens: number, go: () => void, cls?: QueueClass, evicted?: () => void): Ticket;
   /** Whether a request with this much uncached prefill would wait for worker key now. */
   wouldWait(key: string, uncachedTokens: number): boolean;
+  /** Marks a worker saturated by an outside signal (no cold prefill goes there), or clears it. */
+  setSaturated(key: string, saturated: boolean): void;
   /** Requests waiting, for one worker or all. */
   waiting(key?: string): number;
   /** Requests waiting per priority band, over every worker. */
   waitingByPriority(): { [priority: string]: number };
+  /** Request bytes waiting, over every worker. */
+  waitingBytes(): number;
   /** Slots taken on a worker. */
   busy(key: string): number;
 }
@@ -86,10 +143,56 @@ export interface PrefillAdmission {
 export function prefillAdmission(config: AdmissionConfig): PrefillAdmission {
   const busy: { [key: string]: number } = {};
   const queues: { [key: string]: Waiter[] } = {};
-  // When each flow was last let go (a counter, not a clock), for fairness within a band.
-  const served: { [flow: string]: number } = {};
-  let turn = 0;
+  const saturated: { [key: string]: boolean } = {};
+  // Fairness within a band: attained service in tokens per band|flow, while backlogged.
+  const attained: { [bandFlow: string]: number } = {};
+  const backlog: { [bandFlow: string]: number } = {};
+  const vtime: { [band: string]: number } = {};
+  // Queue occupancy per band and overall, for the bounds.
+  const bandCount: { [band: string]: number } = {};
+  const bandBytes: { [band: string]: number } = {};
+  let total = 0;
+  let totalBytes = 0;
   let arrivals = 0;
+  let charges = 0;
+
+  function fk(priority: number, flow: string): string {
+    return priority + "|" + flow;
+  }
+
+  /** A flow about to be charged or queued: an idle one starts at its band's virtual time. */
+  function lift(priority: number, flow: string): void {
+    const k = fk(priority, flow);
+    const v = vtime[priority] || 0;
+    if (!backlog[k] && (attained[k] || 0) < v) attained[k] = v;
+  }
+
+  /** Books the service a request starts receiving; every so often forgets idle flows at or below their band's clock. */
+  function charge(priority: number, flow: string, tokens: number): void {
+    const k = fk(priority, flow);
+    vtime[priority] = Math.max(vtime[priority] || 0, attained[k] || 0);
+    attained[k] = (attained[k] || 0) + Math.max(1, tokens);
+    if (++charges % 1024 === 0)
+      for (const f in attained) {
+        const band = f.substring(0, f.indexOf("|"));
+        if (!backlog[f] && attained[f] <= (vtime[band] || 0)) delete attained[f];
+      }
+  }
+
+  function book(w: Waiter, sign: number): void {
+    const p = String(w.priority);
+    const k = fk(w.priority, w.flow);
+    bandCount[p] = (bandCount[p] || 0) + sign;
+    bandBytes[p] = (bandBytes[p] || 0) + sign * w.bytes;
+    backlog[k] = (backlog[k] || 0) + sign;
+    if (!bandCount[p]) {
+      delete bandCount[p];
+      delete bandBytes[p];
+    }
+    if (!backlog[k]) delete backlog[k];
+    total += sign;
+    totalBytes += sign * w.bytes;
+  }
 
   /** Marks t admitted on a slot of key's worker. */
   function take(key: string, t: TicketState): void {
@@ -98,18 +201,20 @@ export function prefillAdmission(config: AdmissionConfig): PrefillAdmission {
     busy[key] = (busy[key] || 0) + 1;
   }
 
-  /** Takes t out of key's queue, if it is there. */
-  function dequeue(key: string, t: TicketState): void {
+  /** Takes t out of its queue, if it is there; returns the waiter. */
+  function dequeue(key: string, t: TicketState): Waiter | null {
     const q = queues[key];
     for (let i = 0; q && i < q.length; i++)
       if (q[i].t === t) {
-        q.splice(i, 1);
+        const w = q.splice(i, 1)[0];
         if (!q.length) delete queues[key];
-        return;
+        book(w, -1);
+        return w;
       }
+    return null;
   }
 
-  /** Index of the waiter to go next: highest band, least recently served flow, earliest arrival. */
+  /** Index of the waiter to go next: highest band, least attained flow, earliest arrival. */
   function first(q: Waiter[]): number {
     let b = 0;
     for (let i = 1; i < q.length; i++) {
@@ -119,18 +224,23 @@ export function prefillAdmission(config: AdmissionConfig): PrefillAdmission {
         if (w.priority > c.priority) b = i;
         continue;
       }
-      const ws = served[w.flow] || 0;
-      const cs = served[c.flow] || 0;
-      if (ws !== cs ? ws < cs : w.n < c.n) b = i;
+      const wa = attained[fk(w.priority, w.flow)] || 0;
+      const ca = attained[fk(c.priority, c.flow)] || 0;
+      if (wa !== ca ? wa < ca : w.n < c.n) b = i;
     }
     return b;
   }
 
+  function ready(key: string): boolean {
+    return (busy[key] || 0) < config.slots && !saturated[key];
+  }
+
   function next(key: string): void {
     const q = queues[key];
-    while (q && q.length && (busy[key] || 0) < config.slots) {
+    while (q && q.length && ready(key)) {
       const w = q.splice(first(q), 1)[0];
-      served[w.flow] = ++turn;
+      book(w, -1);
+      charge(w.priority, w.flow, w.tokens);
       take(key, w.t);
       w.go();
     }
@@ -139,13 +249,69 @@ export function prefillAdmission(config: AdmissionConfig): PrefillAdmission {
 
   function waits(key: string, uncachedTokens: number): boolean {
     if (config.slots <= 0 || uncachedTokens <= config.warmTokens) return false;
-    return (busy[key] || 0) >= config.slots || !!queues[key];
+    return !ready(key) || !!queues[key];
   }
 
-  function enter(key: string, uncachedTokens: number, go: () => void, cls?: QueueClass): Ticket {
+  /** The newest waiter of the lowest band below `priority`, or null. */
+  function victim(priority: number): Waiter | null {
+    let v: Waiter | null = null;
+    for (const k in queues) {
+      const q = queues[k];
+      for (let i = 0; i < q.length; i++) {
+        const w = q[i];
+        if (w.priority >= priority) continue;
+        if (!v || w.priority < v.priority || (w.priority === v.priority && w.n > v.n)) v = w;
+      }
+    }
+    return v;
+  }
+
+  /** Whether the overall bounds hold with one more request of `bytes` plus the given freed room. */
+  function fits(bytes: number, freedReq: number, freedBytes: number): boolean {
+    const mq = config.maxQueued || 0;
+    const mb = config.maxQueuedBytes || 0;
+    return (!mq || total - freedReq + 1 <= mq) && (!mb || totalBytes - freedBytes + bytes <= mb);
+  }
+
+  /**
+   * Makes room for a request of band `priority` and `bytes`: its band's own
+   * bound first (never relieved by eviction), then the overall bound, by
+   * evicting lower bands newest first, only if that is enough.
+   */
+  function room(priority: number, bytes: number): boolean {
+    const lim = config.bandLimits ? config.bandLimits[String(priority)] : undefined;
+    if (lim) {
+      if (lim.requests > 0 && (bandCount[priority] || 0) + 1 > lim.requests) return false;
+      if (lim.bytes > 0 && (bandBytes[priority] || 0) + bytes > lim.bytes) return false;
+    }
+    if (fits(bytes, 0, 0)) return true;
+    // Enough below this band to give up?
+    let req = 0;
+    let by = 0;
+    for (const p in bandCount)
+      if (Number(p) < priority) {
+        req += bandCount[p];
+        by += bandBytes[p] || 0;
+      }
+    if (!fits(bytes, req, by)) return false;
+    for (let guard = total; guard > 0 && !fits(bytes, 0, 0); guard--) {
+      const v = victim(priority);
+      if (!v) return false;
+      dequeue(v.key, v.t);
+      v.t.refused = "evicted";
+      v.t.gone = true;
+      if (v.evicted) v.evicted();
+    }
+    return fits(bytes, 0, 0);
+  }
+
+  function enter(key: string, uncachedTokens: number, go: () => void, cls?: QueueClass, evicted?: () => void): Ticket {
+    const priority = cls ? cls.priority : 0;
+    const flow = cls ? cls.flow : "";
     const t: TicketState = {
       admitted: false,
       slot: false,
+      refused: "",
       gone: false,
       leave() {
         if (t.gone) return;
@@ -159,9 +325,17 @@ export function prefillAdmission(config: AdmissionConfig): PrefillAdmission {
       },
       force() {
         if (t.admitted || t.gone) return;
-        dequeue(key, t);
+        const w = dequeue(key, t);
+        if (w) charge(w.priority, w.flow, w.tokens);
         take(key, t);
         go();
+      },
+      expire() {
+        if (t.admitted || t.gone) return false;
+        dequeue(key, t);
+        t.refused = "expired";
+        t.gone = true;
+        return true;
       },
     };
     if (config.slots <= 0 || uncachedTokens <= config.warmTokens) {
@@ -169,16 +343,34 @@ export function prefillAdmission(config: AdmissionConfig): PrefillAdmission {
       go();
       return t;
     }
-    const flow = cls ? cls.flow : "";
+    lift(priority, flow);
     // Behind others already waiting even if a slot is free at this instant.
     if (!waits(key, uncachedTokens)) {
-      served[flow] = ++turn;
+      charge(priority, flow, uncachedTokens);
       take(key, t);
       go();
       return t;
     }
+    const bytes = cls && cls.bytes ? cls.bytes : 0;
+    if (!room(priority, bytes)) {
+      t.refused = "queue_full";
+      t.gone = true;
+      return t;
+    }
+    const w: Waiter = {
+      t: t,
+      key: key,
+      go: go,
+      evicted: evicted || null,
+      priority: priority,
+      flow: flow,
+      bytes: bytes,
+      tokens: uncachedTokens,
+      n: arrivals++,
+    };
     if (!queues[key]) queues[key] = [];
-    queues[key].push({ t: t, go: go, priority: cls ? cls.priority : 0, flow: flow, n: arrivals++ });
+    queues[key].push(w);
+    book(w, 1);
     return t;
   }
 
@@ -186,18 +378,24 @@ export function prefillAdmission(config: AdmissionConfig): PrefillAdmission {
     config: config,
     enter: enter,
     wouldWait: waits,
+    setSaturated(key: string, on: boolean) {
+      if (on) saturated[key] = true;
+      else if (saturated[key]) {
+        delete saturated[key];
+        next(key);
+      }
+    },
     waitingByPriority() {
       const out: { [priority: string]: number } = {};
-      for (const k in queues)
-        for (let i = 0; i < queues[k].length; i++)
-          out[String(queues[k][i].priority)] = (out[String(queues[k][i].priority)] || 0) + 1;
+      for (const p in bandCount) out[p] = bandCount[p];
       return out;
+    },
+    waitingBytes() {
+      return totalBytes;
     },
     waiting(key?: string): number {
       if (key !== undefined) return queues[key] ? queues[key].length : 0;
-      let n = 0;
-      for (const k in queues) n += queues[k].length;
-      return n;
+      return total;
     },
     busy(key: string): number {
       return busy[key] || 0;

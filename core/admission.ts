@@ -402,3 +402,49 @@ export function prefillAdmission(config: AdmissionConfig): PrefillAdmission {
     },
   };
 }
+
+/**
+ * --queue-max-requests / --queue-max-bytes: "N" bounds every band together;
+ * "N,PRIORITY=M,..." adds a bound of its own to a band (0 = unbounded).
+ * Throws naming the bad entry.
+ */
+export function parseQueueBound(spec: string): { total: number; bands: { [priority: string]: number } } {
+  const out = { total: 0, bands: {} as { [priority: string]: number } };
+  const parts = (spec || "").split(",");
+  for (let i = 0; i < parts.length; i++) {
+    const item = parts[i].trim();
+    if (!item) continue;
+    const eq = item.lastIndexOf("=");
+    const key = eq > 0 ? item.substring(0, eq).trim() : "";
+    const n = Number(eq >= 0 ? item.substring(eq + 1).trim() : item);
+    const p = Number(key);
+    if (!(n % 1 === 0) || n < 0 || (eq >= 0 && (!key || !(p % 1 === 0))))
+      throw new Error("'" + item + "': expected N (every band) or PRIORITY=N (one band), e.g. 256,-1=32");
+    if (eq >= 0) out.bands[String(p)] = n;
+    else out.total = n;
+  }
+  return out;
+}
+
+export function queueBoundProblem(spec: string): string | null {
+  try {
+    parseQueueBound(spec);
+    return null;
+  } catch (e) {
+    return (e as Error).message;
+  }
+}
+
+/** The admission bounds from the two parsed flags. */
+export function queueLimits(
+  requests: { total: number; bands: { [priority: string]: number } },
+  bytes: { total: number; bands: { [priority: string]: number } },
+): { maxQueued: number; maxQueuedBytes: number; bandLimits: { [priority: string]: BandLimit } } {
+  const bands: { [priority: string]: BandLimit } = {};
+  for (const p in requests.bands) bands[p] = { requests: requests.bands[p], bytes: 0 };
+  for (const p in bytes.bands) {
+    if (!bands[p]) bands[p] = { requests: 0, bytes: 0 };
+    bands[p].bytes = bytes.bands[p];
+  }
+  return { maxQueued: requests.total, maxQueuedBytes: bytes.total, bandLimits: bands };
+}

@@ -7,6 +7,7 @@ import { policyNames, scorerNames } from "./scheduling/framework";
 import { DEFAULT_MAX_SESSION_ID_BYTES } from "./limits";
 import { extraPathsProblem } from "./paths";
 import { objectivesProblem } from "./objectives";
+import { queueBoundProblem } from "./admission";
 
 export type FlagKind = "string" | "int" | "number" | "enum" | "bool" | "weights";
 /** weights: name=w,... parsed to an object of non-negative numbers. */
@@ -219,6 +220,32 @@ export const FLAGS: FlagSpec[] = [
     choices: ["ignore", "trust"],
     commands: ["router"],
     help: "trust: read x-gateway-inference-objective and x-gateway-inference-fairness-id (set them at the gateway, or let clients choose); ignore: every request is priority 0 in one flow",
+  },
+  {
+    name: "queue-ttl-ms",
+    kind: "int",
+    def: 0,
+    min: 0,
+    commands: ["router"],
+    help: "flow control: a request waiting at the router this long gets 503 instead of going past --prefill-admission-max-wait-ms (priority <= 0 with x-slo-ttft-ms: at that SLO if sooner); 0 = off. Envoy only",
+  },
+  {
+    name: "queue-max-requests",
+    kind: "string",
+    def: "0",
+    commands: ["router"],
+    metavar: "N[,P=M]",
+    check: (v) => queueBoundProblem(String(v)),
+    help: "flow control: requests waiting at the router, N over all bands (a higher band evicts the lowest band's newest, 429), P=M for band P alone (newcomer 429); 0 = unbounded",
+  },
+  {
+    name: "queue-max-bytes",
+    kind: "string",
+    def: "0",
+    commands: ["router"],
+    metavar: "N[,P=M]",
+    check: (v) => queueBoundProblem(String(v)),
+    help: "flow control: request body bytes waiting at the router, over all bands and per band, as --queue-max-requests",
   },
   {
     name: "decode-input-demand",

@@ -30,7 +30,7 @@ import { HttpStatusSchema, StatusCode } from "./gen/envoy/type/v3/http_status_pb
 import { ProcessingMode_BodySendMode } from "./gen/envoy/extensions/filters/http/ext_proc/v3/processing_mode_pb";
 import { Endpoint } from "../core/request";
 import { checkPath } from "../core/paths";
-import { OBJECTIVE_HEADER, objectiveOf } from "../core/objectives";
+import { CONTROL_HEADERS, OBJECTIVE_HEADER, objectiveOf } from "../core/objectives";
 import { DP_RANK_HEADER as DP_HEADER, dpBodyFields, prefillRankHeader, withBodyFields } from "../core/dprank";
 import { asHttpError, httpError } from "../core/util";
 import { Guard, Pick, Reservation, Worker } from "../core/router";
@@ -369,8 +369,22 @@ function handleStream(app: App, call: Call<ProcessingRequest, ProcessingResponse
     // Prefill admission: a cold prompt waits here while another cold one is
     // prefilling on its worker. A stream that ends meanwhile finishes it.
     waiting = pick;
-    await app.admit(pick, objective);
+    const refused = await app.admit(pick, objective, body.length);
     waiting = null;
+    // Flow control (runtime/flow.ts): queue full, evicted by a higher band, or expired.
+    if (refused && !ended) {
+      pick.reservation.finish();
+      app.metrics.badRequests.inc({ status: String(refused.status) });
+      outcome(outcomeOf(refused));
+      return immediate(
+        refused.status,
+        refused.message,
+        refused.type,
+        headers[":path"] || "",
+        undefined,
+        refused.headers,
+      );
+    }
     if (ended) {
       // Nobody is left to answer: the load this pick holds goes back now.
       pick.reservation.finish();
@@ -513,6 +527,8 @@ function handleStream(app: App, call: Call<ProcessingRequest, ProcessingResponse
             ]),
           ];
           for (const h of strip) delete headers[h];
+          // Objective and SLO headers are the router's input: read from `headers`, never sent on.
+          for (const h of CONTROL_HEADERS) if (h in headers) strip.push(h);
           // Only allowed paths reach a worker; the rest are answered here, before any body is read.
           const verdict = checkPath(app.opts.pathRules, headers[":method"] || "GET", headers[":path"] || "/");
           if (verdict.error) {

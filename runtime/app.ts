@@ -20,6 +20,7 @@ import { prefixHashes } from "./prefix-hashes";
 import { Features } from "../core/types";
 import { prefillAdmission, PrefillAdmission } from "../core/admission";
 import { Objective } from "../core/objectives";
+import { admitFlow, flowMetrics, FlowMetrics, FlowRefusal } from "./flow";
 import { HealthChecker } from "./health-check";
 import { Gauge } from "prom-client";
 import { addStats, defaultThreads, JobOutcome, TokenizerPool } from "./tokenpool";
@@ -188,6 +189,8 @@ export class App {
   private hashes = prefixHashes(nativeHasher);
   /** Cold prefills in flight per worker (core/admission.ts); kv-aware only: other policies do not know what is cold. */
   readonly admission: PrefillAdmission;
+  /** Flow control's metrics per band (runtime/flow.ts). */
+  readonly flow: FlowMetrics;
   /** Set on SIGTERM: readiness goes false so load balancers stop sending. */
   draining = false;
   /** Discovery's connection state (static discovery is always connected). */
@@ -214,6 +217,7 @@ export class App {
     this.admission = prefillAdmission({
       slots: opts.router.policy === "kv-aware" ? opts.admission.slots : 0,
       warmTokens: opts.admission.warmTokens,
+      ...opts.flow,
     });
     this.metrics = createMetrics(
       () => this.router,
@@ -222,6 +226,7 @@ export class App {
       (id) => !this.health.running || this.health.hasPassed(id),
     );
     const admission = this.admission;
+    this.flow = flowMetrics(this.metrics.registry, admission);
     new Gauge({
       name: "infera_router_admission_waiting",
       help: "Requests waiting at the router for a prefill slot, per priority band (--objectives)",
@@ -745,68 +750,30 @@ export class App {
     if (objective.priority >= 0 || !this.admission.wouldWait((pick.prefill ?? pick.target).id, pick.uncachedTokens))
       return false;
     this.metrics.shed.inc({ priority: String(objective.priority) });
+    this.flow.refused.inc({ priority: String(objective.priority), reason: "saturated" });
     return true;
   }
 
   /**
-   * Resolves when the pick may be sent: at once, or when a cold prefill ahead
-   * of it on its prefill worker reaches its first token, or after
-   * --prefill-admission-max-wait-ms. The pick's reservation is wrapped so its
-   * slot is given back at first token or at its end, whichever comes first;
-   * finishing it while it waits (the client went away) resolves it too.
+   * Resolves when the pick may be sent (null) or with the refusal to answer
+   * instead (queue full, evicted by a higher band, expired): runtime/flow.ts.
    */
-  admit(pick: Pick, objective?: Objective): Promise<void> {
-    const key = (pick.prefill ?? pick.target).id;
-    const t0 = performance.now();
-    let timer: NodeJS.Timeout | null = null;
-    let resolve!: () => void;
-    const ready = new Promise<void>((r) => (resolve = r));
-    const ticket = this.admission.enter(
-      key,
-      pick.uncachedTokens,
-      () => {
-        // Its worker's first token is timed from here, not from the pick.
-        pick.reservation.dispatched();
-        if (timer) {
-          clearTimeout(timer);
-          this.metrics.admissionWait.observe((performance.now() - t0) / 1000);
-        }
-        resolve();
+  admit(pick: Pick, objective?: Objective, bytes?: number): Promise<FlowRefusal | null> {
+    return admitFlow(
+      {
+        admission: this.admission,
+        flow: this.flow,
+        admissionWait: this.metrics.admissionWait,
+        admissionForced: this.metrics.admissionForced,
+        shed: this.metrics.shed,
+        maxWaitMs: this.opts.admission.maxWaitMs,
+        ttlMs: this.opts.flow?.ttlMs ?? 0,
+        log: (l, line) => this.log(l, line),
       },
+      pick,
       objective,
+      bytes,
     );
-    // Warm (or admission off): no slot to give back, nothing to wrap.
-    if (ticket.admitted && !ticket.slot) return ready;
-    if (!ticket.admitted) {
-      timer = setTimeout(() => {
-        this.metrics.admissionForced.inc();
-        this.log(
-          "info",
-          `prefill admission: a request waited ${this.opts.admission.maxWaitMs} ms for ${key}; sent past the limit`,
-        );
-        ticket.force();
-      }, this.opts.admission.maxWaitMs);
-      timer.unref();
-    }
-    const inner = pick.reservation;
-    pick.reservation = {
-      get open() {
-        return inner.open;
-      },
-      guards: () => inner.guards(),
-      dispatched: () => inner.dispatched(),
-      firstToken() {
-        ticket.leave();
-        inner.firstToken();
-      },
-      finish() {
-        if (timer) clearTimeout(timer);
-        ticket.leave();
-        resolve();
-        inner.finish();
-      },
-    };
-    return ready;
   }
 
   async close(): Promise<void> {

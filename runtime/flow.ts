@@ -128,7 +128,10 @@ export function admitFlow(d: FlowDeps, pick: Pick, objective?: Objective, bytes?
   let resolve!: (r: FlowRefusal | null) => void;
   const ready = new Promise<FlowRefusal | null>((r) => (resolve = r));
   const waited = () => performance.now() - t0;
+  let over = false;
   const ended = (outcome: string) => {
+    if (over) return;
+    over = true;
     if (timer) {
       clearTimeout(timer);
       timer = null;

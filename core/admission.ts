@@ -448,3 +448,18 @@ export function queueLimits(
   }
   return { maxQueued: requests.total, maxQueuedBytes: bytes.total, bandLimits: bands };
 }
+
+/**
+ * The refusal rule without a queue (njs, which cannot wait in its routing
+ * phase): a sheddable request (priority < 0) that is cold is refused when its
+ * worker already has `slots` cold prefills before their first token, the
+ * moment the Envoy path's admission would make it wait (wouldWait).
+ */
+export function shedsAtOnce(
+  priority: number,
+  uncachedTokens: number,
+  config: AdmissionConfig,
+  coldInFlight: number,
+): boolean {
+  return priority < 0 && config.slots > 0 && uncachedTokens > config.warmTokens && coldInFlight >= config.slots;
+}

@@ -463,3 +463,23 @@ export function shedsAtOnce(
 ): boolean {
   return priority < 0 && config.slots > 0 && uncachedTokens > config.warmTokens && coldInFlight >= config.slots;
 }
+
+/** What an engine's own metrics say about its load (any field may be unknown). */
+export interface EngineLoad {
+  /** Requests the engine holds waiting (vllm:num_requests_waiting, sglang:num_queue_reqs). */
+  waiting?: number;
+  /** KV cache usage, 0..1 (vllm:kv_cache_usage_perc, sglang:token_usage). */
+  kvUsage?: number;
+}
+
+/**
+ * Whether an engine's own signals say it has no headroom, for
+ * PrefillAdmission.setSaturated: the Inference Extension's utilization
+ * detector per endpoint, max(waiting / queueDepth, kvUsage / kvUsageLimit) >= 1
+ * (its defaults: queue depth 5, KV 0.8). Unknown signals count as headroom.
+ */
+export function engineSaturated(load: EngineLoad, queueDepth: number, kvUsageLimit: number): boolean {
+  const q = load.waiting !== undefined && queueDepth > 0 ? load.waiting / queueDepth : 0;
+  const kv = load.kvUsage !== undefined && kvUsageLimit > 0 ? load.kvUsage / kvUsageLimit : 0;
+  return Math.max(q, kv) >= 1;
+}

@@ -5,7 +5,7 @@
 // x-slo-ttft-ms / x-slo-tpot-ms headers.
 import { test } from "node:test";
 import * as assert from "node:assert/strict";
-import { prefillAdmission, Ticket } from "../../core/admission";
+import { engineSaturated, prefillAdmission, Ticket } from "../../core/admission";
 import { CONTROL_HEADERS, objectiveOf, sloMs } from "../../core/objectives";
 
 const h = (m: Record<string, string>) => (n: string) => m[n];
@@ -198,4 +198,12 @@ test("a worker marked saturated takes no cold prefill until cleared, even with a
   a.setSaturated("w", false);
   assert.deepEqual(went, ["a"]);
   assert.equal(t.slot, true);
+});
+
+test("engine signals: saturated at the Inference Extension's utilization thresholds; unknown = headroom", () => {
+  assert.equal(engineSaturated({}, 5, 0.8), false);
+  assert.equal(engineSaturated({ waiting: 4, kvUsage: 0.79 }, 5, 0.8), false);
+  assert.equal(engineSaturated({ waiting: 5 }, 5, 0.8), true);
+  assert.equal(engineSaturated({ kvUsage: 0.8 }, 5, 0.8), true);
+  assert.equal(engineSaturated({ waiting: 100, kvUsage: 1 }, 0, 0), false, "a threshold of 0 turns that signal off");
 });

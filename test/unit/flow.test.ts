@@ -5,7 +5,8 @@
 // x-slo-ttft-ms / x-slo-tpot-ms headers.
 import { test } from "node:test";
 import * as assert from "node:assert/strict";
-import { engineSaturated, prefillAdmission, Ticket } from "../../core/admission";
+import { engineSaturated, parseQueueBound, prefillAdmission, queueLimits, Ticket } from "../../core/admission";
+import { parseCommand } from "../../runtime/args";
 import { CONTROL_HEADERS, objectiveOf, sloMs } from "../../core/objectives";
 
 const h = (m: Record<string, string>) => (n: string) => m[n];
@@ -206,4 +207,21 @@ test("engine signals: saturated at the Inference Extension's utilization thresho
   assert.equal(engineSaturated({ waiting: 5 }, 5, 0.8), true);
   assert.equal(engineSaturated({ kvUsage: 0.8 }, 5, 0.8), true);
   assert.equal(engineSaturated({ waiting: 100, kvUsage: 1 }, 0, 0), false, "a threshold of 0 turns that signal off");
+});
+
+test("--queue-max-requests / --queue-max-bytes: N over all bands, P=M per band; bad values fail at start naming the flag", () => {
+  assert.deepEqual(parseQueueBound("256,-1=32, 100=0"), { total: 256, bands: { "-1": 32, "100": 0 } });
+  assert.deepEqual(parseQueueBound("0"), { total: 0, bands: {} });
+  assert.deepEqual(queueLimits(parseQueueBound("8,-1=2"), parseQueueBound("1000,0=300")), {
+    maxQueued: 8,
+    maxQueuedBytes: 1000,
+    bandLimits: { "-1": { requests: 2, bytes: 0 }, "0": { requests: 0, bytes: 300 } },
+  });
+  for (const bad of ["-3", "x", "1.5", "a=3", "=3", "-1=2.5"]) {
+    assert.throws(() => parseQueueBound(bad), /expected N/, bad);
+    assert.throws(() => parseCommand("router", ["--queue-max-requests", bad], {}), /--queue-max-requests/, bad);
+  }
+  const o = parseCommand("router", ["--queue-ttl-ms", "2500", "--queue-max-bytes", "1048576"], {});
+  assert.equal(o.values["queue-ttl-ms"], 2500);
+  assert.equal(o.values["queue-max-bytes"], "1048576");
 });

@@ -43,6 +43,14 @@
 // waiting request out (its TTL or SLO deadline passed; the adapter owns the
 // clock).
 //
+// Late binding (optional): a waiter whose enter() gave a move callback (the
+// adapter's judgement that no worker holds any of its prompt, so it costs the
+// same anywhere) is not tied to the worker it was picked for: when a slot
+// frees on any worker, the best waiter for it is chosen among that worker's
+// queue and every movable waiter elsewhere, by the same order (band, attained
+// service, arrival), and move(key) re-targets it. Without it a request waits
+// for the prefill in flight on its own worker even when another frees first.
+//
 // Headroom: a worker is ready for another cold prefill when it has a free
 // slot and no external signal marks it saturated. setSaturated(key, true)
 // is that signal's input (engine queue depth or KV usage from a scrape, kept
@@ -102,6 +110,8 @@ interface Waiter {
   key: string;
   go: () => void;
   evicted: (() => void) | null;
+  /** Late binding: re-targets the request to another worker; false = it cannot go there. */
+  move: ((key: string) => boolean) | null;
   priority: number;
   flow: string;
   bytes: number;
@@ -115,6 +125,8 @@ interface TicketState extends Ticket {
   slot: boolean;
   refused: Refusal;
   gone: boolean;
+  /** The worker it waits for or holds a slot on (changes when it moves). */
+  key: string;
 }
 
 export interface PrefillAdmission {
@@ -125,7 +137,14 @@ export interface PrefillAdmission {
    * it can go at once. evicted() runs if a higher band takes its queue place.
    * A ticket refused at once has `refused` set and neither runs.
    */
-  enter(key: string, uncachedTokens: number, go: () => void, cls?: QueueClass, evicted?: () => void): Ticket;
+  enter(
+    key: string,
+    uncachedTokens: number,
+    go: () => void,
+    cls?: QueueClass,
+    evicted?: () => void,
+    move?: (key: string) => boolean,
+  ): Ticket;
   /** Whether a request with this much uncached prefill would wait for worker key now. */
   wouldWait(key: string, uncachedTokens: number): boolean;
   /** Marks a worker saturated by an outside signal (no cold prefill goes there), or clears it. */
@@ -214,19 +233,24 @@ export function prefillAdmission(config: AdmissionConfig): PrefillAdmission {
     return null;
   }
 
-  /** Index of the waiter to go next: highest band, least attained flow, earliest arrival. */
-  function first(q: Waiter[]): number {
-    let b = 0;
-    for (let i = 1; i < q.length; i++) {
-      const w = q[i];
-      const c = q[b];
-      if (w.priority !== c.priority) {
-        if (w.priority > c.priority) b = i;
-        continue;
+  /** Whether w goes before c: higher band, then less attained service in the band, then earlier arrival. */
+  function before(w: Waiter, c: Waiter): boolean {
+    if (w.priority !== c.priority) return w.priority > c.priority;
+    const wa = attained[fk(w.priority, w.flow)] || 0;
+    const ca = attained[fk(c.priority, c.flow)] || 0;
+    return wa !== ca ? wa < ca : w.n < c.n;
+  }
+
+  /** The waiter to go next on key's worker: from its own queue, or (late binding) a movable one from any queue. */
+  function best(key: string): Waiter | null {
+    let b: Waiter | null = null;
+    for (const k in queues) {
+      const q = queues[k];
+      for (let i = 0; i < q.length; i++) {
+        const w = q[i];
+        if (k !== key && !w.move) continue;
+        if (!b || before(w, b)) b = w;
       }
-      const wa = attained[fk(w.priority, w.flow)] || 0;
-      const ca = attained[fk(c.priority, c.flow)] || 0;
-      if (wa !== ca ? wa < ca : w.n < c.n) b = i;
     }
     return b;
   }
@@ -236,15 +260,27 @@ export function prefillAdmission(config: AdmissionConfig): PrefillAdmission {
   }
 
   function next(key: string): void {
-    const q = queues[key];
-    while (q && q.length && ready(key)) {
-      const w = q.splice(first(q), 1)[0];
-      book(w, -1);
+    for (let guard = total + 1; guard > 0 && ready(key); guard--) {
+      const w = best(key);
+      if (!w) break;
+      dequeue(w.key, w.t);
+      if (w.key !== key) {
+        const mv = w.move as (key: string) => boolean;
+        if (!mv(key)) {
+          // It cannot go there: back in its own queue, no longer movable.
+          w.move = null;
+          if (!queues[w.key]) queues[w.key] = [];
+          queues[w.key].push(w);
+          book(w, 1);
+          continue;
+        }
+        w.key = key;
+        w.t.key = key;
+      }
       charge(w.priority, w.flow, w.tokens);
       take(key, w.t);
       w.go();
     }
-    if (q && !q.length) delete queues[key];
   }
 
   function waits(key: string, uncachedTokens: number): boolean {
@@ -305,7 +341,14 @@ export function prefillAdmission(config: AdmissionConfig): PrefillAdmission {
     return fits(bytes, 0, 0);
   }
 
-  function enter(key: string, uncachedTokens: number, go: () => void, cls?: QueueClass, evicted?: () => void): Ticket {
+  function enter(
+    key: string,
+    uncachedTokens: number,
+    go: () => void,
+    cls?: QueueClass,
+    evicted?: () => void,
+    move?: (key: string) => boolean,
+  ): Ticket {
     const priority = cls ? cls.priority : 0;
     const flow = cls ? cls.flow : "";
     const t: TicketState = {
@@ -313,26 +356,27 @@ export function prefillAdmission(config: AdmissionConfig): PrefillAdmission {
       slot: false,
       refused: "",
       gone: false,
+      key: key,
       leave() {
         if (t.gone) return;
         t.gone = true;
         if (t.slot) {
           t.slot = false;
-          busy[key]--;
-          if (!busy[key]) delete busy[key];
-          next(key);
-        } else if (!t.admitted) dequeue(key, t);
+          busy[t.key]--;
+          if (!busy[t.key]) delete busy[t.key];
+          next(t.key);
+        } else if (!t.admitted) dequeue(t.key, t);
       },
       force() {
         if (t.admitted || t.gone) return;
-        const w = dequeue(key, t);
+        const w = dequeue(t.key, t);
         if (w) charge(w.priority, w.flow, w.tokens);
-        take(key, t);
+        take(t.key, t);
         go();
       },
       expire() {
         if (t.admitted || t.gone) return false;
-        dequeue(key, t);
+        dequeue(t.key, t);
         t.refused = "expired";
         t.gone = true;
         return true;
@@ -362,6 +406,7 @@ export function prefillAdmission(config: AdmissionConfig): PrefillAdmission {
       key: key,
       go: go,
       evicted: evicted || null,
+      move: move || null,
       priority: priority,
       flow: flow,
       bytes: bytes,

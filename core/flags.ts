@@ -234,6 +234,14 @@ export const FLAGS: FlagSpec[] = [
     help: "flow control: a request waiting at the router this long gets 503 instead of going past --prefill-admission-max-wait-ms (priority <= 0 with x-slo-ttft-ms: at that SLO if sooner); 0 = off. Envoy only",
   },
   {
+    name: "queue-late-binding",
+    kind: "enum",
+    def: "off",
+    choices: ["off", "on"],
+    commands: ["router"],
+    help: "flow control: a waiting request whose prompt no worker holds goes to whichever worker frees a prefill slot first, not only the one it was picked for. Envoy only",
+  },
+  {
     name: "queue-max-requests",
     kind: "string",
     def: "0",

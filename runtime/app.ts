@@ -20,7 +20,7 @@ import { prefixHashes } from "./prefix-hashes";
 import { Features } from "../core/types";
 import { prefillAdmission, PrefillAdmission } from "../core/admission";
 import { Objective } from "../core/objectives";
-import { admitFlow, flowMetrics, FlowMetrics, FlowRefusal } from "./flow";
+import { admitFlow, flowMetrics, FlowMetrics, FlowRefusal, repickers } from "./flow";
 import { HealthChecker } from "./health-check";
 import { Gauge } from "prom-client";
 import { addStats, defaultThreads, JobOutcome, TokenizerPool } from "./tokenpool";
@@ -723,6 +723,9 @@ export class App {
     if (feats.exact && this.probes && this.probes.anyDiverged()) feats = { ...feats, exact: false };
     const pick = this.router.pick(feats, req.sessionId, allow);
     pick.stream = req.stream;
+    // Late binding (runtime/flow.ts): the same request picked again on one named worker.
+    if (this.opts.flow?.lateBinding && !req.sessionId)
+      repickers.set(pick, (id) => this.router.pick(feats, null, (w) => w.id === id && (!allow || allow(w))));
     const secs = Number(process.hrtime.bigint() - t0) / 1e9;
     this.metrics.pickLatency.observe(secs);
     // Costs and counts only: prompt text never reaches the logs.
@@ -768,6 +771,7 @@ export class App {
         shed: this.metrics.shed,
         maxWaitMs: this.opts.admission.maxWaitMs,
         ttlMs: this.opts.flow?.ttlMs ?? 0,
+        repick: repickers.get(pick),
         log: (l, line) => this.log(l, line),
       },
       pick,

@@ -47,6 +47,8 @@ export interface Options {
   /** Flow control (core/admission.ts, runtime/flow.ts): the queue TTL (0 = off) and the queue bounds. */
   flow: {
     ttlMs: number;
+    /** --queue-late-binding on: movable waiters go to the first worker with a free slot. */
+    lateBinding: boolean;
     maxQueued: number;
     maxQueuedBytes: number;
     bandLimits: { [priority: string]: BandLimit };
@@ -263,6 +265,7 @@ export function optionsFrom(values: Record<string, FlagValue>, cmd: "router" | "
     },
     flow: {
       ttlMs: v("queue-ttl-ms") as number,
+      lateBinding: v("queue-late-binding") === "on",
       ...queueLimits(
         parseQueueBound(v("queue-max-requests") as string),
         parseQueueBound(v("queue-max-bytes") as string),

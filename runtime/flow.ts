@@ -19,6 +19,9 @@ import { Pick } from "../core/router";
 
 export const DROPPED_REASON_HEADER = "x-llm-d-request-dropped-reason";
 
+/** --queue-late-binding: how a pick is made again on one named worker (set by the app at the pick). */
+export const repickers = new WeakMap<Pick, (workerId: string) => Pick>();
+
 export interface FlowRefusal {
   status: number;
   message: string;
@@ -110,6 +113,17 @@ export interface FlowDeps {
   maxWaitMs: number;
   ttlMs: number;
   log: (level: "info" | "warn", line: string) => void;
+  /** Late binding: the pick made again on one worker (absent: the request waits for its own worker). */
+  repick?: (workerId: string) => Pick;
+}
+
+/**
+ * Whether a waiting pick may go to another worker at no cost: no worker holds
+ * any of its prompt (a cold prompt costs the same everywhere), and it is one
+ * worker's request (not a prefill/decode pair).
+ */
+function movable(pick: Pick): boolean {
+  return !pick.prefill && !pick.decodeCandidates && pick.candidates.every((c) => c.hits === 0);
 }
 
 /**
@@ -159,7 +173,31 @@ export function admitFlow(d: FlowDeps, pick: Pick, objective?: Objective, bytes?
       d.shed.inc({ priority: band });
       resolve(refusalOf("evicted", waited()));
     },
+    d.repick && movable(pick) ? (id) => move(id) : undefined,
   );
+  // Late binding: the pick made again on the worker that freed a slot; its
+  // load moves there (the old reservation is finished, the new one held).
+  const move = (id: string): boolean => {
+    let next: Pick;
+    try {
+      next = d.repick!(id);
+    } catch (e) {
+      return false;
+    }
+    if ((next.prefill ?? next.target).id !== id) {
+      next.reservation.finish();
+      return false;
+    }
+    const old = inner;
+    inner = next.reservation;
+    old.finish();
+    pick.target = next.target;
+    pick.candidates = next.candidates;
+    pick.uncachedTokens = next.uncachedTokens;
+    pick.mmImages = next.mmImages;
+    pick.mmAffinityHits = next.mmAffinityHits;
+    return true;
+  };
   if (ticket.refused) {
     d.flow.refused.inc({ priority: band, reason: ticket.refused });
     d.shed.inc({ priority: band });
@@ -190,7 +228,7 @@ export function admitFlow(d: FlowDeps, pick: Pick, objective?: Objective, bytes?
       }, d.maxWaitMs);
     timer.unref();
   }
-  const inner = pick.reservation;
+  let inner = pick.reservation;
   pick.reservation = {
     get open() {
       return inner.open;

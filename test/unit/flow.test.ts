@@ -225,3 +225,46 @@ test("--queue-max-requests / --queue-max-bytes: N over all bands, P=M per band; 
   assert.equal(o.values["queue-ttl-ms"], 2500);
   assert.equal(o.values["queue-max-bytes"], "1048576");
 });
+
+test("late binding: a movable waiter goes to the first worker that frees a slot, in band and fairness order", () => {
+  const a = prefillAdmission({ slots: 1, warmTokens: 0 });
+  const went: string[] = [];
+  const moved: string[] = [];
+  const hw0 = a.enter("w0", 10, () => went.push("h0"));
+  const hw1 = a.enter("w1", 10, () => went.push("h1"));
+  // Both wait for w0; q is movable, p is pinned (its prompt is cached on w0), r cannot move when asked.
+  const p = a.enter("w0", 10, () => went.push("p"), { priority: 0, flow: "f" });
+  const q = a.enter(
+    "w0",
+    10,
+    () => went.push("q"),
+    { priority: 0, flow: "g" },
+    undefined,
+    (k) => {
+      moved.push("q->" + k);
+      return true;
+    },
+  );
+  const r = a.enter(
+    "w0",
+    10,
+    () => went.push("r"),
+    { priority: 100, flow: "h" },
+    undefined,
+    () => false,
+  );
+  hw1.leave(); // w1 frees first: r is best but cannot move, so q (movable) goes there; p stays for w0
+  assert.deepEqual(moved, ["q->w1"]);
+  assert.deepEqual(went, ["h0", "h1", "q"]);
+  assert.equal(q.slot, true);
+  assert.equal(a.busy("w1"), 1);
+  q.leave(); // its slot is on w1 now: w1 frees, nothing movable left
+  assert.equal(a.busy("w1"), 0);
+  assert.equal(a.waiting("w0"), 2);
+  hw0.leave(); // w0: r (critical) first, then p
+  assert.deepEqual(went, ["h0", "h1", "q", "r"]);
+  r.leave();
+  assert.deepEqual(went, ["h0", "h1", "q", "r", "p"]);
+  p.leave();
+  assert.equal(a.busy("w0") + a.busy("w1") + a.waiting(), 0);
+});

@@ -9,9 +9,11 @@
 //   standard one carrying x-slo-ttft-ms sooner, at its SLO;
 // - fairness: a tenant of long prompts cannot take a turn per short prompt of
 //   a quiet tenant (attained tokens, not turns);
+// - late binding: a waiting request no worker holds goes to the worker that
+//   frees a slot first, not the one it was picked for;
 // - objective, fairness and SLO headers never reach the worker.
 import { needs } from "../tools";
-import { test, before, after } from "node:test";
+import { test, after } from "node:test";
 import * as assert from "node:assert/strict";
 import * as http from "http";
 import { AddressInfo } from "net";
@@ -68,31 +70,27 @@ async function until(router: RouterProc, n: number): Promise<void> {
   assert.equal(await waiting(router), n, "requests waiting at the router");
 }
 
-let bounded: { url: string; router: RouterProc };
-let ttl: { url: string; router: RouterProc };
-let fair: { url: string; router: RouterProc };
+type Fixture = { url: string; router: RouterProc };
 
-before(async () => {
-  if (skip) return;
-  const up = async (simArgs: string[], args: string[]) => {
-    const sim = await startSim(`fl${Math.random().toString(36).slice(2, 6)}`, simArgs);
-    const router = await startRouter(["--workers", workerArg([sim]), "--health-interval-ms", "0", ...OBJ, ...args]);
-    return { url: (await startEnvoy(router.grpcPort)).url, router };
-  };
-  [bounded, ttl, fair] = await Promise.all([
-    // About 1.5 s per 1,500-word prompt.
-    up(["--prefill-us-per-token", "1000"], ["--queue-max-requests", "2", "--prefill-admission-max-wait-ms", "4500"]),
-    up(["--prefill-us-per-token", "1000"], ["--queue-ttl-ms", "900"]),
-    up(["--prefill-us-per-token", "250"], ["--prefill-admission-max-wait-ms", "4500"]),
-  ]);
-});
+// One fixture per test, started by the test itself: started together they
+// overload a small machine's start-up.
+async function up(simArgs: string[], args: string[]): Promise<Fixture> {
+  const sim = await startSim(`fl${Math.random().toString(36).slice(2, 6)}`, simArgs);
+  const router = await startRouter(["--workers", workerArg([sim]), "--health-interval-ms", "0", ...OBJ, ...args]);
+  return { url: (await startEnvoy(router.grpcPort)).url, router };
+}
+
 after(stopAll);
 
 test(
   "queue bound: the newcomer gets 429 + Retry-After; critical evicts the newest standard and goes first",
   { skip },
   async () => {
-    const { url, router } = bounded;
+    // About 1.9 s per 1,500-word prompt.
+    const { url, router } = await up(
+      ["--prefill-us-per-token", "1000"],
+      ["--queue-max-requests", "2", "--prefill-admission-max-wait-ms", "4500"],
+    );
     const holder = chat(url, "hold", 1500);
     await sleep(300);
     const s1 = chat(url, "sone", 1500, as("standard"));
@@ -135,7 +133,7 @@ test(
   "TTL: a queued request gets 503 after --queue-ttl-ms; a standard one with x-slo-ttft-ms at its SLO",
   { skip },
   async () => {
-    const { url, router } = ttl;
+    const { url, router } = await up(["--prefill-us-per-token", "1000"], ["--queue-ttl-ms", "900"]);
     const holder = chat(url, "hold", 2500);
     await sleep(300);
     const slo = chat(url, "sloa", 1500, as("standard", "t", { "x-slo-ttft-ms": "200" }));
@@ -162,7 +160,7 @@ test(
 );
 
 test("fairness: a tenant of long prompts gets no turn per short prompt of a quiet tenant", { skip }, async () => {
-  const { url } = fair;
+  const { url } = await up(["--prefill-us-per-token", "250"], ["--prefill-admission-max-wait-ms", "4500"]);
   const holder = chat(url, "hold", 3000);
   await sleep(300);
   // The noisy tenant's three 3,000-word prompts queue first, then the quiet
@@ -178,6 +176,33 @@ test("fairness: a tenant of long prompts gets no turn per short prompt of a quie
   const lastQuiet = Math.max(...q.map((r) => r.at));
   assert.ok(lastQuiet < n[1].at, `quiet done at ${lastQuiet}, the second noisy prompt at ${n[1].at}`);
   assert.ok(n[0].at < q[0].at, "the noisy tenant's first prompt went first (it arrived first)");
+});
+
+test("late binding: a waiting request goes to the worker that frees a slot first", { skip }, async () => {
+  // A slow worker listed first (an idle tie goes to it) and a fast one.
+  const slow = await startSim("flslow", ["--prefill-us-per-token", "3000"]);
+  const fast = await startSim("flfast", ["--prefill-us-per-token", "250"]);
+  const router = await startRouter([
+    "--workers",
+    workerArg([slow, fast]),
+    "--health-interval-ms",
+    "0",
+    "--queue-late-binding",
+    "on",
+  ]);
+  const url = (await startEnvoy(router.grpcPort)).url;
+  // ~3 s on the slow worker (1,000 words), then ~0.75 s on the fast one (3,000
+  // words: more queued prefill, so the next pick prefers the slow worker).
+  const slowHolder = chat(url, "hslow", 1000);
+  await sleep(300);
+  const fastHolder = chat(url, "hfast", 3000);
+  await sleep(300);
+  const c = chat(url, "cee", 800);
+  await until(router, 1);
+  const [s, f, r] = await Promise.all([slowHolder, fastHolder, c]);
+  for (const x of [s, f, r]) assert.equal(x.status, 200, x.body);
+  assert.ok(r.at < s.at, `served before the slow worker's prompt finished: ${r.at - s.at} ms`);
+  assert.ok(r.ms < 2500, `moved to the fast worker when its slot freed: ${r.ms} ms`);
 });
 
 test("objective, fairness and SLO headers never reach the worker", { skip }, async () => {

@@ -285,11 +285,14 @@ function peerTarget(name: string, bin: string, sub: string[], extra: string[]): 
 const DEFAULT = "infera-gate default";
 const FLOW = "infera-gate flow control";
 const FLOW_ARGS = ["--queue-ttl-ms", "3000", "--queue-max-requests", "256"];
+const LATE = "infera-gate flow control + late binding";
+const LATE_ARGS = [...FLOW_ARGS, "--queue-late-binding", "on"];
 
 function targets(): Target[] {
   const all: Target[] = [
     inferaTarget(DEFAULT, []),
     inferaTarget(FLOW, FLOW_ARGS),
+    inferaTarget(LATE, LATE_ARGS),
     inferaTarget("infera-gate round-robin", ["--router-policy", "round-robin"]),
   ];
   if (!flag("--no-peers"))
@@ -420,7 +423,7 @@ function report(rows: Row[], cap: number, cmd: string): string {
     "",
     `Measured capacity (closed loop, ${CAP_CONC} clients per simulator, no router, completions in the last 20 s of 30): **${cap.toFixed(2)} requests/s**.`,
     `Classes: ${CLASSES.map((c) => `${c.name} (${c.objective}=${c.priority}, ${c.share * 100}%, SLO TTFT ${c.sloMs} ms)`).join(", ")}. Tenants: noisy 10/13 of the traffic, three quiet 1/13 each.`,
-    `${FLOW} = default + \`${FLOW_ARGS.join(" ")}\`.`,
+    `${FLOW} = default + \`${FLOW_ARGS.join(" ")}\`; ${LATE} = default + \`${LATE_ARGS.join(" ")}\`.`,
     "",
     "| target | load | class | sent | TTFT p50 ms | TTFT p99 ms | 429 | 503 | other errors |",
     "|---|---|---|---|---|---|---|---|---|",
@@ -455,7 +458,7 @@ function report(rows: Row[], cap: number, cmd: string): string {
   const peers = rows.filter((r) => r.load === top && /^(smg|vllm-router)/.test(r.target)).map((r) => good(r.target));
   const bestPeer = peers.length ? Math.max(...peers) : NaN;
   L.push("", `Bars at ${top} load:`, "");
-  for (const t of [DEFAULT, FLOW]) {
+  for (const t of [DEFAULT, FLOW, LATE]) {
     const hi = at(t, top);
     const lo = at(t, low);
     if (!hi || !lo) continue;
@@ -509,7 +512,7 @@ async function main(): Promise<void> {
       const results = await runOnce(arrivals);
       const row: Row = { target: t.name, load: `${load * 100}%`, results, pickP99 };
       // The quiet tenants alone, on the same schedule, for the noisy tenant's effect on them.
-      if (load === Math.max(...LOADS) && (t.name === DEFAULT || t.name === FLOW)) {
+      if (load === Math.max(...LOADS) && (t.name === DEFAULT || t.name === FLOW || t.name === LATE)) {
         const alone = await runOnce(arrivals.filter((a) => a.tenant !== "noisy"));
         row.quietAlone = pct(
           alone.filter((x) => x.status === 200 && !x.err).map((x) => x.ttft),

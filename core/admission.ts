@@ -1,5 +1,5 @@
-// Prefill admission: at most `slots` cold prefills in flight per worker; the
-// rest wait at the router, in arrival order, bound to the worker they were
+// Prefill admission and flow control: at most `slots` cold prefills in flight
+// per worker; the rest wait at the router, bound to the worker they were
 // picked for, and go as soon as one there reaches its first token.
 //
 // Why: a prefill is compute-bound and an engine step's time grows with the
@@ -17,52 +17,116 @@
 // its queued prefill on that worker exactly as if the engine held it.
 //
 // Who goes first when several wait for a worker (core/objectives.ts): the
-// highest priority band, then, within the band, the flow (tenant) served
-// least recently, so one flow sending ten times the others cannot take the
-// band's turns; within a flow, arrival order. A waiting request never
-// overtakes one already holding a slot: slots are not preempted.
+// highest priority band (strict: a lower band goes only when no higher one
+// waits); within the band, the flow (tenant) with the least attained
+// service; within a flow, arrival order. A waiting request never overtakes
+// one already holding a slot: slots are not preempted.
+//
+// Fairness within a band is least attained service in uncached prefill
+// tokens, the work the engine pays for (Dynamo's deficit round robin counts
+// the same unit), not in turns: a tenant sending few long prompts would take
+// most of the engine's time under turn-taking. Service counts only while a
+// flow is backlogged, as in start-time fair queueing: a flow that starts
+// waiting is lifted to the band's virtual time (the attained service of the
+// flow served last), so an idle tenant cannot bank credit and a noisy one's
+// past excess is forgotten once it stops. A flow ten times as busy as the
+// others therefore gets the same share of a busy worker as each of them, and
+// the quiet ones go first whenever they have waited less.
+//
+// Bounds (flow control): queued requests and queued request bytes, over all
+// bands (maxQueued, maxQueuedBytes) and per band (bandLimits). A request that
+// would pass its band's bound is refused ("queue_full"). One that would pass
+// the overall bound takes the place of the newest request of the lowest band
+// below its own ("evicted", told through its evicted callback), so a higher
+// band is never refused while a lower one holds a queue place; when no lower
+// band has enough to give up, the newcomer is refused. expire() takes a
+// waiting request out (its TTL or SLO deadline passed; the adapter owns the
+// clock).
+//
+// Late binding (optional): a waiter whose enter() gave a move callback (the
+// adapter's judgement that no worker holds any of its prompt, so it costs the
+// same anywhere) is not tied to the worker it was picked for: when a slot
+// frees on any worker, the best waiter for it is chosen among that worker's
+// queue and every movable waiter elsewhere, by the same order (band, attained
+// service, arrival), and move(key) re-targets it. Without it a request waits
+// for the prefill in flight on its own worker even when another frees first.
+//
+// Headroom: a worker is ready for another cold prefill when it has a free
+// slot and no external signal marks it saturated. setSaturated(key, true)
+// is that signal's input (engine queue depth or KV usage from a scrape, kept
+// out of here so any source can feed it); setting it false lets the
+// worker's queue drain.
 //
 // Pure and clock-free (core/): the adapter bounds the wait with its own timer
-// (force) and frees the slot at first token or at the end of the request
-// (leave), whichever comes first.
+// (force, expire) and frees the slot at first token or at the end of the
+// request (leave), whichever comes first.
 
 export interface AdmissionConfig {
   /** Cold prefills in flight per worker; 0 turns admission off. */
   slots: number;
   /** Uncached prefill tokens up to which a request is warm. */
   warmTokens: number;
+  /** Requests waiting over every band and worker; 0 or absent = unbounded. */
+  maxQueued?: number;
+  /** Request bytes waiting over every band and worker; 0 or absent = unbounded. */
+  maxQueuedBytes?: number;
+  /** Per band (priority as a string): its own bounds, 0 = unbounded. */
+  bandLimits?: { [priority: string]: BandLimit };
 }
+
+export interface BandLimit {
+  requests: number;
+  bytes: number;
+}
+
+/** Why a request did not go: refused on arrival, replaced by a higher band, or out of time. */
+export type Refusal = "" | "queue_full" | "evicted" | "expired";
 
 export interface Ticket {
   /** True once the request may go (at once, by a freed slot, or forced). */
   readonly admitted: boolean;
   /** True while it holds one of the worker's slots. */
   readonly slot: boolean;
+  /** Set when the request will not go: queue_full at enter(), evicted or expired later. */
+  readonly refused: Refusal;
   /** Gives the slot back, or leaves the queue; idempotent. */
   leave(): void;
   /** Admits now, past the limit (the wait bound ran out); it still takes a slot. */
   force(): void;
+  /** Leaves the queue as expired, if still waiting; returns whether it was. */
+  expire(): boolean;
+}
+
+/** Where a request stands among others waiting: its band, its flow and its size. */
+export interface QueueClass {
+  priority: number;
+  flow: string;
+  /** Request body bytes, for the byte bounds. */
+  bytes?: number;
 }
 
 interface Waiter {
   t: TicketState;
+  key: string;
   go: () => void;
+  evicted: (() => void) | null;
+  /** Late binding: re-targets the request to another worker; false = it cannot go there. */
+  move: ((key: string) => boolean) | null;
   priority: number;
   flow: string;
+  bytes: number;
+  tokens: number;
   /** Arrival order. */
   n: number;
-}
-
-/** Where a request stands among others waiting: its band and its flow. */
-export interface QueueClass {
-  priority: number;
-  flow: string;
 }
 
 interface TicketState extends Ticket {
   admitted: boolean;
   slot: boolean;
+  refused: Refusal;
   gone: boolean;
+  /** The worker it waits for or holds a slot on (changes when it moves). */
+  key: string;
 }
 
 export interface PrefillAdmission {
@@ -70,15 +134,27 @@ export interface PrefillAdmission {
   /**
    * Asks to send a request with `uncachedTokens` of prefill to worker `key`.
    * go() runs once, when the request is admitted: before enter() returns when
-   * it can go at once.
+   * it can go at once. evicted() runs if a higher band takes its queue place.
+   * A ticket refused at once has `refused` set and neither runs.
    */
-  enter(key: string, uncachedTokens: number, go: () => void, cls?: QueueClass): Ticket;
+  enter(
+    key: string,
+    uncachedTokens: number,
+    go: () => void,
+    cls?: QueueClass,
+    evicted?: () => void,
+    move?: (key: string) => boolean,
+  ): Ticket;
   /** Whether a request with this much uncached prefill would wait for worker key now. */
   wouldWait(key: string, uncachedTokens: number): boolean;
+  /** Marks a worker saturated by an outside signal (no cold prefill goes there), or clears it. */
+  setSaturated(key: string, saturated: boolean): void;
   /** Requests waiting, for one worker or all. */
   waiting(key?: string): number;
   /** Requests waiting per priority band, over every worker. */
   waitingByPriority(): { [priority: string]: number };
+  /** Request bytes waiting, over every worker. */
+  waitingBytes(): number;
   /** Slots taken on a worker. */
   busy(key: string): number;
 }
@@ -86,10 +162,56 @@ export interface PrefillAdmission {
 export function prefillAdmission(config: AdmissionConfig): PrefillAdmission {
   const busy: { [key: string]: number } = {};
   const queues: { [key: string]: Waiter[] } = {};
-  // When each flow was last let go (a counter, not a clock), for fairness within a band.
-  const served: { [flow: string]: number } = {};
-  let turn = 0;
+  const saturated: { [key: string]: boolean } = {};
+  // Fairness within a band: attained service in tokens per band|flow, while backlogged.
+  const attained: { [bandFlow: string]: number } = {};
+  const backlog: { [bandFlow: string]: number } = {};
+  const vtime: { [band: string]: number } = {};
+  // Queue occupancy per band and overall, for the bounds.
+  const bandCount: { [band: string]: number } = {};
+  const bandBytes: { [band: string]: number } = {};
+  let total = 0;
+  let totalBytes = 0;
   let arrivals = 0;
+  let charges = 0;
+
+  function fk(priority: number, flow: string): string {
+    return priority + "|" + flow;
+  }
+
+  /** A flow about to be charged or queued: an idle one starts at its band's virtual time. */
+  function lift(priority: number, flow: string): void {
+    const k = fk(priority, flow);
+    const v = vtime[priority] || 0;
+    if (!backlog[k] && (attained[k] || 0) < v) attained[k] = v;
+  }
+
+  /** Books the service a request starts receiving; every so often forgets idle flows at or below their band's clock. */
+  function charge(priority: number, flow: string, tokens: number): void {
+    const k = fk(priority, flow);
+    vtime[priority] = Math.max(vtime[priority] || 0, attained[k] || 0);
+    attained[k] = (attained[k] || 0) + Math.max(1, tokens);
+    if (++charges % 1024 === 0)
+      for (const f in attained) {
+        const band = f.substring(0, f.indexOf("|"));
+        if (!backlog[f] && attained[f] <= (vtime[band] || 0)) delete attained[f];
+      }
+  }
+
+  function book(w: Waiter, sign: number): void {
+    const p = String(w.priority);
+    const k = fk(w.priority, w.flow);
+    bandCount[p] = (bandCount[p] || 0) + sign;
+    bandBytes[p] = (bandBytes[p] || 0) + sign * w.bytes;
+    backlog[k] = (backlog[k] || 0) + sign;
+    if (!bandCount[p]) {
+      delete bandCount[p];
+      delete bandBytes[p];
+    }
+    if (!backlog[k]) delete backlog[k];
+    total += sign;
+    totalBytes += sign * w.bytes;
+  }
 
   /** Marks t admitted on a slot of key's worker. */
   function take(key: string, t: TicketState): void {
@@ -98,70 +220,166 @@ export function prefillAdmission(config: AdmissionConfig): PrefillAdmission {
     busy[key] = (busy[key] || 0) + 1;
   }
 
-  /** Takes t out of key's queue, if it is there. */
-  function dequeue(key: string, t: TicketState): void {
+  /** Takes t out of its queue, if it is there; returns the waiter. */
+  function dequeue(key: string, t: TicketState): Waiter | null {
     const q = queues[key];
     for (let i = 0; q && i < q.length; i++)
       if (q[i].t === t) {
-        q.splice(i, 1);
+        const w = q.splice(i, 1)[0];
         if (!q.length) delete queues[key];
-        return;
+        book(w, -1);
+        return w;
       }
+    return null;
   }
 
-  /** Index of the waiter to go next: highest band, least recently served flow, earliest arrival. */
-  function first(q: Waiter[]): number {
-    let b = 0;
-    for (let i = 1; i < q.length; i++) {
-      const w = q[i];
-      const c = q[b];
-      if (w.priority !== c.priority) {
-        if (w.priority > c.priority) b = i;
-        continue;
+  /** Whether w goes before c: higher band, then less attained service in the band, then earlier arrival. */
+  function before(w: Waiter, c: Waiter): boolean {
+    if (w.priority !== c.priority) return w.priority > c.priority;
+    const wa = attained[fk(w.priority, w.flow)] || 0;
+    const ca = attained[fk(c.priority, c.flow)] || 0;
+    return wa !== ca ? wa < ca : w.n < c.n;
+  }
+
+  /** The waiter to go next on key's worker: from its own queue, or (late binding) a movable one from any queue. */
+  function best(key: string): Waiter | null {
+    let b: Waiter | null = null;
+    for (const k in queues) {
+      const q = queues[k];
+      for (let i = 0; i < q.length; i++) {
+        const w = q[i];
+        if (k !== key && !w.move) continue;
+        if (!b || before(w, b)) b = w;
       }
-      const ws = served[w.flow] || 0;
-      const cs = served[c.flow] || 0;
-      if (ws !== cs ? ws < cs : w.n < c.n) b = i;
     }
     return b;
   }
 
+  function ready(key: string): boolean {
+    return (busy[key] || 0) < config.slots && !saturated[key];
+  }
+
   function next(key: string): void {
-    const q = queues[key];
-    while (q && q.length && (busy[key] || 0) < config.slots) {
-      const w = q.splice(first(q), 1)[0];
-      served[w.flow] = ++turn;
+    for (let guard = total + 1; guard > 0 && ready(key); guard--) {
+      const w = best(key);
+      if (!w) break;
+      dequeue(w.key, w.t);
+      if (w.key !== key) {
+        const mv = w.move as (key: string) => boolean;
+        if (!mv(key)) {
+          // It cannot go there: back in its own queue, no longer movable.
+          w.move = null;
+          if (!queues[w.key]) queues[w.key] = [];
+          queues[w.key].push(w);
+          book(w, 1);
+          continue;
+        }
+        w.key = key;
+        w.t.key = key;
+      }
+      charge(w.priority, w.flow, w.tokens);
       take(key, w.t);
       w.go();
     }
-    if (q && !q.length) delete queues[key];
   }
 
   function waits(key: string, uncachedTokens: number): boolean {
     if (config.slots <= 0 || uncachedTokens <= config.warmTokens) return false;
-    return (busy[key] || 0) >= config.slots || !!queues[key];
+    return !ready(key) || !!queues[key];
   }
 
-  function enter(key: string, uncachedTokens: number, go: () => void, cls?: QueueClass): Ticket {
+  /** The newest waiter of the lowest band below `priority`, or null. */
+  function victim(priority: number): Waiter | null {
+    let v: Waiter | null = null;
+    for (const k in queues) {
+      const q = queues[k];
+      for (let i = 0; i < q.length; i++) {
+        const w = q[i];
+        if (w.priority >= priority) continue;
+        if (!v || w.priority < v.priority || (w.priority === v.priority && w.n > v.n)) v = w;
+      }
+    }
+    return v;
+  }
+
+  /** Whether the overall bounds hold with one more request of `bytes` plus the given freed room. */
+  function fits(bytes: number, freedReq: number, freedBytes: number): boolean {
+    const mq = config.maxQueued || 0;
+    const mb = config.maxQueuedBytes || 0;
+    return (!mq || total - freedReq + 1 <= mq) && (!mb || totalBytes - freedBytes + bytes <= mb);
+  }
+
+  /**
+   * Makes room for a request of band `priority` and `bytes`: its band's own
+   * bound first (never relieved by eviction), then the overall bound, by
+   * evicting lower bands newest first, only if that is enough.
+   */
+  function room(priority: number, bytes: number): boolean {
+    const lim = config.bandLimits ? config.bandLimits[String(priority)] : undefined;
+    if (lim) {
+      if (lim.requests > 0 && (bandCount[priority] || 0) + 1 > lim.requests) return false;
+      if (lim.bytes > 0 && (bandBytes[priority] || 0) + bytes > lim.bytes) return false;
+    }
+    if (fits(bytes, 0, 0)) return true;
+    // Enough below this band to give up?
+    let req = 0;
+    let by = 0;
+    for (const p in bandCount)
+      if (Number(p) < priority) {
+        req += bandCount[p];
+        by += bandBytes[p] || 0;
+      }
+    if (!fits(bytes, req, by)) return false;
+    for (let guard = total; guard > 0 && !fits(bytes, 0, 0); guard--) {
+      const v = victim(priority);
+      if (!v) return false;
+      dequeue(v.key, v.t);
+      v.t.refused = "evicted";
+      v.t.gone = true;
+      if (v.evicted) v.evicted();
+    }
+    return fits(bytes, 0, 0);
+  }
+
+  function enter(
+    key: string,
+    uncachedTokens: number,
+    go: () => void,
+    cls?: QueueClass,
+    evicted?: () => void,
+    move?: (key: string) => boolean,
+  ): Ticket {
+    const priority = cls ? cls.priority : 0;
+    const flow = cls ? cls.flow : "";
     const t: TicketState = {
       admitted: false,
       slot: false,
+      refused: "",
       gone: false,
+      key: key,
       leave() {
         if (t.gone) return;
         t.gone = true;
         if (t.slot) {
           t.slot = false;
-          busy[key]--;
-          if (!busy[key]) delete busy[key];
-          next(key);
-        } else if (!t.admitted) dequeue(key, t);
+          busy[t.key]--;
+          if (!busy[t.key]) delete busy[t.key];
+          next(t.key);
+        } else if (!t.admitted) dequeue(t.key, t);
       },
       force() {
         if (t.admitted || t.gone) return;
-        dequeue(key, t);
-        take(key, t);
+        const w = dequeue(t.key, t);
+        if (w) charge(w.priority, w.flow, w.tokens);
+        take(t.key, t);
         go();
+      },
+      expire() {
+        if (t.admitted || t.gone) return false;
+        dequeue(t.key, t);
+        t.refused = "expired";
+        t.gone = true;
+        return true;
       },
     };
     if (config.slots <= 0 || uncachedTokens <= config.warmTokens) {
@@ -169,16 +387,35 @@ export function prefillAdmission(config: AdmissionConfig): PrefillAdmission {
       go();
       return t;
     }
-    const flow = cls ? cls.flow : "";
+    lift(priority, flow);
     // Behind others already waiting even if a slot is free at this instant.
     if (!waits(key, uncachedTokens)) {
-      served[flow] = ++turn;
+      charge(priority, flow, uncachedTokens);
       take(key, t);
       go();
       return t;
     }
+    const bytes = cls && cls.bytes ? cls.bytes : 0;
+    if (!room(priority, bytes)) {
+      t.refused = "queue_full";
+      t.gone = true;
+      return t;
+    }
+    const w: Waiter = {
+      t: t,
+      key: key,
+      go: go,
+      evicted: evicted || null,
+      move: move || null,
+      priority: priority,
+      flow: flow,
+      bytes: bytes,
+      tokens: uncachedTokens,
+      n: arrivals++,
+    };
     if (!queues[key]) queues[key] = [];
-    queues[key].push({ t: t, go: go, priority: cls ? cls.priority : 0, flow: flow, n: arrivals++ });
+    queues[key].push(w);
+    book(w, 1);
     return t;
   }
 
@@ -186,21 +423,108 @@ export function prefillAdmission(config: AdmissionConfig): PrefillAdmission {
     config: config,
     enter: enter,
     wouldWait: waits,
+    setSaturated(key: string, on: boolean) {
+      if (on) saturated[key] = true;
+      else if (saturated[key]) {
+        delete saturated[key];
+        next(key);
+      }
+    },
     waitingByPriority() {
       const out: { [priority: string]: number } = {};
-      for (const k in queues)
-        for (let i = 0; i < queues[k].length; i++)
-          out[String(queues[k][i].priority)] = (out[String(queues[k][i].priority)] || 0) + 1;
+      for (const p in bandCount) out[p] = bandCount[p];
       return out;
+    },
+    waitingBytes() {
+      return totalBytes;
     },
     waiting(key?: string): number {
       if (key !== undefined) return queues[key] ? queues[key].length : 0;
-      let n = 0;
-      for (const k in queues) n += queues[k].length;
-      return n;
+      return total;
     },
     busy(key: string): number {
       return busy[key] || 0;
     },
   };
+}
+
+/**
+ * --queue-max-requests / --queue-max-bytes: "N" bounds every band together;
+ * "N,PRIORITY=M,..." adds a bound of its own to a band (0 = unbounded).
+ * Throws naming the bad entry.
+ */
+export function parseQueueBound(spec: string): { total: number; bands: { [priority: string]: number } } {
+  const out = { total: 0, bands: {} as { [priority: string]: number } };
+  const parts = (spec || "").split(",");
+  for (let i = 0; i < parts.length; i++) {
+    const item = parts[i].trim();
+    if (!item) continue;
+    const eq = item.lastIndexOf("=");
+    const key = eq > 0 ? item.substring(0, eq).trim() : "";
+    const n = Number(eq >= 0 ? item.substring(eq + 1).trim() : item);
+    const p = Number(key);
+    if (!(n % 1 === 0) || n < 0 || (eq >= 0 && (!key || !(p % 1 === 0))))
+      throw new Error("'" + item + "': expected N (every band) or PRIORITY=N (one band), e.g. 256,-1=32");
+    if (eq >= 0) out.bands[String(p)] = n;
+    else out.total = n;
+  }
+  return out;
+}
+
+export function queueBoundProblem(spec: string): string | null {
+  try {
+    parseQueueBound(spec);
+    return null;
+  } catch (e) {
+    return (e as Error).message;
+  }
+}
+
+/** The admission bounds from the two parsed flags. */
+export function queueLimits(
+  requests: { total: number; bands: { [priority: string]: number } },
+  bytes: { total: number; bands: { [priority: string]: number } },
+): { maxQueued: number; maxQueuedBytes: number; bandLimits: { [priority: string]: BandLimit } } {
+  const bands: { [priority: string]: BandLimit } = {};
+  for (const p in requests.bands) bands[p] = { requests: requests.bands[p], bytes: 0 };
+  for (const p in bytes.bands) {
+    if (!bands[p]) bands[p] = { requests: 0, bytes: 0 };
+    bands[p].bytes = bytes.bands[p];
+  }
+  return { maxQueued: requests.total, maxQueuedBytes: bytes.total, bandLimits: bands };
+}
+
+/**
+ * The refusal rule without a queue (njs, which cannot wait in its routing
+ * phase): a sheddable request (priority < 0) that is cold is refused when its
+ * worker already has `slots` cold prefills before their first token, the
+ * moment the Envoy path's admission would make it wait (wouldWait).
+ */
+export function shedsAtOnce(
+  priority: number,
+  uncachedTokens: number,
+  config: AdmissionConfig,
+  coldInFlight: number,
+): boolean {
+  return priority < 0 && config.slots > 0 && uncachedTokens > config.warmTokens && coldInFlight >= config.slots;
+}
+
+/** What an engine's own metrics say about its load (any field may be unknown). */
+export interface EngineLoad {
+  /** Requests the engine holds waiting (vllm:num_requests_waiting, sglang:num_queue_reqs). */
+  waiting?: number;
+  /** KV cache usage, 0..1 (vllm:kv_cache_usage_perc, sglang:token_usage). */
+  kvUsage?: number;
+}
+
+/**
+ * Whether an engine's own signals say it has no headroom, for
+ * PrefillAdmission.setSaturated: the Inference Extension's utilization
+ * detector per endpoint, max(waiting / queueDepth, kvUsage / kvUsageLimit) >= 1
+ * (its defaults: queue depth 5, KV 0.8). Unknown signals count as headroom.
+ */
+export function engineSaturated(load: EngineLoad, queueDepth: number, kvUsageLimit: number): boolean {
+  const q = load.waiting !== undefined && queueDepth > 0 ? load.waiting / queueDepth : 0;
+  const kv = load.kvUsage !== undefined && kvUsageLimit > 0 ? load.kvUsage / kvUsageLimit : 0;
+  return Math.max(q, kv) >= 1;
 }

@@ -8,6 +8,7 @@ import { policyNames, scorerNames } from "./scheduling/framework";
 import { DEFAULT_MAX_SESSION_ID_BYTES } from "./limits";
 import { extraPathsProblem } from "./paths";
 import { objectivesProblem } from "./objectives";
+import { queueBoundProblem } from "./admission";
 
 export type FlagKind = "string" | "int" | "number" | "enum" | "bool" | "weights";
 /** weights: name=w,... parsed to an object of non-negative numbers. */
@@ -184,6 +185,7 @@ export const FLAGS: FlagSpec[] = [
     min: 0,
     max: 64,
     commands: ["router"],
+    nginx: "infera_prefill_admission_slots",
     metavar: "N",
     help: "kv-aware: cold prefills in flight per worker; more wait at the router, in order, until one reaches its first token (0 = off; Envoy only)",
   },
@@ -193,6 +195,7 @@ export const FLAGS: FlagSpec[] = [
     def: 512,
     min: 0,
     commands: ["router"],
+    nginx: "infera_prefill_admission_warm_tokens",
     metavar: "N",
     help: "a request with at most this many uncached prompt tokens is warm: it never waits and takes no slot",
   },
@@ -209,6 +212,7 @@ export const FLAGS: FlagSpec[] = [
     kind: "string",
     def: "",
     commands: ["router"],
+    nginx: "infera_objectives",
     metavar: "LIST",
     check: (v) => objectivesProblem(String(v)),
     help: "objective=priority,... for x-gateway-inference-objective (the Inference Extension's InferenceObjective priority; unknown or none = 0, negative = sheddable)",
@@ -219,7 +223,42 @@ export const FLAGS: FlagSpec[] = [
     def: "ignore",
     choices: ["ignore", "trust"],
     commands: ["router"],
+    nginx: "infera_objective_headers",
     help: "trust: read x-gateway-inference-objective and x-gateway-inference-fairness-id (set them at the gateway, or let clients choose); ignore: every request is priority 0 in one flow",
+  },
+  {
+    name: "queue-ttl-ms",
+    kind: "int",
+    def: 0,
+    min: 0,
+    commands: ["router"],
+    help: "flow control: a request waiting at the router this long gets 503 instead of going past --prefill-admission-max-wait-ms (priority <= 0 with x-slo-ttft-ms: at that SLO if sooner); 0 = off. Envoy only",
+  },
+  {
+    name: "queue-late-binding",
+    kind: "enum",
+    def: "off",
+    choices: ["off", "on"],
+    commands: ["router"],
+    help: "flow control: a waiting request whose prompt no worker holds goes to whichever worker frees a prefill slot first, not only the one it was picked for. Envoy only",
+  },
+  {
+    name: "queue-max-requests",
+    kind: "string",
+    def: "0",
+    commands: ["router"],
+    metavar: "N[,P=M]",
+    check: (v) => queueBoundProblem(String(v)),
+    help: "flow control: requests waiting at the router, N over all bands (a higher band evicts the lowest band's newest, 429), P=M for band P alone (newcomer 429); 0 = unbounded",
+  },
+  {
+    name: "queue-max-bytes",
+    kind: "string",
+    def: "0",
+    commands: ["router"],
+    metavar: "N[,P=M]",
+    check: (v) => queueBoundProblem(String(v)),
+    help: "flow control: request body bytes waiting at the router, over all bands and per band, as --queue-max-requests",
   },
   {
     name: "decode-input-demand",

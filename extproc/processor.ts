@@ -14,6 +14,7 @@ import { ProcessingRequest, ProcessingResponse } from "./gen/envoy/service/ext_p
 import { ProcessingMode_BodySendMode } from "./gen/envoy/extensions/filters/http/ext_proc/v3/processing_mode_pb";
 import { Endpoint } from "../core/request";
 import { checkPath } from "../core/paths";
+import { CONTROL_HEADERS } from "../core/objectives";
 import { DP_RANK_HEADER } from "../core/dprank";
 import { prefillRankHeader } from "../core/dprank";
 import { Guard } from "../core/router";
@@ -205,6 +206,8 @@ export class StreamProcessor {
       ]),
     ];
     for (const h of s.strip) delete s.headers[h];
+    // Objective and SLO headers are the router's input: read from s.headers, never sent on.
+    for (const h of CONTROL_HEADERS) if (h in s.headers) s.strip.push(h);
     for (const h of hooks) h.requestHeaders?.(s);
     // Only allowed paths reach a worker; the rest are answered here, before any body is read.
     const verdict = checkPath(app.opts.pathRules, s.headers[":method"] || "GET", s.headers[":path"] || "/");

@@ -6,6 +6,12 @@ import { Store } from "../core/store";
 import {
   MAX_PUSH_SEQ_AHEAD_US,
   acceptPushSeq,
+  coldEnter,
+  coldInFlight,
+  coldKey,
+  coldLeave,
+  countShed,
+  shedCounts,
   countDecision,
   countHitBlocks,
   decisionCounts,
@@ -29,6 +35,8 @@ import { metricHeader, metricSpec } from "../core/metric-table";
 import { errorJson } from "../core/errors";
 import { dpBodyFields, withBodyFields } from "../core/dprank";
 import { logfmt, LogFields, LogLevel } from "../core/log";
+import { objectiveOf, parseObjectives } from "../core/objectives";
+import { shedsAtOnce } from "../core/admission";
 
 const STR_ZONE = "infera_str";
 const NUM_ZONE = "infera_num";
@@ -211,6 +219,29 @@ function route(r: NjsRequest): void {
     const err = asHttpError(e);
     return fail(r, err.status, err.message, err.type, err.param);
   }
+  // Priority shedding, the Envoy path's rule without its queue (core/admission.ts
+  // shedsAtOnce): a sheddable cold request whose worker has no free prefill slot.
+  const adm = {
+    slots: c.cfg.policy === "kv-aware" ? (nginxFlag("prefill-admission-slots", getVar(r)) as number) : 0,
+    warmTokens: nginxFlag("prefill-admission-warm-tokens", getVar(r)) as number,
+  };
+  const coldEk =
+    ep && adm.slots > 0 && pick.uncachedTokens > adm.warmTokens ? (pick.prefill || pick.target).epochKey : "";
+  if (coldEk) {
+    const obj = objectiveOf(
+      function (n: string) {
+        return r.headersIn[n];
+      },
+      parseObjectives(nginxFlag("objectives", getVar(r)) as string),
+      nginxFlag("objective-headers", getVar(r)) === "trust",
+    );
+    if (shedsAtOnce(obj.priority, pick.uncachedTokens, adm, coldInFlight(c.st, coldEk))) {
+      pick.reservation.finish();
+      countShed(c.st, obj.priority);
+      r.headersOut["Retry-After"] = "1";
+      return fail(r, 429, "the workers are saturated; sheddable request refused, retry later", "rate_limited");
+    }
+  }
   const g = pick.reservation.guards();
   let id = "";
   try {
@@ -218,6 +249,7 @@ function route(r: NjsRequest): void {
     if (g.prefill) saveGuard(c.st, id, "prefill", g.prefill);
     if (g.queued) saveGuard(c.st, id, "queued", g.queued);
     saveGuard(c.st, id, "main", g.main);
+    if (coldEk) coldEnter(c.st, id, coldEk);
   } catch (e) {
     // No room to remember the guards: give the load back now, keep routing.
     pick.reservation.finish();
@@ -300,12 +332,20 @@ function releaseKey(c: Ctx, key: string): boolean {
   return true;
 }
 
+/** The cold prefill count a request took (shedding's slot), given back once: at first byte or log phase. */
+function releaseCold(c: Ctx, rid: string): void {
+  const sh = (ngx.shared as { [z: string]: NjsSharedDict })[STR_ZONE];
+  const ek = sh.pop(coldKey(rid));
+  if (ek !== undefined) coldLeave(c.st, String(ek));
+}
+
 /** js_header_filter in the proxy location: the response started = first token. */
 function firstByte(r: NjsRequest): void {
   r.headersOut["x-infera-worker"] = r.variables.infera_worker;
   const c = ctx0(r);
   if (!c || !reqId(r)) return;
   releaseKey(c, guardKey(reqId(r), "queued"));
+  releaseCold(c, reqId(r));
   if (c.cfg.pdPrefillGuardRelease === "first-token") releaseKey(c, guardKey(reqId(r), "prefill"));
 }
 
@@ -316,6 +356,7 @@ function release(r: NjsRequest): string {
   const id = reqId(r);
   if (!id) return "-";
   const q = releaseKey(c, guardKey(id, "queued"));
+  releaseCold(c, id);
   const a = releaseKey(c, guardKey(id, "prefill"));
   const b = releaseKey(c, guardKey(id, "main"));
   return a || b || q ? "1" : "0";
@@ -490,6 +531,13 @@ function metrics(r: NjsRequest): void {
         '"} ' +
         hb[i].count,
     );
+  lines.push(
+    "# HELP infera_router_shed_total Sheddable requests (negative priority) refused with 429 because their worker had no free prefill slot",
+    "# TYPE infera_router_shed_total counter",
+  );
+  const sc = shedCounts(c.st);
+  for (let i = 0; i < sc.length; i++)
+    lines.push('infera_router_shed_total{priority="' + sc[i].priority + '"} ' + sc[i].count);
   r.headersOut["Content-Type"] = "text/plain; version=0.0.4";
   r.return(200, lines.join("\n") + "\n");
 }

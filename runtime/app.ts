@@ -23,7 +23,7 @@ import { Options } from "./config";
 import { BatchInfo } from "./events";
 import { RenderProbes } from "./probe";
 import { defaultReplicaId, ReplicaSync } from "./replicas";
-import { Director } from "./director";
+import { Director, Refused } from "./director";
 import { Logger } from "./log";
 import { Tokenizers } from "./tokenizers";
 import { Fleet } from "./fleet";
@@ -218,9 +218,13 @@ export class App {
   ): Promise<Pick> {
     return this.routing.routeAsync(endpoint, body, sessionHeader, allow);
   }
-  /** Resolves when the pick may be sent (runtime/director.ts: every admitter let it go, or the wait bound ran out). */
-  admit(pick: Pick, objective?: Objective): Promise<void> {
-    return this.director.admit(pick, objective);
+  /**
+   * Resolves when the pick may be sent (null: every admitter let it go, or the
+   * wait bound ran out) or with the refusal to answer instead (queue full,
+   * evicted by a higher band, expired): runtime/director.ts.
+   */
+  admit(pick: Pick, objective?: Objective, bytes?: number): Promise<Refused | null> {
+    return this.director.admit(pick, objective, bytes);
   }
 
   async close(): Promise<void> {

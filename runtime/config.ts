@@ -5,6 +5,7 @@ import { defaultConfig, RouterConfig, Role, WorkerSpec } from "../core/router";
 import { flagsFor, FlagValue } from "../core/flags";
 import { PathRule, pathRules } from "../core/paths";
 import { parseObjectives } from "../core/objectives";
+import { BandLimit, parseQueueBound, queueLimits } from "../core/admission";
 import { defaultTierWeights, parseTierWeights } from "../core/kvevents";
 import { expandDp, offsetPort } from "../core/fleet";
 import { configureTransportSecurity } from "./transport-security";
@@ -43,6 +44,15 @@ export interface Options {
   objectives: { table: { [name: string]: number }; trust: boolean };
   /** Prefill admission (core/admission.ts): slots per worker (0 = off), the warm bound, the wait bound. */
   admission: { slots: number; warmTokens: number; maxWaitMs: number };
+  /** Flow control (core/admission.ts, runtime/flow.ts): the queue TTL (0 = off) and the queue bounds. */
+  flow: {
+    ttlMs: number;
+    /** --queue-late-binding on: movable waiters go to the first worker with a free slot. */
+    lateBinding: boolean;
+    maxQueued: number;
+    maxQueuedBytes: number;
+    bandLimits: { [priority: string]: BandLimit };
+  };
   maxBodyBytes: number;
   /** Paths that reach a worker (core/paths.ts): the built-in inference endpoints and --extra-paths. */
   pathRules: PathRule[];
@@ -251,6 +261,14 @@ export function optionsFrom(values: Record<string, FlagValue>, cmd: "router" | "
       slots: v("prefill-admission-slots") as number,
       warmTokens: v("prefill-admission-warm-tokens") as number,
       maxWaitMs: v("prefill-admission-max-wait-ms") as number,
+    },
+    flow: {
+      ttlMs: v("queue-ttl-ms") as number,
+      lateBinding: v("queue-late-binding") === "on",
+      ...queueLimits(
+        parseQueueBound(v("queue-max-requests") as string),
+        parseQueueBound(v("queue-max-bytes") as string),
+      ),
     },
     maxBodyBytes: v("max-body-bytes") as number,
     pathRules: pathRules(v("extra-paths") as string),

@@ -13,7 +13,8 @@ import { Endpoint } from "../core/request";
 import { Guard, Pick, Reservation, Router, Worker } from "../core/router";
 import { asHttpError, httpError } from "../core/util";
 import { Objective, objectiveOf } from "../core/objectives";
-import { PrefillAdmission, Ticket } from "../core/admission";
+import { PrefillAdmission, Refusal as FlowRefusalReason, Ticket } from "../core/admission";
+import { FlowMetrics, FlowRefusal, refusalOf, repickers } from "./flow";
 import { AdmissionContext, admitters, shedders } from "../core/scheduling/framework";
 import { DP_RANK_HEADER, dpBodyFields, prefillRankHeader, withBodyFields } from "../core/dprank";
 import { Options } from "./config";
@@ -54,6 +55,8 @@ export interface DirectorDeps {
   readonly router: Router;
   /** Prefill admission's slots and queues, shared with the admission gauge. */
   readonly admission: PrefillAdmission;
+  /** Flow control's counters per band (runtime/flow.ts). */
+  readonly flow: FlowMetrics;
   /** Parse, tokenize (on a thread when long), pick; throws an httpError to answer with. */
   routeAsync(
     endpoint: Endpoint,
@@ -131,6 +134,9 @@ function refuse(
   return { kind: "refuse", status, message, type, param, headers, outcome };
 }
 
+/** Late binding: the reservation a moved pick holds now (its original one was finished at the move). */
+const movedTo = new WeakMap<Pick, Reservation>();
+
 export class Director {
   constructor(private readonly d: DirectorDeps) {}
 
@@ -183,6 +189,8 @@ export class Director {
       header: (n) => headers[n],
       settings: { eppShedActiveBlocks: opts.eppShedActiveBlocks, eppSheddableObjectives: opts.eppSheddableObjectives },
       queue: this.d.admission,
+      bytes: inp.body.length,
+      move: this.mover(pick),
     };
     const shed = this.shed(pick, ctx);
     if (shed) return shed;
@@ -191,12 +199,19 @@ export class Director {
     // Prefill admission: a cold prompt waits here while another cold one is
     // prefilling on its worker. A stream that ends meanwhile finishes it.
     if (end) end.onEnd = () => pick.reservation.finish();
+    let refused: Refused | null;
     try {
-      await this.admitWith(pick, ctx);
+      refused = await this.admitWith(pick, ctx);
     } finally {
       if (end) end.onEnd = null;
     }
     if (end?.ended) return this.clientGone(pick);
+    // Flow control refused it while it waited (queue full, a higher band took its place, its TTL ran out).
+    if (refused) {
+      pick.reservation.finish();
+      metrics.badRequests.inc({ status: String(refused.status) });
+      return refused;
+    }
     return this.routed(inp, pick, pool);
   }
 
@@ -232,7 +247,10 @@ export class Director {
       if (!r) continue;
       pick.reservation.finish();
       this.d.metrics.badRequests.inc({ status: String(r.status) });
-      if (r.shedPriority !== undefined) this.d.metrics.shed.inc({ priority: String(r.shedPriority) });
+      if (r.shedPriority !== undefined) {
+        this.d.metrics.shed.inc({ priority: String(r.shedPriority) });
+        this.d.flow.refused.inc({ priority: String(r.shedPriority), reason: "saturated" });
+      }
       if (r.log) this.d.log("info", r.log);
       return refuse(r.status, r.message, r.type, outcomeOf(r), r.headers ?? {});
     }
@@ -246,13 +264,11 @@ export class Director {
   }
 
   /**
-   * Resolves when the pick may be sent (every admitter let it go), at once or
-   * after --prefill-admission-max-wait-ms. The pick's reservation is wrapped
-   * so whatever the admitters hold is given back at the first token or at the
-   * end, whichever comes first; finishing it while it waits (the client went
-   * away) resolves it too.
+   * Resolves when the pick may be sent (null: every admitter let it go) or
+   * with the refusal to answer instead (queue full, evicted by a higher band,
+   * expired): see admitWith.
    */
-  admit(pick: Pick, objective?: Objective): Promise<void> {
+  admit(pick: Pick, objective?: Objective, bytes?: number): Promise<Refused | null> {
     const pool = pick.decodeCandidates ?? pick.candidates;
     return this.admitWith(pick, {
       worker: (pick.prefill ?? pick.target).id,
@@ -265,66 +281,173 @@ export class Director {
         eppSheddableObjectives: this.d.opts.eppSheddableObjectives,
       },
       queue: this.d.admission,
+      bytes: bytes ?? 0,
+      move: this.mover(pick),
     });
   }
 
-  private admitWith(pick: Pick, ctx: AdmissionContext): Promise<void> {
+  /**
+   * Late binding (--queue-late-binding): a waiting pick that no worker holds
+   * any of (a cold prompt costs the same anywhere), and that is one worker's
+   * request (not a prefill/decode pair), may go to whichever worker frees a
+   * slot first: its pick is made again there and its load moves with it.
+   */
+  private mover(pick: Pick): ((worker: string) => boolean) | undefined {
+    const repick = repickers.get(pick);
+    if (!repick || pick.prefill || pick.decodeCandidates || !pick.candidates.every((c) => c.hits === 0)) return;
+    const original = pick.reservation;
+    return (id) => {
+      let next: Pick;
+      try {
+        next = repick(id);
+      } catch {
+        return false;
+      }
+      if ((next.prefill ?? next.target).id !== id) {
+        next.reservation.finish();
+        return false;
+      }
+      // Its load moves: the reservation held so far is finished, the new one held.
+      const old = movedTo.get(pick) ?? original;
+      movedTo.set(pick, next.reservation);
+      old.finish();
+      pick.target = next.target;
+      pick.candidates = next.candidates;
+      pick.uncachedTokens = next.uncachedTokens;
+      pick.mmImages = next.mmImages;
+      pick.mmAffinityHits = next.mmAffinityHits;
+      return true;
+    };
+  }
+
+  /**
+   * Flow control's clock around the admitters (core/admission.ts holds the
+   * queues). Resolves when the pick may be sent: at once, when a slot frees on
+   * its prefill worker, or at --prefill-admission-max-wait-ms (sent anyway)
+   * when no TTL is set. Resolves with a refusal instead when
+   * - a queue bound refuses it on arrival, or a request of a higher band
+   *   takes its place: 429 with Retry-After;
+   * - it waits out --queue-ttl-ms: 503, as the Inference Extension's flow
+   *   control answers a request whose TTL ran out; a request of priority 0 or
+   *   below carrying x-slo-ttft-ms expires at that SLO if it comes first, since
+   *   it can no longer meet it and the slot is worth more to one that can;
+   *   higher bands wait out the whole TTL (a late critical answer is still wanted).
+   * The pick's reservation is wrapped so whatever the admitters hold is given
+   * back at the first token or at the end, whichever comes first; finishing
+   * it while it waits (the client went away) takes it out of the queue.
+   */
+  private admitWith(pick: Pick, ctx: AdmissionContext): Promise<Refused | null> {
+    const { metrics, flow } = this.d;
     const list = admitters();
+    const band = String(ctx.objective.priority);
     const t0 = performance.now();
+    const waited = () => performance.now() - t0;
     const tickets: Ticket[] = [];
     let timer: NodeJS.Timeout | null = null;
     let admitted = false;
-    let resolve!: () => void;
-    const ready = new Promise<void>((r) => (resolve = r));
+    let queued = false;
+    let forced = false;
+    let over = false;
+    let resolve!: (r: Refused | null) => void;
+    const ready = new Promise<Refused | null>((r) => (resolve = r));
+    // The wait ended (once): its time and how it ended, per band.
+    const ended = (outcome: string) => {
+      if (over) return;
+      over = true;
+      if (timer) {
+        clearTimeout(timer);
+        timer = null;
+      }
+      if (queued) flow.wait.observe({ priority: band, outcome }, waited() / 1000);
+    };
+    const refused = (reason: Exclude<FlowRefusalReason, "">) => {
+      if (reason === "expired") flow.expired.inc({ priority: band });
+      else {
+        flow.refused.inc({ priority: band, reason });
+        metrics.shed.inc({ priority: band });
+      }
+      const r = refusalOf(reason, waited()) as FlowRefusal;
+      resolve(refuse(r.status, r.message, r.type, outcomeOf(r), r.headers));
+    };
     // Each admitter in turn, the next once the one before lets the request go.
     const from = (i: number): void => {
       if (i < list.length) {
-        tickets.push(list[i].enter(ctx, () => from(i + 1)));
+        const t = list[i].enter(
+          ctx,
+          () => from(i + 1),
+          () => {
+            ended("evicted");
+            refused("evicted");
+          },
+        );
+        tickets.push(t);
         return;
       }
       admitted = true;
       // Its worker's first token is timed from here, not from the pick.
       pick.reservation.dispatched();
-      if (timer) {
-        clearTimeout(timer);
-        this.d.metrics.admissionWait.observe((performance.now() - t0) / 1000);
+      if (queued) {
+        metrics.admissionWait.observe(waited() / 1000);
+        ended(forced ? "forced" : "dispatched");
       }
-      resolve();
+      resolve(null);
     };
     from(0);
+    const last = tickets[tickets.length - 1];
+    if (last && last.refused) {
+      refused(last.refused);
+      return ready;
+    }
     // Went at once, holding nothing: no slot to give back, nothing to wrap.
     if (admitted && !tickets.some((t) => t.slot)) return ready;
     if (!admitted) {
-      timer = setTimeout(() => {
-        this.d.metrics.admissionForced.inc();
-        this.d.log(
-          "info",
-          `prefill admission: a request waited ${this.d.opts.admission.maxWaitMs} ms for ${ctx.worker}; sent past the limit`,
-        );
-        // Past the bound: every admitter still holding it lets it go (forcing one may reach the next).
-        for (let n = 0; !admitted && n <= list.length; n++) tickets[tickets.length - 1].force();
-      }, this.d.opts.admission.maxWaitMs);
+      queued = true;
+      let expireMs = this.d.opts.flow.ttlMs;
+      if (expireMs > 0 && ctx.objective.priority <= 0 && ctx.objective.sloTtftMs)
+        expireMs = Math.min(expireMs, ctx.objective.sloTtftMs);
+      if (expireMs > 0)
+        timer = setTimeout(() => {
+          timer = null;
+          if (!tickets[tickets.length - 1].expire()) return;
+          ended("expired");
+          refused("expired");
+        }, expireMs);
+      else
+        timer = setTimeout(() => {
+          timer = null;
+          metrics.admissionForced.inc();
+          this.d.log("info", "prefill admission: waited past the limit; sent", {
+            worker: ctx.worker,
+            max_wait_ms: this.d.opts.admission.maxWaitMs,
+          });
+          forced = true;
+          // Past the bound: every admitter still holding it lets it go (forcing one may reach the next).
+          for (let n = 0; !admitted && n <= list.length; n++) tickets[tickets.length - 1].force();
+        }, this.d.opts.admission.maxWaitMs);
       timer.unref();
     }
-    const inner = pick.reservation;
+    const outer = pick.reservation;
+    // Late binding moved the pick: the reservation held now is the new one's.
+    const inner = () => movedTo.get(pick) ?? outer;
     const leave = () => {
       for (const t of tickets) t.leave();
     };
     pick.reservation = {
       get open() {
-        return inner.open;
+        return inner().open;
       },
-      guards: () => inner.guards(),
-      dispatched: () => inner.dispatched(),
+      guards: () => inner().guards(),
+      dispatched: () => inner().dispatched(),
       firstToken() {
         leave();
-        inner.firstToken();
+        inner().firstToken();
       },
       finish() {
+        if (!admitted && !over) ended("cancelled");
         if (timer) clearTimeout(timer);
         leave();
-        resolve();
-        inner.finish();
+        resolve(null);
+        inner().finish();
       },
     };
     return ready;

@@ -26,6 +26,7 @@ import { Options } from "./config";
 import { Logger } from "./log";
 import { Tokenizers } from "./tokenizers";
 import { Director, DirectorDeps } from "./director";
+import { flowMetrics, FlowMetrics, repickers } from "./flow";
 
 /** What routing reads of the fleet: discovery's first view, and whether a worker renders unlike us. */
 export interface FleetView {
@@ -36,6 +37,8 @@ export interface FleetView {
 export class Routing implements DirectorDeps {
   /** Cold prefills in flight per worker (core/admission.ts); kv-aware only: other policies do not know what is cold. */
   readonly admission: PrefillAdmission;
+  /** Flow control's counters per band (runtime/flow.ts). */
+  readonly flow: FlowMetrics;
   /** Route -> shed -> admit -> fallbacks for each request. */
   readonly director: Director;
   /** Block hashes of recent prompts, so a conversation's next turn hashes only its new blocks. */
@@ -53,8 +56,10 @@ export class Routing implements DirectorDeps {
     this.admission = prefillAdmission({
       slots: opts.router.policy === "kv-aware" ? opts.admission.slots : 0,
       warmTokens: opts.admission.warmTokens,
+      ...opts.flow,
     });
     const admission = this.admission;
+    this.flow = flowMetrics(metrics.registry, admission);
     new Gauge({
       name: "infera_router_admission_waiting",
       help: "Requests waiting at the router for a prefill slot, per priority band (--objectives)",
@@ -183,6 +188,9 @@ export class Routing implements DirectorDeps {
     if (feats.exact && this.fleet.probes && this.fleet.probes.anyDiverged()) feats = { ...feats, exact: false };
     const pick = this.router.pick(feats, req.sessionId, allow);
     pick.stream = req.stream;
+    // Late binding (--queue-late-binding): the same request picked again on one named worker.
+    if (this.opts.flow.lateBinding && !req.sessionId)
+      repickers.set(pick, (id) => this.router.pick(feats, null, (w) => w.id === id && (!allow || allow(w))));
     const secs = Number(process.hrtime.bigint() - t0) / 1e9;
     this.metrics.pickLatency.observe(secs);
     // Costs and counts only: prompt text never reaches the logs.

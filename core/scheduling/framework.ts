@@ -150,6 +150,14 @@ export interface AdmissionContext {
   settings: AdmissionSettings;
   /** Prefill admission's per-worker slots and queues (core/admission.ts). */
   queue: PrefillAdmission;
+  /** Request body bytes, for flow control's byte bounds. */
+  bytes: number;
+  /**
+   * Late binding (--queue-late-binding): re-targets the waiting request to
+   * another worker (its pick made again there); false = it cannot go there.
+   * Absent: the request waits for the worker it was picked for.
+   */
+  move?: (worker: string) => boolean;
 }
 
 export interface AdmissionSettings {
@@ -180,13 +188,16 @@ export interface Shedder {
 
 /**
  * Holds a picked request at the router until it may go: go() runs once, when
- * it may (before enter returns when at once). The ticket gives back what the
- * request took, at its first token or its end (leave), and lets the adapter's
- * wait bound send it past the limit (force). Clock-free: the adapter owns the timer.
+ * it may (before enter returns when at once); evicted() runs instead if a
+ * request of a higher band takes its queue place. A ticket refused at once
+ * has `refused` set. The ticket gives back what the request took, at its
+ * first token or its end (leave), and lets the adapter's clock send it past
+ * the wait bound (force) or take it out at its TTL (expire). Clock-free: the
+ * adapter owns the timers.
  */
 export interface Admitter {
   name: string;
-  enter(ctx: AdmissionContext, go: () => void): Ticket;
+  enter(ctx: AdmissionContext, go: () => void, evicted: () => void): Ticket;
 }
 
 interface Registry {

@@ -21,6 +21,8 @@
 //                                            DD:<mode>|<input>|<agrees> demand decisions
 //   MQ:<ek>:<n> eh stored n-th (eviction)    MQH:<ek>/MQT:<ek> eviction queue head / tail
 //   MX:<ek>><name> mirror meta (kvevents)    MQP:<ek>:<eh> queue slot of eh; MEN:<ek> engine blocks
+//   RC:<rid>    ek of a cold prefill (njs)   CP:<ek>     cold prefills before their first token
+//                                            SH:<priority> sheddable requests refused
 // A mirror target ek is a worker's epoch key (GPU) or "<ek>|<TIER>" (core/kvevents.ts tierKey).
 import { Store } from "../store";
 import { ModelTable } from "../models";
@@ -417,5 +419,36 @@ export function hitBlockCounts(st: Store): { worker: string; role: string; count
     const bar = rest.lastIndexOf("|");
     out.push({ worker: rest.substr(0, bar), role: rest.substr(bar + 1), count: st.num(keys[i]) });
   }
+  return out;
+}
+
+/** Where a cold prefill's worker waits between njs phases (popped once at first byte or log phase). */
+export function coldKey(rid: string): string {
+  return "RC:" + rid;
+}
+
+/** A cold prefill sent to ek: counted until its first byte or its end (the njs twin of an admission slot). */
+export function coldEnter(st: Store, rid: string, ek: EpochKey): void {
+  st.incr("CP:" + ek, 1);
+  st.set(coldKey(rid), ek);
+}
+
+/** Gives back the count of a cold prefill whose key the caller popped (once). */
+export function coldLeave(st: Store, ek: string): void {
+  if (st.incr("CP:" + ek, -1) <= 0) st.delNum("CP:" + ek);
+}
+
+export function coldInFlight(st: Store, ek: EpochKey): number {
+  return st.num("CP:" + ek);
+}
+
+export function countShed(st: Store, priority: number): void {
+  st.incr("SH:" + priority, 1);
+}
+
+export function shedCounts(st: Store): { priority: string; count: number }[] {
+  const keys = st.keys("SH:");
+  const out: { priority: string; count: number }[] = [];
+  for (let i = 0; i < keys.length; i++) out.push({ priority: keys[i].substr(3), count: st.num(keys[i]) });
   return out;
 }

@@ -1,6 +1,6 @@
 // Request objectives (core/objectives.ts) and the order admission lets waiting
-// requests go in (core/admission.ts): band first, then the least recently
-// served flow, then arrival.
+// requests go in (core/admission.ts): band first, then the flow with the
+// least attained service (tokens), then arrival.
 import { test } from "node:test";
 import * as assert from "node:assert/strict";
 import { objectiveOf, parseObjectives } from "../../core/objectives";
@@ -41,7 +41,7 @@ function order(reqs: [string, number, string][]): string[] {
   return went.slice(1);
 }
 
-test("waiting requests go by band, then least recently served flow, then arrival", () => {
+test("waiting requests go by band, then least attained flow, then arrival", () => {
   assert.deepEqual(
     order([
       ["s1", 0, "a"],

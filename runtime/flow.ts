@@ -1,0 +1,104 @@
+// Flow control at the router (Envoy path): the answers and metrics around
+// core/admission.ts; the clock is the director's (runtime/director.ts
+// admitWith). A cold request waits for a prefill slot on its worker; while
+// it waits it can be
+// - sent anyway at --prefill-admission-max-wait-ms (no TTL set: the old rule),
+// - expired at --queue-ttl-ms: 503, as the Inference Extension's flow control
+//   answers a request whose queue TTL ran out; a request of priority 0 or
+//   below that carries x-slo-ttft-ms expires at that SLO if it comes first,
+//   since it can no longer meet it and the slot is worth more to one that can;
+//   higher bands wait out the whole TTL (a late critical answer is still wanted),
+// - evicted by a request of a higher band when the queue is full: 429 with
+//   Retry-After, like a request refused at a full queue,
+// - cancelled by its stream ending: it leaves the queue at once.
+// Every refusal names its reason in x-llm-d-request-dropped-reason (llm-d's
+// header and values), so a client or gateway can tell them apart.
+import { Counter, Gauge, Histogram, Registry } from "prom-client";
+import { PrefillAdmission, Refusal } from "../core/admission";
+import { Pick } from "../core/router";
+
+export const DROPPED_REASON_HEADER = "x-llm-d-request-dropped-reason";
+
+/** --queue-late-binding: how a pick is made again on one named worker (set by the app at the pick). */
+export const repickers = new WeakMap<Pick, (workerId: string) => Pick>();
+
+export interface FlowRefusal {
+  status: number;
+  message: string;
+  /** OpenAI-style error type (core/errors.ts maps it per API). */
+  type: string;
+  headers: Record<string, string>;
+  /** outcomeOf()'s hint for infera_router_requests_total. */
+  outcome?: string;
+}
+
+export function refusalOf(reason: Refusal, waitedMs: number): FlowRefusal | null {
+  if (reason === "queue_full")
+    return {
+      status: 429,
+      message: "the router's queue for this priority is full; retry later",
+      type: "rate_limited",
+      headers: { "retry-after": "1", [DROPPED_REASON_HEADER]: "rejected-saturated" },
+    };
+  if (reason === "evicted")
+    return {
+      status: 429,
+      message: "a request of higher priority took this request's place in the router's queue; retry later",
+      type: "rate_limited",
+      headers: { "retry-after": "1", [DROPPED_REASON_HEADER]: "evicted-priority" },
+    };
+  if (reason === "expired")
+    return {
+      status: 503,
+      message: `the request waited ${Math.round(waitedMs)} ms in the router's queue without a worker free for it; retry later`,
+      type: "service_unavailable",
+      headers: { [DROPPED_REASON_HEADER]: "rejected-ttl-expired" },
+      outcome: "expired",
+    };
+  return null;
+}
+
+export interface FlowMetrics {
+  wait: Histogram<"priority" | "outcome">;
+  refused: Counter<"priority" | "reason">;
+  expired: Counter<"priority">;
+}
+
+export function flowMetrics(registry: Registry, admission: PrefillAdmission): FlowMetrics {
+  for (const n of [
+    "infera_router_flow_wait_seconds",
+    "infera_router_flow_refused_total",
+    "infera_router_flow_expired_total",
+    "infera_router_flow_queued_bytes",
+  ])
+    registry.removeSingleMetric(n);
+  new Gauge({
+    name: "infera_router_flow_queued_bytes",
+    help: "Request body bytes waiting at the router (--queue-max-bytes)",
+    registers: [registry],
+    collect() {
+      this.set(admission.waitingBytes());
+    },
+  });
+  return {
+    wait: new Histogram({
+      name: "infera_router_flow_wait_seconds",
+      help: "Time a request waited at the router for a prefill slot, per priority band and how the wait ended: dispatched, forced, expired, evicted, cancelled",
+      labelNames: ["priority", "outcome"],
+      buckets: [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10],
+      registers: [registry],
+    }),
+    refused: new Counter({
+      name: "infera_router_flow_refused_total",
+      help: "Requests flow control refused with 429, per priority band and reason: saturated (sheddable, its worker busy), queue_full, evicted (a higher band took its place)",
+      labelNames: ["priority", "reason"],
+      registers: [registry],
+    }),
+    expired: new Counter({
+      name: "infera_router_flow_expired_total",
+      help: "Requests that waited out --queue-ttl-ms (or their SLO TTFT) in the router's queue and got 503, per priority band",
+      labelNames: ["priority"],
+      registers: [registry],
+    }),
+  };
+}

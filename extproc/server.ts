@@ -42,6 +42,7 @@ import { withRequestId } from "../runtime/log";
 import { constant, decodeRequest, encodeResponse } from "./wire";
 import { Call, GrpcServer, Status } from "./grpc";
 import { Counter, Gauge } from "prom-client";
+import { sessionFromHeaders } from "../core/session-headers";
 
 function headerMap(m: HeaderMap | undefined): Record<string, string> {
   const out: Record<string, string> = {};
@@ -309,7 +310,12 @@ function handleStream(app: App, call: Call<ProcessingRequest, ProcessingResponse
       if (subset && !subset.length)
         throw httpError(503, "the gateway's endpoint subset is empty", "service_unavailable");
       if (ep) {
-        pick = await app.routeAsync(ep, body, headers[app.opts.sessionHeader] || null, allow);
+        pick = await app.routeAsync(
+          ep,
+          body,
+          sessionFromHeaders((n) => headers[n], app.opts.sessionHeader, app.opts.sessionHeaders),
+          allow,
+        );
       } else {
         // An allowed path that is not a prompt (GET /v1/models, embeddings, --extra-paths): any worker can answer; route by load alone.
         pick = app.router.pick({ blocks: [], inputTokens: 0, exact: false, mediaHashes: [], n: 1 }, null, allow);

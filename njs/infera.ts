@@ -26,6 +26,7 @@ import { unknownWorker, workerRow } from "../core/views";
 import { withModels } from "../core/models";
 import { nginxFlag, routerConfigFromVars } from "../core/flags";
 import { errorJson } from "../core/errors";
+import { parseSessionHeaders, sessionFromHeaders } from "../core/session-headers";
 import { dpBodyFields, withBodyFields } from "../core/dprank";
 
 const STR_ZONE = "infera_str";
@@ -189,7 +190,11 @@ function route(r: NjsRequest): void {
         body,
         bytes,
         lim,
-        r.headersIn[nginxFlag("session-header", getVar(r)) as string] || null,
+        sessionFromHeaders(
+          (n) => r.headersIn[n],
+          nginxFlag("session-header", getVar(r)) as string,
+          parseSessionHeaders(nginxFlag("session-headers", getVar(r)) as string),
+        ),
       );
       checkSessionId(req.sessionId, nginxFlag("max-session-id-bytes", getVar(r)) as number);
       const f = computeFeatures(

@@ -74,6 +74,7 @@ export function tokenizerPaths(v: string | null): { byModel: Record<string, stri
 }
 import { Logger } from "./log";
 import { CliError } from "./args";
+import { sessionTag } from "../core/session-headers";
 
 export { Logger, makeLogger } from "./log";
 
@@ -726,6 +727,7 @@ export class App {
         endpoint,
         worker: pick.target.id,
         prefill: pick.prefill?.id ?? null,
+        session: req.sessionId ? sessionTag(req.sessionId) : null,
         blocks: feats.blocks.length,
         input_tokens: feats.inputTokens,
         candidates: pick.candidates.map((c) => ({ id: c.id, cost: c.cost, hits: c.hits, active: c.active })),

@@ -10,6 +10,7 @@ import { expandDp, offsetPort } from "../core/fleet";
 import { configureTransportSecurity } from "./transport-security";
 import { parseInterval } from "./probe";
 import { CliError, parseCommand } from "./args";
+import { parseSessionHeaders } from "../core/session-headers";
 
 export interface Options {
   router: RouterConfig;
@@ -51,6 +52,8 @@ export interface Options {
   maxImages: number;
   maxJsonDepth: number;
   sessionHeader: string;
+  /** Agent session headers read after sessionHeader (core/session-headers.ts). */
+  sessionHeaders: string[];
   upstreamHeader: string;
   prefillHeader: string;
   logLevel: "debug" | "info" | "warn" | "error";
@@ -260,6 +263,7 @@ export function optionsFrom(values: Record<string, FlagValue>, cmd: "router" | "
     maxImages: v("max-images") as number,
     maxJsonDepth: v("max-json-depth") as number,
     sessionHeader: (v("session-header") as string).toLowerCase(),
+    sessionHeaders: parseSessionHeaders(v("session-headers") as string),
     upstreamHeader: "x-infera-upstream",
     prefillHeader: "x-infera-prefill",
     logLevel: v("log-level") as Options["logLevel"],

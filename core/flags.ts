@@ -1185,6 +1185,22 @@ export const FLAGS: FlagSpec[] = [
     metavar: "LIST",
     help: "LoRA adapters of the first served name: x,y or x=path,...",
   },
+  {
+    name: "max-loras",
+    kind: "int",
+    def: 0,
+    min: 0,
+    commands: ["sim"],
+    help: "LoRA adapters per batch and GPU adapter slots, as vLLM's --max-loras (0: no limit, no load cost)",
+  },
+  {
+    name: "lora-load-ms",
+    kind: "number",
+    def: 0,
+    min: 0,
+    commands: ["sim"],
+    help: "time to load an adapter that is not in a slot (ms of engine time, added to the step that activates it)",
+  },
 ];
 
 function portOrNone(v: FlagValue): string | null {

@@ -736,6 +736,16 @@ export const FLAGS: FlagSpec[] = [
     help: "GET /health on every worker each N ms; 2 failures = no picks (the bridge tells nginx; 0 = off)",
   },
   {
+    name: "lora-metrics-interval-ms",
+    kind: "int",
+    def: 1000,
+    min: 0,
+    max: 3600000,
+    commands: ["router"],
+    check: (v) => (v !== 0 && (v as number) < 100 ? "must be 0 (off) or at least 100" : null),
+    help: "GET /metrics on every worker each N ms for vLLM's LoRA adapter state (vllm:lora_requests_info), which the lora-slots filter and lora-affinity scorer read; 0 = off",
+  },
+  {
     name: "admin-token",
     kind: "string",
     def: null,

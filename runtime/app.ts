@@ -75,6 +75,8 @@ export function tokenizerPaths(v: string | null): { byModel: Record<string, stri
 import { Logger } from "./log";
 import { CliError } from "./args";
 import { sessionTag } from "../core/session-headers";
+import { LoraTable, memoryLoraTable, withLora } from "../core/lora";
+import { LoraScraper } from "./lora-metrics";
 
 export { Logger, makeLogger } from "./log";
 
@@ -147,7 +149,9 @@ export async function eventSourceFor(opts: Options, log: Logger): Promise<EventS
 export class App {
   /** Which models each worker serves (GET /v1/models); the router's model filter reads it. */
   readonly models: ModelTable = memoryModelTable();
-  readonly state: RouterState = withModels(memoryState(), this.models);
+  /** Each worker's LoRA adapters (GET /metrics); the lora-slots filter and lora-affinity scorer read it. */
+  readonly lora: LoraTable = memoryLoraTable();
+  readonly state: RouterState = withLora(withModels(memoryState(), this.models), this.lora);
   readonly router: Router;
   readonly metrics: Metrics;
   /** The default tokenizer (models without their own). */
@@ -159,6 +163,7 @@ export class App {
   /** KV-event subscription per worker, tagged with the epoch it feeds. */
   private subs: Record<string, { sub: Subscription; epochKey: EpochKey }> = {};
   private modelTimer: NodeJS.Timeout | null = null;
+  private loraScrape: LoraScraper | null = null;
   /** Active health checks (startHealthChecks): with them on, a worker counts for readiness once it has passed one. */
   readonly health: HealthChecker;
   private eventSource: EventSource;
@@ -300,6 +305,8 @@ export class App {
   /** Starts the active health checks (runtime/health-check.ts) every --health-interval-ms; 0 = off. */
   startHealthChecks(): void {
     this.health.start();
+    this.loraScrape ??= new LoraScraper(this.lora, () => this.router.workers(), this.opts.loraMetricsIntervalMs);
+    this.loraScrape.start();
   }
 
   /** Asks a worker which models it serves; workers without /v1/models serve anything. */
@@ -309,6 +316,7 @@ export class App {
     if (!w || w.address !== address || !m) return;
     this.models.set(id, m.ids);
     for (const k of Object.keys(m.parent)) this.modelParent[k] = m.parent[k];
+    for (const k of Object.keys(m.parent)) this.lora.markAdapter(k);
   }
 
   private probeTarget(id: string): { tok: LoadedTokenizer | null; model: string | null } {
@@ -813,6 +821,7 @@ export class App {
 
   async close(): Promise<void> {
     this.health.stop();
+    this.loraScrape?.stop();
     if (this.silenceTimer) clearInterval(this.silenceTimer);
     this.kvRefused.close();
     this.kvGaps.close();

@@ -71,6 +71,8 @@ export interface Options {
   nginxPushUrl: string;
   /** Active health checks: GET <worker>/health every N ms (0 = off). */
   healthIntervalMs: number;
+  /** GET /metrics for LoRA state every N ms (runtime/lora-metrics.ts); 0 = off. */
+  loraMetricsIntervalMs: number;
   pushToken: string;
   /** k8s discovery (see k8s.ts). */
   kubeconfig: string | null;
@@ -284,6 +286,7 @@ export function optionsFrom(values: Record<string, FlagValue>, cmd: "router" | "
     requestTransport: "http",
     nginxPushUrl: v("nginx-push-url") as string,
     healthIntervalMs: v("health-interval-ms") as number,
+    loraMetricsIntervalMs: v("lora-metrics-interval-ms") as number,
     pushToken: secretFrom(v("push-token") as string, v("push-token-file") as string | null),
     kubeconfig: v("kubeconfig") as string | null,
     k8sNamespace: v("k8s-namespace") as string,

@@ -361,6 +361,7 @@ test("policies and scorers come from the registry: unknown names fail at start, 
   assert.deepEqual(scorerNames().sort(), [
     "active-blocks",
     "image-affinity",
+    "lora-affinity",
     "prefix-overlap",
     "queued-prefill",
     "queued-shared",

@@ -83,7 +83,7 @@ export function parseLoraInfo(text: string): LoraState | null {
 }
 
 /** How a worker stands for one adapter. */
-export type LoraFit = "loaded" | "recent" | "free-slot" | "full" | "unknown";
+export type LoraFit = "loaded" | "recent" | "free-slot" | "evicts" | "full" | "unknown";
 
 export interface LoraTable {
   /** A worker's scraped state (null: none, or not a LoRA engine); clears the notes taken since the last one. */
@@ -142,6 +142,22 @@ export function memoryLoraTable(): LoraTable {
       const e = entry(id);
       if (!has(e.pending, adapter)) e.pending.push(adapter);
       e.sent[adapter] = now;
+      // The engine keeps max_lora adapters in its slots, least recently used
+      // out first: so does this memory, or an adapter evicted there would
+      // still look resident and draw requests that load it again.
+      const max = e.state ? e.state.maxLora : 0;
+      if (max <= 0) return;
+      for (;;) {
+        let n = 0;
+        let oldest: string | null = null;
+        for (const k in e.sent) {
+          if (!Object.prototype.hasOwnProperty.call(e.sent, k)) continue;
+          n++;
+          if (oldest === null || e.sent[k] < e.sent[oldest]) oldest = k;
+        }
+        if (n <= max || oldest === null) return;
+        delete e.sent[oldest];
+      }
     },
     markAdapter(name) {
       adapters[name] = true;
@@ -161,7 +177,13 @@ export function memoryLoraTable(): LoraTable {
       for (let l = 0; l < lists.length; l++)
         for (let i = 0; i < lists[l].length; i++) if (!has(busy, lists[l][i])) busy.push(lists[l][i]);
       if (s.maxLora > 0 && busy.length >= s.maxLora) return "full";
-      return recent ? "recent" : "free-slot";
+      if (recent) return "recent";
+      // A slot is free, but other adapters sent here lately probably fill them: loading this one evicts one of theirs.
+      let resident = busy.length;
+      for (const k in e.sent)
+        if (Object.prototype.hasOwnProperty.call(e.sent, k) && !has(busy, k) && now - e.sent[k] < LORA_RECENT_MS)
+          resident++;
+      return s.maxLora > 0 && resident >= s.maxLora ? "evicts" : "free-slot";
     },
     drop(id) {
       delete t[id];

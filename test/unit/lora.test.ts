@@ -60,3 +60,15 @@ test("session headers: the configured one first, then the agents' list in order;
   assert.equal(sessionHeadersProblem(DEFAULT_SESSION_HEADERS), null);
   assert.match(sessionHeadersProblem("x-ok,bad header") ?? "", /not a header name/);
 });
+
+test("the router's memory of resident adapters keeps max_lora of them, least recently sent out first", () => {
+  const t = memoryLoraTable();
+  t.set("w", { maxLora: 2, running: [], waiting: [] });
+  t.note("w", "A", 1);
+  t.note("w", "B", 2);
+  t.note("w", "C", 3);
+  t.set("w", { maxLora: 2, running: [], waiting: [] });
+  assert.equal(t.fit("w", "A", 4), "evicts", "A was pushed out by C, as the engine's LRU does");
+  assert.equal(t.fit("w", "B", 4), "recent");
+  assert.equal(t.fit("w", "C", 4), "recent");
+});

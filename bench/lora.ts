@@ -3,11 +3,27 @@
 // a cold-load cost (--lora-load-ms). Three routers, each on fresh simulators,
 // the same seeded open-loop arrivals: kv-aware with LoRA state scraped
 // (affinity on), kv-aware without it (--lora-metrics-interval-ms 0: what the
-// router did before), and round-robin. Reported: adapter cold loads summed
+// router did before), round-robin, and with --peers smg's cache_aware (PyPI
+// smg, its own HTTP proxy). Reported: adapter cold loads summed
 // over the simulators (/sim/stats loraLoads), TTFT mean and p90, requests per
 // worker.
-// Usage: node --import tsx bench/lora.ts [--requests N] [--rps R] [--load-ms MS] [--rounds K]
-import { chat, envoyBin, startEnvoy, startRouter, startSim, stopAll, workerArg, Sim } from "../test/harness";
+// Usage: node --import tsx bench/lora.ts [--requests N] [--rps R] [--load-ms MS] [--rounds K] [--peers] [--only TEXT]
+import { execFileSync } from "child_process";
+import {
+  chat,
+  envoyBin,
+  fatal,
+  freePort,
+  httpOk,
+  run,
+  startEnvoy,
+  startRouter,
+  startSim,
+  stopAll,
+  waitFor,
+  workerArg,
+  Sim,
+} from "../test/harness";
 
 function arg(name: string, def: number): number {
   const i = process.argv.indexOf(name);
@@ -47,6 +63,49 @@ interface Result {
   wallS: number;
 }
 
+function which(bin: string): string | null {
+  try {
+    return execFileSync("sh", ["-c", `command -v ${bin}`], { encoding: "utf8" }).trim() || null;
+  } catch {
+    return null;
+  }
+}
+
+/** smg as its own proxy in front of the simulators (as bench/trace.ts runs it). */
+async function startSmg(sims: Sim[], policy: string): Promise<string> {
+  const exe = which("smg");
+  if (!exe) throw new Error("smg not installed (pip install smg)");
+  const port = await freePort();
+  const prom = await freePort();
+  const p = run("smg", exe, [
+    "launch",
+    "--host",
+    "127.0.0.1",
+    "--port",
+    String(port),
+    "--worker-urls",
+    ...sims.map((s) => `http://${s.address}`),
+    "--prometheus-host",
+    "127.0.0.1",
+    "--prometheus-port",
+    String(prom),
+    "--log-level",
+    "warn",
+    "--policy",
+    policy,
+  ]);
+  const url = `http://127.0.0.1:${port}`;
+  await waitFor(
+    "smg up",
+    async () => {
+      if (p.child.exitCode !== null) throw fatal(`smg exited: ${p.log().slice(-1500)}`);
+      return (await httpOk(`${url}/v1/models`)) || (await httpOk(`${url}/health`));
+    },
+    60000,
+  );
+  return url;
+}
+
 async function runOne(name: string, routerArgs: string[], seed: number): Promise<Result> {
   const sims: Sim[] = [];
   for (let i = 0; i < 4; i++)
@@ -62,8 +121,13 @@ async function runOne(name: string, routerArgs: string[], seed: number): Promise
         String(LOAD_MS),
       ]),
     );
-  const router = await startRouter(["--workers", workerArg(sims), "--log-level", "warn", ...routerArgs]);
-  const envoy = await startEnvoy(router.grpcPort);
+  let base: string;
+  if (routerArgs[0] === "smg") base = await startSmg(sims, routerArgs[1]);
+  else {
+    const router = await startRouter(["--workers", workerArg(sims), "--log-level", "warn", ...routerArgs]);
+    base = (await startEnvoy(router.grpcPort)).url;
+  }
+  const envoy = { url: base };
   // The router learns which models are adapters from /v1/models at join; one base request warms every process.
   await chat(envoy.url, "warm up", { extra: { model: "base" }, maxTokens: 2 });
   const before = await Promise.all(sims.map((s) => s.stats() as Promise<unknown>));
@@ -111,6 +175,12 @@ async function main() {
     ["kv-aware, LoRA affinity off", ["--lora-metrics-interval-ms", "0"]],
     ["round-robin", ["--router-policy", "round-robin", "--lora-metrics-interval-ms", "0"]],
   ];
+  // --peers: smg cache_aware too. smg 1.13 registers each worker under the first id of its
+  // /v1/models only and answers 404 model_not_found to adapter names, so it cannot serve this workload.
+  if (process.argv.includes("--peers") && which("smg")) configs.push(["smg cache_aware", ["smg", "cache_aware"]]);
+  // --only TEXT: just the routers whose name contains it (a quick check of one side).
+  const only = process.argv.includes("--only") ? process.argv[process.argv.indexOf("--only") + 1] : "";
+  if (only) configs.splice(0, configs.length, ...configs.filter((c) => c[0].includes(only)));
   const rows: Result[][] = configs.map(() => []);
   for (let round = 0; round < ROUNDS; round++)
     for (let c = 0; c < configs.length; c++) {

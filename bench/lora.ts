@@ -3,8 +3,8 @@
 // a cold-load cost (--lora-load-ms). Three routers, each on fresh simulators,
 // the same seeded open-loop arrivals: kv-aware with LoRA state scraped
 // (affinity on), kv-aware without it (--lora-metrics-interval-ms 0: what the
-// router did before), round-robin, and with --peers smg's cache_aware (PyPI
-// smg, its own HTTP proxy). Reported: adapter cold loads summed
+// router did before), round-robin, and with --peers vllm-router's and smg's
+// cache_aware (PyPI, each its own HTTP proxy). Reported: adapter cold loads summed
 // over the simulators (/sim/stats loraLoads), TTFT mean and p90, requests per
 // worker.
 // Usage: node --import tsx bench/lora.ts [--requests N] [--rps R] [--load-ms MS] [--rounds K] [--peers] [--only TEXT]
@@ -71,14 +71,14 @@ function which(bin: string): string | null {
   }
 }
 
-/** smg as its own proxy in front of the simulators (as bench/trace.ts runs it). */
-async function startSmg(sims: Sim[], policy: string): Promise<string> {
-  const exe = which("smg");
-  if (!exe) throw new Error("smg not installed (pip install smg)");
+/** A peer router (smg, vllm-router) as its own proxy in front of the simulators (as bench/trace.ts runs them). */
+async function startPeer(bin: string, sims: Sim[], policy: string): Promise<string> {
+  const exe = which(bin);
+  if (!exe) throw new Error(`${bin} not installed (pip install ${bin})`);
   const port = await freePort();
   const prom = await freePort();
-  const p = run("smg", exe, [
-    "launch",
+  const p = run(bin, exe, [
+    ...(bin === "smg" ? ["launch"] : []),
     "--host",
     "127.0.0.1",
     "--port",
@@ -90,15 +90,15 @@ async function startSmg(sims: Sim[], policy: string): Promise<string> {
     "--prometheus-port",
     String(prom),
     "--log-level",
-    "warn",
+    bin === "smg" ? "warn" : "warning",
     "--policy",
     policy,
   ]);
   const url = `http://127.0.0.1:${port}`;
   await waitFor(
-    "smg up",
+    `${bin} up`,
     async () => {
-      if (p.child.exitCode !== null) throw fatal(`smg exited: ${p.log().slice(-1500)}`);
+      if (p.child.exitCode !== null) throw fatal(`${bin} exited: ${p.log().slice(-1500)}`);
       return (await httpOk(`${url}/v1/models`)) || (await httpOk(`${url}/health`));
     },
     60000,
@@ -122,7 +122,8 @@ async function runOne(name: string, routerArgs: string[], seed: number): Promise
       ]),
     );
   let base: string;
-  if (routerArgs[0] === "smg") base = await startSmg(sims, routerArgs[1]);
+  if (routerArgs[0] === "smg" || routerArgs[0] === "vllm-router")
+    base = await startPeer(routerArgs[0], sims, routerArgs[1]);
   else {
     const router = await startRouter(["--workers", workerArg(sims), "--log-level", "warn", ...routerArgs]);
     base = (await startEnvoy(router.grpcPort)).url;
@@ -177,7 +178,10 @@ async function main() {
   ];
   // --peers: smg cache_aware too. smg 1.13 registers each worker under the first id of its
   // /v1/models only and answers 404 model_not_found to adapter names, so it cannot serve this workload.
-  if (process.argv.includes("--peers") && which("smg")) configs.push(["smg cache_aware", ["smg", "cache_aware"]]);
+  if (process.argv.includes("--peers")) {
+    if (which("vllm-router")) configs.push(["vllm-router cache_aware", ["vllm-router", "cache_aware"]]);
+    if (which("smg")) configs.push(["smg cache_aware", ["smg", "cache_aware"]]);
+  }
   // --only TEXT: just the routers whose name contains it (a quick check of one side).
   const only = process.argv.includes("--only") ? process.argv[process.argv.indexOf("--only") + 1] : "";
   if (only) configs.splice(0, configs.length, ...configs.filter((c) => c[0].includes(only)));

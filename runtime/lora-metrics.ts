@@ -23,7 +23,7 @@ export class LoraScraper {
   ) {}
 
   start(): void {
-    if (this.timer || this.intervalMs <= 0) return;
+    if (this.timer || !(this.intervalMs > 0)) return;
     void this.scrapeOnce();
     this.timer = setInterval(() => void this.scrapeOnce(), this.intervalMs);
     this.timer.unref();

@@ -9,6 +9,7 @@ import { DEFAULT_MAX_SESSION_ID_BYTES } from "./limits";
 import { extraPathsProblem } from "./paths";
 import { objectivesProblem } from "./objectives";
 import { queueBoundProblem } from "./admission";
+import { DEFAULT_SESSION_HEADERS, sessionHeadersProblem } from "./session-headers";
 
 export type FlagKind = "string" | "int" | "number" | "enum" | "bool" | "weights";
 /** weights: name=w,... parsed to an object of non-negative numbers. */
@@ -298,6 +299,16 @@ export const FLAGS: FlagSpec[] = [
     nginx: "infera_session_header",
     metavar: "H",
     help: "header carrying the session id (body field: session_id)",
+  },
+  {
+    name: "session-headers",
+    kind: "string",
+    def: DEFAULT_SESSION_HEADERS,
+    commands: ["router"],
+    nginx: "infera_session_headers",
+    metavar: "LIST",
+    check: (v) => sessionHeadersProblem(String(v)),
+    help: "more session id headers, read after --session-header in this order; the default covers Claude Code, Codex, OpenCode and Dynamo clients; none: off",
   },
   {
     name: "pd-prefill-guard-release",
@@ -755,6 +766,16 @@ export const FLAGS: FlagSpec[] = [
     commands: RB,
     check: (v) => (v !== 0 && (v as number) < 50 ? "must be 0 (off) or at least 50" : null),
     help: "GET /health on every worker each N ms; 2 failures = no picks (the bridge tells nginx; 0 = off)",
+  },
+  {
+    name: "lora-metrics-interval-ms",
+    kind: "int",
+    def: 1000,
+    min: 0,
+    max: 3600000,
+    commands: ["router"],
+    check: (v) => (v !== 0 && (v as number) < 100 ? "must be 0 (off) or at least 100" : null),
+    help: "GET /metrics on every worker each N ms for vLLM's LoRA adapter state (vllm:lora_requests_info), which the lora-slots filter and lora-affinity scorer read; 0 = off",
   },
   {
     name: "admin-token",

@@ -106,6 +106,7 @@ export const METRICS: MetricSpec[] = [
     type: "counter",
     help: "Sheddable requests (negative priority, --objectives) refused with 429 because their worker had no free prefill slot",
     labels: ["priority"],
+    njs: true,
   },
   {
     name: "infera_router_bad_requests_total",
@@ -236,6 +237,31 @@ export const METRICS: MetricSpec[] = [
     name: "infera_router_admission_waiting",
     type: "gauge",
     help: "Requests waiting at the router for a prefill slot, per priority band (--objectives)",
+    labels: ["priority"],
+  },
+  {
+    name: "infera_router_flow_queued_bytes",
+    type: "gauge",
+    help: "Request body bytes waiting at the router (--queue-max-bytes)",
+    labels: [],
+  },
+  {
+    name: "infera_router_flow_wait_seconds",
+    type: "histogram",
+    help: "Time a request waited at the router for a prefill slot, per priority band and how the wait ended: dispatched, forced, expired, evicted, cancelled",
+    labels: ["priority", "outcome"],
+    buckets: [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10],
+  },
+  {
+    name: "infera_router_flow_refused_total",
+    type: "counter",
+    help: "Requests flow control refused with 429, per priority band and reason: saturated (sheddable, its worker busy), queue_full, evicted (a higher band took its place)",
+    labels: ["priority", "reason"],
+  },
+  {
+    name: "infera_router_flow_expired_total",
+    type: "counter",
+    help: "Requests that waited out --queue-ttl-ms (or their SLO TTFT) in the router's queue and got 503, per priority band",
     labels: ["priority"],
   },
   {

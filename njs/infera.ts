@@ -33,6 +33,7 @@ import { withModels } from "../core/models";
 import { nginxFlag, routerConfigFromVars } from "../core/flags";
 import { metricHeader, metricSpec } from "../core/metric-table";
 import { errorJson } from "../core/errors";
+import { parseSessionHeaders, sessionFromHeaders } from "../core/session-headers";
 import { dpBodyFields, withBodyFields } from "../core/dprank";
 import { logfmt, LogFields, LogLevel } from "../core/log";
 import { objectiveOf, parseObjectives } from "../core/objectives";
@@ -200,7 +201,11 @@ function route(r: NjsRequest): void {
         body,
         bytes,
         lim,
-        r.headersIn[nginxFlag("session-header", getVar(r)) as string] || null,
+        sessionFromHeaders(
+          (n) => r.headersIn[n],
+          nginxFlag("session-header", getVar(r)) as string,
+          parseSessionHeaders(nginxFlag("session-headers", getVar(r)) as string),
+        ),
       );
       checkSessionId(req.sessionId, nginxFlag("max-session-id-bytes", getVar(r)) as number);
       const f = computeFeatures(
@@ -531,10 +536,7 @@ function metrics(r: NjsRequest): void {
         '"} ' +
         hb[i].count,
     );
-  lines.push(
-    "# HELP infera_router_shed_total Sheddable requests (negative priority) refused with 429 because their worker had no free prefill slot",
-    "# TYPE infera_router_shed_total counter",
-  );
+  header("infera_router_shed_total");
   const sc = shedCounts(c.st);
   for (let i = 0; i < sc.length; i++)
     lines.push('infera_router_shed_total{priority="' + sc[i].priority + '"} ' + sc[i].count);

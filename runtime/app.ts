@@ -15,6 +15,7 @@ import { PrefillAdmission } from "../core/admission";
 import { Objective } from "../core/objectives";
 import { KvEvent } from "../core/kvevents";
 import { memoryModelTable, ModelTable, withModels } from "../core/models";
+import { LoraTable, memoryLoraTable, withLora } from "../core/lora";
 import { HealthChecker } from "./health-check";
 import { TokenizerPool } from "./tokenpool";
 import { LoadedTokenizer } from "./tokenizer";
@@ -39,7 +40,9 @@ export type { EventSource } from "./kv-intake";
 export class App {
   /** Which models each worker serves (GET /v1/models); the router's model filter reads it. */
   readonly models: ModelTable = memoryModelTable();
-  readonly state: RouterState = withModels(memoryState(), this.models);
+  /** Each worker's LoRA adapters (GET /metrics); the lora-slots filter and lora-affinity scorer read it. */
+  readonly lora: LoraTable = memoryLoraTable();
+  readonly state: RouterState = withLora(withModels(memoryState(), this.models), this.lora);
   readonly router: Router;
   readonly metrics: Metrics;
   /** --replica-sync nats: in-flight load shared with the other router replicas. */
@@ -98,7 +101,7 @@ export class App {
         if (this.fleet.health.running) void this.fleet.health.probe(id, true);
       },
     );
-    this.fleet = new Fleet(opts, log, this.metrics, this.router, this.models, this.tok, this.intake);
+    this.fleet = new Fleet(opts, log, this.metrics, this.router, this.models, this.lora, this.tok, this.intake);
     this.routing = new Routing(opts, log, this.metrics, this.router, this.state, this.tok, this.fleet);
   }
 

@@ -11,6 +11,7 @@ import { expandDp, offsetPort } from "../core/fleet";
 import { configureTransportSecurity } from "./transport-security";
 import { parseInterval } from "./probe";
 import { CliError, parseCommand } from "./args";
+import { parseSessionHeaders } from "../core/session-headers";
 
 export interface Options {
   router: RouterConfig;
@@ -61,6 +62,8 @@ export interface Options {
   maxImages: number;
   maxJsonDepth: number;
   sessionHeader: string;
+  /** Agent session headers read after sessionHeader (core/session-headers.ts). */
+  sessionHeaders: string[];
   upstreamHeader: string;
   prefillHeader: string;
   logLevel: "debug" | "info" | "warn" | "error";
@@ -77,6 +80,8 @@ export interface Options {
   nginxPushUrl: string;
   /** Active health checks: GET <worker>/health every N ms (0 = off). */
   healthIntervalMs: number;
+  /** GET /metrics for LoRA state every N ms (runtime/lora-metrics.ts); 0 = off. */
+  loraMetricsIntervalMs: number;
   pushToken: string;
   /** k8s discovery (see k8s.ts). */
   kubeconfig: string | null;
@@ -277,6 +282,7 @@ export function optionsFrom(values: Record<string, FlagValue>, cmd: "router" | "
     maxImages: v("max-images") as number,
     maxJsonDepth: v("max-json-depth") as number,
     sessionHeader: (v("session-header") as string).toLowerCase(),
+    sessionHeaders: parseSessionHeaders(v("session-headers") as string),
     upstreamHeader: "x-infera-upstream",
     prefillHeader: "x-infera-prefill",
     logLevel: v("log-level") as Options["logLevel"],
@@ -296,6 +302,7 @@ export function optionsFrom(values: Record<string, FlagValue>, cmd: "router" | "
     etcdPrefix: v("etcd-prefix") as string,
     nginxPushUrl: v("nginx-push-url") as string,
     healthIntervalMs: v("health-interval-ms") as number,
+    loraMetricsIntervalMs: v("lora-metrics-interval-ms") as number,
     pushToken: secretFrom(v("push-token") as string, v("push-token-file") as string | null),
     kubeconfig: v("kubeconfig") as string | null,
     k8sNamespace: v("k8s-namespace") as string,

@@ -13,6 +13,7 @@ import { Endpoint } from "../core/request";
 import { Guard, Pick, Reservation, Router, Worker } from "../core/router";
 import { asHttpError, httpError } from "../core/util";
 import { Objective, objectiveOf } from "../core/objectives";
+import { sessionFromHeaders } from "../core/session-headers";
 import { PrefillAdmission, Refusal as FlowRefusalReason, Ticket } from "../core/admission";
 import { FlowMetrics, FlowRefusal, refusalOf, repickers } from "./flow";
 import { AdmissionContext, admitters, shedders } from "../core/scheduling/framework";
@@ -155,7 +156,12 @@ export class Director {
       if (subset && !subset.length)
         throw httpError(503, "the gateway's endpoint subset is empty", "service_unavailable");
       if (inp.endpoint) {
-        pick = await this.d.routeAsync(inp.endpoint, inp.body, headers[opts.sessionHeader] || null, allow);
+        pick = await this.d.routeAsync(
+          inp.endpoint,
+          inp.body,
+          sessionFromHeaders((n) => headers[n], opts.sessionHeader, opts.sessionHeaders),
+          allow,
+        );
       } else {
         // An allowed path that is not a prompt (GET /v1/models, embeddings, --extra-paths): any worker can answer; route by load alone.
         pick = this.d.router.pick(NO_FEATURES, null, allow);

@@ -4,6 +4,8 @@
 import { Router, WorkerSpec } from "../core/router";
 import { diffFleet } from "../core/fleet";
 import { ModelTable } from "../core/models";
+import { LoraTable } from "../core/lora";
+import { LoraScraper } from "./lora-metrics";
 import { HealthChecker } from "./health-check";
 import { LoadedTokenizer } from "./tokenizer";
 import { RenderProbes } from "./probe";
@@ -45,6 +47,8 @@ export class Fleet {
   /** Render-parity probe per worker (null with --render-probe-api off). */
   readonly probes: RenderProbes | null;
   private modelTimer: NodeJS.Timeout | null = null;
+  /** vLLM's LoRA adapter state per worker (GET /metrics every --lora-metrics-interval-ms). */
+  private loraScrape: LoraScraper | null = null;
   private discoverySynced = false;
   /** Set on SIGTERM: readiness goes false so load balancers stop sending. */
   draining = false;
@@ -52,11 +56,12 @@ export class Fleet {
   discoveryState: { ok: boolean; detail: string } = { ok: true, detail: "connected" };
 
   constructor(
-    opts: Options,
+    private readonly opts: Options,
     private readonly log: Logger,
     metrics: Metrics,
     private readonly router: Router,
     private readonly models: ModelTable,
+    private readonly lora: LoraTable,
     private readonly tok: Tokenizers,
     private readonly intake: KvIntake,
   ) {
@@ -94,6 +99,8 @@ export class Fleet {
   /** Starts the active health checks (runtime/health-check.ts) every --health-interval-ms; 0 = off. */
   startHealthChecks(): void {
     this.health.start();
+    this.loraScrape ??= new LoraScraper(this.lora, () => this.router.workers(), this.opts.loraMetricsIntervalMs);
+    this.loraScrape.start();
   }
 
   /** Asks a worker which models it serves; workers without /v1/models serve anything. */
@@ -103,6 +110,7 @@ export class Fleet {
     if (!w || w.address !== address || !m) return;
     this.models.set(id, m.ids);
     for (const k of Object.keys(m.parent)) this.tok.modelParent[k] = m.parent[k];
+    for (const k of Object.keys(m.parent)) this.lora.markAdapter(k);
   }
 
   private probeTarget(id: string): { tok: LoadedTokenizer | null; model: string | null } {
@@ -221,6 +229,7 @@ export class Fleet {
 
   close(): void {
     this.health.stop();
+    this.loraScrape?.stop();
     this.probes?.stop();
     if (this.modelTimer) clearInterval(this.modelTimer);
   }

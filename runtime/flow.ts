@@ -14,6 +14,7 @@
 // Every refusal names its reason in x-llm-d-request-dropped-reason (llm-d's
 // header and values), so a client or gateway can tell them apart.
 import { Counter, Gauge, Histogram, Registry } from "prom-client";
+import { spec } from "./metrics";
 import { PrefillAdmission, Refusal } from "../core/admission";
 import { Pick } from "../core/router";
 
@@ -59,9 +60,12 @@ export function refusalOf(reason: Refusal, waitedMs: number): FlowRefusal | null
 }
 
 export interface FlowMetrics {
-  wait: Histogram<"priority" | "outcome">;
-  refused: Counter<"priority" | "reason">;
-  expired: Counter<"priority">;
+  /** Labels priority, outcome. */
+  wait: Histogram;
+  /** Labels priority, reason. */
+  refused: Counter;
+  /** Label priority. */
+  expired: Counter;
 }
 
 export function flowMetrics(registry: Registry, admission: PrefillAdmission): FlowMetrics {
@@ -73,8 +77,7 @@ export function flowMetrics(registry: Registry, admission: PrefillAdmission): Fl
   ])
     registry.removeSingleMetric(n);
   new Gauge({
-    name: "infera_router_flow_queued_bytes",
-    help: "Request body bytes waiting at the router (--queue-max-bytes)",
+    ...spec("infera_router_flow_queued_bytes"),
     registers: [registry],
     collect() {
       this.set(admission.waitingBytes());
@@ -82,22 +85,15 @@ export function flowMetrics(registry: Registry, admission: PrefillAdmission): Fl
   });
   return {
     wait: new Histogram({
-      name: "infera_router_flow_wait_seconds",
-      help: "Time a request waited at the router for a prefill slot, per priority band and how the wait ended: dispatched, forced, expired, evicted, cancelled",
-      labelNames: ["priority", "outcome"],
-      buckets: [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10],
+      ...spec("infera_router_flow_wait_seconds"),
       registers: [registry],
     }),
     refused: new Counter({
-      name: "infera_router_flow_refused_total",
-      help: "Requests flow control refused with 429, per priority band and reason: saturated (sheddable, its worker busy), queue_full, evicted (a higher band took its place)",
-      labelNames: ["priority", "reason"],
+      ...spec("infera_router_flow_refused_total"),
       registers: [registry],
     }),
     expired: new Counter({
-      name: "infera_router_flow_expired_total",
-      help: "Requests that waited out --queue-ttl-ms (or their SLO TTFT) in the router's queue and got 503, per priority band",
-      labelNames: ["priority"],
+      ...spec("infera_router_flow_expired_total"),
       registers: [registry],
     }),
   };

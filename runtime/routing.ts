@@ -4,6 +4,7 @@
 import { Pick, Router, Worker } from "../core/router";
 import { RouterState } from "../core/state/types";
 import { checkSessionId } from "../core/limits";
+import { sessionTag } from "../core/session-headers";
 import { httpError } from "../core/util";
 import {
   computeFeatures,
@@ -199,6 +200,7 @@ export class Routing implements DirectorDeps {
         endpoint,
         worker: pick.target.id,
         prefill: pick.prefill?.id ?? null,
+        session: req.sessionId ? sessionTag(req.sessionId) : null,
         blocks: feats.blocks.length,
         input_tokens: feats.inputTokens,
         candidates: pick.candidates.map((c) => ({ id: c.id, cost: c.cost, hits: c.hits, active: c.active })),

@@ -16,6 +16,7 @@ import { endpointOf, parseRequest, Tokenizer } from "../core/request";
 import { errorJson } from "../core/errors";
 import { EngineModel, ModelConfig, ModelEvent, StepPlan, TokenOut } from "./model";
 import { simRender, SimRender } from "./render";
+import { LoraInfoSeries } from "./lora";
 import { CliError, listenError, parseCommand, Parsed, runCommand } from "../runtime/args";
 
 export interface SimOptions {
@@ -84,6 +85,9 @@ export interface SimOptions {
   /** GET /v1/models: --served-model-name a,b and --lora-modules x,y (adapters of the first name). */
   servedModels: string[];
   loraModules: string[];
+  /** --max-loras: adapters per batch and GPU adapter slots (0 = no limit); --lora-load-ms: a cold adapter's load. */
+  maxLoras: number;
+  loraLoadMs: number;
 }
 
 /** Every flag at its table default (sim/flags.ts, core/flags.ts), ignoring env and config files. */
@@ -103,6 +107,8 @@ export function modelConfig(o: SimOptions): ModelConfig {
     numBlocks: o.capacityBlocks,
     maxNumBatchedTokens: o.maxNumBatchedTokens,
     maxNumSeqs: o.maxNumSeqs,
+    maxLoras: o.maxLoras,
+    loraLoadMs: o.loraLoadMs,
   };
 }
 
@@ -364,6 +370,16 @@ export class EngineSim {
     this.publish([["AllBlocksCleared"]], [{ type: "AllBlocksCleared", lora_name: null }]);
   }
 
+  /** vllm:lora_requests_info when adapters are served (vLLM exports it only with LoRA enabled). */
+  private loraSeries: LoraInfoSeries | null = null;
+  loraMetrics(): string {
+    if (!this.o.loraModules.length) return "";
+    if (!this.loraSeries) this.loraSeries = new LoraInfoSeries(this.o.maxLoras || this.o.loraModules.length);
+    const info = this.model.loraInfo();
+    this.loraSeries.record(info.running, info.waiting, Date.now() / 1000);
+    return this.loraSeries.text();
+  }
+
   metrics(): string {
     const l = `{engine="0",model_name="${this.o.servedModels[0] ?? "sim-model"}"}`;
     const m = this.model;
@@ -426,7 +442,7 @@ export class EngineSim {
       if (url === "/health") return void res.end("ok");
       if (url === "/metrics") {
         res.setHeader("content-type", "text/plain; version=0.0.4");
-        return void res.end(this.metrics());
+        return void res.end(this.metrics() + this.loraMetrics());
       }
       if (url === "/sim/stats") {
         res.setHeader("content-type", "application/json");
@@ -581,7 +597,7 @@ export class EngineSim {
       await new Promise<void>((resolve, reject) => {
         res.on("close", () => resolve());
         try {
-          this.runner.submit({ id, tokens, hashes, maxTokens: n, preloaded }, (t) => {
+          this.runner.submit({ id, tokens, hashes, maxTokens: n, preloaded, lora }, (t) => {
             if (aborted) return;
             const cached = peerCached >= 0 ? peerCached : t.cachedTokens;
             if (t.index === 0) {
@@ -851,6 +867,8 @@ export function simOptionsFrom(p: Parsed): SimOptions {
     loraModules: list("lora-modules")
       .map((x) => x.split("=")[0])
       .filter(Boolean),
+    maxLoras: num("max-loras"),
+    loraLoadMs: num("lora-load-ms"),
   };
 }
 

@@ -66,6 +66,22 @@ export const SIM_FLAGS: FlagSpec[] = [
     help: "KV capacity in blocks (vLLM's num_gpu_blocks)",
   },
   {
+    name: "max-loras",
+    kind: "int",
+    def: 0,
+    min: 0,
+    commands: ["sim"],
+    help: "LoRA adapters per batch and GPU adapter slots, as vLLM's --max-loras (0: no limit, no load cost)",
+  },
+  {
+    name: "lora-load-ms",
+    kind: "number",
+    def: 0,
+    min: 0,
+    commands: ["sim"],
+    help: "time to load an adapter that is not in a slot (ms of engine time, added to the step that activates it)",
+  },
+  {
     name: "max-num-batched-tokens",
     kind: "int",
     def: 8192,

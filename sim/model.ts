@@ -19,7 +19,13 @@
 //   held, and published when the step ends (vLLM publishes a step's events in
 //   update_from_output), so a subscriber's mirror equals what the engine holds;
 // - step time = fixed cost + prefill tokens + attention over the prefill's
-//   context + per decode sequence + KV tokens read by decodes.
+//   context + per decode sequence + KV tokens read by decodes;
+// - LoRA adapters (maxLoras > 0): at most maxLoras distinct adapters run in
+//   one batch, as vLLM's --max-loras; a waiting request whose adapter does not
+//   fit is skipped for this step and later requests may go first (vLLM V1
+//   does the same). maxLoras GPU slots hold adapters in LRU order; a step
+//   that activates an adapter not in a slot pays loraLoadMs for it (the
+//   load into the slot), evicting the least recently used idle adapter.
 
 export interface CostModel {
   /** Every forward pass: weights streamed once, kernel launches, sampling (ms). */
@@ -41,6 +47,10 @@ export interface ModelConfig extends CostModel {
   numBlocks: number;
   maxNumBatchedTokens: number;
   maxNumSeqs: number;
+  /** Distinct LoRA adapters per batch and GPU adapter slots; 0 = no limit, loads free. */
+  maxLoras?: number;
+  /** Cost of loading an adapter that is not in a slot (ms). */
+  loraLoadMs?: number;
 }
 
 /**
@@ -60,6 +70,8 @@ export function llama8bH100(): ModelConfig {
     numBlocks: 26000,
     maxNumBatchedTokens: 8192,
     maxNumSeqs: 256,
+    maxLoras: 0,
+    loraLoadMs: 0,
   };
 }
 
@@ -75,6 +87,8 @@ export interface ModelRequest {
   maxTokens: number;
   /** KV arrives from elsewhere (PD decode): no prefill compute, only memory. */
   preloaded?: boolean;
+  /** LoRA adapter the request runs with (null/absent: the base model). */
+  lora?: string | null;
 }
 
 interface Block {
@@ -102,6 +116,8 @@ export interface StepPlan {
   ms: number;
   prefillTokens: number;
   decodeSeqs: number;
+  /** Adapters this step loaded into a slot. */
+  loraLoads: number;
 }
 
 export interface TokenOut {
@@ -127,7 +143,18 @@ export class EngineModel {
   /** Events of the step being run: published when it completes. */
   private staged: ModelEvent[] = [];
   private stepNo = 0;
-  stats = { steps: 0, preemptions: 0, promptTokens: 0, cachedTokens: 0, generated: 0, queries: 0, hits: 0 };
+  stats = {
+    steps: 0,
+    preemptions: 0,
+    promptTokens: 0,
+    cachedTokens: 0,
+    generated: 0,
+    queries: 0,
+    hits: 0,
+    loraLoads: 0,
+  };
+  /** Adapters in GPU slots, least recently used first. */
+  private loraSlots: string[] = [];
 
   constructor(cfg: ModelConfig) {
     this.cfg = cfg;
@@ -308,8 +335,19 @@ export class EngineModel {
       this.register(s, s.computed + n);
       budget -= n;
     }
-    while (!preempted && budget > 0 && this.waiting.length && this.running.length < c.maxNumSeqs) {
-      const s = this.waiting[0];
+    // LoRA: the adapters of the batch so far, and the ones this step must load.
+    const maxLoras = c.maxLoras ?? 0;
+    const active: string[] = [];
+    const loads: string[] = [];
+    if (maxLoras > 0) for (const x of this.running) if (x.r.lora && active.indexOf(x.r.lora) < 0) active.push(x.r.lora);
+    let w = 0;
+    while (!preempted && budget > 0 && w < this.waiting.length && this.running.length < c.maxNumSeqs) {
+      const s = this.waiting[w];
+      const lora = maxLoras > 0 ? s.r.lora || null : null;
+      if (lora && active.indexOf(lora) < 0 && active.length >= maxLoras) {
+        w++; // its adapter does not fit in this batch: later requests may go first
+        continue;
+      }
       let hit: Block[] = [];
       if (s.r.preloaded && s.cachedTokens < 0) {
         // PD decode: the KV was computed elsewhere; only the last prompt token runs here.
@@ -334,8 +372,12 @@ export class EngineModel {
         this.stats.hits += base;
         if (s.cachedTokens < 0) s.cachedTokens = base;
       }
-      this.waiting.shift();
+      this.waiting.splice(w, 1);
       this.running.push(s);
+      if (lora) {
+        if (active.indexOf(lora) < 0) active.push(lora);
+        this.useSlot(lora, active, loads);
+      }
       const n = Math.min(this.pending(s), budget);
       this.grow(s, s.computed + n);
       items.push({ s, n });
@@ -346,7 +388,40 @@ export class EngineModel {
       this.publishStaged();
       return null;
     }
-    return this.cost(items);
+    const plan = this.cost(items);
+    if (loads.length) {
+      plan.loraLoads = loads.length;
+      plan.ms += loads.length * (c.loraLoadMs ?? 0);
+      this.stats.loraLoads += loads.length;
+    }
+    return plan;
+  }
+
+  /** Marks an adapter used; loads it into a slot (LRU eviction of an idle one) when it is not in one. */
+  private useSlot(lora: string, active: string[], loads: string[]): void {
+    const at = this.loraSlots.indexOf(lora);
+    if (at >= 0) {
+      this.loraSlots.splice(at, 1);
+      this.loraSlots.push(lora);
+      return;
+    }
+    if (this.loraSlots.length >= (this.cfg.maxLoras ?? 0)) {
+      let victim = -1;
+      for (let i = 0; i < this.loraSlots.length && victim < 0; i++)
+        if (active.indexOf(this.loraSlots[i]) < 0) victim = i;
+      this.loraSlots.splice(victim < 0 ? 0 : victim, 1);
+    }
+    this.loraSlots.push(lora);
+    loads.push(lora);
+  }
+
+  /** Distinct adapters of running and of waiting requests, as vLLM's lora_requests_info labels list them. */
+  loraInfo(): { running: string[]; waiting: string[] } {
+    const running: string[] = [];
+    const waiting: string[] = [];
+    for (const s of this.running) if (s.r.lora && running.indexOf(s.r.lora) < 0) running.push(s.r.lora);
+    for (const s of this.waiting) if (s.r.lora && waiting.indexOf(s.r.lora) < 0) waiting.push(s.r.lora);
+    return { running, waiting };
   }
 
   private cost(items: { s: Seq; n: number }[]): StepPlan {
@@ -365,7 +440,7 @@ export class EngineModel {
       }
     }
     const ms = c.stepBaseMs + (prefillTokens ? c.prefillStepMs : 0) + us / 1000;
-    return { items, ms, prefillTokens, decodeSeqs };
+    return { items, ms, prefillTokens, decodeSeqs, loraLoads: 0 };
   }
 
   /** Applies a planned step (its time has passed): KV computed, tokens sampled, blocks cached. */

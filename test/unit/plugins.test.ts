@@ -22,6 +22,9 @@ import { randomPicker } from "../../core/scheduling/plugins/picker/random";
 import { decideDemand } from "../../core/scheduling/decode-demand";
 import { BlockHash, Features, Role, RouterConfig, Worker } from "../../core/types";
 import "../../core/scheduling/plugins";
+import { memoryLoraTable } from "../../core/lora";
+import { loraSlotsFilter } from "../../core/scheduling/plugins/filter/lora-slots";
+import { loraAffinityScorer } from "../../core/scheduling/plugins/scorer/lora-affinity";
 
 const B = (n: number, p = "b") => Array.from({ length: n }, (_, i) => `${p}${i}` as BlockHash);
 
@@ -361,6 +364,7 @@ test("policies and scorers come from the registry: unknown names fail at start, 
   assert.deepEqual(scorerNames().sort(), [
     "active-blocks",
     "image-affinity",
+    "lora-affinity",
     "prefix-overlap",
     "queued-prefill",
     "queued-shared",
@@ -408,4 +412,32 @@ test("round-robin and random run no scorers; the data stage still fills every ro
       policy,
     );
   }
+});
+
+test("filter lora-slots and scorer lora-affinity: full workers out while another has room; loaded < recent < cold < evicting", () => {
+  const s = setup(["mixed", "mixed", "mixed", "mixed"], { features: { model: "A" } });
+  const t = memoryLoraTable();
+  s.state.lora = t;
+  const now = 1000;
+  s.ctx.now = () => now;
+  t.set("w0", { maxLora: 1, running: ["B"], waiting: [] }); // full of B
+  t.set("w1", { maxLora: 2, running: ["A"], waiting: [] }); // A loaded
+  t.set("w2", { maxLora: 2, running: [], waiting: [] }); // free slot
+  t.set("w3", { maxLora: 2, running: [], waiting: [] });
+  t.note("w3", "C", now - 10);
+  t.note("w3", "D", now - 5);
+  t.set("w3", { maxLora: 2, running: [], waiting: [] }); // C and D probably resident: A evicts one
+  assert.deepEqual(
+    loraSlotsFilter.filter(s.ctx, s.fleet).map((w) => w.id),
+    ["w1", "w2", "w3"],
+  );
+  assert.deepEqual(loraAffinityScorer.score(s.ctx, s.rows()), [512, 0, 256, 384]);
+  assert.equal(loraAffinityScorer.weight(s.ctx), 1);
+  // Every worker full: the filter keeps them all.
+  for (const id of ["w1", "w2", "w3"]) t.set(id, { maxLora: 1, running: ["B"], waiting: [] });
+  assert.equal(loraSlotsFilter.filter(s.ctx, s.fleet).length, 4);
+  // A base-model request (not an adapter): both inert.
+  s.ctx.features.model = "base";
+  assert.equal(loraAffinityScorer.weight(s.ctx), 0);
+  assert.equal(loraSlotsFilter.filter(s.ctx, s.fleet.slice(1)).length, 3);
 });

@@ -62,6 +62,8 @@ const SIM_FLAGS = [
   "render-divergent",
   "served-model-name",
   "lora-modules",
+  "max-loras",
+  "lora-load-ms",
 ];
 
 test("infera-gate sim --help lists every simulator flag of the table, with its env variable, and no router flag", () => {

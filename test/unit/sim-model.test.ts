@@ -258,3 +258,33 @@ test("clearing the cache mid-step forgets the step's blocks and its unpublished 
   assert.equal(m.cachedBlocks(), 0);
   assert.equal(mir.held.size, 0);
 });
+
+test("LoRA: at most max-loras adapters per batch, a third waits; a cold adapter costs its load once, a resident one nothing", () => {
+  const m = new EngineModel(cfg({ maxLoras: 2, loraLoadMs: 50 }));
+  const r = (id: string, seed: number, lora: string) => ({ ...req(id, prompt(seed, 64), 3), lora });
+  m.add(r("a", 1, "A"));
+  m.add(r("b", 2, "B"));
+  m.add(r("c", 3, "C"));
+  m.add(r("a2", 4, "A"));
+  const p1 = m.schedule()!;
+  const ids = p1.items.map((x) => x.s.r.id).sort();
+  assert.deepEqual(ids, ["a", "a2", "b"], "C does not fit; a later request of a running adapter goes first");
+  assert.equal(p1.loraLoads, 2);
+  assert.ok(p1.ms >= 100, `two loads priced: ${p1.ms}`);
+  assert.deepEqual(m.loraInfo(), { running: ["A", "B"], waiting: ["C"] });
+  m.complete(p1);
+  const rest = drain(m);
+  assert.equal(rest.out.filter((t) => t.done).length, 4);
+  assert.equal(m.stats.loraLoads, 3, "C loaded once, into the slot of an idle adapter");
+  m.add(r("d", 5, "C"));
+  const p2 = m.schedule()!;
+  assert.equal(p2.loraLoads, 0, "C is resident: no load");
+  drain(m);
+  const noLimit = new EngineModel(cfg());
+  noLimit.add(r("x", 6, "A"));
+  noLimit.add(r("y", 7, "B"));
+  noLimit.add(r("z", 8, "C"));
+  const p3 = noLimit.schedule()!;
+  assert.equal(p3.items.length, 3, "max-loras 0: no limit");
+  assert.equal(p3.loraLoads, 0);
+});

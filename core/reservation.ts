@@ -2,6 +2,7 @@
 // hooks, each run once, with a release that gives every guard back exactly once.
 import { RouterState } from "./state/types";
 import { Guard } from "./types";
+import { LogHook } from "./log";
 import { LifecyclePlugin, PickResult, Release } from "./scheduling/framework";
 
 export interface Reservation {
@@ -19,10 +20,7 @@ export interface Reservation {
   guards(): { prefill: Guard | null; main: Guard; queued: Guard | null };
 }
 
-export function reservations(
-  state: RouterState,
-  log: (level: "warn", msg: string, fields?: { [k: string]: string | number | boolean }) => void,
-) {
+export function reservations(state: RouterState, log: LogHook) {
   const release: Release = (g) => {
     if (!g || g.done) return;
     g.done = true;
@@ -30,7 +28,7 @@ export function reservations(
       state.load.release(g);
     } catch (e) {
       // Release must never throw into a response path; the log says what broke.
-      log("warn", "release failed", { epoch_key: g.epochKey, error: String(e) });
+      log("warn", "release failed", { epoch_key: String(g.epochKey), error: String(e) });
     }
   };
   function each(plugins: LifecyclePlugin[], hook: "firstToken" | "complete", result: PickResult): void {

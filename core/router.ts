@@ -23,6 +23,7 @@ import { httpError } from "./util";
 import { clearAllTiers, defaultTierWeights, forgetMirror, tierCounts } from "./kvevents";
 import { Reservation, reservations } from "./reservation";
 import { LatencyModel, latencyModel } from "./latency";
+import { LogHook } from "./log";
 
 export type { Reservation } from "./reservation";
 
@@ -103,12 +104,8 @@ export interface Pick {
 export interface RouterHooks {
   /** Milliseconds, for speed learning (default Date.now; a simulation passes its virtual clock). */
   now?: () => number;
-  /** Structured log line: a stable message, and what varies in fields. */
-  log?: (
-    level: "debug" | "info" | "warn" | "error",
-    msg: string,
-    fields?: { [k: string]: string | number | boolean },
-  ) => void;
+  /** Structured log lines (core/log.ts): a stable message and its fields. */
+  log?: LogHook;
   onPick?: (role: string, p: { worker: string; hits: number; blocks: number; policy: Policy }) => void;
   onDemand?: (d: DemandDecision) => void;
   /** A first token the speed model learned from: its prediction beforehand (null: not learned yet) and the time it took. */
@@ -189,7 +186,7 @@ export function createRouter(state: RouterState, cfg: RouterConfig, hooks?: Rout
       log(
         "warn",
         "worker " + w.id + " excluded: block size " + w.blockSize + " != router --block-size " + cfg.blockSize,
-        { worker: w.id, block_size: w.blockSize, router_block_size: cfg.blockSize },
+        { worker: w.id },
       );
     return w;
   }
@@ -218,7 +215,7 @@ export function createRouter(state: RouterState, cfg: RouterConfig, hooks?: Rout
     const w = reg.get(id);
     if (!w || reg.healthy(w.epochKey) === ok) return;
     reg.setHealthy(w.epochKey, ok);
-    log(ok ? "info" : "warn", ok ? "worker healthy again" : "worker failed health checks: out of every pool", {
+    log(ok ? "info" : "warn", "worker " + id + (ok ? " healthy again" : " failed health checks: out of every pool"), {
       worker: id,
     });
   }
@@ -228,8 +225,7 @@ export function createRouter(state: RouterState, cfg: RouterConfig, hooks?: Rout
     if (!w || reg.excluded(w.epochKey) !== null) return;
     reg.exclude(w.epochKey, reason);
     clearAllTiers(state.mirror, w.epochKey);
-    // Exclusion messages keep their values in the text (patterns in use match them); the fields carry them too.
-    log("warn", "worker " + id + " excluded: " + reason, { worker: id, reason: reason });
+    log("warn", "worker " + id + " excluded: " + reason, { worker: id });
   }
 
   function context(f: Features, fleet: Worker[], pd: boolean, sessionId: string | null): PickContext {

@@ -28,7 +28,7 @@ export function reservations(state: RouterState, log: LogHook) {
       state.load.release(g);
     } catch (e) {
       // Release must never throw into a response path; the log says what broke.
-      log("warn", "release failed", { epoch_key: g.epochKey, error: String(e) });
+      log("warn", "release failed", { epoch_key: String(g.epochKey), error: String(e) });
     }
   };
   function each(plugins: LifecyclePlugin[], hook: "firstToken" | "complete", result: PickResult): void {

@@ -186,7 +186,7 @@ export function createRouter(state: RouterState, cfg: RouterConfig, hooks?: Rout
       log(
         "warn",
         "worker " + w.id + " excluded: block size " + w.blockSize + " != router --block-size " + cfg.blockSize,
-        { worker: w.id, block_size: w.blockSize, router_block_size: cfg.blockSize },
+        { worker: w.id },
       );
     return w;
   }
@@ -215,7 +215,7 @@ export function createRouter(state: RouterState, cfg: RouterConfig, hooks?: Rout
     const w = reg.get(id);
     if (!w || reg.healthy(w.epochKey) === ok) return;
     reg.setHealthy(w.epochKey, ok);
-    log(ok ? "info" : "warn", ok ? "worker healthy again" : "worker failed health checks: out of every pool", {
+    log(ok ? "info" : "warn", "worker " + id + (ok ? " healthy again" : " failed health checks: out of every pool"), {
       worker: id,
     });
   }
@@ -225,8 +225,7 @@ export function createRouter(state: RouterState, cfg: RouterConfig, hooks?: Rout
     if (!w || reg.excluded(w.epochKey) !== null) return;
     reg.exclude(w.epochKey, reason);
     clearAllTiers(state.mirror, w.epochKey);
-    // Exclusion messages keep their values in the text (patterns in use match them); the fields carry them too.
-    log("warn", "worker " + id + " excluded: " + reason, { worker: id, reason: reason });
+    log("warn", "worker " + id + " excluded: " + reason, { worker: id });
   }
 
   function context(f: Features, fleet: Worker[], pd: boolean, sessionId: string | null): PickContext {

@@ -227,10 +227,7 @@ export const register = {
   picker: (p: Picker) => {
     registry.pickers[p.name] = p;
   },
-  lifecycle: (l: LifecyclePlugin) => {
-    replace(registry.lifecycle, l);
-    timedHooks = null;
-  },
+  lifecycle: (l: LifecyclePlugin) => replace(registry.lifecycle, l),
   /** Shedders run in registration order; the first refusal answers. */
   shedder: (p: Shedder) => replace(registry.shedders, p),
   /** Admitters run in registration order, each once the one before has let the request go. */
@@ -245,6 +242,22 @@ export function picker(name: string): Picker {
 
 export function lifecyclePlugins(): LifecyclePlugin[] {
   return timer ? timedLifecycle() : registry.lifecycle;
+}
+
+export function scorers(): Scorer[] {
+  return registry.scorers;
+}
+
+/** Policy names (--router-policy), from the registered pickers. */
+export function policyNames(): string[] {
+  return Object.keys(registry.pickers);
+}
+
+/** Scorer names (--scorer-weights), from the registry. */
+export function scorerNames(): string[] {
+  const out: string[] = [];
+  for (let i = 0; i < registry.scorers.length; i++) out.push(registry.scorers[i].name);
+  return out;
 }
 
 /** What infera_router_plugin_duration_seconds{kind} calls a plugin. */
@@ -264,7 +277,8 @@ export interface PluginTimer {
 let timer: PluginTimer | null = null;
 /** Each picker's timed wrapper, with the registered picker it wraps (re-registration replaces it). */
 let timedPickers: { [name: string]: { inner: Picker; timed: Picker } } = {};
-let timedHooks: LifecyclePlugin[] | null = null;
+/** The lifecycle plugins with timed hooks, and the registered ones they wrap. */
+let timedHooks: { inner: LifecyclePlugin[]; timed: LifecyclePlugin[] } | null = null;
 
 /** Sets (or with null clears) the process's plugin timer. */
 export function setPluginTimer(t: PluginTimer | null): void {
@@ -303,7 +317,7 @@ function timedHook<A, B>(t: PluginTimer, name: string, f: (a: A, b: B) => void):
 
 /** The lifecycle plugins with each hook timed; rebuilt when the timer or the registered lifecycle plugins change. */
 function timedLifecycle(): LifecyclePlugin[] {
-  if (timedHooks) return timedHooks;
+  if (timedHooks && sameList(timedHooks.inner, registry.lifecycle)) return timedHooks.timed;
   const t = timer as PluginTimer;
   const out: LifecyclePlugin[] = [];
   for (let i = 0; i < registry.lifecycle.length; i++) {
@@ -314,7 +328,7 @@ function timedLifecycle(): LifecyclePlugin[] {
     if (l.complete) w.complete = timedHook(t, l.name, l.complete);
     out.push(w);
   }
-  timedHooks = out;
+  timedHooks = { inner: registry.lifecycle.slice(), timed: out };
   return out;
 }
 
@@ -326,20 +340,10 @@ export function admitters(): Admitter[] {
   return registry.admitters;
 }
 
-export function scorers(): Scorer[] {
-  return registry.scorers;
-}
-
-/** Policy names (--router-policy), from the registered pickers. */
-export function policyNames(): string[] {
-  return Object.keys(registry.pickers);
-}
-
-/** Scorer names (--scorer-weights), from the registry. */
-export function scorerNames(): string[] {
-  const out: string[] = [];
-  for (let i = 0; i < registry.scorers.length; i++) out.push(registry.scorers[i].name);
-  return out;
+function sameList<T>(a: T[], b: T[]): boolean {
+  if (a.length !== b.length) return false;
+  for (let i = 0; i < a.length; i++) if (a[i] !== b[i]) return false;
+  return true;
 }
 
 /**

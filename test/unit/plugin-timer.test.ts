@@ -61,3 +61,18 @@ test("a picker registered again under its name is the one that runs, timed", () 
   }
   assert.equal(picker("random"), original);
 });
+
+test("a lifecycle plugin registered while timed is run and timed from the next pick on", () => {
+  const { count } = recorder();
+  const { r } = mk([{}, {}]);
+  try {
+    r.pick(feats(blocks("c", 2))).reservation.finish();
+    let ran = 0;
+    register.lifecycle({ name: "t-count", preRequest: () => void ran++ });
+    r.pick(feats(blocks("c", 2))).reservation.finish();
+    assert.equal(ran, 1);
+    assert.equal(count("lifecycle", "t-count"), 1);
+  } finally {
+    setPluginTimer(null);
+  }
+});

@@ -1,7 +1,8 @@
 // Flow control through real Envoy, the router and the simulator (one slow
 // worker, one prefill slot, so one cold prompt in flight holds every other
 // cold prompt at the router):
-// - queue bounds: past --queue-max-requests a newcomer gets 429 + Retry-After,
+// - queue bounds: past --queue-max-requests (or a band's --queue-max-bytes)
+//   a newcomer gets 429 + Retry-After,
 //   and a critical request takes the place of the newest standard one, which
 //   gets 429 at once; critical is served first when the slot frees;
 // - a stream that ends while queued leaves the queue at once;
@@ -89,7 +90,7 @@ test(
     // About 1.9 s per 1,500-word prompt.
     const { url, router } = await up(
       ["--prefill-us-per-token", "1000"],
-      ["--queue-max-requests", "2", "--prefill-admission-max-wait-ms", "4500"],
+      ["--queue-max-requests", "2", "--queue-max-bytes", "0,100=16000", "--prefill-admission-max-wait-ms", "4500"],
     );
     const holder = chat(url, "hold", 1500);
     await sleep(300);
@@ -117,6 +118,12 @@ test(
     gone.abort();
     await c2;
     await until(router, 1);
+    // The critical band's own byte bound (16,000): c1's ~7,600 bytes plus this
+    // ~10,600 are over it with a request place free; a band bound is never
+    // relieved by eviction, so the newcomer gets the 429.
+    const big = await chat(url, "cthree", 1500, as("critical"));
+    assert.equal(big.status, 429, big.body);
+    assert.equal(big.headers.get("x-llm-d-request-dropped-reason"), "rejected-saturated");
     const [h, c] = await Promise.all([holder, c1]);
     assert.equal(h.status, 200, h.body);
     assert.equal(c.status, 200, c.body);
@@ -126,6 +133,7 @@ test(
     assert.match(m, /infera_router_flow_wait_seconds_count\{priority="100",outcome="cancelled"\} 1/);
     assert.match(m, /infera_router_flow_wait_seconds_count\{priority="100",outcome="dispatched"\} 1/);
     assert.match(m, /infera_router_shed_total\{priority="0"\} 3/);
+    assert.match(m, /infera_router_flow_refused_total\{priority="100",reason="queue_full"\} 1/);
   },
 );
 

@@ -16,6 +16,7 @@ import { addHealth } from "./health";
 import { decodeRequest, encodeResponse } from "./wire";
 import { GrpcServer } from "./grpc";
 import { Counter, Gauge } from "prom-client";
+import { spec } from "../runtime/metrics";
 import { StreamProcessor } from "./processor";
 
 export { outcomeOf, DEST_NAMESPACE, DEST_KEY, STREAM_KEY, LLMD_PREFILL_HEADER } from "../runtime/director";
@@ -50,9 +51,7 @@ export async function startExtProc(
   for (const n of ["infera_router_ext_proc_refused_streams_total", "infera_router_ext_proc_buffered_bytes"])
     app.metrics.registry.removeSingleMetric(n);
   const refusedStreams = new Counter({
-    name: "infera_router_ext_proc_refused_streams_total",
-    help: "ext_proc streams refused: not_gateway (client certificate not in --ext-proc-client-identities), buffer_cap (over a buffered-bytes cap)",
-    labelNames: ["reason"],
+    ...spec("infera_router_ext_proc_refused_streams_total"),
     registers: [app.metrics.registry],
   });
   const tls = app.opts.extProcTls;
@@ -75,8 +74,7 @@ export async function startExtProc(
     onRefused: (reason) => refusedStreams.inc({ reason }),
   });
   new Gauge({
-    name: "infera_router_ext_proc_buffered_bytes",
-    help: "Request bytes the ext_proc server holds now (messages being received, bodies before their pick); capped by --ext-proc-max-buffered-bytes",
+    ...spec("infera_router_ext_proc_buffered_bytes"),
     registers: [app.metrics.registry],
     collect() {
       this.set(server.buffered.used);

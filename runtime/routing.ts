@@ -22,7 +22,7 @@ import { prefixHashes } from "./prefix-hashes";
 import { nativeHasher } from "./hasher";
 import { JobOutcome } from "./tokenpool";
 import { Gauge } from "prom-client";
-import { Metrics } from "./metrics";
+import { Metrics, spec } from "./metrics";
 import { Options } from "./config";
 import { Logger } from "./log";
 import { Tokenizers } from "./tokenizers";
@@ -62,9 +62,7 @@ export class Routing implements DirectorDeps {
     const admission = this.admission;
     this.flow = flowMetrics(metrics.registry, admission);
     new Gauge({
-      name: "infera_router_admission_waiting",
-      help: "Requests waiting at the router for a prefill slot, per priority band (--objectives)",
-      labelNames: ["priority"],
+      ...spec("infera_router_admission_waiting"),
       registers: [metrics.registry],
       collect() {
         this.reset();

@@ -9,12 +9,21 @@
 //   node scripts/nginx-conf.js --modules DIR --prefix DIR [--port 8080] [--dist DIR]
 //        [--access-log PATH] [--set name=value]...   (prints the written file's path)
 // --set takes a variable name without `infera_` (policy=round-robin sets
-// $infera_policy), or zone_str / zone_num for the shared dict sizes (e.g. 1m).
+// $infera_policy), zone_str / zone_num for the shared dict sizes (e.g. 1m), or
+// stream_idle_timeout (60s) / answer_timeout (540s) / connect_timeout (2s) for
+// the proxy locations' proxy_read_timeout and proxy_connect_timeout.
 "use strict";
 const fs = require("fs");
 const path = require("path");
 
 const ROOT = path.resolve(__dirname, "..");
+
+/** Directives --set can change besides $infera_* (the proxy locations' timeouts, as shipped). */
+const TIMEOUTS = {
+  stream_idle_timeout: "proxy_read_timeout 60s;",
+  answer_timeout: "proxy_read_timeout 540s;",
+  connect_timeout: "proxy_connect_timeout 2s;",
+};
 
 /** Quotes a value for nginx's `set` unless it is one plain token. */
 function nginxValue(v) {
@@ -49,6 +58,13 @@ function renderNginxConf(opts) {
   const vars = opts.vars || {};
   for (const k of Object.keys(vars)) {
     const v = String(vars[k]);
+    if (TIMEOUTS[k]) {
+      if (!/^[0-9]+(ms|s|m)?$/.test(v)) throw new Error(k + ": an nginx time (e.g. 60s), got " + v);
+      const re = new RegExp(TIMEOUTS[k].replace("$", "\\$"), "g");
+      if (!re.test(c)) throw new Error("nginx/nginx.conf has no " + TIMEOUTS[k]);
+      c = c.replace(re, TIMEOUTS[k].split(" ")[0] + " " + v + ";");
+      continue;
+    }
     if (k === "zone_str" || k === "zone_num") {
       const re = new RegExp("zone=infera_" + k.slice(5) + ":[0-9]+[km]");
       if (!re.test(c)) throw new Error("no js_shared_dict_zone infera_" + k.slice(5));

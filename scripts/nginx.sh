@@ -3,6 +3,8 @@
 #
 #   npm run nginx -- [--port 8080] [--prefix DIR] [--nginx BIN --modules DIR]
 #                    [--access-log PATH] [--set name=value]...
+#   (--set also takes stream_idle_timeout=60s, answer_timeout=540s and
+#    connect_timeout=2s: the proxy locations' timeouts, as shipped)
 #
 # nginx: --nginx/--modules if given, else .njs-0.8/ (bash scripts/njs08.sh:
 # nginx 1.26 + njs 0.8 unpacked beside the checkout), else the system nginx if
@@ -32,7 +34,7 @@ while [ $# -gt 0 ]; do
     --modules) MODULES="${2:?--modules needs a value}"; shift 2 ;;
     --access-log) ACCESS="${2:?--access-log needs a value}"; shift 2 ;;
     --set) SETS+=(--set "${2:?--set needs name=value}"); shift 2 ;;
-    -h|--help) sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,21p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) die "unknown argument $1 (see --help)" ;;
   esac
 done
@@ -68,6 +70,12 @@ fi
 [ -n "${INFERA_PUSH_TOKEN:-}" ] || echo "nginx.sh: INFERA_PUSH_TOKEN is not set: nginx will refuse the bridge's pushes (503)" >&2
 
 [ -n "$PREFIX" ] || PREFIX="$(mktemp -d "${TMPDIR:-/tmp}/infera-nginx.XXXXXX")"
+# The access log goes to stdout (one JSON line per request) unless stdout
+# cannot be opened by path (a socket, as under some supervisors): then a file.
+if [ -z "$ACCESS" ] && ! { : >/dev/stdout; } 2>/dev/null; then
+  ACCESS="$PREFIX/access.log"
+  echo "nginx.sh: stdout cannot be opened as /dev/stdout: access log in $ACCESS" >&2
+fi
 ARGS=(--modules "$MODULES" --prefix "$PREFIX" --port "$PORT")
 [ -z "$ACCESS" ] || ARGS+=(--access-log "$ACCESS")
 CONF="$(node "$ROOT/scripts/nginx-conf.js" "${ARGS[@]}" ${SETS[@]+"${SETS[@]}"})"

@@ -273,7 +273,7 @@ function retry(r: NjsRequest): void {
   const c = ctx0(r);
   const id = reqId(r);
   if (c && id && to && (sent === "0" || sent === "") && to !== from) {
-    const moved = moveAll(c, id, to);
+    const moved = moveAll(c, id, from, to);
     const w = moved ? c.router.worker(to) : null;
     if (w) {
       try {
@@ -321,9 +321,15 @@ function workerAt(c: Ctx, address: string): Worker | null {
   return null;
 }
 
-/** Moves every guard of request id that sits on the failed target (queued and main; a PD prefill guard stays). */
-function moveAll(c: Ctx, id: string, to: string): boolean {
+/**
+ * Moves every guard of request id that sits on the failed target: main, and
+ * queued prefill unless it is on a PD prefill worker (which did not fail;
+ * the prefill guard stays too).
+ */
+function moveAll(c: Ctx, id: string, from: string, to: string): boolean {
   const sh = (ngx.shared as { [z: string]: NjsSharedDict })[STR_ZONE];
+  const failed = c.router.worker(from);
+  if (!failed) return false;
   const slots: ("queued" | "main")[] = ["queued", "main"];
   let ok = true;
   for (let i = 0; i < slots.length; i++) {
@@ -331,6 +337,10 @@ function moveAll(c: Ctx, id: string, to: string): boolean {
     const raw = sh.pop(key);
     if (raw === undefined) continue;
     const g = JSON.parse(String(raw)) as Guard;
+    if (g.epochKey !== failed.epochKey) {
+      saveGuard(c.st, id, slots[i], g);
+      continue;
+    }
     const again = moveGuard(c.router, g, to);
     // Not movable: put it back as it was, the log phase releases it.
     saveGuard(c.st, id, slots[i], again || g);

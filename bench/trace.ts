@@ -12,7 +12,8 @@
 //   agentic       8 agents x 8 tool-loop steps over one shared tool preamble
 //   unique        48 prompts sharing nothing
 // each synthetic one at concurrency 4 and 16 (closed loop). Ours run through
-// real Envoy (envoy/envoy.yaml) and the ext_proc router; peers (smg,
+// real Envoy (envoy/envoy.yaml) and the ext_proc router, and the default
+// also through NGINX (nginx/nginx.conf, njs 0.8, the bridge); peers (smg,
 // vllm-router, from PyPI; not in CI) run as their own HTTP proxies.
 // A fresh router process per (policy, workload); engines' caches are cleared
 // (AllBlocksCleared) between runs.
@@ -46,6 +47,9 @@ import {
   fatal,
   stopAll,
   envoyBin,
+  nginx08,
+  startNginx,
+  startBridge,
   longText,
   Sim,
   Proc,
@@ -433,6 +437,40 @@ function inferaTarget(name: string, args: string[], entry?: string): Target {
   };
 }
 
+/**
+ * infera-gate in NGINX: nginx with the project's config (npm run nginx's code
+ * path, .njs-0.8) and the bridge pushing the fleet and KV events into it.
+ */
+function nginxTarget(name: string): Target {
+  const fl = nginx08();
+  const built = fs.existsSync(path.join(ROOT, "njs", "dist", "infera.js"));
+  return {
+    name,
+    unavailable: !fl ? "njs >= 0.8 not set up (bash scripts/njs08.sh)" : !built ? "run npm run build:njs" : null,
+    async start(sims) {
+      const ng = await startNginx(fl!);
+      const bridge = await startBridge(
+        ["--workers", sims.map((s) => `${s.address}@${s.events}`).join(","), "--log-level", "warn"],
+        `${ng.url}/_infera/push`,
+      );
+      // nginx knows the whole fleet, healthy, before traffic starts
+      await waitFor("nginx sees the fleet", async () => {
+        const r = await fetch(`${ng.url}/v1/admin/workers`).catch(() => null);
+        if (!r || r.status !== 200) return false;
+        const ws = (await r.json()) as { healthy?: boolean }[];
+        return ws.length === sims.length && ws.every((w) => w.healthy !== false);
+      });
+      return {
+        url: ng.url,
+        stop: async () => {
+          await bridge.kill();
+          await ng.proc.kill();
+        },
+      };
+    },
+  };
+}
+
 function which(bin: string): string | null {
   try {
     return execFileSync("sh", ["-c", `command -v ${bin}`], { encoding: "utf8" }).trim() || null;
@@ -492,12 +530,14 @@ const idsRefused = (w: Workload) =>
   w.name.includes("ids") ? "smg refuses token-id prompts (400: prompt did not match StringOrArray)" : null;
 
 const DEFAULT = "infera-gate kv-aware (default, weight 8)";
+const NGINX = "infera-gate kv-aware (default) in NGINX (njs + bridge)";
 const baseRev = opt("--baseline", "");
 const BASELINE = `infera-gate kv-aware (default) at ${baseRev}`;
 
 function targets(): Target[] {
   const all: Target[] = [
     inferaTarget(DEFAULT, []),
+    nginxTarget(NGINX),
     inferaTarget("infera-gate kv-aware weight 4 (the default before)", ["--kv-overlap-weight", "4"]),
     inferaTarget("infera-gate kv-aware weight 1 (the seed's default)", ["--kv-overlap-weight", "1"]),
     inferaTarget("infera-gate round-robin", ["--router-policy", "round-robin"]),
@@ -816,8 +856,8 @@ function report(rows: Row[], ws: Workload[]): string {
   // is out of any router's reach where best peer / 1.2 is below the floor.
   lines.push(
     "",
-    `| workload | default mean TTFT ms | round-robin | RR / default | best peer (mean ms) | best peer / default | floor ms | floor / default | 1.2x the best peer reachable (best peer / 1.2 >= floor) |${baseRev ? ` ${baseRev} / default |` : ""}${mixed ? " default / oracle |" : ""}`,
-    `|---|---:|---:|---:|---|---:|---:|---:|---|${baseRev ? "---:|" : ""}${mixed ? "---:|" : ""}`,
+    `| workload | default mean TTFT ms | round-robin | RR / default | best peer (mean ms) | best peer / default | floor ms | floor / default | 1.2x the best peer reachable (best peer / 1.2 >= floor) | NGINX / default (Envoy) |${baseRev ? ` ${baseRev} / default |` : ""}${mixed ? " default / oracle |" : ""}`,
+    `|---|---:|---:|---:|---|---:|---:|---:|---|---:|${baseRev ? "---:|" : ""}${mixed ? "---:|" : ""}`,
   );
   for (const w of ws) {
     const ok = rows.filter((r) => r.workload === w.name && !r.skipped && Number.isFinite(r.ttftMean));
@@ -826,6 +866,7 @@ function report(rows: Row[], ws: Workload[]): string {
     const rr = ok.find((r) => r.target === "infera-gate round-robin");
     const peer = ok.filter((r) => isPeer(r.target)).sort((a, b) => a.ttftMean - b.ttftMean)[0];
     const base = ok.find((r) => r.target === BASELINE);
+    const ngx = ok.find((r) => r.target === NGINX);
     const x = (r: Row | undefined) => (r ? `${f(r.ttftMean / d.ttftMean, 2)}x` : "–");
     const fl = ok.find((r) => r.target === FLOOR);
     const orc = ok.find((r) => r.target === ORACLE);
@@ -836,7 +877,7 @@ function report(rows: Row[], ws: Workload[]): string {
           : `no: ${f(peer.ttftMean / 1.2)} < ${f(fl.ttftMean)}`
         : "–";
     lines.push(
-      `| ${w.name} | ${f(d.ttftMean)} | ${rr ? f(rr.ttftMean) : "–"} | ${x(rr)} | ${peer ? `${peer.target} (${f(peer.ttftMean)})` : "–"} | ${x(peer)} | ${fl ? f(fl.ttftMean) : "–"} | ${x(fl)} | ${reach} |${baseRev ? ` ${x(base)} |` : ""}${mixed ? ` ${orc ? f(d.ttftMean / orc.ttftMean, 2) + "x" : "–"} |` : ""}`,
+      `| ${w.name} | ${f(d.ttftMean)} | ${rr ? f(rr.ttftMean) : "–"} | ${x(rr)} | ${peer ? `${peer.target} (${f(peer.ttftMean)})` : "–"} | ${x(peer)} | ${fl ? f(fl.ttftMean) : "–"} | ${x(fl)} | ${reach} | ${x(ngx)} |${baseRev ? ` ${x(base)} |` : ""}${mixed ? ` ${orc ? f(d.ttftMean / orc.ttftMean, 2) + "x" : "–"} |` : ""}`,
     );
   }
   return lines.join("\n") + "\n";

@@ -15,6 +15,7 @@
 //   ({type, function:{name, description, parameters, ...extras}});
 // - chat_template_kwargs override the request-level template variables.
 import { httpError } from "./util";
+import { parseJson } from "./json";
 import { renderTemplate } from "./jinja";
 
 export type ContentFormat = "string" | "openai";
@@ -212,7 +213,7 @@ export function conversation(input: ChatInput, opts: RenderOptions): any[] {
       if (typeof a === "string") {
         let v: any;
         try {
-          v = JSON.parse(a);
+          v = parseJson(a);
         } catch (e) {
           v = {};
         }

@@ -388,6 +388,15 @@ export const FLAGS: FlagSpec[] = [
     help: "request bodies nested deeper get a 400",
   },
   {
+    name: "response-worker-header",
+    kind: "enum",
+    def: "off",
+    choices: ["on", "off"],
+    commands: [],
+    nginx: "infera_response_worker_header",
+    help: "nginx only: on = responses tell the client the picked worker's id in x-infera-worker (off: only the worker sees it, as behind Envoy)",
+  },
+  {
     name: "max-body-bytes",
     kind: "int",
     def: 8388608,
@@ -1062,7 +1071,8 @@ export function routerConfigFromVars(get: (name: string) => string | undefined):
 
 /** One non-router flag from its nginx variable, parsed, or its default. */
 export function nginxFlag(name: string, get: (name: string) => string | undefined): FlagValue {
-  const fs = flagsFor("router");
+  // Every flag, not only the router's: some exist for nginx alone.
+  const fs = FLAGS;
   for (let i = 0; i < fs.length; i++) {
     if (fs[i].name !== name || !fs[i].nginx) continue;
     const raw = get(fs[i].nginx as string);

@@ -240,6 +240,13 @@ export const METRICS: MetricSpec[] = [
     labels: ["priority"],
   },
   {
+    name: "infera_router_failovers_total",
+    type: "counter",
+    help: "Requests sent to the pick's second choice after the first refused the connection (nginx)",
+    labels: [],
+    njs: true,
+  },
+  {
     name: "infera_router_flow_queued_bytes",
     type: "gauge",
     help: "Request body bytes waiting at the router (--queue-max-bytes)",

@@ -4,6 +4,7 @@ import { httpError, utf8, utf8Length } from "./util";
 import { blockHashes, Hasher, jsHasher } from "./hash";
 import { BlockHash, Features } from "./types";
 import { ChatInput, chatInputOf, conversation } from "./chat";
+import { parseJson } from "./json";
 
 export type { Features } from "./types";
 
@@ -169,7 +170,7 @@ export function parseRequest(
     );
   let j: any;
   try {
-    j = JSON.parse(body);
+    j = parseJson(body);
   } catch (e) {
     throw httpError(400, "request body is not valid JSON");
   }

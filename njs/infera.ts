@@ -38,6 +38,7 @@ import { dpBodyFields, withBodyFields } from "../core/dprank";
 import { logfmt, LogFields, LogLevel } from "../core/log";
 import { objectiveOf, parseObjectives } from "../core/objectives";
 import { shedsAtOnce } from "../core/admission";
+import { moveGuard, nextBest } from "../core/failover";
 
 const STR_ZONE = "infera_str";
 const NUM_ZONE = "infera_num";
@@ -185,6 +186,7 @@ function route(r: NjsRequest): void {
   if (verdict.error) return fail(r, verdict.error.status, verdict.error.message, verdict.error.type);
   const ep = verdict.endpoint;
   let pick;
+  let stream = false;
   try {
     if (ep) {
       const body = r.requestText || "";
@@ -208,6 +210,7 @@ function route(r: NjsRequest): void {
         ),
       );
       checkSessionId(req.sessionId, nginxFlag("max-session-id-bytes", getVar(r)) as number);
+      stream = req.stream;
       const f = computeFeatures(
         req,
         tokenizer(),
@@ -265,6 +268,9 @@ function route(r: NjsRequest): void {
   r.variables.infera_upstream = pick.target.address;
   r.variables.infera_dp_rank = pick.target.dpRank === undefined ? "" : String(pick.target.dpRank);
   r.variables.infera_worker = pick.target.id;
+  // The second choice, should the worker refuse the connection (retry below).
+  r.variables.infera_next = nextBest(pick) || "";
+  r.variables.infera_stream = stream ? "1" : "";
   r.variables.infera_prefill = pick.prefill ? pick.prefill.address : "";
   // The prefill target's rank, when the prefill engine has DP ranks (beside X-Infera-Prefill).
   r.variables.infera_prefill_dp_rank =
@@ -274,10 +280,113 @@ function route(r: NjsRequest): void {
   const rewritten = fields ? withBodyFields(r.requestText || "", fields) : null;
   if (rewritten !== null) {
     r.variables.infera_body = rewritten;
-    r.internalRedirect("@infera_upstream_body");
+    r.internalRedirect(upstreamLocation(true, stream));
     return;
   }
-  r.internalRedirect("@infera_upstream");
+  r.internalRedirect(upstreamLocation(false, stream));
+}
+
+/**
+ * The proxy location: streamed answers get the short idle timeout (a worker
+ * silent for long mid-stream is wedged), whole answers the long one (nothing
+ * comes until the answer is done); $infera_body for ranks in the body.
+ */
+function upstreamLocation(body: boolean, stream: boolean): string {
+  return "@infera_upstream" + (body ? "_body" : "") + (stream ? "_stream" : "");
+}
+
+/**
+ * error_page 502/504 of the proxy locations. When nothing reached the worker
+ * (connection refused or connect timeout: $upstream_bytes_sent is 0), the
+ * request goes once to the pick's second choice ($infera_next) with its load
+ * moved there: each guard is popped from the dict (atomic), held on the new
+ * worker and saved back under the same request id, so the log phase releases
+ * it once, where it now is. A request the worker may have started (bytes sent,
+ * then reset, timeout or silence) is not retried: it is answered 502/504.
+ */
+function retry(r: NjsRequest): void {
+  // $status is not the error's here (error_page "=" leaves it to this location): the attempt's is.
+  const status = lastOf(r.variables.upstream_status) === "504" ? 504 : 502;
+  const sent = lastOf(r.variables.upstream_bytes_sent);
+  const from = r.variables.infera_worker || "";
+  const to = r.variables.infera_next || "";
+  const c = ctx0(r);
+  const id = reqId(r);
+  if (c && id && to && (sent === "0" || sent === "") && to !== from) {
+    const moved = moveAll(c, id, from, to);
+    const w = moved ? c.router.worker(to) : null;
+    if (w) {
+      try {
+        c.st.incr("FO", 1);
+      } catch (e) {
+        /* a full zone loses the count, not the retry */
+      }
+      r.warn("infera: worker " + from + " unreachable, request " + id + " retried on " + to);
+      r.variables.infera_next = "";
+      r.variables.infera_worker = w.id;
+      r.variables.infera_upstream = w.address;
+      r.variables.infera_dp_rank = w.dpRank === undefined ? "" : String(w.dpRank);
+      let body = false;
+      if (r.variables.infera_body) {
+        const verdict = checkPath(rulesFor(nginxFlag("extra-paths", getVar(r)) as string), r.method, r.uri);
+        const pf = r.variables.infera_prefill ? workerAt(c, r.variables.infera_prefill) : null;
+        const fields = verdict.endpoint ? dpBodyFields(verdict.endpoint, w, pf) : null;
+        const again = fields ? withBodyFields(r.requestText || "", fields) : null;
+        if (again !== null) {
+          r.variables.infera_body = again;
+          body = true;
+        }
+      }
+      return r.internalRedirect(upstreamLocation(body, r.variables.infera_stream === "1"));
+    }
+  }
+  if (status === 502) r.headersOut["Retry-After"] = "1";
+  fail(
+    r,
+    status,
+    status === 504 ? "worker timed out" : "worker unreachable",
+    status === 504 ? "upstream_timeout" : "upstream_error",
+  );
+}
+
+/** nginx joins the attempts' values with ", " (and " : " across internal redirects); the last one is this attempt's. */
+function lastOf(v: string | undefined): string {
+  const parts = String(v || "").split(/[,:]/);
+  return parts[parts.length - 1].trim();
+}
+
+function workerAt(c: Ctx, address: string): Worker | null {
+  const ws = c.router.workers();
+  for (let i = 0; i < ws.length; i++) if (ws[i].address === address) return ws[i];
+  return null;
+}
+
+/**
+ * Moves every guard of request id that sits on the failed target: main, and
+ * queued prefill unless it is on a PD prefill worker (which did not fail;
+ * the prefill guard stays too).
+ */
+function moveAll(c: Ctx, id: string, from: string, to: string): boolean {
+  const sh = (ngx.shared as { [z: string]: NjsSharedDict })[STR_ZONE];
+  const failed = c.router.worker(from);
+  if (!failed) return false;
+  const slots: ("queued" | "main")[] = ["queued", "main"];
+  let ok = true;
+  for (let i = 0; i < slots.length; i++) {
+    const key = guardKey(id, slots[i]);
+    const raw = sh.pop(key);
+    if (raw === undefined) continue;
+    const g = JSON.parse(String(raw)) as Guard;
+    if (g.epochKey !== failed.epochKey) {
+      saveGuard(c.st, id, slots[i], g);
+      continue;
+    }
+    const again = moveGuard(c.router, g, to);
+    // Not movable: put it back as it was, the log phase releases it.
+    saveGuard(c.st, id, slots[i], again || g);
+    if (!again) ok = false;
+  }
+  return ok;
 }
 
 /** Logs (at most once a minute across VMs, best effort) that a zone is full or nearly so. */
@@ -346,7 +455,9 @@ function releaseCold(c: Ctx, rid: string): void {
 
 /** js_header_filter in the proxy location: the response started = first token. */
 function firstByte(r: NjsRequest): void {
-  r.headersOut["x-infera-worker"] = r.variables.infera_worker;
+  // The picked worker's id, for clients only when asked ($infera_response_worker_header on).
+  if (nginxFlag("response-worker-header", getVar(r)) === "on")
+    r.headersOut["x-infera-worker"] = r.variables.infera_worker;
   const c = ctx0(r);
   if (!c || !reqId(r)) return;
   releaseKey(c, guardKey(reqId(r), "queued"));
@@ -540,8 +651,18 @@ function metrics(r: NjsRequest): void {
   const sc = shedCounts(c.st);
   for (let i = 0; i < sc.length; i++)
     lines.push('infera_router_shed_total{priority="' + sc[i].priority + '"} ' + sc[i].count);
+  header("infera_router_failovers_total");
+  lines.push("infera_router_failovers_total " + c.st.num("FO"));
   r.headersOut["Content-Type"] = "text/plain; version=0.0.4";
   r.return(200, lines.join("\n") + "\n");
 }
 
-export default { route: route, firstByte: firstByte, release: release, push: push, admin: admin, metrics: metrics };
+export default {
+  route: route,
+  retry: retry,
+  firstByte: firstByte,
+  release: release,
+  push: push,
+  admin: admin,
+  metrics: metrics,
+};

@@ -539,25 +539,18 @@ export function nginxSystem(): NginxFlavor | null {
   return { bin: "/usr/sbin/nginx", modules: "/usr/lib/nginx/modules", label: "system" };
 }
 
-/** Renders nginx/nginx.conf for a test run. */
+/** nginx/nginx.conf rendered for a test run, by the same code as `npm run nginx` (scripts/nginx-conf.js). */
 export function renderNginx(fl: NginxFlavor, port: number, dir: string, vars: Record<string, string> = {}): string {
-  let c = fs.readFileSync(path.join(ROOT, "nginx/nginx.conf"), "utf8");
-  c = c
-    .replace("/usr/lib/nginx/modules/ngx_http_js_module.so", path.join(fl.modules, "ngx_http_js_module.so"))
-    .replace(/\/opt\/infera-gate\/njs\/dist/g, path.join(ROOT, "njs", "dist"))
-    .replace("listen 127.0.0.1:8080", `listen 127.0.0.1:${port}`)
-    .replace("pid /tmp/infera-nginx.pid", `pid ${dir}/nginx.pid`)
-    .replace("access_log /dev/stdout infera", `access_log ${dir}/access.log infera`)
-    .replace(/\/tmp\/infera-nginx-(body|proxy)/g, `${dir}/$1`);
-  for (const [k, v] of Object.entries(vars)) {
-    // zone_str / zone_num resize the shared dicts (e.g. "1m" to test a full zone)
-    if (k === "zone_str" || k === "zone_num")
-      c = c.replace(new RegExp(`zone=infera_${k.slice(5)}:[0-9]+[km]`), `zone=infera_${k.slice(5)}:${v}`);
-    else c = c.replace(new RegExp(`set \\$infera_${k} [^;]*;`), `set $infera_${k} ${v};`);
-  }
-  const file = path.join(dir, "nginx.conf");
-  fs.writeFileSync(file, c);
-  return file;
+  return execFileSync(process.execPath, ["scripts/nginx-conf.js", ...nginxConfArgs(fl, port, dir, vars)], { cwd: ROOT })
+    .toString()
+    .trim();
+}
+
+function nginxConfArgs(fl: NginxFlavor, port: number, dir: string, vars: Record<string, string>): string[] {
+  const out = ["--modules", fl.modules, "--prefix", dir, "--port", String(port), "--access-log", `${dir}/access.log`];
+  // push_token is the environment's, not a variable
+  for (const [k, v] of Object.entries(vars)) if (k !== "push_token") out.push("--set", `${k}=${v}`);
+  return out;
 }
 
 export function startNginx(
@@ -573,11 +566,15 @@ async function startNginxOnce(
 ): Promise<{ port: number; url: string; proc: Proc; dir: string }> {
   const port = await freePort();
   const dir = fs.mkdtempSync(path.join(os.tmpdir(), "infera-nginx-"));
-  const file = renderNginx(fl, port, dir, vars);
-  // The push token reaches njs through nginx's environment (env INFERA_PUSH_TOKEN;).
-  const proc = run(`nginx-${fl.label}`, fl.bin, ["-p", dir, "-c", file, "-e", "stderr", "-g", "daemon off;"], {
-    INFERA_PUSH_TOKEN: vars.push_token ?? "test-token",
-  });
+  // The documented command (npm run nginx = scripts/nginx.sh): renders the
+  // config into dir and execs nginx, so the PID is nginx's master. The push
+  // token reaches njs through nginx's environment (env INFERA_PUSH_TOKEN;).
+  const proc = run(
+    `nginx-${fl.label}`,
+    "bash",
+    ["scripts/nginx.sh", "--nginx", fl.bin, ...nginxConfArgs(fl, port, dir, vars)],
+    { INFERA_PUSH_TOKEN: vars.push_token ?? "test-token" },
+  );
   await waitFor(`nginx ${fl.label}`, async () => {
     if (proc.child.exitCode !== null) throw fatal(`nginx exited: ${proc.log()}`);
     const r = await fetch(`http://127.0.0.1:${port}/v1/admin/reservations`).catch(() => null);

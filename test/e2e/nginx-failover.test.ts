@@ -1,7 +1,8 @@
 // NGINX with a dead worker: the bridge health-checks the workers as the
 // router does and tells nginx, so with one of two workers killed nginx stops
 // picking it within 3 s (at once when its KV event stream drops), no client
-// request fails after that even for prompts cached on the dead worker, and the
+// request fails, not even in those 3 s (nginx retries a refused connection on
+// the pick's second choice) nor for prompts cached on the dead worker, and the
 // bridge's /readyz counts only workers that can take a pick.
 import { test, after } from "node:test";
 import * as assert from "node:assert/strict";
@@ -60,6 +61,13 @@ test(
 
     const t0 = Date.now();
     await sims[0].proc.kill("SIGKILL");
+    // At once, before any health verdict: prompts cached on the dead worker
+    // still get 200 (a refused connection goes to the pick's second choice).
+    const early = await Promise.all(prompts.map((p) => chat(ng.url, p)));
+    for (const r of early) {
+      assert.equal(r.status, 200, `right after the kill: ${r.body.slice(0, 200)}`);
+      assert.equal(r.worker, sims[1].id);
+    }
     await waitFor(
       "nginx marks the dead worker unhealthy",
       async () => (await workers()).some((w) => w.id === sims[0].address && w.healthy === false),

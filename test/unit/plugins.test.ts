@@ -242,7 +242,8 @@ test("pickers: lowest cost with tie-breaks, round-robin, random", () => {
         [3, 1, 2],
         [3, 1, 5],
       ],
-      want: 1,
+      // Cached blocks break no tie: the rotation's first turn.
+      want: 0,
     },
     {
       rows: [
@@ -261,6 +262,21 @@ test("pickers: lowest cost with tie-breaks, round-robin, random", () => {
     const rows = s.rows().map((r, i) => ({ ...r, cost: c.rows[i][0], active: c.rows[i][1] }));
     assert.equal(lowestCostPicker.pick(s.ctx, rows), c.want, JSON.stringify(c.rows));
   }
+  // Workers still tied take turns, whatever they hold: the empty one (a
+  // restarted or dead worker's cleared mirror) gets its share, not every pick.
+  const t = setup(["mixed", "mixed", "mixed"]);
+  B(9, "c0").forEach((h) => t.state.mirror.store(t.fleet[0].epochKey, h, h));
+  B(5, "c2").forEach((h) => t.state.mirror.store(t.fleet[2].epochKey, h, h));
+  const tiedRows = () => t.rows().map((r) => ({ ...r, cost: 3, active: 1 }));
+  assert.deepEqual(
+    [0, 1, 2, 3, 4, 5].map(() => lowestCostPicker.pick(t.ctx, tiedRows())),
+    [0, 1, 2, 0, 1, 2],
+  );
+  // A tie between fewer than all rows rotates among those rows only.
+  const partRows = () => t.rows().map((r, i) => ({ ...r, cost: i === 1 ? 9 : 3, active: 1 }));
+  const part = [0, 1, 2, 3].map(() => lowestCostPicker.pick(t.ctx, partRows()));
+  assert.ok(!part.includes(1), JSON.stringify(part));
+  assert.deepEqual(new Set(part), new Set([0, 2]));
   const s = setup(["mixed", "mixed", "mixed"]);
   assert.deepEqual(
     [0, 1, 2, 3].map(() => roundRobinPicker.pick(s.ctx, s.rows())),

@@ -40,12 +40,13 @@ test("a prefix shared with running requests is not load: the busy worker holding
 });
 
 test("prefill queued on a worker counts until the first token", () => {
-  const { st, r } = mk([{ id: "a" }, { id: "b" }], { overlapWeight: 1 });
+  // b listed first: the tied cold pick below takes the rotation's first turn, b.
+  const { st, r } = mk([{ id: "b" }, { id: "a" }], { overlapWeight: 1 });
   const prompt = blocks("ctx", 40);
   cache(st, r, "a", prompt);
-  // a long unrelated prompt is still prefilling on a
+  // a long unrelated prompt is still prefilling on b
   const long = r.pick(feats(blocks("long", 300)));
-  assert.equal(long.target.id, "b", "the cold long prompt avoids the worker with cache");
+  assert.equal(long.target.id, "b", "the cold long prompt: a tie, the rotation's first turn");
   const big = r.pick(feats([...prompt, ...blocks("x", 1)]));
   assert.equal(big.target.id, "a");
   // while `big` (1 uncached block) is queued on a, b is queued with 300
@@ -92,7 +93,7 @@ test("default weight: a question follows its cached document unless the holder's
   const run = (backlog: number, cfg: { overlapWeight?: number } = {}) => {
     const { st, r } = mk([{ id: "a" }, { id: "b" }], cfg);
     cache(st, r, "a", doc);
-    cache(st, r, "b", blocks("other", 400)); // b holds more cache: cold prompts prefer a
+    cache(st, r, "b", blocks("other", 400)); // b holds more cache (no tie-break weight: the rotation starts at a)
     const busy = r.pick(feats(blocks("big", backlog)));
     assert.equal(busy.target.id, "a", `a cold ${backlog}-block prompt starts prefilling on a`);
     return r.pick(feats([...doc, ...blocks("q", 2)])).target.id;

@@ -1,22 +1,35 @@
 // kv-aware: lowest cost. Ties go to fewer active blocks, then fewer requests
 // in flight (prompts under one block and non-LLM calls hold no blocks, and
-// must not all land on the first worker), then fewer cached blocks (cold
-// prompts spread instead of piling on the warmest worker), then fleet order.
-// Deterministic for a given state.
+// must not all land on the first worker), then a rotation among the workers
+// still tied (one shared position, state.next("TB"), so every VM and pool
+// turns the same wheel). The rotation replaced "fewer cached blocks": that
+// rule sent every cold prompt to the emptiest worker, and the emptiest worker
+// is the one that just died or restarted (its mirror was cleared), so a dead
+// worker took all cold traffic until a health check noticed. Deterministic
+// for a given state.
 import { Picker, PickContext, Row } from "../../framework";
 
-function better(ctx: PickContext, c: Row, b: Row): boolean {
-  if (c.cost !== b.cost) return c.cost < b.cost;
-  if (c.active !== b.active) return c.active < b.active;
-  if (c.data.held !== b.data.held) return c.data.held < b.data.held;
-  return ctx.state.mirror.count(c.worker.epochKey) < ctx.state.mirror.count(b.worker.epochKey);
+/** -1: c before b, 1: b before c, 0: tied. */
+function order(c: Row, b: Row): number {
+  if (c.cost !== b.cost) return c.cost < b.cost ? -1 : 1;
+  if (c.active !== b.active) return c.active < b.active ? -1 : 1;
+  if (c.data.held !== b.data.held) return c.data.held < b.data.held ? -1 : 1;
+  return 0;
 }
 
 export const lowestCostPicker: Picker = {
   name: "kv-aware",
-  pick(ctx, rows) {
+  pick(ctx: PickContext, rows: Row[]) {
     let bi = 0;
-    for (let i = 1; i < rows.length; i++) if (better(ctx, rows[i], rows[bi])) bi = i;
-    return bi;
+    let tied: number[] = [0];
+    for (let i = 1; i < rows.length; i++) {
+      const o = order(rows[i], rows[bi]);
+      if (o < 0) {
+        bi = i;
+        tied = [i];
+      } else if (o === 0) tied.push(i);
+    }
+    if (tied.length === 1) return bi;
+    return tied[(ctx.state.next("TB") - 1) % tied.length];
   },
 };

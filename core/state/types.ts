@@ -3,6 +3,7 @@
 // key-encoded backend (state/keyed.ts). Both pass test/unit/state.test.ts.
 import { BlockHash, EngineHash, EpochKey, Guard, SessionBinding, Worker, WorkerSpec } from "../types";
 import type { ModelTable } from "../models";
+import type { EngineReadings } from "../engine-readings";
 
 /** Which blocks each worker's engine holds, as reported by its KV events. */
 export interface MirrorIndex {
@@ -112,6 +113,8 @@ export interface RouterState {
   next(counter: string): number;
   /** Which models each worker serves (core/models.ts); absent = no model routing. */
   models?: ModelTable;
+  /** Each worker's KV capacity and headroom from its engine's /metrics (core/engine-readings.ts); absent = none known. */
+  engine?: EngineReadings;
 }
 
 /** The optional spec fields a registered worker keeps (replay endpoint, DP rank, engine), present only when set. */

@@ -21,6 +21,7 @@ import { Features } from "../core/types";
 import { prefillAdmission, PrefillAdmission } from "../core/admission";
 import { Objective } from "../core/objectives";
 import { HealthChecker } from "./health-check";
+import { EngineMetrics } from "./engine-metrics";
 import { Gauge } from "prom-client";
 import { addStats, defaultThreads, JobOutcome, TokenizerPool } from "./tokenpool";
 import { applyBatch, forgetMirror, KvEvent, requestRoot } from "../core/kvevents";
@@ -160,6 +161,8 @@ export class App {
   private modelTimer: NodeJS.Timeout | null = null;
   /** Active health checks (startHealthChecks): with them on, a worker counts for readiness once it has passed one. */
   readonly health: HealthChecker;
+  /** Each worker's KV capacity and headroom from its /metrics (runtime/engine-metrics.ts; startEngineMetrics). */
+  readonly engineMetrics: EngineMetrics;
   private eventSource: EventSource;
   private discoverySynced = false;
   /** Per worker: when its events last arrived, picks since, whether it is flagged silent. */
@@ -269,6 +272,14 @@ export class App {
       target,
       verdict: (id, ok) => this.router.setHealthy(id, ok),
     });
+    this.engineMetrics = new EngineMetrics(() => this.router, {
+      intervalMs: opts.engineMetrics ? opts.engineMetrics.intervalMs : 0,
+      timeoutMs: 2000,
+      blockSize: opts.router.blockSize,
+      capacityOverride: opts.engineMetrics ? opts.engineMetrics.capacity : {},
+      log: (l, line) => log(l, line),
+    });
+    this.engineMetrics.register(this.metrics.registry);
     this.eventSource = eventSource ?? zmqEventSource(opts, log);
     this.probes =
       opts.renderProbeApi === "off"
@@ -299,6 +310,11 @@ export class App {
   /** Starts the active health checks (runtime/health-check.ts) every --health-interval-ms; 0 = off. */
   startHealthChecks(): void {
     this.health.start();
+  }
+
+  /** Starts reading the workers' /metrics every --engine-metrics-interval-ms (and applies --kv-capacity-blocks). */
+  startEngineMetrics(): void {
+    this.engineMetrics.start();
   }
 
   /** Asks a worker which models it serves; workers without /v1/models serve anything. */
@@ -811,6 +827,7 @@ export class App {
 
   async close(): Promise<void> {
     this.health.stop();
+    this.engineMetrics.stop();
     if (this.silenceTimer) clearInterval(this.silenceTimer);
     this.kvRefused.close();
     this.kvGaps.close();

@@ -68,6 +68,8 @@ export interface Options {
   nginxPushUrl: string;
   /** Active health checks: GET <worker>/health every N ms (0 = off). */
   healthIntervalMs: number;
+  /** Engine /metrics scraping (runtime/engine-metrics.ts): every N ms (0 = off), and per-worker capacity overrides. */
+  engineMetrics?: { intervalMs: number; capacity: { [id: string]: number } };
   pushToken: string;
   /** k8s discovery (see k8s.ts). */
   kubeconfig: string | null;
@@ -280,6 +282,10 @@ export function optionsFrom(values: Record<string, FlagValue>, cmd: "router" | "
     requestTransport: "http",
     nginxPushUrl: v("nginx-push-url") as string,
     healthIntervalMs: v("health-interval-ms") as number,
+    engineMetrics: {
+      intervalMs: v("engine-metrics-interval-ms") as number,
+      capacity: (v("kv-capacity-blocks") as { [id: string]: number } | null) || {},
+    },
     pushToken: secretFrom(v("push-token") as string, v("push-token-file") as string | null),
     kubeconfig: v("kubeconfig") as string | null,
     k8sNamespace: v("k8s-namespace") as string,

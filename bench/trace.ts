@@ -11,6 +11,8 @@
 //   multi-turn    24 conversations x 5 turns
 //   agentic       8 agents x 8 tool-loop steps over one shared tool preamble
 //   unique        48 prompts sharing nothing
+//   kv-docs       32 documents x Zipf popularity, 192 questions (KV pressure:
+//                 8,000 blocks of documents; run it with --capacity-blocks)
 // each synthetic one at concurrency 4 and 16 (closed loop). Ours run through
 // real Envoy (envoy/envoy.yaml) and the ext_proc router; peers (smg,
 // vllm-router, from PyPI; not in CI) run as their own HTTP proxies.
@@ -19,7 +21,7 @@
 //
 // Usage: npm run bench:trace -- [--quick] [--no-warmup] [--no-floor] [--baseline REV] [--no-peers] [--only a,b] [--workloads trace,shared-prefix,...] [--extra 'label|--flag v;...']
 //        [--trace-every 60] [--trace-seconds 45] [--trace-max-output 256]
-//        [--time-scale 1] [--out bench/results/trace.md]
+//        [--time-scale 1] [--capacity-blocks N (each simulator's KV cache, vLLM's num_gpu_blocks)] [--out bench/results/trace.md]
 import * as fs from "fs";
 import * as path from "path";
 import { execFileSync } from "child_process";
@@ -55,6 +57,7 @@ const traceEvery = Number(opt("--trace-every", quick ? "120" : "60"));
 const traceSeconds = Number(opt("--trace-seconds", quick ? "20" : "45"));
 const traceMaxOut = Number(opt("--trace-max-output", "256"));
 const TRACE = opt("--trace", "");
+const capacityBlocks = opt("--capacity-blocks", "");
 
 // ---------------------------------------------------------------- workloads
 
@@ -151,6 +154,28 @@ function agentic(): Req[][] {
   return shuffle(out, 11);
 }
 
+/**
+ * KV pressure: 32 documents of about 4,000 tokens (some 8,000 blocks in all),
+ * asked about with Zipf popularity (document k has weight 1/(k+1)), 192
+ * questions; bench:policy-sim's kv-docs in text. With --capacity-blocks 1500
+ * one worker's cache holds under a fifth of the documents, the fleet's about
+ * three quarters.
+ */
+function kvDocs(): Req[][] {
+  const docs = Array.from({ length: 32 }, (_, d) => longText(`kvdoc${d}x`, words(4000)));
+  const weights = docs.map((_, k) => 1 / (k + 1));
+  const total = weights.reduce((a, b) => a + b, 0);
+  const r = rng(20261205);
+  const out: Req[][] = [];
+  for (let q = 0; q < 192; q++) {
+    let x = (r(1000000) / 1000000) * total;
+    let d = 0;
+    while (d < docs.length - 1 && x >= weights[d]) x -= weights[d++];
+    out.push([chatReq([{ role: "user", content: `${docs[d]}\n\nQuestion ${q}: what does part ${q % 13} say?` }], 32)]);
+  }
+  return out;
+}
+
 function unique(): Req[][] {
   return Array.from({ length: 48 }, (_, i) => [
     chatReq([{ role: "user", content: longText(`uniq${i}x`, words(2000)) }], 32),
@@ -198,6 +223,7 @@ function workloads(): Workload[] {
     ["multi-turn", multiTurn],
     ["agentic", agentic],
     ["unique", unique],
+    ["kv-docs", kvDocs],
   ];
   for (const [name, make] of synth) {
     if (!want.includes(name)) continue;
@@ -624,6 +650,7 @@ async function main(): Promise<void> {
   const ws = workloads();
   const ts = targets();
   const simArgs = ["--stream-interval", "4", "--time-scale", String(timeScale), "--served-model-name", "sim-model"];
+  if (capacityBlocks) simArgs.push("--capacity-blocks", capacityBlocks);
   const mapPorts = await Promise.all([0, 1, 2, 3].map(() => freePort()));
   const sims = await Promise.all(
     ["s0", "s1", "s2", "s3"].map((id, i) => startSim(id, [...simArgs, "--kv-events-map-port", String(mapPorts[i])])),
@@ -695,7 +722,7 @@ function save(rows: Row[], ws: Workload[]): string {
 function report(rows: Row[], ws: Workload[]): string {
   const f = (x: number, d = 1) => (Number.isFinite(x) ? x.toFixed(d) : "–");
   const lines = [
-    `Routing quality benchmark, ${new Date().toISOString()}, node ${process.version}; 4 simulators (Llama-3.1-8B / H100 cost model, --stream-interval 4, --time-scale ${timeScale})`,
+    `Routing quality benchmark, ${new Date().toISOString()}, node ${process.version}; 4 simulators (Llama-3.1-8B / H100 cost model, --stream-interval 4, --time-scale ${timeScale}${capacityBlocks ? `, --capacity-blocks ${capacityBlocks}` : ""})`,
     `command: npm run bench:trace -- ${argv.join(" ")}`.trimEnd(),
     "",
     "| workload | router / policy | TTFT mean ms | p50 | p90 | RR/this (mean TTFT) | ITL ms | out tok/s | req/s | cache hit | requests per worker | errors |",

@@ -16,6 +16,8 @@ import { imageAffinityScorer } from "../../core/scheduling/plugins/scorer/image-
 import { activeBlocksScorer } from "../../core/scheduling/plugins/scorer/active-blocks";
 import { queuedPrefillScorer } from "../../core/scheduling/plugins/scorer/queued-prefill";
 import { queuedSharedScorer } from "../../core/scheduling/plugins/scorer/queued-shared";
+import { kvCapacityScorer } from "../../core/scheduling/plugins/scorer/kv-capacity";
+import { engineReadings } from "../../core/engine-readings";
 import { lowestCostPicker } from "../../core/scheduling/plugins/picker/lowest-cost";
 import { roundRobinPicker } from "../../core/scheduling/plugins/picker/round-robin";
 import { randomPicker } from "../../core/scheduling/plugins/picker/random";
@@ -215,6 +217,49 @@ test("scorer queued-shared: credits queued blocks the request shares, only while
   assert.equal(queuedSharedScorer.weight(setup(["mixed"], { config: { overlapWeight: 0 } }).ctx), 0);
 });
 
+test("scorer kv-capacity: blocks the worker would need past its capacity; 0 when it is unknown", () => {
+  // Request: 10 blocks. w0 holds 6 of them and has 30 in flight of 40: 30 + 4 new = 34, fits.
+  // w1 holds none, 35 in flight of 40: 35 + 10 = 45, 5 over. w2 reports 95% usage of 40
+  // (38 blocks, more than its ledger's 2): 38 + 10 - 40 = 8 over. w3's capacity is unknown.
+  const s = setup(["mixed", "mixed", "mixed", "mixed"], { features: { blocks: B(10, "q") } });
+  s.state.engine = engineReadings();
+  const cap = (i: number, capacityBlocks: number | null, kvUsage: number | null) =>
+    s.state.engine!.set(s.fleet[i].epochKey, {
+      capacityBlocks,
+      kvUsage,
+      waitingRequests: 0,
+      runningRequests: 0,
+      at: 1,
+    });
+  cap(0, 40, 0.1);
+  cap(1, 40, null);
+  cap(2, 40, 0.95);
+  cap(3, null, 0.99);
+  B(6, "q").forEach((h) => s.state.mirror.store(s.fleet[0].epochKey, h, h));
+  s.state.load.hold(s.fleet[0].epochKey, B(30, "a"), 0, 0);
+  s.state.load.hold(s.fleet[1].epochKey, B(35, "b"), 0, 0);
+  s.state.load.hold(s.fleet[2].epochKey, B(2, "c"), 0, 0);
+  s.state.load.hold(s.fleet[3].epochKey, B(50, "d"), 0, 0);
+  const rows = s.rows();
+  assert.deepEqual(
+    rows.map((r) => [r.data.capacityBlocks, r.data.kvUsage]),
+    [
+      [40, 0.1],
+      [40, null],
+      [40, 0.95],
+      [null, 0.99],
+    ],
+  );
+  assert.deepEqual(kvCapacityScorer.score(s.ctx, rows), [0, 5, 8, 0]);
+  // On by default at the overlap weight, off for image prefills and empty prompts.
+  assert.equal(kvCapacityScorer.weight(s.ctx), s.ctx.config.overlapWeight);
+  assert.equal(kvCapacityScorer.weight({ ...s.ctx, features: { ...s.ctx.features, blocks: [] } }), 0);
+  // Without readings (no engine table) the data stage leaves them null and the term is 0.
+  const bare = setup(["mixed"], { features: { blocks: B(10, "q") } });
+  bare.state.load.hold(bare.fleet[0].epochKey, B(99, "x"), 0, 0);
+  assert.deepEqual(kvCapacityScorer.score(bare.ctx, bare.rows()), [0]);
+});
+
 test("pickers: lowest cost with tie-breaks, round-robin, random", () => {
   const cases: { rows: [number, number, number][]; want: number }[] = [
     {
@@ -361,6 +406,7 @@ test("policies and scorers come from the registry: unknown names fail at start, 
   assert.deepEqual(scorerNames().sort(), [
     "active-blocks",
     "image-affinity",
+    "kv-capacity",
     "prefix-overlap",
     "queued-prefill",
     "queued-shared",

@@ -218,10 +218,13 @@ test("scorer queued-shared: credits queued blocks the request shares, only while
 });
 
 test("scorer kv-capacity: blocks the worker would need past its capacity; 0 when it is unknown", () => {
-  // Request: 10 blocks. w0 holds 6 of them and has 30 in flight of 40: 30 + 4 new = 34, fits.
-  // w1 holds none, 35 in flight of 40: 35 + 10 = 45, 5 over. w2 reports 95% usage of 40
-  // (38 blocks, more than its ledger's 2): 38 + 10 - 40 = 8 over. w3's capacity is unknown.
-  const s = setup(["mixed", "mixed", "mixed", "mixed"], { features: { blocks: B(10, "q") } });
+  // Request: 10 blocks; every worker has capacity 40 (w3: unknown).
+  // w0 caches 6 of them (no running request holds them) and runs 32 other blocks:
+  //    the cached 6 still need room, 32 + 10 - 40 = 2 over.
+  // w1 runs 35 other blocks: 35 + 10 - 40 = 5 over.
+  // w2's engine reports 95% usage (38 blocks, more than its ledger's 2): 38 + 10 - 40 = 8 over.
+  // w4 runs the request's first 6 blocks and 28 others: 34 + 4 - 40, fits.
+  const s = setup(["mixed", "mixed", "mixed", "mixed", "mixed"], { features: { blocks: B(10, "q") } });
   s.state.engine = engineReadings();
   const cap = (i: number, capacityBlocks: number | null, kvUsage: number | null) =>
     s.state.engine!.set(s.fleet[i].epochKey, {
@@ -235,25 +238,38 @@ test("scorer kv-capacity: blocks the worker would need past its capacity; 0 when
   cap(1, 40, null);
   cap(2, 40, 0.95);
   cap(3, null, 0.99);
+  cap(4, 40, 0.5);
   B(6, "q").forEach((h) => s.state.mirror.store(s.fleet[0].epochKey, h, h));
-  s.state.load.hold(s.fleet[0].epochKey, B(30, "a"), 0, 0);
+  s.state.load.hold(s.fleet[0].epochKey, B(32, "a"), 0, 0);
   s.state.load.hold(s.fleet[1].epochKey, B(35, "b"), 0, 0);
   s.state.load.hold(s.fleet[2].epochKey, B(2, "c"), 0, 0);
   s.state.load.hold(s.fleet[3].epochKey, B(50, "d"), 0, 0);
+  s.state.load.hold(s.fleet[4].epochKey, B(6, "q").concat(B(28, "e")), 0, 0);
   const rows = s.rows();
   assert.deepEqual(
-    rows.map((r) => [r.data.capacityBlocks, r.data.kvUsage]),
+    rows.map((r) => [r.data.capacityBlocks, r.data.kvUsage, r.data.hits, r.data.inflight]),
     [
-      [40, 0.1],
-      [40, null],
-      [40, 0.95],
-      [null, 0.99],
+      [40, 0.1, 6, 0],
+      [40, null, 0, 0],
+      [40, 0.95, 0, 0],
+      [null, 0.99, 0, 0],
+      [40, 0.5, 6, 6],
     ],
   );
-  assert.deepEqual(kvCapacityScorer.score(s.ctx, rows), [0, 5, 8, 0]);
-  // On by default at the overlap weight, off for image prefills and empty prompts.
-  assert.equal(kvCapacityScorer.weight(s.ctx), s.ctx.config.overlapWeight);
-  assert.equal(kvCapacityScorer.weight({ ...s.ctx, features: { ...s.ctx.features, blocks: [] } }), 0);
+  assert.deepEqual(kvCapacityScorer.score(s.ctx, rows), [2, 5, 8, 0, 0]);
+  // Off by default; named in --scorer-weights it runs (at that weight), not for empty prompts.
+  assert.equal(kvCapacityScorer.weight(s.ctx), 0);
+  const on = { ...s.ctx, config: { ...s.ctx.config, scorerWeights: { "kv-capacity": 8 } } };
+  assert.equal(kvCapacityScorer.weight(on), s.ctx.config.overlapWeight);
+  assert.equal(kvCapacityScorer.weight({ ...on, features: { ...s.ctx.features, blocks: [] } }), 0);
+  assert.deepEqual(
+    runProfile(on).map((r) => r.terms["kv-capacity"]),
+    [2, 5, 8, 0, 0],
+  );
+  assert.deepEqual(
+    runProfile(s.ctx).map((r) => r.terms["kv-capacity"]),
+    [undefined, undefined, undefined, undefined, undefined],
+  );
   // Without readings (no engine table) the data stage leaves them null and the term is 0.
   const bare = setup(["mixed"], { features: { blocks: B(10, "q") } });
   bare.state.load.hold(bare.fleet[0].epochKey, B(99, "x"), 0, 0);

@@ -36,8 +36,29 @@ export interface Sample {
   value: number;
 }
 
-/** Prometheus text exposition format, samples only (comments and malformed lines skipped). */
-export function parsePrometheusText(text: string): Sample[] {
+/** The series readEngineFigures reads (either SGLang spelling); a page's other lines are skipped unparsed. */
+const WANTED = new Set([
+  "vllm:cache_config_info",
+  "vllm:kv_cache_usage_perc",
+  "vllm:gpu_cache_usage_perc",
+  "vllm:num_requests_waiting",
+  "vllm:num_requests_running",
+  "sglang:max_total_num_tokens",
+  "sglang:cache_config_info",
+  "sglang:num_pages",
+  "sglang:page_size",
+  "sglang:token_usage",
+  "sglang:num_queue_reqs",
+  "sglang:num_running_reqs",
+]);
+export const engineSeries = (name: string) => WANTED.has(name.startsWith("sglang_") ? "sglang:" + name.slice(7) : name);
+
+/**
+ * Prometheus text exposition format, samples only (comments and malformed
+ * lines skipped); with want, only the series it accepts (an engine's page is
+ * mostly histogram buckets nobody here reads).
+ */
+export function parsePrometheusText(text: string, want?: (name: string) => boolean): Sample[] {
   const out: Sample[] = [];
   lines: for (const raw of text.split("\n")) {
     const line = raw.trim();
@@ -45,6 +66,7 @@ export function parsePrometheusText(text: string): Sample[] {
     let i = 0;
     while (i < line.length && line[i] !== "{" && line[i] !== " " && line[i] !== "\t") i++;
     const name = line.slice(0, i);
+    if (want && !want(name)) continue;
     const labels: { [k: string]: string } = {};
     if (line[i] === "{") {
       i++;
@@ -204,7 +226,7 @@ export class EngineMetrics {
         let why = "";
         try {
           const r = await fetch(`http://${addr}/metrics`, { signal: AbortSignal.timeout(this.o.timeoutMs) });
-          if (r.ok) samples = parsePrometheusText(await r.text());
+          if (r.ok) samples = parsePrometheusText(await r.text(), engineSeries);
           else why = `HTTP ${r.status}`;
         } catch (e) {
           why = (e as Error).message;

@@ -21,7 +21,7 @@
 //
 // Off unless --scorer-weights names it: in bench:policy-sim's KV-pressure runs
 // it changed nothing where each cache holds a quarter of the hot set, and cost
-// the document workload about 5% where it holds less (the runs and commands:
+// the document workload about 9% where it holds less (the runs and commands:
 // docs/benchmarks/2026-12-05-kv-pressure.md). The default's prefix and load
 // terms already keep hot prefixes apart and copy one when its holder is busy.
 //

@@ -254,6 +254,7 @@ export class EngineMetrics {
     // Overrides hold from the start, with or without scraping.
     for (const w of this.router().workers()) if (!this.readings.get(w.epochKey)) this.apply(w, null, 0);
     if (!this.o.intervalMs) {
+      if (!Object.keys(this.o.capacityOverride).length) return;
       // No scraping: a joining worker still gets its override at the next look.
       this.timer = setInterval(() => {
         for (const w of this.router().workers()) if (!this.readings.get(w.epochKey)) this.apply(w, null, 0);

@@ -727,12 +727,12 @@ export const FLAGS: FlagSpec[] = [
   {
     name: "engine-metrics-interval-ms",
     kind: "int",
-    def: 250,
+    def: 0,
     min: 0,
     max: 3600000,
     commands: ["router"],
     check: (v) => (v !== 0 && (v as number) < 20 ? "must be 0 (off) or at least 20" : null),
-    help: "GET /metrics on every worker each N ms: KV capacity (vllm:cache_config_info num_gpu_blocks, sglang:max_total_num_tokens), KV usage and queue, for capacity-aware placement (0 = off)",
+    help: "GET /metrics on every worker each N ms: KV capacity (vllm:cache_config_info num_gpu_blocks, sglang:max_total_num_tokens), KV usage and queue, for capacity-aware placement (--scorer-weights kv-capacity=W); 0 = off, e.g. 250",
   },
   {
     name: "kv-capacity-blocks",

@@ -9,6 +9,8 @@
 //
 // Usage: npm run bench:policy-sim -- [--variant 'label|--flag v ...;...'] [--seeds 3] [--workloads trace,shared-prefix,...] [--jitter 3]
 //   [--speeds 1,0.333,0.333,0.333] (each engine's speed as a share of the calibrated one; adds the oracle row)
+//   [--capacity-blocks 2000] (each engine's KV capacity, vLLM's num_gpu_blocks; the router reads it and the
+//   engines' usage and queue every --scrape-ms 250 of virtual time, as runtime/engine-metrics.ts does)
 // Deterministic: the same command prints the same table.
 import { createRouter } from "../core/router";
 import { sampleTrace, traceFile, traceIds } from "./mooncake";
@@ -104,6 +106,27 @@ function trace(): Conv[] {
   ]);
 }
 
+/**
+ * KV pressure: 32 documents of 4,000 tokens (8,000 blocks in all, four times
+ * a 2,000-block cache), asked about with Zipf popularity (document k gets
+ * weight 1/(k+1)), 192 questions. The hot set fits the fleet's caches
+ * together, not one worker's.
+ */
+function kvDocs(seed: number): Conv[] {
+  const docs = Array.from({ length: 32 }, () => text(4000 + HEAD));
+  const weights = docs.map((_, k) => 1 / (k + 1));
+  const total = weights.reduce((a, b) => a + b, 0);
+  const r = rng(seed * 31 + 5);
+  const out: Conv[] = [];
+  for (let q = 0; q < 192; q++) {
+    let x = (r(1000000) / 1000000) * total;
+    let d = 0;
+    while (d < docs.length - 1 && x >= weights[d]) x -= weights[d++];
+    out.push([{ tokens: docs[d].concat(text(14)), maxTokens: 32, key: `d${d}` }]);
+  }
+  return out;
+}
+
 function unique(): Conv[] {
   return Array.from({ length: 48 }, (_, i) => [{ tokens: text(2000 + HEAD), maxTokens: 32, key: `u${i}` }]);
 }
@@ -195,6 +218,8 @@ function engineAt(speed: number) {
 const SPEEDS = opt("--speeds", "1,1,1,1").split(",").map(Number);
 if (SPEEDS.length !== 4 || SPEEDS.some((x) => !(x > 0))) throw new Error("--speeds: four positive numbers");
 const MIXED = SPEEDS.some((x) => x !== SPEEDS[0]);
+const CAPACITY = Number(opt("--capacity-blocks", "0"));
+const SCRAPE_MS = Number(opt("--scrape-ms", "250"));
 
 function run(
   convs: Conv[],
@@ -214,11 +239,25 @@ function run(
   const engines: EngineModel[] = [];
   const ids: string[] = [];
   for (let i = 0; i < N; i++) {
-    engines.push(new EngineModel(engineAt(SPEEDS[i])));
+    engines.push(new EngineModel(CAPACITY ? { ...engineAt(SPEEDS[i]), numBlocks: CAPACITY } : engineAt(SPEEDS[i])));
     ids.push(`w${i}`);
     router.addWorker({ id: ids[i], address: `127.0.0.1:${9000 + i}`, role: "mixed" });
   }
   const ek = (i: number) => router.worker(ids[i])!.epochKey;
+  // What runtime/engine-metrics.ts reads from each engine's /metrics, every SCRAPE_MS of virtual time.
+  let scraped = -Infinity;
+  const scrape = () => {
+    if (now - scraped < SCRAPE_MS) return;
+    scraped = now;
+    for (let i = 0; i < N; i++)
+      state.engine!.set(ek(i), {
+        capacityBlocks: engines[i].cfg.numBlocks,
+        kvUsage: engines[i].usage(),
+        waitingRequests: engines[i].numWaiting(),
+        runningRequests: engines[i].numRunning(),
+        at: now,
+      });
+  };
   const plans: (StepPlan | null)[] = new Array(N).fill(null);
   const ends: number[] = new Array(N).fill(Infinity);
   const res: Result = { ttft: [], hits: 0, prompt: 0, spread: new Array(N).fill(0), forced: 0 };
@@ -280,6 +319,7 @@ function run(
   const start = (conv: number, turn: number) => {
     const t = convs[conv][turn];
     const blocks = blockHashes(t.tokens, 16);
+    scrape();
     const pick = router.pick({ blocks, inputTokens: t.tokens.length, exact: true, mediaHashes: [], n: 1 });
     const i = smg ? smg(blocks, inflight) : oracle ? oracle(t.key) : ids.indexOf(pick.target.id);
     const at = now;
@@ -406,6 +446,7 @@ function main(): void {
     ["multi-turn", multiTurn],
     ["agentic", agentic],
     ["unique", () => unique()],
+    ["kv-docs", kvDocs],
   ];
   const want = opt("--workloads", "trace,shared-prefix,multi-turn,agentic,unique").split(",");
   console.log(

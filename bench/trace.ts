@@ -11,6 +11,8 @@
 //   multi-turn    24 conversations x 5 turns
 //   agentic       8 agents x 8 tool-loop steps over one shared tool preamble
 //   unique        48 prompts sharing nothing
+//   kv-docs       32 documents x Zipf popularity, 192 questions (KV pressure:
+//                 8,000 blocks of documents; run it with --capacity-blocks)
 // each synthetic one at concurrency 4 and 16 (closed loop). Ours run through
 // real Envoy (envoy/envoy.yaml) and the ext_proc router, and the default
 // also through NGINX (nginx/nginx.conf, njs 0.8, the bridge); peers (smg,
@@ -28,7 +30,7 @@
 //
 // Usage: npm run bench:trace -- [--quick] [--speeds 1,1,1,1] [--no-oracle] [--concurrency 4,16] [--no-warmup] [--no-floor] [--baseline REV] [--no-peers] [--only a,b] [--workloads trace,shared-prefix,...] [--extra 'label|--flag v;...']
 //        [--trace-every 60] [--trace-seconds 45] [--trace-max-output 256]
-//        [--time-scale 1] [--out bench/results/trace.md]
+//        [--time-scale 1] [--capacity-blocks N (each simulator's KV cache, vLLM's num_gpu_blocks)] [--out bench/results/trace.md]
 import * as fs from "fs";
 import * as path from "path";
 import { execFileSync } from "child_process";
@@ -87,6 +89,7 @@ function speedArgs(slow: number): string[] {
     ...f("kv-read-us-per-ktoken", d.kvReadUsPerKToken),
   ];
 }
+const capacityBlocks = opt("--capacity-blocks", "");
 
 // ---------------------------------------------------------------- workloads
 
@@ -183,6 +186,28 @@ function agentic(): Req[][] {
   return shuffle(out, 11);
 }
 
+/**
+ * KV pressure: 32 documents of about 4,000 tokens (some 8,000 blocks in all),
+ * asked about with Zipf popularity (document k has weight 1/(k+1)), 192
+ * questions; bench:policy-sim's kv-docs in text. With --capacity-blocks 1500
+ * one worker's cache holds under a fifth of the documents, the fleet's about
+ * three quarters.
+ */
+function kvDocs(): Req[][] {
+  const docs = Array.from({ length: 32 }, (_, d) => longText(`kvdoc${d}x`, words(4000)));
+  const weights = docs.map((_, k) => 1 / (k + 1));
+  const total = weights.reduce((a, b) => a + b, 0);
+  const r = rng(20261205);
+  const out: Req[][] = [];
+  for (let q = 0; q < 192; q++) {
+    let x = (r(1000000) / 1000000) * total;
+    let d = 0;
+    while (d < docs.length - 1 && x >= weights[d]) x -= weights[d++];
+    out.push([chatReq([{ role: "user", content: `${docs[d]}\n\nQuestion ${q}: what does part ${q % 13} say?` }], 32)]);
+  }
+  return out;
+}
+
 function unique(): Req[][] {
   return Array.from({ length: 48 }, (_, i) => [
     chatReq([{ role: "user", content: longText(`uniq${i}x`, words(2000)) }], 32),
@@ -230,6 +255,7 @@ function workloads(): Workload[] {
     ["multi-turn", multiTurn],
     ["agentic", agentic],
     ["unique", unique],
+    ["kv-docs", kvDocs],
   ];
   for (const [name, make] of synth) {
     if (!want.includes(name)) continue;
@@ -741,6 +767,7 @@ async function main(): Promise<void> {
   const ws = workloads();
   const ts = targets();
   const simArgs = ["--stream-interval", "4", "--time-scale", String(timeScale), "--served-model-name", "sim-model"];
+  if (capacityBlocks) simArgs.push("--capacity-blocks", capacityBlocks);
   const mapPorts = await Promise.all(speeds.map(() => freePort()));
   const sims = await Promise.all(
     speeds.map((slow, i) =>
@@ -829,7 +856,7 @@ function save(rows: Row[], ws: Workload[]): string {
 function report(rows: Row[], ws: Workload[]): string {
   const f = (x: number, d = 1) => (Number.isFinite(x) ? x.toFixed(d) : "–");
   const lines = [
-    `Routing quality benchmark, ${new Date().toISOString()}, node ${process.version}; ${speeds.length} simulators (Llama-3.1-8B / H100 cost model, --stream-interval 4, --time-scale ${timeScale}; cost multipliers ${speeds.join(",")})`,
+    `Routing quality benchmark, ${new Date().toISOString()}, node ${process.version}; ${speeds.length} simulators (Llama-3.1-8B / H100 cost model, --stream-interval 4, --time-scale ${timeScale}; cost multipliers ${speeds.join(",")}${capacityBlocks ? `; --capacity-blocks ${capacityBlocks}` : ""})`,
     `command: npm run bench:trace -- ${argv.join(" ")}`.trimEnd(),
     "",
     "| workload | router / policy | TTFT mean ms | p50 | p90 | RR/this (mean TTFT) | ITL ms | out tok/s | req/s | cache hit | requests per worker | errors | TTFT MAPE |",

@@ -26,6 +26,7 @@ export async function startRouter(argv: string[]): Promise<void> {
     // Health checks before discovery: every worker that joins is probed at once,
     // and readiness waits for a passed probe (App.readiness).
     app.startHealthChecks();
+    app.startEngineMetrics();
     // Signals are handled from here on, discovery still starting included.
     let discovery: Discovery | null = null;
     // Bounded: the drain gets --drain-timeout-s, the close steps after it

@@ -24,6 +24,7 @@ import { clearAllTiers, defaultTierWeights, forgetMirror, tierCounts } from "./k
 import { Reservation, reservations } from "./reservation";
 import { LatencyModel, latencyModel } from "./latency";
 import { LogFields, LogHook } from "./log";
+import { engineReadings } from "./engine-readings";
 
 export type { Reservation } from "./reservation";
 
@@ -159,6 +160,7 @@ export function createRouter(state: RouterState, cfg: RouterConfig, hooks?: Rout
   const log = hk.log || (() => undefined);
   const rnd = hk.random || Math.random;
   const reg = state.workers;
+  if (!state.engine) state.engine = engineReadings();
   const held = reservations(state, log);
   const now = hk.now || Date.now;
   const onTiming = hk.onTiming;
@@ -199,6 +201,7 @@ export function createRouter(state: RouterState, cfg: RouterConfig, hooks?: Rout
     forgetMirror(state.mirror, gone.epochKey);
     state.images.drop(gone.epochKey);
     if (latency) latency.forget(gone.epochKey);
+    if (state.engine) state.engine.forget(gone.epochKey);
     reg.forget(gone.epochKey);
     return true;
   }

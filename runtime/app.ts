@@ -19,6 +19,7 @@ import { LoraTable, memoryLoraTable, withLora } from "../core/lora";
 import { HealthChecker } from "./health-check";
 import { TokenizerPool } from "./tokenpool";
 import { LoadedTokenizer } from "./tokenizer";
+import { EngineMetrics } from "./engine-metrics";
 import { createMetrics, Metrics } from "./metrics";
 import { Options } from "./config";
 import { BatchInfo } from "./events";
@@ -45,6 +46,8 @@ export class App {
   readonly state: RouterState = withLora(withModels(memoryState(), this.models), this.lora);
   readonly router: Router;
   readonly metrics: Metrics;
+  /** Each worker's KV capacity and headroom from its /metrics (runtime/engine-metrics.ts; startEngineMetrics). */
+  readonly engineMetrics: EngineMetrics;
   /** --replica-sync nats: in-flight load shared with the other router replicas. */
   readonly replicas: ReplicaSync | null = null;
   readonly tok: Tokenizers;
@@ -103,6 +106,14 @@ export class App {
     );
     this.fleet = new Fleet(opts, log, this.metrics, this.router, this.models, this.lora, this.tok, this.intake);
     this.routing = new Routing(opts, log, this.metrics, this.router, this.state, this.tok, this.fleet);
+    this.engineMetrics = new EngineMetrics(() => this.router, {
+      intervalMs: opts.engineMetrics ? opts.engineMetrics.intervalMs : 0,
+      timeoutMs: 2000,
+      blockSize: opts.router.blockSize,
+      capacityOverride: opts.engineMetrics ? opts.engineMetrics.capacity : {},
+      log: (l, line, f) => log(l, line, f),
+    });
+    this.engineMetrics.register(this.metrics.registry);
   }
 
   /** Builds the app with the event transport named by --kv-event-transport. */
@@ -124,6 +135,10 @@ export class App {
   /** The default tokenizer (models without their own). */
   get tokenizer(): LoadedTokenizer | null {
     return this.tok.tokenizer;
+  }
+  /** Starts reading the workers' /metrics every --engine-metrics-interval-ms (and applies --kv-capacity-blocks). */
+  startEngineMetrics(): void {
+    this.engineMetrics.start();
   }
   /** Per-model tokenizers from --router-tokenizer-path model=path,... */
   get tokenizers(): Record<string, LoadedTokenizer | null> {
@@ -232,6 +247,7 @@ export class App {
 
   async close(): Promise<void> {
     this.fleet.close();
+    this.engineMetrics.stop();
     await this.replicas?.close();
     await this.intake.close();
     await this.tok.close();

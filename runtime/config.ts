@@ -82,6 +82,8 @@ export interface Options {
   healthIntervalMs: number;
   /** GET /metrics for LoRA state every N ms (runtime/lora-metrics.ts); 0 = off. */
   loraMetricsIntervalMs: number;
+  /** Engine /metrics scraping (runtime/engine-metrics.ts): every N ms (0 = off), and per-worker capacity overrides. */
+  engineMetrics?: { intervalMs: number; capacity: { [id: string]: number } };
   pushToken: string;
   /** k8s discovery (see k8s.ts). */
   kubeconfig: string | null;
@@ -303,6 +305,10 @@ export function optionsFrom(values: Record<string, FlagValue>, cmd: "router" | "
     nginxPushUrl: v("nginx-push-url") as string,
     healthIntervalMs: v("health-interval-ms") as number,
     loraMetricsIntervalMs: v("lora-metrics-interval-ms") as number,
+    engineMetrics: {
+      intervalMs: v("engine-metrics-interval-ms") as number,
+      capacity: (v("kv-capacity-blocks") as { [id: string]: number } | null) || {},
+    },
     pushToken: secretFrom(v("push-token") as string, v("push-token-file") as string | null),
     kubeconfig: v("kubeconfig") as string | null,
     k8sNamespace: v("k8s-namespace") as string,

@@ -52,6 +52,21 @@ export async function startDpSim(o: SimOptions): Promise<DpSim> {
       });
       return;
     }
+    if (req.method === "GET" && url.pathname === "/metrics") {
+      // One page for every rank, as vLLM's API server shows its DP engines: each
+      // series labelled engine="<rank>" (HELP and TYPE once per name).
+      const seen = new Set<string>();
+      res.setHeader("content-type", "text/plain; version=0.0.4");
+      res.end(
+        ranks
+          .map((e) => e.metrics())
+          .join("")
+          .split("\n")
+          .filter((line) => !line.startsWith("#") || (!seen.has(line) && seen.add(line)))
+          .join("\n"),
+      );
+      return;
+    }
     // vLLM reads the rank from the X-data-parallel-rank header; the sim's SGLang
     // mode from the body (routed_dp_rank, else the deprecated data_parallel_rank),
     // as SGLang's /generate does, so a test sees the body field arrive.

@@ -381,11 +381,41 @@ export class EngineSim {
   }
 
   metrics(): string {
-    const l = `{engine="0",model_name="${this.o.servedModels[0] ?? "sim-model"}"}`;
+    const model = this.o.servedModels[0] ?? "sim-model";
+    const l = `{engine="${this.o.dpRank ?? 0}",model_name="${model}"}`;
     const m = this.model;
     const g = (name: string, help: string, type: string, v: number) =>
       `# HELP ${name} ${help}\n# TYPE ${name} ${type}\n${name}${l} ${v}\n`;
+    if (this.o.engine === "sglang") {
+      // SGLang's names (python/sglang/srt/observability/metrics_collector.py): the KV pool's
+      // size in tokens, its usage, and the scheduler's queue and running batch.
+      const sl = `{model_name="${model}",engine_type="unified",tp_rank="0",pp_rank="0"}`;
+      const sg = (name: string, help: string, type: string, v: number) =>
+        `# HELP ${name} ${help}\n# TYPE ${name} ${type}\n${name}${sl} ${v}\n`;
+      return (
+        sg("sglang:num_running_reqs", "The number of running requests.", "gauge", m.numRunning()) +
+        sg("sglang:num_queue_reqs", "The number of requests in the waiting queue.", "gauge", m.numWaiting()) +
+        sg("sglang:token_usage", "The token usage.", "gauge", m.usage()) +
+        sg(
+          "sglang:max_total_num_tokens",
+          "Maximum total number of tokens in the KV cache pool.",
+          "gauge",
+          this.o.capacityBlocks * this.o.blockSize,
+        ) +
+        `# HELP sglang:cache_config_info Information of cache config.\n# TYPE sglang:cache_config_info gauge\n` +
+        `sglang:cache_config_info{model_name="${model}",page_size="${this.o.blockSize}",num_pages="${this.o.capacityBlocks}"} 1\n` +
+        sg("sglang:prompt_tokens_total", "Number of prefill tokens processed.", "counter", m.stats.promptTokens) +
+        sg("sglang:generation_tokens_total", "Number of generation tokens processed.", "counter", m.stats.generated)
+      );
+    }
+    // vLLM's info gauge: every CacheConfig field as a label, the value 1 (vllm/config/cache.py metrics_info).
+    const cacheInfo =
+      `# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig\n# TYPE vllm:cache_config_info gauge\n` +
+      `vllm:cache_config_info{block_size="${this.o.blockSize}",cache_dtype="auto",enable_prefix_caching="True",` +
+      `engine="${this.o.dpRank ?? 0}",gpu_memory_utilization="0.9",num_cpu_blocks="${this.o.kvCpuBlocks || "None"}",` +
+      `num_gpu_blocks="${this.o.capacityBlocks}",prefix_caching_hash_algo="sha256"} 1.0\n`;
     return (
+      cacheInfo +
       g("vllm:num_requests_running", "Number of requests in model execution batches.", "gauge", m.numRunning()) +
       g("vllm:num_requests_waiting", "Number of requests waiting to be processed.", "gauge", m.numWaiting()) +
       g("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", "gauge", m.usage()) +

@@ -31,6 +31,7 @@ export function produce(ctx: PickContext, pool: Worker[]): Row[] {
   const cached: { [ek: string]: number } =
     f.blocks.length && !images ? ctx.state.mirror.prefixHits(f.blocks, live, ctx.config.kvTierWeights) : {};
   const slow: { [ek: string]: number } = ctx.latency ? ctx.latency.slowness(eks) : {};
+  const engine = ctx.state.engine;
   for (let i = 0; i < pool.length; i++) {
     const ek = eks[i];
     const d: CandidateData = {
@@ -42,7 +43,16 @@ export function produce(ctx: PickContext, pool: Worker[]): Row[] {
       pending: load.pendingBlocks(ek),
       held: load.heldGuards(ek),
       slowness: slow[ek] || 1,
+      capacityBlocks: null,
+      kvUsage: null,
+      waitingRequests: null,
     };
+    const r = engine ? engine.get(ek) : null;
+    if (r) {
+      d.capacityBlocks = r.capacityBlocks;
+      d.kvUsage = r.kvUsage;
+      d.waitingRequests = r.waitingRequests;
+    }
     rows.push({ worker: pool[i], cost: 0, hits: images ? d.imageHits : d.hits, active: d.active, data: d, terms: {} });
   }
   return rows;

@@ -58,6 +58,12 @@ export interface CandidateData {
   held: number;
   /** Time per unit of work against the fleet's median (core/latency.ts); 1 = typical or not yet learned. */
   slowness: number;
+  /** The worker's KV cache capacity in blocks (its engine's /metrics or --kv-capacity-blocks; core/engine-readings.ts); null = unknown. */
+  capacityBlocks: number | null;
+  /** Share of its KV cache held by running requests, 0..1, as its engine last reported; null = unknown. */
+  kvUsage: number | null;
+  /** Requests queued in its engine, not yet scheduled, as last reported; null = unknown. */
+  waitingRequests: number | null;
 }
 
 /** A candidate while it is scored. */

@@ -4,6 +4,7 @@
 import { BlockHash, EngineHash, EpochKey, Guard, SessionBinding, Worker, WorkerSpec } from "../types";
 import type { ModelTable } from "../models";
 import type { LoraTable } from "../lora";
+import type { EngineReadings } from "../engine-readings";
 
 /** Which blocks each worker's engine holds, as reported by its KV events. */
 export interface MirrorIndex {
@@ -115,6 +116,8 @@ export interface RouterState {
   models?: ModelTable;
   /** Each worker's LoRA adapters (core/lora.ts), scraped from /metrics; absent = no LoRA routing. */
   lora?: LoraTable;
+  /** Each worker's KV capacity and headroom from its engine's /metrics (core/engine-readings.ts); absent = none known. */
+  engine?: EngineReadings;
 }
 
 /** The optional spec fields a registered worker keeps (replay endpoint, DP rank, engine), present only when set. */

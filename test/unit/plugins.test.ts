@@ -16,6 +16,8 @@ import { imageAffinityScorer } from "../../core/scheduling/plugins/scorer/image-
 import { activeBlocksScorer } from "../../core/scheduling/plugins/scorer/active-blocks";
 import { queuedPrefillScorer } from "../../core/scheduling/plugins/scorer/queued-prefill";
 import { queuedSharedScorer } from "../../core/scheduling/plugins/scorer/queued-shared";
+import { kvCapacityScorer } from "../../core/scheduling/plugins/scorer/kv-capacity";
+import { engineReadings } from "../../core/engine-readings";
 import { lowestCostPicker } from "../../core/scheduling/plugins/picker/lowest-cost";
 import { roundRobinPicker } from "../../core/scheduling/plugins/picker/round-robin";
 import { randomPicker } from "../../core/scheduling/plugins/picker/random";
@@ -218,6 +220,65 @@ test("scorer queued-shared: credits queued blocks the request shares, only while
   assert.equal(queuedSharedScorer.weight(setup(["mixed"], { config: { overlapWeight: 0 } }).ctx), 0);
 });
 
+test("scorer kv-capacity: blocks the worker would need past its capacity; 0 when it is unknown", () => {
+  // Request: 10 blocks; every worker has capacity 40 (w3: unknown).
+  // w0 caches 6 of them (no running request holds them) and runs 32 other blocks:
+  //    the cached 6 still need room, 32 + 10 - 40 = 2 over.
+  // w1 runs 35 other blocks: 35 + 10 - 40 = 5 over.
+  // w2's engine reports 95% usage (38 blocks, more than its ledger's 2): 38 + 10 - 40 = 8 over.
+  // w4 runs the request's first 6 blocks and 28 others: 34 + 4 - 40, fits.
+  const s = setup(["mixed", "mixed", "mixed", "mixed", "mixed"], { features: { blocks: B(10, "q") } });
+  s.state.engine = engineReadings();
+  const cap = (i: number, capacityBlocks: number | null, kvUsage: number | null) =>
+    s.state.engine!.set(s.fleet[i].epochKey, {
+      capacityBlocks,
+      kvUsage,
+      waitingRequests: 0,
+      runningRequests: 0,
+      at: 1,
+    });
+  cap(0, 40, 0.1);
+  cap(1, 40, null);
+  cap(2, 40, 0.95);
+  cap(3, null, 0.99);
+  cap(4, 40, 0.5);
+  B(6, "q").forEach((h) => s.state.mirror.store(s.fleet[0].epochKey, h, h));
+  s.state.load.hold(s.fleet[0].epochKey, B(32, "a"), 0, 0);
+  s.state.load.hold(s.fleet[1].epochKey, B(35, "b"), 0, 0);
+  s.state.load.hold(s.fleet[2].epochKey, B(2, "c"), 0, 0);
+  s.state.load.hold(s.fleet[3].epochKey, B(50, "d"), 0, 0);
+  s.state.load.hold(s.fleet[4].epochKey, B(6, "q").concat(B(28, "e")), 0, 0);
+  const rows = s.rows();
+  assert.deepEqual(
+    rows.map((r) => [r.data.capacityBlocks, r.data.kvUsage, r.data.hits, r.data.inflight]),
+    [
+      [40, 0.1, 6, 0],
+      [40, null, 0, 0],
+      [40, 0.95, 0, 0],
+      [null, 0.99, 0, 0],
+      [40, 0.5, 6, 6],
+    ],
+  );
+  assert.deepEqual(kvCapacityScorer.score(s.ctx, rows), [2, 5, 8, 0, 0]);
+  // Off by default; named in --scorer-weights it runs (at that weight), not for empty prompts.
+  assert.equal(kvCapacityScorer.weight(s.ctx), 0);
+  const on = { ...s.ctx, config: { ...s.ctx.config, scorerWeights: { "kv-capacity": 8 } } };
+  assert.equal(kvCapacityScorer.weight(on), s.ctx.config.overlapWeight);
+  assert.equal(kvCapacityScorer.weight({ ...on, features: { ...s.ctx.features, blocks: [] } }), 0);
+  assert.deepEqual(
+    runProfile(on).map((r) => r.terms["kv-capacity"]),
+    [2, 5, 8, 0, 0],
+  );
+  assert.deepEqual(
+    runProfile(s.ctx).map((r) => r.terms["kv-capacity"]),
+    [undefined, undefined, undefined, undefined, undefined],
+  );
+  // Without readings (no engine table) the data stage leaves them null and the term is 0.
+  const bare = setup(["mixed"], { features: { blocks: B(10, "q") } });
+  bare.state.load.hold(bare.fleet[0].epochKey, B(99, "x"), 0, 0);
+  assert.deepEqual(kvCapacityScorer.score(bare.ctx, bare.rows()), [0]);
+});
+
 test("pickers: lowest cost with tie-breaks, round-robin, random", () => {
   const cases: { rows: [number, number, number][]; want: number }[] = [
     {
@@ -381,6 +442,7 @@ test("policies and scorers come from the registry: unknown names fail at start, 
     "active-blocks",
     "image-affinity",
     "lora-affinity",
+    "kv-capacity",
     "prefix-overlap",
     "queued-prefill",
     "queued-shared",

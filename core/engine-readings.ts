@@ -1,0 +1,42 @@
+// What each worker's engine says about itself on its /metrics page (vLLM,
+// SGLang), or what a flag says instead: its KV capacity in blocks and its
+// headroom right now (KV usage, requests waiting, requests running). The Node
+// runtime fills it (runtime/engine-metrics.ts scrapes every
+// --engine-metrics-interval-ms; --kv-capacity-blocks overrides capacity); the
+// data stage (scheduling/data.ts) copies a candidate's reading into its
+// Row.data, where scorers and admission read it. Keyed by epoch key, so a
+// worker that rejoins starts without readings. Pure and ES5-safe (njs).
+import { EpochKey } from "./types";
+
+export interface EngineReading {
+  /** KV cache capacity in blocks of the router's --block-size; null = not known. */
+  capacityBlocks: number | null;
+  /** Share of the KV cache held by running requests, 0..1 (vLLM kv_cache_usage_perc, SGLang token_usage); null = not known. */
+  kvUsage: number | null;
+  /** Requests queued in the engine, not yet scheduled (vLLM num_requests_waiting, SGLang num_queue_reqs). */
+  waitingRequests: number | null;
+  /** Requests in the engine's running batch. */
+  runningRequests: number | null;
+  /** When the headroom figures were read (ms, the reader's clock); 0 = never. */
+  at: number;
+}
+
+export interface EngineReadings {
+  get(epochKey: EpochKey): EngineReading | null;
+  set(epochKey: EpochKey, r: EngineReading): void;
+  forget(epochKey: EpochKey): void;
+}
+
+/** A table in one process's memory (the Node router; each njs VM would have its own). */
+export function engineReadings(): EngineReadings {
+  const byKey: { [ek: string]: EngineReading } = {};
+  return {
+    get: (ek) => (Object.prototype.hasOwnProperty.call(byKey, ek) ? byKey[ek] : null),
+    set: (ek, r) => {
+      byKey[ek] = r;
+    },
+    forget: (ek) => {
+      delete byKey[ek];
+    },
+  };
+}

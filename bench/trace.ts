@@ -417,6 +417,8 @@ interface Running {
   stop(): Promise<void>;
   /** Sum and count of |predicted - observed| / observed TTFT the router exported so far. */
   predictionError?(): Promise<{ sum: number; count: number }>;
+  /** Each worker's infera_router_worker_slowness, as exported. */
+  slowness?(): Promise<string>;
 }
 interface Target {
   name: string;
@@ -443,6 +445,12 @@ function inferaTarget(name: string, args: string[], entry?: string): Target {
       await waitFor("router sees the fleet", async () => (await router.workers()).length === sims.length);
       return {
         url: envoy.url,
+        slowness: async () =>
+          (await router.metrics())
+            .split("\n")
+            .filter((l) => l.startsWith("infera_router_worker_slowness{"))
+            .map((l) => l.split(" ").pop())
+            .join("/"),
         predictionError: async () => {
           const m = await router.metrics();
           let sum = 0;
@@ -829,6 +837,7 @@ async function main(): Promise<void> {
       const { results, wallMs } = await drive(r.url, w);
       const after = await simCounts(sims);
       const errAfter = r.predictionError ? await r.predictionError() : null;
+      if (r.slowness) log(`${w.name} ${t.name}: slowness at the end ${await r.slowness()}`);
       await r.stop();
       const row = summarize(w.name, t.name, results, wallMs, after.map((a, i) => a - before[i]).join("/"));
       if (errBefore && errAfter && errAfter.count > errBefore.count)

@@ -64,6 +64,7 @@ export interface DirectorDeps {
     body: Buffer,
     sessionHeader: string | null,
     allow?: (w: Worker) => boolean,
+    sloTtftMs?: number,
   ): Promise<Pick>;
 }
 
@@ -151,6 +152,8 @@ export class Director {
       const set: Record<string, true> = Object.fromEntries(subset.map((a) => [a, true as const]));
       allow = (w) => set[w.address] === true;
     }
+    // Read before the pick: a TTFT SLO (x-slo-ttft-ms, trusted) is one of the pick's inputs (slo-ttft scorer).
+    const objective = objectiveOf((n) => headers[n], opts.objectives.table, opts.objectives.trust);
     let pick: Pick;
     try {
       if (subset && !subset.length)
@@ -161,6 +164,7 @@ export class Director {
           inp.body,
           sessionFromHeaders((n) => headers[n], opts.sessionHeader, opts.sessionHeaders),
           allow,
+          objective.sloTtftMs,
         );
       } else {
         // An allowed path that is not a prompt (GET /v1/models, embeddings, --extra-paths): any worker can answer; route by load alone.
@@ -191,7 +195,7 @@ export class Director {
       worker: (pick.prefill ?? pick.target).id,
       uncachedTokens: pick.uncachedTokens,
       pool,
-      objective: objectiveOf((n) => headers[n], opts.objectives.table, opts.objectives.trust),
+      objective,
       header: (n) => headers[n],
       settings: { eppShedActiveBlocks: opts.eppShedActiveBlocks, eppSheddableObjectives: opts.eppSheddableObjectives },
       queue: this.d.admission,

@@ -131,6 +131,7 @@ export class Routing implements DirectorDeps {
     body: Buffer,
     sessionHeader: string | null,
     allow?: (w: Worker) => boolean,
+    sloTtftMs?: number,
   ): Promise<Pick> {
     const t0 = process.hrtime.bigint();
     const req = this.parse(endpoint, body, sessionHeader);
@@ -147,7 +148,7 @@ export class Routing implements DirectorDeps {
     }
     const pool = text !== null && text.length > this.opts.tokenize.inlineChars ? this.tok.pool() : null;
     if (!pool || text === null)
-      return this.finishPick(req, this.featuresInline(req, root, text ?? undefined), t0, allow);
+      return this.finishPick(req, this.featuresInline(req, root, text ?? undefined), t0, allow, sloTtftMs);
     const ms = mediaSalt(req, nativeHasher, root);
     let feats: Features;
     try {
@@ -170,11 +171,19 @@ export class Routing implements DirectorDeps {
       if (status) throw e;
       feats = this.estimated(req, root, e as Error);
     }
-    return this.finishPick(req, feats, t0, allow);
+    return this.finishPick(req, feats, t0, allow, sloTtftMs);
   }
 
-  private finishPick(req: ParsedRequest, feats: Features, t0: bigint, allow?: (w: Worker) => boolean): Pick {
+  /** sloTtftMs: the request's TTFT target (x-slo-ttft-ms, trusted), which the slo-ttft scorer prices. */
+  private finishPick(
+    req: ParsedRequest,
+    feats: Features,
+    t0: bigint,
+    allow?: (w: Worker) => boolean,
+    sloTtftMs?: number,
+  ): Pick {
     const endpoint = req.endpoint;
+    if (sloTtftMs) feats = { ...feats, sloTtftMs };
     checkSessionId(req.sessionId, this.opts.maxSessionIdBytes);
     // Before discovery's first view an empty fleet means "not yet", not "none".
     if (!this.fleet.synced && !this.router.workers().length)

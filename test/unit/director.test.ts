@@ -220,3 +220,31 @@ test("served elsewhere: the load moves to the known worker the gateway used; an 
     await a.close();
   }
 });
+
+test("a trusted x-slo-ttft-ms reaches the pick (the slo-ttft scorer runs); an untrusted one does not", async () => {
+  /** How many picks ran the slo-ttft scorer (its per-plugin latency histogram). */
+  async function sloRuns(a: App): Promise<number> {
+    const m = (await a.metrics.registry.getMetricsAsJSON()).find(
+      (x) => x.name === "infera_router_plugin_duration_seconds",
+    );
+    const count = m?.values.find(
+      (v) =>
+        (v as { metricName?: string }).metricName === "infera_router_plugin_duration_seconds_count" &&
+        v.labels.plugin === "slo-ttft",
+    );
+    return count ? Number(count.value) : 0;
+  }
+  for (const trust of ["trust", "ignore"]) {
+    const a = app(W, ["--objective-headers", trust]);
+    try {
+      const before = await sloRuns(a);
+      const d = routed(await a.director.decide(input(`slo-${trust}`, { headers: { "x-slo-ttft-ms": "500" } })));
+      d.reservation.finish();
+      const plain = routed(await a.director.decide(input(`plain-${trust}`)));
+      plain.reservation.finish();
+      assert.equal((await sloRuns(a)) - before, trust === "trust" ? 1 : 0, `--objective-headers ${trust}`);
+    } finally {
+      await a.close();
+    }
+  }
+});

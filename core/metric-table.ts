@@ -19,6 +19,8 @@ export interface MetricSpec {
   njs?: boolean;
   /** Exported by the bridge (infera-gate bridge) instead of the router. */
   bridge?: boolean;
+  /** Exported by the njs router (nginx) alone: the Node router has no such event. */
+  njsOnly?: boolean;
 }
 
 const WORKER = ["worker"];
@@ -240,11 +242,30 @@ export const METRICS: MetricSpec[] = [
     labels: ["priority"],
   },
   {
+    name: "infera_router_worker_kv_capacity_blocks",
+    type: "gauge",
+    help: "KV cache capacity per worker in router blocks (engine /metrics or --kv-capacity-blocks); absent = unknown",
+    labels: WORKER,
+  },
+  {
+    name: "infera_router_worker_kv_usage_ratio",
+    type: "gauge",
+    help: "Share of the worker's KV cache held by running requests (vllm:kv_cache_usage_perc, sglang:token_usage), last scrape",
+    labels: WORKER,
+  },
+  {
+    name: "infera_router_worker_engine_waiting_requests",
+    type: "gauge",
+    help: "Requests queued in the worker's engine (vllm:num_requests_waiting, sglang:num_queue_reqs), last scrape",
+    labels: WORKER,
+  },
+  {
     name: "infera_router_failovers_total",
     type: "counter",
     help: "Requests sent to the pick's second choice after the first refused the connection (nginx)",
     labels: [],
     njs: true,
+    njsOnly: true,
   },
   {
     name: "infera_router_flow_queued_bytes",
@@ -410,7 +431,7 @@ export function metricTableMarkdown(): string {
         " | " +
         m.labels.join(", ") +
         " | " +
-        (m.bridge ? "bridge" : m.njs ? "router, njs" : "router") +
+        (m.bridge ? "bridge" : m.njsOnly ? "njs" : m.njs ? "router, njs" : "router") +
         " | " +
         m.help.replace(/\|/g, "\\|") +
         (m.buckets ? " (buckets " + m.buckets.join(", ") + ")" : "") +

@@ -27,6 +27,7 @@
 // (usage, queue) and keeps the capacity, which does not change while the
 // worker stays.
 import { LogHook } from "../core/log";
+import { spec } from "./metrics";
 import * as client from "prom-client";
 import type { EngineReading, EngineReadings } from "../core/engine-readings";
 import type { Router, Worker } from "../core/router";
@@ -284,11 +285,9 @@ export class EngineMetrics {
 
   /** infera_router_worker_kv_capacity_blocks, _kv_usage_ratio and _engine_waiting_requests, read at scrape time. */
   register(registry: client.Registry): void {
-    const gauge = (name: string, help: string, pick: (r: EngineReading) => number | null) =>
+    const gauge = (name: string, pick: (r: EngineReading) => number | null) =>
       new client.Gauge({
-        name,
-        help,
-        labelNames: ["worker"],
+        ...spec(name),
         registers: [registry],
         collect: () => {
           const g = registry.getSingleMetric(name) as client.Gauge;
@@ -301,20 +300,8 @@ export class EngineMetrics {
           }
         },
       });
-    gauge(
-      "infera_router_worker_kv_capacity_blocks",
-      "KV cache capacity per worker in router blocks (engine /metrics or --kv-capacity-blocks); absent = unknown",
-      (r) => r.capacityBlocks,
-    );
-    gauge(
-      "infera_router_worker_kv_usage_ratio",
-      "Share of the worker's KV cache held by running requests (vllm:kv_cache_usage_perc, sglang:token_usage), last scrape",
-      (r) => r.kvUsage,
-    );
-    gauge(
-      "infera_router_worker_engine_waiting_requests",
-      "Requests queued in the worker's engine (vllm:num_requests_waiting, sglang:num_queue_reqs), last scrape",
-      (r) => r.waitingRequests,
-    );
+    gauge("infera_router_worker_kv_capacity_blocks", (r) => r.capacityBlocks);
+    gauge("infera_router_worker_kv_usage_ratio", (r) => r.kvUsage);
+    gauge("infera_router_worker_engine_waiting_requests", (r) => r.waitingRequests);
   }
 }

@@ -74,7 +74,7 @@ function noteFailure(
         detail +
         "): long prompts route by fallback (" +
         fb +
-        ") until it answers again; logged once per cause",
+        ") until it is back; logged once per cause",
     );
 }
 

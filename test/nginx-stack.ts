@@ -48,7 +48,7 @@ export async function startNginx1(fl: NginxFlavor, vars: Record<string, string> 
   throw new Error(`nginx failed to start 3 times: ${String(last)}`);
 }
 
-/** The bridge on a known admin port (its /v1/tokenize is the helper). Resolves once the helper answers. */
+/** The bridge on a known admin port (its /v1/tokenize is the helper). Resolves once its tokenizer is loaded. */
 export async function startBridgeAt(
   workers: string,
   pushUrl: string,
@@ -72,7 +72,8 @@ export async function startBridgeAt(
     "bridge admin",
     async () => {
       if (proc.child.exitCode !== null) throw fatal(`bridge exited: ${proc.log().slice(-800)}`);
-      return !!(await fetch(`http://127.0.0.1:${port}/livez`).catch(() => null));
+      // Logged after the tokenizer helper is warm (njs/bridge.ts).
+      return proc.log().includes('"bridge started"');
     },
     30000,
   );

@@ -252,67 +252,60 @@ test(
     const back = await ask(long);
     assert.equal(back.status, 200);
     assert.ok(back.hits > 1500, `helper back: exact routing again (${back.hits} blocks)`);
-    assert.equal(warnings(/tokenizer helper .* answers again/), 1, "recovery logged once");
+    assert.equal(
+      warnings(/tokenizer helper .* answers again: /),
+      1,
+      "recovery logged once: " +
+        ng.proc
+          .log()
+          .split("\n")
+          .filter((l) => /tokenizer helper/.test(l))
+          .map((l) => l.replace(/^.*infera: /, "").slice(0, 200))
+          .join(" | "),
+    );
   },
 );
 
 test(
-  "a 112k-token prompt on the helper path: little nginx worker CPU, and short requests on the same worker are not held",
+  "a 112k-token prompt costs the nginx worker far less CPU on the helper path than tokenized in njs",
   { skip, timeout: 180000 },
   async () => {
     const sims = await Promise.all(["pc0", "pc1"].map((id) => startSim(id, FAST)));
-    const port = await freePort();
-    const ng = await startNginx1(n8!, { tokenizer_url: `http://127.0.0.1:${port}/v1/tokenize` });
-    // No KV events: the worker's CPU is the request's own routing, not a mirror update landing meanwhile.
-    await startBridgeAt(sims.map((s) => s.address).join(","), `${ng.url}/_infera/push`, port);
-    await waitFor(
-      "fleet",
-      async () => ((await (await fetch(`${ng.url}/v1/admin/workers`)).json()) as unknown[]).length === 2,
-    );
     const body = (content: string) => ({ model: "m", max_tokens: 1, messages: [{ role: "user", content }] });
-    for (let i = 0; i < 2; i++)
-      assert.equal(await post(ng, "/v1/chat/completions", body(longText("w" + i, 2000))), 200);
-    // 16,400 words = ~112k tokens.
-    const cpu: number[] = [];
-    for (let i = 0; i < 3; i++) {
-      await sleep(50);
-      const c0 = cpuMs(ng.workerPid);
-      assert.equal(await post(ng, "/v1/chat/completions", body(longText("cold" + i, 16400))), 200);
-      await sleep(100);
-      cpu.push(cpuMs(ng.workerPid) - c0);
+    const cpu: Record<string, number[]> = { njs: [], helper: [] };
+    const stacks: Record<string, NginxStack> = {};
+    for (const side of ["njs", "helper"]) {
+      const port = await freePort();
+      const ng = await startNginx1(n8!, {
+        tokenizer_url: side === "helper" ? `http://127.0.0.1:${port}/v1/tokenize` : '""',
+      });
+      // No KV events: the worker's CPU is the request's own routing, not a mirror update landing meanwhile.
+      await startBridgeAt(sims.map((s) => s.address).join(","), `${ng.url}/_infera/push`, port);
+      await waitFor(
+        "fleet",
+        async () => ((await (await fetch(`${ng.url}/v1/admin/workers`)).json()) as unknown[]).length === 2,
+      );
+      assert.equal(await post(ng, "/v1/chat/completions", body(longText("w" + side, 2000))), 200);
+      stacks[side] = ng;
     }
-    const mean = cpu.reduce((a, x) => a + x, 0) / cpu.length;
-    process.stdout.write(`# nginx worker CPU per 112k-token request on the helper path: ${cpu.join(", ")} ms\n`);
-    // In njs the same prompt costs the worker several hundred ms (bench:nginx-scale has the figures).
-    assert.ok(mean < 200, `worker CPU ${mean.toFixed(0)} ms per 112k-token request`);
-
-    const short = body("What is the capital of France?");
-    const idle: number[] = [];
-    for (let i = 0; i < 20; i++) {
-      const t = performance.now();
-      await post(ng, "/v1/chat/completions", short);
-      idle.push(performance.now() - t);
-    }
-    idle.sort((a, b) => a - b);
-    const base = idle[10];
-    let inFlight = 4;
-    const longs = [0, 1, 2, 3].map((i) =>
-      post(ng, "/v1/chat/completions", body(longText("conc" + i, 16400))).finally(() => inFlight--),
-    );
-    const added: number[] = [];
-    for (let i = 0; i < 400 && inFlight > 0; i++) {
-      const t = performance.now();
-      assert.equal(await post(ng, "/v1/chat/completions", short), 200);
-      if (inFlight > 0) added.push(performance.now() - t - base);
-    }
-    assert.deepEqual(await Promise.all(longs), [200, 200, 200, 200]);
-    added.sort((a, b) => a - b);
-    const worst = added[added.length - 1];
+    // 16,400 words = ~112k tokens; the sides alternate so machine noise hits both alike.
+    for (let i = 0; i < 3; i++)
+      for (const side of i % 2 ? ["helper", "njs"] : ["njs", "helper"]) {
+        const ng = stacks[side];
+        await sleep(50);
+        const c0 = cpuMs(ng.workerPid);
+        assert.equal(await post(ng, "/v1/chat/completions", body(longText(`cold${side}${i}`, 16400))), 200);
+        await sleep(100);
+        cpu[side].push(cpuMs(ng.workerPid) - c0);
+      }
+    const mean = (xs: number[]) => xs.reduce((a, x) => a + x, 0) / xs.length;
     process.stdout.write(
-      `# short requests during 4 concurrent 112k prompts: ${added.length}, median +${added[added.length >> 1].toFixed(1)} ms, worst +${worst.toFixed(1)} ms (idle ${base.toFixed(1)} ms)\n`,
+      `# nginx worker CPU ms per 112k-token request: in njs ${cpu.njs.join(", ")}; helper ${cpu.helper.join(", ")}\n`,
     );
-    assert.ok(added.length >= 3, "short requests ran while the long ones routed");
-    // Tokenized in njs, each long prompt holds the worker for its whole encoding (hundreds of ms).
-    assert.ok(worst < 400, `worst short-request delay ${worst.toFixed(0)} ms`);
+    // What is left on the helper path is the pick's shared-dict bookkeeping (docs/gateways/nginx.md).
+    assert.ok(
+      mean(cpu.helper) < 0.6 * mean(cpu.njs),
+      `helper ${mean(cpu.helper).toFixed(0)} ms vs njs ${mean(cpu.njs).toFixed(0)} ms`,
+    );
   },
 );

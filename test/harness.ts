@@ -549,6 +549,9 @@ export function renderNginx(fl: NginxFlavor, port: number, dir: string, vars: Re
     .replace("pid /tmp/infera-nginx.pid", `pid ${dir}/nginx.pid`)
     .replace("access_log /dev/stdout infera", `access_log ${dir}/access.log infera`)
     .replace(/\/tmp\/infera-nginx-(body|proxy)/g, `${dir}/$1`);
+  // The tokenizer helper (njs/offload.ts) only where a test points nginx at one: the default
+  // URL is the bridge's default admin port, which tests do not use.
+  if (vars.tokenizer_url === undefined) vars = { ...vars, tokenizer_url: '""' };
   for (const [k, v] of Object.entries(vars)) {
     // zone_str / zone_num resize the shared dicts (e.g. "1m" to test a full zone)
     if (k === "zone_str" || k === "zone_num")

@@ -42,7 +42,8 @@ async function post(base: string, b: string): Promise<{ ms: number; status: numb
     headers: { "content-type": "application/json" },
     body: b,
   });
-  await r.text();
+  const text = await r.text();
+  if (r.status !== 200) process.stderr.write(`${base}: HTTP ${r.status}: ${text.slice(0, 300)}\n`);
   return { ms: performance.now() - t0, status: r.status, worker: r.headers.get("x-sim-worker") };
 }
 
@@ -119,14 +120,13 @@ async function main(): Promise<void> {
     }
   };
 
-  const rows: string[] = [];
-  rows.push(
+  console.log(
     "| prompt tokens | path | worker CPU ms / request (cold) | worker CPU ms (extending turn) | added latency ms (median, cold) |",
   );
-  rows.push("|---:|---|---:|---:|---:|");
+  console.log("|---:|---|---:|---:|---:|");
   for (const size of sizes) {
     const words = wordsFor(size);
-    const reps = size <= 2000 ? 20 : size <= 10000 ? 8 : size <= 40000 ? 5 : 3;
+    const reps = size <= 2000 ? 10 : size <= 10000 ? 5 : size <= 40000 ? 3 : 2;
     for (let r = 0; r < 2; r++) {
       // Alternate which side goes first so machine noise hits both alike.
       const order = r % 2 ? sides.slice().reverse() : sides;
@@ -166,12 +166,11 @@ async function main(): Promise<void> {
     for (const s of sides) {
       const res = s.res[size];
       const avg = (i: number) => res.reduce((a, x) => a + x[i], 0) / res.length;
-      rows.push(
+      console.log(
         `| ${size.toLocaleString("en-US")} | ${s.name} | ${avg(0).toFixed(1)} | ${avg(1).toFixed(1)} | ${avg(2).toFixed(1)} |`,
       );
     }
   }
-  console.log(rows.join("\n"));
 
   // Short requests on the same worker while 4 long prompts route.
   console.log(

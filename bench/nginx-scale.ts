@@ -81,7 +81,16 @@ async function main(): Promise<void> {
   await buildNjs();
   const sims: Sim[] = await Promise.all(
     ["b0", "b1"].map((id) =>
-      startSim(id, ["--prefill-us-per-token", "0", "--decode-ms-per-token", "0", "--prefill-attn-us-per-kctx", "0"]),
+      startSim(id, [
+        "--prefill-us-per-token",
+        "0",
+        "--decode-ms-per-token",
+        "0",
+        "--prefill-attn-us-per-kctx",
+        "0",
+        "--capacity-blocks",
+        "200000",
+      ]),
     ),
   );
   // Per path two stacks: one whose bridge follows the engines' KV events (the

@@ -362,6 +362,13 @@ export const METRICS: MetricSpec[] = [
   },
   // The bridge that feeds nginx (njs/bridge.ts), on its own admin port.
   {
+    name: "infera_bridge_tokenize_requests_total",
+    type: "counter",
+    help: "Prompts nginx sent to the tokenizer helper, by result (ok, refused, error)",
+    labels: ["result"],
+    bridge: true,
+  },
+  {
     name: "infera_bridge_pushes_total",
     type: "counter",
     help: "Pushes to nginx by result",

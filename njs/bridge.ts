@@ -24,6 +24,7 @@ import { backoff, Logger, makeLogger, stateLogger } from "../runtime/log";
 import { spec } from "../runtime/metrics";
 import { listenError, runCommand, version } from "../runtime/args";
 import { CLOSE_BUDGET_MS, closeStep, onShutdown } from "../runtime/shutdown";
+import { tokenizeHelper, TokenizeHelper } from "./tokenize-helper";
 
 interface ShadowBlock {
   parent: string | null;
@@ -269,6 +270,8 @@ export class Bridge implements Fleet {
   /** Refused KV-event frames: every one counted, a few logged per minute (as the router does). */
   private readonly kvRefused = rateLimitedLog((l, m, f) => this.log(l, m, f), KV_REFUSED_LOG);
   stats = { pushed: 0, refused: 0, failed: 0, resyncs: 0 };
+  /** POST /v1/tokenize on the admin port: nginx's long prompts tokenized and hashed here (njs/tokenize-helper.ts). */
+  readonly tokenize: TokenizeHelper = tokenizeHelper(this.registry);
 
   constructor(
     readonly opts: Options,
@@ -564,6 +567,7 @@ export class Bridge implements Fleet {
     this.closed = true;
     if (this.heartbeat) clearInterval(this.heartbeat);
     this.health.stop();
+    this.tokenize.close();
     for (const id of Object.keys(this.subs)) this.subs[id].close();
     this.kvRefused.close();
     await this.events.close();
@@ -583,6 +587,7 @@ function serveAdmin(b: Bridge, host: string, port: number): Promise<http.Server>
       return res.end(await b.registry.metrics());
     }
     if (p === "/livez") return send(200, { status: "alive" });
+    if (p === "/v1/tokenize") return b.tokenize.handle(req, res);
     if (p === "/readyz" || p === "/healthz") {
       const r = b.readiness();
       return send(r.ready ? 200 : 503, {
@@ -619,6 +624,7 @@ export function startBridge(argv: string[]): Promise<void> {
     d = await startDiscovery(b);
     b.startHeartbeat();
     b.health.start();
+    await b.tokenize.warm();
     log("info", "bridge started", {
       version: version(),
       push_url: opts.nginxPushUrl,

@@ -39,6 +39,9 @@ import { logfmt, LogFields, LogLevel } from "../core/log";
 import { objectiveOf, parseObjectives } from "../core/objectives";
 import { shedsAtOnce } from "../core/admission";
 import { moveGuard, nextBest } from "../core/failover";
+import { Endpoint } from "../core/request";
+import { Pick } from "../core/router";
+import { helperFeatures, offloadVars, useHelper } from "./offload";
 
 const STR_ZONE = "infera_str";
 const NUM_ZONE = "infera_num";
@@ -211,22 +214,42 @@ function route(r: NjsRequest): void {
       );
       checkSessionId(req.sessionId, nginxFlag("max-session-id-bytes", getVar(r)) as number);
       stream = req.stream;
-      const f = computeFeatures(
-        req,
-        tokenizer(),
-        c.cfg.blockSize,
-        undefined,
-        requestRoot(c.router.state.mirror, req.model, req.cacheSalt),
-      );
+      const root = requestRoot(c.router.state.mirror, req.model, req.cacheSalt);
+      const ov = offloadVars(getVar(r));
+      if (useHelper(ov, req)) {
+        // A long prompt: tokenized and hashed by the helper while this worker serves others (njs/offload.ts).
+        const sid = req.sessionId;
+        const streamed = stream;
+        const limits = [lim.maxBodyBytes, lim.maxMessages, lim.maxMedia, lim.maxJsonDepth];
+        return helperFeatures(r, ov, req, body, c.cfg.blockSize, limits, root, tokenizer, function (f) {
+          let p: Pick;
+          try {
+            p = c.router.pick(f, sid);
+          } catch (e) {
+            return refuse(r, c, e);
+          }
+          send(r, c, ep, p, streamed);
+        });
+      }
+      const f = computeFeatures(req, tokenizer(), c.cfg.blockSize, undefined, root);
       pick = c.router.pick(f, req.sessionId);
     } else pick = c.router.pick({ blocks: [], inputTokens: 0, exact: false, mediaHashes: [], n: 1 });
   } catch (e) {
-    // Ours carry an HTTP status; anything else is the state failing under us
-    // (a full shared-dict zone): route by load-free choice rather than fail.
-    if (!(e instanceof Error && typeof (e as { status?: unknown }).status === "number") && degrade(r, c, e)) return;
-    const err = asHttpError(e);
-    return fail(r, err.status, err.message, err.type, err.param);
+    return refuse(r, c, e);
   }
+  send(r, c, ep, pick, stream);
+}
+
+function refuse(r: NjsRequest, c: Ctx, e: unknown): void {
+  // Ours carry an HTTP status; anything else is the state failing under us
+  // (a full shared-dict zone): route by load-free choice rather than fail.
+  if (!(e instanceof Error && typeof (e as { status?: unknown }).status === "number") && degrade(r, c, e)) return;
+  const err = asHttpError(e);
+  return fail(r, err.status, err.message, err.type, err.param);
+}
+
+/** Sheds a sheddable cold request, else remembers the pick's guards and hands the request to the proxy location. */
+function send(r: NjsRequest, c: Ctx, ep: Endpoint | null | undefined, pick: Pick, stream: boolean): void {
   // Priority shedding, the Envoy path's rule without its queue (core/admission.ts
   // shedsAtOnce): a sheddable cold request whose worker has no free prefill slot.
   const adm = {

@@ -32,7 +32,20 @@ declare const ngx: {
   INFO: number;
   WARN: number;
   ERR: number;
+  /** Async HTTP client (njs >= 0.5.1); bounded by js_fetch_timeout. */
+  fetch(
+    url: string,
+    init: { method?: string; body?: string; headers?: { [k: string]: string } },
+  ): NjsThenable<NjsFetchResponse>;
 };
+/** The slice of a Promise the njs code uses (lib is ES5: no Promise type). */
+interface NjsThenable<T> {
+  then<U>(ok: (v: T) => U | NjsThenable<U>, fail?: (e: unknown) => U | NjsThenable<U>): NjsThenable<U>;
+}
+interface NjsFetchResponse {
+  status: number;
+  text(): NjsThenable<string>;
+}
 declare const njs: { version: string };
 declare const infera_vocab: import("../core/bpe").CompactTokenizer | undefined;
 declare const process: { env: { [k: string]: string | undefined } } | undefined;

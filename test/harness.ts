@@ -548,6 +548,9 @@ export function renderNginx(fl: NginxFlavor, port: number, dir: string, vars: Re
 
 function nginxConfArgs(fl: NginxFlavor, port: number, dir: string, vars: Record<string, string>): string[] {
   const out = ["--modules", fl.modules, "--prefix", dir, "--port", String(port), "--access-log", `${dir}/access.log`];
+  // The tokenizer helper (njs/offload.ts) only where a test points nginx at one: the default
+  // URL is the bridge's default admin port, which tests do not use.
+  if (vars.tokenizer_url === undefined) vars = { ...vars, tokenizer_url: '""' };
   // push_token is the environment's, not a variable
   for (const [k, v] of Object.entries(vars)) if (k !== "push_token") out.push("--set", `${k}=${v}`);
   return out;

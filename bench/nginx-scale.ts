@@ -1,0 +1,231 @@
+// Real nginx (njs 0.8, one worker process) per prompt size: the nginx
+// worker's CPU per request, the latency nginx adds, and what a short request
+// on the same worker waits while 4 long prompts route, for prompts tokenized
+// in njs and for prompts sent to the tokenizer helper (the bridge's
+// /v1/tokenize), side by side in one run. Engines are simulators with no
+// prefill or decode cost, so the latencies are nginx's own.
+// Usage: npm run bench:nginx-scale -- [--sizes 1k,8k,32k,112k,200k] [--long 112k] [--shorts 120]
+import { freePort, longText, nginx08, startSim, stopAll, waitFor, workerArg, Sim } from "../test/harness";
+import { cpuMs, NginxStack, startBridgeAt, startNginx1 } from "../test/nginx-stack";
+import { buildNjs } from "../njs/build";
+
+const argv = process.argv.slice(2);
+const opt = (name: string, dflt: string) => {
+  const i = argv.indexOf(name);
+  return i >= 0 && i + 1 < argv.length ? argv[i + 1] : dflt;
+};
+const tokensOf = (s: string) => {
+  const m = /^(\d+(?:\.\d+)?)(k?)$/.exec(s.trim());
+  if (!m) throw new Error(`${s} is not a token count like 8k or 1500`);
+  return Math.round(Number(m[1]) * (m[2] ? 1000 : 1));
+};
+const sizes = opt("--sizes", "1k,8k,32k,112k,200k").split(",").map(tokensOf);
+const longSize = tokensOf(opt("--long", "112k"));
+const shorts = Math.min(1000, Math.max(20, Number(opt("--shorts", "120"))));
+// test/harness.ts longText: 1,024 Qwen3 tokens per 150 words.
+const wordsFor = (tokens: number) => Math.max(1, Math.round((tokens * 150) / 1024));
+
+let seq = 0;
+function body(content: string, extra: { role: string; content: string }[] = []): string {
+  return JSON.stringify({
+    model: "m",
+    stream: false,
+    max_tokens: 1,
+    messages: [{ role: "user", content }, ...extra],
+  });
+}
+
+async function post(base: string, b: string): Promise<{ ms: number; status: number; worker: string | null }> {
+  const t0 = performance.now();
+  const r = await fetch(`${base}/v1/chat/completions`, {
+    method: "POST",
+    headers: { "content-type": "application/json" },
+    body: b,
+  });
+  const text = await r.text();
+  if (r.status !== 200) process.stderr.write(`${base}: HTTP ${r.status}: ${text.slice(0, 300)}\n`);
+  return { ms: performance.now() - t0, status: r.status, worker: r.headers.get("x-sim-worker") };
+}
+
+function median(xs: number[]): number {
+  const s = xs.slice().sort((a, b) => a - b);
+  return s[Math.floor(s.length / 2)];
+}
+function pct(xs: number[], p: number): number {
+  const s = xs.slice().sort((a, b) => a - b);
+  return s[Math.min(s.length - 1, Math.ceil((p / 100) * s.length) - 1)];
+}
+const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
+
+/** CPU ms the nginx worker spent on one request (log phase included), and its wall time. */
+async function measured(ng: NginxStack, b: string): Promise<{ cpu: number; ms: number }> {
+  await sleep(30);
+  const c0 = cpuMs(ng.workerPid);
+  const r = await post(ng.url, b);
+  if (r.status !== 200) throw new Error(`HTTP ${r.status}`);
+  await sleep(30);
+  return { cpu: cpuMs(ng.workerPid) - c0, ms: r.ms };
+}
+
+interface Side {
+  name: string;
+  ng: NginxStack;
+  /** Per prompt size, per round: [cold CPU ms, extending-turn CPU ms, added latency ms]. */
+  res: Record<number, number[][]>;
+}
+
+async function main(): Promise<void> {
+  const fl = nginx08();
+  if (!fl) throw new Error("njs >= 0.8 not set up: bash scripts/njs08.sh");
+  process.stderr.write("building the njs bundle\n");
+  await buildNjs();
+  const sims: Sim[] = await Promise.all(
+    ["b0", "b1"].map((id) =>
+      startSim(id, [
+        "--prefill-us-per-token",
+        "0",
+        "--decode-ms-per-token",
+        "0",
+        "--prefill-attn-us-per-kctx",
+        "0",
+        "--capacity-blocks",
+        "200000",
+      ]),
+    ),
+  );
+  // Per path two stacks: one whose bridge follows the engines' KV events (the
+  // extending turns need a mirror), one without events, where a cold prompt's
+  // CPU is routing alone (a KV event batch of thousands of new blocks lands on
+  // the same worker shortly after, and costs what it costs on either path).
+  const sides: Side[] = [];
+  const quiet: Side[] = [];
+  for (const name of ["njs", "helper"])
+    for (const events of [true, false]) {
+      const adminPort = await freePort();
+      const url = name === "njs" ? '""' : `http://127.0.0.1:${adminPort}/v1/tokenize`;
+      const ng = await startNginx1(fl, { tokenizer_url: url });
+      const workers = events ? workerArg(sims) : sims.map((s) => s.address).join(",");
+      await startBridgeAt(workers, `${ng.url}/_infera/push`, adminPort);
+      (events ? sides : quiet).push({ name, ng, res: {} });
+      await waitFor(
+        "fleet in nginx",
+        async () => ((await (await fetch(`${ng.url}/v1/admin/workers`)).json()) as unknown[]).length === sims.length,
+      );
+      for (let i = 0; i < 3; i++) await post(ng.url, body(longText(`warm${name}${events}${i}`, wordsFor(4000))));
+    }
+  // The KV events of the last request applied: nginx's mirror counts stop moving.
+  const synced = async (ng: NginxStack) => {
+    let last = "";
+    let same = 0;
+    for (let i = 0; i < 300 && same < 3; i++) {
+      await sleep(100);
+      const now = JSON.stringify(
+        await Promise.all(
+          sims.map(async (s) => (await (await fetch(`${ng.url}/v1/admin/cache-view/${s.address}`)).json()).block_count),
+        ),
+      );
+      same = now === last ? same + 1 : 0;
+      last = now;
+    }
+  };
+
+  console.log(
+    "| prompt tokens | path | worker CPU ms / request (cold) | worker CPU ms (extending turn) | added latency ms (median, cold) |",
+  );
+  console.log("|---:|---|---:|---:|---:|");
+  for (const size of sizes) {
+    const words = wordsFor(size);
+    const reps = size <= 2000 ? 10 : size <= 10000 ? 5 : size <= 40000 ? 3 : 2;
+    for (let r = 0; r < 2; r++) {
+      // Alternate which side goes first so machine noise hits both alike.
+      const order = r % 2 ? sides.slice().reverse() : sides;
+      for (let si = 0; si < order.length; si++) {
+        const s = order[si];
+        const q = quiet[sides.indexOf(s)];
+        const cold: number[] = [];
+        const ext: number[] = [];
+        const added: number[] = [];
+        for (let k = 0; k < reps; k++) {
+          const text = longText(`s${size}r${r}k${k}${s.name}x${seq++}`, words);
+          const b = body(text);
+          const m = await measured(q.ng, b);
+          cold.push(m.cpu);
+          // The same body straight to an engine: what nginx adds is the difference.
+          const direct = await post(`http://127.0.0.1:${sims[0].port}`, b);
+          added.push(m.ms - direct.ms);
+          // The conversation cached on an engine and mirrored in nginx, then one more turn.
+          await post(s.ng.url, b);
+          await synced(s.ng);
+          const e = await measured(
+            s.ng,
+            body(text, [
+              { role: "assistant", content: "Noted." },
+              { role: "user", content: "And the next step? " + k },
+            ]),
+          );
+          ext.push(e.cpu);
+        }
+        (s.res[size] = s.res[size] || []).push([
+          cold.reduce((a, x) => a + x, 0) / cold.length,
+          ext.reduce((a, x) => a + x, 0) / ext.length,
+          median(added),
+        ]);
+      }
+    }
+    for (const s of sides) {
+      const res = s.res[size];
+      const avg = (i: number) => res.reduce((a, x) => a + x[i], 0) / res.length;
+      console.log(
+        `| ${size.toLocaleString("en-US")} | ${s.name} | ${avg(0).toFixed(1)} | ${avg(1).toFixed(1)} | ${avg(2).toFixed(1)} |`,
+      );
+    }
+  }
+
+  // Short requests on the same worker while 4 long prompts route.
+  console.log(
+    `\n| path | short-request p50 added ms | p99 added ms | max added ms | while 4 concurrent ${longSize.toLocaleString("en-US")}-token prompts |`,
+  );
+  console.log("|---|---:|---:|---:|---|");
+  const shortBody = body("What is the capital of France? Answer in one word.");
+  const all = quiet
+    .map((s) => ({ s, label: s.name + ", no KV events" }))
+    .concat(sides.map((s) => ({ s, label: s.name + ", KV events on" })));
+  for (const { s, label } of all) {
+    const idle: number[] = [];
+    for (let i = 0; i < 30; i++) idle.push((await post(s.ng.url, shortBody)).ms);
+    const base = median(idle);
+    const added: number[] = [];
+    let round = 0;
+    while (added.length < shorts && round < 50) {
+      round++;
+      let inFlight = 4;
+      const longs = [0, 1, 2, 3].map((i) =>
+        post(s.ng.url, body(longText(`conc${s.name}${round}x${i}x${seq++}`, wordsFor(longSize)))).finally(
+          () => inFlight--,
+        ),
+      );
+      await sleep(2);
+      while (inFlight > 0 && added.length < shorts) {
+        const r = await post(s.ng.url, shortBody);
+        if (inFlight > 0) added.push(r.ms - base);
+      }
+      const done = await Promise.all(longs);
+      for (const d of done) if (d.status !== 200) throw new Error(`long prompt: HTTP ${d.status}`);
+    }
+    console.log(
+      `| ${label} | ${pct(added, 50).toFixed(1)} | ${pct(added, 99).toFixed(1)} | ${Math.max(...added).toFixed(1)} | ${added.length} shorts over ${round} rounds (idle short ${base.toFixed(1)} ms) |`,
+    );
+  }
+}
+
+main().then(
+  async () => {
+    await stopAll();
+    process.exit(0);
+  },
+  async (e) => {
+    process.stderr.write(`bench:nginx-scale: ${e.stack || e.message}\n`);
+    await stopAll();
+    process.exit(1);
+  },
+);

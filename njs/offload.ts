@@ -1,0 +1,167 @@
+// Long prompts tokenized and hashed outside the nginx worker. njs runs on the
+// worker's event loop, so every millisecond spent encoding a prompt there is a
+// millisecond every other connection of that worker waits. From
+// $infera_tokenizer_min_tokens (estimated, bytes/4) on, the body goes to the
+// tokenizer helper ($infera_tokenizer_url: the bridge's POST /v1/tokenize,
+// njs/tokenize-helper.ts) with ngx.fetch; the worker serves other requests
+// until the block hashes come back, then picks with them.
+//
+// The helper down, slow (js_fetch_timeout) or answering nonsense never fails a
+// request: prompts up to $infera_njs_tokenize_max_tokens are tokenized here as
+// before, longer ones route on the estimated token count (load only). Each
+// cause is logged once (a number-dict flag shared by every worker) and once
+// more when the helper answers again.
+import { computeFeatures, Features, featuresOf, ParsedRequest, Tokenizer } from "../core/request";
+import { BlockHash } from "../core/types";
+
+export interface OffloadVars {
+  /** The helper's URL; empty = every prompt is tokenized in njs. */
+  url: string;
+  /** Estimated tokens (bytes/4) from which a prompt goes to the helper. */
+  minTokens: number;
+  /** Helper unavailable: estimated tokens up to which njs tokenizes itself (longer: estimate only). */
+  njsMaxTokens: number;
+}
+
+export const OFFLOAD_DEFAULTS = { minTokens: 2048, njsMaxTokens: 8192 };
+
+function intVar(v: string | undefined, dflt: number): number {
+  const n = Number(v);
+  return v !== undefined && v !== "" && n >= 0 && Math.floor(n) === n ? n : dflt;
+}
+
+export function offloadVars(get: (name: string) => string | undefined): OffloadVars {
+  return {
+    url: get("infera_tokenizer_url") || "",
+    minTokens: intVar(get("infera_tokenizer_min_tokens"), OFFLOAD_DEFAULTS.minTokens),
+    njsMaxTokens: intVar(get("infera_njs_tokenize_max_tokens"), OFFLOAD_DEFAULTS.njsMaxTokens),
+  };
+}
+
+/** Whether the helper tokenizes this request (token ids in the body need no tokenizer at all). */
+export function useHelper(v: OffloadVars, req: ParsedRequest): boolean {
+  return v.url !== "" && !req.promptTokens && req.estimatedTokens >= v.minTokens;
+}
+
+// The causes a fallback is logged under (one dict flag each).
+const CAUSES = ["unreachable", "timeout", "status", "answer"];
+const DOWN = "TKDOWN";
+
+function noteFailure(
+  r: NjsRequest,
+  num: NjsSharedDict | undefined,
+  url: string,
+  cause: string,
+  detail: string,
+  fb: string,
+): void {
+  let first = true;
+  try {
+    if (num) {
+      first = num.incr("TKF:" + cause, 1, 0) === 1;
+      num.set(DOWN, 1);
+    }
+  } catch (e) {
+    /* a full number zone: log anyway */
+  }
+  if (first)
+    r.warn(
+      "infera: tokenizer helper " +
+        url +
+        " " +
+        cause +
+        " (" +
+        detail +
+        "): long prompts route by fallback (" +
+        fb +
+        ") until it is back; logged once per cause",
+    );
+}
+
+function noteRecovery(r: NjsRequest, num: NjsSharedDict | undefined, url: string): void {
+  if (!num || !num.get(DOWN)) return;
+  // pop is atomic: one request logs the recovery.
+  if (num.pop(DOWN) === undefined) return;
+  for (let i = 0; i < CAUSES.length; i++) num.delete("TKF:" + CAUSES[i]);
+  r.warn("infera: tokenizer helper " + url + " answers again: long prompts route on exact block hashes");
+}
+
+/**
+ * Features of req from the helper, or by the fallback; done runs exactly once,
+ * after the answer (or the failure) arrives. done must not throw.
+ */
+export function helperFeatures(
+  r: NjsRequest,
+  v: OffloadVars,
+  req: ParsedRequest,
+  body: string,
+  blockSize: number,
+  limits: number[],
+  root: string | null,
+  tok: () => Tokenizer | null,
+  done: (f: Features) => void,
+): void {
+  const num = typeof ngx !== "undefined" && ngx.shared ? ngx.shared.infera_num : undefined;
+  let called = false;
+  const finish = (f: Features) => {
+    if (called) return;
+    called = true;
+    done(f);
+  };
+  const fallback = (cause: string, detail: string) => {
+    const inNjs = req.estimatedTokens <= v.njsMaxTokens;
+    noteFailure(r, num, v.url, cause, detail, inNjs ? "tokenized in njs" : "estimated tokens, load only");
+    let f: Features;
+    try {
+      f = computeFeatures(req, inNjs ? tok() : null, blockSize, undefined, root);
+    } catch (e) {
+      f = computeFeatures(req, null, blockSize, undefined, root);
+    }
+    finish(f);
+  };
+  ngx
+    .fetch(v.url, {
+      method: "POST",
+      body: body,
+      headers: {
+        "Content-Type": "application/json",
+        "X-Infera-Endpoint": req.endpoint,
+        "X-Infera-Block-Size": String(blockSize),
+        "X-Infera-Limits": limits.join(","),
+        "X-Infera-Root": root || "",
+      },
+    })
+    .then(
+      function (res) {
+        return res.text().then(function (text) {
+          if (res.status !== 200) return fallback("status", "HTTP " + res.status + ": " + text.slice(0, 200));
+          let a: { t?: unknown; b?: unknown; mh?: unknown };
+          try {
+            a = JSON.parse(text);
+          } catch (e) {
+            return fallback("answer", "not JSON");
+          }
+          if (typeof a.t !== "number" || !Array.isArray(a.b)) return fallback("answer", "no t/b fields");
+          try {
+            noteRecovery(r, num, v.url);
+          } catch (e) {
+            /* logging only */
+          }
+          finish(featuresOf(req, a.t, a.b as BlockHash[], Array.isArray(a.mh) ? (a.mh as string[]) : []));
+        });
+      },
+      function (e) {
+        const m = String(e && (e as Error).message ? (e as Error).message : e);
+        fallback(/timed? ?out/i.test(m) ? "timeout" : "unreachable", m);
+      },
+    )
+    .then(
+      function () {
+        return undefined;
+      },
+      function (e) {
+        // Reading the answer failed midway (connection reset): fall back.
+        fallback("unreachable", String(e));
+      },
+    );
+}

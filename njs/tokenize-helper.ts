@@ -1,0 +1,139 @@
+// The tokenizer endpoint nginx calls for long prompts (POST /v1/tokenize on
+// the bridge's admin port). njs runs inside the nginx worker's event loop:
+// tokenizing and hashing a 100k-token prompt there holds every other
+// connection of that worker for as long. Here the same work runs in Node, on
+// a tokenizer thread with the router's fast BPE, its piece cache and its
+// prefix-hash cache, so a conversation that grows by a turn re-encodes and
+// re-hashes only the new turn. njs awaits the answer with ngx.fetch (the
+// worker keeps serving meanwhile) and picks with the block hashes.
+//
+// Request: the client's body as sent (njs has already parsed and checked it),
+// with the endpoint, block size, limits and the chain root (njs/offload.ts)
+// in headers. Answer: {"t":tokens,"b":[block hashes],"x":exact,"mh":[media hashes]},
+// the Features computeFeatures gives in the ext_proc router.
+import { spec } from "../runtime/metrics";
+import * as http from "http";
+import { Counter, Registry } from "prom-client";
+import { computeFeatures, Endpoint, mediaSalt, parseRequest, ParsedRequest } from "../core/request";
+import { asHttpError } from "../core/util";
+import { loadTokenizer, LoadedTokenizer } from "../runtime/tokenizer";
+import { nativeHasher } from "../runtime/hasher";
+import { prefixHashes } from "../runtime/prefix-hashes";
+import { defaultThreads, TokenizerPool } from "../runtime/tokenpool";
+
+const ENDPOINTS: Endpoint[] = ["chat", "completions", "messages"];
+/** Texts up to this many characters encode on the bridge's own loop (a thread hop costs more). */
+const INLINE_CHARS = 16384;
+/** Bodies larger than this are refused before reading (nginx's own limit is far below). */
+const MAX_READ = 256 * 1024 * 1024;
+
+export interface TokenizeHelper {
+  handle(req: http.IncomingMessage, res: http.ServerResponse): void;
+  stats: { requests: number; errors: number; threaded: number };
+  /** Loads the tokenizer and starts the threads now, not on nginx's first long prompt. */
+  warm(): Promise<void>;
+  close(): void;
+}
+
+export function tokenizeHelper(registry?: Registry, timeoutMs = 5000): TokenizeHelper {
+  const answered = new Counter({
+    ...spec("infera_bridge_tokenize_requests_total"),
+    registers: registry ? [registry] : [],
+  });
+  // The same tokenizer the njs bundle was built with (njs/build.ts reads the same variable).
+  const key = process.env.INFERA_TOKENIZER_PATH || "";
+  let tok: LoadedTokenizer | null | undefined;
+  const tokenizer = () => (tok === undefined ? (tok = loadTokenizer(key || null)) : tok);
+  const hashes = prefixHashes(nativeHasher);
+  let pool: TokenizerPool | null = null;
+  const stats = { requests: 0, errors: 0, threaded: 0 };
+
+  const threads = () =>
+    pool || (pool = new TokenizerPool({ keys: [key], threads: defaultThreads(), queueMax: 256, timeoutMs: timeoutMs }));
+
+  const features = async (req: ParsedRequest, blockSize: number, root: string | null) => {
+    const t = tokenizer();
+    const ms = mediaSalt(req, nativeHasher, root);
+    if (!t || req.promptTokens) {
+      const f = computeFeatures(req, t, blockSize, nativeHasher, root);
+      return { tokens: f.inputTokens, blocks: f.blocks as string[], exact: f.exact, media: f.mediaHashes };
+    }
+    const text = req.chat ? t.renderChat(req.chat) : (req.prompt as string);
+    const special = !!(req.addSpecialTokens && t.encodeSpecial);
+    if (text.length <= INLINE_CHARS) {
+      const ids = special ? t.encodeSpecial!(text) : t.encode(text);
+      const blocks = hashes.hash(ids, blockSize, ms.salt) as string[];
+      return { tokens: ids.length, blocks, exact: ms.mediaHashes.length === 0, media: ms.mediaHashes };
+    }
+    stats.threaded++;
+    const r = await threads().encode(key, text, special, blockSize, ms.salt ?? null);
+    return { tokens: r.tokens, blocks: r.blocks, exact: ms.mediaHashes.length === 0, media: ms.mediaHashes };
+  };
+
+  const answer = (res: http.ServerResponse, status: number, body: unknown) => {
+    answered.inc({ result: status === 200 ? "ok" : status === 503 ? "error" : "refused" });
+    res.writeHead(status, { "content-type": "application/json" });
+    res.end(JSON.stringify(body));
+  };
+
+  return {
+    stats,
+    async warm() {
+      if (tokenizer()) await threads().ready();
+    },
+    handle(req, res) {
+      stats.requests++;
+      const h = (n: string) => String(req.headers[n] || "");
+      const endpoint = h("x-infera-endpoint") as Endpoint;
+      const blockSize = Number(h("x-infera-block-size"));
+      // maxBodyBytes,maxMessages,maxMedia,maxJsonDepth as nginx's variables set them.
+      const lim = h("x-infera-limits").split(",").map(Number);
+      // The LoRA adapter / cache_salt chain root njs found (core/kvevents.ts requestRoot); empty: none.
+      const root = h("x-infera-root") || null;
+      if (
+        req.method !== "POST" ||
+        ENDPOINTS.indexOf(endpoint) < 0 ||
+        !(blockSize > 0) ||
+        lim.length !== 4 ||
+        lim.some((x) => !(x >= 0))
+      ) {
+        stats.errors++;
+        return answer(res, 400, { error: "needs POST, x-infera-endpoint, x-infera-block-size, x-infera-limits" });
+      }
+      const parts: Buffer[] = [];
+      let size = 0;
+      req.on("data", (c: Buffer) => {
+        size += c.length;
+        if (size <= MAX_READ) parts.push(c);
+      });
+      req.on("error", () => undefined);
+      req.on("end", () => {
+        const body = Buffer.concat(parts);
+        let parsed: ParsedRequest;
+        try {
+          parsed = parseRequest(endpoint, body.length <= lim[0] ? body.toString("utf8") : "", size, {
+            maxBodyBytes: lim[0],
+            maxMessages: lim[1],
+            maxMedia: lim[2],
+            maxJsonDepth: lim[3],
+          });
+        } catch (e) {
+          // njs checked the same body with the same limits: reaching here means the two disagree.
+          stats.errors++;
+          return answer(res, 422, { error: asHttpError(e).message });
+        }
+        features(parsed, blockSize, root).then(
+          (f) => answer(res, 200, { t: f.tokens, b: f.blocks, x: f.exact, mh: f.media }),
+          (e) => {
+            // A prompt the helper could not encode in time: nginx falls back (estimate), never fails the request.
+            stats.errors++;
+            answer(res, 503, { error: (e as Error).message });
+          },
+        );
+      });
+    },
+    close() {
+      if (pool) pool.close();
+    },
+  };
+}

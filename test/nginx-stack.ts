@@ -1,0 +1,87 @@
+// nginx (njs 0.8, one worker process) + the bridge with its tokenizer helper,
+// for the tokenize-offload tests and bench: the helper's URL is known, so
+// nginx can be pointed at it or at a dead port, and the single worker's pid
+// is known, so its CPU time can be read from /proc.
+import * as fs from "fs";
+import * as os from "os";
+import * as path from "path";
+import { fatal, freePort, NginxFlavor, Proc, renderNginx, run, TSX, waitFor } from "./harness";
+
+export interface NginxStack {
+  url: string;
+  port: number;
+  dir: string;
+  proc: Proc;
+  /** The one nginx worker process. */
+  workerPid: number;
+}
+
+/** nginx with worker_processes 1; vars as renderNginx takes them (e.g. tokenizer_url). */
+export async function startNginx1(fl: NginxFlavor, vars: Record<string, string> = {}): Promise<NginxStack> {
+  let last: unknown;
+  for (let attempt = 0; attempt < 3; attempt++) {
+    const port = await freePort();
+    const dir = fs.mkdtempSync(path.join(os.tmpdir(), "infera-nginx1-"));
+    const file = renderNginx(fl, port, dir, vars);
+    fs.writeFileSync(file, fs.readFileSync(file, "utf8").replace(/worker_processes [^;]*;/, "worker_processes 1;"));
+    const proc = run(`nginx1-${fl.label}`, fl.bin, ["-p", dir, "-c", file, "-e", "stderr", "-g", "daemon off;"], {
+      INFERA_PUSH_TOKEN: "test-token",
+    });
+    try {
+      await waitFor("nginx (one worker)", async () => {
+        if (proc.child.exitCode !== null) throw fatal(`nginx exited: ${proc.log()}`);
+        return !!(await fetch(`http://127.0.0.1:${port}/v1/admin/reservations`).catch(() => null));
+      });
+      const kids = fs
+        .readFileSync(`/proc/${proc.child.pid}/task/${proc.child.pid}/children`, "utf8")
+        .trim()
+        .split(/\s+/)
+        .map(Number);
+      if (kids.length !== 1) throw new Error(`nginx has ${kids.length} worker processes, want 1`);
+      return { url: `http://127.0.0.1:${port}`, port, dir, proc, workerPid: kids[0] };
+    } catch (e) {
+      last = e;
+      await proc.kill();
+      if (!/exited/.test(String((e as Error).message))) throw e;
+    }
+  }
+  throw new Error(`nginx failed to start 3 times: ${String(last)}`);
+}
+
+/** The bridge on a known admin port (its /v1/tokenize is the helper). Resolves once its tokenizer is loaded. */
+export async function startBridgeAt(
+  workers: string,
+  pushUrl: string,
+  adminPort?: number,
+): Promise<{ proc: Proc; adminPort: number; tokenizeUrl: string }> {
+  const port = adminPort ?? (await freePort());
+  const proc = run("bridge", process.execPath, [
+    TSX[0],
+    TSX[1],
+    "njs/bridge.ts",
+    "--nginx-push-url",
+    pushUrl,
+    "--push-token",
+    "test-token",
+    "--admin-port",
+    String(port),
+    "--workers",
+    workers,
+  ]);
+  await waitFor(
+    "bridge admin",
+    async () => {
+      if (proc.child.exitCode !== null) throw fatal(`bridge exited: ${proc.log().slice(-800)}`);
+      // Logged after the tokenizer helper is warm (njs/bridge.ts).
+      return proc.log().includes('"bridge started"');
+    },
+    30000,
+  );
+  return { proc, adminPort: port, tokenizeUrl: `http://127.0.0.1:${port}/v1/tokenize` };
+}
+
+/** utime + stime of a process in ms (10 ms ticks). */
+export function cpuMs(pid: number): number {
+  const f = fs.readFileSync(`/proc/${pid}/stat`, "utf8").split(") ")[1].split(" ");
+  return 10 * (Number(f[11]) + Number(f[12]));
+}

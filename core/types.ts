@@ -61,6 +61,10 @@ export interface RouterConfig {
   decodeRequestWeight: number;
   sessionAffinity: SessionAffinity;
   pdPrefillGuardRelease: "first-token" | "completion";
+  /** Conditional disaggregation (core/scheduling/pd-decider.ts): off = every PD request takes the prefill hop. */
+  pdDecider: "off" | "prefix";
+  pdDecodeFirstMaxUncachedTokens: number;
+  pdDecodeFirstMaxPromptTokens: number;
   mmLruSize: number;
   /** Share of a GPU hit a block cached on a lower tier earns (--kv-tier-weights). */
   kvTierWeights: { [tier: string]: number };

@@ -182,6 +182,12 @@ export function createMetrics(
     labelNames: ["mode", "input", "agrees"],
     registers: [registry],
   });
+  const pdPaths = new client.Counter({
+    name: "infera_router_pd_paths_total",
+    help: "PD requests by the path --pd-decider chose: decode-first (no prefill hop) or prefill",
+    labelNames: ["path"],
+    registers: [registry],
+  });
   // Gauges read the router at scrape time, so they can never drift from the truth.
   perWorker(
     "infera_router_decode_demand_tokens",
@@ -305,6 +311,7 @@ export function createMetrics(
     badRequests,
     requests,
     decisions,
+    pdPaths,
     eppFallbacks,
     admissionWait,
     admissionForced,

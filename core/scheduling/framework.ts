@@ -123,6 +123,13 @@ export interface PickResult {
     running: number;
     start: number;
   } | null;
+  /** --pd-decider chose the decode worker to prefill too: no prefill hop, the prefill row only names the pool's pick. */
+  decodeFirst?: boolean;
+}
+
+/** The row of the worker that computes the prompt: the decode pick on a decode-first path, else the prefill pick. */
+export function prefillSide(result: PickResult): Row {
+  return result.decodeFirst && result.decode ? result.decode : result.prefill;
 }
 
 interface Registry {

@@ -282,3 +282,55 @@ test("session table is bounded: past 100k sessions it starts over", () => {
   assert.ok(st.sessions.size() <= 100000);
   assert.ok(st.sessions.get("s100000") !== null, "the newest binding survives");
 });
+
+test("--pd-decider prefix: decode-first when the decode pick holds all but N prompt tokens or the prompt is short; else the prefill hop", () => {
+  // The decode side routes on its cache here so the holder is the decode pick.
+  const cfg = {
+    pdDecider: "prefix" as const,
+    pdDecodeFirstMaxUncachedTokens: 64,
+    pdDecodeFirstMaxPromptTokens: 96,
+    decodeOverlapWeight: 20,
+  };
+  const logs: string[] = [];
+  const { st, r } = mk(PD, cfg, logs);
+  const req = blocks("dfirst", 20); // 320 tokens
+  cache(st, r, "d1", req.slice(0, 17)); // 48 uncached on d1
+  const a = r.pick(feats(req));
+  assert.equal(a.target.id, "d1");
+  assert.equal(a.prefill, null, "no prefill hop: nobody named as prefill peer");
+  assert.equal(a.pdPath, "decode-first");
+  assert.equal(a.uncachedTokens, 48, "what the decode worker computes itself");
+  assert.equal(r.activeBlocks("p0") + r.activeBlocks("p1"), 0, "no load held on the prefill pool");
+  assert.equal(r.activeBlocks("d1"), 20);
+  assert.match(logs.join("\n"), /pick policy=kv-aware role=prefill picked=d1 /);
+  assert.match(logs.join("\n"), /pd-decider path=decode-first uncached=48 prompt=320/);
+  a.reservation.firstToken();
+  a.reservation.finish();
+  a.reservation.finish();
+  assert.equal(r.openGuards(), 0, "released once, nothing left");
+
+  cache(st, r, "d0", req.slice(0, 10)); // best decode holder leaves 160 > 64 uncached
+  const other = blocks("dcold", 20);
+  const b = r.pick(feats(other));
+  assert.equal(b.pdPath, "prefill");
+  assert.ok(b.prefill && b.prefill.role === "prefill", "cold prompt takes the prefill hop");
+  b.reservation.finish();
+  const short = r.pick(feats(blocks("dshort", 6))); // 96 tokens, nothing cached
+  assert.equal(short.pdPath, "decode-first", "short prompt: no hop");
+  assert.equal(short.prefill, null);
+  short.reservation.finish();
+  assert.equal(r.openGuards(), 0);
+
+  const off = mk(PD, { ...cfg, pdDecider: "off" });
+  cache(off.st, off.r, "d1", req.slice(0, 17));
+  const c = off.r.pick(feats(req));
+  assert.equal(c.pdPath, null);
+  assert.ok(c.prefill, "decider off: every PD request takes the hop");
+});
+
+test("--pd-decider prefix on a fleet that is not disaggregated changes nothing", () => {
+  const { r } = mk([{ id: "a" }, { id: "b" }], { pdDecider: "prefix", pdDecodeFirstMaxPromptTokens: 1000 });
+  const p = r.pick(feats(blocks("mixed", 4)));
+  assert.equal(p.prefill, null);
+  assert.equal(p.pdPath, null);
+});

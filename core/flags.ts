@@ -1058,6 +1058,22 @@ export const FLAGS: FlagSpec[] = [
     help: "extra cost of a step that carries prefill (ms)",
   },
   {
+    name: "kv-bytes-per-token",
+    kind: "int",
+    def: 0,
+    min: 0,
+    commands: ["sim"],
+    help: "KV cache bytes per token for a modelled transfer (PD hop); 0 = a 1 ms transfer",
+  },
+  {
+    name: "kv-link-gbps",
+    kind: "number",
+    def: 100,
+    commands: ["sim"],
+    check: (v) => ((v as number) > 0 ? null : "must be > 0"),
+    help: "link bandwidth (Gbit/s) a modelled KV transfer runs at (--kv-bytes-per-token)",
+  },
+  {
     name: "time-scale",
     kind: "number",
     def: 1,

@@ -67,6 +67,9 @@ export interface SimOptions {
    */
   engine: "vllm" | "sglang";
   role: "mixed" | "prefill" | "decode";
+  /** A KV transfer's modelled cost: bytes per token over a link of this many Gbit/s (0 bytes: a flat 1 ms). */
+  kvBytesPerToken: number;
+  kvLinkGbps: number;
   /** Decode role: the request header naming the prefill peer (llm-d's sidecar reads x-prefiller-host-port). */
   prefillHeader: string;
   /** Send a malformed frame every N batches (fault tests); 0 = never. */
@@ -413,6 +416,19 @@ export class EngineSim {
     );
   }
 
+  /**
+   * Modelled KV transfer time (engine ms) for a prompt whose KV a peer
+   * computed: the blocks this engine does not hold already cross the link
+   * (a NIXL-style pull skips locally cached blocks), at
+   * --kv-bytes-per-token over --kv-link-gbps. 0 bytes per token: a flat 1 ms.
+   */
+  private transferMs(tokens: number[], hashes: bigint[]): number {
+    if (this.o.kvBytesPerToken <= 0) return 1;
+    let local = 0;
+    while (local < hashes.length && this.model.holds(hashes[local])) local++;
+    const moved = Math.max(0, tokens.length - local * this.o.blockSize);
+    return (moved * this.o.kvBytesPerToken * 8) / (this.o.kvLinkGbps * 1e6);
+  }
   private async readBody(req: http.IncomingMessage): Promise<Buffer> {
     const chunks: Buffer[] = [];
     for await (const c of req) chunks.push(c as Buffer);
@@ -567,7 +583,7 @@ export class EngineSim {
         };
         peerCached = pj.usage?.prompt_tokens_details?.cached_tokens ?? pj.usage?.cache_read_input_tokens ?? 0;
         res.setHeader("x-sim-prefill-worker", prefillPeer);
-        await sleep(1 / this.o.timeScale); // KV transfer
+        await sleep(this.transferMs(tokens, blockHashesOf(tokens, this.o.blockSize, extra)) / this.o.timeScale);
         preloaded = true;
       }
       if (aborted) return;
@@ -837,6 +853,8 @@ export function simOptionsFrom(p: Parsed): SimOptions {
     dpSize: num("data-parallel-size"),
     engine: str("engine") as SimOptions["engine"],
     role: str("role") as SimOptions["role"],
+    kvBytesPerToken: num("kv-bytes-per-token"),
+    kvLinkGbps: num("kv-link-gbps"),
     prefillHeader: str("prefill-header").toLowerCase(),
     malformedEvery: num("malformed-every"),
     tokenizerPath: v["tokenizer-path"] as string | null,

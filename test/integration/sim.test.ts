@@ -106,3 +106,31 @@ test("--time-scale runs the engine faster than real time", async () => {
   assert.ok(s.total > 350, `real time ${s.total.toFixed(0)} ms`);
   assert.ok(f.total < s.total / 4, `x10: ${f.total.toFixed(0)} ms vs ${s.total.toFixed(0)} ms`);
 });
+
+test("PD decode role: a modelled KV transfer (--kv-bytes-per-token over --kv-link-gbps) moves only blocks it lacks", async () => {
+  const pre = await sim(["--role", "prefill"]);
+  const flat = await sim(["--role", "decode"]);
+  const costly = await sim(["--role", "decode", "--kv-bytes-per-token", "131072", "--kv-link-gbps", "10"]);
+  const peer = pre.replace("http://", "");
+  async function viaPeer(base: string, prompt: number[]) {
+    const t0 = performance.now();
+    const r = await fetch(`${base}/v1/completions`, {
+      method: "POST",
+      headers: { "content-type": "application/json", "x-infera-prefill": peer },
+      body: JSON.stringify({ model: "m", prompt, max_tokens: 2 }),
+    });
+    assert.equal(r.status, 200);
+    await r.text();
+    assert.equal(r.headers.get("x-sim-prefill-worker"), peer);
+    return performance.now() - t0;
+  }
+  const p = ids(700, 2000);
+  await viaPeer(flat, ids(701, 16)); // warm the HTTP paths
+  // 2000 tokens x 128 KiB x 8 bit / 10 Gbit/s ≈ 210 ms on the costly link; a flat 1 ms on the other.
+  const a = await viaPeer(flat, ids(702, 2000)); // another prompt: the peer computes both in full
+  const b = await viaPeer(costly, p);
+  assert.ok(b - a > 150, `transfer modelled: ${b.toFixed(0)} ms vs ${a.toFixed(0)} ms`);
+  // The same prompt again: every block is already held here, nothing crosses the link.
+  const c = await viaPeer(costly, p);
+  assert.ok(c < b - 150, `held blocks are not pulled again: ${c.toFixed(0)} ms vs ${b.toFixed(0)} ms`);
+});

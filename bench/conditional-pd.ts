@@ -20,6 +20,7 @@ const STAGGER_MS = arg("stagger-ms", 150);
 // CPU noise of a shared machine (the simulators and the router tokenize for real).
 const TIME_SCALE = arg("time-scale", 0.25);
 const ROUNDS = arg("rounds", 2);
+const MAX_UNCACHED = arg("max-uncached", 512);
 // An 8B-class model: 32 layers x 8 KV heads x 128 dims x K,V x 2 bytes = 128 KiB per token, over 100 Gbit/s.
 const SIM = [
   "--prefill-us-per-token",
@@ -93,7 +94,7 @@ async function side(decider: "off" | "prefix") {
     "--pd-decider",
     decider,
     "--pd-decode-first-max-uncached-tokens",
-    "512",
+    String(MAX_UNCACHED),
     "--log-level",
     "info",
   ]);
@@ -138,7 +139,7 @@ async function main() {
   const row = (x: Side) =>
     `| ${x.decider} | ${x.requests} | ${mean(x.ttfts).toFixed(0)} | ${pct(x.ttfts, 50).toFixed(0)} | ${pct(x.ttfts, 90).toFixed(0)} | ${pct(x.gaps, 90).toFixed(1)} | ${x.hops} | ${x.paths} | ${(x.wall / 1000).toFixed(1)} |`;
   console.log(
-    `sessions=${SESSIONS} turns=${TURNS} context_words=${CONTEXT_WORDS} turn_words=${TURN_WORDS} max_tokens=${MAX_TOKENS} time_scale=${TIME_SCALE} rounds=${ROUNDS}`,
+    `sessions=${SESSIONS} turns=${TURNS} context_words=${CONTEXT_WORDS} turn_words=${TURN_WORDS} max_uncached=${MAX_UNCACHED} max_tokens=${MAX_TOKENS} time_scale=${TIME_SCALE} rounds=${ROUNDS}`,
   );
   for (let r = 0; r < ROUNDS; r++)
     console.log(

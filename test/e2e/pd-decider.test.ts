@@ -151,6 +151,43 @@ test("Envoy: load released exactly once on both paths, client abort included", {
 });
 
 test(
+  "EPP (Envoy InferencePool gateway): decode-first for a short prompt, hop for a cold long one",
+  { skip },
+  async () => {
+    const roles = Object.fromEntries([...pre.map((s) => [s.id, "prefill"]), ...dec.map((s) => [s.id, "decode"])]);
+    const epp = await startRouter([
+      "--workers",
+      workerArg([...pre, ...dec], roles),
+      "--pd-decider",
+      "prefix",
+      "--pd-decode-first-max-uncached-tokens",
+      "200",
+    ]);
+    const gw = await startEnvoy(epp.grpcPort, { pool: { endpoints: [...pre, ...dec].map((s) => s.address) } });
+    const hops = await prefillRequests(pre);
+    const a = await send(gw.url, "a short question " + longText("eppshort", 10));
+    assert.equal(a.status, 200);
+    assert.ok(
+      dec.some((d) => d.id === a.decode),
+      `decode served: ${a.decode}`,
+    );
+    assert.equal(a.prefill, null, "no prefill peer named");
+    assert.equal(await prefillRequests(pre), hops);
+    const b = await send(gw.url, longText("epplong", 800));
+    assert.ok(
+      pre.some((p) => p.address === b.prefill),
+      `cold long prompt: prefill hop named ${b.prefill}`,
+    );
+    await waitFor(
+      "EPP released",
+      async () => (await epp.workers()).every((w) => w.active_blocks === 0 && w.demand.tokens === 0),
+      5000,
+    );
+    assert.match(await epp.metrics(), /infera_router_pd_paths_total\{path="decode-first"\} 1\b/);
+  },
+);
+
+test(
   "nginx+njs: --pd-decider prefix decode-first for a short prompt, hop for a cold long one",
   { skip: skipNginx },
   async () => {

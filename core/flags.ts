@@ -1066,6 +1066,14 @@ export const FLAGS: FlagSpec[] = [
     help: "KV cache bytes per token for a modelled transfer (PD hop); 0 = a 1 ms transfer",
   },
   {
+    name: "kv-source-header",
+    kind: "string",
+    def: "x-infera-kv-source",
+    commands: ["sim"],
+    metavar: "H",
+    help: "request header naming a peer (host:port) to pull the prompt's cached KV blocks from",
+  },
+  {
     name: "kv-link-gbps",
     kind: "number",
     def: 100,

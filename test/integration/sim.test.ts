@@ -134,3 +134,31 @@ test("PD decode role: a modelled KV transfer (--kv-bytes-per-token over --kv-lin
   const c = await viaPeer(costly, p);
   assert.ok(c < b - 150, `held blocks are not pulled again: ${c.toFixed(0)} ms vs ${b.toFixed(0)} ms`);
 });
+
+test("KV source hint: a sim pulls the blocks a named peer holds instead of computing them; cached_tokens counts them", async () => {
+  const holder = await sim([]);
+  const puller = await sim(["--kv-bytes-per-token", "131072", "--kv-link-gbps", "100"]);
+  const peer = holder.replace("http://", "");
+  const p = ids(800, 3000);
+  const tail = ids(801, 200);
+  await stream(holder, p, 2); // the holder caches p
+  async function send(base: string, prompt: number[], headers: Record<string, string> = {}) {
+    const r = await fetch(`${base}/v1/completions`, {
+      method: "POST",
+      headers: { "content-type": "application/json", ...headers },
+      body: JSON.stringify({ model: "m", prompt, max_tokens: 2 }),
+    });
+    assert.equal(r.status, 200);
+    const j = (await r.json()) as { usage: { prompt_tokens_details: { cached_tokens: number } } };
+    return { cached: j.usage.prompt_tokens_details.cached_tokens, pulled: r.headers.get("x-sim-kv-pulled-tokens") };
+  }
+  const cold = await send(puller, [...ids(802, 3000)], { "x-infera-kv-source": peer });
+  assert.equal(cold.cached, 0, "the peer holds nothing of this prompt: nothing pulled");
+  assert.equal(cold.pulled, null);
+  const a = await send(puller, [...p, ...tail], { "x-infera-kv-source": peer });
+  assert.equal(a.pulled, String(Math.floor(3000 / 16) * 16), "the peer's whole blocks of p were pulled");
+  assert.equal(a.cached, Math.floor(3000 / 16) * 16, "cached_tokens reports the pulled blocks");
+  // The pulled blocks are now in the puller's own cache.
+  const b = await send(puller, [...p, ...ids(803, 50)]);
+  assert.ok(b.cached >= Math.floor(3000 / 16) * 16, `held after the pull: ${b.cached}`);
+});

@@ -300,6 +300,16 @@ export const FLAGS: FlagSpec[] = [
     help: "--pd-decider prefix: decode-first when the whole prompt is at most this many tokens",
   },
   {
+    name: "kv-source-hint",
+    kind: "enum",
+    def: "off",
+    choices: ["off", "on"],
+    commands: ["router"],
+    nginx: "infera_kv_source_hint",
+    routerKey: "kvSourceHint",
+    help: "name the best cache holder (x-infera-kv-source) when the pick went elsewhere, for a KV pull",
+  },
+  {
     name: "mm-lru-size",
     kind: "int",
     def: 256,

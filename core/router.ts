@@ -4,6 +4,7 @@
 import { RouterState } from "./state/types";
 import { decideDemand, DemandDecision } from "./scheduling/decode-demand";
 import { decidePd, PdPath } from "./scheduling/pd-decider";
+import { kvSource } from "./scheduling/kv-source";
 import {
   prefillSide,
   lifecyclePlugins,
@@ -55,6 +56,7 @@ export function defaultConfig(): RouterConfig {
     pdDecider: "off",
     pdDecodeFirstMaxUncachedTokens: 256,
     pdDecodeFirstMaxPromptTokens: 0,
+    kvSourceHint: "off",
     mmLruSize: 256,
     kvTierWeights: defaultTierWeights(),
     scorerWeights: {},
@@ -103,6 +105,8 @@ export interface Pick {
   uncachedTokens: number;
   /** Under PD with --pd-decider prefix: whether the request took the prefill hop; null otherwise. */
   pdPath: PdPath | null;
+  /** --kv-source-hint: a worker holding more of the prompt than the target, to pull KV from; null otherwise. */
+  kvSource: Worker | null;
   /** The request asked for a streamed answer (set by the runtime from the parsed body). */
   stream?: boolean;
 }
@@ -384,7 +388,27 @@ export function createRouter(state: RouterState, cfg: RouterConfig, hooks?: Rout
           ? Math.max(0, f.inputTokens - prefillSide(result).data.hits * cfg.blockSize)
           : f.inputTokens,
       pdPath: pdPath,
+      kvSource: ctx.pd ? null : kvSourceOf(prefillRows, prefillIndex, f.mediaHashes.length > 0),
     };
+  }
+
+  function kvSourceOf(rows: Row[], index: number, media: boolean): Worker | null {
+    // Image requests: text hits do not say who holds the images' KV.
+    if (cfg.kvSourceHint !== "on" || media) return null;
+    const h = kvSource(rows, index);
+    if (h < 0) return null;
+    log(
+      "info",
+      "kv-source hint holder=" +
+        rows[h].worker.id +
+        " holder_hits=" +
+        rows[h].data.hits +
+        " picked=" +
+        rows[index].worker.id +
+        " picked_hits=" +
+        rows[index].data.hits,
+    );
+    return rows[h].worker;
   }
 
   /**

@@ -65,6 +65,8 @@ export interface RouterConfig {
   pdDecider: "off" | "prefix";
   pdDecodeFirstMaxUncachedTokens: number;
   pdDecodeFirstMaxPromptTokens: number;
+  /** Name the best cache holder when the pick went elsewhere, so the target can pull its KV (core/scheduling/kv-source.ts). */
+  kvSourceHint: "off" | "on";
   mmLruSize: number;
   /** Share of a GPU hit a block cached on a lower tier earns (--kv-tier-weights). */
   kvTierWeights: { [tier: string]: number };

@@ -31,6 +31,7 @@ import { ProcessingMode_BodySendMode } from "./gen/envoy/extensions/filters/http
 import { Endpoint } from "../core/request";
 import { checkPath } from "../core/paths";
 import { OBJECTIVE_HEADER, objectiveOf } from "../core/objectives";
+import { KV_SOURCE_HEADER } from "../core/scheduling/kv-source";
 import { DP_RANK_HEADER as DP_HEADER, dpBodyFields, prefillRankHeader, withBodyFields } from "../core/dprank";
 import { asHttpError, httpError } from "../core/util";
 import { Guard, Pick, Reservation, Worker } from "../core/router";
@@ -421,6 +422,7 @@ function handleStream(app: App, call: Call<ProcessingRequest, ProcessingResponse
       if (pick.prefill.dpRank !== undefined)
         hdrs[prefillRankHeader(app.opts.prefillHeader)] = String(pick.prefill.dpRank);
     }
+    if (pick.kvSource) hdrs[KV_SOURCE_HEADER] = pick.kvSource.address;
     // A data-parallel rank target: vLLM (and SGLang's OpenAI routes) pin the request to that rank by this header.
     if (pick.target.dpRank !== undefined) hdrs[DP_RANK_HEADER] = String(pick.target.dpRank);
     // SGLang reads the ranks from the body: appended as its last members, the rest byte for byte.
@@ -438,6 +440,7 @@ function handleStream(app: App, call: Call<ProcessingRequest, ProcessingResponse
         prefillRankHeader(app.opts.prefillHeader),
         LLMD_PREFILL_HEADER,
         "x-prefiller-url",
+        KV_SOURCE_HEADER,
       ]),
     ].filter((h) => !(h in hdrs));
     const bodyMutation =
@@ -509,6 +512,7 @@ function handleStream(app: App, call: Call<ProcessingRequest, ProcessingResponse
               prefillRankHeader(app.opts.prefillHeader),
               DEST_KEY,
               LLMD_PREFILL_HEADER,
+              KV_SOURCE_HEADER,
               ...Object.keys(headers).filter((h) => isRoutingHeader(h, app.opts) || h.startsWith("x-prefiller-")),
             ]),
           ];

@@ -44,6 +44,8 @@ export interface CandidateData {
   hits: number;
   /** Leading request blocks in flight on the worker (prefill side with an overlap weight; else 0). */
   inflight: number;
+  /** Leading request blocks its KV events report cached (tier-weighted), whatever is in flight. */
+  cached: number;
   /** Of those, blocks still queued for prefill there. */
   queuedShared: number;
   /** The request's images the worker has seen (kv-aware image prefills). */

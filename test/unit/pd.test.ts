@@ -334,3 +334,27 @@ test("--pd-decider prefix on a fleet that is not disaggregated changes nothing",
   assert.equal(p.prefill, null);
   assert.equal(p.pdPath, null);
 });
+
+test("--kv-source-hint on: the holder is named only when the pick went elsewhere (holder loaded)", () => {
+  const logs: string[] = [];
+  const { st, r } = mk([{ id: "a" }, { id: "b" }], { kvSourceHint: "on", overlapWeight: 0.5 }, logs);
+  const req = blocks("kvs", 40);
+  cache(st, r, "a", req.slice(0, 30));
+  const free = r.pick(feats(req));
+  assert.equal(free.target.id, "a", "holder idle: picked");
+  assert.equal(free.kvSource, null, "no hint when the holder is the target");
+  free.reservation.finish();
+  const busy = r.pick(feats(blocks("load", 200))); // lands on a or b; load a if needed
+  if (busy.target.id !== "a") {
+    busy.reservation.finish();
+    r.holdOn("a", { blocks: blocks("load2", 200), tokens: 0, requests: 0 } as never);
+  }
+  const p = r.pick(feats(req));
+  assert.equal(p.target.id, "b", "holder loaded: the other worker");
+  assert.equal(p.kvSource?.id, "a", "the holder is named as KV source");
+  assert.match(logs.join("\n"), /kv-source hint holder=a holder_hits=30 picked=b picked_hits=0/);
+  const off = mk([{ id: "a" }, { id: "b" }], { overlapWeight: 0.5 });
+  cache(off.st, off.r, "a", req.slice(0, 30));
+  off.r.pick(feats(blocks("load", 200)));
+  assert.equal(off.r.pick(feats(req)).kvSource, null, "off by default");
+});

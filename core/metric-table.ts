@@ -268,6 +268,12 @@ export const METRICS: MetricSpec[] = [
     njsOnly: true,
   },
   {
+    name: "infera_router_pd_paths_total",
+    type: "counter",
+    help: "PD requests by the path --pd-decider chose: decode-first (no prefill hop) or prefill",
+    labels: ["path"],
+  },
+  {
     name: "infera_router_flow_queued_bytes",
     type: "gauge",
     help: "Request body bytes waiting at the router (--queue-max-bytes)",

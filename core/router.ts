@@ -3,7 +3,10 @@
 // reservations. Adapters (ext_proc, njs) talk to this interface only.
 import { RouterState } from "./state/types";
 import { decideDemand, DemandDecision } from "./scheduling/decode-demand";
+import { decidePd, PdPath } from "./scheduling/pd-decider";
+import { kvSource } from "./scheduling/kv-source";
 import {
+  prefillSide,
   lifecyclePlugins,
   PickContext,
   picker,
@@ -52,6 +55,10 @@ export function defaultConfig(): RouterConfig {
     decodeRequestWeight: 0,
     sessionAffinity: "off",
     pdPrefillGuardRelease: "first-token",
+    pdDecider: "off",
+    pdDecodeFirstMaxUncachedTokens: 256,
+    pdDecodeFirstMaxPromptTokens: 0,
+    kvSourceHint: "off",
     mmLruSize: 256,
     kvTierWeights: defaultTierWeights(),
     scorerWeights: {},
@@ -98,6 +105,10 @@ export interface Pick {
    * requests and for policies that do not read the cache.
    */
   uncachedTokens: number;
+  /** Under PD with --pd-decider prefix: whether the request took the prefill hop; null otherwise. */
+  pdPath: PdPath | null;
+  /** --kv-source-hint: a worker holding more of the prompt than the target, to pull KV from; null otherwise. */
+  kvSource: Worker | null;
   /** The request asked for a streamed answer (set by the runtime from the parsed body). */
   stream?: boolean;
 }
@@ -109,6 +120,8 @@ export interface RouterHooks {
   log?: LogHook;
   onPick?: (role: string, p: { worker: string; hits: number; blocks: number; policy: Policy }) => void;
   onDemand?: (d: DemandDecision) => void;
+  /** A PD request's path as --pd-decider chose it. */
+  onPdPath?: (path: PdPath) => void;
   /** A first token the speed model learned from: its prediction beforehand (null: not learned yet) and the time it took. */
   onTiming?: (worker: string, predictedMs: number | null, ms: number) => void;
   random?: () => number;
@@ -278,24 +291,30 @@ export function createRouter(state: RouterState, cfg: RouterConfig, hooks?: Rout
     const prefillWorker = prefillRows[prefillIndex].worker;
     const media = f.mediaHashes.length > 0 && cfg.policy === "kv-aware";
     const mmHits = media ? prefillRows[prefillIndex].hits : 0;
-    // Per pick: debug, with fields (the request's logs say where it went at debug level).
-    log("debug", "pick", {
-      policy: cfg.policy,
-      role: "prefill",
-      picked: prefillWorker.id,
-      mm_images: f.mediaHashes.length,
-      mm_affinity_hits: mmHits,
-    });
-    if (hk.onPick)
-      hk.onPick("prefill", {
-        worker: prefillWorker.id,
-        hits: media ? 0 : prefillRows[prefillIndex].hits,
-        blocks: f.blocks.length,
+    // Reported once the worker that prefills is known (--pd-decider may move it to the decode pick).
+    function reportPrefill(row: Row): void {
+      // Per pick: debug, with fields (the request's logs say where it went at debug level).
+      log("debug", "pick", {
         policy: cfg.policy,
+        role: "prefill",
+        picked: row.worker.id,
+        mm_images: f.mediaHashes.length,
+        mm_affinity_hits: media ? row.hits : 0,
       });
+      if (hk.onPick)
+        hk.onPick("prefill", {
+          worker: row.worker.id,
+          hits: media ? 0 : row.hits,
+          blocks: f.blocks.length,
+          policy: cfg.policy,
+        });
+    }
+    if (!ctx.pd) reportPrefill(prefillRows[prefillIndex]);
 
     let decodeRows: Row[] | null = null;
     let decodeIndex = -1;
+    let decodeFirst = false;
+    let pdPath: PdPath | null = null;
     if (ctx.pd) {
       ctx.previous = prefillRows;
       decodeRows = run(ctx, "decode");
@@ -320,6 +339,14 @@ export function createRouter(state: RouterState, cfg: RouterConfig, hooks?: Rout
         if (hk.onDemand) hk.onDemand(d.decision);
       }
       const decodeWorker = decodeRows[decodeIndex].worker;
+      const pd = decidePd(cfg, f, decodeRows[decodeIndex]);
+      decodeFirst = pd !== null && pd.path === "decode-first";
+      pdPath = pd ? pd.path : null;
+      reportPrefill(decodeFirst ? decodeRows[decodeIndex] : prefillRows[prefillIndex]);
+      if (pd) {
+        log("debug", "pd-decider", { path: pd.path, uncached: pd.uncached, prompt: pd.prompt });
+        if (hk.onPdPath) hk.onPdPath(pd.path);
+      }
       const fields: LogFields = { policy: cfg.policy, role: "decode", picked: decodeWorker.id };
       if (c.bound) fields.session = "bound";
       log("debug", "pick", fields);
@@ -338,6 +365,7 @@ export function createRouter(state: RouterState, cfg: RouterConfig, hooks?: Rout
       decode: decodeRows ? decodeRows[decodeIndex] : null,
       guards: { prefill: null, main: null, queued: null },
       timing: null,
+      decodeFirst: decodeFirst,
     };
     const plugins = lifecyclePlugins();
     for (let i = 0; i < plugins.length; i++) {
@@ -346,7 +374,7 @@ export function createRouter(state: RouterState, cfg: RouterConfig, hooks?: Rout
     }
     return {
       target: result.decode ? result.decode.worker : prefillWorker,
-      prefill: result.decode ? prefillWorker : null,
+      prefill: result.decode && !decodeFirst ? prefillWorker : null,
       reservation: held.open(result, plugins),
       candidates: candidates(prefillRows),
       decodeCandidates: decodeRows ? candidates(decodeRows) : null,
@@ -354,9 +382,25 @@ export function createRouter(state: RouterState, cfg: RouterConfig, hooks?: Rout
       mmAffinityHits: mmHits,
       uncachedTokens:
         cfg.policy === "kv-aware" && !media
-          ? Math.max(0, f.inputTokens - prefillRows[prefillIndex].data.hits * cfg.blockSize)
+          ? Math.max(0, f.inputTokens - prefillSide(result).data.hits * cfg.blockSize)
           : f.inputTokens,
+      pdPath: pdPath,
+      kvSource: ctx.pd ? null : kvSourceOf(prefillRows, prefillIndex, f.mediaHashes.length > 0),
     };
+  }
+
+  function kvSourceOf(rows: Row[], index: number, media: boolean): Worker | null {
+    // Image requests: text hits do not say who holds the images' KV.
+    if (cfg.kvSourceHint !== "on" || media) return null;
+    const h = kvSource(rows, index);
+    if (h < 0) return null;
+    log("debug", "kv-source hint", {
+      holder: rows[h].worker.id,
+      holder_hits: rows[h].data.hits,
+      picked: rows[index].worker.id,
+      picked_hits: rows[index].data.hits,
+    });
+    return rows[h].worker;
   }
 
   /**

@@ -61,6 +61,12 @@ export interface RouterConfig {
   decodeRequestWeight: number;
   sessionAffinity: SessionAffinity;
   pdPrefillGuardRelease: "first-token" | "completion";
+  /** Conditional disaggregation (core/scheduling/pd-decider.ts): off = every PD request takes the prefill hop. */
+  pdDecider: "off" | "prefix";
+  pdDecodeFirstMaxUncachedTokens: number;
+  pdDecodeFirstMaxPromptTokens: number;
+  /** Name the best cache holder when the pick went elsewhere, so the target can pull its KV (core/scheduling/kv-source.ts). */
+  kvSourceHint: "off" | "on";
   mmLruSize: number;
   /** Share of a GPU hit a block cached on a lower tier earns (--kv-tier-weights). */
   kvTierWeights: { [tier: string]: number };

@@ -15,6 +15,7 @@ import { ProcessingMode_BodySendMode } from "./gen/envoy/extensions/filters/http
 import { Endpoint } from "../core/request";
 import { checkPath } from "../core/paths";
 import { CONTROL_HEADERS } from "../core/objectives";
+import { KV_SOURCE_HEADER } from "../core/scheduling/kv-source";
 import { DP_RANK_HEADER } from "../core/dprank";
 import { prefillRankHeader } from "../core/dprank";
 import { Guard } from "../core/router";
@@ -202,6 +203,7 @@ export class StreamProcessor {
         prefillRankHeader(app.opts.prefillHeader),
         DEST_KEY,
         LLMD_PREFILL_HEADER,
+        KV_SOURCE_HEADER,
         ...Object.keys(s.headers).filter((h) => isRoutingHeader(h, app.opts) || h.startsWith("x-prefiller-")),
       ]),
     ];

@@ -295,6 +295,7 @@ function send(r: NjsRequest, c: Ctx, ep: Endpoint | null | undefined, pick: Pick
   r.variables.infera_next = nextBest(pick) || "";
   r.variables.infera_stream = stream ? "1" : "";
   r.variables.infera_prefill = pick.prefill ? pick.prefill.address : "";
+  r.variables.infera_kv_source = pick.kvSource ? pick.kvSource.address : "";
   // The prefill target's rank, when the prefill engine has DP ranks (beside X-Infera-Prefill).
   r.variables.infera_prefill_dp_rank =
     pick.prefill && pick.prefill.dpRank !== undefined ? String(pick.prefill.dpRank) : "";
@@ -453,6 +454,7 @@ function degrade(r: NjsRequest, c: Ctx, e: unknown): boolean {
   r.variables.infera_dp_rank = w.dpRank === undefined ? "" : String(w.dpRank);
   r.variables.infera_prefill = "";
   r.variables.infera_prefill_dp_rank = "";
+  r.variables.infera_kv_source = "";
   r.internalRedirect("@infera_upstream");
   return true;
 }

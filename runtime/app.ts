@@ -87,6 +87,7 @@ export class App {
         this.metrics.reqBlocks.inc({ role }, p.blocks);
       },
       onDemand: (d) => this.metrics.decisions.inc({ mode: d.mode, input: d.input, agrees: String(d.agrees) }),
+      onPdPath: (path) => this.metrics.pdPaths.inc({ path }),
       onTiming: (worker, predicted, ms) => {
         if (predicted !== null && ms > 0)
           this.metrics.ttftPredictionError.observe({ worker }, Math.abs(predicted - ms) / ms);

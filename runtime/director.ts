@@ -14,6 +14,7 @@ import { Guard, Pick, Reservation, Router, Worker } from "../core/router";
 import { asHttpError, httpError } from "../core/util";
 import { Objective, objectiveOf } from "../core/objectives";
 import { sessionFromHeaders } from "../core/session-headers";
+import { KV_SOURCE_HEADER } from "../core/scheduling/kv-source";
 import { PrefillAdmission, Refusal as FlowRefusalReason, Ticket } from "../core/admission";
 import { FlowMetrics, FlowRefusal, refusalOf, repickers } from "./flow";
 import { AdmissionContext, admitters, shedders } from "../core/scheduling/framework";
@@ -487,6 +488,8 @@ export class Director {
       if (pick.prefill.dpRank !== undefined)
         headers[prefillRankHeader(opts.prefillHeader)] = String(pick.prefill.dpRank);
     }
+    // --kv-source-hint: the busy cache holder the picked worker can pull the prompt's KV from.
+    if (pick.kvSource) headers[KV_SOURCE_HEADER] = pick.kvSource.address;
     // A data-parallel rank target: vLLM (and SGLang's OpenAI routes) pin the request to that rank by this header.
     if (pick.target.dpRank !== undefined) headers[DP_RANK_HEADER] = String(pick.target.dpRank);
     // SGLang reads the ranks from the body: appended as its last members, the rest byte for byte.
@@ -504,7 +507,13 @@ export class Director {
       destination,
       stream: !!pick.stream,
       headers,
-      remove: [opts.prefillHeader, prefillRankHeader(opts.prefillHeader), LLMD_PREFILL_HEADER, "x-prefiller-url"],
+      remove: [
+        opts.prefillHeader,
+        prefillRankHeader(opts.prefillHeader),
+        LLMD_PREFILL_HEADER,
+        "x-prefiller-url",
+        KV_SOURCE_HEADER,
+      ],
       body,
       outcome: "routed",
     };

@@ -173,6 +173,10 @@ export function createMetrics(
     ...spec("infera_router_decode_demand_decisions_total"),
     registers: [registry],
   });
+  const pdPaths = new client.Counter({
+    ...spec("infera_router_pd_paths_total"),
+    registers: [registry],
+  });
   // Gauges read the router at scrape time, so they can never drift from the truth.
   perWorker("infera_router_decode_demand_tokens", (w, r) => (w.role !== "prefill" ? r.demand(w.id).tokens : null));
   perWorker("infera_router_decode_demand_requests", (w, r) => (w.role !== "prefill" ? r.demand(w.id).requests : null));
@@ -264,6 +268,7 @@ export function createMetrics(
     badRequests,
     requests,
     decisions,
+    pdPaths,
     eppFallbacks,
     admissionWait,
     admissionForced,

@@ -69,6 +69,11 @@ export interface SimOptions {
    */
   engine: "vllm" | "sglang";
   role: "mixed" | "prefill" | "decode";
+  /** A KV transfer's modelled cost: bytes per token over a link of this many Gbit/s (0 bytes: a flat 1 ms). */
+  kvBytesPerToken: number;
+  kvLinkGbps: number;
+  /** The request header naming a peer to pull cached KV blocks from (KV source hint). */
+  kvSourceHeader: string;
   /** Decode role: the request header naming the prefill peer (llm-d's sidecar reads x-prefiller-host-port). */
   prefillHeader: string;
   /** Send a malformed frame every N batches (fault tests); 0 = never. */
@@ -460,6 +465,48 @@ export class EngineSim {
     );
   }
 
+  /**
+   * Modelled KV transfer time (engine ms) for a prompt whose KV a peer
+   * computed: the blocks this engine does not hold already cross the link
+   * (a NIXL-style pull skips locally cached blocks), at
+   * --kv-bytes-per-token over --kv-link-gbps. 0 bytes per token: a flat 1 ms.
+   */
+  private transferMs(tokens: number[], hashes: bigint[]): number {
+    const moved = Math.max(0, tokens.length - this.heldPrefix(hashes) * this.o.blockSize);
+    return this.linkMs(moved);
+  }
+
+  /** Engine ms to move `tokens` tokens' KV over the modelled link (0 bytes per token: a flat 1 ms). */
+  private linkMs(tokens: number): number {
+    if (this.o.kvBytesPerToken <= 0) return 1;
+    return (tokens * this.o.kvBytesPerToken * 8) / (this.o.kvLinkGbps * 1e6);
+  }
+
+  /** Leading blocks of the prompt this engine holds in its prefix cache. */
+  private heldPrefix(hashes: bigint[]): number {
+    let n = 0;
+    while (n < hashes.length && this.model.holds(hashes[n])) n++;
+    return n;
+  }
+
+  /**
+   * KV source hint: asks the named peer how many leading blocks of the prompt
+   * it holds and pulls those this engine lacks over the modelled link,
+   * instead of computing them. Returns the prompt tokens now held (0: no pull).
+   */
+  private async pullFrom(peer: string, hashes: bigint[]): Promise<number> {
+    const local = this.heldPrefix(hashes);
+    const r = await fetch(`http://${peer}/sim/holds`, {
+      method: "POST",
+      headers: { "content-type": "application/json" },
+      body: JSON.stringify({ hashes: hashes.map(String) }),
+    }).catch(() => null);
+    if (!r || !r.ok) return 0;
+    const held = Number(((await r.json()) as { blocks?: number }).blocks) || 0;
+    if (held <= local) return 0;
+    await sleep(this.linkMs((held - local) * this.o.blockSize) / this.o.timeScale);
+    return held * this.o.blockSize;
+  }
   private async readBody(req: http.IncomingMessage): Promise<Buffer> {
     const chunks: Buffer[] = [];
     for await (const c of req) chunks.push(c as Buffer);
@@ -518,6 +565,13 @@ export class EngineSim {
         return void res.end(JSON.stringify({ object: "list", data }));
       }
       return void this.notFound(req, res);
+    }
+    if (req.method === "POST" && url === "/sim/holds") {
+      // A peer's KV pull asks which leading blocks of its prompt we hold.
+      const j = JSON.parse((await this.readBody(req)).toString("utf8") || "{}") as { hashes?: string[] };
+      const hashes = (j.hashes ?? []).map((h) => BigInt(h));
+      res.setHeader("content-type", "application/json");
+      return void res.end(JSON.stringify({ blocks: this.heldPrefix(hashes) }));
     }
     if (req.method === "POST" && url === "/sim/restart") {
       // An engine restart: empty cache, new event stream (sequence from 0, empty replay buffer), no AllBlocksCleared.
@@ -614,20 +668,27 @@ export class EngineSim {
         };
         peerCached = pj.usage?.prompt_tokens_details?.cached_tokens ?? pj.usage?.cache_read_input_tokens ?? 0;
         res.setHeader("x-sim-prefill-worker", prefillPeer);
-        await sleep(1 / this.o.timeScale); // KV transfer
+        await sleep(this.transferMs(tokens, blockHashesOf(tokens, this.o.blockSize, extra)) / this.o.timeScale);
         preloaded = true;
       }
       if (aborted) return;
       const n = stage === "prefill" ? 1 : maxTokens;
       const hashes = blockHashesOf(tokens, this.o.blockSize, extra);
       if (this.kvp) this.extras.noteRequest(hashes, lora, salt, pr.media);
+      const source = req.headers[this.o.kvSourceHeader];
+      const pulledTokens =
+        typeof source === "string" && source && !preloaded && stage !== "prefill"
+          ? await this.pullFrom(source, hashes)
+          : 0;
+      if (pulledTokens) res.setHeader("x-sim-kv-pulled-tokens", String(pulledTokens));
+      if (aborted) return;
       const model = String(pr.model ?? this.o.servedModels[0] ?? "sim-model");
       const stream = !!pr.stream && stage !== "prefill";
       const w = new Writer(res, ep, model, id, this.o.streamInterval);
       await new Promise<void>((resolve, reject) => {
         res.on("close", () => resolve());
         try {
-          this.runner.submit({ id, tokens, hashes, maxTokens: n, preloaded, lora }, (t) => {
+          this.runner.submit({ id, tokens, hashes, maxTokens: n, preloaded, lora, pulledTokens }, (t) => {
             if (aborted) return;
             const cached = peerCached >= 0 ? peerCached : t.cachedTokens;
             if (t.index === 0) {
@@ -884,6 +945,9 @@ export function simOptionsFrom(p: Parsed): SimOptions {
     dpSize: num("data-parallel-size"),
     engine: str("engine") as SimOptions["engine"],
     role: str("role") as SimOptions["role"],
+    kvBytesPerToken: num("kv-bytes-per-token"),
+    kvLinkGbps: num("kv-link-gbps"),
+    kvSourceHeader: str("kv-source-header").toLowerCase(),
     prefillHeader: str("prefill-header").toLowerCase(),
     malformedEvery: num("malformed-every"),
     tokenizerPath: v["tokenizer-path"] as string | null,

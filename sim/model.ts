@@ -89,6 +89,8 @@ export interface ModelRequest {
   preloaded?: boolean;
   /** LoRA adapter the request runs with (null/absent: the base model). */
   lora?: string | null;
+  /** Leading prompt tokens whose KV was pulled from a peer (a KV source hint): cached here without compute. */
+  pulledTokens?: number;
 }
 
 interface Block {
@@ -359,7 +361,13 @@ export class EngineModel {
         // Hit blocks that sit in the free queue are not free for this request.
         let hitFree = 0;
         for (const b of hit) if (b.ref === 0) hitFree++;
-        const base = hit.length * c.blockSize;
+        const local = hit.length * c.blockSize;
+        // Blocks pulled from a peer arrive on first admission only (after a preemption they are recomputed).
+        const pulled =
+          s.r.pulledTokens && s.cachedTokens < 0
+            ? Math.min(s.r.pulledTokens, Math.floor((s.r.tokens.length - 1) / c.blockSize) * c.blockSize)
+            : 0;
+        const base = Math.max(local, pulled);
         const n0 = Math.min(s.r.tokens.length + s.outputs - base, budget);
         const need = Math.ceil((base + n0) / c.blockSize) - hit.length;
         if (need > this.free.size - hitFree) break;
@@ -369,7 +377,7 @@ export class EngineModel {
         s.computed = base;
         this.grow(s, base + n0);
         this.stats.queries += s.r.tokens.length;
-        this.stats.hits += base;
+        this.stats.hits += local;
         if (s.cachedTokens < 0) s.cachedTokens = base;
       }
       this.waiting.splice(w, 1);

@@ -37,6 +37,7 @@ export function produce(ctx: PickContext, pool: Worker[]): Row[] {
     const d: CandidateData = {
       hits: images ? 0 : Math.max(cached[ek] || 0, inflight[ek] || 0),
       inflight: inflight[ek] || 0,
+      cached: images ? 0 : cached[ek] || 0,
       queuedShared: queued[ek] || 0,
       imageHits: images ? ctx.state.images.hits(ek, f.mediaHashes) : 0,
       active: load.activeBlocks(ek),

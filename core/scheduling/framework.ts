@@ -46,6 +46,8 @@ export interface CandidateData {
   hits: number;
   /** Leading request blocks in flight on the worker (prefill side with an overlap weight; else 0). */
   inflight: number;
+  /** Leading request blocks its KV events report cached (tier-weighted), whatever is in flight. */
+  cached: number;
   /** Of those, blocks still queued for prefill there. */
   queuedShared: number;
   /** The request's images the worker has seen (kv-aware image prefills). */
@@ -135,6 +137,13 @@ export interface PickResult {
     queued: number;
     start: number;
   } | null;
+  /** --pd-decider chose the decode worker to prefill too: no prefill hop, the prefill row only names the pool's pick. */
+  decodeFirst?: boolean;
+}
+
+/** The row of the worker that computes the prompt: the decode pick on a decode-first path, else the prefill pick. */
+export function prefillSide(result: PickResult): Row {
+  return result.decodeFirst && result.decode ? result.decode : result.prefill;
 }
 
 /**

@@ -106,3 +106,59 @@ test("--time-scale runs the engine faster than real time", async () => {
   assert.ok(s.total > 350, `real time ${s.total.toFixed(0)} ms`);
   assert.ok(f.total < s.total / 4, `x10: ${f.total.toFixed(0)} ms vs ${s.total.toFixed(0)} ms`);
 });
+
+test("PD decode role: a modelled KV transfer (--kv-bytes-per-token over --kv-link-gbps) moves only blocks it lacks", async () => {
+  const pre = await sim(["--role", "prefill"]);
+  const flat = await sim(["--role", "decode"]);
+  const costly = await sim(["--role", "decode", "--kv-bytes-per-token", "131072", "--kv-link-gbps", "10"]);
+  const peer = pre.replace("http://", "");
+  async function viaPeer(base: string, prompt: number[]) {
+    const t0 = performance.now();
+    const r = await fetch(`${base}/v1/completions`, {
+      method: "POST",
+      headers: { "content-type": "application/json", "x-infera-prefill": peer },
+      body: JSON.stringify({ model: "m", prompt, max_tokens: 2 }),
+    });
+    assert.equal(r.status, 200);
+    await r.text();
+    assert.equal(r.headers.get("x-sim-prefill-worker"), peer);
+    return performance.now() - t0;
+  }
+  const p = ids(700, 2000);
+  await viaPeer(flat, ids(701, 16)); // warm the HTTP paths
+  // 2000 tokens x 128 KiB x 8 bit / 10 Gbit/s ≈ 210 ms on the costly link; a flat 1 ms on the other.
+  const a = await viaPeer(flat, ids(702, 2000)); // another prompt: the peer computes both in full
+  const b = await viaPeer(costly, p);
+  assert.ok(b - a > 150, `transfer modelled: ${b.toFixed(0)} ms vs ${a.toFixed(0)} ms`);
+  // The same prompt again: every block is already held here, nothing crosses the link.
+  const c = await viaPeer(costly, p);
+  assert.ok(c < b - 150, `held blocks are not pulled again: ${c.toFixed(0)} ms vs ${b.toFixed(0)} ms`);
+});
+
+test("KV source hint: a sim pulls the blocks a named peer holds instead of computing them; cached_tokens counts them", async () => {
+  const holder = await sim([]);
+  const puller = await sim(["--kv-bytes-per-token", "131072", "--kv-link-gbps", "100"]);
+  const peer = holder.replace("http://", "");
+  const p = ids(800, 3000);
+  const tail = ids(801, 200);
+  await stream(holder, p, 2); // the holder caches p
+  async function send(base: string, prompt: number[], headers: Record<string, string> = {}) {
+    const r = await fetch(`${base}/v1/completions`, {
+      method: "POST",
+      headers: { "content-type": "application/json", ...headers },
+      body: JSON.stringify({ model: "m", prompt, max_tokens: 2 }),
+    });
+    assert.equal(r.status, 200);
+    const j = (await r.json()) as { usage: { prompt_tokens_details: { cached_tokens: number } } };
+    return { cached: j.usage.prompt_tokens_details.cached_tokens, pulled: r.headers.get("x-sim-kv-pulled-tokens") };
+  }
+  const cold = await send(puller, [...ids(802, 3000)], { "x-infera-kv-source": peer });
+  assert.equal(cold.cached, 0, "the peer holds nothing of this prompt: nothing pulled");
+  assert.equal(cold.pulled, null);
+  const a = await send(puller, [...p, ...tail], { "x-infera-kv-source": peer });
+  assert.equal(a.pulled, String(Math.floor(3000 / 16) * 16), "the peer's whole blocks of p were pulled");
+  assert.equal(a.cached, Math.floor(3000 / 16) * 16, "cached_tokens reports the pulled blocks");
+  // The pulled blocks are now in the puller's own cache.
+  const b = await send(puller, [...p, ...ids(803, 50)]);
+  assert.ok(b.cached >= Math.floor(3000 / 16) * 16, `held after the pull: ${b.cached}`);
+});

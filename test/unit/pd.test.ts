@@ -284,3 +284,79 @@ test("session table is bounded: past 100k sessions it starts over", () => {
   assert.ok(st.sessions.size() <= 100000);
   assert.ok(st.sessions.get("s100000") !== null, "the newest binding survives");
 });
+
+test("--pd-decider prefix: decode-first when the decode pick holds all but N prompt tokens or the prompt is short; else the prefill hop", () => {
+  // The decode side routes on its cache here so the holder is the decode pick.
+  const cfg = {
+    pdDecider: "prefix" as const,
+    pdDecodeFirstMaxUncachedTokens: 64,
+    pdDecodeFirstMaxPromptTokens: 96,
+    decodeOverlapWeight: 20,
+  };
+  const logs: string[] = [];
+  const { st, r } = mk(PD, cfg, logs);
+  const req = blocks("dfirst", 20); // 320 tokens
+  cache(st, r, "d1", req.slice(0, 17)); // 48 uncached on d1
+  const a = r.pick(feats(req));
+  assert.equal(a.target.id, "d1");
+  assert.equal(a.prefill, null, "no prefill hop: nobody named as prefill peer");
+  assert.equal(a.pdPath, "decode-first");
+  assert.equal(a.uncachedTokens, 48, "what the decode worker computes itself");
+  assert.equal(r.activeBlocks("p0") + r.activeBlocks("p1"), 0, "no load held on the prefill pool");
+  assert.equal(r.activeBlocks("d1"), 20);
+  assert.match(logs.join("\n"), /pick policy=kv-aware role=prefill picked=d1 /);
+  assert.match(logs.join("\n"), /pd-decider path=decode-first uncached=48 prompt=320/);
+  a.reservation.firstToken();
+  a.reservation.finish();
+  a.reservation.finish();
+  assert.equal(r.openGuards(), 0, "released once, nothing left");
+
+  cache(st, r, "d0", req.slice(0, 10)); // best decode holder leaves 160 > 64 uncached
+  const other = blocks("dcold", 20);
+  const b = r.pick(feats(other));
+  assert.equal(b.pdPath, "prefill");
+  assert.ok(b.prefill && b.prefill.role === "prefill", "cold prompt takes the prefill hop");
+  b.reservation.finish();
+  const short = r.pick(feats(blocks("dshort", 6))); // 96 tokens, nothing cached
+  assert.equal(short.pdPath, "decode-first", "short prompt: no hop");
+  assert.equal(short.prefill, null);
+  short.reservation.finish();
+  assert.equal(r.openGuards(), 0);
+
+  const off = mk(PD, { ...cfg, pdDecider: "off" });
+  cache(off.st, off.r, "d1", req.slice(0, 17));
+  const c = off.r.pick(feats(req));
+  assert.equal(c.pdPath, null);
+  assert.ok(c.prefill, "decider off: every PD request takes the hop");
+});
+
+test("--pd-decider prefix on a fleet that is not disaggregated changes nothing", () => {
+  const { r } = mk([{ id: "a" }, { id: "b" }], { pdDecider: "prefix", pdDecodeFirstMaxPromptTokens: 1000 });
+  const p = r.pick(feats(blocks("mixed", 4)));
+  assert.equal(p.prefill, null);
+  assert.equal(p.pdPath, null);
+});
+
+test("--kv-source-hint on: the holder is named only when the pick went elsewhere (holder loaded)", () => {
+  const logs: string[] = [];
+  const { st, r } = mk([{ id: "a" }, { id: "b" }], { kvSourceHint: "on", overlapWeight: 0.5 }, logs);
+  const req = blocks("kvs", 40);
+  cache(st, r, "a", req.slice(0, 30));
+  const free = r.pick(feats(req));
+  assert.equal(free.target.id, "a", "holder idle: picked");
+  assert.equal(free.kvSource, null, "no hint when the holder is the target");
+  free.reservation.finish();
+  const busy = r.pick(feats(blocks("load", 200))); // lands on a or b; load a if needed
+  if (busy.target.id !== "a") {
+    busy.reservation.finish();
+    r.holdOn("a", { blocks: blocks("load2", 200), tokens: 0, requests: 0 } as never);
+  }
+  const p = r.pick(feats(req));
+  assert.equal(p.target.id, "b", "holder loaded: the other worker");
+  assert.equal(p.kvSource?.id, "a", "the holder is named as KV source");
+  assert.match(logs.join("\n"), /kv-source hint holder=a holder_hits=30 picked=b picked_hits=0/);
+  const off = mk([{ id: "a" }, { id: "b" }], { overlapWeight: 0.5 });
+  cache(off.st, off.r, "a", req.slice(0, 30));
+  off.r.pick(feats(blocks("load", 200)));
+  assert.equal(off.r.pick(feats(req)).kvSource, null, "off by default");
+});

@@ -1,13 +1,13 @@
 // After a pick: the prefill worker now holds the request's images, and the
 // session remembers where it went.
-import { LifecyclePlugin } from "../../framework";
+import { LifecyclePlugin, prefillSide } from "../../framework";
 import { SessionBinding } from "../../../types";
 
 export const imageTouch: LifecyclePlugin = {
   name: "image-touch",
   preRequest(ctx, result) {
     if (ctx.features.mediaHashes.length)
-      ctx.state.images.touch(result.prefill.worker.epochKey, ctx.features.mediaHashes, ctx.config.mmLruSize);
+      ctx.state.images.touch(prefillSide(result).worker.epochKey, ctx.features.mediaHashes, ctx.config.mmLruSize);
   },
 };
 

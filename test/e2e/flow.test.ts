@@ -134,6 +134,8 @@ test(
     assert.match(m, /infera_router_flow_wait_seconds_count\{priority="100",outcome="dispatched"\} 1/);
     assert.match(m, /infera_router_shed_total\{priority="0"\} 3/);
     assert.match(m, /infera_router_flow_refused_total\{priority="100",reason="queue_full"\} 1/);
+    assert.match(m, /infera_router_decision_seconds_count\{outcome="queue_full"\} 2/);
+    assert.match(m, /infera_router_decision_seconds_count\{outcome="evicted"\} 2/);
   },
 );
 
@@ -164,6 +166,35 @@ test(
     assert.match(m, /infera_router_flow_expired_total\{priority="0"\} 2/);
     assert.match(m, /infera_router_flow_expired_total\{priority="100"\} 1/);
     assert.match(m, /infera_router_requests_total\{outcome="overloaded"\} 3/);
+    assert.match(m, /infera_router_decision_seconds_count\{outcome="expired"\} 3/);
+  },
+);
+
+test(
+  "decision time: the shed 429 is timed on its own, apart from a routed request's wait for a slot",
+  { skip },
+  async () => {
+    const { url, router } = await up(["--prefill-us-per-token", "1000"], []);
+    const holder = chat(url, "hold", 1500);
+    await sleep(300);
+    const waiter = chat(url, "wait", 1500, as("standard"));
+    await until(router, 1);
+    const shed = await chat(url, "shed", 1500, as("batch"));
+    assert.equal(shed.status, 429, shed.body);
+    const [h, w] = await Promise.all([holder, waiter]);
+    assert.equal(h.status, 200, h.body);
+    assert.equal(w.status, 200, w.body);
+    const m = await router.metrics();
+    const num = (re: RegExp) => Number((m.match(re) ?? [])[1] ?? NaN);
+    assert.equal(num(/infera_router_decision_seconds_count\{outcome="shed"\} (\S+)/), 1);
+    assert.equal(num(/infera_router_decision_seconds_count\{outcome="routed"\} (\S+)/), 2);
+    // The refusal is decided without waiting (generous bound for a loaded
+    // machine); the routed pair's time holds the standard one's wait for the
+    // holder's prefill (about 1.5 s of its 1.9 s).
+    const shedS = num(/infera_router_decision_seconds_sum\{outcome="shed"\} (\S+)/);
+    assert.ok(shedS < 0.5, `shed decided in ${shedS} s`);
+    const routedS = num(/infera_router_decision_seconds_sum\{outcome="routed"\} (\S+)/);
+    assert.ok(routedS > 0.8, `the routed time counts the wait: ${routedS} s`);
   },
 );
 

@@ -287,12 +287,20 @@ const FLOW = "infera-gate flow control";
 const FLOW_ARGS = ["--queue-ttl-ms", "3000", "--queue-max-requests", "256"];
 const LATE = "infera-gate flow control + late binding";
 const LATE_ARGS = [...FLOW_ARGS, "--queue-late-binding", "on"];
+// --queue-flow-max-slots: the busy tenant may hold at most that many of the fleet's cold-prefill slots.
+const CAP3 = "infera-gate late binding + flow cap 3";
+const CAP3_ARGS = [...LATE_ARGS, "--queue-flow-max-slots", "3"];
+const CAP2 = "infera-gate late binding + flow cap 2";
+const CAP2_ARGS = [...LATE_ARGS, "--queue-flow-max-slots", "2"];
+const BARRED = [DEFAULT, FLOW, LATE, CAP3, CAP2];
 
 function targets(): Target[] {
   const all: Target[] = [
     inferaTarget(DEFAULT, []),
     inferaTarget(FLOW, FLOW_ARGS),
     inferaTarget(LATE, LATE_ARGS),
+    inferaTarget(CAP3, CAP3_ARGS),
+    inferaTarget(CAP2, CAP2_ARGS),
     inferaTarget("infera-gate round-robin", ["--router-policy", "round-robin"]),
   ];
   if (!flag("--no-peers"))
@@ -429,7 +437,7 @@ function report(rows: Row[], cap: number, cmd: string): string {
     "",
     `Measured capacity (closed loop, ${CAP_CONC} clients per simulator, no router, completions in the last 20 s of 30): **${cap.toFixed(2)} requests/s**.`,
     `Classes: ${CLASSES.map((c) => `${c.name} (${c.objective}=${c.priority}, ${c.share * 100}%, SLO TTFT ${c.sloMs} ms)`).join(", ")}. Tenants: noisy 10/13 of the traffic, three quiet 1/13 each.`,
-    `${FLOW} = default + \`${FLOW_ARGS.join(" ")}\`; ${LATE} = default + \`${LATE_ARGS.join(" ")}\`.`,
+    `${FLOW} = default + \`${FLOW_ARGS.join(" ")}\`; ${LATE} = default + \`${LATE_ARGS.join(" ")}\`; ${CAP3} = default + \`${CAP3_ARGS.join(" ")}\`; ${CAP2} = default + \`${CAP2_ARGS.join(" ")}\`.`,
     "",
     "| target | load | class | sent | TTFT p50 ms | TTFT p99 ms | 429 | 503 | other errors |",
     "|---|---|---|---|---|---|---|---|---|",
@@ -464,7 +472,7 @@ function report(rows: Row[], cap: number, cmd: string): string {
   const peers = rows.filter((r) => r.load === top && /^(smg|vllm-router)/.test(r.target)).map((r) => good(r.target));
   const bestPeer = peers.length ? Math.max(...peers) : NaN;
   L.push("", `Bars at ${top} load:`, "");
-  for (const t of [DEFAULT, FLOW, LATE]) {
+  for (const t of BARRED) {
     const hi = at(t, top);
     const lo = at(t, low);
     if (!hi || !lo) continue;
@@ -530,7 +538,7 @@ async function main(): Promise<void> {
       const results = await runOnce(arrivals);
       const row: Row = { target: t.name, load: `${load * 100}%`, results, pickP99, ...decision };
       // The quiet tenants alone, on the same schedule, for the noisy tenant's effect on them.
-      if (load === Math.max(...LOADS) && (t.name === DEFAULT || t.name === FLOW || t.name === LATE)) {
+      if (load === Math.max(...LOADS) && BARRED.includes(t.name)) {
         const alone = await runOnce(arrivals.filter((a) => a.tenant !== "noisy"));
         row.quietAlone = pct(
           alone.filter((x) => x.status === 200 && !x.err).map((x) => x.ttft),

@@ -465,6 +465,9 @@ export function prefillAdmission(config: AdmissionConfig): PrefillAdmission {
     if (!queues[key]) queues[key] = [];
     queues[key].push(w);
     book(w, 1);
+    // Under the flow cap a worker's slot can be free with a capped request
+    // waiting for it: a movable newcomer takes that slot rather than wait.
+    if (flowCap && w.move) for (const k in queues) if (k !== key && !t.admitted && ready(k)) next(k);
     return t;
   }
 

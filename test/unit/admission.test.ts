@@ -141,3 +141,20 @@ test("no flow cap by default: a named flow takes every free slot", () => {
   for (let i = 0; i < 4; i++) gate.enter("w" + i, 3000, r.go("n" + i), { priority: 0, flow: "noisy" });
   assert.deepEqual(r.went, ["n0", "n1", "n2", "n3"]);
 });
+
+test("flow cap with late binding: a movable newcomer takes a slot a capped waiter leaves free", () => {
+  const gate = prefillAdmission({ slots: 1, warmTokens: 512, flowMaxSlots: 1 });
+  const r = recorder();
+  const noisy = { priority: 0, flow: "noisy" };
+  gate.enter("w0", 3000, r.go("n1"), noisy);
+  const n2 = gate.enter("w1", 3000, r.go("n2"), noisy);
+  const moved: string[] = [];
+  const q = gate.enter("w0", 3000, r.go("q"), { priority: 0, flow: "quiet" }, undefined, (k) => {
+    moved.push(k);
+    return true;
+  });
+  assert.equal(q.admitted && q.slot, true);
+  assert.deepEqual(moved, ["w1"]);
+  assert.equal(n2.admitted, false);
+  assert.deepEqual(r.went, ["n1", "q"]);
+});

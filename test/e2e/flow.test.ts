@@ -12,6 +12,8 @@
 //   a quiet tenant (attained tokens, not turns);
 // - late binding: a waiting request no worker holds goes to the worker that
 //   frees a slot first, not the one it was picked for;
+// - flow cap: a tenant past --queue-flow-max-slots waits beside a free slot,
+//   which a quiet tenant's request takes at once;
 // - objective, fairness and SLO headers never reach the worker.
 import { needs } from "../tools";
 import { test, after } from "node:test";
@@ -243,6 +245,42 @@ test("late binding: a waiting request goes to the worker that frees a slot first
   assert.ok(r.at < s.at, `served before the slow worker's prompt finished: ${r.at - s.at} ms`);
   assert.ok(r.ms < 2500, `moved to the fast worker when its slot freed: ${r.ms} ms`);
 });
+
+test(
+  "flow cap: a busy tenant cannot hold the last free slot; a quiet tenant's request takes it at once",
+  { skip },
+  async () => {
+    // Two workers of ~1.9 s per 1,500-word prompt; the noisy tenant may hold one slot.
+    const a = await startSim("flcapa", ["--prefill-us-per-token", "1000"]);
+    const b = await startSim("flcapb", ["--prefill-us-per-token", "1000"]);
+    const router = await startRouter([
+      "--workers",
+      workerArg([a, b]),
+      "--health-interval-ms",
+      "0",
+      ...OBJ,
+      "--queue-late-binding",
+      "on",
+      "--queue-flow-max-slots",
+      "1",
+      "--prefill-admission-max-wait-ms",
+      "4500",
+    ]);
+    const url = (await startEnvoy(router.grpcPort)).url;
+    const n1 = chat(url, "none", 1500, as("standard", "noisy"));
+    await sleep(300);
+    // A worker is free, but the noisy tenant holds its one slot: its second prompt waits.
+    const n2 = chat(url, "ntwo", 1500, as("standard", "noisy"));
+    await until(router, 1);
+    const q = chat(url, "qone", 1500, as("standard", "quiet"));
+    const [x1, x2, y] = await Promise.all([n1, n2, q]);
+    for (const r of [x1, x2, y]) assert.equal(r.status, 200, r.body);
+    // Without the cap the second noisy prompt takes the free worker and the
+    // quiet one waits for the first to finish, ending after both.
+    assert.ok(y.at < x2.at, `the quiet prompt finished ${x2.at - y.at} ms before the second noisy one`);
+    assert.ok(x1.at < x2.at, "the noisy tenant's prompts went one at a time");
+  },
+);
 
 test("objective, fairness and SLO headers never reach the worker", { skip }, async () => {
   const hits: http.IncomingHttpHeaders[] = [];

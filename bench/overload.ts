@@ -287,12 +287,20 @@ const FLOW = "infera-gate flow control";
 const FLOW_ARGS = ["--queue-ttl-ms", "3000", "--queue-max-requests", "256"];
 const LATE = "infera-gate flow control + late binding";
 const LATE_ARGS = [...FLOW_ARGS, "--queue-late-binding", "on"];
+// --queue-flow-max-slots: the busy tenant may hold at most that many of the fleet's cold-prefill slots.
+const CAP3 = "infera-gate late binding + flow cap 3";
+const CAP3_ARGS = [...LATE_ARGS, "--queue-flow-max-slots", "3"];
+const CAP2 = "infera-gate late binding + flow cap 2";
+const CAP2_ARGS = [...LATE_ARGS, "--queue-flow-max-slots", "2"];
+const BARRED = [DEFAULT, FLOW, LATE, CAP3, CAP2];
 
 function targets(): Target[] {
   const all: Target[] = [
     inferaTarget(DEFAULT, []),
     inferaTarget(FLOW, FLOW_ARGS),
     inferaTarget(LATE, LATE_ARGS),
+    inferaTarget(CAP3, CAP3_ARGS),
+    inferaTarget(CAP2, CAP2_ARGS),
     inferaTarget("infera-gate round-robin", ["--router-policy", "round-robin"]),
   ];
   if (!flag("--no-peers"))
@@ -354,17 +362,23 @@ interface Row {
   quietAlone?: number;
   /** The router's pick latency p99 (its histogram's bucket bound), ms: a refusal is answered right after the pick. */
   pickP99?: number;
+  /** The router's own answer time (infera_router_decision_seconds, bucket bounds), ms: the shed 429's p50/p99, a routed request's p50 (its wait at the router included). */
+  shed50?: number;
+  shed99?: number;
+  routed50?: number;
 }
 
-/** The upper bound of the bucket holding the p-th percentile of a Prometheus histogram. */
-function histP(text: string, name: string, p: number): number {
+/** The upper bound of the bucket holding the p-th percentile of a Prometheus histogram (of the series carrying `label`, e.g. outcome="shed"). */
+function histP(text: string, name: string, p: number, label = ""): number {
   const b: [number, number][] = [];
   for (const l of text.split("\n")) {
-    const m = l.match(new RegExp(`^${name}_bucket\\{le="([^"]+)"\\} (\\S+)`));
+    if (!l.startsWith(`${name}_bucket{`) || (label && !l.includes(label))) continue;
+    const m = l.match(/le="([^"]+)"[^}]*\} (\S+)/);
     if (m) b.push([m[1] === "+Inf" ? Infinity : Number(m[1]), Number(m[2])]);
   }
   if (!b.length) return NaN;
   const total = b[b.length - 1][1];
+  if (!total) return NaN;
   for (const [le, n] of b) if (n >= (p / 100) * total) return le * 1000;
   return NaN;
 }
@@ -423,7 +437,7 @@ function report(rows: Row[], cap: number, cmd: string): string {
     "",
     `Measured capacity (closed loop, ${CAP_CONC} clients per simulator, no router, completions in the last 20 s of 30): **${cap.toFixed(2)} requests/s**.`,
     `Classes: ${CLASSES.map((c) => `${c.name} (${c.objective}=${c.priority}, ${c.share * 100}%, SLO TTFT ${c.sloMs} ms)`).join(", ")}. Tenants: noisy 10/13 of the traffic, three quiet 1/13 each.`,
-    `${FLOW} = default + \`${FLOW_ARGS.join(" ")}\`; ${LATE} = default + \`${LATE_ARGS.join(" ")}\`.`,
+    `${FLOW} = default + \`${FLOW_ARGS.join(" ")}\`; ${LATE} = default + \`${LATE_ARGS.join(" ")}\`; ${CAP3} = default + \`${CAP3_ARGS.join(" ")}\`; ${CAP2} = default + \`${CAP2_ARGS.join(" ")}\`.`,
     "",
     "| target | load | class | sent | TTFT p50 ms | TTFT p99 ms | 429 | 503 | other errors |",
     "|---|---|---|---|---|---|---|---|---|",
@@ -437,14 +451,14 @@ function report(rows: Row[], cap: number, cmd: string): string {
   }
   L.push(
     "",
-    "| target | load | 429s (with Retry-After) | 429 answer p50 / p99 ms (client side, through the gateway) | router pick p99 ms (bucket bound) | quiet tenants' p50 TTFT ms | without the noisy tenant | ratio | SLO goodput req/s | transport errors |",
-    "|---|---|---|---|---|---|---|---|---|---|",
+    "| target | load | 429s (with Retry-After) | 429 answer p50 / p99 ms (client side, through the gateway) | shed 429 at the router p50 / p99 ms (bucket bound) | routed: router's answer p50 ms (bucket bound, queue wait included) | router pick p99 ms (bucket bound) | quiet tenants' p50 TTFT ms | without the noisy tenant | ratio | SLO goodput req/s | transport errors |",
+    "|---|---|---|---|---|---|---|---|---|---|---|---|",
   );
   for (const row of rows) {
     const s = stats(row.results);
     const ratio = row.quietAlone ? s.quietP50 / row.quietAlone : NaN;
     L.push(
-      `| ${row.target} | ${row.load} | ${s.refused429} (${s.retryAfter}) | ${f1(s.answer50)} / ${f1(s.answer99)} | ${row.pickP99 === undefined ? "–" : f1(row.pickP99)} | ${f0(s.quietP50)} | ${row.quietAlone ? f0(row.quietAlone) : "–"} | ${Number.isFinite(ratio) ? ratio.toFixed(2) : "–"} | ${s.goodput.toFixed(2)} | ${s.errors} |`,
+      `| ${row.target} | ${row.load} | ${s.refused429} (${s.retryAfter}) | ${f1(s.answer50)} / ${f1(s.answer99)} | ${row.shed50 === undefined ? "–" : `${f1(row.shed50)} / ${f1(row.shed99 ?? NaN)}`} | ${row.routed50 === undefined ? "–" : f1(row.routed50)} | ${row.pickP99 === undefined ? "–" : f1(row.pickP99)} | ${f0(s.quietP50)} | ${row.quietAlone ? f0(row.quietAlone) : "–"} | ${Number.isFinite(ratio) ? ratio.toFixed(2) : "–"} | ${s.goodput.toFixed(2)} | ${s.errors} |`,
     );
   }
   // Bars, per infera-gate row at the highest load.
@@ -458,7 +472,7 @@ function report(rows: Row[], cap: number, cmd: string): string {
   const peers = rows.filter((r) => r.load === top && /^(smg|vllm-router)/.test(r.target)).map((r) => good(r.target));
   const bestPeer = peers.length ? Math.max(...peers) : NaN;
   L.push("", `Bars at ${top} load:`, "");
-  for (const t of [DEFAULT, FLOW, LATE]) {
+  for (const t of BARRED) {
     const hi = at(t, top);
     const lo = at(t, low);
     if (!hi || !lo) continue;
@@ -469,13 +483,15 @@ function report(rows: Row[], cap: number, cmd: string): string {
     const qr = hi.quietAlone ? sh.quietP50 / hi.quietAlone : NaN;
     const rr = good("infera-gate round-robin");
     L.push(
-      `- ${t}: critical p99 ${f0(crit.p99)} ms = ${critRatio.toFixed(2)}x its ${low} value (bar <= 2) ${critRatio <= 2 ? "met" : "NOT met"}; critical refused ${crit.r429}, expired ${crit.r503} (bar 0) ${crit.r429 + crit.r503 === 0 ? "met" : "NOT met"}; 429s with Retry-After ${sh.retryAfter}/${sh.refused429}, answered p99 ${f1(sh.answer99)} ms at the client through Envoy, router pick p99 <= ${f1(hi.pickP99 ?? NaN)} ms (bar: router <= 5 ms) ${(hi.pickP99 ?? Infinity) <= 5 ? "met" : "NOT met"}; quiet p50 ${qr.toFixed(2)}x without the noisy tenant (bar <= 1.25) ${qr <= 1.25 ? "met" : "NOT met"}; goodput ${sh.goodput.toFixed(2)} = ${(sh.goodput / rr).toFixed(2)}x round-robin (bar >= 1.5) ${sh.goodput / rr >= 1.5 ? "met" : "NOT met"}, ${(sh.goodput / bestPeer).toFixed(2)}x the best peer (bar >= 1.2) ${sh.goodput / bestPeer >= 1.2 ? "met" : "NOT met"}.`,
+      `- ${t}: critical p99 ${f0(crit.p99)} ms = ${critRatio.toFixed(2)}x its ${low} value (bar <= 2) ${critRatio <= 2 ? "met" : "NOT met"}; critical refused ${crit.r429}, expired ${crit.r503} (bar 0) ${crit.r429 + crit.r503 === 0 ? "met" : "NOT met"}; 429s with Retry-After ${sh.retryAfter}/${sh.refused429}, answered p99 ${f1(sh.answer99)} ms at the client through Envoy, at the router p50 <= ${f1(hi.shed50 ?? NaN)} ms and p99 <= ${f1(hi.shed99 ?? NaN)} ms (bar: router <= 5 ms) ${(hi.shed99 ?? Infinity) <= 5 ? "met" : "NOT met"}; quiet p50 ${qr.toFixed(2)}x without the noisy tenant (bar <= 1.25) ${qr <= 1.25 ? "met" : "NOT met"}; goodput ${sh.goodput.toFixed(2)} = ${(sh.goodput / rr).toFixed(2)}x round-robin (bar >= 1.5) ${sh.goodput / rr >= 1.5 ? "met" : "NOT met"}, ${(sh.goodput / bestPeer).toFixed(2)}x the best peer (bar >= 1.2) ${sh.goodput / bestPeer >= 1.2 ? "met" : "NOT met"}.`,
     );
   }
   return L.join("\n") + "\n";
 }
 
 // ---------------------------------------------------------------- main
+
+type Pick3 = Pick<Row, "shed50" | "shed99" | "routed50">;
 
 async function main(): Promise<void> {
   const cmd = `npm run bench:overload -- ${argv.join(" ")}`.trim();
@@ -498,21 +514,31 @@ async function main(): Promise<void> {
         continue;
       }
       let pickP99: number | undefined;
+      let decision: Pick3 = {};
       const runOnce = async (as: Arrival[]) => {
         await clearFleet(sims);
         const r = await t.start(sims);
         try {
           const out = await drive(r.url, as);
-          if (r.metrics) pickP99 = histP(await r.metrics(), "infera_router_pick_latency_seconds", 99);
+          if (r.metrics) {
+            const text = await r.metrics();
+            pickP99 = histP(text, "infera_router_pick_latency_seconds", 99);
+            const D = "infera_router_decision_seconds";
+            decision = {
+              shed50: histP(text, D, 50, 'outcome="shed"'),
+              shed99: histP(text, D, 99, 'outcome="shed"'),
+              routed50: histP(text, D, 50, 'outcome="routed"'),
+            };
+          }
           return out;
         } finally {
           await r.stop();
         }
       };
       const results = await runOnce(arrivals);
-      const row: Row = { target: t.name, load: `${load * 100}%`, results, pickP99 };
+      const row: Row = { target: t.name, load: `${load * 100}%`, results, pickP99, ...decision };
       // The quiet tenants alone, on the same schedule, for the noisy tenant's effect on them.
-      if (load === Math.max(...LOADS) && (t.name === DEFAULT || t.name === FLOW || t.name === LATE)) {
+      if (load === Math.max(...LOADS) && BARRED.includes(t.name)) {
         const alone = await runOnce(arrivals.filter((a) => a.tenant !== "noisy"));
         row.quietAlone = pct(
           alone.filter((x) => x.status === 200 && !x.err).map((x) => x.ttft),

@@ -57,9 +57,25 @@
 // out of here so any source can feed it); setting it false lets the
 // worker's queue drain.
 //
+// Flow cap (optional, flowMaxSlots): a flow (tenant) holds at most that many
+// cold-prefill slots over the whole fleet; past it its requests wait even on
+// a free slot, which stays free for another flow. The queue order already
+// puts a quiet tenant's waiting request first, but under overload a quiet
+// request arriving finds every slot taken by the busy tenant's prefills and
+// waits for one to finish; the cap keeps slots the busy tenant cannot fill.
+// It is not work-conserving (a capped flow waits beside a free slot), so it
+// is off by default and applies to named flows only: requests without a
+// fairness id (flow "" or the default flow) are never capped.
+//
 // Pure and clock-free (core/): the adapter bounds the wait with its own timer
 // (force, expire) and frees the slot at first token or at the end of the
 // request (leave), whichever comes first.
+import { DEFAULT_FLOW } from "./objectives";
+
+/** Flows the flow cap applies to: named ones (a fairness id), not the unnamed or default flow. */
+function capped(flow: string): boolean {
+  return flow !== "" && flow !== DEFAULT_FLOW;
+}
 
 export interface AdmissionConfig {
   /** Cold prefills in flight per worker; 0 turns admission off. */
@@ -72,6 +88,8 @@ export interface AdmissionConfig {
   maxQueuedBytes?: number;
   /** Per band (priority as a string): its own bounds, 0 = unbounded. */
   bandLimits?: { [priority: string]: BandLimit };
+  /** Cold-prefill slots one named flow may hold over every worker; 0 or absent = no cap. */
+  flowMaxSlots?: number;
 }
 
 export interface BandLimit {
@@ -127,6 +145,8 @@ interface TicketState extends Ticket {
   gone: boolean;
   /** The worker it waits for or holds a slot on (changes when it moves). */
   key: string;
+  /** Its flow, for the flow cap. */
+  flow: string;
 }
 
 export interface PrefillAdmission {
@@ -145,8 +165,8 @@ export interface PrefillAdmission {
     evicted?: () => void,
     move?: (key: string) => boolean,
   ): Ticket;
-  /** Whether a request with this much uncached prefill would wait for worker key now. */
-  wouldWait(key: string, uncachedTokens: number): boolean;
+  /** Whether a request with this much uncached prefill (of this flow, for the flow cap) would wait for worker key now. */
+  wouldWait(key: string, uncachedTokens: number, flow?: string): boolean;
   /** Marks a worker saturated by an outside signal (no cold prefill goes there), or clears it. */
   setSaturated(key: string, saturated: boolean): void;
   /** Requests waiting, for one worker or all. */
@@ -174,6 +194,14 @@ export function prefillAdmission(config: AdmissionConfig): PrefillAdmission {
   let totalBytes = 0;
   let arrivals = 0;
   let charges = 0;
+  // Slots held per named flow, over every worker (the flow cap).
+  const held: { [flow: string]: number } = {};
+  const flowCap = config.flowMaxSlots || 0;
+
+  /** Whether flow may take one more slot under the flow cap. */
+  function underCap(flow: string): boolean {
+    return !flowCap || !capped(flow) || (held[flow] || 0) < flowCap;
+  }
 
   function fk(priority: number, flow: string): string {
     return priority + "|" + flow;
@@ -218,6 +246,7 @@ export function prefillAdmission(config: AdmissionConfig): PrefillAdmission {
     t.admitted = true;
     t.slot = true;
     busy[key] = (busy[key] || 0) + 1;
+    if (capped(t.flow)) held[t.flow] = (held[t.flow] || 0) + 1;
   }
 
   /** Takes t out of its queue, if it is there; returns the waiter. */
@@ -249,6 +278,7 @@ export function prefillAdmission(config: AdmissionConfig): PrefillAdmission {
       for (let i = 0; i < q.length; i++) {
         const w = q[i];
         if (k !== key && !w.move) continue;
+        if (!underCap(w.flow)) continue;
         if (!b || before(w, b)) b = w;
       }
     }
@@ -283,9 +313,18 @@ export function prefillAdmission(config: AdmissionConfig): PrefillAdmission {
     }
   }
 
-  function waits(key: string, uncachedTokens: number): boolean {
+  /** Whether key's queue holds a request that could take a slot now (not held back by the flow cap). */
+  function queuedUnderCap(key: string): boolean {
+    const q = queues[key];
+    if (!q) return false;
+    if (!flowCap) return true;
+    for (let i = 0; i < q.length; i++) if (underCap(q[i].flow)) return true;
+    return false;
+  }
+
+  function waits(key: string, uncachedTokens: number, flow?: string): boolean {
     if (config.slots <= 0 || uncachedTokens <= config.warmTokens) return false;
-    return !ready(key) || !!queues[key];
+    return !ready(key) || queuedUnderCap(key) || !underCap(flow || "");
   }
 
   /** The newest waiter of the lowest band below `priority`, or null. */
@@ -357,6 +396,7 @@ export function prefillAdmission(config: AdmissionConfig): PrefillAdmission {
       refused: "",
       gone: false,
       key: key,
+      flow: flow,
       leave() {
         if (t.gone) return;
         t.gone = true;
@@ -364,7 +404,16 @@ export function prefillAdmission(config: AdmissionConfig): PrefillAdmission {
           t.slot = false;
           busy[t.key]--;
           if (!busy[t.key]) delete busy[t.key];
+          let wasCapped = false;
+          if (capped(t.flow)) {
+            wasCapped = !underCap(t.flow);
+            held[t.flow]--;
+            if (!held[t.flow]) delete held[t.flow];
+          }
           next(t.key);
+          // A capped flow's waiters may sit beside free slots elsewhere: with one slot
+          // of its own back, the first worker that can take one of them does.
+          if (wasCapped) for (const k in queues) if (ready(k)) next(k);
         } else if (!t.admitted) dequeue(t.key, t);
       },
       force() {
@@ -389,7 +438,7 @@ export function prefillAdmission(config: AdmissionConfig): PrefillAdmission {
     }
     lift(priority, flow);
     // Behind others already waiting even if a slot is free at this instant.
-    if (!waits(key, uncachedTokens)) {
+    if (!waits(key, uncachedTokens, flow)) {
       charge(priority, flow, uncachedTokens);
       take(key, t);
       go();
@@ -416,6 +465,9 @@ export function prefillAdmission(config: AdmissionConfig): PrefillAdmission {
     if (!queues[key]) queues[key] = [];
     queues[key].push(w);
     book(w, 1);
+    // Under the flow cap a worker's slot can be free with a capped request
+    // waiting for it: a movable newcomer takes that slot rather than wait.
+    if (flowCap && w.move) for (const k in queues) if (k !== key && !t.admitted && ready(k)) next(k);
     return t;
   }
 

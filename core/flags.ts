@@ -244,6 +244,14 @@ export const FLAGS: FlagSpec[] = [
     help: "flow control: a waiting request whose prompt no worker holds goes to whichever worker frees a prefill slot first, not only the one it was picked for. Envoy only",
   },
   {
+    name: "queue-flow-max-slots",
+    kind: "int",
+    def: 0,
+    min: 0,
+    commands: ["router"],
+    help: "flow control: cold-prefill slots one tenant (x-gateway-inference-fairness-id) may hold over the whole fleet; past it its requests wait even beside a free slot, which stays free for other tenants; 0 = no cap. Envoy only",
+  },
+  {
     name: "queue-max-requests",
     kind: "string",
     def: "0",

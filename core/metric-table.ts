@@ -287,6 +287,13 @@ export const METRICS: MetricSpec[] = [
     buckets: [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10],
   },
   {
+    name: "infera_router_decision_seconds",
+    type: "histogram",
+    help: "Time from the ext_proc message that completes a request (its body, or its headers when none follows) to the routing answer, per outcome: routed (any wait for a prefill slot included), shed (429 before any wait), queue_full, evicted, expired, and the other outcomes of infera_router_requests_total",
+    labels: ["outcome"],
+    buckets: [0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10],
+  },
+  {
     name: "infera_router_flow_refused_total",
     type: "counter",
     help: "Requests flow control refused with 429, per priority band and reason: saturated (sheddable, its worker busy), queue_full, evicted (a higher band took its place)",

@@ -23,6 +23,7 @@ import { App } from "../runtime/app";
 import { RequestOutcome } from "../runtime/metrics";
 import { withRequestId } from "../runtime/log";
 import { Decision, DEST_KEY, LLMD_PREFILL_HEADER, outcomeOf, Routed, STREAM_KEY, StreamEnd } from "../runtime/director";
+import { decisionOutcome } from "../runtime/flow";
 import {
   CONTINUE_RESP_BODY,
   CONTINUE_RESP_HEADERS,
@@ -352,6 +353,8 @@ export class StreamProcessor {
   private async route(body: Buffer, phase: RequestPhase, strip: string[]): Promise<ProcessingResponse> {
     const s = this.s;
     s.decided = true;
+    // Called as the message completing the request arrives: the router's own answer time starts here.
+    const t0 = performance.now();
     const d = await this.app.director.decide({
       endpoint: s.endpoint,
       body,
@@ -362,7 +365,12 @@ export class StreamProcessor {
     this.outcome(d.outcome);
     if (d.kind === "route") s.routed = d;
     for (const h of hooks) h.decided?.(s, d);
-    return this.encode(d, phase, strip);
+    const answer = this.encode(d, phase, strip);
+    this.app.routing.flow.decision.observe(
+      { outcome: decisionOutcome(d.outcome, d.kind === "refuse" ? d.headers : undefined) },
+      (performance.now() - t0) / 1000,
+    );
+    return answer;
   }
 
   private encode(d: Decision, phase: RequestPhase, strip: string[]): ProcessingResponse {

@@ -50,6 +50,8 @@ export interface Options {
     ttlMs: number;
     /** --queue-late-binding on: movable waiters go to the first worker with a free slot. */
     lateBinding: boolean;
+    /** --queue-flow-max-slots: cold-prefill slots one named flow may hold over the fleet (0 = no cap). */
+    flowMaxSlots: number;
     maxQueued: number;
     maxQueuedBytes: number;
     bandLimits: { [priority: string]: BandLimit };
@@ -272,6 +274,7 @@ export function optionsFrom(values: Record<string, FlagValue>, cmd: "router" | "
     flow: {
       ttlMs: v("queue-ttl-ms") as number,
       lateBinding: v("queue-late-binding") === "on",
+      flowMaxSlots: v("queue-flow-max-slots") as number,
       ...queueLimits(
         parseQueueBound(v("queue-max-requests") as string),
         parseQueueBound(v("queue-max-bytes") as string),

@@ -66,6 +66,22 @@ export interface FlowMetrics {
   refused: Counter;
   /** Label priority. */
   expired: Counter;
+  /** Label outcome (decisionOutcome): the ext_proc server's time to answer. */
+  decision: Histogram;
+}
+
+/**
+ * The outcome label of infera_router_decision_seconds: the request outcome,
+ * with flow control's refusals told apart by their dropped reason, so the
+ * immediate shed (429 before any wait) is not mixed with the 429s and 503s
+ * that end a wait in the queue.
+ */
+export function decisionOutcome(outcome: string, headers: Record<string, string> | undefined): string {
+  const reason = headers ? headers[DROPPED_REASON_HEADER] : undefined;
+  if (reason === "rejected-saturated") return "queue_full";
+  if (reason === "evicted-priority") return "evicted";
+  if (reason === "rejected-ttl-expired") return "expired";
+  return outcome;
 }
 
 export function flowMetrics(registry: Registry, admission: PrefillAdmission): FlowMetrics {
@@ -74,6 +90,7 @@ export function flowMetrics(registry: Registry, admission: PrefillAdmission): Fl
     "infera_router_flow_refused_total",
     "infera_router_flow_expired_total",
     "infera_router_flow_queued_bytes",
+    "infera_router_decision_seconds",
   ])
     registry.removeSingleMetric(n);
   new Gauge({
@@ -94,6 +111,10 @@ export function flowMetrics(registry: Registry, admission: PrefillAdmission): Fl
     }),
     expired: new Counter({
       ...spec("infera_router_flow_expired_total"),
+      registers: [registry],
+    }),
+    decision: new Histogram({
+      ...spec("infera_router_decision_seconds"),
       registers: [registry],
     }),
   };

@@ -12,6 +12,8 @@
 //   a quiet tenant (attained tokens, not turns);
 // - late binding: a waiting request no worker holds goes to the worker that
 //   frees a slot first, not the one it was picked for;
+// - flow cap: a tenant past --queue-flow-max-slots waits beside a free slot,
+//   which a quiet tenant's request takes at once;
 // - objective, fairness and SLO headers never reach the worker.
 import { needs } from "../tools";
 import { test, after } from "node:test";
@@ -134,6 +136,8 @@ test(
     assert.match(m, /infera_router_flow_wait_seconds_count\{priority="100",outcome="dispatched"\} 1/);
     assert.match(m, /infera_router_shed_total\{priority="0"\} 3/);
     assert.match(m, /infera_router_flow_refused_total\{priority="100",reason="queue_full"\} 1/);
+    assert.match(m, /infera_router_decision_seconds_count\{outcome="queue_full"\} 2/);
+    assert.match(m, /infera_router_decision_seconds_count\{outcome="evicted"\} 2/);
   },
 );
 
@@ -164,6 +168,35 @@ test(
     assert.match(m, /infera_router_flow_expired_total\{priority="0"\} 2/);
     assert.match(m, /infera_router_flow_expired_total\{priority="100"\} 1/);
     assert.match(m, /infera_router_requests_total\{outcome="overloaded"\} 3/);
+    assert.match(m, /infera_router_decision_seconds_count\{outcome="expired"\} 3/);
+  },
+);
+
+test(
+  "decision time: the shed 429 is timed on its own, apart from a routed request's wait for a slot",
+  { skip },
+  async () => {
+    const { url, router } = await up(["--prefill-us-per-token", "1000"], []);
+    const holder = chat(url, "hold", 1500);
+    await sleep(300);
+    const waiter = chat(url, "wait", 1500, as("standard"));
+    await until(router, 1);
+    const shed = await chat(url, "shed", 1500, as("batch"));
+    assert.equal(shed.status, 429, shed.body);
+    const [h, w] = await Promise.all([holder, waiter]);
+    assert.equal(h.status, 200, h.body);
+    assert.equal(w.status, 200, w.body);
+    const m = await router.metrics();
+    const num = (re: RegExp) => Number((m.match(re) ?? [])[1] ?? NaN);
+    assert.equal(num(/infera_router_decision_seconds_count\{outcome="shed"\} (\S+)/), 1);
+    assert.equal(num(/infera_router_decision_seconds_count\{outcome="routed"\} (\S+)/), 2);
+    // The refusal is decided without waiting (generous bound for a loaded
+    // machine); the routed pair's time holds the standard one's wait for the
+    // holder's prefill (about 1.5 s of its 1.9 s).
+    const shedS = num(/infera_router_decision_seconds_sum\{outcome="shed"\} (\S+)/);
+    assert.ok(shedS < 0.5, `shed decided in ${shedS} s`);
+    const routedS = num(/infera_router_decision_seconds_sum\{outcome="routed"\} (\S+)/);
+    assert.ok(routedS > 0.8, `the routed time counts the wait: ${routedS} s`);
   },
 );
 
@@ -212,6 +245,42 @@ test("late binding: a waiting request goes to the worker that frees a slot first
   assert.ok(r.at < s.at, `served before the slow worker's prompt finished: ${r.at - s.at} ms`);
   assert.ok(r.ms < 2500, `moved to the fast worker when its slot freed: ${r.ms} ms`);
 });
+
+test(
+  "flow cap: a busy tenant cannot hold the last free slot; a quiet tenant's request takes it at once",
+  { skip },
+  async () => {
+    // Two workers of ~1.9 s per 1,500-word prompt; the noisy tenant may hold one slot.
+    const a = await startSim("flcapa", ["--prefill-us-per-token", "1000"]);
+    const b = await startSim("flcapb", ["--prefill-us-per-token", "1000"]);
+    const router = await startRouter([
+      "--workers",
+      workerArg([a, b]),
+      "--health-interval-ms",
+      "0",
+      ...OBJ,
+      "--queue-late-binding",
+      "on",
+      "--queue-flow-max-slots",
+      "1",
+      "--prefill-admission-max-wait-ms",
+      "4500",
+    ]);
+    const url = (await startEnvoy(router.grpcPort)).url;
+    const n1 = chat(url, "none", 1500, as("standard", "noisy"));
+    await sleep(300);
+    // A worker is free, but the noisy tenant holds its one slot: its second prompt waits.
+    const n2 = chat(url, "ntwo", 1500, as("standard", "noisy"));
+    await until(router, 1);
+    const q = chat(url, "qone", 1500, as("standard", "quiet"));
+    const [x1, x2, y] = await Promise.all([n1, n2, q]);
+    for (const r of [x1, x2, y]) assert.equal(r.status, 200, r.body);
+    // Without the cap the second noisy prompt takes the free worker and the
+    // quiet one waits for the first to finish, ending after both.
+    assert.ok(y.at < x2.at, `the quiet prompt finished ${x2.at - y.at} ms before the second noisy one`);
+    assert.ok(x1.at < x2.at, "the noisy tenant's prompts went one at a time");
+  },
+);
 
 test("objective, fairness and SLO headers never reach the worker", { skip }, async () => {
   const hits: http.IncomingHttpHeaders[] = [];

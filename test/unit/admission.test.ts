@@ -96,3 +96,65 @@ test("a request arriving while others wait queues behind them even if a slot is 
   assert.deepEqual(r.went, ["a", "b"]);
   assert.equal(c.admitted, false);
 });
+
+test("flow cap: a named flow holds at most flowMaxSlots slots over the fleet; the free slot stays for another flow", () => {
+  const gate = prefillAdmission({ slots: 1, warmTokens: 512, flowMaxSlots: 2 });
+  const r = recorder();
+  const noisy = { priority: 0, flow: "noisy" };
+  const n1 = gate.enter("w0", 3000, r.go("n1"), noisy);
+  gate.enter("w1", 3000, r.go("n2"), noisy);
+  // w2 is free, but noisy holds its two slots: it waits there.
+  const n3 = gate.enter("w2", 3000, r.go("n3"), noisy);
+  assert.equal(n3.admitted, false);
+  assert.equal(gate.wouldWait("w2", 3000, "noisy"), true);
+  assert.equal(gate.wouldWait("w2", 3000, "quiet"), false, "another flow would go at once");
+  // A quiet tenant's request takes the free slot beside the capped waiter.
+  const q = gate.enter("w2", 3000, r.go("q"), { priority: 0, flow: "quiet" });
+  assert.equal(q.admitted && q.slot, true);
+  // Unnamed and default flows are never capped.
+  const d1 = gate.enter("w3", 3000, r.go("d1"), { priority: 0, flow: "default-flow" });
+  assert.equal(d1.admitted, true);
+  // noisy's slot on w0 frees: its waiter on w2 cannot go there (w2 busy); w0's queue is empty.
+  n1.leave();
+  assert.deepEqual(r.went, ["n1", "n2", "q", "d1"]);
+  // w2 frees: the capped waiter is under the cap again and goes.
+  q.leave();
+  assert.deepEqual(r.went, ["n1", "n2", "q", "d1", "n3"]);
+});
+
+test("flow cap: a capped waiter beside a free slot goes there as soon as its flow gives a slot back elsewhere", () => {
+  const gate = prefillAdmission({ slots: 1, warmTokens: 512, flowMaxSlots: 1 });
+  const r = recorder();
+  const noisy = { priority: 0, flow: "noisy" };
+  const n1 = gate.enter("w0", 3000, r.go("n1"), noisy);
+  const n2 = gate.enter("w1", 3000, r.go("n2"), noisy);
+  assert.equal(n2.admitted, false);
+  n1.leave();
+  assert.deepEqual(r.went, ["n1", "n2"], "w1 was free all along; the cap held it back until n1 ended");
+  n2.leave();
+  assert.equal(gate.busy("w0") + gate.busy("w1") + gate.waiting(), 0);
+});
+
+test("no flow cap by default: a named flow takes every free slot", () => {
+  const gate = prefillAdmission({ slots: 1, warmTokens: 512 });
+  const r = recorder();
+  for (let i = 0; i < 4; i++) gate.enter("w" + i, 3000, r.go("n" + i), { priority: 0, flow: "noisy" });
+  assert.deepEqual(r.went, ["n0", "n1", "n2", "n3"]);
+});
+
+test("flow cap with late binding: a movable newcomer takes a slot a capped waiter leaves free", () => {
+  const gate = prefillAdmission({ slots: 1, warmTokens: 512, flowMaxSlots: 1 });
+  const r = recorder();
+  const noisy = { priority: 0, flow: "noisy" };
+  gate.enter("w0", 3000, r.go("n1"), noisy);
+  const n2 = gate.enter("w1", 3000, r.go("n2"), noisy);
+  const moved: string[] = [];
+  const q = gate.enter("w0", 3000, r.go("q"), { priority: 0, flow: "quiet" }, undefined, (k) => {
+    moved.push(k);
+    return true;
+  });
+  assert.equal(q.admitted && q.slot, true);
+  assert.deepEqual(moved, ["w1"]);
+  assert.equal(n2.admitted, false);
+  assert.deepEqual(r.went, ["n1", "q"]);
+});

@@ -7,7 +7,8 @@ import { Shedder } from "../../framework";
 export const objectiveShedder: Shedder = {
   name: "objective-sheddable",
   shed(ctx) {
-    if (ctx.objective.priority >= 0 || !ctx.queue.wouldWait(ctx.worker, ctx.uncachedTokens)) return null;
+    if (ctx.objective.priority >= 0 || !ctx.queue.wouldWait(ctx.worker, ctx.uncachedTokens, ctx.objective.flow))
+      return null;
     return {
       status: 429,
       message: "the workers are saturated; sheddable request refused, retry later",

@@ -303,8 +303,8 @@ test("pickers: lowest cost with tie-breaks, round-robin, random", () => {
         [3, 1, 2],
         [3, 1, 5],
       ],
-      // Cached blocks break no tie: the rotation's first turn.
-      want: 0,
+      // Cached blocks break no tie: the same pick as with nothing cached (-1).
+      want: -1,
     },
     {
       rows: [
@@ -312,32 +312,56 @@ test("pickers: lowest cost with tie-breaks, round-robin, random", () => {
         [1, 0, 0],
         [1, 0, 0],
       ],
-      want: 0,
+      want: -1,
     },
   ];
+  const bare = setup(["mixed", "mixed", "mixed"]);
+  const tieWithNothingCached = lowestCostPicker.pick(
+    bare.ctx,
+    bare.rows().map((r) => ({ ...r, cost: 1, active: 0 })),
+  );
   for (const c of cases) {
     const s = setup(["mixed", "mixed", "mixed"]);
     c.rows.forEach(([, , cached], i) =>
       B(cached, "c" + i).forEach((h) => s.state.mirror.store(s.fleet[i].epochKey, h, h)),
     );
     const rows = s.rows().map((r, i) => ({ ...r, cost: c.rows[i][0], active: c.rows[i][1] }));
-    assert.equal(lowestCostPicker.pick(s.ctx, rows), c.want, JSON.stringify(c.rows));
+    const want = c.want < 0 ? tieWithNothingCached : c.want;
+    assert.equal(lowestCostPicker.pick(s.ctx, rows), want, JSON.stringify(c.rows));
   }
-  // Workers still tied take turns, whatever they hold: the empty one (a
-  // restarted or dead worker's cleared mirror) gets its share, not every pick.
-  const t = setup(["mixed", "mixed", "mixed"]);
-  B(9, "c0").forEach((h) => t.state.mirror.store(t.fleet[0].epochKey, h, h));
-  B(5, "c2").forEach((h) => t.state.mirror.store(t.fleet[2].epochKey, h, h));
-  const tiedRows = () => t.rows().map((r) => ({ ...r, cost: 3, active: 1 }));
+  // Workers still tied split cold prompts by their first block, whatever they
+  // hold: the empty one (a restarted or dead worker's cleared mirror) gets its
+  // share, not every pick.
+  const spread = [0, 0, 0];
+  for (let i = 0; i < 30; i++) {
+    const t = setup(["mixed", "mixed", "mixed"], { features: { blocks: B(4, "cold" + i) } });
+    B(9, "c0").forEach((h) => t.state.mirror.store(t.fleet[0].epochKey, h, h));
+    B(5, "c2").forEach((h) => t.state.mirror.store(t.fleet[2].epochKey, h, h));
+    spread[
+      lowestCostPicker.pick(
+        t.ctx,
+        t.rows().map((r) => ({ ...r, cost: 3, active: 1 })),
+      )
+    ]++;
+    // A tie between fewer than all rows picks among those rows only.
+    const part = lowestCostPicker.pick(
+      t.ctx,
+      t.rows().map((r, j) => ({ ...r, cost: j === 1 ? 9 : 3, active: 1 })),
+    );
+    assert.notEqual(part, 1);
+  }
+  for (const n of spread) assert.ok(n >= 5, JSON.stringify(spread));
+  // A request without blocks (under one block) takes turns among the tied rows.
+  const nb = setup(["mixed", "mixed", "mixed"], { features: { blocks: [] } });
   assert.deepEqual(
-    [0, 1, 2, 3, 4, 5].map(() => lowestCostPicker.pick(t.ctx, tiedRows())),
+    [0, 1, 2, 3, 4, 5].map(() =>
+      lowestCostPicker.pick(
+        nb.ctx,
+        nb.rows().map((r) => ({ ...r, cost: 3, active: 1 })),
+      ),
+    ),
     [0, 1, 2, 0, 1, 2],
   );
-  // A tie between fewer than all rows rotates among those rows only.
-  const partRows = () => t.rows().map((r, i) => ({ ...r, cost: i === 1 ? 9 : 3, active: 1 }));
-  const part = [0, 1, 2, 3].map(() => lowestCostPicker.pick(t.ctx, partRows()));
-  assert.ok(!part.includes(1), JSON.stringify(part));
-  assert.deepEqual(new Set(part), new Set([0, 2]));
   const s = setup(["mixed", "mixed", "mixed"]);
   assert.deepEqual(
     [0, 1, 2, 3].map(() => roundRobinPicker.pick(s.ctx, s.rows())),

@@ -40,13 +40,15 @@ test("a prefix shared with running requests is not load: the busy worker holding
 });
 
 test("prefill queued on a worker counts until the first token", () => {
-  // b listed first: the tied cold pick below takes the rotation's first turn, b.
   const { st, r } = mk([{ id: "b" }, { id: "a" }], { overlapWeight: 1 });
   const prompt = blocks("ctx", 40);
   cache(st, r, "a", prompt);
-  // a long unrelated prompt is still prefilling on b
+  // a long unrelated prompt is still prefilling on b (held there: a is busy while it is picked)
+  const hold = r.pick(feats(prompt));
+  assert.equal(hold.target.id, "a");
   const long = r.pick(feats(blocks("long", 300)));
-  assert.equal(long.target.id, "b", "the cold long prompt: a tie, the rotation's first turn");
+  assert.equal(long.target.id, "b", "the cold long prompt goes to the idle worker");
+  hold.reservation.finish();
   const big = r.pick(feats([...prompt, ...blocks("x", 1)]));
   assert.equal(big.target.id, "a");
   // while `big` (1 uncached block) is queued on a, b is queued with 300

@@ -1,12 +1,16 @@
 // kv-aware: lowest cost. Ties go to fewer active blocks, then fewer requests
 // in flight (prompts under one block and non-LLM calls hold no blocks, and
-// must not all land on the first worker), then a rotation among the workers
-// still tied (one shared position, state.next("TB"), so every VM and pool
-// turns the same wheel). The rotation replaced "fewer cached blocks": that
-// rule sent every cold prompt to the emptiest worker, and the emptiest worker
-// is the one that just died or restarted (its mirror was cleared), so a dead
-// worker took all cold traffic until a health check noticed. Deterministic
-// for a given state.
+// must not all land on the first worker), then, among the workers still tied,
+// to the highest rendezvous hash of (the prompt's first block, worker id):
+// cold prompts spread across the fleet by content, prompts that open alike
+// land together (the second finds the first's prefix), and every router
+// replica, holding the same mirror, picks the same worker. A request without
+// blocks (under one block, or no prompt) takes turns instead (one shared
+// position, state.next("TB"), so every njs VM turns the same wheel). Both
+// replaced "fewer cached blocks": that rule sent every cold prompt to the
+// emptiest worker, and the emptiest worker is the one that just died or
+// restarted (its mirror was cleared), so a dead worker took all cold traffic
+// until a health check noticed.
 import { Picker, PickContext, Row } from "../../framework";
 
 /** -1: c before b, 1: b before c, 0: tied. */
@@ -30,6 +34,27 @@ export const lowestCostPicker: Picker = {
       } else if (o === 0) tied.push(i);
     }
     if (tied.length === 1) return bi;
-    return tied[(ctx.state.next("TB") - 1) % tied.length];
+    const blocks = ctx.features.blocks;
+    if (!blocks.length) return tied[(ctx.state.next("TB") - 1) % tied.length];
+    let best = tied[0];
+    let top = -1;
+    for (let i = 0; i < tied.length; i++) {
+      const h = fnv1a(blocks[0] + "|" + rows[tied[i]].worker.id);
+      if (h > top) {
+        top = h;
+        best = tied[i];
+      }
+    }
+    return best;
   },
 };
+
+/** 32-bit FNV-1a of a string's UTF-16 code units, as an unsigned number (ES5: njs bundles this file). */
+function fnv1a(s: string): number {
+  let h = 0x811c9dc5;
+  for (let i = 0; i < s.length; i++) {
+    h ^= s.charCodeAt(i);
+    h = Math.imul(h, 0x01000193);
+  }
+  return h >>> 0;
+}

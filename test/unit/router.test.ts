@@ -99,15 +99,15 @@ test("ties: fewer active, then a hash of the prompt's first block; an empty work
 
 test("unrelated prompts spread across idle workers", () => {
   const { st, r } = mk([{ id: "a" }, { id: "b" }, { id: "c" }]);
-  const seen = new Set<string>();
-  for (let i = 0; i < 3; i++) {
+  const seen: Record<string, number> = {};
+  for (let i = 0; i < 30; i++) {
     const bs = blocks(`u${i}`, 6);
     const p = r.pick(feats(bs));
     cache(st, r, p.target.id, bs); // the engine caches what it served
     p.reservation.finish();
-    seen.add(p.target.id);
+    seen[p.target.id] = (seen[p.target.id] || 0) + 1;
   }
-  assert.equal(seen.size, 3);
+  for (const w of ["a", "b", "c"]) assert.ok((seen[w] || 0) >= 5, JSON.stringify(seen));
 });
 
 test("round-robin and random policies", () => {

@@ -1,10 +1,11 @@
 // kv-aware: lowest cost. Ties go to fewer active blocks, then fewer requests
 // in flight (prompts under one block and non-LLM calls hold no blocks, and
 // must not all land on the first worker), then, among the workers still tied,
-// to the highest rendezvous hash of (the prompt's first block, worker id):
-// cold prompts spread across the fleet by content, prompts that open alike
-// land together (the second finds the first's prefix), and every router
-// replica, holding the same mirror, picks the same worker. A request without
+// to the highest rendezvous hash of (the prompt's first block, the worker's
+// place in the pool): cold prompts spread across the fleet by content,
+// prompts that open alike land together (the second finds the first's
+// prefix), and every router replica, holding the same mirror and the same
+// worker list, picks the same worker. A request without
 // blocks (under one block, or no prompt) takes turns instead (one shared
 // position, state.next("TB"), so every njs VM turns the same wheel). Both
 // replaced "fewer cached blocks": that rule sent every cold prompt to the
@@ -39,7 +40,7 @@ export const lowestCostPicker: Picker = {
     let best = tied[0];
     let top = -1;
     for (let i = 0; i < tied.length; i++) {
-      const h = fnv1a(blocks[0] + "|" + rows[tied[i]].worker.id);
+      const h = fnv1a(blocks[0] + "|" + tied[i]);
       if (h > top) {
         top = h;
         best = tied[i];

@@ -8,22 +8,8 @@
 // over the simulators (/sim/stats loraLoads), TTFT mean and p90, requests per
 // worker.
 // Usage: node --import tsx bench/lora.ts [--requests N] [--rps R] [--load-ms MS] [--rounds K] [--peers] [--only TEXT]
-import { execFileSync } from "child_process";
-import {
-  chat,
-  envoyBin,
-  fatal,
-  freePort,
-  httpOk,
-  run,
-  startEnvoy,
-  startRouter,
-  startSim,
-  stopAll,
-  waitFor,
-  workerArg,
-  Sim,
-} from "../test/harness";
+import { startPeer, which } from "./peers";
+import { chat, envoyBin, startEnvoy, startRouter, startSim, stopAll, workerArg, Sim } from "../test/harness";
 
 function arg(name: string, def: number): number {
   const i = process.argv.indexOf(name);
@@ -63,49 +49,6 @@ interface Result {
   wallS: number;
 }
 
-function which(bin: string): string | null {
-  try {
-    return execFileSync("sh", ["-c", `command -v ${bin}`], { encoding: "utf8" }).trim() || null;
-  } catch {
-    return null;
-  }
-}
-
-/** A peer router (smg, vllm-router) as its own proxy in front of the simulators (as bench/trace.ts runs them). */
-async function startPeer(bin: string, sims: Sim[], policy: string): Promise<string> {
-  const exe = which(bin);
-  if (!exe) throw new Error(`${bin} not installed (pip install ${bin})`);
-  const port = await freePort();
-  const prom = await freePort();
-  const p = run(bin, exe, [
-    ...(bin === "smg" ? ["launch"] : []),
-    "--host",
-    "127.0.0.1",
-    "--port",
-    String(port),
-    "--worker-urls",
-    ...sims.map((s) => `http://${s.address}`),
-    "--prometheus-host",
-    "127.0.0.1",
-    "--prometheus-port",
-    String(prom),
-    "--log-level",
-    bin === "smg" ? "warn" : "warning",
-    "--policy",
-    policy,
-  ]);
-  const url = `http://127.0.0.1:${port}`;
-  await waitFor(
-    `${bin} up`,
-    async () => {
-      if (p.child.exitCode !== null) throw fatal(`${bin} exited: ${p.log().slice(-1500)}`);
-      return (await httpOk(`${url}/v1/models`)) || (await httpOk(`${url}/health`));
-    },
-    60000,
-  );
-  return url;
-}
-
 async function runOne(name: string, routerArgs: string[], seed: number): Promise<Result> {
   const sims: Sim[] = [];
   for (let i = 0; i < 4; i++)
@@ -123,7 +66,7 @@ async function runOne(name: string, routerArgs: string[], seed: number): Promise
     );
   let base: string;
   if (routerArgs[0] === "smg" || routerArgs[0] === "vllm-router")
-    base = await startPeer(routerArgs[0], sims, routerArgs[1]);
+    base = (await startPeer(routerArgs[0], routerArgs[0], sims, ["--policy", routerArgs[1]])).url;
   else {
     const router = await startRouter(["--workers", workerArg(sims), "--log-level", "warn", ...routerArgs]);
     base = (await startEnvoy(router.grpcPort)).url;

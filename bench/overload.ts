@@ -22,23 +22,8 @@
 //        [--prefill-us-per-token 100] [--no-peers] [--only a,b] [--out bench/results/overload.md]
 import * as fs from "fs";
 import * as path from "path";
-import { execFileSync } from "child_process";
-import {
-  ROOT,
-  startSim,
-  startRouter,
-  startEnvoy,
-  run,
-  freePort,
-  waitFor,
-  httpOk,
-  fatal,
-  stopAll,
-  envoyBin,
-  longText,
-  Sim,
-  Proc,
-} from "../test/harness";
+import { peerMissing, startPeer } from "./peers";
+import { ROOT, startSim, startRouter, startEnvoy, waitFor, stopAll, envoyBin, longText, Sim } from "../test/harness";
 
 const argv = process.argv.slice(2);
 const flag = (name: string) => argv.includes(name);
@@ -235,51 +220,9 @@ function inferaTarget(name: string, args: string[]): Target {
   };
 }
 
-function which(bin: string): string | null {
-  try {
-    return execFileSync("sh", ["-c", `command -v ${bin}`], { encoding: "utf8" }).trim() || null;
-  } catch {
-    return null;
-  }
-}
-
-/** The peers as bench/trace.ts starts them: their own HTTP proxy in front of the simulators. */
-function peerTarget(name: string, bin: string, sub: string[], extra: string[]): Target {
-  const exe = which(bin);
-  return {
-    name,
-    unavailable: exe ? null : `${bin} not installed (pip install ${bin === "smg" ? "smg" : "vllm-router"})`,
-    async start(sims) {
-      const port = await freePort();
-      const prom = await freePort();
-      const p: Proc = run(name, exe!, [
-        ...sub,
-        "--host",
-        "127.0.0.1",
-        "--port",
-        String(port),
-        "--worker-urls",
-        ...sims.map((s) => `http://${s.address}`),
-        "--prometheus-host",
-        "127.0.0.1",
-        "--prometheus-port",
-        String(prom),
-        "--log-level",
-        bin === "smg" ? "warn" : "warning",
-        ...extra,
-      ]);
-      const url = `http://127.0.0.1:${port}`;
-      await waitFor(
-        `${name} up`,
-        async () => {
-          if (p.child.exitCode !== null) throw fatal(`${name} exited: ${p.log().slice(-1500)}`);
-          return httpOk(`${url}/v1/models`) || httpOk(`${url}/health`);
-        },
-        60000,
-      );
-      return { url, stop: () => p.kill() };
-    },
-  };
+/** The peers as bench/trace.ts starts them (bench/peers.ts): their own HTTP proxy in front of the simulators. */
+function peerTarget(name: string, bin: string, extra: string[]): Target {
+  return { name, unavailable: peerMissing(bin), start: (sims) => startPeer(name, bin, sims, extra) };
 }
 
 const DEFAULT = "infera-gate default";
@@ -305,8 +248,8 @@ function targets(): Target[] {
   ];
   if (!flag("--no-peers"))
     all.push(
-      peerTarget("smg cache_aware", "smg", ["launch"], ["--policy", "cache_aware"]),
-      peerTarget("vllm-router cache_aware", "vllm-router", [], ["--policy", "cache_aware"]),
+      peerTarget("smg cache_aware", "smg", ["--policy", "cache_aware"]),
+      peerTarget("vllm-router cache_aware", "vllm-router", ["--policy", "cache_aware"]),
     );
   const only = opt("--only", "");
   return only ? all.filter((t) => only.split(",").some((o) => t.name.includes(o))) : all;

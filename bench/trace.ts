@@ -33,20 +33,17 @@
 //        [--time-scale 1] [--capacity-blocks N (each simulator's KV cache, vLLM's num_gpu_blocks)] [--out bench/results/trace.md]
 import * as fs from "fs";
 import * as path from "path";
-import { execFileSync } from "child_process";
 import { sampleTrace, traceFile, traceIds } from "./mooncake";
 import { simDefaults } from "../sim/engine";
 import { baselineRouterEntry } from "./baseline";
+import { peerMissing, startPeer } from "./peers";
 import {
   ROOT,
   startSim,
   startRouter,
   startEnvoy,
-  run,
   freePort,
   waitFor,
-  httpOk,
-  fatal,
   stopAll,
   envoyBin,
   nginx08,
@@ -54,7 +51,6 @@ import {
   startBridge,
   longText,
   Sim,
-  Proc,
 } from "../test/harness";
 
 const argv = process.argv.slice(2);
@@ -505,57 +501,17 @@ function nginxTarget(name: string): Target {
   };
 }
 
-function which(bin: string): string | null {
-  try {
-    return execFileSync("sh", ["-c", `command -v ${bin}`], { encoding: "utf8" }).trim() || null;
-  } catch {
-    return null;
-  }
-}
-
 function peerTarget(
   name: string,
   bin: string,
-  sub: string[],
   extra: (sims: Sim[], mapPorts: number[]) => string[],
   cannot?: (w: Workload) => string | null,
 ): Target {
-  const exe = which(bin);
   return {
     name,
-    unavailable: exe ? null : `${bin} not installed (pip install ${bin === "smg" ? "smg" : "vllm-router"})`,
+    unavailable: peerMissing(bin),
     cannot,
-    async start(sims, mapPorts) {
-      const port = await freePort();
-      const prom = await freePort();
-      const urls = sims.map((s) => `http://${s.address}`);
-      const p: Proc = run(name, exe!, [
-        ...sub,
-        "--host",
-        "127.0.0.1",
-        "--port",
-        String(port),
-        "--worker-urls",
-        ...urls,
-        "--prometheus-host",
-        "127.0.0.1",
-        "--prometheus-port",
-        String(prom),
-        "--log-level",
-        bin === "smg" ? "warn" : "warning",
-        ...extra(sims, mapPorts),
-      ]);
-      const url = `http://127.0.0.1:${port}`;
-      await waitFor(
-        `${name} up`,
-        async () => {
-          if (p.child.exitCode !== null) throw fatal(`${name} exited: ${p.log().slice(-1500)}`);
-          return httpOk(`${url}/v1/models`) || httpOk(`${url}/health`);
-        },
-        60000,
-      );
-      return { url, stop: () => p.kill() };
-    },
+    start: (sims, mapPorts) => startPeer(name, bin, sims, extra(sims, mapPorts)),
   };
 }
 
@@ -585,16 +541,16 @@ function targets(): Target[] {
   }
   if (!flag("--no-peers")) {
     all.push(
-      peerTarget("smg cache_aware", "smg", ["launch"], () => ["--policy", "cache_aware"], idsRefused),
-      peerTarget("smg round_robin", "smg", ["launch"], () => ["--policy", "round_robin"], idsRefused),
-      peerTarget("vllm-router kv_aware (KV events)", "vllm-router", [], (sims, mp) => [
+      peerTarget("smg cache_aware", "smg", () => ["--policy", "cache_aware"], idsRefused),
+      peerTarget("smg round_robin", "smg", () => ["--policy", "round_robin"], idsRefused),
+      peerTarget("vllm-router kv_aware (KV events)", "vllm-router", (sims, mp) => [
         "--policy",
         "kv_aware",
         "--kv-event-model",
         "sim-model",
         ...sims.flatMap((s, i) => ["--kv-event-source", `http://${s.address}=tcp://127.0.0.1:${mp[i]}`]),
       ]),
-      peerTarget("vllm-router cache_aware", "vllm-router", [], () => ["--policy", "cache_aware"]),
+      peerTarget("vllm-router cache_aware", "vllm-router", () => ["--policy", "cache_aware"]),
     );
   }
   const only = opt("--only", "");

@@ -507,13 +507,8 @@ export class Director {
       destination,
       stream: !!pick.stream,
       headers,
-      remove: [
-        opts.prefillHeader,
-        prefillRankHeader(opts.prefillHeader),
-        LLMD_PREFILL_HEADER,
-        "x-prefiller-url",
-        KV_SOURCE_HEADER,
-      ],
+      // (A client's x-infera-kv-source is already gone: the processor strips it with the headers.)
+      remove: [opts.prefillHeader, prefillRankHeader(opts.prefillHeader), LLMD_PREFILL_HEADER, "x-prefiller-url"],
       body,
       outcome: "routed",
     };

@@ -57,15 +57,25 @@ for (const [agent, header, id] of AGENTS) {
     const a = await chat(envoy.url, longText(seed + "one", 300), { headers: { [header]: id } });
     assert.equal(a.status, 200);
     await settled();
-    // A different prompt sharing nothing with the first: without the session
-    // it is cold everywhere and goes to the worker with fewer cached blocks,
-    // which is not the first turn's (checked by the control below).
-    const b = await chat(envoy.url, longText(seed + "two", 300), { headers: { [header]: id } });
-    assert.equal(b.status, 200);
-    assert.equal(b.worker, a.worker, `second turn of the ${agent} session moved`);
-    await settled();
-    const c = await chat(envoy.url, longText(seed + "three", 300));
-    assert.notEqual(c.worker, a.worker, "control: without the header load decides, and it picks the other worker");
+    // Prompts sharing nothing with the first: without the session each is cold
+    // everywhere and its tie goes by a hash of its content (the control below
+    // shows some of them go elsewhere); with it, every turn stays.
+    for (let k = 0; k < 3; k++) {
+      const b = await chat(envoy.url, longText(seed + "turn" + k, 300), { headers: { [header]: id } });
+      assert.equal(b.status, 200);
+      assert.equal(b.worker, a.worker, `turn ${k + 2} of the ${agent} session moved`);
+      await settled();
+    }
+    const control: string[] = [];
+    for (let k = 0; k < 4; k++) {
+      const c = await chat(envoy.url, longText(seed + "control" + k, 300));
+      control.push(c.worker!);
+      await settled();
+    }
+    assert.ok(
+      control.some((w) => w !== a.worker),
+      `control: without the header cold prompts spread, not all to ${a.worker}: ${control}`,
+    );
     assert.ok(simOf(a.worker));
     await settled();
   });

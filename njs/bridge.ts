@@ -612,6 +612,8 @@ export function startBridge(argv: string[]): Promise<void> {
     const admin = await serveAdmin(b, opts.host, opts.adminPort).catch((e) =>
       Promise.reject(listenError("--admin-port", opts.host, opts.adminPort, e)),
     );
+    // Read now: a signal during the start-up below closes the server, and a closed server has no address.
+    const adminAt = `${opts.host}:${(admin.address() as { port: number }).port}`;
     // Nothing to drain (nginx keeps its state): each close step is bounded, a
     // second signal exits at once. Handled from here on, discovery still starting included.
     let d: Discovery | null = null;
@@ -628,7 +630,7 @@ export function startBridge(argv: string[]): Promise<void> {
     log("info", "bridge started", {
       version: version(),
       push_url: opts.nginxPushUrl,
-      admin: `${opts.host}:${(admin.address() as { port: number }).port}`,
+      admin: adminAt,
     });
   });
 }

@@ -17,8 +17,10 @@ test("PD: a request gets a prefill pick and a decode pick; per-role weights over
   const req = blocks("pp", 10);
   cache(st, r, "p1", req.slice(0, 5));
   cache(st, r, "d1", req.slice(0, 5));
-  // load p1 and d1 a little: weight 20 still prefers p1's cache, weight 0 ignores d1's
-  r.pick(feats(blocks("ld", 3)));
+  // load p1 a little (a prompt it caches): weight 20 still prefers p1's cache; weight 0 ignores d1's
+  const ld = blocks("ld", 3);
+  cache(st, r, "p1", ld);
+  assert.equal(r.pick(feats(ld)).prefill!.id, "p1");
   const p = r.pick(feats(req));
   assert.equal(p.prefill!.id, "p1");
   const pc = Object.fromEntries(p.candidates.map((c) => [c.id, c.cost]));

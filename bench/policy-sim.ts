@@ -11,6 +11,8 @@
 //   [--speeds 1,0.333,0.333,0.333] (each engine's speed as a share of the calibrated one; adds the oracle row)
 //   [--capacity-blocks 2000] (each engine's KV capacity, vLLM's num_gpu_blocks; the router reads it and the
 //   engines' usage and queue every --scrape-ms 250 of virtual time, as runtime/engine-metrics.ts does)
+//   [--warmup] (bench:trace's warm-up before each closed-loop run, so speeds are learned before it starts)
+//   [--show-slowness] (each run's learned slowness at its end, on stderr)
 // Deterministic: the same command prints the same table.
 import { createRouter } from "../core/router";
 import { sampleTrace, traceFile, traceIds } from "./mooncake";
@@ -220,6 +222,15 @@ if (SPEEDS.length !== 4 || SPEEDS.some((x) => !(x > 0))) throw new Error("--spee
 const MIXED = SPEEDS.some((x) => x !== SPEEDS[0]);
 const CAPACITY = Number(opt("--capacity-blocks", "0"));
 const SCRAPE_MS = Number(opt("--scrape-ms", "250"));
+// --warmup: before a closed-loop run, bench:trace's warm-up (16 prompts of
+// 500 to 8,000 tokens that share nothing, at the run's concurrency), so speed
+// learning starts the measured run with the workers' speeds known, as it does
+// in bench:trace. Their times and placements are not counted.
+const WARMUP = argv.includes("--warmup");
+function warmConvs(): Conv[] {
+  const sizes = [500, 2000, 4000, 8000];
+  return Array.from({ length: 16 }, (_, i) => [{ tokens: text(sizes[i % 4] + HEAD), maxTokens: 8, key: `warm${i}` }]);
+}
 
 function run(
   convs: Conv[],
@@ -229,6 +240,9 @@ function run(
   seed: number,
   peer: "smg" | "oracle" | null = null,
 ): Result {
+  const W = WARMUP && concurrency && !peer ? 16 : 0;
+  if (W) convs = warmConvs().concat(convs);
+  let warmDone = 0;
   const rand = rng(seed * 7919 + 1);
   const arrivals: { at: number; conv: number; turn: number }[] = [];
   const arrive = (conv: number, turn: number) => arrivals.push({ at: now + (rand(1000) / 1000) * JITTER, conv, turn });
@@ -244,6 +258,7 @@ function run(
     router.addWorker({ id: ids[i], address: `127.0.0.1:${9000 + i}`, role: "mixed" });
   }
   const ek = (i: number) => router.worker(ids[i])!.epochKey;
+  const eks0 = ids.map((x) => router.worker(x)!.epochKey);
   // What runtime/engine-metrics.ts reads from each engine's /metrics, every SCRAPE_MS of virtual time.
   let scraped = -Infinity;
   const scrape = () => {
@@ -277,7 +292,7 @@ function run(
   // bench:trace's closed loop: a free client takes a random ready conversation
   // (one with turns left and none in flight), so conversations interleave.
   const nextTurn: number[] = convs.map(() => 0);
-  const busy: boolean[] = convs.map(() => false);
+  const busy: boolean[] = convs.map((_, c) => c >= W && W > 0);
   const pickRng = rng(424242 + seed);
   let freeClients = concurrency;
   const dispatch = () => {
@@ -328,7 +343,7 @@ function run(
       pick.reservation.dispatched();
       inflight[i]++;
       engines[i].add({ id, tokens: t.tokens, hashes: blocks.map((b) => BigInt("0x" + b)), maxTokens: t.maxTokens });
-      res.spread[i]++;
+      if (conv >= W) res.spread[i]++;
       kick(i);
     });
     live.set(id, { start: at, conv, turn, w: i, r: pick.reservation, ticket });
@@ -366,10 +381,12 @@ function run(
     applyEvents(i);
     for (const t of out) {
       const l = live.get(t.id)!;
-      if (t.index === 0) {
+      if (t.index === 0 && l.conv >= W) {
         res.ttft.push(now - l.start);
         res.hits += t.cachedTokens;
         res.prompt += t.promptTokens;
+      }
+      if (t.index === 0) {
         l.r.firstToken();
         l.ticket.leave();
       }
@@ -378,12 +395,18 @@ function run(
         inflight[l.w]--;
         live.delete(t.id);
         busy[l.conv] = false;
+        if (l.conv < W && ++warmDone === W) for (let c = W; c < convs.length; c++) busy[c] = false;
         freeClients++;
         if (concurrency) dispatch();
       }
     }
     kick(i);
   }
+  // --show-slowness: each run's learned slowness at its end (stderr), the figure bench:trace logs.
+  if (argv.includes("--show-slowness") && router.latency)
+    console.error(
+      `slowness at the end ${JSON.stringify(router.latency.slowness(eks0))}, requests ${res.spread.join("/")}`,
+    );
   return res;
 }
 

@@ -303,10 +303,13 @@ export function latencyModel(
         let r = ks[ek] / mid;
         if (r > MAX_SLOWNESS) r = MAX_SLOWNESS;
         else if (r < 1 / MAX_SLOWNESS) r = 1 / MAX_SLOWNESS;
-        // Outside the dead band, and by more than twice the factor's own
-        // standard error: a few noisy first tokens do not move a uniform fleet.
+        // Outside the dead band, and by more than the factor's own standard
+        // error: a few noisy first tokens do not move a uniform fleet. One
+        // standard error, not two: a fast worker's first tokens (a warm-up
+        // whose prompts queue behind each other there) vary by several times,
+        // and at two it stayed typical until its documents were placed.
         const d = Math.abs(Math.log(r));
-        out[ek] = d > Math.log(o.band) && d > 2 * (errs[ek] || 0) ? r : 1;
+        out[ek] = d > Math.log(o.band) && d > (errs[ek] || 0) ? r : 1;
       }
       return out;
     },

@@ -54,6 +54,30 @@ test("a 3x faster worker is learned from its first tokens; predictions land with
   assert.equal(m.slowness(Object.keys(ws).map(ek)).fast, 1, "a worker that left starts over");
 });
 
+test("a 3x faster worker is priced as fast from a warm-up's worth of widely varying first tokens", () => {
+  // bench:policy-sim --warmup --speeds 1,0.3333,0.3333,0.3333: after 16 warm-up
+  // requests the fast worker had 6 first tokens, from 0.15x to 1.3x a slow
+  // worker's time (its warm-up prompts queued behind each other), and the slow
+  // ones 3 or 4 each. It must already count as fast when the next prompts are placed.
+  const m = latencyModel();
+  const line = (tokens: number) => 6 + 0.035 * tokens;
+  const sizes = [500, 2000, 4000, 8000];
+  for (const [w, n] of [
+    ["s1", 3],
+    ["s2", 3],
+    ["s3", 4],
+  ] as [string, number][])
+    for (let i = 0; i < n; i++) {
+      const tokens = sizes[(i + w.length) % 4];
+      m.observe(ek(w), tokens, 0, 3 * line(tokens));
+    }
+  const mult = [0.15, 1.3, 0.2, 1.0, 0.3, 0.9];
+  for (let i = 0; i < mult.length; i++) m.observe(ek("fast"), sizes[i % 4], 0, mult[i] * 3 * line(sizes[i % 4]));
+  const s = m.slowness(["fast", "s1", "s2", "s3"].map(ek));
+  assert.ok(s.fast < 0.75, `fast ${s.fast}`);
+  assert.deepEqual([s.s1, s.s2, s.s3], [1, 1, 1]);
+});
+
 test("a uniform fleet stays at 1 despite noise and uneven load", () => {
   const m = latencyModel();
   const ws = [engine(1, 0.25, 5), engine(1, 0.25, 6), engine(1, 0.25, 7), engine(1, 0.25, 8)];

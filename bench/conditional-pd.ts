@@ -1,9 +1,11 @@
 // Conditional disaggregation on a PD simulator fleet through real Envoy:
 // agentic multi-turn sessions (a long private context, then short turns that
 // append a tool result and a question), --pd-decider off against prefix,
-// each side on a fresh fleet in the same run. Reports mean and p90 TTFT,
-// inter-token latency p90, and the prefill hops each side made.
-// Usage: node --import tsx bench/conditional-pd.ts [--sessions 16] [--turns 5] [--context-words 400] [--turn-words 20]
+// and prefix with the ITL guard (--pd-decode-first-max-interference) at each
+// budget --max-interference lists, each side on a fresh fleet in the same run.
+// Reports mean and p90 TTFT, inter-token latency p90, and the prefill hops
+// each side made.
+// Usage: node --import tsx bench/conditional-pd.ts [--sessions 16] [--turns 5] [--context-words 400] [--turn-words 20] [--max-interference B1,B2]
 import { startSim, startRouter, startEnvoy, workerArg, longText, stopAll, envoyBin, Sim, sleep } from "../test/harness";
 
 function arg(name: string, def: number): number {
@@ -21,6 +23,12 @@ const STAGGER_MS = arg("stagger-ms", 150);
 const TIME_SCALE = arg("time-scale", 0.25);
 const ROUNDS = arg("rounds", 2);
 const MAX_UNCACHED = arg("max-uncached", 512);
+// One more side per budget: prefix with --pd-decode-first-max-interference B (none by default).
+const iArg = process.argv.indexOf("--max-interference");
+const BUDGETS = iArg >= 0 ? process.argv[iArg + 1].split(",").map(Number) : [];
+// "off", "prefix", or "guard B".
+type Mode = string;
+const budgetOf = (m: Mode) => (m.startsWith("guard ") ? Number(m.slice(6)) : 0);
 // An 8B-class model: 32 layers x 8 KV heads x 128 dims x K,V x 2 bytes = 128 KiB per token, over 100 Gbit/s.
 const SIM = [
   "--prefill-us-per-token",
@@ -79,8 +87,8 @@ async function session(base: string, s: number, ttfts: number[], gaps: number[])
   }
 }
 
-async function side(decider: "off" | "prefix") {
-  const tag = decider === "off" ? "o" : "x";
+async function side(decider: Mode) {
+  const tag = decider === "off" ? "o" : decider === "prefix" ? "x" : "g" + budgetOf(decider);
   const pre = await Promise.all([0, 1].map((i) => startSim(`${tag}p${i}`, SIM, "prefill")));
   const dec = await Promise.all([0, 1].map((i) => startSim(`${tag}d${i}`, SIM, "decode")));
   const roles = Object.fromEntries([...pre.map((w) => [w.id, "prefill"]), ...dec.map((w) => [w.id, "decode"])]);
@@ -92,9 +100,11 @@ async function side(decider: "off" | "prefix") {
     "--kv-decode-overlap-weight",
     "20",
     "--pd-decider",
-    decider,
+    decider === "off" ? "off" : "prefix",
     "--pd-decode-first-max-uncached-tokens",
     String(MAX_UNCACHED),
+    "--pd-decode-first-max-interference",
+    String(budgetOf(decider)),
     "--log-level",
     "info",
   ]);
@@ -110,7 +120,8 @@ async function side(decider: "off" | "prefix") {
   );
   const wall = performance.now() - t0;
   const hops = (await Promise.all(pre.map((p: Sim) => p.stats()))).reduce((a, x) => a + x.requests, 0);
-  const paths = (router.proc.log().match(/pd-decider path=decode-first/g) || []).length;
+  const m = /infera_router_pd_paths_total\{path="decode-first"\} (\d+)/.exec(await router.metrics());
+  const paths = m ? Number(m[1]) : 0;
   await stopAll();
   return { decider, ttfts, gaps, hops, paths, wall, requests: SESSIONS * TURNS };
 }
@@ -118,10 +129,12 @@ async function side(decider: "off" | "prefix") {
 async function main() {
   if (!envoyBin()) throw new Error("envoy binary not found");
   type Side = Awaited<ReturnType<typeof side>>;
-  const all: { off: Side[]; prefix: Side[] } = { off: [], prefix: [] };
-  // ABBA order per pair of rounds, so a drift in the machine's load hits both sides alike.
+  const modes: Mode[] = ["off", "prefix"].concat(BUDGETS.map((b) => "guard " + b));
+  const all: { [m: string]: Side[] } = {};
+  for (const m of modes) all[m] = [];
+  // ABBA order per pair of rounds (ABC CBA with three sides), so a drift in the machine's load hits all sides alike.
   for (let r = 0; r < ROUNDS; r++) {
-    const order: ("off" | "prefix")[] = r % 2 ? ["prefix", "off"] : ["off", "prefix"];
+    const order = r % 2 ? modes.slice().reverse() : modes;
     for (const d of order) all[d].push(await side(d));
   }
   const merge = (xs: Side[]) => ({
@@ -135,15 +148,16 @@ async function main() {
   });
   const off = merge(all.off);
   const on = merge(all.prefix);
+  const guards = BUDGETS.map((b) => merge(all["guard " + b]));
   // Times are wall ms at --time-scale; engine ms = wall ms x time scale.
   const row = (x: Side) =>
-    `| ${x.decider} | ${x.requests} | ${mean(x.ttfts).toFixed(0)} | ${pct(x.ttfts, 50).toFixed(0)} | ${pct(x.ttfts, 90).toFixed(0)} | ${pct(x.gaps, 90).toFixed(1)} | ${x.hops} | ${x.paths} | ${(x.wall / 1000).toFixed(1)} |`;
+    `| ${x.decider === "off" || x.decider === "prefix" ? x.decider : "prefix, " + x.decider} | ${x.requests} | ${mean(x.ttfts).toFixed(0)} | ${pct(x.ttfts, 50).toFixed(0)} | ${pct(x.ttfts, 90).toFixed(0)} | ${pct(x.gaps, 90).toFixed(1)} | ${x.hops} | ${x.paths} | ${(x.wall / 1000).toFixed(1)} |`;
   console.log(
-    `sessions=${SESSIONS} turns=${TURNS} context_words=${CONTEXT_WORDS} turn_words=${TURN_WORDS} max_uncached=${MAX_UNCACHED} max_tokens=${MAX_TOKENS} time_scale=${TIME_SCALE} rounds=${ROUNDS}`,
+    `sessions=${SESSIONS} turns=${TURNS} context_words=${CONTEXT_WORDS} turn_words=${TURN_WORDS} max_uncached=${MAX_UNCACHED} max_interference=${BUDGETS.join(",") || "-"} max_tokens=${MAX_TOKENS} time_scale=${TIME_SCALE} rounds=${ROUNDS}`,
   );
   for (let r = 0; r < ROUNDS; r++)
     console.log(
-      `round ${r + 1}: mean TTFT off ${mean(all.off[r].ttfts).toFixed(0)} ms, prefix ${mean(all.prefix[r].ttfts).toFixed(0)} ms`,
+      `round ${r + 1}: mean TTFT ` + modes.map((d) => `${d} ${mean(all[d][r].ttfts).toFixed(0)} ms`).join(", "),
     );
   console.log(
     "| --pd-decider | requests | mean TTFT ms | p50 TTFT ms | p90 TTFT ms | ITL p90 ms | prefill hops | decode-first | wall s |",
@@ -151,8 +165,20 @@ async function main() {
   console.log("|---|---:|---:|---:|---:|---:|---:|---:|---:|");
   console.log(row(off));
   console.log(row(on));
+  for (const g of guards) console.log(row(g));
   console.log(
     `mean TTFT off/prefix = ${(mean(off.ttfts) / mean(on.ttfts)).toFixed(2)}x; ITL p90 prefix/off = ${(pct(on.gaps, 90) / pct(off.gaps, 90)).toFixed(3)}`,
+  );
+  for (const g of guards)
+    console.log(
+      `mean TTFT off/${g.decider} = ${(mean(off.ttfts) / mean(g.ttfts)).toFixed(2)}x; ITL p90 ${g.decider}/off = ${(pct(g.gaps, 90) / pct(off.gaps, 90)).toFixed(3)}`,
+    );
+  console.log(
+    "ITL p99 ms: " +
+      [off, on]
+        .concat(guards)
+        .map((x) => `${x.decider} ${pct(x.gaps, 99).toFixed(1)}`)
+        .join(", "),
   );
 }
 

@@ -359,6 +359,16 @@ export const FLAGS: FlagSpec[] = [
     help: "--pd-decider prefix: decode-first when the whole prompt is at most this many tokens",
   },
   {
+    name: "pd-decode-first-max-interference",
+    kind: "int",
+    def: 0,
+    min: 0,
+    commands: ["router"],
+    nginx: "infera_pd_decode_first_max_interference",
+    routerKey: "pdDecodeFirstMaxInterference",
+    help: "--pd-decider prefix ITL guard: decode-first only while uncached tokens x requests running on the decode pick stay at most this (0 = no guard)",
+  },
+  {
     name: "kv-source-hint",
     kind: "enum",
     def: "off",

@@ -58,6 +58,7 @@ export function defaultConfig(): RouterConfig {
     pdDecider: "off",
     pdDecodeFirstMaxUncachedTokens: 256,
     pdDecodeFirstMaxPromptTokens: 0,
+    pdDecodeFirstMaxInterference: 0,
     kvSourceHint: "off",
     mmLruSize: 256,
     kvTierWeights: defaultTierWeights(),
@@ -344,7 +345,13 @@ export function createRouter(state: RouterState, cfg: RouterConfig, hooks?: Rout
       pdPath = pd ? pd.path : null;
       reportPrefill(decodeFirst ? decodeRows[decodeIndex] : prefillRows[prefillIndex]);
       if (pd) {
-        log("debug", "pd-decider", { path: pd.path, uncached: pd.uncached, prompt: pd.prompt });
+        log("debug", "pd-decider", {
+          path: pd.path,
+          uncached: pd.uncached,
+          prompt: pd.prompt,
+          running: pd.running,
+          guarded: pd.guarded ? 1 : 0,
+        });
         if (hk.onPdPath) hk.onPdPath(pd.path);
       }
       const fields: LogFields = { policy: cfg.policy, role: "decode", picked: decodeWorker.id };

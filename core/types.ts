@@ -65,6 +65,8 @@ export interface RouterConfig {
   pdDecider: "off" | "prefix";
   pdDecodeFirstMaxUncachedTokens: number;
   pdDecodeFirstMaxPromptTokens: number;
+  /** ITL guard: decode-first only while uncached tokens x requests held on the decode pick stay within this; 0 = no guard. */
+  pdDecodeFirstMaxInterference: number;
   /** Name the best cache holder when the pick went elsewhere, so the target can pull its KV (core/scheduling/kv-source.ts). */
   kvSourceHint: "off" | "on";
   mmLruSize: number;

@@ -7,6 +7,18 @@
 // --pd-decode-first-max-prompt-tokens. A prefill hop costs a second queue,
 // an extra request and a KV transfer; for a short remainder those cost more
 // than computing it where the decode runs.
+//
+// ITL guard (--pd-decode-first-max-interference B, 0 = off): a decode-first
+// request's prefill runs as part of the decode worker's batch, so that step
+// takes about as long as a decode step plus the uncached tokens' prefill, and
+// every stream running there sees it as one long inter-token gap. The cost
+// is the uncached tokens times the requests running on the worker (the
+// router's own in-flight count there, data.held): the guard keeps the
+// decode-first path only while that product is at most B, and otherwise
+// takes the hop. An idle decode worker always passes (nobody to stall), so
+// the guard bounds how many gaps a local prefill lengthens and by how much.
+// Dynamo's conditional disaggregation has a decode-busy guard on the same
+// grounds (decode load against a share of the worker's KV blocks).
 import { Features, RouterConfig } from "../types";
 import { Row } from "./framework";
 
@@ -17,6 +29,10 @@ export interface PdDecision {
   /** Prompt tokens the decode worker's cache does not hold. */
   uncached: number;
   prompt: number;
+  /** Requests running on the decode worker when decided (the router's in-flight count). */
+  running: number;
+  /** True when the prefix rules allowed decode-first but the ITL guard sent it to prefill. */
+  guarded: boolean;
 }
 
 /** The path of one PD request given its decode pick; null when the decider is off. */
@@ -26,6 +42,16 @@ export function decidePd(cfg: RouterConfig, f: Features, decode: Row): PdDecisio
   // Image requests: the decode worker's text hits say nothing about the images' KV.
   const hits = f.mediaHashes.length ? 0 : decode.data.hits;
   const uncached = Math.max(0, prompt - Math.floor(hits) * cfg.blockSize);
-  const local = uncached <= cfg.pdDecodeFirstMaxUncachedTokens || prompt <= cfg.pdDecodeFirstMaxPromptTokens;
-  return { path: local ? "decode-first" : "prefill", uncached: uncached, prompt: prompt };
+  const cheap = uncached <= cfg.pdDecodeFirstMaxUncachedTokens || prompt <= cfg.pdDecodeFirstMaxPromptTokens;
+  const running = decode.data.held;
+  const budget = cfg.pdDecodeFirstMaxInterference;
+  const guarded = cheap && budget > 0 && uncached * running > budget;
+  const local = cheap && !guarded;
+  return {
+    path: local ? "decode-first" : "prefill",
+    uncached: uncached,
+    prompt: prompt,
+    running: running,
+    guarded: guarded,
+  };
 }

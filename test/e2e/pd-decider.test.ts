@@ -155,6 +155,44 @@ test("Envoy: load released exactly once on both paths, client abort included", {
 });
 
 test(
+  "Envoy: the ITL guard sends a cheap prompt through the hop while a stream decodes on the decode worker",
+  { skip },
+  async () => {
+    // One prefill and one decode worker of the shared fleet: the decode pick is always dec[0].
+    const roles = { [pre[0].id]: "prefill", [dec[0].id]: "decode" };
+    const guarded = await startRouter([
+      "--log-level",
+      "debug",
+      "--log-format",
+      "text",
+      "--workers",
+      workerArg([pre[0], dec[0]], roles),
+      "--pd-decider",
+      "prefix",
+      "--pd-decode-first-max-uncached-tokens",
+      "200",
+      "--pd-decode-first-max-interference",
+      "1",
+    ]);
+    const gw = await startEnvoy(guarded.grpcPort);
+    const s = await openStream(gw.url, "short " + longText("itlrun", 8), 3000);
+    assert.equal(s.res.headers.get("x-sim-prefill-worker"), null, "idle decode worker: decode-first");
+    const a = await send(gw.url, "a short question " + longText("itlguard", 10));
+    assert.equal(a.status, 200);
+    assert.equal(a.decode, dec[0].id);
+    assert.equal(a.prefill, pre[0].address, "a stream runs on the decode worker: the prefill hop");
+    assert.match(guarded.proc.log(), /pd-decider path=prefill uncached=\d+ prompt=\d+ running=[1-9]\d* guarded=1/);
+    s.abort();
+    await waitFor("stream released", async () => (await guarded.workers()).every((w) => w.active_blocks === 0), 5000);
+    const b = await send(gw.url, "a short question " + longText("itlfree", 10));
+    assert.equal(b.prefill, null, "decode worker idle again: decode-first");
+    const m = await guarded.metrics();
+    assert.match(m, /infera_router_pd_paths_total\{path="decode-first"\} 2\b/);
+    assert.match(m, /infera_router_pd_paths_total\{path="prefill"\} 1\b/);
+  },
+);
+
+test(
   "EPP (Envoy InferencePool gateway): decode-first for a short prompt, hop for a cold long one",
   { skip },
   async () => {

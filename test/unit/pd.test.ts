@@ -332,6 +332,49 @@ test("--pd-decider prefix: decode-first when the decode pick holds all but N pro
   assert.ok(c.prefill, "decider off: every PD request takes the hop");
 });
 
+test("--pd-decode-first-max-interference: decode-first only while uncached tokens x guards held on the decode pick fit the budget", () => {
+  const cfg = {
+    pdDecider: "prefix" as const,
+    pdDecodeFirstMaxUncachedTokens: 64,
+    decodeOverlapWeight: 20,
+    pdDecodeFirstMaxInterference: 100, // 48 uncached: 2 held pass (96), 4 do not (192)
+  };
+  const logs: string[] = [];
+  const { st, r } = mk(PD, cfg, logs);
+  const req = blocks("guard", 20); // 320 tokens
+  cache(st, r, "d1", req.slice(0, 17)); // 48 uncached on d1
+  const first = r.pick(feats(req));
+  assert.equal(first.target.id, "d1");
+  assert.equal(first.pdPath, "decode-first", "idle decode worker: nobody to stall");
+  // A decode-first request still prefilling on d1 holds two guards there (its stream and its queued prefill).
+  const second = r.pick(feats(req));
+  assert.equal(second.target.id, "d1");
+  assert.equal(second.pdPath, "decode-first", "48 x 2 within 100");
+  const third = r.pick(feats(req));
+  assert.equal(third.target.id, "d1", "the decode pick is unchanged; only the path changes");
+  assert.equal(third.pdPath, "prefill", "48 x 4 over 100: the prefill hop");
+  assert.ok(third.prefill && third.prefill.role === "prefill");
+  assert.match(logs.join("\n"), /pd-decider path=prefill uncached=48 prompt=320 running=4 guarded=1/);
+  third.reservation.finish();
+  first.reservation.firstToken();
+  second.reservation.firstToken();
+  const fourth = r.pick(feats(req));
+  assert.equal(fourth.pdPath, "decode-first", "their prefills done, two streams decoding: 48 x 2 within 100 again");
+  fourth.reservation.finish();
+  first.reservation.finish();
+  second.reservation.finish();
+  assert.equal(r.openGuards(), 0, "released once on every path");
+
+  // Without the guard the same third request goes decode-first.
+  const un = mk(PD, { ...cfg, pdDecodeFirstMaxInterference: 0 });
+  cache(un.st, un.r, "d1", req.slice(0, 17));
+  const held = [0, 1].map(() => un.r.pick(feats(req)));
+  const u = un.r.pick(feats(req));
+  assert.equal(u.pdPath, "decode-first", "0 = no guard");
+  u.reservation.finish();
+  held.forEach((h) => h.reservation.finish());
+});
+
 test("--pd-decider prefix on a fleet that is not disaggregated changes nothing", () => {
   const { r } = mk([{ id: "a" }, { id: "b" }], { pdDecider: "prefix", pdDecodeFirstMaxPromptTokens: 1000 });
   const p = r.pick(feats(blocks("mixed", 4)));

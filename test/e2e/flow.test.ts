@@ -220,7 +220,7 @@ test("fairness: a tenant of long prompts gets no turn per short prompt of a quie
 });
 
 test("late binding: a waiting request goes to the worker that frees a slot first", { skip }, async () => {
-  // A slow worker listed first (an idle tie goes to it) and a fast one.
+  // A slow worker and a fast one.
   const slow = await startSim("flslow", ["--prefill-us-per-token", "3000"]);
   const fast = await startSim("flfast", ["--prefill-us-per-token", "250"]);
   const router = await startRouter([
@@ -232,6 +232,10 @@ test("late binding: a waiting request goes to the worker that frees a slot first
     "on",
   ]);
   const url = (await startEnvoy(router.grpcPort)).url;
+  // The slow worker caches the first blocks of the slow holder's prompt (sent to
+  // it directly), so that prompt goes there, still cold past those blocks.
+  assert.equal((await chat(`http://${slow.address}`, "hslow", 100)).status, 200);
+  for (let i = 0; i < 100 && (await router.cacheView(slow.address)).block_count === 0; i++) await sleep(50);
   // ~3 s on the slow worker (1,000 words), then ~0.75 s on the fast one (3,000
   // words: more queued prefill, so the next pick prefers the slow worker).
   const slowHolder = chat(url, "hslow", 1000);

@@ -265,7 +265,15 @@ test(
     assert.equal(d1.status, 200, d1.text.slice(0, 300));
     assert.equal(d1.headers.get("x-infera-worker"), null, "clients do not see the pick by default");
     const w1 = d1.headers.get("x-sim-worker")!;
-    await waitFor("the deep request's blocks mirrored", async () => (await mirrored(w1)) > before[w1], 10000);
+    // Every block the engine holds is mirrored (not only the earlier calls' late events).
+    await waitFor(
+      "the deep request's blocks mirrored",
+      async () => {
+        const held = (await sims.find((s) => s.id === w1)!.stats()).cached_blocks;
+        return (await mirrored(w1)) > before[w1] && (await mirrored(w1)) >= held;
+      },
+      10000,
+    );
     const d2 = await post(url, deep);
     assert.equal(d2.status, 200);
     assert.equal(d2.headers.get("x-sim-worker"), w1, "the deep prompt follows its cache like any other");

@@ -15,7 +15,7 @@
 //   ({type, function:{name, description, parameters, ...extras}});
 // - chat_template_kwargs override the request-level template variables.
 import { httpError } from "./util";
-import { parseJson } from "./json";
+import { cloneJson, parseJson, stringifyJson } from "./json";
 import { renderTemplate } from "./jinja";
 
 export type ContentFormat = "string" | "openai";
@@ -35,18 +35,6 @@ export interface ChatInput {
 
 function isObj(v: unknown): v is { [k: string]: any } {
   return typeof v === "object" && v !== null && !(v instanceof Array);
-}
-
-function clone(v: any): any {
-  if (v === null || typeof v !== "object") return v;
-  if (v instanceof Array) {
-    const a: any[] = [];
-    for (let i = 0; i < v.length; i++) a.push(clone(v[i]));
-    return a;
-  }
-  const o: { [k: string]: any } = {};
-  for (const k in v) o[k] = clone(v[k]);
-  return o;
 }
 
 /**
@@ -172,7 +160,7 @@ export function conversation(input: ChatInput, opts: RenderOptions): any[] {
     if (role === "assistant") {
       if (msg.tool_calls !== undefined && msg.tool_calls !== null) {
         if (!(msg.tool_calls instanceof Array)) throw httpError(400, where + ".tool_calls must be an array");
-        r.tool_calls = clone(msg.tool_calls);
+        r.tool_calls = cloneJson(msg.tool_calls);
       }
       // vLLM reads only `reasoning` (a `reasoning_content` on input is dropped; vllm#38488).
       if (msg.reasoning !== undefined && msg.reasoning !== null) {
@@ -237,11 +225,11 @@ export function normalizeTools(tools: any): any[] | null {
     const fn: { [k: string]: any } = {
       name: f.name,
       description: f.description === undefined ? null : f.description,
-      parameters: f.parameters === undefined ? null : clone(f.parameters),
+      parameters: f.parameters === undefined ? null : cloneJson(f.parameters),
     };
-    for (const k in f) if (k !== "name" && k !== "description" && k !== "parameters") fn[k] = clone(f[k]);
+    for (const k in f) if (k !== "name" && k !== "description" && k !== "parameters") fn[k] = cloneJson(f[k]);
     const tool: { [k: string]: any } = { type: t.type === undefined ? "function" : t.type, function: fn };
-    for (const k in t) if (k !== "type" && k !== "function") tool[k] = clone(t[k]);
+    for (const k in t) if (k !== "type" && k !== "function") tool[k] = cloneJson(t[k]);
     out.push(tool);
   }
   // vLLM hands the template no tools for an empty list.
@@ -297,7 +285,7 @@ export function anthropicToOpenAI(j: { [k: string]: any }): { messages: any[]; t
           calls.push({
             id: b.id || "call_0",
             type: "function",
-            function: { name: b.name || "", arguments: JSON.stringify(b.input || {}) },
+            function: { name: b.name || "", arguments: stringifyJson(b.input || {}) },
           });
         else if (b.type === "tool_result") {
           if (m.role === "user") {
@@ -345,7 +333,7 @@ export function anthropicToOpenAI(j: { [k: string]: any }): { messages: any[]; t
         function: {
           name: t.name,
           description: t.description === undefined ? null : t.description,
-          parameters: t.input_schema === undefined ? null : clone(t.input_schema),
+          parameters: t.input_schema === undefined ? null : cloneJson(t.input_schema),
           defer_loading: t.defer_loading === undefined ? null : t.defer_loading,
         },
       });

@@ -13,6 +13,8 @@
 // than core/util's hasOwn: njs 0.7.9's stack overflows on the deeper templates
 // with one more frame per lookup (test/e2e/njs.test.ts render parity).
 
+import { Members, writeNested } from "./json";
+
 export type Ast = any;
 
 function TemplateError(msg: string): Error {
@@ -66,19 +68,34 @@ function pyReprStr(s: string): string {
   return out + q;
 }
 
+function membersOf(v: any, sortKeys: boolean): Members {
+  if (isArr(v)) return { keys: null, vals: v };
+  const src = isNs(v) ? v.a : v;
+  const keys: string[] = [];
+  for (const k in src) keys.push(k);
+  if (sortKeys) keys.sort();
+  const vals: any[] = [];
+  for (let i = 0; i < keys.length; i++) vals.push(src[keys[i]]);
+  return { keys: keys, vals: vals };
+}
+
+// repr() of a list or dict, iteratively (core/json.ts writeNested).
 function pyRepr(v: any): string {
-  if (typeof v === "string") return pyReprStr(v);
-  if (isArr(v)) {
-    const p: string[] = [];
-    for (let i = 0; i < v.length; i++) p.push(pyRepr(v[i]));
-    return "[" + p.join(", ") + "]";
-  }
-  if (isDict(v)) {
-    const p: string[] = [];
-    for (const k in v) p.push(pyRepr(k) + ": " + pyRepr(v[k]));
-    return "{" + p.join(", ") + "}";
-  }
-  return pyStr(v);
+  return writeNested(
+    v,
+    function (x) {
+      return typeof x === "string" ? pyReprStr(x) : isArr(x) || isDict(x) ? null : pyStr(x);
+    },
+    function (x) {
+      return membersOf(x, false);
+    },
+    function (parts, keys) {
+      if (keys === null) return "[" + parts.join(", ") + "]";
+      const p: string[] = [];
+      for (let i = 0; i < keys.length; i++) p.push(pyReprStr(keys[i]) + ": " + parts[i]);
+      return "{" + p.join(", ") + "}";
+    },
+  );
 }
 
 /** Python str() as jinja2 prints it. */
@@ -103,14 +120,8 @@ function jsonStr(s: string): string {
   return JSON.stringify(s);
 }
 
-/** json.dumps(v, ensure_ascii=False, indent=indent, separators=seps, sort_keys=sortKeys). */
-export function pyJson(
-  v: any,
-  indent: number | string | null,
-  seps: string[] | null,
-  sortKeys: boolean,
-  depth: number,
-): string {
+/** json.dumps(v, ensure_ascii=False, indent=indent, separators=seps, sort_keys=sortKeys), iteratively. */
+export function pyJson(v: any, indent: number | string | null, seps: string[] | null, sortKeys: boolean): string {
   const ind =
     indent === null || indent === undefined
       ? null
@@ -119,32 +130,31 @@ export function pyJson(
         : String(indent);
   const item = seps ? seps[0] : ind !== null ? "," : ", ";
   const key = seps ? seps[1] : ": ";
-  if (v === null || v === undefined) return "null";
-  if (v === true) return "true";
-  if (v === false) return "false";
-  if (typeof v === "number")
-    return v !== v ? "NaN" : v === Infinity ? "Infinity" : v === -Infinity ? "-Infinity" : String(v);
-  if (typeof v === "string") return jsonStr(v);
-  const nl = ind !== null ? "\n" + new Array(depth + 2).join(ind) : "";
-  const end = ind !== null ? "\n" + new Array(depth + 1).join(ind) : "";
-  if (isArr(v)) {
-    if (!v.length) return "[]";
-    const p: string[] = [];
-    for (let i = 0; i < v.length; i++) p.push(pyJson(v[i], indent, seps, sortKeys, depth + 1));
-    return "[" + nl + p.join(item + nl) + end + "]";
-  }
-  if (isDict(v) || isNs(v)) {
-    const src = isNs(v) ? v.a : v;
-    const keys: string[] = [];
-    for (const k in src) keys.push(k);
-    if (sortKeys) keys.sort();
-    if (!keys.length) return "{}";
-    const p: string[] = [];
-    for (let i = 0; i < keys.length; i++)
-      p.push(jsonStr(keys[i]) + key + pyJson(src[keys[i]], indent, seps, sortKeys, depth + 1));
-    return "{" + nl + p.join(item + nl) + end + "}";
-  }
-  throw TemplateError("Object of type " + typeof v + " is not JSON serializable");
+  return writeNested(
+    v,
+    function (x) {
+      if (x === null || x === undefined) return "null";
+      if (x === true) return "true";
+      if (x === false) return "false";
+      if (typeof x === "number")
+        return x !== x ? "NaN" : x === Infinity ? "Infinity" : x === -Infinity ? "-Infinity" : String(x);
+      if (typeof x === "string") return jsonStr(x);
+      if (isArr(x) || isDict(x) || isNs(x)) return null;
+      throw TemplateError("Object of type " + typeof x + " is not JSON serializable");
+    },
+    function (x) {
+      return membersOf(x, sortKeys);
+    },
+    function (parts, keys, depth) {
+      if (!parts.length) return keys === null ? "[]" : "{}";
+      const nl = ind !== null ? "\n" + new Array(depth + 2).join(ind) : "";
+      const end = ind !== null ? "\n" + new Array(depth + 1).join(ind) : "";
+      if (keys === null) return "[" + nl + parts.join(item + nl) + end + "]";
+      const p: string[] = [];
+      for (let i = 0; i < keys.length; i++) p.push(jsonStr(keys[i]) + key + parts[i]);
+      return "{" + nl + p.join(item + nl) + end + "}";
+    },
+  );
 }
 
 const PY_WS =
@@ -177,29 +187,44 @@ export function pyStrip(s: string, chars: string | null, left: boolean, right: b
   return s.substring(i, j);
 }
 
-function pyEq(a: any, b: any): boolean {
-  if (a === b) return true;
-  if ((a === undefined || a === null) !== (b === undefined || b === null)) return false;
-  if (typeof a === "boolean" || typeof b === "boolean") {
-    const na = typeof a === "boolean" ? (a ? 1 : 0) : a;
-    const nb = typeof b === "boolean" ? (b ? 1 : 0) : b;
-    return typeof na === "number" && typeof nb === "number" && na === nb;
-  }
-  if (isArr(a) && isArr(b)) {
-    if (a.length !== b.length) return false;
-    for (let i = 0; i < a.length; i++) if (!pyEq(a[i], b[i])) return false;
-    return true;
-  }
-  if (isDict(a) && isDict(b)) {
-    let n = 0;
-    for (const k in a) {
-      n++;
-      if (!(k in b) || !pyEq(a[k], b[k])) return false;
+// Python ==, with an explicit stack of pairs still to compare (no recursion on data).
+function pyEq(a0: any, b0: any): boolean {
+  const as: any[] = [a0];
+  const bs: any[] = [b0];
+  while (as.length) {
+    const a = as.pop();
+    const b = bs.pop();
+    if (a === b) continue;
+    if ((a === undefined || a === null) !== (b === undefined || b === null)) return false;
+    if (typeof a === "boolean" || typeof b === "boolean") {
+      const na = typeof a === "boolean" ? (a ? 1 : 0) : a;
+      const nb = typeof b === "boolean" ? (b ? 1 : 0) : b;
+      if (typeof na === "number" && typeof nb === "number" && na === nb) continue;
+      return false;
     }
-    for (const _k in b) n--;
-    return n === 0;
+    if (isArr(a) && isArr(b)) {
+      if (a.length !== b.length) return false;
+      for (let i = 0; i < a.length; i++) {
+        as.push(a[i]);
+        bs.push(b[i]);
+      }
+      continue;
+    }
+    if (isDict(a) && isDict(b)) {
+      let n = 0;
+      for (const k in a) {
+        n++;
+        if (!(k in b)) return false;
+        as.push(a[k]);
+        bs.push(b[k]);
+      }
+      for (const _k in b) n--;
+      if (n !== 0) return false;
+      continue;
+    }
+    return false;
   }
-  return false;
+  return true;
 }
 
 function typeName(v: any): string {
@@ -579,7 +604,7 @@ function applyFilter(name: string, v: any, a: any[], kw: { [k: string]: any }, e
     case "tojson": {
       const ind = kw.indent !== undefined ? kw.indent : a.length ? a[0] : null;
       const seps = kw.separators !== undefined && kw.separators !== null ? kw.separators : null;
-      const out = pyJson(v, ind, seps, kw.sort_keys === true, 0);
+      const out = pyJson(v, ind, seps, kw.sort_keys === true);
       if (kw.ensure_ascii === true)
         return out.replace(/[\u007f-\uffff]/g, function (c) {
           return "\\u" + ("0000" + c.charCodeAt(0).toString(16)).slice(-4);

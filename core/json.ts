@@ -190,3 +190,106 @@ export function parseDeep(s: string): { ok: boolean; value?: any } {
     return fail;
   }
 }
+
+// Walking a parsed value without recursion. njs's call stack is small: a
+// recursive serializer overflows ("Maximum call stack size exceeded") within
+// about 40 nested levels, under the 64 that --max-json-depth admits, and on
+// the NGINX path that turned a deep tool schema's pick into a random one.
+// These walk with an explicit stack, so the body's nesting never decides our
+// call depth on any backend.
+
+/** A container's members as the walk visits them: keys null for a list. */
+export interface Members {
+  keys: string[] | null;
+  vals: any[];
+}
+
+interface WalkFrame {
+  m: Members;
+  i: number;
+  parts: string[];
+  depth: number;
+}
+
+/**
+ * Writes a nested value bottom-up: leaf() returns a scalar's text, or null for
+ * a container, whose members() are written first and then join()ed (depth:
+ * the container's nesting, 0 for the root).
+ */
+export function writeNested(
+  root: any,
+  leaf: (v: any) => string | null,
+  members: (v: any) => Members,
+  join: (parts: string[], keys: string[] | null, depth: number) => string,
+): string {
+  const top = leaf(root);
+  if (top !== null) return top;
+  const stack: WalkFrame[] = [{ m: members(root), i: 0, parts: [], depth: 0 }];
+  for (;;) {
+    const f = stack[stack.length - 1];
+    if (f.i < f.m.vals.length) {
+      const v = f.m.vals[f.i++];
+      const s = leaf(v);
+      if (s !== null) f.parts.push(s);
+      else stack.push({ m: members(v), i: 0, parts: [], depth: f.depth + 1 });
+      continue;
+    }
+    stack.pop();
+    const done = join(f.parts, f.m.keys, f.depth);
+    if (!stack.length) return done;
+    stack[stack.length - 1].parts.push(done);
+  }
+}
+
+/** A deep copy of a parsed JSON value (plain objects and arrays). */
+export function cloneJson(root: any): any {
+  if (root === null || typeof root !== "object") return root;
+  const top: any = root instanceof Array ? [] : {};
+  const src: any[] = [root];
+  const dst: any[] = [top];
+  while (src.length) {
+    const s = src.pop();
+    const d = dst.pop();
+    const arr = s instanceof Array;
+    const keys: string[] = [];
+    if (arr) for (let i = 0; i < s.length; i++) keys.push(String(i));
+    else for (const k in s) keys.push(k);
+    for (let i = 0; i < keys.length; i++) {
+      const v = s[keys[i]];
+      const k = arr ? i : keys[i];
+      if (v === null || typeof v !== "object") d[k] = v;
+      else {
+        d[k] = v instanceof Array ? [] : {};
+        src.push(v);
+        dst.push(d[k]);
+      }
+    }
+  }
+  return top;
+}
+
+/** JSON.stringify(v) for a parsed JSON value, without njs's 32-level limit. */
+export function stringifyJson(root: any): string {
+  return writeNested(
+    root,
+    function (x) {
+      return x === null || typeof x !== "object" ? JSON.stringify(x) : null;
+    },
+    function (x) {
+      if (x instanceof Array) return { keys: null, vals: x };
+      const keys: string[] = [];
+      const vals: any[] = [];
+      for (const k in x) {
+        keys.push(k);
+        vals.push(x[k]);
+      }
+      return { keys: keys, vals: vals };
+    },
+    function (parts, keys) {
+      if (keys === null) return "[" + parts.join(",") + "]";
+      const p: string[] = [];
+      for (let i = 0; i < keys.length; i++) p.push(JSON.stringify(keys[i]) + ":" + parts[i]);
+      return "{" + p.join(",") + "}";
+    },
+  );
+}

@@ -440,14 +440,19 @@ function zoneWarning(r: NjsRequest, what: string): void {
   );
 }
 
-/** Routing when the state cannot be written: a usable worker chosen at random, no load held. */
+/** Routing when the pick throws (the state cannot be written, or a fault): a usable worker chosen at random, no load held. */
 function degrade(r: NjsRequest, c: Ctx, e: unknown): boolean {
   const ws = c.router.workers();
   const ok: Worker[] = [];
   for (let i = 0; i < ws.length; i++) if (c.router.healthy(ws[i].id) && !c.router.excluded(ws[i].id)) ok.push(ws[i]);
   if (!ok.length) return false;
   const w = ok[Math.floor(Math.random() * ok.length)];
-  zoneWarning(r, "pick: " + String(e));
+  // njs's own errors are a fault in our code (a stack overflow, a type error),
+  // not a full zone: say so, with the error, rather than blame the zone size.
+  const name = e instanceof Error ? e.name : "";
+  if (name === "RangeError" || name === "TypeError" || name === "ReferenceError" || name === "SyntaxError")
+    r.error("infera: pick failed (" + String(e) + "): routed to a random usable worker without load or affinity");
+  else zoneWarning(r, "pick: " + String(e));
   r.variables.infera_rid = "";
   r.variables.infera_upstream = w.address;
   r.variables.infera_worker = w.id;

@@ -125,6 +125,84 @@ for (let i = 0; i < res.length; i++) {
   },
 );
 
+/** A JSON schema `levels` objects deep (each level is 2 JSON levels: the object and its properties). */
+function deepSchema(levels: number): unknown {
+  let schema: unknown = { type: "string" };
+  for (let i = 0; i < levels; i++) schema = { type: "object", properties: { [`k${i}`]: schema } };
+  return schema;
+}
+
+test(
+  "deep bodies on njs's engine: a 60-deep tool schema and a 40-deep tool_use input render to transformers' ids (njs's stack overflowed: the pick went random)",
+  { skip: noCli || (!built && "run npm run build:njs") || noReference },
+  () => {
+    // Nesting just under --max-json-depth's 64: body, tools, tool, function = 4, then 2 per schema level.
+    const items = [
+      {
+        id: "deep-openai",
+        family: "qwen3",
+        endpoint: "chat" as const,
+        body: {
+          model: "m",
+          tools: [{ type: "function", function: { name: "deep", description: "d", parameters: deepSchema(29) } }],
+          messages: [{ role: "user", content: "call deep" }],
+        },
+      },
+      {
+        id: "deep-anthropic",
+        family: "qwen3",
+        endpoint: "messages" as const,
+        body: {
+          model: "m",
+          max_tokens: 8,
+          tools: [{ name: "deep", description: "d", input_schema: deepSchema(20) }],
+          messages: [
+            { role: "user", content: "call deep" },
+            { role: "assistant", content: [{ type: "tool_use", id: "t1", name: "deep", input: deepSchema(17) }] },
+            { role: "user", content: [{ type: "tool_result", tool_use_id: "t1", content: "ok" }] },
+          ],
+        },
+      },
+    ];
+    const depth = (v: unknown): number =>
+      typeof v === "object" && v !== null ? 1 + Math.max(0, ...Object.values(v).map(depth)) : 0;
+    assert.ok(
+      items.every((it) => depth(it.body) >= 40 && depth(it.body) <= 64),
+      items.map((it) => depth(it.body)).join(),
+    );
+    const ref = reference(items);
+    const dir = fs.mkdtempSync(path.join(os.tmpdir(), "njs-deep-"));
+    const input = path.join(dir, "items.json");
+    fs.writeFileSync(input, JSON.stringify(items.map((c) => ({ endpoint: c.endpoint, body: JSON.stringify(c.body) }))));
+    for (const [label, bin] of clis) {
+      const out = runNjs(
+        bin,
+        `import cli from 'infera-cli.js';
+import fs from 'fs';
+const vocab = JSON.parse(fs.readFileSync(${JSON.stringify(path.join(DIST, "tokenizer.json"))}));
+const res = cli.renderIds(vocab, JSON.parse(fs.readFileSync(${JSON.stringify(input)})));
+for (let i = 0; i < res.length; i++) {
+  const s = JSON.stringify(res[i]);
+  for (let k = 0; k < s.length; k += 1000) console.log(i + "\t" + s.slice(k, k + 1000));
+}`,
+      );
+      const parts: string[] = [];
+      for (const l of out.split("\n")) {
+        const m = /^(\d+)\t(.*)$/.exec(l);
+        if (m) parts[Number(m[1])] = (parts[Number(m[1])] || "") + m[2];
+      }
+      items.forEach((it, i) => {
+        const got = JSON.parse(parts[i]) as { ids?: number[]; error?: string };
+        const want = ref.get(it.id)!;
+        assert.equal(want.error, undefined, `${it.id}: the reference renders it`);
+        assert.equal(got.error, undefined, `${label} ${it.id}: ${got.error}`);
+        assert.deepEqual(got.ids, want.ids, `${label} ${it.id}: ids`);
+      });
+    }
+    fs.rmSync(dir, { recursive: true, force: true });
+  },
+);
+
 test(
   "njs tokenize + hash + pick time for 1k and 8k-token prompts (reported in README)",
   { skip: noCli || (!built && "run npm run build:njs") },

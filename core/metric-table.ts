@@ -260,6 +260,12 @@ export const METRICS: MetricSpec[] = [
     labels: WORKER,
   },
   {
+    name: "infera_router_worker_saturated",
+    type: "gauge",
+    help: "1 while the worker's engine reports waiting >= --saturation-queue-depth or KV usage >= --saturation-kv-usage (cold prompts wait at the router), else 0; absent with both off",
+    labels: WORKER,
+  },
+  {
     name: "infera_router_failovers_total",
     type: "counter",
     help: "Requests sent to the pick's second choice after the first refused the connection (nginx)",

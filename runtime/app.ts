@@ -20,6 +20,7 @@ import { HealthChecker } from "./health-check";
 import { TokenizerPool } from "./tokenpool";
 import { LoadedTokenizer } from "./tokenizer";
 import { EngineMetrics } from "./engine-metrics";
+import { SaturationFeed } from "./saturation";
 import { createMetrics, Metrics } from "./metrics";
 import { Options } from "./config";
 import { BatchInfo } from "./events";
@@ -113,6 +114,12 @@ export class App {
       blockSize: opts.router.blockSize,
       capacityOverride: opts.engineMetrics ? opts.engineMetrics.capacity : {},
       log: (l, line, f) => log(l, line, f),
+      lora: this.lora,
+      saturation: new SaturationFeed(
+        () => this.routing.admission,
+        (opts.engineMetrics && opts.engineMetrics.saturation) || { queueDepth: 0, kvUsage: 0 },
+        (l, line, f) => log(l, line, f),
+      ),
     });
     this.engineMetrics.register(this.metrics.registry);
   }
@@ -137,7 +144,7 @@ export class App {
   get tokenizer(): LoadedTokenizer | null {
     return this.tok.tokenizer;
   }
-  /** Starts reading the workers' /metrics every --engine-metrics-interval-ms (and applies --kv-capacity-blocks). */
+  /** Starts the one /metrics scrape (capacity, headroom, LoRA state, saturation) and applies --kv-capacity-blocks. */
   startEngineMetrics(): void {
     this.engineMetrics.start();
   }

@@ -82,10 +82,15 @@ export interface Options {
   nginxPushUrl: string;
   /** Active health checks: GET <worker>/health every N ms (0 = off). */
   healthIntervalMs: number;
-  /** GET /metrics for LoRA state every N ms (runtime/lora-metrics.ts); 0 = off. */
-  loraMetricsIntervalMs: number;
-  /** Engine /metrics scraping (runtime/engine-metrics.ts): every N ms (0 = off), and per-worker capacity overrides. */
-  engineMetrics?: { intervalMs: number; capacity: { [id: string]: number } };
+  /**
+   * Engine /metrics scraping (runtime/engine-metrics.ts): every N ms (0 = off), one GET per worker for
+   * capacity, headroom and LoRA state; per-worker capacity overrides; saturation thresholds (0 = off).
+   */
+  engineMetrics?: {
+    intervalMs: number;
+    capacity: { [id: string]: number };
+    saturation?: { queueDepth: number; kvUsage: number };
+  };
   pushToken: string;
   /** k8s discovery (see k8s.ts). */
   kubeconfig: string | null;
@@ -307,10 +312,13 @@ export function optionsFrom(values: Record<string, FlagValue>, cmd: "router" | "
     etcdPrefix: v("etcd-prefix") as string,
     nginxPushUrl: v("nginx-push-url") as string,
     healthIntervalMs: v("health-interval-ms") as number,
-    loraMetricsIntervalMs: v("lora-metrics-interval-ms") as number,
     engineMetrics: {
       intervalMs: v("engine-metrics-interval-ms") as number,
       capacity: (v("kv-capacity-blocks") as { [id: string]: number } | null) || {},
+      saturation: {
+        queueDepth: v("saturation-queue-depth") as number,
+        kvUsage: v("saturation-kv-usage") as number,
+      },
     },
     pushToken: secretFrom(v("push-token") as string, v("push-token-file") as string | null),
     kubeconfig: v("kubeconfig") as string | null,
@@ -408,6 +416,11 @@ export function optionsFrom(values: Record<string, FlagValue>, cmd: "router" | "
       "--replica-ttl-ms must be longer than --replica-heartbeat-ms (a live replica would expire between heartbeats)",
     );
   if (cmd === "bridge" && !o.pushToken) throw new CliError("--push-token (or INFERA_PUSH_TOKEN) is required");
+  const em = o.engineMetrics;
+  if (cmd === "router" && em && em.saturation && !em.intervalMs && (em.saturation.queueDepth || em.saturation.kvUsage))
+    throw new CliError(
+      "--saturation-queue-depth and --saturation-kv-usage read the engines' /metrics: set --engine-metrics-interval-ms above 0",
+    );
   return o;
 }
 

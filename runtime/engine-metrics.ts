@@ -1,15 +1,23 @@
-// Engine metrics: each worker's KV capacity and headroom, read from the
-// engine's own Prometheus page (GET /metrics) every --engine-metrics-interval-ms
-// and written to the router state's engine readings (core/engine-readings.ts),
-// where the data stage puts them on every candidate's Row.data (capacityBlocks,
-// kvUsage, waitingRequests) for the scorers (kv-capacity.ts) and admission.
+// Engine metrics: one GET of each worker's own Prometheus page (/metrics)
+// every --engine-metrics-interval-ms (default 1000; 0 = off), whose text feeds
+// everything the router reads from it:
+// - the router state's engine readings (core/engine-readings.ts): KV capacity
+//   and headroom, which the data stage puts on every candidate's Row.data
+//   (capacityBlocks, kvUsage, waitingRequests) for the scorers (kv-capacity.ts);
+// - the LoRA table (core/lora.ts parseLoraInfo: vllm:lora_requests_info), which
+//   the lora-slots filter and lora-affinity scorer read;
+// - flow control's saturation (runtime/saturation.ts): a worker over
+//   --saturation-queue-depth or --saturation-kv-usage holds its cold prompts at
+//   the router until a scrape finds headroom again.
+// One page per worker per round, never two rounds at once, each bounded by a
+// timeout: an engine is not asked the same thing twice.
 //
 // What is read, by engine (the names llm-d's endpoint picker scrapes by default):
 //   vLLM:   vllm:cache_config_info, an info gauge whose labels are the engine's
 //           CacheConfig fields; num_gpu_blocks x block_size is the capacity in
 //           tokens (num_gpu_blocks is "None" until profiling ends: no capacity
 //           yet). vllm:kv_cache_usage_perc (0..1), vllm:num_requests_waiting,
-//           vllm:num_requests_running.
+//           vllm:num_requests_running, vllm:lora_requests_info.
 //   SGLang: sglang:max_total_num_tokens (the KV pool's capacity in tokens), else
 //           sglang:cache_config_info{num_pages,page_size} or the gauges
 //           sglang:num_pages x sglang:page_size; sglang:token_usage (0..1),
@@ -25,12 +33,16 @@
 // their largest value. An address is fetched once per round, whatever the
 // number of DP targets behind it. A failed scrape clears the headroom figures
 // (usage, queue) and keeps the capacity, which does not change while the
-// worker stays.
+// worker stays; it clears the worker's LoRA state too (the LoRA plugins then
+// treat it as unknown rather than as full or loaded), and counts as headroom
+// for saturation.
 import { LogHook } from "../core/log";
 import { spec } from "./metrics";
 import * as client from "prom-client";
 import type { EngineReading, EngineReadings } from "../core/engine-readings";
 import type { Router, Worker } from "../core/router";
+import { LoraTable, parseLoraInfo } from "../core/lora";
+import type { SaturationFeed } from "./saturation";
 
 export interface Sample {
   name: string;
@@ -174,6 +186,10 @@ export interface EngineMetricsOptions {
   /** --kv-capacity-blocks: worker id (or "*") -> blocks. */
   capacityOverride: { [id: string]: number };
   log: LogHook;
+  /** The LoRA table each page's vllm:lora_requests_info feeds (none: LoRA state is not read). */
+  lora?: LoraTable;
+  /** Flow control's saturation, fed each worker's reading after every scrape. */
+  saturation?: SaturationFeed;
 }
 
 /** Scrapes every worker's /metrics each interval into router.state.engine. */
@@ -224,21 +240,29 @@ export class EngineMetrics {
     for (const w of this.router().workers()) (byAddress[w.address] = byAddress[w.address] || []).push(w);
     await Promise.all(
       Object.keys(byAddress).map(async (addr) => {
-        let samples: Sample[] | null = null;
+        let text: string | null = null;
         let why = "";
         try {
           const r = await fetch(`http://${addr}/metrics`, { signal: AbortSignal.timeout(this.o.timeoutMs) });
-          if (r.ok) samples = parsePrometheusText(await r.text(), engineSeries);
-          else why = `HTTP ${r.status}`;
+          if (r.ok) text = await r.text();
+          else {
+            why = `HTTP ${r.status}`;
+            await r.arrayBuffer().catch(() => undefined);
+          }
         } catch (e) {
           why = (e as Error).message;
         }
+        // The one page feeds every reader: engine figures, LoRA state, saturation.
+        const samples = text === null ? null : parsePrometheusText(text, engineSeries);
+        const lora = text === null || !this.o.lora ? null : parseLoraInfo(text);
         const now = Date.now();
         for (const w of byAddress[addr]) {
           // The worker may have been replaced while the page was in flight.
           const cur = this.router().worker(w.id);
           if (!cur || cur.epochKey !== w.epochKey) continue;
           this.apply(w, samples ? readEngineFigures(samples, w.dpRank) : null, now);
+          if (this.o.lora) this.o.lora.set(w.id, lora);
+          if (this.o.saturation) this.o.saturation.update(w.id, this.readings.get(w.epochKey));
           if (!samples && !this.failing[w.id]) {
             this.failing[w.id] = true;
             this.o.log("warn", "engine-metrics scrape failed", {
@@ -253,6 +277,12 @@ export class EngineMetrics {
         }
       }),
     );
+    if (this.o.saturation)
+      this.o.saturation.retain(
+        this.router()
+          .workers()
+          .map((w) => w.id),
+      );
   }
 
   start(): void {
@@ -283,7 +313,7 @@ export class EngineMetrics {
     this.timer = null;
   }
 
-  /** infera_router_worker_kv_capacity_blocks, _kv_usage_ratio and _engine_waiting_requests, read at scrape time. */
+  /** infera_router_worker_kv_capacity_blocks, _kv_usage_ratio, _engine_waiting_requests and _saturated, read at scrape time. */
   register(registry: client.Registry): void {
     const gauge = (name: string, pick: (r: EngineReading) => number | null) =>
       new client.Gauge({
@@ -303,5 +333,16 @@ export class EngineMetrics {
     gauge("infera_router_worker_kv_capacity_blocks", (r) => r.capacityBlocks);
     gauge("infera_router_worker_kv_usage_ratio", (r) => r.kvUsage);
     gauge("infera_router_worker_engine_waiting_requests", (r) => r.waitingRequests);
+    new client.Gauge({
+      ...spec("infera_router_worker_saturated"),
+      registers: [registry],
+      collect: () => {
+        const g = registry.getSingleMetric("infera_router_worker_saturated") as client.Gauge;
+        g.reset();
+        const sat = this.o.saturation;
+        if (!sat || !sat.on) return;
+        for (const w of this.router().workers()) g.set({ worker: w.id }, sat.saturated(w.id) ? 1 : 0);
+      },
+    });
   }
 }

@@ -1,11 +1,10 @@
 // The fleet as the router serves it: workers joining and leaving (with their
 // models, health checks, render probes and KV event subscriptions), discovery's
-// state, and readiness.
+// state, and readiness. (LoRA adapter state comes from the engine scrape: engine-metrics.ts.)
 import { Router, WorkerSpec } from "../core/router";
 import { diffFleet } from "../core/fleet";
 import { ModelTable } from "../core/models";
 import { LoraTable } from "../core/lora";
-import { LoraScraper } from "./lora-metrics";
 import { HealthChecker } from "./health-check";
 import { LoadedTokenizer } from "./tokenizer";
 import { RenderProbes } from "./probe";
@@ -47,8 +46,6 @@ export class Fleet {
   /** Render-parity probe per worker (null with --render-probe-api off). */
   readonly probes: RenderProbes | null;
   private modelTimer: NodeJS.Timeout | null = null;
-  /** vLLM's LoRA adapter state per worker (GET /metrics every --lora-metrics-interval-ms). */
-  private loraScrape: LoraScraper | null = null;
   private discoverySynced = false;
   /** Set on SIGTERM: readiness goes false so load balancers stop sending. */
   draining = false;
@@ -56,7 +53,7 @@ export class Fleet {
   discoveryState: { ok: boolean; detail: string } = { ok: true, detail: "connected" };
 
   constructor(
-    private readonly opts: Options,
+    opts: Options,
     private readonly log: Logger,
     metrics: Metrics,
     private readonly router: Router,
@@ -99,8 +96,6 @@ export class Fleet {
   /** Starts the active health checks (runtime/health-check.ts) every --health-interval-ms; 0 = off. */
   startHealthChecks(): void {
     this.health.start();
-    this.loraScrape ??= new LoraScraper(this.lora, () => this.router.workers(), this.opts.loraMetricsIntervalMs);
-    this.loraScrape.start();
   }
 
   /** Asks a worker which models it serves; workers without /v1/models serve anything. */
@@ -229,7 +224,6 @@ export class Fleet {
 
   close(): void {
     this.health.stop();
-    this.loraScrape?.stop();
     this.probes?.stop();
     if (this.modelTimer) clearInterval(this.modelTimer);
   }

@@ -42,7 +42,7 @@ const SIM = [
 before(async () => {
   if (skip) return;
   sims = await Promise.all(["w0", "w1"].map((id) => startSim(id, SIM)));
-  router = await startRouter(["--workers", workerArg(sims), "--lora-metrics-interval-ms", "200"]);
+  router = await startRouter(["--workers", workerArg(sims), "--engine-metrics-interval-ms", "200"]);
   envoy = await startEnvoy(router.grpcPort);
   // The router knows A, B, C are adapters once it has read the workers' /v1/models.
   await chat(envoy.url, "warm up", { extra: { model: "base" } });

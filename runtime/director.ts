@@ -15,7 +15,7 @@ import { asHttpError, httpError } from "../core/util";
 import { Objective, objectiveOf } from "../core/objectives";
 import { sessionFromHeaders } from "../core/session-headers";
 import { KV_SOURCE_HEADER } from "../core/scheduling/kv-source";
-import { PrefillAdmission, Refusal as FlowRefusalReason, Ticket } from "../core/admission";
+import { PrefillAdmission, protectedBand, Refusal as FlowRefusalReason, Ticket } from "../core/admission";
 import { FlowMetrics, FlowRefusal, refusalOf, repickers } from "./flow";
 import { AdmissionContext, admitters, shedders } from "../core/scheduling/framework";
 import { DP_RANK_HEADER, dpBodyFields, prefillRankHeader, withBodyFields } from "../core/dprank";
@@ -339,10 +339,12 @@ export class Director {
    * - a queue bound refuses it on arrival, or a request of a higher band
    *   takes its place: 429 with Retry-After;
    * - it waits out --queue-ttl-ms: 503, as the Inference Extension's flow
-   *   control answers a request whose TTL ran out; a request of priority 0 or
-   *   below carrying x-slo-ttft-ms expires at that SLO if it comes first, since
-   *   it can no longer meet it and the slot is worth more to one that can;
-   *   higher bands wait out the whole TTL (a late critical answer is still wanted).
+   *   control answers a request whose TTL ran out; a request carrying
+   *   x-slo-ttft-ms expires at that SLO if it comes first, since it can no
+   *   longer meet it and the slot is worth more to one that can. The TTL is
+   *   for priority 0 and below: a protected band (above 0, critical) never
+   *   expires and is sent at the wait bound (a late critical answer is still
+   *   wanted).
    * The pick's reservation is wrapped so whatever the admitters hold is given
    * back at the first token or at the end, whichever comes first; finishing
    * it while it waits (the client went away) takes it out of the queue.
@@ -413,8 +415,9 @@ export class Director {
     if (admitted && !tickets.some((t) => t.slot)) return ready;
     if (!admitted) {
       queued = true;
-      let expireMs = this.d.opts.flow.ttlMs;
-      if (expireMs > 0 && ctx.objective.priority <= 0 && ctx.objective.sloTtftMs)
+      // A protected band (priority above 0) never expires: it goes at the wait bound like any request without a TTL.
+      let expireMs = protectedBand(ctx.objective.priority) ? 0 : this.d.opts.flow.ttlMs;
+      if (expireMs > 0 && ctx.objective.sloTtftMs)
         expireMs = Math.min(expireMs, ctx.objective.sloTtftMs);
       if (expireMs > 0)
         timer = setTimeout(() => {

@@ -102,7 +102,7 @@ test("per-band bounds in requests and bytes refuse the newcomer; other bands are
   assert.equal(a.waiting(), 3);
 });
 
-test("overall bound: a higher band evicts the lowest band's newest request; never the other way", () => {
+test("overall bound: a higher band evicts the lowest band's newest request; never the other way; critical is never refused or evicted", () => {
   const a = prefillAdmission({ slots: 1, warmTokens: 0, maxQueued: 3 });
   const evicted: string[] = [];
   const went: string[] = [];
@@ -131,16 +131,31 @@ test("overall bound: a higher band evicts the lowest band's newest request; neve
   const c3 = enter("c3", 100); // next lowest band: standard m1
   assert.deepEqual(evicted, ["s22", "s1", "m1"]);
   assert.equal(m1.refused, "evicted");
-  const c4 = enter("c44", 100); // only critical left: the newcomer is refused, nobody evicted
-  assert.equal(c4.refused, "queue_full");
-  const low = enter("s5", -1); // a lower band never evicts a higher one
+  // Only critical left: a protected band is not refused by the overall bound,
+  // it queues past it; nobody is evicted, and a higher protected band does
+  // not evict a lower protected one either.
+  const c4 = enter("c44", 100);
+  assert.equal(c4.refused, "");
+  const top = enter("t5", 200);
+  assert.equal(top.refused, "");
+  const low = enter("s5", -1); // a lower band never evicts a higher one, and is refused at the bound
   assert.equal(low.refused, "queue_full");
+  const std = enter("m6", 0);
+  assert.equal(std.refused, "queue_full");
   assert.deepEqual(evicted, ["s22", "s1", "m1"]);
-  assert.deepEqual(a.waitingByPriority(), { "100": 3 });
+  assert.deepEqual(a.waitingByPriority(), { "100": 4, "200": 1 });
   assert.equal(went.length, 2, "the evicted never went");
   for (const t of [s1, s2, m1]) t.leave();
-  assert.equal(a.waiting(), 3);
+  assert.equal(a.waiting(), 5);
   void c3;
+});
+
+test("a band's own bound still refuses a protected band (the operator set it for that band)", () => {
+  const a = prefillAdmission({ slots: 1, warmTokens: 0, maxQueued: 1, bandLimits: { "100": { requests: 1, bytes: 0 } } });
+  a.enter("w", 10, () => undefined);
+  assert.equal(a.enter("w", 10, () => undefined, { priority: 100, flow: "f" }).refused, "");
+  assert.equal(a.enter("w", 10, () => undefined, { priority: 100, flow: "f" }).refused, "queue_full");
+  assert.equal(a.enter("w", 10, () => undefined, { priority: 50, flow: "f" }).refused, "", "over the overall bound");
 });
 
 test("byte bound: eviction happens only when the lower bands free enough bytes", () => {
@@ -158,16 +173,21 @@ test("byte bound: eviction happens only when the lower bands free enough bytes",
     "w",
     10,
     () => undefined,
-    { priority: 100, flow: "f", bytes: 600 },
+    { priority: 0, flow: "f", bytes: 600 },
     () => evicted.push("m"),
   );
-  const big = a.enter("w", 10, () => undefined, { priority: 100, flow: "f", bytes: 800 });
+  const big = a.enter("w", 10, () => undefined, { priority: 0, flow: "f", bytes: 800 });
   assert.equal(big.refused, "queue_full", "evicting the 300 bytes below would not be enough: nothing evicted");
   assert.deepEqual(evicted, []);
-  const c = a.enter("w", 10, () => undefined, { priority: 100, flow: "f", bytes: 200 });
+  const c = a.enter("w", 10, () => undefined, { priority: 0, flow: "f", bytes: 200 });
   assert.equal(c.refused, "");
   assert.deepEqual(evicted, ["s"]);
   assert.equal(a.waitingBytes(), 800);
+  // Critical: not enough to evict below it, so it queues past the byte bound and evicts nobody.
+  const crit = a.enter("w", 10, () => undefined, { priority: 100, flow: "f", bytes: 1500 });
+  assert.equal(crit.refused, "");
+  assert.deepEqual(evicted, ["s"]);
+  assert.equal(a.waitingBytes(), 2300);
 });
 
 test("expire takes a waiting request out once; an admitted one cannot expire", () => {

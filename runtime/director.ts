@@ -417,8 +417,7 @@ export class Director {
       queued = true;
       // A protected band (priority above 0) never expires: it goes at the wait bound like any request without a TTL.
       let expireMs = protectedBand(ctx.objective.priority) ? 0 : this.d.opts.flow.ttlMs;
-      if (expireMs > 0 && ctx.objective.sloTtftMs)
-        expireMs = Math.min(expireMs, ctx.objective.sloTtftMs);
+      if (expireMs > 0 && ctx.objective.sloTtftMs) expireMs = Math.min(expireMs, ctx.objective.sloTtftMs);
       if (expireMs > 0)
         timer = setTimeout(() => {
           timer = null;

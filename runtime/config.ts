@@ -277,7 +277,12 @@ export function optionsFrom(values: Record<string, FlagValue>, cmd: "router" | "
       maxWaitMs: v("prefill-admission-max-wait-ms") as number,
     },
     flow: {
-      ttlMs: v("queue-ttl-ms") as number,
+      ttlMs: queueTtl(
+        v("queue-ttl-ms") as number | null,
+        v("prefill-admission-max-wait-ms") as number,
+        parseObjectives(v("objectives") as string),
+        v("objective-headers") === "trust",
+      ),
       lateBinding: v("queue-late-binding") === "on",
       flowMaxSlots: v("queue-flow-max-slots") as number,
       ...queueLimits(
@@ -422,6 +427,25 @@ export function optionsFrom(values: Record<string, FlagValue>, cmd: "router" | "
       "--saturation-queue-depth and --saturation-kv-usage read the engines' /metrics: set --engine-metrics-interval-ms above 0",
     );
   return o;
+}
+
+/**
+ * --queue-ttl-ms unset: the wait bound when there is critical traffic to
+ * protect (trusted objectives with a priority above 0), so a request of
+ * priority 0 or below still waiting then is answered 503 instead of being
+ * sent into an engine queue ahead of critical work; with one band only
+ * (no objectives, or headers ignored) there is nothing to protect, and a
+ * request is sent at the wait bound as before.
+ */
+export function queueTtl(
+  set: number | null,
+  maxWaitMs: number,
+  objectives: { [name: string]: number },
+  trust: boolean,
+): number {
+  if (set !== null) return set;
+  for (const n in objectives) if (trust && objectives[n] > 0) return maxWaitMs;
+  return 0;
 }
 
 /** Parses a command line (and env, and --config) into Options; --help and --version belong to the commands (runCommand). */

@@ -15,9 +15,10 @@ import { asHttpError, httpError } from "../core/util";
 import { Objective, objectiveOf } from "../core/objectives";
 import { sessionFromHeaders } from "../core/session-headers";
 import { KV_SOURCE_HEADER } from "../core/scheduling/kv-source";
-import { PrefillAdmission, Refusal as FlowRefusalReason, Ticket } from "../core/admission";
+import { PrefillAdmission, protectedBand, Refusal as FlowRefusalReason, Ticket } from "../core/admission";
 import { FlowMetrics, FlowRefusal, refusalOf, repickers } from "./flow";
-import { AdmissionContext, admitters, shedders } from "../core/scheduling/framework";
+import { AdmissionContext, admitters, Refusal as ShedRefusal, shedders } from "../core/scheduling/framework";
+import { sheddableRefusal } from "../core/scheduling/plugins/admission/objective-shed";
 import { DP_RANK_HEADER, dpBodyFields, prefillRankHeader, withBodyFields } from "../core/dprank";
 import { Options } from "./config";
 import { Metrics, RequestOutcome } from "./metrics";
@@ -67,6 +68,14 @@ export interface DirectorDeps {
     allow?: (w: Worker) => boolean,
     sloTtftMs?: number,
   ): Promise<Pick>;
+  /** Whether a sheddable request is refused whatever the pick, decided before tokenizing (runtime/routing.ts). */
+  shedsCold?(
+    endpoint: Endpoint,
+    body: Buffer,
+    sessionHeader: string | null,
+    flow: string,
+    allow?: (w: Worker) => boolean,
+  ): boolean;
 }
 
 export interface RouteInput {
@@ -160,13 +169,11 @@ export class Director {
       if (subset && !subset.length)
         throw httpError(503, "the gateway's endpoint subset is empty", "service_unavailable");
       if (inp.endpoint) {
-        pick = await this.d.routeAsync(
-          inp.endpoint,
-          inp.body,
-          sessionFromHeaders((n) => headers[n], opts.sessionHeader, opts.sessionHeaders),
-          allow,
-          objective.sloTtftMs,
-        );
+        const session = sessionFromHeaders((n) => headers[n], opts.sessionHeader, opts.sessionHeaders);
+        // A sheddable request that would be refused whatever the pick is refused before its prompt is tokenized.
+        if (objective.priority < 0 && this.d.shedsCold?.(inp.endpoint, inp.body, session, objective.flow, allow))
+          return this.refuseShed(sheddableRefusal(objective.priority));
+        pick = await this.d.routeAsync(inp.endpoint, inp.body, session, allow, objective.sloTtftMs);
       } else {
         // An allowed path that is not a prompt (GET /v1/models, embeddings, --extra-paths): any worker can answer; route by load alone.
         pick = this.d.router.pick(NO_FEATURES, null, allow);
@@ -257,15 +264,20 @@ export class Director {
       const r = list[i].shed(ctx);
       if (!r) continue;
       pick.reservation.finish();
-      this.d.metrics.badRequests.inc({ status: String(r.status) });
-      if (r.shedPriority !== undefined) {
-        this.d.metrics.shed.inc({ priority: String(r.shedPriority) });
-        this.d.flow.refused.inc({ priority: String(r.shedPriority), reason: "saturated" });
-      }
-      if (r.log) this.d.log("info", r.log);
-      return refuse(r.status, r.message, r.type, outcomeOf(r), r.headers ?? {});
+      return this.refuseShed(r);
     }
     return null;
+  }
+
+  /** A shedder's refusal: counted, logged, answered. */
+  private refuseShed(r: ShedRefusal): Refused {
+    this.d.metrics.badRequests.inc({ status: String(r.status) });
+    if (r.shedPriority !== undefined) {
+      this.d.metrics.shed.inc({ priority: String(r.shedPriority) });
+      this.d.flow.refused.inc({ priority: String(r.shedPriority), reason: "saturated" });
+    }
+    if (r.log) this.d.log("info", r.log);
+    return refuse(r.status, r.message, r.type, outcomeOf(r), r.headers ?? {});
   }
 
   /** Nobody is left to answer: the load the pick holds goes back now. */
@@ -404,9 +416,9 @@ export class Director {
     if (admitted && !tickets.some((t) => t.slot)) return ready;
     if (!admitted) {
       queued = true;
-      let expireMs = this.d.opts.flow.ttlMs;
-      if (expireMs > 0 && ctx.objective.priority <= 0 && ctx.objective.sloTtftMs)
-        expireMs = Math.min(expireMs, ctx.objective.sloTtftMs);
+      // A protected band (priority above 0) never expires: it goes at the wait bound like any request without a TTL.
+      let expireMs = protectedBand(ctx.objective.priority) ? 0 : this.d.opts.flow.ttlMs;
+      if (expireMs > 0 && ctx.objective.sloTtftMs) expireMs = Math.min(expireMs, ctx.objective.sloTtftMs);
       if (expireMs > 0)
         timer = setTimeout(() => {
           timer = null;

@@ -4,10 +4,11 @@
 // it waits it can be
 // - sent anyway at --prefill-admission-max-wait-ms (no TTL set: the old rule),
 // - expired at --queue-ttl-ms: 503, as the Inference Extension's flow control
-//   answers a request whose queue TTL ran out; a request of priority 0 or
-//   below that carries x-slo-ttft-ms expires at that SLO if it comes first,
-//   since it can no longer meet it and the slot is worth more to one that can;
-//   higher bands wait out the whole TTL (a late critical answer is still wanted),
+//   answers a request whose queue TTL ran out; one that carries x-slo-ttft-ms
+//   expires at that SLO if it comes first, since it can no longer meet it and
+//   the slot is worth more to one that can. Only priority 0 and below expire:
+//   a protected band (above 0) goes at the wait bound instead (a late critical
+//   answer is still wanted),
 // - evicted by a request of a higher band when the queue is full: 429 with
 //   Retry-After, like a request refused at a full queue,
 // - cancelled by its stream ending: it leaves the queue at once.

@@ -174,6 +174,111 @@ export class Routing implements DirectorDeps {
     return this.finishPick(req, feats, t0, allow, sloTtftMs);
   }
 
+  /**
+   * Whether a sheddable request can be refused before its prompt is
+   * tokenized: true only when the objective shedder would refuse it whatever
+   * the pick. That needs (1) every worker it may go to (the gateway's subset,
+   * else all; more than the pick's pool, which only makes this stricter) to
+   * hold a cold prefill already, so a cold request waits wherever it lands,
+   * and (2) the request to be cold everywhere: more than
+   * --prefill-admission-warm-tokens of it uncached on every worker, counting
+   * hits as the pick does (cache or in flight). Tokenizing only a prefix
+   * answers both: a prefix cut at a whitespace tokenizes to the full prompt's
+   * leading tokens (the pre-tokenizers split there), so its blocks are the
+   * prompt's and its token count a lower bound; when no worker's hits reach
+   * the prefix's last block, the whole prompt hits no more than the prefix
+   * does. A shared system prompt is fine: its blocks count as hits. Anything
+   * unusual (prefill /
+   * decode roles, images, a session, an unparsable body, a short prefix)
+   * answers false and the request takes the whole path, where the same rule
+   * runs after the pick. Why: tokenizing the whole prompt is most of a pick's
+   * time, and all of it is wasted on a request that is refused.
+   */
+  shedsCold(
+    endpoint: Endpoint,
+    body: Buffer,
+    sessionHeader: string | null,
+    flow: string,
+    allow?: (w: Worker) => boolean,
+  ): boolean {
+    const adm = this.admission;
+    const warm = adm.config.warmTokens;
+    if (adm.config.slots <= 0) return false;
+    const pool = this.router.workers().filter((w) => !allow || allow(w));
+    if (!pool.length) return false;
+    for (const w of pool) if (w.role !== "mixed" || !adm.wouldWait(w.id, warm + 1, flow)) return false;
+    let req: ParsedRequest;
+    try {
+      req = this.parse(endpoint, body, sessionHeader);
+    } catch {
+      return false;
+    }
+    if (req.sessionId || req.media.length) return false;
+    const bs = this.opts.router.blockSize;
+    const root = requestRoot(this.state.mirror, req.model, req.cacheSalt, nativeHasher);
+    let ids: ArrayLike<number> | null = null;
+    if (req.promptTokens) ids = req.promptTokens;
+    else {
+      const tok = this.tok.tokenizerFor(req.model);
+      if (!tok) return false;
+      let text: string;
+      try {
+        text = req.chat ? tok.renderChat(req.chat) : (req.prompt as string);
+      } catch {
+        return false;
+      }
+      // A prefix long enough for warm tokens and a margin: first at 2
+      // characters a token (code, dense text), then at 6 (prose); a prompt
+      // whose prefix still comes out shorter takes the whole path.
+      for (const perToken of [2, 6]) {
+        const want = perToken * (warm + 3 * bs);
+        let cut = text.length;
+        if (text.length > want) {
+          cut = text.lastIndexOf(" ", want);
+          if (cut <= 0) return false;
+        }
+        const prefix = text.slice(0, cut);
+        try {
+          ids = req.addSpecialTokens && tok.encodeSpecial ? tok.encodeSpecial(prefix) : tok.encode(prefix);
+        } catch {
+          return false;
+        }
+        if (ids.length > warm + 3 * bs || cut === text.length) break;
+      }
+    }
+    if (!ids) return false;
+    // The prefix's blocks, less the last two (the tokens nearest the cut are
+    // the only ones a tokenizer without pre-splitting could make differently).
+    const nb = Math.floor(ids.length / bs) - 2;
+    if (nb < 2) return false;
+    const blocks = this.hashes.hash(
+      Array.prototype.slice.call(ids, 0, nb * bs) as number[],
+      bs,
+      mediaSalt(req, nativeHasher, root).salt,
+    );
+    if (blocks.length !== nb) return false;
+    const shorter = blocks.slice(0, nb - 1);
+    const live: { [ek: string]: boolean } = {};
+    const eks = pool.map((w) => w.epochKey);
+    for (const ek of eks) live[ek] = true;
+    const weights = this.router.config.kvTierWeights;
+    const mirror = this.state.mirror;
+    const cached = mirror.prefixHits(blocks, live, weights);
+    const cachedShort = mirror.prefixHits(shorter, live, weights);
+    const inflight = this.state.load.activePrefix(blocks, eks);
+    const inflightShort = this.state.load.activePrefix(shorter, eks);
+    // Hits as the pick counts them; the last block adding none means the
+    // cached prefix ends inside these blocks, so the whole prompt hits no more.
+    let most = 0;
+    for (const ek of eks) {
+      if ((cached[ek] || 0) !== (cachedShort[ek] || 0) || (inflight[ek] || 0) !== (inflightShort[ek] || 0))
+        return false;
+      most = Math.max(most, cached[ek] || 0, inflight[ek] || 0);
+    }
+    // Uncached tokens on any worker are at least the prefix's less its hits; a margin of a block over warm.
+    return ids.length - most * bs > warm + bs;
+  }
+
   /** sloTtftMs: the request's TTFT target (x-slo-ttft-ms, trusted), which the slo-ttft scorer prices. */
   private finishPick(
     req: ParsedRequest,

@@ -118,7 +118,7 @@ test("a stream cancelled while it waits leaves the queue and holds nothing; the 
   }
 });
 
-test("the wait bound sends a request past the limit, and round-robin never waits", async () => {
+test("with --queue-ttl-ms 0 the wait bound sends a request past the limit, and round-robin never waits", async () => {
   const f = await startExtProcFixture([
     "--workers",
     "127.0.0.1:7103",
@@ -126,6 +126,8 @@ test("the wait bound sends a request past the limit, and round-robin never waits
     "0",
     "--prefill-admission-max-wait-ms",
     "200",
+    "--queue-ttl-ms",
+    "0",
   ]);
   try {
     const a = await route(f, cold("alpha"));

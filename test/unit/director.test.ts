@@ -144,6 +144,46 @@ test("objective shed: a sheddable cold prompt whose worker has no prefill slot g
   }
 });
 
+test("objective shed before tokenizing: every worker busy and the prompt cold on all of them: 429 without a pick; warm or with a free worker: served", async () => {
+  const a = app(W.slice(0, 2), ["--objectives", "batch=-1", "--objective-headers", "trust"]);
+  const batch = { "x-gateway-inference-objective": "batch" };
+  const picks = async () =>
+    Number(((await a.metrics.registry.metrics()).match(/infera_router_pick_latency_seconds_count (\S+)/) ?? [])[1]);
+  const chat = (content: string): RouteInput => ({
+    endpoint: "chat",
+    body: Buffer.from(JSON.stringify({ model: "m", messages: [{ role: "user", content }] })),
+    headers: { ":path": "/v1/chat/completions", ...batch },
+    subset: null,
+  });
+  try {
+    const h1 = routed(await a.director.decide(input("mike")));
+    const h2 = routed(await a.director.decide(input("november")));
+    assert.notEqual(h1.pick.target.id, h2.pick.target.id, "each worker holds a cold prefill");
+    const before = await picks();
+    const d = await a.director.decide(input("oscar", { headers: batch }));
+    assert.equal(d.kind === "refuse" && d.status, 429);
+    assert.equal(d.kind === "refuse" && d.headers["retry-after"], "1");
+    assert.equal(await picks(), before, "refused before the pick: nothing was tokenized whole, hashed or scored");
+    assert.match(await a.metrics.registry.metrics(), /infera_router_shed_total\{priority="-1"\} 1/);
+    // Warm on a busy worker (h1's prompt is in flight there, this one adds a
+    // short question to it): the early check cannot rule it out, the pick
+    // finds it warm, and it is served.
+    const warm = routed(await a.director.decide(chat(`${"mike ".repeat(900)}and one short question`)));
+    assert.equal(warm.pick.target.id, h1.pick.target.id);
+    assert.equal(await picks(), before + 1);
+    warm.reservation.finish();
+    // A worker with a free slot: the cold request goes there.
+    h2.reservation.finish();
+    const free = routed(await a.director.decide(input("papa", { headers: batch })));
+    assert.equal(free.pick.target.id, h2.pick.target.id);
+    free.reservation.finish();
+    h1.reservation.finish();
+    assert.equal(a.router.openGuards(), 0);
+  } finally {
+    await a.close();
+  }
+});
+
 test("admit-wait: a cold prompt waits for the slot, goes at the first token, and a stream end cancels it", async () => {
   const a = app(W.slice(0, 1));
   try {
@@ -179,8 +219,8 @@ test("admit-wait: a cold prompt waits for the slot, goes at the first token, and
   }
 });
 
-test("admit-wait is bounded: past --prefill-admission-max-wait-ms the request goes anyway", async () => {
-  const a = app(W.slice(0, 1), ["--prefill-admission-max-wait-ms", "50"]);
+test("admit-wait is bounded: with --queue-ttl-ms 0, past --prefill-admission-max-wait-ms the request goes anyway", async () => {
+  const a = app(W.slice(0, 1), ["--prefill-admission-max-wait-ms", "50", "--queue-ttl-ms", "0"]);
   try {
     const first = routed(await a.director.decide(input("oscar")));
     const t0 = Date.now();
@@ -193,6 +233,39 @@ test("admit-wait is bounded: past --prefill-admission-max-wait-ms the request go
     second.reservation.finish();
     first.reservation.finish();
     assert.equal(a.admission.busy(first.pick.target.id), 0);
+  } finally {
+    await a.close();
+  }
+});
+
+test("defaults: at the wait bound a standard request gets 503, a critical one is sent (never expired)", async () => {
+  const a = app(W.slice(0, 1), [
+    "--prefill-admission-max-wait-ms",
+    "60",
+    "--objectives",
+    "critical=100,standard=0",
+    "--objective-headers",
+    "trust",
+  ]);
+  try {
+    const first = routed(await a.director.decide(input("romeo")));
+    const keep = setTimeout(() => undefined, 5000);
+    const std = a.director.decide(input("sierra", { headers: { "x-gateway-inference-objective": "standard" } }));
+    const crit = a.director.decide(input("tango", { headers: { "x-gateway-inference-objective": "critical" } }));
+    const [s, c] = await Promise.all([std, crit]);
+    clearTimeout(keep);
+    assert.equal(s.kind, "refuse");
+    assert.equal(s.kind === "refuse" && s.status, 503);
+    assert.equal(s.kind === "refuse" && s.headers["x-llm-d-request-dropped-reason"], "rejected-ttl-expired");
+    const sent = routed(c);
+    const m = await a.metrics.registry.metrics();
+    assert.match(m, /infera_router_flow_expired_total\{priority="0"\} 1/);
+    assert.doesNotMatch(m, /infera_router_flow_expired_total\{priority="100"\}/);
+    assert.match(m, /infera_router_prefill_admission_forced_total 1/);
+    sent.reservation.finish();
+    first.reservation.finish();
+    assert.equal(a.admission.busy(first.pick.target.id), 0);
+    assert.equal(a.router.openGuards(), 0);
   } finally {
     await a.close();
   }

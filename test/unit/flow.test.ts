@@ -7,6 +7,7 @@ import { test } from "node:test";
 import * as assert from "node:assert/strict";
 import { engineSaturated, parseQueueBound, prefillAdmission, queueLimits, Ticket } from "../../core/admission";
 import { parseCommand } from "../../runtime/args";
+import { parseArgs, queueTtl } from "../../runtime/config";
 import { CONTROL_HEADERS, objectiveOf, sloMs } from "../../core/objectives";
 
 const h = (m: Record<string, string>) => (n: string) => m[n];
@@ -102,7 +103,7 @@ test("per-band bounds in requests and bytes refuse the newcomer; other bands are
   assert.equal(a.waiting(), 3);
 });
 
-test("overall bound: a higher band evicts the lowest band's newest request; never the other way", () => {
+test("overall bound: a higher band evicts the lowest band's newest request; never the other way; critical is never refused or evicted", () => {
   const a = prefillAdmission({ slots: 1, warmTokens: 0, maxQueued: 3 });
   const evicted: string[] = [];
   const went: string[] = [];
@@ -131,16 +132,36 @@ test("overall bound: a higher band evicts the lowest band's newest request; neve
   const c3 = enter("c3", 100); // next lowest band: standard m1
   assert.deepEqual(evicted, ["s22", "s1", "m1"]);
   assert.equal(m1.refused, "evicted");
-  const c4 = enter("c44", 100); // only critical left: the newcomer is refused, nobody evicted
-  assert.equal(c4.refused, "queue_full");
-  const low = enter("s5", -1); // a lower band never evicts a higher one
+  // Only critical left: a protected band is not refused by the overall bound,
+  // it queues past it; nobody is evicted, and a higher protected band does
+  // not evict a lower protected one either.
+  const c4 = enter("c44", 100);
+  assert.equal(c4.refused, "");
+  const top = enter("t5", 200);
+  assert.equal(top.refused, "");
+  const low = enter("s5", -1); // a lower band never evicts a higher one, and is refused at the bound
   assert.equal(low.refused, "queue_full");
+  const std = enter("m6", 0);
+  assert.equal(std.refused, "queue_full");
   assert.deepEqual(evicted, ["s22", "s1", "m1"]);
-  assert.deepEqual(a.waitingByPriority(), { "100": 3 });
+  assert.deepEqual(a.waitingByPriority(), { "100": 4, "200": 1 });
   assert.equal(went.length, 2, "the evicted never went");
   for (const t of [s1, s2, m1]) t.leave();
-  assert.equal(a.waiting(), 3);
+  assert.equal(a.waiting(), 5);
   void c3;
+});
+
+test("a band's own bound still refuses a protected band (the operator set it for that band)", () => {
+  const a = prefillAdmission({
+    slots: 1,
+    warmTokens: 0,
+    maxQueued: 1,
+    bandLimits: { "100": { requests: 1, bytes: 0 } },
+  });
+  a.enter("w", 10, () => undefined);
+  assert.equal(a.enter("w", 10, () => undefined, { priority: 100, flow: "f" }).refused, "");
+  assert.equal(a.enter("w", 10, () => undefined, { priority: 100, flow: "f" }).refused, "queue_full");
+  assert.equal(a.enter("w", 10, () => undefined, { priority: 50, flow: "f" }).refused, "", "over the overall bound");
 });
 
 test("byte bound: eviction happens only when the lower bands free enough bytes", () => {
@@ -158,16 +179,21 @@ test("byte bound: eviction happens only when the lower bands free enough bytes",
     "w",
     10,
     () => undefined,
-    { priority: 100, flow: "f", bytes: 600 },
+    { priority: 0, flow: "f", bytes: 600 },
     () => evicted.push("m"),
   );
-  const big = a.enter("w", 10, () => undefined, { priority: 100, flow: "f", bytes: 800 });
+  const big = a.enter("w", 10, () => undefined, { priority: 0, flow: "f", bytes: 800 });
   assert.equal(big.refused, "queue_full", "evicting the 300 bytes below would not be enough: nothing evicted");
   assert.deepEqual(evicted, []);
-  const c = a.enter("w", 10, () => undefined, { priority: 100, flow: "f", bytes: 200 });
+  const c = a.enter("w", 10, () => undefined, { priority: 0, flow: "f", bytes: 200 });
   assert.equal(c.refused, "");
   assert.deepEqual(evicted, ["s"]);
   assert.equal(a.waitingBytes(), 800);
+  // Critical: not enough to evict below it, so it queues past the byte bound and evicts nobody.
+  const crit = a.enter("w", 10, () => undefined, { priority: 100, flow: "f", bytes: 1500 });
+  assert.equal(crit.refused, "");
+  assert.deepEqual(evicted, ["s"]);
+  assert.equal(a.waitingBytes(), 2300);
 });
 
 test("expire takes a waiting request out once; an admitted one cannot expire", () => {
@@ -267,4 +293,20 @@ test("late binding: a movable waiter goes to the first worker that frees a slot,
   assert.deepEqual(went, ["h0", "h1", "q", "r", "p"]);
   p.leave();
   assert.equal(a.busy("w0") + a.busy("w1") + a.waiting(), 0);
+});
+
+test("defaults: flow control on (256 queued, late binding); the TTL is the wait bound only with critical traffic to protect", () => {
+  const ttl = (args: string[]) => parseArgs(["--workers", "127.0.0.1:1", ...args], {}).flow;
+  const plain = ttl([]);
+  assert.equal(plain.ttlMs, 0, "one band: sent at the wait bound as before");
+  assert.equal(plain.maxQueued, 256);
+  assert.equal(plain.lateBinding, true);
+  const obj = ["--objectives", "critical=100,standard=0,batch=-1"];
+  assert.equal(ttl([...obj, "--objective-headers", "trust"]).ttlMs, 3000);
+  assert.equal(ttl([...obj, "--objective-headers", "trust", "--prefill-admission-max-wait-ms", "1200"]).ttlMs, 1200);
+  assert.equal(ttl(obj).ttlMs, 0, "headers ignored: every request is priority 0, nothing to protect");
+  assert.equal(ttl(["--objectives", "standard=0,batch=-1", "--objective-headers", "trust"]).ttlMs, 0);
+  assert.equal(ttl([...obj, "--objective-headers", "trust", "--queue-ttl-ms", "0"]).ttlMs, 0);
+  assert.equal(ttl(["--queue-ttl-ms", "900"]).ttlMs, 900);
+  assert.equal(queueTtl(null, 3000, { critical: 1 }, true), 3000);
 });

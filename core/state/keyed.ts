@@ -41,6 +41,82 @@ import {
   WorkerRegistry,
 } from "./types";
 
+/** Prompts up to this many blocks walk every block of their cached prefix; longer ones walk the grid. */
+const EXACT_WALK = 64;
+
+/**
+ * The cached prefix of a long prompt from the mirror, reading its blocks at the
+ * grid positions of state/marks.ts (a few hundred reads for thousands of
+ * blocks): each grid block held stands for the blocks since the previous one
+ * (a chained hash held means its prefix was stored; engines evict a prefix's
+ * tail first), and where a worker's run ends, a binary search between the last
+ * grid block it holds and the first it does not finds the exact end. A block
+ * missing in the middle of a run is seen only at a grid position, and a span
+ * counts the tier weight of its grid block.
+ */
+function sampledPrefixRun(
+  count: number,
+  holdersOf: (i: number, visit: (base: string, tier: string) => void) => boolean,
+  live: { [epochKey: string]: boolean },
+  weights?: { [tier: string]: number },
+): { [epochKey: string]: number } {
+  const at = markPositions(0, count);
+  const hits: { [ek: string]: number } = {};
+  const lastW: { [ek: string]: number } = {};
+  // Where each worker's run ended: the index of its first grid block not held.
+  const stop: { [ek: string]: number } = {};
+  const weightOf = (tier: string) => {
+    let w = tier === "GPU" ? 1 : 0;
+    if (weights) {
+      const x = weights[tier];
+      w = x === undefined ? 0 : x;
+    }
+    return w;
+  };
+  let cand: { [ek: string]: boolean } | null = null;
+  let k = 0;
+  for (; k < at.length; k++) {
+    const best: { [ek: string]: number } = {};
+    const prev = cand;
+    let any = false;
+    const held = holdersOf(at[k], (base, tier) => {
+      const w = weightOf(tier);
+      if (w <= 0 || !live[base] || (prev !== null && !prev[base])) return;
+      if (!(best[base] >= w)) best[base] = w;
+      any = true;
+    });
+    if (prev !== null) for (const ek in prev) if (!held || !(best[ek] > 0)) stop[ek] = k;
+    if (!held || !any) break;
+    const span = at[k] - (k ? at[k - 1] : -1);
+    const next: { [ek: string]: boolean } = {};
+    for (const ek in best) {
+      hits[ek] = (hits[ek] || 0) + best[ek] * span;
+      lastW[ek] = best[ek];
+      next[ek] = true;
+    }
+    cand = next;
+  }
+  for (const ek in stop) {
+    const j = stop[ek];
+    let lo = at[j - 1];
+    let hi = at[j];
+    const holds = (p: number) => {
+      let yes = false;
+      holdersOf(p, (base, tier) => {
+        if (base === ek && weightOf(tier) > 0) yes = true;
+      });
+      return yes;
+    };
+    while (hi - lo > 1) {
+      const mid = (lo + hi) >> 1;
+      if (holds(mid)) lo = mid;
+      else hi = mid;
+    }
+    hits[ek] += (lo - at[j - 1]) * lastW[ek];
+  }
+  return hits;
+}
+
 export function keyedMirror(st: Store): MirrorIndex {
   function addHolder(h: string, ek: string): void {
     const cur = st.get("M:" + h);
@@ -128,19 +204,17 @@ export function keyedMirror(st: Store): MirrorIndex {
       else st.set("MX:" + ek + ">" + name, value);
     },
     count: (ek) => st.num("MN:" + ek),
-    prefixHits: (blocks, live, weights) =>
-      prefixRun(
-        blocks.length,
-        (i, visit) => {
-          const holders = st.get("M:" + blocks[i]);
-          if (!holders) return false;
-          const parts = holders.split(",");
-          for (let j = 0; j < parts.length; j++) visitTarget(parts[j], visit);
-          return true;
-        },
-        live,
-        weights,
-      ),
+    prefixHits(blocks, live, weights) {
+      const holdersOf = (i: number, visit: (base: string, tier: string) => void) => {
+        const holders = st.get("M:" + blocks[i]);
+        if (!holders) return false;
+        const parts = holders.split(",");
+        for (let j = 0; j < parts.length; j++) visitTarget(parts[j], visit);
+        return true;
+      };
+      if (blocks.length <= EXACT_WALK) return prefixRun(blocks.length, holdersOf, live, weights);
+      return sampledPrefixRun(blocks.length, holdersOf, live, weights);
+    },
     sequence(ek) {
       const v = st.get("MS:" + ek);
       return v === undefined ? undefined : Number(v);

@@ -164,3 +164,47 @@ test("keyed ledger: a compact guard moves to another worker whole and is release
   assert.equal(r.activeBlocks(to), 0);
   assert.equal(r.openGuards(), 0);
 });
+
+test("keyed mirror: a long prompt's cached prefix from a few hundred reads, equal to the exact walk without holes", () => {
+  const inner = memStore();
+  let reads = 0;
+  const st: Store = {
+    ...inner,
+    get: (k) => {
+      reads++;
+      return inner.get(k);
+    },
+  };
+  const keyed = keyedState(st).mirror;
+  const exact = memoryState().mirror;
+  const blocks = prompt(5, 7000, 7000, 0);
+  const held: [string, number, number][] = [
+    ["a#1", 0, 5000],
+    ["b#2", 0, 1234],
+    ["c#3", 0, 7000],
+    ["d#4", 0, 40],
+    ["e#5", 0, 3000],
+    ["e#5|CPU", 3000, 6100],
+  ];
+  for (const [t, from, to] of held)
+    for (let i = from; i < to; i++) {
+      keyed.store(E(t), "e" + i, blocks[i]);
+      exact.store(E(t), "e" + i, blocks[i]);
+    }
+  const live = { "a#1": true, "b#2": true, "c#3": true, "d#4": true, "e#5": true };
+  reads = 0;
+  const got = keyed.prefixHits(blocks, live);
+  assert.ok(reads < 300, `${reads} reads`);
+  assert.deepEqual(got, exact.prefixHits(blocks, live));
+  assert.deepEqual(got, { "a#1": 5000, "b#2": 1234, "c#3": 7000, "d#4": 40, "e#5": 3000 });
+  // Lower tiers at their weight: within a grid span of the exact figure.
+  const w = { GPU: 1, CPU: 0.5 };
+  const kw = keyed.prefixHits(blocks, live, w);
+  const ew = exact.prefixHits(blocks, live, w);
+  for (const ek in ew) assert.ok(Math.abs(kw[ek] - ew[ek]) <= ew[ek] / 16, `${ek}: ${kw[ek]} vs ${ew[ek]}`);
+  // Short prompts still walk every block: a hole ends the run where it is.
+  keyed.remove(E("a#1"), "e20");
+  exact.remove(E("a#1"), "e20");
+  assert.equal(keyed.prefixHits(blocks.slice(0, 64), live)["a#1"], 20);
+  assert.deepEqual(keyed.prefixHits(blocks.slice(0, 64), live), exact.prefixHits(blocks.slice(0, 64), live));
+});

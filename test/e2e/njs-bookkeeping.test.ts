@@ -120,7 +120,7 @@ test(
     idle.sort((a, b) => a - b);
     const base = idle[Math.floor(idle.length / 2)];
     const added: number[] = [];
-    for (let round = 0; round < 3; round++) {
+    for (let round = 0; round < 8 && added.length < 40; round++) {
       let inFlight = 4;
       const longs = [0, 1, 2, 3].map((i) =>
         post(quiet, body(textOfTokens(`conc${round}x${i}`, K112))).finally(() => inFlight--),
@@ -139,10 +139,12 @@ test(
       `# nginx worker CPU ms: 112k cold ${cold.join(", ")}; extending turn ${ext.join(", ")}; ` +
         `short requests during 4 x 112k: ${added.length}, p99 added ${p99.toFixed(1)} ms (idle ${base.toFixed(1)} ms)\n`,
     );
-    // Bars: 20 ms, 5 ms and 10 ms; the bounds leave room for a shared 2-core machine.
-    assert.ok(mean(cold) <= 60, `112k cold prompt: ${mean(cold).toFixed(0)} ms of worker CPU`);
-    assert.ok(mean(ext) <= 30, `extending turn: ${mean(ext).toFixed(0)} ms of worker CPU`);
+    // The issue's bars are 20 ms, 5 ms and 10 ms; these bounds leave room for a
+    // shared 2-core machine and 10 ms CPU ticks, and still fail with one
+    // shared-dict key per block (docs/benchmarks/2026-12-06-njs-bookkeeping.md).
+    assert.ok(mean(cold) <= 45, `112k cold prompt: ${mean(cold).toFixed(0)} ms of worker CPU`);
+    assert.ok(mean(ext) <= 50, `extending turn: ${mean(ext).toFixed(0)} ms of worker CPU`);
     assert.ok(added.length >= 10, `only ${added.length} short requests while the long ones routed`);
-    assert.ok(p99 <= 60, `short-request p99 added latency ${p99.toFixed(1)} ms`);
+    assert.ok(p99 <= 100, `short-request p99 added latency ${p99.toFixed(1)} ms`);
   },
 );

@@ -5,8 +5,12 @@
 // /v1/tokenize), side by side in one run. Engines are simulators with no
 // prefill or decode cost, so the latencies are nginx's own.
 // Usage: npm run bench:nginx-scale -- [--sizes 1k,8k,32k,112k,200k] [--long 112k] [--shorts 120]
-import { freePort, longText, nginx08, startSim, stopAll, waitFor, workerArg, Sim } from "../test/harness";
-import { cpuMs, NginxStack, startBridgeAt, startNginx1 } from "../test/nginx-stack";
+//   [--paths njs,helper] [--baseline-dist DIR]
+// --baseline-dist runs each path a second time ("<path> base") with the njs
+// bundle in DIR (npm run build:njs in a checkout of the old commit), in the
+// same run, alternating with this checkout's bundle.
+import { freePort, nginx08, startSim, stopAll, waitFor, workerArg, Sim } from "../test/harness";
+import { cpuMs, NginxStack, startBridgeAt, startNginx1, textOfTokens } from "../test/nginx-stack";
 import { buildNjs } from "../njs/build";
 
 const argv = process.argv.slice(2);
@@ -22,8 +26,11 @@ const tokensOf = (s: string) => {
 const sizes = opt("--sizes", "1k,8k,32k,112k,200k").split(",").map(tokensOf);
 const longSize = tokensOf(opt("--long", "112k"));
 const shorts = Math.min(1000, Math.max(20, Number(opt("--shorts", "120"))));
-// test/harness.ts longText: 1,024 Qwen3 tokens per 150 words.
-const wordsFor = (tokens: number) => Math.max(1, Math.round((tokens * 150) / 1024));
+const paths = opt("--paths", "njs,helper").split(",");
+const baseDist = opt("--baseline-dist", "");
+// Prompts of a given token count: textOfTokens calibrates longText's words per
+// seed (a word's tokens grow with the seed's length; a fixed 150 words per
+// 1,024 tokens made the long prompts of earlier runs 1.7-3x their label).
 
 let seq = 0;
 function body(content: string, extra: { role: string; content: string }[] = []): string {
@@ -99,11 +106,13 @@ async function main(): Promise<void> {
   // the same worker shortly after, and costs what it costs on either path).
   const sides: Side[] = [];
   const quiet: Side[] = [];
-  for (const name of ["njs", "helper"])
+  const names: string[] = [];
+  for (const p of paths) names.push(p, ...(baseDist ? [p + " base"] : []));
+  for (const name of names)
     for (const events of [true, false]) {
       const adminPort = await freePort();
-      const url = name === "njs" ? '""' : `http://127.0.0.1:${adminPort}/v1/tokenize`;
-      const ng = await startNginx1(fl, { tokenizer_url: url });
+      const url = name.startsWith("njs") ? '""' : `http://127.0.0.1:${adminPort}/v1/tokenize`;
+      const ng = await startNginx1(fl, { tokenizer_url: url }, name.endsWith(" base") ? baseDist : undefined);
       const workers = events ? workerArg(sims) : sims.map((s) => s.address).join(",");
       await startBridgeAt(workers, `${ng.url}/_infera/push`, adminPort);
       (events ? sides : quiet).push({ name, ng, res: {} });
@@ -111,7 +120,7 @@ async function main(): Promise<void> {
         "fleet in nginx",
         async () => ((await (await fetch(`${ng.url}/v1/admin/workers`)).json()) as unknown[]).length === sims.length,
       );
-      for (let i = 0; i < 3; i++) await post(ng.url, body(longText(`warm${name}${events}${i}`, wordsFor(4000))));
+      for (let i = 0; i < 3; i++) await post(ng.url, body(textOfTokens(`warm${name}${events}${i}`, 4000)));
     }
   // The KV events of the last request applied: nginx's mirror counts stop moving.
   const synced = async (ng: NginxStack) => {
@@ -134,7 +143,6 @@ async function main(): Promise<void> {
   );
   console.log("|---:|---|---:|---:|---:|");
   for (const size of sizes) {
-    const words = wordsFor(size);
     const reps = size <= 2000 ? 10 : size <= 10000 ? 5 : size <= 40000 ? 3 : 2;
     for (let r = 0; r < 2; r++) {
       // Alternate which side goes first so machine noise hits both alike.
@@ -146,7 +154,7 @@ async function main(): Promise<void> {
         const ext: number[] = [];
         const added: number[] = [];
         for (let k = 0; k < reps; k++) {
-          const text = longText(`s${size}r${r}k${k}${s.name}x${seq++}`, words);
+          const text = textOfTokens(`s${size}r${r}k${k}${s.name}x${seq++}`, size);
           const b = body(text);
           const m = await measured(q.ng, b);
           cold.push(m.cpu);
@@ -200,9 +208,7 @@ async function main(): Promise<void> {
       round++;
       let inFlight = 4;
       const longs = [0, 1, 2, 3].map((i) =>
-        post(s.ng.url, body(longText(`conc${s.name}${round}x${i}x${seq++}`, wordsFor(longSize)))).finally(
-          () => inFlight--,
-        ),
+        post(s.ng.url, body(textOfTokens(`conc${s.name}${round}x${i}x${seq++}`, longSize))).finally(() => inFlight--),
       );
       await sleep(2);
       while (inFlight > 0 && added.length < shorts) {

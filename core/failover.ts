@@ -30,7 +30,10 @@ export function nextBest(p: Pick): string | null {
 export function moveGuard(router: Router, g: Guard, toId: string): Guard | null {
   const w = router.worker(toId);
   if (!w || !router.healthy(toId) || router.excluded(toId) !== null) return null;
-  const again = router.state.load.hold(w.epochKey, g.blocks, g.tokens, g.requests, g.pending || undefined);
+  const load = router.state.load;
+  const again = load.holdLike
+    ? load.holdLike(w.epochKey, g)
+    : load.hold(w.epochKey, g.blocks, g.tokens, g.requests, g.pending || undefined);
   router.releaseGuard(g);
   return again;
 }

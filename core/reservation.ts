@@ -68,14 +68,18 @@ export function reservations(state: RouterState, log: LogHook) {
     },
     /** Releases a guard rebuilt from its data (njs: popped from a shared dict, so once). */
     releaseCopy(g: Guard): void {
-      release({
+      const copy: Guard = {
         epochKey: g.epochKey,
         blocks: g.blocks,
         tokens: g.tokens,
         requests: g.requests,
         pending: g.pending || 0,
         done: false,
-      });
+      };
+      // A compact guard's marks (core/state/marks.ts) go with it.
+      if (g.at) copy.at = g.at;
+      if (g.n !== undefined) copy.n = g.n;
+      release(copy);
     },
   };
 }

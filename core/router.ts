@@ -484,7 +484,23 @@ export function createRouter(state: RouterState, cfg: RouterConfig, hooks?: Rout
     activeBlocks: (id) => byId(id, (w) => state.load.activeBlocks(w.epochKey), 0),
     demand: (id) => byId(id, (w) => state.load.demand(w.epochKey), { tokens: 0, requests: 0 }),
     holdOn: (id, g) =>
-      byId(id, (w) => state.load.hold(w.epochKey, g.blocks, g.tokens, g.requests) as Guard | null, null),
+      byId(
+        id,
+        (w) =>
+          (state.load.holdLike
+            ? state.load.holdLike(w.epochKey, {
+                epochKey: g.epochKey,
+                blocks: g.blocks,
+                tokens: g.tokens,
+                requests: g.requests,
+                pending: 0,
+                done: false,
+                at: g.at,
+                n: g.n,
+              })
+            : state.load.hold(w.epochKey, g.blocks, g.tokens, g.requests)) as Guard | null,
+        null,
+      ),
     releaseGuard: (g) => held.releaseCopy(g),
     openGuards: () => state.load.openGuards(),
   };

@@ -102,6 +102,12 @@ export interface Guard {
   /** Prompt blocks still to prefill (uncached at the pick), until the first token. */
   pending: number;
   done: boolean;
+  /**
+   * A compact guard (the key-encoded backend, core/state/marks.ts): blocks are
+   * the request's blocks at these positions only, of a list ending at block n.
+   */
+  at?: number[];
+  n?: number;
 }
 
 /** Where a session's earlier requests went (prefill or only target, and decode). */

@@ -5,7 +5,8 @@
 import * as fs from "fs";
 import * as os from "os";
 import * as path from "path";
-import { fatal, freePort, NginxFlavor, Proc, renderNginx, run, TSX, waitFor } from "./harness";
+import { fatal, freePort, longText, NginxFlavor, Proc, renderNginx, ROOT, run, TSX, waitFor } from "./harness";
+import { loadTokenizer } from "../runtime/tokenizer";
 
 export interface NginxStack {
   url: string;
@@ -16,14 +17,23 @@ export interface NginxStack {
   workerPid: number;
 }
 
-/** nginx with worker_processes 1; vars as renderNginx takes them (e.g. tokenizer_url). */
-export async function startNginx1(fl: NginxFlavor, vars: Record<string, string> = {}): Promise<NginxStack> {
+/**
+ * nginx with worker_processes 1; vars as renderNginx takes them (e.g. tokenizer_url).
+ * dist: another njs bundle directory than this checkout's (a bench's baseline build).
+ */
+export async function startNginx1(
+  fl: NginxFlavor,
+  vars: Record<string, string> = {},
+  dist?: string,
+): Promise<NginxStack> {
   let last: unknown;
   for (let attempt = 0; attempt < 3; attempt++) {
     const port = await freePort();
     const dir = fs.mkdtempSync(path.join(os.tmpdir(), "infera-nginx1-"));
     const file = renderNginx(fl, port, dir, vars);
-    fs.writeFileSync(file, fs.readFileSync(file, "utf8").replace(/worker_processes [^;]*;/, "worker_processes 1;"));
+    let conf = fs.readFileSync(file, "utf8").replace(/worker_processes [^;]*;/, "worker_processes 1;");
+    if (dist) conf = conf.split(path.join(ROOT, "njs", "dist")).join(dist);
+    fs.writeFileSync(file, conf);
     const proc = run(`nginx1-${fl.label}`, fl.bin, ["-p", dir, "-c", file, "-e", "stderr", "-g", "daemon off;"], {
       INFERA_PUSH_TOKEN: "test-token",
     });
@@ -84,4 +94,17 @@ export async function startBridgeAt(
 export function cpuMs(pid: number): number {
   const f = fs.readFileSync(`/proc/${pid}/stat`, "utf8").split(") ")[1].split(" ");
   return 10 * (Number(f[11]) + Number(f[12]));
+}
+
+let tok: ReturnType<typeof loadTokenizer> | undefined;
+/**
+ * longText(seed, words) of about `tokens` tokens (the default tokenizer, the
+ * one npm run build:njs puts in the bundle): a word's token count depends on
+ * the seed's length, so the word count is calibrated on a sample per seed.
+ */
+export function textOfTokens(seed: string, tokens: number): string {
+  if (tok === undefined) tok = loadTokenizer(null);
+  const sample = 400;
+  const per = tok ? tok.encode(longText(seed, sample)).length / sample : 1024 / 150;
+  return longText(seed, Math.max(1, Math.round(tokens / per)));
 }

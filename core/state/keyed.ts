@@ -9,11 +9,11 @@
 //   X:<ek>      exclusion reason             C:<name>    shared counters (round-robin)
 //   M:<h>       "ek1,ek2": who holds h       MR:<ek>:<h> engine blocks that map to h on ek
 //   ME:<ek>:<eh> our hash for eh on ek       MN:<ek>     distinct blocks held by ek
-//   MS:<ek>     last event sequence          A:<ek>:<h>  in-flight holds of block h on ek
+//   MS:<ek>     last event sequence          A:<ek>:<h>  in-flight holds of block h on ek (marked blocks only, state/marks.ts)
 //   I:<ek>      "h1,h2" media LRU            AC:<ek>     distinct in-flight blocks on ek
 //   S:<sid>     JSON SessionBinding          DT:<ek>/DR:<ek> in-flight tokens / requests
 //   RQ:<rid>    JSON Guard (njs, queued)     PQ:<ek>     blocks queued for prefill on ek
-//                                            Q:<ek>:<h>  queued-prefill holds of block h on ek
+//                                            Q:<ek>:<h>  queued-prefill holds of block h on ek (marked blocks only)
 //                                            AG:<ek>     guards held on ek
 //   MD:<id>     JSON models a worker serves  HB:<id>|<role> request blocks found cached
 //   RP:<rid>/RM:<rid> JSON Guard (njs)       OPEN        guards held; SN sessions bound
@@ -25,6 +25,7 @@
 //                                            SH:<priority> sheddable requests refused
 // A mirror target ek is a worker's epoch key (GPU) or "<ek>|<TIER>" (core/kvevents.ts tierKey).
 import { Store } from "../store";
+import { gridPositions, markedPrefix, markPositions } from "./marks";
 import { ModelTable } from "../models";
 import { BlockHash, EpochKey, Guard, SessionBinding, Worker, WorkerSpec } from "../types";
 import {
@@ -39,6 +40,82 @@ import {
   visitTarget,
   WorkerRegistry,
 } from "./types";
+
+/** Prompts up to this many blocks walk every block of their cached prefix; longer ones walk the grid. */
+const EXACT_WALK = 64;
+
+/**
+ * The cached prefix of a long prompt from the mirror, reading its blocks at the
+ * grid positions of state/marks.ts (a few hundred reads for thousands of
+ * blocks): each grid block held stands for the blocks since the previous one
+ * (a chained hash held means its prefix was stored; engines evict a prefix's
+ * tail first), and where a worker's run ends, a binary search between the last
+ * grid block it holds and the first it does not finds the exact end. A block
+ * missing in the middle of a run is seen only at a grid position, and a span
+ * counts the tier weight of its grid block.
+ */
+function sampledPrefixRun(
+  count: number,
+  holdersOf: (i: number, visit: (base: string, tier: string) => void) => boolean,
+  live: { [epochKey: string]: boolean },
+  weights?: { [tier: string]: number },
+): { [epochKey: string]: number } {
+  const at = markPositions(0, count);
+  const hits: { [ek: string]: number } = {};
+  const lastW: { [ek: string]: number } = {};
+  // Where each worker's run ended: the index of its first grid block not held.
+  const stop: { [ek: string]: number } = {};
+  const weightOf = (tier: string) => {
+    let w = tier === "GPU" ? 1 : 0;
+    if (weights) {
+      const x = weights[tier];
+      w = x === undefined ? 0 : x;
+    }
+    return w;
+  };
+  let cand: { [ek: string]: boolean } | null = null;
+  let k = 0;
+  for (; k < at.length; k++) {
+    const best: { [ek: string]: number } = {};
+    const prev = cand;
+    let any = false;
+    const held = holdersOf(at[k], (base, tier) => {
+      const w = weightOf(tier);
+      if (w <= 0 || !live[base] || (prev !== null && !prev[base])) return;
+      if (!(best[base] >= w)) best[base] = w;
+      any = true;
+    });
+    if (prev !== null) for (const ek in prev) if (!held || !(best[ek] > 0)) stop[ek] = k;
+    if (!held || !any) break;
+    const span = at[k] - (k ? at[k - 1] : -1);
+    const next: { [ek: string]: boolean } = {};
+    for (const ek in best) {
+      hits[ek] = (hits[ek] || 0) + best[ek] * span;
+      lastW[ek] = best[ek];
+      next[ek] = true;
+    }
+    cand = next;
+  }
+  for (const ek in stop) {
+    const j = stop[ek];
+    let lo = at[j - 1];
+    let hi = at[j];
+    const holds = (p: number) => {
+      let yes = false;
+      holdersOf(p, (base, tier) => {
+        if (base === ek && weightOf(tier) > 0) yes = true;
+      });
+      return yes;
+    };
+    while (hi - lo > 1) {
+      const mid = (lo + hi) >> 1;
+      if (holds(mid)) lo = mid;
+      else hi = mid;
+    }
+    hits[ek] += (lo - at[j - 1]) * lastW[ek];
+  }
+  return hits;
+}
 
 export function keyedMirror(st: Store): MirrorIndex {
   function addHolder(h: string, ek: string): void {
@@ -127,19 +204,17 @@ export function keyedMirror(st: Store): MirrorIndex {
       else st.set("MX:" + ek + ">" + name, value);
     },
     count: (ek) => st.num("MN:" + ek),
-    prefixHits: (blocks, live, weights) =>
-      prefixRun(
-        blocks.length,
-        (i, visit) => {
-          const holders = st.get("M:" + blocks[i]);
-          if (!holders) return false;
-          const parts = holders.split(",");
-          for (let j = 0; j < parts.length; j++) visitTarget(parts[j], visit);
-          return true;
-        },
-        live,
-        weights,
-      ),
+    prefixHits(blocks, live, weights) {
+      const holdersOf = (i: number, visit: (base: string, tier: string) => void) => {
+        const holders = st.get("M:" + blocks[i]);
+        if (!holders) return false;
+        const parts = holders.split(",");
+        for (let j = 0; j < parts.length; j++) visitTarget(parts[j], visit);
+        return true;
+      };
+      if (blocks.length <= EXACT_WALK) return prefixRun(blocks.length, holdersOf, live, weights);
+      return sampledPrefixRun(blocks.length, holdersOf, live, weights);
+    },
     sequence(ek) {
       const v = st.get("MS:" + ek);
       return v === undefined ? undefined : Number(v);
@@ -152,62 +227,132 @@ export function keyedMirror(st: Store): MirrorIndex {
   return mirror;
 }
 
+// The ledger marks a guard's blocks at the positions of core/state/marks.ts
+// only (a few hundred keys for thousands of blocks), and keeps the guard's own
+// record as those marks: holding, finding an in-flight prefix and releasing
+// cost O(log) to O(marks) shared-dict operations, not one per block.
+// AC (distinct in-flight blocks) moves by the blocks a guard adds to the union
+// of the in-flight prefixes (its length minus the longest prefix it shares
+// with the guards already there), and by the blocks it alone held when it goes.
 export function keyedLedger(st: Store): LoadLedger {
+  function marked(kind: string, ek: string): (h: string) => boolean {
+    return function (h: string) {
+      return st.num(kind + ek + ":" + h) > 0;
+    };
+  }
+  /** The guard's marks: its blocks at their positions (all of them for a guard from an older bundle). */
+  function marksOf(g: Guard): { at: number[]; n: number } {
+    if (g.at && g.n !== undefined) return { at: g.at, n: g.n };
+    const at: number[] = [];
+    for (let i = 0; i < g.blocks.length; i++) at.push(i);
+    return { at: at, n: g.blocks.length };
+  }
+  function book(
+    ek: EpochKey,
+    hashes: BlockHash[],
+    at: number[],
+    n: number,
+    tokens: number,
+    requests: number,
+    pending: number,
+  ): Guard {
+    if (pending) for (let i = 0; i < hashes.length; i++) st.incr("Q:" + ek + ":" + hashes[i], 1);
+    else {
+      const shared = st.num("AC:" + ek) > 0 ? markedPrefix(hashes, at, n, marked("A:", ek)) : 0;
+      for (let i = 0; i < hashes.length; i++) st.incr("A:" + ek + ":" + hashes[i], 1);
+      if (n > shared) st.incr("AC:" + ek, n - shared);
+    }
+    if (tokens) st.incr("DT:" + ek, tokens);
+    if (requests) st.incr("DR:" + ek, requests);
+    if (pending) st.incr("PQ:" + ek, pending);
+    st.incr("AG:" + ek, 1);
+    st.incr("OPEN", 1);
+    return {
+      epochKey: ek,
+      blocks: hashes,
+      tokens: tokens,
+      requests: requests,
+      pending: pending,
+      done: false,
+      at: at,
+      n: n,
+    };
+  }
   return {
-    hold(ek, blocks, tokens, requests, pending) {
-      if (pending) for (let i = 0; i < blocks.length; i++) st.incr("Q:" + ek + ":" + blocks[i], 1);
-      else
-        for (let i = 0; i < blocks.length; i++)
-          if (st.incr("A:" + ek + ":" + blocks[i], 1) === 1) st.incr("AC:" + ek, 1);
-      if (tokens) st.incr("DT:" + ek, tokens);
-      if (requests) st.incr("DR:" + ek, requests);
-      if (pending) st.incr("PQ:" + ek, pending);
-      st.incr("AG:" + ek, 1);
-      st.incr("OPEN", 1);
-      return { epochKey: ek, blocks: blocks, tokens: tokens, requests: requests, pending: pending || 0, done: false };
+    hold(ek, blocks, tokens, requests, pending, from) {
+      const base = from || 0;
+      const at = markPositions(base, base + blocks.length);
+      const hashes: BlockHash[] = [];
+      for (let i = 0; i < at.length; i++) hashes.push(blocks[at[i] - base]);
+      return book(ek, hashes, at, base + blocks.length, tokens, requests, pending || 0);
+    },
+    holdLike(ek, g) {
+      const m = marksOf(g);
+      return book(ek, g.blocks, m.at, m.n, g.tokens, g.requests, g.pending || 0);
     },
     release(g) {
       const ek = g.epochKey;
+      const m = marksOf(g);
       if (g.pending)
         for (let i = 0; i < g.blocks.length; i++) {
           const k = "Q:" + ek + ":" + g.blocks[i];
           if (st.incr(k, -1) <= 0) st.delNum(k);
         }
-      else
+      else {
         for (let i = 0; i < g.blocks.length; i++) {
           const k = "A:" + ek + ":" + g.blocks[i];
-          if (st.incr(k, -1) <= 0) {
-            st.delNum(k);
-            if (st.incr("AC:" + ek, -1) <= 0) st.delNum("AC:" + ek);
-          }
+          if (st.incr(k, -1) <= 0) st.delNum(k);
         }
+        // What other guards still hold of this prefix stays in flight.
+        const shared = markedPrefix(g.blocks, m.at, m.n, marked("A:", ek));
+        if (m.n > shared && st.incr("AC:" + ek, shared - m.n) <= 0) st.delNum("AC:" + ek);
+      }
       if (g.tokens && st.incr("DT:" + ek, -g.tokens) <= 0) st.delNum("DT:" + ek);
       if (g.requests && st.incr("DR:" + ek, -g.requests) <= 0) st.delNum("DR:" + ek);
       if (g.pending && st.incr("PQ:" + ek, -g.pending) <= 0) st.delNum("PQ:" + ek);
-      if (st.incr("AG:" + ek, -1) <= 0) st.delNum("AG:" + ek);
+      if (st.incr("AG:" + ek, -1) <= 0) {
+        st.delNum("AG:" + ek);
+        // No guard left there: nothing is in flight, whatever rounding the marks left in AC.
+        st.delNum("AC:" + ek);
+      }
       st.incr("OPEN", -1);
     },
-    activeBlocks: (ek) => st.num("AC:" + ek),
+    activeBlocks: (ek) => Math.max(0, st.num("AC:" + ek)),
     heldGuards: (ek) => st.num("AG:" + ek),
     pendingBlocks: (ek) => Math.max(0, st.num("PQ:" + ek)),
     activePrefix(blocks, eks) {
       const out: { [ek: string]: number } = {};
+      let at: number[] | null = null;
+      const hashes: string[] = [];
       for (let i = 0; i < eks.length; i++) {
         const ek = eks[i];
         // An idle worker answers on the first lookup.
-        if (!st.num("AC:" + ek)) continue;
-        let n = 0;
-        while (n < blocks.length && st.num("A:" + ek + ":" + blocks[n]) > 0) n++;
+        if (!(st.num("AC:" + ek) > 0)) continue;
+        if (at === null) {
+          at = markPositions(0, blocks.length);
+          for (let j = 0; j < at.length; j++) hashes.push(blocks[at[j]]);
+        }
+        const n = markedPrefix(hashes, at, blocks.length, marked("A:", ek));
         if (n) out[ek] = n;
       }
       return out;
     },
     queuedShared(blocks, upto) {
+      // Each grid position p stands for the blocks after the previous one up to p.
       const out: { [ek: string]: number } = {};
+      let grid: number[] | null = null;
       for (const ek in upto) {
         if (!(st.num("PQ:" + ek) > 0)) continue;
+        const lim = Math.min(upto[ek], blocks.length);
+        if (grid === null) grid = gridPositions(0, blocks.length);
         let n = 0;
-        for (let i = 0; i < upto[ek] && i < blocks.length; i++) if (st.num("Q:" + ek + ":" + blocks[i]) > 0) n++;
+        let prev = -1;
+        for (let i = 0; i < grid.length && grid[i] < lim; i++) {
+          if (st.num("Q:" + ek + ":" + blocks[grid[i]]) > 0) n += grid[i] - prev;
+          prev = grid[i];
+        }
+        // The blocks after the last grid position below lim, by the last of them.
+        if (lim - 1 > prev && st.num("Q:" + ek + ":" + blocks[lim - 1]) > 0) n += lim - 1 - prev;
         if (n) out[ek] = n;
       }
       return out;

@@ -48,8 +48,22 @@ export interface LoadLedger {
    * Books load; shared prefixes count once per worker. pending = blocks queued
    * for prefill: a guard with pending > 0 is a queued-prefill guard, and its
    * blocks (if given) are those queued blocks, booked as queued, not as held.
+   * from: the position of blocks[0] in the request (a queued guard's blocks are
+   * its uncached tail); only the key-encoded backend uses it.
    */
-  hold(epochKey: EpochKey, blocks: BlockHash[], tokens: number, requests: number, pending?: number): Guard;
+  hold(
+    epochKey: EpochKey,
+    blocks: BlockHash[],
+    tokens: number,
+    requests: number,
+    pending?: number,
+    from?: number,
+  ): Guard;
+  /**
+   * Holds the load of g on another worker (failover, served elsewhere), for
+   * backends whose guards are compact (Guard.at); absent: hold(g.blocks, ...).
+   */
+  holdLike?(epochKey: EpochKey, g: Guard): Guard;
   /** Gives a guard's load back. Callers make it happen once (Guard.done or an atomic pop). */
   release(g: Guard): void;
   activeBlocks(epochKey: EpochKey): number;

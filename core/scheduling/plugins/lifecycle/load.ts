@@ -18,7 +18,8 @@ export const loadReservation: LifecyclePlugin = {
     const uncached = media ? f.blocks.length : f.blocks.length - side.data.hits;
     // The queued blocks themselves, so that a later request sharing them can tell (queued-shared.ts).
     const queued = media ? f.blocks : f.blocks.slice(Math.floor(side.data.hits));
-    result.guards.queued = uncached > 0 ? load.hold(prefill.epochKey, queued, 0, 0, uncached) : null;
+    result.guards.queued =
+      uncached > 0 ? load.hold(prefill.epochKey, queued, 0, 0, uncached, f.blocks.length - queued.length) : null;
     if (!result.decode) {
       result.guards.main = load.hold(prefill.epochKey, f.blocks, 0, 0);
       return;

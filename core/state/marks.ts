@@ -1,0 +1,83 @@
+// Block positions the key-encoded backend (state/keyed.ts) writes and reads
+// instead of every block of a request. Block hashes are chained (core/hash.ts:
+// each one covers its whole prefix, from the chain root on), so a request's
+// block at position p held somewhere means that holder shares the request's
+// first p + 1 blocks. Marking a request at a fixed set of positions is then
+// enough to find, by binary search, how long a prefix it shares with the
+// requests in flight: "position p of this prompt is marked on the worker" is
+// true up to the longest shared prefix and false after it.
+//
+// The grid: every position below DENSE, then PER_OCTAVE positions per
+// doubling of the position (a shared prefix is found to within 1/PER_OCTAVE of
+// its length, rounded down). A request of n blocks writes about
+// DENSE + PER_OCTAVE * log2(n / DENSE) marks, and a lookup reads about
+// log2 of that: 7,000 blocks write 157 marks and read 8.
+
+const DENSE = 32;
+const PER_OCTAVE = 16;
+
+/** The grid step at position p: 1 below DENSE, then 1/PER_OCTAVE of the octave p + 1 lies in. */
+function stepAt(p: number): number {
+  const m = p + 1;
+  if (m < DENSE) return 1;
+  let s = 1;
+  let x = m;
+  while (x >= 2 * PER_OCTAVE) {
+    x = Math.floor(x / 2);
+    s *= 2;
+  }
+  return s;
+}
+
+/** True when position p is on the grid. */
+export function onGrid(p: number): boolean {
+  return (p + 1) % stepAt(p) === 0;
+}
+
+/** The grid positions in [from, end), ascending. */
+export function gridPositions(from: number, end: number): number[] {
+  const out: number[] = [];
+  let p = from;
+  while (p < end) {
+    const s = stepAt(p);
+    const m = p + 1;
+    if (m % s === 0) {
+      out.push(p);
+      p += s;
+    } else p = (Math.floor(m / s) + 1) * s - 1;
+  }
+  return out;
+}
+
+/**
+ * The positions a guard over blocks [from, end) marks: the grid positions in
+ * that range and its last block (so that a request identical to one in
+ * flight finds all of it with one read).
+ */
+export function markPositions(from: number, end: number): number[] {
+  const out = gridPositions(from, end);
+  if (end > from && (out.length === 0 || out[out.length - 1] !== end - 1)) out.push(end - 1);
+  return out;
+}
+
+/**
+ * The length of the longest prefix of a request held somewhere, from marks:
+ * at[i] is the position of hashes[i] (ascending, grid positions, the last one
+ * possibly the request's last block n - 1 off the grid), held(h) whether a
+ * block hash is marked. Exact below DENSE blocks and when the whole request is
+ * held; else rounded down to the grid.
+ */
+export function markedPrefix(hashes: string[], at: number[], n: number, held: (h: string) => boolean): number {
+  const k = at.length;
+  if (!k) return 0;
+  if (at[k - 1] === n - 1 && held(hashes[k - 1])) return n;
+  // Binary search over the grid entries: held is true up to the shared prefix.
+  let hi = at[k - 1] === n - 1 && !onGrid(n - 1) ? k - 1 : k;
+  let lo = -1;
+  while (hi - lo > 1) {
+    const mid = (lo + hi) >> 1;
+    if (held(hashes[mid])) lo = mid;
+    else hi = mid;
+  }
+  return lo < 0 ? 0 : at[lo] + 1;
+}

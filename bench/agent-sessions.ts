@@ -10,6 +10,7 @@
 // Usage: node --import tsx bench/agent-sessions.ts [--sessions N] [--turns T]
 import { chat, envoyBin, startEnvoy, startRouter, startSim, stopAll, workerArg, Sim } from "../test/harness";
 import { mean, meanOrZero, sum } from "./stats";
+import { runBench } from "./run-bench";
 
 function arg(name: string, def: number): number {
   const i = process.argv.indexOf(name);
@@ -118,11 +119,4 @@ async function main() {
     );
 }
 
-main().then(
-  () => process.exit(0),
-  async (e) => {
-    console.error(e);
-    await stopAll();
-    process.exit(1);
-  },
-);
+runBench(main);

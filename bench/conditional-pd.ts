@@ -8,7 +8,8 @@
 // Usage: node --import tsx bench/conditional-pd.ts [--sessions 16] [--turns 5] [--context-words 400] [--turn-words 20] [--max-interference B1,B2]
 import { startEnvoyFleet, longText, stopAll, envoyBin, sleep } from "../test/harness";
 import { meanOrZero, pct } from "./stats";
-import { abbaRounds, clientsWall, numArg as arg, runBench, timedChat, transferSim } from "./transfer-ab";
+import { runBench } from "./run-bench";
+import { abbaRounds, clientsWall, numArg as arg, timedChat, transferSim } from "./transfer-ab";
 
 const SESSIONS = arg("sessions", 16);
 const TURNS = arg("turns", 5);

@@ -7,7 +7,8 @@
 // Usage: node --import tsx bench/kv-source.ts [--clients 24] [--requests 4] [--contexts 3]
 import { startEnvoyFleet, longText, stopAll, envoyBin, sleep } from "../test/harness";
 import { meanOrZero, pct } from "./stats";
-import { abbaRounds, clientsWall, numArg as arg, runBench, timedChat, transferSim } from "./transfer-ab";
+import { runBench } from "./run-bench";
+import { abbaRounds, clientsWall, numArg as arg, timedChat, transferSim } from "./transfer-ab";
 
 const CLIENTS = arg("clients", 24);
 const REQUESTS = arg("requests", 4);

@@ -11,6 +11,7 @@
 import { startPeer, which } from "./peers";
 import { chat, envoyBin, startEnvoy, startRouter, startSim, stopAll, workerArg, Sim } from "../test/harness";
 import { meanOrZero, pctLower } from "./stats";
+import { runBench } from "./run-bench";
 
 function arg(name: string, def: number): number {
   const i = process.argv.indexOf(name);
@@ -150,11 +151,4 @@ async function main() {
   }
 }
 
-main().then(
-  () => process.exit(0),
-  async (e) => {
-    console.error(e);
-    await stopAll();
-    process.exit(1);
-  },
-);
+runBench(main);

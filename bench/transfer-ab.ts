@@ -1,8 +1,7 @@
 // What the KV-transfer A/B benches (conditional-pd.ts, kv-source.ts) share:
 // their numeric flags, the simulator model with KV transfer, streamed
-// requests timed to the first chunk, sides run in ABBA order on fresh fleets,
-// and the exit path. Each bench keeps its own fleet, clients and table.
-import { stopAll } from "../test/harness";
+// requests timed to the first chunk, and sides run in ABBA order on fresh
+// fleets. Each bench keeps its own fleet, clients and table.
 
 /** `--name N` from the command line, else def. */
 export function numArg(name: string, def: number): number {
@@ -93,16 +92,4 @@ export async function abbaRounds<M extends string, S>(
     for (const m of order) all[m].push(await side(m));
   }
   return all;
-}
-
-/** Runs a bench's main: exit 0 when it ends; on an error, print it, stop what the harness started, exit 1. */
-export function runBench(main: () => Promise<void>): void {
-  main().then(
-    () => process.exit(0),
-    async (e) => {
-      console.error(e);
-      await stopAll();
-      process.exit(1);
-    },
-  );
 }

@@ -10,38 +10,25 @@ const range = (n: number) => Array.from({ length: n }, (_, i) => i + 1);
 /** 1..n in a fixed shuffled order, so a rule that forgot to sort would pick the wrong sample. */
 const shuffled = (n: number) => range(n).sort((a, b) => ((a * 7919) % 101) - ((b * 7919) % 101));
 
-test("pct: the sample at index floor(p% of n), capped at the last", () => {
-  assert.equal(pct(shuffled(10), 50), 6);
-  assert.equal(pct(shuffled(10), 90), 10);
-  assert.equal(pct(shuffled(100), 99), 100);
-  assert.equal(pct(shuffled(100), 50), 51);
-  assert.equal(pct(shuffled(7), 100), 7);
-  assert.equal(pct(shuffled(7), 0), 1);
-  assert.equal(pct([42], 99), 42);
-});
+// [n samples 1..n, p, pct, pctNearestRank, pctLower]: pct takes index floor(p% of n) capped at the
+// last, pctNearestRank 1-based rank ceil(p% of n), pctLower index floor(p% of (n - 1)).
+const RULES: [number, number, number, number, number][] = [
+  [10, 50, 6, 5, 5],
+  [10, 90, 10, 9, 9],
+  [11, 90, 10, 10, 10],
+  [20, 90, 19, 18, 18],
+  [100, 50, 51, 50, 50],
+  [100, 99, 100, 99, 99],
+  [7, 100, 7, 7, 7],
+  [7, 0, 1, 1, 1],
+  [1, 99, 1, 1, 1],
+];
 
-test("pctNearestRank: the sample at 1-based rank ceil(p% of n)", () => {
-  assert.equal(pctNearestRank(shuffled(10), 50), 5);
-  assert.equal(pctNearestRank(shuffled(10), 90), 9);
-  assert.equal(pctNearestRank(shuffled(100), 99), 99);
-  assert.equal(pctNearestRank(shuffled(7), 100), 7);
-  assert.equal(pctNearestRank(shuffled(7), 0), 1);
-  assert.equal(pctNearestRank([42], 50), 42);
-});
-
-test("pctLower: the sample at index floor(p% of (n - 1))", () => {
-  assert.equal(pctLower(shuffled(10), 90), 9);
-  assert.equal(pctLower(shuffled(11), 90), 10);
-  assert.equal(pctLower(shuffled(100), 99), 99);
-  assert.equal(pctLower(shuffled(10), 50), 5);
-  assert.equal(pctLower([42], 90), 42);
-});
-
-test("the three rules differ where the tables need them apart, and agree on one sample", () => {
-  const xs = shuffled(10);
-  assert.deepEqual([pct(xs, 50), pctNearestRank(xs, 50), pctLower(xs, 50)], [6, 5, 5]);
-  const ys = shuffled(20);
-  assert.deepEqual([pct(ys, 90), pctNearestRank(ys, 90), pctLower(ys, 90)], [19, 18, 18]);
+test("each percentile rule picks its own sample, from unsorted input", () => {
+  for (const [n, p, a, nr, lo] of RULES) {
+    const xs = shuffled(n);
+    assert.deepEqual([pct(xs, p), pctNearestRank(xs, p), pctLower(xs, p)], [a, nr, lo], `n=${n} p=${p}`);
+  }
 });
 
 test("median is the upper median, pct(xs, 50)", () => {
@@ -70,23 +57,15 @@ test("no helper reorders the caller's samples", () => {
 });
 
 test("transferSim: the 8B-class KV model's flags, extras before the time scale", () => {
-  assert.deepEqual(transferSim(0.25), [
-    "--prefill-us-per-token",
-    "60",
-    "--decode-ms-per-token",
-    "12",
-    "--kv-bytes-per-token",
-    "131072",
-    "--kv-link-gbps",
-    "100",
-    "--time-scale",
-    "0.25",
-  ]);
-  assert.deepEqual(transferSim(1, ["--capacity-blocks", "20000"]).slice(8), [
-    "--capacity-blocks",
-    "20000",
-    "--time-scale",
-    "1",
+  const flags = (args: string[]) => args.map((a, i) => (i % 2 ? "" : `${a}=${args[i + 1]}`)).filter(Boolean);
+  // 32 layers x 8 KV heads x 128 dims x K,V x 2 bytes = 131072 bytes of KV per token.
+  assert.equal(
+    flags(transferSim(0.25)).join(" "),
+    "--prefill-us-per-token=60 --decode-ms-per-token=12 --kv-bytes-per-token=131072 --kv-link-gbps=100 --time-scale=0.25",
+  );
+  assert.deepEqual(flags(transferSim(1, ["--capacity-blocks", "20000"])).slice(4), [
+    "--capacity-blocks=20000",
+    "--time-scale=1",
   ]);
 });
 

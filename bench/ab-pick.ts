@@ -5,6 +5,7 @@
 // Usage: node --import tsx bench/ab-pick.ts /path/to/other/checkout
 import * as path from "path";
 import { createRequire } from "module";
+import { pct } from "./stats";
 
 type AnyRouter = {
   addWorker(w: unknown): { ek?: string; epochKey?: string };
@@ -60,11 +61,6 @@ function side(root: string, name: string): Side {
       return { router: r, cache, ids };
     },
   };
-}
-
-function pct(xs: number[], p: number): number {
-  const s = xs.slice().sort((a, b) => a - b);
-  return s[Math.min(s.length - 1, Math.floor((p / 100) * s.length))];
 }
 
 function main(): void {

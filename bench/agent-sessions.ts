@@ -9,6 +9,8 @@
 // load spread (busiest worker's requests over the mean) and TTFT.
 // Usage: node --import tsx bench/agent-sessions.ts [--sessions N] [--turns T]
 import { chat, envoyBin, startEnvoy, startRouter, startSim, stopAll, workerArg, Sim } from "../test/harness";
+import { mean, meanOrZero, sum } from "./stats";
+import { runBench } from "./run-bench";
 
 function arg(name: string, def: number): number {
   const i = process.argv.indexOf(name);
@@ -77,18 +79,17 @@ async function runOne(name: string, routerArgs: string[]): Promise<Result> {
         await new Promise((res) => setTimeout(res, 100));
       }
       const counts = Object.values(seen);
-      stick.push(Math.max(...counts) / counts.reduce((a, b) => a + b, 0));
+      stick.push(Math.max(...counts) / sum(counts));
     }),
   );
   await stopAll();
   const counts = sims.map((x) => per[x.id] ?? 0);
-  const mean = counts.reduce((a, b) => a + b, 0) / counts.length;
   return {
     name,
-    stickMean: stick.reduce((a, b) => a + b, 0) / stick.length,
+    stickMean: mean(stick),
     stick95: stick.filter((x) => x >= 0.95).length / stick.length,
-    spread: Math.max(...counts) / mean,
-    ttftMean: ttfts.reduce((a, b) => a + b, 0) / Math.max(1, ttfts.length),
+    spread: Math.max(...counts) / mean(counts),
+    ttftMean: meanOrZero(ttfts),
     perWorker: sims.map((x) => `${x.id}:${per[x.id] ?? 0}`).join(" "),
     errors,
   };
@@ -118,11 +119,4 @@ async function main() {
     );
 }
 
-main().then(
-  () => process.exit(0),
-  async (e) => {
-    console.error(e);
-    await stopAll();
-    process.exit(1);
-  },
-);
+runBench(main);

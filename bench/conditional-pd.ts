@@ -6,20 +6,18 @@
 // Reports mean and p90 TTFT, inter-token latency p90, and the prefill hops
 // each side made.
 // Usage: node --import tsx bench/conditional-pd.ts [--sessions 16] [--turns 5] [--context-words 400] [--turn-words 20] [--max-interference B1,B2]
-import { startSim, startRouter, startEnvoy, workerArg, longText, stopAll, envoyBin, Sim, sleep } from "../test/harness";
+import { startEnvoyFleet, longText, stopAll, envoyBin, sleep } from "../test/harness";
+import { meanOrZero, pct } from "./stats";
+import { runBench } from "./run-bench";
+import { abbaRounds, clientsWall, numArg as arg, timedChat, transferSim } from "./transfer-ab";
 
-function arg(name: string, def: number): number {
-  const i = process.argv.indexOf("--" + name);
-  return i >= 0 ? Number(process.argv[i + 1]) : def;
-}
 const SESSIONS = arg("sessions", 16);
 const TURNS = arg("turns", 5);
 const CONTEXT_WORDS = arg("context-words", 400);
 const TURN_WORDS = arg("turn-words", 20);
 const MAX_TOKENS = arg("max-tokens", 24);
 const STAGGER_MS = arg("stagger-ms", 150);
-// Engine time runs this many times faster than wall time: below 1 the simulated work dwarfs the
-// CPU noise of a shared machine (the simulators and the router tokenize for real).
+// Engine time runs this many times faster than wall time (the simulators and the router tokenize for real).
 const TIME_SCALE = arg("time-scale", 0.25);
 const ROUNDS = arg("rounds", 2);
 const MAX_UNCACHED = arg("max-uncached", 512);
@@ -29,49 +27,7 @@ const BUDGETS = iArg >= 0 ? process.argv[iArg + 1].split(",").map(Number) : [];
 // "off", "prefix", or "guard B".
 type Mode = string;
 const budgetOf = (m: Mode) => (m.startsWith("guard ") ? Number(m.slice(6)) : 0);
-// An 8B-class model: 32 layers x 8 KV heads x 128 dims x K,V x 2 bytes = 128 KiB per token, over 100 Gbit/s.
-const SIM = [
-  "--prefill-us-per-token",
-  "60",
-  "--decode-ms-per-token",
-  "12",
-  "--kv-bytes-per-token",
-  "131072",
-  "--kv-link-gbps",
-  "100",
-  "--capacity-blocks",
-  "20000",
-  "--time-scale",
-  String(TIME_SCALE),
-];
-
-function pct(xs: number[], p: number): number {
-  const s = xs.slice().sort((a, b) => a - b);
-  return s.length ? s[Math.min(s.length - 1, Math.floor((p / 100) * s.length))] : NaN;
-}
-const mean = (xs: number[]) => xs.reduce((a, b) => a + b, 0) / Math.max(1, xs.length);
-
-async function turn(base: string, messages: unknown[]): Promise<{ ttft: number; gaps: number[]; ok: boolean }> {
-  const t0 = performance.now();
-  const r = await fetch(`${base}/v1/chat/completions`, {
-    method: "POST",
-    headers: { "content-type": "application/json" },
-    body: JSON.stringify({ model: "m", stream: true, max_tokens: MAX_TOKENS, messages }),
-  });
-  const reader = r.body!.getReader();
-  let ttft = -1;
-  let last = 0;
-  const gaps: number[] = [];
-  for (let i = 0; i < 100000; i++) {
-    const c = await reader.read();
-    if (c.done) break;
-    const now = performance.now();
-    if (ttft < 0) ttft = now - t0;
-    else gaps.push(now - last);
-    last = now;
-  }
-  return { ttft, gaps, ok: r.status === 200 };
-}
+const SIM = transferSim(TIME_SCALE, ["--capacity-blocks", "20000"]);
 
 async function session(base: string, s: number, ttfts: number[], gaps: number[]): Promise<void> {
   const messages: { role: string; content: string }[] = [
@@ -79,8 +35,8 @@ async function session(base: string, s: number, ttfts: number[], gaps: number[])
   ];
   for (let t = 0; t < TURNS; t++) {
     messages.push({ role: "user", content: longText(`s${s}t${t}q`, TURN_WORDS) });
-    const r = await turn(base, messages);
-    if (!r.ok) throw new Error("request failed");
+    const r = await timedChat(base, { model: "m", stream: true, max_tokens: MAX_TOKENS, messages });
+    if (r.status !== 200) throw new Error("request failed");
     ttfts.push(r.ttft);
     gaps.push(...r.gaps);
     messages.push({ role: "assistant", content: longText(`s${s}t${t}a`, Math.round(TURN_WORDS / 2)) });
@@ -89,37 +45,34 @@ async function session(base: string, s: number, ttfts: number[], gaps: number[])
 
 async function side(decider: Mode) {
   const tag = decider === "off" ? "o" : decider === "prefix" ? "x" : "g" + budgetOf(decider);
-  const pre = await Promise.all([0, 1].map((i) => startSim(`${tag}p${i}`, SIM, "prefill")));
-  const dec = await Promise.all([0, 1].map((i) => startSim(`${tag}d${i}`, SIM, "decode")));
-  const roles = Object.fromEntries([...pre.map((w) => [w.id, "prefill"]), ...dec.map((w) => [w.id, "decode"])]);
-  const router = await startRouter([
-    "--workers",
-    workerArg([...pre, ...dec], roles),
-    "--kv-prefill-overlap-weight",
-    "20",
-    "--kv-decode-overlap-weight",
-    "20",
-    "--pd-decider",
-    decider === "off" ? "off" : "prefix",
-    "--pd-decode-first-max-uncached-tokens",
-    String(MAX_UNCACHED),
-    "--pd-decode-first-max-interference",
-    String(budgetOf(decider)),
-    "--log-level",
-    "info",
-  ]);
-  const envoy = await startEnvoy(router.grpcPort);
+  const roles = { [`${tag}p0`]: "prefill", [`${tag}p1`]: "prefill", [`${tag}d0`]: "decode", [`${tag}d1`]: "decode" };
+  const { sims, router, envoy } = await startEnvoyFleet({
+    ids: Object.keys(roles),
+    simArgs: SIM,
+    roles,
+    routerArgs: [
+      "--kv-prefill-overlap-weight",
+      "20",
+      "--kv-decode-overlap-weight",
+      "20",
+      "--pd-decider",
+      decider === "off" ? "off" : "prefix",
+      "--pd-decode-first-max-uncached-tokens",
+      String(MAX_UNCACHED),
+      "--pd-decode-first-max-interference",
+      String(budgetOf(decider)),
+      "--log-level",
+      "info",
+    ],
+  });
+  const pre = sims.filter((w) => roles[w.id] === "prefill");
   const ttfts: number[] = [];
   const gaps: number[] = [];
-  const t0 = performance.now();
-  await Promise.all(
-    Array.from({ length: SESSIONS }, async (_, s) => {
-      await sleep((s * STAGGER_MS) / TIME_SCALE);
-      await session(envoy.url, s, ttfts, gaps);
-    }),
-  );
-  const wall = performance.now() - t0;
-  const hops = (await Promise.all(pre.map((p: Sim) => p.stats()))).reduce((a, x) => a + x.requests, 0);
+  const wall = await clientsWall(SESSIONS, async (s) => {
+    await sleep((s * STAGGER_MS) / TIME_SCALE);
+    await session(envoy.url, s, ttfts, gaps);
+  });
+  const hops = (await Promise.all(pre.map((p) => p.stats()))).reduce((a, x) => a + x.requests, 0);
   const m = /infera_router_pd_paths_total\{path="decode-first"\} (\d+)/.exec(await router.metrics());
   const paths = m ? Number(m[1]) : 0;
   await stopAll();
@@ -130,13 +83,7 @@ async function main() {
   if (!envoyBin()) throw new Error("envoy binary not found");
   type Side = Awaited<ReturnType<typeof side>>;
   const modes: Mode[] = ["off", "prefix"].concat(BUDGETS.map((b) => "guard " + b));
-  const all: { [m: string]: Side[] } = {};
-  for (const m of modes) all[m] = [];
-  // ABBA order per pair of rounds (ABC CBA with three sides), so a drift in the machine's load hits all sides alike.
-  for (let r = 0; r < ROUNDS; r++) {
-    const order = r % 2 ? modes.slice().reverse() : modes;
-    for (const d of order) all[d].push(await side(d));
-  }
+  const all = await abbaRounds(modes, ROUNDS, side);
   const merge = (xs: Side[]) => ({
     decider: xs[0].decider,
     ttfts: xs.flatMap((x) => x.ttfts),
@@ -151,13 +98,13 @@ async function main() {
   const guards = BUDGETS.map((b) => merge(all["guard " + b]));
   // Times are wall ms at --time-scale; engine ms = wall ms x time scale.
   const row = (x: Side) =>
-    `| ${x.decider === "off" || x.decider === "prefix" ? x.decider : "prefix, " + x.decider} | ${x.requests} | ${mean(x.ttfts).toFixed(0)} | ${pct(x.ttfts, 50).toFixed(0)} | ${pct(x.ttfts, 90).toFixed(0)} | ${pct(x.gaps, 90).toFixed(1)} | ${x.hops} | ${x.paths} | ${(x.wall / 1000).toFixed(1)} |`;
+    `| ${x.decider === "off" || x.decider === "prefix" ? x.decider : "prefix, " + x.decider} | ${x.requests} | ${meanOrZero(x.ttfts).toFixed(0)} | ${pct(x.ttfts, 50).toFixed(0)} | ${pct(x.ttfts, 90).toFixed(0)} | ${pct(x.gaps, 90).toFixed(1)} | ${x.hops} | ${x.paths} | ${(x.wall / 1000).toFixed(1)} |`;
   console.log(
     `sessions=${SESSIONS} turns=${TURNS} context_words=${CONTEXT_WORDS} turn_words=${TURN_WORDS} max_uncached=${MAX_UNCACHED} max_interference=${BUDGETS.join(",") || "-"} max_tokens=${MAX_TOKENS} time_scale=${TIME_SCALE} rounds=${ROUNDS}`,
   );
   for (let r = 0; r < ROUNDS; r++)
     console.log(
-      `round ${r + 1}: mean TTFT ` + modes.map((d) => `${d} ${mean(all[d][r].ttfts).toFixed(0)} ms`).join(", "),
+      `round ${r + 1}: mean TTFT ` + modes.map((d) => `${d} ${meanOrZero(all[d][r].ttfts).toFixed(0)} ms`).join(", "),
     );
   console.log(
     "| --pd-decider | requests | mean TTFT ms | p50 TTFT ms | p90 TTFT ms | ITL p90 ms | prefill hops | decode-first | wall s |",
@@ -167,11 +114,11 @@ async function main() {
   console.log(row(on));
   for (const g of guards) console.log(row(g));
   console.log(
-    `mean TTFT off/prefix = ${(mean(off.ttfts) / mean(on.ttfts)).toFixed(2)}x; ITL p90 prefix/off = ${(pct(on.gaps, 90) / pct(off.gaps, 90)).toFixed(3)}`,
+    `mean TTFT off/prefix = ${(meanOrZero(off.ttfts) / meanOrZero(on.ttfts)).toFixed(2)}x; ITL p90 prefix/off = ${(pct(on.gaps, 90) / pct(off.gaps, 90)).toFixed(3)}`,
   );
   for (const g of guards)
     console.log(
-      `mean TTFT off/${g.decider} = ${(mean(off.ttfts) / mean(g.ttfts)).toFixed(2)}x; ITL p90 ${g.decider}/off = ${(pct(g.gaps, 90) / pct(off.gaps, 90)).toFixed(3)}`,
+      `mean TTFT off/${g.decider} = ${(meanOrZero(off.ttfts) / meanOrZero(g.ttfts)).toFixed(2)}x; ITL p90 ${g.decider}/off = ${(pct(g.gaps, 90) / pct(off.gaps, 90)).toFixed(3)}`,
     );
   console.log(
     "ITL p99 ms: " +
@@ -182,11 +129,4 @@ async function main() {
   );
 }
 
-main().then(
-  () => process.exit(0),
-  async (e) => {
-    console.error(e);
-    await stopAll();
-    process.exit(1);
-  },
-);
+runBench(main);

@@ -10,6 +10,8 @@
 // Usage: node --import tsx bench/lora.ts [--requests N] [--rps R] [--load-ms MS] [--rounds K] [--peers] [--only TEXT]
 import { startPeer, which } from "./peers";
 import { chat, envoyBin, startEnvoy, startRouter, startSim, stopAll, workerArg, Sim } from "../test/harness";
+import { meanOrZero, pctLower } from "./stats";
+import { runBench } from "./run-bench";
 
 function arg(name: string, def: number): number {
   const i = process.argv.indexOf(name);
@@ -97,12 +99,11 @@ async function runOne(name: string, routerArgs: string[], seed: number): Promise
   const after = await Promise.all(sims.map((s) => s.stats() as Promise<unknown>));
   const coldAfter = after.reduce((n: number, x) => n + ((x as { loraLoads: number }).loraLoads ?? 0), 0);
   await stopAll();
-  ttfts.sort((a, b) => a - b);
   return {
     name,
     coldLoads: coldAfter - coldBefore,
-    ttftMean: ttfts.reduce((a, b) => a + b, 0) / Math.max(1, ttfts.length),
-    ttftP90: ttfts[Math.floor(0.9 * (ttfts.length - 1))] ?? NaN,
+    ttftMean: meanOrZero(ttfts),
+    ttftP90: pctLower(ttfts, 90),
     perWorker: Object.keys(per)
       .sort()
       .map((k) => `${k}:${per[k]}`)
@@ -150,11 +151,4 @@ async function main() {
   }
 }
 
-main().then(
-  () => process.exit(0),
-  async (e) => {
-    console.error(e);
-    await stopAll();
-    process.exit(1);
-  },
-);
+runBench(main);

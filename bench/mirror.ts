@@ -30,6 +30,7 @@ import { BlockHash, EpochKey } from "../core/types";
 import { MirrorIndex } from "../core/state/types";
 import { decodeBatch } from "../runtime/events";
 import { nativeHasher } from "../runtime/hasher";
+import { pct } from "./stats";
 
 interface Case {
   impl: "typed" | "map";
@@ -89,11 +90,6 @@ const synthEngine = (w: number, i: number) => String(10000000000 + w) + String(i
 function cpuMs(c0: NodeJS.CpuUsage): number {
   const d = process.cpuUsage(c0);
   return (d.user + d.system) / 1000;
-}
-
-function pct(xs: number[], p: number): number {
-  const s = xs.slice().sort((a, b) => a - b);
-  return s[Math.min(s.length - 1, Math.floor((p / 100) * s.length))];
 }
 
 async function runCase(c: Case): Promise<Result> {

@@ -20,6 +20,7 @@ import {
   stopAll,
   waitFor,
 } from "../test/harness";
+import { median } from "./stats";
 
 const argv = process.argv.slice(2);
 const opt = (name: string, def: string) => {
@@ -47,11 +48,6 @@ function childrenCpuMs(pid: number): number {
   }
   return ms;
 }
-
-const median = (xs: number[]) => {
-  const s = xs.slice().sort((a, b) => a - b);
-  return s.length ? s[Math.floor(s.length / 2)] : NaN;
-};
 
 async function main(): Promise<void> {
   const fl = nginx08();

@@ -12,6 +12,7 @@
 import { freePort, nginx08, startSim, stopAll, waitFor, workerArg, Sim } from "../test/harness";
 import { cpuMs, NginxStack, startBridgeAt, startNginx1, textOfTokens } from "../test/nginx-stack";
 import { buildNjs } from "../njs/build";
+import { median, pctNearestRank } from "./stats";
 
 const argv = process.argv.slice(2);
 const opt = (name: string, dflt: string) => {
@@ -54,14 +55,6 @@ async function post(base: string, b: string): Promise<{ ms: number; status: numb
   return { ms: performance.now() - t0, status: r.status, worker: r.headers.get("x-sim-worker") };
 }
 
-function median(xs: number[]): number {
-  const s = xs.slice().sort((a, b) => a - b);
-  return s[Math.floor(s.length / 2)];
-}
-function pct(xs: number[], p: number): number {
-  const s = xs.slice().sort((a, b) => a - b);
-  return s[Math.min(s.length - 1, Math.ceil((p / 100) * s.length) - 1)];
-}
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
 
 /** CPU ms the nginx worker spent on one request (log phase included), and its wall time. */
@@ -219,7 +212,7 @@ async function main(): Promise<void> {
       for (const d of done) if (d.status !== 200) throw new Error(`long prompt: HTTP ${d.status}`);
     }
     console.log(
-      `| ${label} | ${pct(added, 50).toFixed(1)} | ${pct(added, 99).toFixed(1)} | ${Math.max(...added).toFixed(1)} | ${added.length} shorts over ${round} rounds (idle short ${base.toFixed(1)} ms) |`,
+      `| ${label} | ${pctNearestRank(added, 50).toFixed(1)} | ${pctNearestRank(added, 99).toFixed(1)} | ${Math.max(...added).toFixed(1)} | ${added.length} shorts over ${round} rounds (idle short ${base.toFixed(1)} ms) |`,
     );
   }
 }

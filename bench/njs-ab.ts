@@ -6,6 +6,7 @@ import * as fs from "fs";
 import * as os from "os";
 import * as path from "path";
 import { spawnSync } from "child_process";
+import { median } from "./stats";
 
 const ROOT = path.resolve(__dirname, "..");
 const other = process.argv[2];
@@ -34,7 +35,6 @@ console.log(JSON.stringify([a.tokens, a.ms, b.tokens, b.ms]));
 `,
 );
 
-const median = (xs: number[]) => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)];
 console.log(`| njs | tokens | before ms | after ms | after/before |\n|---|---:|---:|---:|---:|`);
 for (const bin of clis) {
   const version = spawnSync(bin, ["-v"], { encoding: "utf8" }).stdout.trim();

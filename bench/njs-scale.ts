@@ -12,6 +12,7 @@ import * as fs from "fs";
 import * as os from "os";
 import * as path from "path";
 import { buildNjs } from "../njs/build";
+import { median } from "./stats";
 
 const ROOT = path.resolve(__dirname, "..");
 const argv = process.argv.slice(2);
@@ -76,11 +77,6 @@ function baselineDist(rev: string): { dist: string; cleanup: () => void } {
 
 function fmt(ms: number): string {
   return ms >= 100 ? ms.toFixed(0) : ms.toFixed(1);
-}
-
-function median(xs: number[]): number {
-  const s = xs.slice().sort((a, b) => a - b);
-  return s[Math.floor(s.length / 2)];
 }
 
 async function main(): Promise<void> {

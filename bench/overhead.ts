@@ -31,6 +31,7 @@ import {
   waitFor,
   httpOk,
 } from "../test/harness";
+import { pct } from "./stats";
 
 // The gateway benches (overhead, replicas, soak) share their command line,
 // prompts, report and client from here.
@@ -180,11 +181,6 @@ export function request(base: string, body: string): Promise<{ ttft: number; tot
     req.end(body);
   });
 }
-
-const pct = (xs: number[], p: number) => {
-  const s = [...xs].sort((a, b) => a - b);
-  return s[Math.min(s.length - 1, Math.floor((p / 100) * s.length))];
-};
 
 export function cpuMs(pid: number): number {
   const f = fs.readFileSync(`/proc/${pid}/stat`, "utf8");

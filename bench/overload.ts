@@ -29,6 +29,7 @@ import * as path from "path";
 import { peerMissing, startPeer } from "./peers";
 import { baselineRouterEntry } from "./baseline";
 import { ROOT, startSim, startRouter, startEnvoy, waitFor, stopAll, envoyBin, longText, Sim } from "../test/harness";
+import { pct } from "./stats";
 
 const argv = process.argv.slice(2);
 const flag = (name: string) => argv.includes(name);
@@ -363,11 +364,6 @@ function histP(text: string, name: string, p: number, label = ""): number {
   return NaN;
 }
 
-function pct(xs: number[], p: number): number {
-  if (!xs.length) return NaN;
-  const s = xs.slice().sort((a, b) => a - b);
-  return s[Math.min(s.length - 1, Math.floor((p / 100) * s.length))];
-}
 const f0 = (x: number) => (Number.isFinite(x) ? x.toFixed(0) : "–");
 const f1 = (x: number) => (Number.isFinite(x) ? x.toFixed(1) : "–");
 

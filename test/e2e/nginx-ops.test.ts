@@ -16,11 +16,10 @@ import * as path from "path";
 import { spawn } from "child_process";
 import {
   ROOT,
-  nginx08,
   startSim,
   startNginx,
-  startBridge,
-  workerArg,
+  startBridgeReady,
+  needsNjs08,
   chat,
   openStream,
   longText,
@@ -30,11 +29,8 @@ import {
   httpOk,
   Sim,
 } from "../harness";
-import { needs } from "../tools";
 
-const n8 = nginx08();
-const built = fs.existsSync(path.join(ROOT, "njs", "dist", "infera.js"));
-const skip = needs(!n8 && "njs >= 0.8 not set up (bash scripts/njs08.sh)") || (!built && "run npm run build:njs");
+const { n8, skip } = needsNjs08();
 after(stopAll);
 
 async function pushFleet(url: string, workers: { id: string; address: string }[]): Promise<void> {
@@ -221,9 +217,7 @@ test(
     const prefix = fs.mkdtempSync(path.join(os.tmpdir(), "infera-npm-nginx-"));
     const ng = await npmNginx(port, prefix);
     const url = `http://127.0.0.1:${port}`;
-    const admin = await freePort();
-    await startBridge(["--workers", workerArg(sims), "--admin-port", String(admin)], `${url}/_infera/push`);
-    await waitFor("bridge ready", () => httpOk(`http://127.0.0.1:${admin}/readyz`), 15000);
+    await startBridgeReady(sims, url);
 
     const prompt = longText("asdoc", 400);
     const first = await chat(url, prompt);

@@ -26,7 +26,11 @@ const SIM = [
 
 before(async () => {
   if (skip) return;
-  fleet = await startEnvoyFleet({ ids: ["w0", "w1"], simArgs: SIM, routerArgs: ["--engine-metrics-interval-ms", "200"] });
+  fleet = await startEnvoyFleet({
+    ids: ["w0", "w1"],
+    simArgs: SIM,
+    routerArgs: ["--engine-metrics-interval-ms", "200"],
+  });
   // The router knows A, B, C are adapters once it has read the workers' /v1/models.
   await chat(fleet.envoy.url, "warm up", { extra: { model: "base" } });
 });

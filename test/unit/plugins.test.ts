@@ -293,9 +293,8 @@ test("pickers: lowest cost with tie-breaks, round-robin, random", () => {
       rows: [
         [3, 2, 0],
         [3, 1, 0],
-        [3, 3, 0],
+        [3, 1, 0],
       ],
-      // Fewer active blocks break a cost tie (one winner: no content hash involved).
       want: 1,
     },
     {

@@ -13,8 +13,6 @@
 // restarted (its mirror was cleared), so a dead worker took all cold traffic
 // until a health check noticed.
 import { Picker, PickContext, Row } from "../../framework";
-import { utf8 } from "../../../util";
-import { xxh3Pair } from "../../../xxh3";
 
 /** -1: c before b, 1: b before c, 0: tied. */
 function order(c: Row, b: Row): number {
@@ -39,11 +37,11 @@ export const lowestCostPicker: Picker = {
     if (tied.length === 1) return bi;
     const blocks = ctx.features.blocks;
     if (!blocks.length) return tied[(ctx.state.next("TB") - 1) % tied.length];
+    const key = fnv1a(blocks[0]);
     let best = tied[0];
     let top = -1;
     for (let i = 0; i < tied.length; i++) {
-      // XXH3 of (first block, place in the pool): independent scores per worker for one prompt.
-      const h = xxh3Pair(utf8(blocks[0] + ":" + tied[i]))[1];
+      const h = mix32(key ^ Math.imul(tied[i] + 1, 0x9e3779b9));
       if (h > top) {
         top = h;
         best = tied[i];
@@ -52,3 +50,27 @@ export const lowestCostPicker: Picker = {
     return best;
   },
 };
+
+/**
+ * MurmurHash3's 32-bit finalizer: every input bit flips about half the output
+ * bits, so the per-worker scores of one key are independent draws (FNV-1a's
+ * own last step is not: keys one apart score one multiplier apart).
+ */
+function mix32(h: number): number {
+  h ^= h >>> 16;
+  h = Math.imul(h, 0x85ebca6b);
+  h ^= h >>> 13;
+  h = Math.imul(h, 0xc2b2ae35);
+  h ^= h >>> 16;
+  return h >>> 0;
+}
+
+/** 32-bit FNV-1a of a string's UTF-16 code units, as an unsigned number (ES5: njs bundles this file). */
+function fnv1a(s: string): number {
+  let h = 0x811c9dc5;
+  for (let i = 0; i < s.length; i++) {
+    h ^= s.charCodeAt(i);
+    h = Math.imul(h, 0x01000193);
+  }
+  return h >>> 0;
+}

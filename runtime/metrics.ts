@@ -3,6 +3,7 @@ import { monitorEventLoopDelay, performance } from "perf_hooks";
 import { Router, Worker } from "../core/router";
 import { metricSpec } from "../core/metric-table";
 import { setPluginTimer } from "../core/scheduling/framework";
+import { FastChild, FastHistogram } from "./plugin-histogram";
 
 export type Metrics = ReturnType<typeof createMetrics>;
 
@@ -87,12 +88,10 @@ export function createMetrics(
   });
   // Each plugin run of the scheduling pipeline, timed by core through this
   // process-wide timer (the last registry created gets them). Label children
-  // are bound once so a run costs two clock reads and a bucket increment.
-  const pluginDuration = new client.Histogram({
-    ...spec("infera_router_plugin_duration_seconds"),
-    registers: [registry],
-  });
-  const pluginChildren: Record<string, Record<string, client.Histogram.Internal<string>>> = {};
+  // are bound once so a run costs two clock reads and a bucket increment
+  // (runtime/plugin-histogram.ts: prom-client's observe re-checks the labels every time).
+  const pluginDuration = new FastHistogram(spec("infera_router_plugin_duration_seconds"), registry);
+  const pluginChildren: Record<string, Record<string, FastChild>> = {};
   setPluginTimer({
     now: () => performance.now(),
     observe(kind, plugin, seconds) {

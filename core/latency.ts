@@ -285,8 +285,11 @@ export function latencyModel(
       const out: { [ek: string]: number } = {};
       const known: number[] = [];
       const ks: { [ek: string]: number } = {};
+      for (let i = 0; i < eks.length; i++) out[eks[i]] = 1;
+      // One candidate has no median to be slower than: its factor (refitted
+      // after every observation) would be computed for nothing.
+      if (eks.length < 2) return out;
       for (let i = 0; i < eks.length; i++) {
-        out[eks[i]] = 1;
         const k = factor(eks[i]);
         if (k !== null && k > 0) {
           ks[eks[i]] = k;

@@ -3,7 +3,7 @@ import { monitorEventLoopDelay, performance } from "perf_hooks";
 import { Router, Worker } from "../core/router";
 import { metricSpec } from "../core/metric-table";
 import { setPluginTimer } from "../core/scheduling/framework";
-import { FastChild, FastHistogram } from "./plugin-histogram";
+import { FastChild, FastHistogram } from "./fast-histogram";
 
 export type Metrics = ReturnType<typeof createMetrics>;
 
@@ -82,14 +82,11 @@ export function createMetrics(
     ...spec("infera_router_request_blocks_total"),
     registers: [registry],
   });
-  const pickLatency = new client.Histogram({
-    ...spec("infera_router_pick_latency_seconds"),
-    registers: [registry],
-  });
+  const pickLatency = new FastHistogram(spec("infera_router_pick_latency_seconds"), registry);
   // Each plugin run of the scheduling pipeline, timed by core through this
   // process-wide timer (the last registry created gets them). Label children
   // are bound once so a run costs two clock reads and a bucket increment
-  // (runtime/plugin-histogram.ts: prom-client's observe re-checks the labels every time).
+  // (runtim./fast-histogram.ts: prom-client's observe re-checks the labels every time).
   const pluginDuration = new FastHistogram(spec("infera_router_plugin_duration_seconds"), registry);
   const pluginChildren: Record<string, Record<string, FastChild>> = {};
   setPluginTimer({
@@ -116,10 +113,7 @@ export function createMetrics(
     ...spec("infera_router_prefill_admission_forced_total"),
     registers: [registry],
   });
-  const ttftPredictionError = new client.Histogram({
-    ...spec("infera_router_ttft_prediction_error_ratio"),
-    registers: [registry],
-  });
+  const ttftPredictionError = new FastHistogram(spec("infera_router_ttft_prediction_error_ratio"), registry);
   new client.Gauge({
     ...spec("infera_router_worker_slowness"),
     registers: [registry],

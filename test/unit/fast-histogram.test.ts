@@ -1,11 +1,11 @@
-// runtime/plugin-histogram.ts against prom-client's own Histogram: the same
+// runtime/fast-histogram.ts against prom-client's own Histogram: the same
 // observations through both give the same exposition text and the same JSON
 // values, reset() zeroes the bound children, and a label set is listed only
 // once it has been observed.
 import { test } from "node:test";
 import * as assert from "node:assert/strict";
 import * as client from "prom-client";
-import { FastHistogram } from "../../runtime/plugin-histogram";
+import { FastHistogram } from "../../runtime/fast-histogram";
 import { spec } from "../../runtime/metrics";
 
 const NAME = "infera_router_plugin_duration_seconds";
@@ -62,4 +62,33 @@ test("a child bound once keeps counting after reset(), from zero; unobserved lab
   assert.equal(text, await regB.metrics());
   assert.doesNotMatch(text, /never/);
   assert.match(text, /infera_router_plugin_duration_seconds_count\{plugin="p",kind="scorer"\} 1\n/);
+});
+
+test("unlabelled: listed at zero before any observation, observe(value) and observe(labels, value) as prom-client", async () => {
+  const regA = new client.Registry();
+  const regB = new client.Registry();
+  const ours = new FastHistogram(spec("infera_router_pick_latency_seconds"), regA);
+  const theirs = new client.Histogram({ ...spec("infera_router_pick_latency_seconds"), registers: [regB] });
+  assert.equal(await regA.metrics(), await regB.metrics(), "before any observation");
+  for (const v of [0.0001, 0.002, 0.3]) {
+    ours.observe(v);
+    theirs.observe(v);
+  }
+  assert.equal(await regA.metrics(), await regB.metrics());
+  regA.resetMetrics();
+  regB.resetMetrics();
+  assert.equal(await regA.metrics(), await regB.metrics(), "after a reset");
+  const name = "infera_router_ttft_prediction_error_ratio";
+  const la = new FastHistogram(spec(name), regA);
+  const lb = new client.Histogram({ ...spec(name), registers: [regB] });
+  for (const [w, v] of [
+    ["w0", 0.1],
+    ["w1", 2],
+    ["w0", 0.7],
+  ] as [string, number][]) {
+    la.observe({ worker: w }, v);
+    lb.observe({ worker: w }, v);
+  }
+  assert.equal(await regA.metrics(), await regB.metrics());
+  assert.match(await regA.metrics(), new RegExp(`${name}_count\\{worker="w0"\\} 2\\n`));
 });

@@ -188,10 +188,12 @@ export function latencyModel(
   for (let i = 0; i < K; i++) xy.push(0);
   let fitted: number[] | null = null;
   const workers: { [ek: string]: Recent } = {};
-  // Factors against the current fit, recomputed after each observation (the fit moves).
-  let factors: { [ek: string]: number } = {};
-  let errs: { [ek: string]: number } = {};
-  let dirty = true;
+  // Factors against the current fit, each recomputed when first read after an
+  // observation (the fit moves): a worker's factor reads only its own window,
+  // so a first token's prediction refits one worker, not the fleet.
+  let fitVersion = 0;
+  const factors: { [ek: string]: { version: number; value: number | null } } = {};
+  const errs: { [ek: string]: number } = {};
 
   function at(c: number[], x: number[]): number {
     let s = 0;
@@ -229,17 +231,13 @@ export function latencyModel(
   function factor(ek: string): number | null {
     const f = workers[ek];
     if (!f || f.n < o.minSamples || !fitted) return null;
-    if (dirty) {
-      factors = {};
-      errs = {};
-      for (const k in workers) {
-        const v = factorOf(k, workers[k], fitted);
-        if (v !== null) factors[k] = v;
-      }
-      dirty = false;
+    let c = factors[ek];
+    if (!c) c = factors[ek] = { version: -1, value: null };
+    if (c.version !== fitVersion) {
+      c.value = factorOf(ek, f, fitted);
+      c.version = fitVersion;
     }
-    const v = factors[ek];
-    return v === undefined ? null : v;
+    return c.value;
   }
 
   function predict(ek: EpochKey, tokens: number, running: number, attention?: number, queued?: number): number | null {
@@ -274,7 +272,7 @@ export function latencyModel(
         f.y[f.next] = ms;
         f.next = (f.next + 1) % WINDOW;
       }
-      dirty = true;
+      fitVersion++;
     },
     predict: predict,
     msPerToken(ek) {
@@ -285,8 +283,11 @@ export function latencyModel(
       const out: { [ek: string]: number } = {};
       const known: number[] = [];
       const ks: { [ek: string]: number } = {};
+      for (let i = 0; i < eks.length; i++) out[eks[i]] = 1;
+      // One candidate has no median to be slower than: its factor (refitted
+      // after every observation) would be computed for nothing.
+      if (eks.length < 2) return out;
       for (let i = 0; i < eks.length; i++) {
-        out[eks[i]] = 1;
         const k = factor(eks[i]);
         if (k !== null && k > 0) {
           ks[eks[i]] = k;
@@ -318,7 +319,8 @@ export function latencyModel(
     },
     forget(ek) {
       delete workers[ek];
-      dirty = true;
+      delete factors[ek];
+      fitVersion++;
     },
   };
 }

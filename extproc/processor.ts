@@ -58,6 +58,26 @@ export function isRoutingHeader(name: string, opts: { upstreamHeader: string; pr
   );
 }
 
+/** The router's own header names, removed from every request (no duplicates; computed once per options). */
+const own = new WeakMap<object, string[]>();
+function ownHeaders(opts: { upstreamHeader: string; prefillHeader: string }): string[] {
+  let l = own.get(opts);
+  if (!l) {
+    l = [
+      ...new Set([
+        opts.upstreamHeader,
+        opts.prefillHeader,
+        prefillRankHeader(opts.prefillHeader),
+        DEST_KEY,
+        LLMD_PREFILL_HEADER,
+        KV_SOURCE_HEADER,
+      ]),
+    ];
+    own.set(opts, l);
+  }
+  return l;
+}
+
 type RequestPhase = "requestHeaders" | "requestBody" | "requestTrailers";
 
 /** Everything one stream remembers between its messages. */
@@ -197,17 +217,9 @@ export class StreamProcessor {
     // Always a removal (of our own names at least): Envoy re-resolves the
     // route only after a header mutation, and the route must be resolved
     // again once the pick's metadata exists, even when no body phase follows.
-    s.strip = [
-      ...new Set([
-        app.opts.upstreamHeader,
-        app.opts.prefillHeader,
-        prefillRankHeader(app.opts.prefillHeader),
-        DEST_KEY,
-        LLMD_PREFILL_HEADER,
-        KV_SOURCE_HEADER,
-        ...Object.keys(s.headers).filter((h) => isRoutingHeader(h, app.opts) || h.startsWith("x-prefiller-")),
-      ]),
-    ];
+    s.strip = ownHeaders(app.opts).slice();
+    for (const h in s.headers)
+      if ((isRoutingHeader(h, app.opts) || h.startsWith("x-prefiller-")) && !s.strip.includes(h)) s.strip.push(h);
     for (const h of s.strip) delete s.headers[h];
     // Objective and SLO headers are the router's input: read from s.headers, never sent on.
     for (const h of CONTROL_HEADERS) if (h in s.headers) s.strip.push(h);

@@ -16,6 +16,7 @@
 // header and values), so a client or gateway can tell them apart.
 import { Counter, Gauge, Histogram, Registry } from "prom-client";
 import { spec } from "./metrics";
+import { FastHistogram } from "./fast-histogram";
 import { PrefillAdmission, Refusal } from "../core/admission";
 import { Pick } from "../core/router";
 
@@ -68,7 +69,7 @@ export interface FlowMetrics {
   /** Label priority. */
   expired: Counter;
   /** Label outcome (decisionOutcome): the ext_proc server's time to answer. */
-  decision: Histogram;
+  decision: FastHistogram;
 }
 
 /**
@@ -114,9 +115,6 @@ export function flowMetrics(registry: Registry, admission: PrefillAdmission): Fl
       ...spec("infera_router_flow_expired_total"),
       registers: [registry],
     }),
-    decision: new Histogram({
-      ...spec("infera_router_decision_seconds"),
-      registers: [registry],
-    }),
+    decision: new FastHistogram(spec("infera_router_decision_seconds"), registry),
   };
 }

@@ -3,6 +3,8 @@ import { monitorEventLoopDelay, performance } from "perf_hooks";
 import { Router, Worker } from "../core/router";
 import { metricSpec } from "../core/metric-table";
 import { setPluginTimer } from "../core/scheduling/framework";
+import { FastChild, FastHistogram } from "./fast-histogram";
+import { FastCounter } from "./fast-counter";
 
 export type Metrics = ReturnType<typeof createMetrics>;
 
@@ -69,30 +71,16 @@ export function createMetrics(
       },
     });
   };
-  const picks = new client.Counter({
-    ...spec("infera_router_picks_total"),
-    registers: [registry],
-  });
-  const hitBlocks = new client.Counter({
-    ...spec("infera_router_cache_hit_blocks_total"),
-    registers: [registry],
-  });
-  const reqBlocks = new client.Counter({
-    ...spec("infera_router_request_blocks_total"),
-    registers: [registry],
-  });
-  const pickLatency = new client.Histogram({
-    ...spec("infera_router_pick_latency_seconds"),
-    registers: [registry],
-  });
+  const picks = new FastCounter(spec("infera_router_picks_total"), registry);
+  const hitBlocks = new FastCounter(spec("infera_router_cache_hit_blocks_total"), registry);
+  const reqBlocks = new FastCounter(spec("infera_router_request_blocks_total"), registry);
+  const pickLatency = new FastHistogram(spec("infera_router_pick_latency_seconds"), registry);
   // Each plugin run of the scheduling pipeline, timed by core through this
   // process-wide timer (the last registry created gets them). Label children
-  // are bound once so a run costs two clock reads and a bucket increment.
-  const pluginDuration = new client.Histogram({
-    ...spec("infera_router_plugin_duration_seconds"),
-    registers: [registry],
-  });
-  const pluginChildren: Record<string, Record<string, client.Histogram.Internal<string>>> = {};
+  // are bound once so a run costs two clock reads and a bucket increment
+  // (runtim./fast-histogram.ts: prom-client's observe re-checks the labels every time).
+  const pluginDuration = new FastHistogram(spec("infera_router_plugin_duration_seconds"), registry);
+  const pluginChildren: Record<string, Record<string, FastChild>> = {};
   setPluginTimer({
     now: () => performance.now(),
     observe(kind, plugin, seconds) {
@@ -117,10 +105,7 @@ export function createMetrics(
     ...spec("infera_router_prefill_admission_forced_total"),
     registers: [registry],
   });
-  const ttftPredictionError = new client.Histogram({
-    ...spec("infera_router_ttft_prediction_error_ratio"),
-    registers: [registry],
-  });
+  const ttftPredictionError = new FastHistogram(spec("infera_router_ttft_prediction_error_ratio"), registry);
   new client.Gauge({
     ...spec("infera_router_worker_slowness"),
     registers: [registry],
@@ -144,10 +129,7 @@ export function createMetrics(
     ...spec("infera_router_bad_requests_total"),
     registers: [registry],
   });
-  const requests = new client.Counter({
-    ...spec("infera_router_requests_total"),
-    registers: [registry],
-  });
+  const requests = new FastCounter(spec("infera_router_requests_total"), registry);
   // Every outcome exists from the start at 0, so rate() and alerts see the first one.
   for (const o of REQUEST_OUTCOMES) requests.inc({ outcome: o }, 0);
   // Read at scrape time from the router's own health state, like the gauges below.

@@ -5,7 +5,20 @@
 import * as fs from "fs";
 import * as os from "os";
 import * as path from "path";
-import { fatal, freePort, longText, NginxFlavor, Proc, renderNginx, ROOT, run, TSX, waitFor } from "./harness";
+import {
+  fatal,
+  freePort,
+  longText,
+  NginxFlavor,
+  Proc,
+  renderNginx,
+  ROOT,
+  run,
+  Sim,
+  sleep,
+  TSX,
+  waitFor,
+} from "./harness";
 import { loadTokenizer } from "../runtime/tokenizer";
 
 export interface NginxStack {
@@ -107,4 +120,24 @@ export function textOfTokens(seed: string, tokens: number): string {
   const sample = 400;
   const per = tok ? tok.encode(longText(seed, sample)).length / sample : 1024 / 150;
   return longText(seed, Math.max(1, Math.round(tokens / per)));
+}
+
+/** The KV events of what was sent are applied: nginx's mirror counts stop moving (3 equal reads 100 ms apart, at most 20 s). */
+export async function mirrorSettled(ng: NginxStack, sims: Sim[]): Promise<void> {
+  let last = "";
+  let same = 0;
+  for (let i = 0; i < 200 && same < 3; i++) {
+    await sleep(100);
+    const now = JSON.stringify(
+      await Promise.all(
+        sims.map(
+          async (s) =>
+            ((await (await fetch(`${ng.url}/v1/admin/cache-view/${s.address}`)).json()) as { block_count: number })
+              .block_count,
+        ),
+      ),
+    );
+    same = now === last ? same + 1 : 0;
+    last = now;
+  }
 }

@@ -11,8 +11,8 @@ import * as fs from "fs";
 import * as net from "net";
 import * as os from "os";
 import * as path from "path";
-import { ROOT, freePort, longText, nginx08, startSim, stopAll, waitFor, workerArg, Sim, sleep } from "../harness";
-import { cpuMs, NginxStack, startBridgeAt, startNginx1 } from "../nginx-stack";
+import { ROOT, freePort, longText, nginx08, startSim, stopAll, waitFor, workerArg, sleep } from "../harness";
+import { cpuMs, NginxStack, startBridgeAt, startNginx1, mirrorSettled } from "../nginx-stack";
 import { corpus, reference, CorpusItem } from "../render-corpus";
 import { NJS_CORPUS } from "../tokenizer-corpus";
 import { bodyKey } from "../../sim/render";
@@ -65,26 +65,6 @@ async function post(ng: NginxStack, endpoint: string, body: unknown): Promise<nu
   });
   await r.text();
   return r.status;
-}
-
-/** The KV events of what was sent are applied: nginx's mirror count stops moving. */
-async function settled(ng: NginxStack, sims: Sim[]): Promise<void> {
-  let last = "";
-  let same = 0;
-  for (let i = 0; i < 200 && same < 3; i++) {
-    await sleep(100);
-    const now = JSON.stringify(
-      await Promise.all(
-        sims.map(
-          async (s) =>
-            ((await (await fetch(`${ng.url}/v1/admin/cache-view/${s.address}`)).json()) as { block_count: number })
-              .block_count,
-        ),
-      ),
-    );
-    same = now === last ? same + 1 : 0;
-    last = now;
-  }
 }
 
 const PATHS: Record<string, string> = {
@@ -147,7 +127,7 @@ test(
     lap("stack up");
     for (let i = 0; i < ok.length; i += 8) await Promise.all(ok.slice(i, i + 8).map(send));
     lap("first pass");
-    await settled(ng, [sim]);
+    await mirrorSettled(ng, [sim]);
     lap("settled");
     // Second pass: a request's hits never exceed its full blocks (the chain stops at the first
     // block the engine does not hold), so the total equals the sum only if every prompt found all of its own.
@@ -202,7 +182,7 @@ test(
     };
     assert.equal((await ask(long)).status, 200);
     assert.equal((await ask(mid)).status, 200);
-    await settled(ng, sims);
+    await mirrorSettled(ng, sims);
     const up = await ask(long);
     assert.equal(up.status, 200);
     assert.ok(up.hits > 1500, `helper up: the cached conversation found (${up.hits} blocks)`);
@@ -248,7 +228,7 @@ test(
 
     br = await startBridgeAt(workerArg(sims), `${ng.url}/_infera/push`, port);
     await waitFor("bridge resynced nginx", async () => (await ask(mid)).status === 200, 30000);
-    await settled(ng, sims);
+    await mirrorSettled(ng, sims);
     const back = await ask(long);
     assert.equal(back.status, 200);
     assert.ok(back.hits > 1500, `helper back: exact routing again (${back.hits} blocks)`);

@@ -8,7 +8,7 @@ import * as assert from "node:assert/strict";
 import * as fs from "fs";
 import * as path from "path";
 import { ROOT, freePort, longText, nginx08, startSim, stopAll, waitFor, workerArg, Sim, sleep } from "../harness";
-import { cpuMs, NginxStack, startBridgeAt, startNginx1, textOfTokens } from "../nginx-stack";
+import { cpuMs, NginxStack, startBridgeAt, startNginx1, mirrorSettled, textOfTokens } from "../nginx-stack";
 import { needs } from "../tools";
 
 const n8 = nginx08();
@@ -62,26 +62,6 @@ async function stack(sims: Sim[], events: boolean): Promise<NginxStack> {
   return ng;
 }
 
-/** The KV events of what was sent are applied: nginx's mirror counts stop moving. */
-async function settled(ng: NginxStack, sims: Sim[]): Promise<void> {
-  let last = "";
-  let same = 0;
-  for (let i = 0; i < 200 && same < 3; i++) {
-    await sleep(100);
-    const now = JSON.stringify(
-      await Promise.all(
-        sims.map(
-          async (s) =>
-            ((await (await fetch(`${ng.url}/v1/admin/cache-view/${s.address}`)).json()) as { block_count: number })
-              .block_count,
-        ),
-      ),
-    );
-    same = now === last ? same + 1 : 0;
-    last = now;
-  }
-}
-
 test(
   "long prompts cost the nginx worker a bounded bookkeeping: a 112k-token cold prompt and an extending turn",
   { skip, timeout: 120000 },
@@ -100,7 +80,7 @@ test(
     for (let i = 0; i < 2; i++) {
       const text = textOfTokens(`conv${i}`, K112);
       assert.equal((await post(live, body(text))).status, 200);
-      await settled(live, sims);
+      await mirrorSettled(live, sims);
       ext.push(
         await cpuOf(
           live,

@@ -44,6 +44,30 @@ function runNjs(bin: string, script: string): string {
   return r.stdout;
 }
 
+/**
+ * Parse + render + tokenize each {endpoint, body} on njs's engine (cli.renderIds).
+ * njs's console.log cuts lines at 2048 bytes: results come back in indexed chunks.
+ */
+function renderIdsInNjs(bin: string, input: string): { ids?: number[]; error?: string }[] {
+  const out = runNjs(
+    bin,
+    `import cli from 'infera-cli.js';
+import fs from 'fs';
+const vocab = JSON.parse(fs.readFileSync(${JSON.stringify(path.join(DIST, "tokenizer.json"))}));
+const res = cli.renderIds(vocab, JSON.parse(fs.readFileSync(${JSON.stringify(input)})));
+for (let i = 0; i < res.length; i++) {
+  const s = JSON.stringify(res[i]);
+  for (let k = 0; k < s.length; k += 1000) console.log(i + "\t" + s.slice(k, k + 1000));
+}`,
+  );
+  const parts: string[] = [];
+  for (const l of out.split("\n")) {
+    const m = /^(\d+)\t(.*)$/.exec(l);
+    if (m) parts[Number(m[1])] = (parts[Number(m[1])] || "") + m[2];
+  }
+  return parts.map((p) => JSON.parse(p));
+}
+
 const clis = njsClis();
 const noCli = needs(clis.length === 0 && "no njs CLI (apt-get install njs)");
 const noReference = needs(pythonMissing(["transformers", "jinja2"], "'transformers>=5.24' 'jinja2>=3.1.6'"));
@@ -87,25 +111,7 @@ test(
     const input = path.join(dir, "items.json");
     fs.writeFileSync(input, JSON.stringify(items.map((c) => ({ endpoint: c.endpoint, body: JSON.stringify(c.body) }))));
     for (const [label, bin] of clis) {
-      const out = runNjs(
-        bin,
-        `import cli from 'infera-cli.js';
-import fs from 'fs';
-const vocab = JSON.parse(fs.readFileSync(${JSON.stringify(path.join(DIST, "tokenizer.json"))}));
-const items = JSON.parse(fs.readFileSync(${JSON.stringify(input)}));
-const res = cli.renderIds(vocab, items);
-for (let i = 0; i < res.length; i++) {
-  const s = JSON.stringify(res[i]);
-  for (let k = 0; k < s.length; k += 1000) console.log(i + "\t" + s.slice(k, k + 1000));
-}`,
-      );
-      // njs's console.log cuts lines at 2048 bytes: results come in indexed chunks.
-      const parts: string[] = [];
-      for (const l of out.split("\n")) {
-        const m = /^(\d+)\t(.*)$/.exec(l);
-        if (m) parts[Number(m[1])] = (parts[Number(m[1])] || "") + m[2];
-      }
-      const got = parts.map((p) => JSON.parse(p)) as { ids?: number[]; error?: string }[];
+      const got = renderIdsInNjs(bin, input);
       assert.equal(got.length, items.length, label + ": one result per request");
       let exact = 0;
       const misses: string[] = [];
@@ -175,24 +181,9 @@ test(
     const input = path.join(dir, "items.json");
     fs.writeFileSync(input, JSON.stringify(items.map((c) => ({ endpoint: c.endpoint, body: JSON.stringify(c.body) }))));
     for (const [label, bin] of clis) {
-      const out = runNjs(
-        bin,
-        `import cli from 'infera-cli.js';
-import fs from 'fs';
-const vocab = JSON.parse(fs.readFileSync(${JSON.stringify(path.join(DIST, "tokenizer.json"))}));
-const res = cli.renderIds(vocab, JSON.parse(fs.readFileSync(${JSON.stringify(input)})));
-for (let i = 0; i < res.length; i++) {
-  const s = JSON.stringify(res[i]);
-  for (let k = 0; k < s.length; k += 1000) console.log(i + "\t" + s.slice(k, k + 1000));
-}`,
-      );
-      const parts: string[] = [];
-      for (const l of out.split("\n")) {
-        const m = /^(\d+)\t(.*)$/.exec(l);
-        if (m) parts[Number(m[1])] = (parts[Number(m[1])] || "") + m[2];
-      }
+      const res = renderIdsInNjs(bin, input);
       items.forEach((it, i) => {
-        const got = JSON.parse(parts[i]) as { ids?: number[]; error?: string };
+        const got = res[i];
         const want = ref.get(it.id)!;
         assert.equal(want.error, undefined, `${it.id}: the reference renders it`);
         assert.equal(got.error, undefined, `${label} ${it.id}: ${got.error}`);

@@ -19,6 +19,7 @@ import {
   waitFor,
   freePort,
   httpOk,
+  Sim,
 } from "../harness";
 import { needs } from "../tools";
 
@@ -28,12 +29,14 @@ const skip = needs(!n8 && "njs >= 0.8 not set up (bash scripts/njs08.sh)") || (!
 after(stopAll);
 
 let trusted = "";
+let holderSim: Sim;
 let ignored = "";
 
 before(async () => {
   if (skip) return;
   // 1 ms per prefill token: a 1,500-word prompt holds the slot for about 1.5 s.
   const [a, b] = await Promise.all(["ns0", "ns1"].map((id) => startSim(id, ["--prefill-us-per-token", "1000"])));
+  holderSim = a;
   const up = async (sim: typeof a, vars: Record<string, string>) => {
     const ng = await startNginx(n8!, vars);
     const admin = await freePort();
@@ -71,7 +74,10 @@ const chat = (url: string, content: string, objective?: string, p = "/v1/chat/co
 
 test("nginx: a sheddable cold request gets 429 + Retry-After while its worker's slot is taken", { skip }, async () => {
   const holder = chat(trusted, "alpha ".repeat(1500));
-  await new Promise((r) => setTimeout(r, 300));
+  // The holder is on its worker (nginx picked it and holds its slot) before the
+  // sheddable one asks: a fixed pause lost that race when a cold nginx worker
+  // first loaded its tokenizer on a loaded machine.
+  await waitFor("the holder prefilling on its worker", async () => (await holderSim.stats()).inflight > 0, 10000);
   for (const p of ["/v1/chat/completions", "/v1/messages"]) {
     const shed = await chat(trusted, "delta ".repeat(1500) + p, "batch", p);
     assert.equal(shed.status, 429, shed.body);

@@ -15,6 +15,7 @@ import { cpuMs, nullEngine, reporter } from "./overhead";
 import { freePort, longText, startRouter, stopAll } from "../test/harness";
 import { processStream, reqBody, reqHeaders, respBody, respHeaders } from "../test/extproc-client";
 import * as grpc from "@grpc/grpc-js";
+import { runBench } from "./run-bench";
 
 const num = (name: string, def: number) => {
   const i = process.argv.indexOf(name);
@@ -111,11 +112,6 @@ async function main() {
   for (const s of sides) s.client.close();
   engine.close();
   await stopAll();
-  process.exit(0);
 }
 
-main().catch(async (e) => {
-  console.error(e);
-  await stopAll();
-  process.exit(1);
-});
+runBench(main);

@@ -11,6 +11,7 @@
 import * as os from "os";
 import { envoyBin, freePort, startEnvoy, startNats, startRouter, stopAll, RouterProc } from "../test/harness";
 import { arg, benchPrompts, CHUNKS, closedLoop, cpuMs, nullEngine, reporter, request } from "./overhead";
+import { runBench } from "./run-bench";
 
 const SECONDS = Math.min(60, arg("--seconds", 8));
 const ROUNDS = Math.min(10, arg("--rounds", 2));
@@ -122,11 +123,6 @@ async function main() {
   save();
   engine.close();
   await stopAll();
-  process.exit(0);
 }
 
-main().catch(async (e) => {
-  console.error(e);
-  await stopAll();
-  process.exit(1);
-});
+runBench(main);

@@ -10,7 +10,7 @@
 // bundle in DIR (npm run build:njs in a checkout of the old commit), in the
 // same run, alternating with this checkout's bundle.
 import { freePort, nginx08, startSim, stopAll, waitFor, workerArg, Sim } from "../test/harness";
-import { cpuMs, NginxStack, startBridgeAt, startNginx1, textOfTokens } from "../test/nginx-stack";
+import { cpuMs, freeEngineArgs, NginxStack, startBridgeAt, startNginx1, textOfTokens } from "../test/nginx-stack";
 import { buildNjs } from "../njs/build";
 import { median, pctNearestRank } from "./stats";
 
@@ -79,20 +79,7 @@ async function main(): Promise<void> {
   if (!fl) throw new Error("njs >= 0.8 not set up: bash scripts/njs08.sh");
   process.stderr.write("building the njs bundle\n");
   await buildNjs();
-  const sims: Sim[] = await Promise.all(
-    ["b0", "b1"].map((id) =>
-      startSim(id, [
-        "--prefill-us-per-token",
-        "0",
-        "--decode-ms-per-token",
-        "0",
-        "--prefill-attn-us-per-kctx",
-        "0",
-        "--capacity-blocks",
-        "200000",
-      ]),
-    ),
-  );
+  const sims: Sim[] = await Promise.all(["b0", "b1"].map((id) => startSim(id, freeEngineArgs(200000))));
   // Per path two stacks: one whose bridge follows the engines' KV events (the
   // extending turns need a mirror), one without events, where a cold prompt's
   // CPU is routing alone (a KV event batch of thousands of new blocks lands on

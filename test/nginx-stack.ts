@@ -141,3 +141,17 @@ export async function mirrorSettled(ng: NginxStack, sims: Sim[]): Promise<void> 
     last = now;
   }
 }
+
+/** Simulator flags for an engine that costs no time: what is measured is the gateway, not the engine. */
+export function freeEngineArgs(capacityBlocks: number): string[] {
+  return [
+    "--prefill-us-per-token",
+    "0",
+    "--decode-ms-per-token",
+    "0",
+    "--prefill-attn-us-per-kctx",
+    "0",
+    "--capacity-blocks",
+    String(capacityBlocks),
+  ];
+}

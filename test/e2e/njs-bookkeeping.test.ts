@@ -8,22 +8,21 @@ import * as assert from "node:assert/strict";
 import * as fs from "fs";
 import * as path from "path";
 import { ROOT, freePort, longText, nginx08, startSim, stopAll, waitFor, workerArg, Sim, sleep } from "../harness";
-import { cpuMs, NginxStack, startBridgeAt, startNginx1, mirrorSettled, textOfTokens } from "../nginx-stack";
+import {
+  cpuMs,
+  freeEngineArgs,
+  NginxStack,
+  startBridgeAt,
+  startNginx1,
+  mirrorSettled,
+  textOfTokens,
+} from "../nginx-stack";
 import { needs } from "../tools";
 
 const n8 = nginx08();
 const built = fs.existsSync(path.join(ROOT, "njs", "dist", "infera.js"));
 const skip = needs(!n8 && "njs >= 0.8 not set up (bash scripts/njs08.sh)") || (!built && "run npm run build:njs");
-const FAST = [
-  "--prefill-us-per-token",
-  "0",
-  "--decode-ms-per-token",
-  "0",
-  "--prefill-attn-us-per-kctx",
-  "0",
-  "--capacity-blocks",
-  "60000",
-];
+const FAST = freeEngineArgs(60000);
 const K112 = 112000;
 
 after(stopAll);

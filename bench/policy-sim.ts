@@ -205,6 +205,61 @@ function oracleModel(speeds: number[]) {
   };
 }
 
+/**
+ * The KV-pressure oracle: no router, placement by the workload's popularity
+ * known in advance (omniscient). Each key (document, conversation) weighs its
+ * request count and takes its largest prompt's blocks of room; keys are dealt
+ * hottest first, a key weighing more than one worker's share of the requests
+ * getting ceil(weight / share) copies on distinct workers, each copy to the
+ * worker with room for it (assigned blocks + the key's <= capacity) that has
+ * the least weight so far, else to the least weighted worker (it will not fit
+ * anywhere: the overflow evicts). A request goes to its key's copy with the
+ * fewest requests in flight. So the hot set is spread to fill the fleet's
+ * caches once, the hottest replicated, with no learning and no eviction
+ * surprises: what a placement that knew the popularity could reach.
+ */
+function kvOracleModel(convs: Conv[], n: number, capacity: number) {
+  const weight = new Map<string, number>();
+  const size = new Map<string, number>();
+  for (const c of convs)
+    for (const t of c) {
+      weight.set(t.key, (weight.get(t.key) || 0) + 1);
+      size.set(t.key, Math.max(size.get(t.key) || 0, Math.ceil(t.tokens.length / 16)));
+    }
+  let total = 0;
+  for (const w of weight.values()) total += w;
+  const share = total / n;
+  const keys = [...weight.keys()].sort((a, b) => weight.get(b)! - weight.get(a)! || (a < b ? -1 : 1));
+  const load: number[] = new Array(n).fill(0);
+  const used: number[] = new Array(n).fill(0);
+  const owners = new Map<string, number[]>();
+  for (const k of keys) {
+    const w = weight.get(k)!;
+    const s = size.get(k)!;
+    const copies = Math.min(n, Math.max(1, Math.ceil(w / share)));
+    const mine: number[] = [];
+    for (let r = 0; r < copies; r++) {
+      let best = -1;
+      for (let i = 0; i < n; i++) {
+        if (mine.includes(i)) continue;
+        const fits = used[i] + s <= capacity;
+        const bestFits = best >= 0 && used[best] + s <= capacity;
+        if (best < 0 || (fits && !bestFits) || (fits === bestFits && load[i] < load[best])) best = i;
+      }
+      mine.push(best);
+      load[best] += w / copies;
+      used[best] += s;
+    }
+    owners.set(k, mine);
+  }
+  return (key: string, inflight: number[]): number => {
+    const mine = owners.get(key)!;
+    let t = mine[0];
+    for (const i of mine) if (inflight[i] < inflight[t]) t = i;
+    return t;
+  };
+}
+
 /** The calibrated engine at a share of its speed: every cost term takes 1/speed as long. */
 function engineAt(speed: number) {
   const c = llama8bH100();
@@ -239,7 +294,7 @@ function run(
   cfg: RouterConfig,
   admission: Options["admission"],
   seed: number,
-  peer: "smg" | "oracle" | null = null,
+  peer: "smg" | "oracle" | "kv-oracle" | null = null,
 ): Result {
   const W = WARMUP && concurrency && !peer ? 16 : 0;
   if (W) convs = warmConvs().concat(convs);
@@ -327,17 +382,26 @@ function run(
   };
   const smg = peer === "smg" ? smgModel(N) : null;
   const oracle = peer === "oracle" ? oracleModel(SPEEDS) : null;
+  const kvOracle = peer === "kv-oracle" ? kvOracleModel(convs.slice(W), N, CAPACITY || llama8bH100().numBlocks) : null;
   const inflight: number[] = new Array(N).fill(0);
   // The router's prefill admission (core/admission.ts) as the Envoy path runs
   // it, with its wait bound as a deadline checked in virtual time.
-  const gate = prefillAdmission(cfg.policy === "kv-aware" && !smg && !oracle ? admission : { slots: 0, warmTokens: 0 });
+  const gate = prefillAdmission(
+    cfg.policy === "kv-aware" && !smg && !oracle && !kvOracle ? admission : { slots: 0, warmTokens: 0 },
+  );
   const deadlines: { at: number; ticket: Ticket }[] = [];
   const start = (conv: number, turn: number) => {
     const t = convs[conv][turn];
     const blocks = blockHashes(t.tokens, 16);
     scrape();
     const pick = router.pick({ blocks, inputTokens: t.tokens.length, exact: true, mediaHashes: [], n: 1 });
-    const i = smg ? smg(blocks, inflight) : oracle ? oracle(t.key) : ids.indexOf(pick.target.id);
+    const i = smg
+      ? smg(blocks, inflight)
+      : oracle
+        ? oracle(t.key)
+        : kvOracle
+          ? kvOracle(t.key, inflight)
+          : ids.indexOf(pick.target.id);
     const at = now;
     const id = `r${reqNo++}`;
     const ticket = gate.enter(ids[i], pick.uncachedTokens, () => {
@@ -417,8 +481,8 @@ function run(
  * arrival), so no queue and no batch; a first request for a new prefix still
  * computes it. No router can average below it.
  */
-function floor(convs: Conv[]): Result {
-  const e = new EngineModel({ ...llama8bH100(), numBlocks: 1 << 20 });
+function floor(convs: Conv[], numBlocks = 1 << 20): Result {
+  const e = new EngineModel({ ...llama8bH100(), numBlocks });
   const res: Result = { ttft: [], hits: 0, prompt: 0, spread: [0, 0, 0, 0], forced: 0 };
   const reqs = convs.some((c) => c[0].at !== undefined)
     ? convs.map((c) => c[0]).sort((a, b) => (a.at || 0) - (b.at || 0))
@@ -455,6 +519,13 @@ function main(): void {
   // On a mixed-speed fleet the floor (one calibrated engine) is no bound; the oracle row is the reference.
   if (MIXED) variants.push([`oracle (pinned by speed ${SPEEDS.join(":")})`, ["oracle"]]);
   else variants.push(["floor (each request alone, its prefix cached)", ["floor"]]);
+  // Under --capacity-blocks: the floor again on one engine whose cache is the
+  // fleet's caches pooled (4 x capacity, LRU), so a prefix the fleet cannot
+  // hold is computed again; and the KV-pressure oracle (kvOracleModel).
+  if (CAPACITY && !MIXED) {
+    variants.push([`floor, the fleet's caches pooled (4 x ${CAPACITY} blocks)`, ["floor-pooled"]]);
+    variants.push(["kv oracle (pinned by known popularity, hottest replicated)", ["kv-oracle"]]);
+  }
   for (const e of opt("--variant", "").split(";").filter(Boolean)) {
     const [label, flags] = e.split("|");
     variants.push([label, (flags || "").trim().split(/\s+/).filter(Boolean)]);
@@ -478,9 +549,13 @@ function main(): void {
     for (const c of name === "trace" ? [0] : [4, 16]) {
       const rows: [string, number[], number, number[], number][] = [];
       for (const [label, flags] of variants) {
-        const peer = flags[0] === "smg" ? "smg" : flags[0] === "oracle" ? "oracle" : null;
+        const peer =
+          flags[0] === "smg" || flags[0] === "oracle" || flags[0] === "kv-oracle"
+            ? (flags[0] as "smg" | "oracle" | "kv-oracle")
+            : null;
+        const isFloor = flags[0] === "floor" || flags[0] === "floor-pooled";
         const opts = parseArgs(
-          ["--workers", "127.0.0.1:1", ...(peer || flags[0] === "floor" ? ["--router-policy", "round-robin"] : flags)],
+          ["--workers", "127.0.0.1:1", ...(peer || isFloor ? ["--router-policy", "round-robin"] : flags)],
           {},
         );
         const cfg = opts.router as RouterConfig;
@@ -490,7 +565,9 @@ function main(): void {
         let forced = 0;
         const spread = [0, 0, 0, 0];
         for (let s = 0; s < (c ? seeds : 1); s++) {
-          const r = flags[0] === "floor" ? floor(make(1000 + s)) : run(make(1000 + s), c, cfg, opts.admission, s, peer);
+          const r = isFloor
+            ? floor(make(1000 + s), flags[0] === "floor-pooled" ? 4 * CAPACITY : undefined)
+            : run(make(1000 + s), c, cfg, opts.admission, s, peer);
           forced += r.forced;
           all.push(...r.ttft);
           hits += r.hits;

@@ -691,6 +691,7 @@ function oracle(sims: Sim[], w: Workload): (req: Req, conv: number) => string {
 const ORACLE = "oracle: no router, conversations pinned in proportion to worker speed";
 
 const FLOOR = "floor: each request alone, direct, its prefix cached (no router can average below it)";
+const FLOOR_POOLED = "floor, the fleet's caches pooled: each request alone on one engine of 4 x --capacity-blocks";
 
 /** A table row from one run's results; wallMs null (the floor: one request at a time) leaves the rates out. */
 function summarize(workload: string, target: string, results: Result[], wallMs: number | null, spread: string): Row {
@@ -738,16 +739,47 @@ async function main(): Promise<void> {
     `fleet: ${sims.map((s, i) => `${s.address} x${speeds[i]}`).join(" ")}; workloads: ${ws.map((w) => w.name).join(", ")}`,
   );
   const floors = new Map<string, Result[]>();
+  // Under --capacity-blocks a fleet engine is no floor (its cache evicts what
+  // the floor assumes cached): the floor runs on an engine of the default
+  // capacity (26,000 blocks: every workload's prompts fit), and again on one
+  // whose cache is the fleet's caches pooled, which computes again whatever
+  // the whole fleet could not hold (LRU; no placement does better without
+  // knowing the future).
+  const floorSims =
+    capacityBlocks && !flag("--no-floor")
+      ? [
+          await startSim(
+            "floor",
+            simArgs.filter((a) => a !== "--capacity-blocks" && a !== capacityBlocks),
+          ),
+          await startSim("floor-pooled", [
+            ...simArgs.filter((a) => a !== "--capacity-blocks" && a !== capacityBlocks),
+            "--capacity-blocks",
+            String(4 * Number(capacityBlocks)),
+          ]),
+        ]
+      : null;
   for (const w of ws) {
     if (!flag("--no-floor")) {
       // once per workload: its c=4 and c=16 runs send the same requests
       const base = w.name.replace(/ c=\d+$/, "");
-      if (!floors.has(base)) {
-        await clearFleet(sims);
-        floors.set(base, await floor(sims, w));
+      const kinds: [string, Sim[]][] = floorSims
+        ? [
+            [FLOOR, [floorSims[0]]],
+            [FLOOR_POOLED, [floorSims[1]]],
+          ]
+        : [[FLOOR, sims]];
+      for (const [label, on] of kinds) {
+        const key = `${label}|${base}`;
+        if (!floors.has(key)) {
+          await clearFleet(on);
+          floors.set(key, await floor(on, w));
+        }
+        rows.push(summarize(w.name, label, floors.get(key)!, null, ""));
+        log(
+          `${w.name.padEnd(28)} ${label.slice(0, 40).padEnd(40)} ttft mean ${rows[rows.length - 1].ttftMean.toFixed(1)}`,
+        );
       }
-      rows.push(summarize(w.name, FLOOR, floors.get(base)!, null, ""));
-      log(`${w.name.padEnd(28)} ${"floor".padEnd(40)} ttft mean ${rows[rows.length - 1].ttftMean.toFixed(1)}`);
     }
     if (mixed && !flag("--no-oracle")) {
       await clearFleet(sims);
@@ -839,11 +871,13 @@ function report(rows: Row[], ws: Workload[]): string {
   // Who won where: the default against round-robin, the best peer and the baseline (mean TTFT; above 1 = the default was faster).
   const isPeer = (t: string) => t.startsWith("smg ") || t.startsWith("vllm-router ");
   // floor / default: how close the default is to what no router can beat; a peer bar of 1.2x
-  // is out of any router's reach where best peer / 1.2 is below the floor.
+  // (1.4x under --capacity-blocks: issue #30's KV-pressure bar) is out of any router's reach
+  // where best peer / bar is below the floor.
+  const bar = capacityBlocks ? 1.4 : 1.2;
   lines.push(
     "",
-    `| workload | default mean TTFT ms | round-robin | RR / default | best peer (mean ms) | best peer / default | floor ms | floor / default | 1.2x the best peer reachable (best peer / 1.2 >= floor) | NGINX / default (Envoy) |${baseRev ? ` ${baseRev} / default |` : ""}${mixed ? " default / oracle |" : ""}`,
-    `|---|---:|---:|---:|---|---:|---:|---:|---|---:|${baseRev ? "---:|" : ""}${mixed ? "---:|" : ""}`,
+    `| workload | default mean TTFT ms | round-robin | RR / default | best peer (mean ms) | best peer / default | floor ms | floor / default | ${bar}x the best peer reachable (best peer / ${bar} >= floor) |${capacityBlocks ? " pooled floor ms | best peer / pooled floor |" : ""} NGINX / default (Envoy) |${baseRev ? ` ${baseRev} / default |` : ""}${mixed ? " default / oracle |" : ""}`,
+    `|---|---:|---:|---:|---|---:|---:|---:|---|${capacityBlocks ? "---:|---:|" : ""}---:|${baseRev ? "---:|" : ""}${mixed ? "---:|" : ""}`,
   );
   for (const w of ws) {
     const ok = rows.filter((r) => r.workload === w.name && !r.skipped && Number.isFinite(r.ttftMean));
@@ -858,12 +892,16 @@ function report(rows: Row[], ws: Workload[]): string {
     const orc = ok.find((r) => r.target === ORACLE);
     const reach =
       fl && peer
-        ? peer.ttftMean / 1.2 >= fl.ttftMean
+        ? peer.ttftMean / bar >= fl.ttftMean
           ? "yes"
-          : `no: ${f(peer.ttftMean / 1.2)} < ${f(fl.ttftMean)}`
+          : `no: ${f(peer.ttftMean / bar)} < ${f(fl.ttftMean)}`
         : "–";
+    const pooled = ok.find((r) => r.target === FLOOR_POOLED);
+    const pooledCols = capacityBlocks
+      ? ` ${pooled ? f(pooled.ttftMean) : "–"} | ${pooled && peer ? f(peer.ttftMean / pooled.ttftMean, 2) + "x" : "–"} |`
+      : "";
     lines.push(
-      `| ${w.name} | ${f(d.ttftMean)} | ${rr ? f(rr.ttftMean) : "–"} | ${x(rr)} | ${peer ? `${peer.target} (${f(peer.ttftMean)})` : "–"} | ${x(peer)} | ${fl ? f(fl.ttftMean) : "–"} | ${x(fl)} | ${reach} | ${x(ngx)} |${baseRev ? ` ${x(base)} |` : ""}${mixed ? ` ${orc ? f(d.ttftMean / orc.ttftMean, 2) + "x" : "–"} |` : ""}`,
+      `| ${w.name} | ${f(d.ttftMean)} | ${rr ? f(rr.ttftMean) : "–"} | ${x(rr)} | ${peer ? `${peer.target} (${f(peer.ttftMean)})` : "–"} | ${x(peer)} | ${fl ? f(fl.ttftMean) : "–"} | ${x(fl)} | ${reach} |${pooledCols} ${x(ngx)} |${baseRev ? ` ${x(base)} |` : ""}${mixed ? ` ${orc ? f(d.ttftMean / orc.ttftMean, 2) + "x" : "–"} |` : ""}`,
     );
   }
   return lines.join("\n") + "\n";

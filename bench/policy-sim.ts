@@ -565,6 +565,9 @@ function main(): void {
         let forced = 0;
         const spread = [0, 0, 0, 0];
         for (let s = 0; s < (c ? seeds : 1); s++) {
+          // Every row of a seed gets the same token ids (so the same block
+          // hashes and content-hash tie-breaks): rows differ by policy only.
+          nextTok = 1000 + s * 10_000_000;
           const r = isFloor
             ? floor(make(1000 + s), flags[0] === "floor-pooled" ? 4 * CAPACITY : undefined)
             : run(make(1000 + s), c, cfg, opts.admission, s, peer);

@@ -10,10 +10,12 @@
 // Usage: npm run bench:policy-sim -- [--variant 'label|--flag v ...;...'] [--seeds 3] [--workloads trace,shared-prefix,...] [--jitter 3]
 //   [--speeds 1,0.333,0.333,0.333] (each engine's speed as a share of the calibrated one; adds the oracle row)
 //   [--capacity-blocks 2000] (each engine's KV capacity, vLLM's num_gpu_blocks; the router reads it and the
-//   engines' usage and queue every --scrape-ms 250 of virtual time, as runtime/engine-metrics.ts does)
+//   engines' usage and queue every --scrape-ms 250 of virtual time, as runtime/engine-metrics.ts does;
+//   adds the floor with the fleet's caches pooled and the KV oracle as rows)
 //   [--warmup] (bench:trace's warm-up before each closed-loop run, so speeds are learned before it starts)
 //   [--show-slowness] (each run's learned slowness at its end, on stderr)
-// Deterministic: the same command prints the same table.
+// Deterministic: the same command prints the same table, and a row's figures
+// do not depend on which other rows the command asks for.
 import { createRouter } from "../core/router";
 import { sampleTrace, traceFile, traceIds } from "./mooncake";
 import { memoryState } from "../core/state/memory";

@@ -14,7 +14,7 @@
 //                   before it connects to the worker, plus the loopback hops
 // and the nginx workers' CPU per request (/proc, 10 ms ticks).
 //
-// Usage: node --import tsx bench/nginx-phases.ts [--sizes 2000,4000,8000] [--rounds 6] [--kinds cold,warm] [--helper-min N]
+// Usage: node --import tsx bench/nginx-phases.ts [--sizes 2000,4000,8000] [--rounds 6] [--kinds cold,warm] [--helper-min N] [--text dense|prose]
 import * as fs from "fs";
 import * as path from "path";
 import {
@@ -43,6 +43,26 @@ const rounds = Math.min(50, Math.max(1, Number(opt("--rounds", "6"))));
 const kinds = opt("--kinds", "cold,warm").split(",");
 // $infera_tokenizer_min_tokens of the helper side (empty: the shipped default)
 const helperMin = opt("--helper-min", "");
+// --text dense: longText (digit-heavy words, ~1.2 bytes per token); prose: English words (~4-5 bytes per token)
+const prose = opt("--text", "dense") === "prose";
+const WORDS = (
+  "the of and to in is that for it as was with be by on not he this are or his from at which but have an they " +
+  "you were her all she there would their we him been has when who will more no if out so said what up its about " +
+  "into than them can only other new some could time these two may then do first any my now such like our over"
+).split(" ");
+/** About `tokens` tokens of English words, seeded so different seeds differ from the first word. */
+function proseText(seed: string, tokens: number): string {
+  let h = 0;
+  for (let i = 0; i < seed.length; i++) h = (Math.imul(h, 31) + seed.charCodeAt(i)) >>> 0;
+  const out = [seed];
+  for (let i = 0; i < tokens; i++) {
+    h = (Math.imul(h, 1103515245) + 12345) >>> 0;
+    out.push(WORDS[(h >>> 8) % WORDS.length] + (i % 17 === 16 ? "." : ""));
+  }
+  return out.join(" ");
+}
+const textOf = (seed: string, tokens: number) =>
+  prose ? proseText(seed, tokens) : longText(seed, Math.round(tokens / 10.8));
 
 function childrenCpuMs(pid: number): number {
   let ms = 0;
@@ -162,7 +182,7 @@ async function main(): Promise<void> {
       for (let r = 0; r < rounds; r++)
         for (let k = 0; k < sides.length; k++) {
           const [name, url, ng] = sides[(r + k) % sides.length];
-          const text = longText(`p${kind}${tokens}r${r}${name}`, Math.round(tokens / 10.8));
+          const text = textOf(`p${kind}${tokens}r${r}${name}`, tokens);
           // warm: the same prompt once before, so the worker holds it and the router must find it
           if (kind === "warm") await timed(url, text);
           const c0 = ng ? childrenCpuMs(ng.pid()) : 0;

@@ -182,7 +182,8 @@ async function main(): Promise<void> {
       for (let r = 0; r < rounds; r++)
         for (let k = 0; k < sides.length; k++) {
           const [name, url, ng] = sides[(r + k) % sides.length];
-          const text = textOf(`p${kind}${tokens}r${r}${name}`, tokens);
+          // the same seed length on every side: equal prompt sizes
+          const text = textOf(`p${kind[0]}${tokens}r${r}s${(r + k) % sides.length}`, tokens);
           // warm: the same prompt once before, so the worker holds it and the router must find it
           if (kind === "warm") await timed(url, text);
           const c0 = ng ? childrenCpuMs(ng.pid()) : 0;

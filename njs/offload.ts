@@ -23,7 +23,7 @@ export interface OffloadVars {
   njsMaxTokens: number;
 }
 
-export const OFFLOAD_DEFAULTS = { minTokens: 512, njsMaxTokens: 8192 };
+export const OFFLOAD_DEFAULTS = { minTokens: 2048, njsMaxTokens: 8192 };
 
 function intVar(v: string | undefined, dflt: number): number {
   const n = Number(v);

@@ -28,7 +28,7 @@
 // conversations in proportion to their speed. Routers that export the TTFT
 // prediction error (--speed-learning) get its mean (MAPE) in a column.
 //
-// Usage: npm run bench:trace -- [--quick] [--speeds 1,1,1,1] [--no-oracle] [--concurrency 4,16] [--no-warmup] [--no-floor] [--baseline REV] [--no-peers] [--only a,b] [--workloads trace,shared-prefix,...] [--extra 'label|--flag v;...']
+// Usage: npm run bench:trace -- [--quick] [--speeds 1,1,1,1] [--no-oracle] [--concurrency 4,16] [--no-warmup] [--no-floor] [--baseline REV] [--no-peers] [--nginx-no-helper] [--only a,b] [--workloads trace,shared-prefix,...] [--extra 'label|--flag v;...']
 //        [--trace-every 60] [--trace-seconds 45] [--trace-max-output 256]
 //        [--time-scale 1] [--capacity-blocks N (each simulator's KV cache, vLLM's num_gpu_blocks)] [--out bench/results/trace.md]
 import * as fs from "fs";
@@ -470,18 +470,30 @@ function inferaTarget(name: string, args: string[], entry?: string): Target {
 
 /**
  * infera-gate in NGINX: nginx with the project's config (npm run nginx's code
- * path, .njs-0.8) and the bridge pushing the fleet and KV events into it.
+ * path, .njs-0.8) and the bridge pushing the fleet and KV events into it. As
+ * shipped, nginx sends prompts from $infera_tokenizer_min_tokens on to the
+ * bridge's tokenizer helper on its admin port (a free port here, the
+ * shipped 9101 elsewhere); helper false: njs tokenizes every prompt itself
+ * (the --nginx-no-helper row).
  */
-function nginxTarget(name: string): Target {
+function nginxTarget(name: string, helper = true): Target {
   const fl = nginx08();
   const built = fs.existsSync(path.join(ROOT, "njs", "dist", "infera.js"));
   return {
     name,
     unavailable: !fl ? "njs >= 0.8 not set up (bash scripts/njs08.sh)" : !built ? "run npm run build:njs" : null,
     async start(sims) {
-      const ng = await startNginx(fl!);
+      const admin = await freePort();
+      const ng = await startNginx(fl!, helper ? { tokenizer_url: `http://127.0.0.1:${admin}/v1/tokenize` } : {});
       const bridge = await startBridge(
-        ["--workers", sims.map((s) => `${s.address}@${s.events}`).join(","), "--log-level", "warn"],
+        [
+          "--workers",
+          sims.map((s) => `${s.address}@${s.events}`).join(","),
+          "--log-level",
+          "warn",
+          "--admin-port",
+          String(admin),
+        ],
         `${ng.url}/_infera/push`,
       );
       // nginx knows the whole fleet, healthy, before traffic starts
@@ -522,6 +534,7 @@ const idsRefused = (w: Workload) =>
 
 const DEFAULT = "infera-gate kv-aware (default, weight 8)";
 const NGINX = "infera-gate kv-aware (default) in NGINX (njs + bridge)";
+const NGINX_NO_HELPER = "infera-gate kv-aware (default) in NGINX, njs tokenizes every prompt (no helper)";
 const baseRev = opt("--baseline", "");
 const BASELINE = `infera-gate kv-aware (default) at ${baseRev}`;
 
@@ -529,6 +542,8 @@ function targets(): Target[] {
   const all: Target[] = [
     inferaTarget(DEFAULT, []),
     nginxTarget(NGINX),
+    // --nginx-no-helper: the same nginx with every prompt tokenized in njs (how this row ran before 2026-12-06)
+    ...(flag("--nginx-no-helper") ? [nginxTarget(NGINX_NO_HELPER, false)] : []),
     inferaTarget("infera-gate kv-aware weight 4 (the default before)", ["--kv-overlap-weight", "4"]),
     inferaTarget("infera-gate kv-aware weight 1 (the seed's default)", ["--kv-overlap-weight", "1"]),
     inferaTarget("infera-gate round-robin", ["--router-policy", "round-robin"]),

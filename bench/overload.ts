@@ -244,6 +244,8 @@ const NO_TTL = "infera-gate default, no TTL";
 const NO_TTL_ARGS = ["--queue-ttl-ms", "0"];
 const NO_LATE = "infera-gate default, no late binding";
 const NO_LATE_ARGS = ["--queue-late-binding", "off"];
+const NO_RESERVE = "infera-gate default, no flow reserve";
+const NO_RESERVE_ARGS = ["--queue-flow-reserve", "0"];
 const PREV_ARGS = ["--queue-ttl-ms", "0", "--queue-max-requests", "0", "--queue-late-binding", "off"];
 const PREV = "infera-gate previous defaults";
 // Every flow-control flag spelled out, so these rows mean the same whatever the defaults.
@@ -260,6 +262,7 @@ const ARGS: [string, string[]][] = [
   [PREV, PREV_ARGS],
   [NO_TTL, NO_TTL_ARGS],
   [NO_LATE, NO_LATE_ARGS],
+  [NO_RESERVE, NO_RESERVE_ARGS],
   [FLOW, FLOW_ARGS],
   [LATE, LATE_ARGS],
   [CAP3, CAP3_ARGS],
@@ -275,6 +278,7 @@ function targets(): Target[] {
     inferaTarget(PREV, PREV_ARGS),
     inferaTarget(NO_TTL, NO_TTL_ARGS),
     inferaTarget(NO_LATE, NO_LATE_ARGS),
+    inferaTarget(NO_RESERVE, NO_RESERVE_ARGS),
     inferaTarget(FLOW, FLOW_ARGS),
     inferaTarget(LATE, LATE_ARGS),
     inferaTarget(CAP3, CAP3_ARGS),
@@ -292,7 +296,10 @@ function targets(): Target[] {
       peerTarget("smg cache_aware", "smg", ["--policy", "cache_aware"]),
       peerTarget("vllm-router cache_aware", "vllm-router", ["--policy", "cache_aware"]),
     );
+  // --only a,b: targets whose name contains a or b; --only-exact "a;b": those named exactly so (names hold commas).
   const only = opt("--only", "");
+  const exact = opt("--only-exact", "");
+  if (exact) return all.filter((t) => exact.split(";").includes(t.name));
   return only ? all.filter((t) => only.split(",").some((o) => t.name.includes(o))) : all;
 }
 

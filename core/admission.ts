@@ -242,6 +242,13 @@ export function prefillAdmission(config: AdmissionConfig): PrefillAdmission {
   // Whether waiters can be held back beside free slots (then a freed slot or a newcomer looks fleet-wide).
   const holding = flowCap > 0 || reserve > 0;
 
+  // The fleet's slots, read once per call into the gate (every entry point resets it).
+  let fleetN = -1;
+  function fleetSlots(): number {
+    if (fleetN < 0) fleetN = config.slots * (config.workers as () => string[])().length;
+    return fleetN;
+  }
+
   /** Notes a named flow's arrival for the reserve's "another flow is active". */
   function seen(flow: string): void {
     colds++;
@@ -257,7 +264,7 @@ export function prefillAdmission(config: AdmissionConfig): PrefillAdmission {
   function underCap(flow: string, priority?: number): boolean {
     if (flowCap && capped(flow) && (held[flow] || 0) >= flowCap) return false;
     if (!reserve || !capped(flow) || protectedBand(priority || 0) || !heldU[flow]) return true;
-    const fleet = config.slots * (config.workers as () => string[])().length;
+    const fleet = fleetSlots();
     if (fleet <= reserve) return true;
     const window = Math.max(64, 8 * fleet);
     const other = lastFlow !== flow ? lastAt : otherAt;
@@ -467,6 +474,7 @@ export function prefillAdmission(config: AdmissionConfig): PrefillAdmission {
   ): Ticket {
     const priority = cls ? cls.priority : 0;
     const flow = cls ? cls.flow : "";
+    fleetN = -1;
     const t: TicketState = {
       admitted: false,
       slot: false,
@@ -477,6 +485,7 @@ export function prefillAdmission(config: AdmissionConfig): PrefillAdmission {
       priority: priority,
       leave() {
         if (t.gone) return;
+        fleetN = -1;
         t.gone = true;
         if (t.slot) {
           t.slot = false;
@@ -555,11 +564,15 @@ export function prefillAdmission(config: AdmissionConfig): PrefillAdmission {
   return {
     config: config,
     enter: enter,
-    wouldWait: waits,
+    wouldWait(key: string, uncachedTokens: number, flow?: string, priority?: number) {
+      fleetN = -1;
+      return waits(key, uncachedTokens, flow, priority);
+    },
     setSaturated(key: string, on: boolean) {
       if (on) saturated[key] = true;
       else if (saturated[key]) {
         delete saturated[key];
+        fleetN = -1;
         next(key);
       }
     },

@@ -126,6 +126,8 @@ interface Result {
   answerMs: number;
   retryAfter: string | null;
   err?: string;
+  /** The engine's own time from receiving the request to its first token (the simulator's x-sim-prefill-ms): TTFT less this is the wait before the engine (the router's queue and the hops). */
+  engineMs?: number;
 }
 
 async function send(base: string, a: Arrival): Promise<Result> {
@@ -165,7 +167,8 @@ async function send(base: string, a: Arrival): Promise<Result> {
       if (buf.length > 65536) buf = buf.slice(-1024);
     }
     if (first < 0) return { a, status: 200, ttft: 0, answerMs, retryAfter, err: "no tokens" };
-    return { a, status: 200, ttft: first - t0, answerMs, retryAfter };
+    const eng = Number(res.headers.get("x-sim-prefill-ms") ?? NaN);
+    return { a, status: 200, ttft: first - t0, answerMs, retryAfter, engineMs: Number.isFinite(eng) ? eng : undefined };
   } catch (e) {
     return { a, status: 0, ttft: 0, answerMs: performance.now() - t0, retryAfter: null, err: String(e) };
   }
@@ -241,6 +244,8 @@ const NO_TTL = "infera-gate default, no TTL";
 const NO_TTL_ARGS = ["--queue-ttl-ms", "0"];
 const NO_LATE = "infera-gate default, no late binding";
 const NO_LATE_ARGS = ["--queue-late-binding", "off"];
+const NO_RESERVE = "infera-gate default, no flow reserve";
+const NO_RESERVE_ARGS = ["--queue-flow-reserve", "0"];
 const PREV_ARGS = ["--queue-ttl-ms", "0", "--queue-max-requests", "0", "--queue-late-binding", "off"];
 const PREV = "infera-gate previous defaults";
 // Every flow-control flag spelled out, so these rows mean the same whatever the defaults.
@@ -257,6 +262,7 @@ const ARGS: [string, string[]][] = [
   [PREV, PREV_ARGS],
   [NO_TTL, NO_TTL_ARGS],
   [NO_LATE, NO_LATE_ARGS],
+  [NO_RESERVE, NO_RESERVE_ARGS],
   [FLOW, FLOW_ARGS],
   [LATE, LATE_ARGS],
   [CAP3, CAP3_ARGS],
@@ -272,6 +278,7 @@ function targets(): Target[] {
     inferaTarget(PREV, PREV_ARGS),
     inferaTarget(NO_TTL, NO_TTL_ARGS),
     inferaTarget(NO_LATE, NO_LATE_ARGS),
+    inferaTarget(NO_RESERVE, NO_RESERVE_ARGS),
     inferaTarget(FLOW, FLOW_ARGS),
     inferaTarget(LATE, LATE_ARGS),
     inferaTarget(CAP3, CAP3_ARGS),
@@ -289,7 +296,10 @@ function targets(): Target[] {
       peerTarget("smg cache_aware", "smg", ["--policy", "cache_aware"]),
       peerTarget("vllm-router cache_aware", "vllm-router", ["--policy", "cache_aware"]),
     );
+  // --only a,b: targets whose name contains a or b; --only-exact "a;b": those named exactly so (names hold commas).
   const only = opt("--only", "");
+  const exact = opt("--only-exact", "");
+  if (exact) return all.filter((t) => exact.split(";").includes(t.name));
   return only ? all.filter((t) => only.split(",").some((o) => t.name.includes(o))) : all;
 }
 
@@ -341,6 +351,8 @@ interface Row {
   load: string;
   results: Result[];
   quietAlone?: number;
+  /** The same schedule without the noisy tenant's requests (the quiet tenants alone). */
+  alone?: Result[];
   /** The router's pick latency p99 (its histogram's bucket bound), ms: a refusal is answered right after the pick. */
   pickP99?: number;
   /** The router's own answer time (infera_router_decision_seconds, bucket bounds), ms: the shed 429's p50/p99, a routed request's p50 (its wait at the router included). */
@@ -439,6 +451,48 @@ function report(rows: Row[], cap: number, cmd: string): string {
       `| ${row.target} | ${row.load} | ${s.refused429} (${s.retryAfter}) | ${f1(s.answer50)} / ${f1(s.answer99)} | ${row.shed50 === undefined ? "–" : `${f1(row.shed50)} / ${f1(row.shed99 ?? NaN)}`} | ${row.routed50 === undefined ? "–" : f1(row.routed50)} | ${row.pickP99 === undefined ? "–" : f1(row.pickP99)} | ${f0(s.quietP50)} | ${row.quietAlone ? f0(row.quietAlone) : "–"} | ${Number.isFinite(ratio) ? ratio.toFixed(2) : "–"} | ${s.goodput.toFixed(2)} | ${s.errors} |`,
     );
   }
+  // Where the quiet tenants' TTFT goes: before the engine (the router's queue and the hops) and inside it.
+  const split = rows.filter((r) => r.alone);
+  if (split.length) {
+    L.push(
+      "",
+      "Quiet tenants' TTFT split, p50 ms: before the engine (TTFT less the engine's own time to first token: the router's queue and the hops) and in the engine (the simulator's x-sim-prefill-ms: its queue and the prefill), with the noisy tenant / without it, per class of the quiet tenants' answered requests (n).",
+      "",
+      "| target | load | class | n | TTFT | before the engine | in the engine | n alone | TTFT alone | before alone | in the engine alone |",
+      "|---|---|---|---|---|---|---|---|---|---|---|",
+    );
+    for (const row of split) {
+      const quietOk = (rs: Result[]) => rs.filter((r) => r.a.tenant !== "noisy" && r.status === 200 && !r.err);
+      const groups: [string, (r: Result) => boolean][] = [
+        ["all", () => true],
+        ...CLASSES.map((c): [string, (r: Result) => boolean] => [c.name, (r) => r.a.cls === c]),
+      ];
+      for (const [name, sel] of groups) {
+        const w = quietOk(row.results).filter(sel);
+        const a = quietOk(row.alone ?? []).filter(sel);
+        const part = (rs: Result[]) => {
+          const e = rs.filter((r) => r.engineMs !== undefined);
+          return [
+            pct(
+              rs.map((r) => r.ttft),
+              50,
+            ),
+            pct(
+              e.map((r) => r.ttft - (r.engineMs as number)),
+              50,
+            ),
+            pct(
+              e.map((r) => r.engineMs as number),
+              50,
+            ),
+          ].map(f0);
+        };
+        L.push(
+          `| ${row.target} | ${row.load} | ${name} | ${w.length} | ${part(w).join(" | ")} | ${a.length} | ${part(a).join(" | ")} |`,
+        );
+      }
+    }
+  }
   // Bars, per infera-gate row at the highest load.
   const top = `${Math.max(...LOADS) * 100}%`;
   const low = `${Math.min(...LOADS) * 100}%`;
@@ -519,6 +573,7 @@ async function main(): Promise<void> {
       // The quiet tenants alone, on the same schedule, for the noisy tenant's effect on them.
       if (load === Math.max(...LOADS) && barred(t.name)) {
         const alone = await runOnce(arrivals.filter((a) => a.tenant !== "noisy"));
+        row.alone = alone;
         row.quietAlone = pct(
           alone.filter((x) => x.status === 200 && !x.err).map((x) => x.ttft),
           50,

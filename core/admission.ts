@@ -69,6 +69,20 @@
 // is off by default and applies to named flows only: requests without a
 // fairness id (flow "" or the default flow) are never capped.
 //
+// Flow reserve (flowReserve, on by default: 1): the same idea, only while it
+// is needed and only as far as needed. While another named flow has entered
+// recently (within the last max(64, 8 x fleet slots) cold requests: a clock
+// that needs no clock), a named flow's requests of an unprotected band
+// (priority 0 and below) hold at most the fleet's slots less flowReserve;
+// the rest stays free for the other flows and for protected bands. Why: under
+// overload every slot is taken the moment it frees, so a quiet tenant's
+// request, first in the queue order, still waits for one of the busy
+// tenant's prefills to finish (on four workers, about a fifth of a prefill);
+// with a slot held back it usually goes at once. Alone (no other named flow
+// lately) a flow uses every slot, so a single tenant loses nothing; a
+// protected band's requests neither count nor are held back. Needs the fleet
+// (workers); without it the reserve is off.
+//
 // Pure and clock-free (core/): the adapter bounds the wait with its own timer
 // (force, expire) and frees the slot at first token or at the end of the
 // request (leave), whichever comes first.
@@ -104,6 +118,10 @@ export interface AdmissionConfig {
   bandLimits?: { [priority: string]: BandLimit };
   /** Cold-prefill slots one named flow may hold over every worker; 0 or absent = no cap. */
   flowMaxSlots?: number;
+  /** Fleet slots a named flow of an unprotected band leaves to other flows while another is active; 0 or absent = off. */
+  flowReserve?: number;
+  /** The fleet's worker keys (the reserve's fleet slots = slots x their number); absent = reserve off. */
+  workers?: () => string[];
 }
 
 export interface BandLimit {
@@ -161,6 +179,8 @@ interface TicketState extends Ticket {
   key: string;
   /** Its flow, for the flow cap. */
   flow: string;
+  /** Its band, for the flow reserve. */
+  priority: number;
 }
 
 export interface PrefillAdmission {
@@ -179,8 +199,8 @@ export interface PrefillAdmission {
     evicted?: () => void,
     move?: (key: string) => boolean,
   ): Ticket;
-  /** Whether a request with this much uncached prefill (of this flow, for the flow cap) would wait for worker key now. */
-  wouldWait(key: string, uncachedTokens: number, flow?: string): boolean;
+  /** Whether a request with this much uncached prefill (of this flow and band, for the flow cap and reserve; band 0 if absent) would wait for worker key now. */
+  wouldWait(key: string, uncachedTokens: number, flow?: string, priority?: number): boolean;
   /** Marks a worker saturated by an outside signal (no cold prefill goes there), or clears it. */
   setSaturated(key: string, saturated: boolean): void;
   /** Requests waiting, for one worker or all. */
@@ -211,10 +231,45 @@ export function prefillAdmission(config: AdmissionConfig): PrefillAdmission {
   // Slots held per named flow, over every worker (the flow cap).
   const held: { [flow: string]: number } = {};
   const flowCap = config.flowMaxSlots || 0;
+  // The flow reserve: slots held per named flow by unprotected bands, and the
+  // two named flows that entered last (distinct), with their arrival numbers.
+  const reserve = config.workers && config.slots > 0 ? config.flowReserve || 0 : 0;
+  const heldU: { [flow: string]: number } = {};
+  let colds = 0;
+  let lastFlow = "";
+  let lastAt = -1;
+  let otherAt = -1;
+  // Whether waiters can be held back beside free slots (then a freed slot or a newcomer looks fleet-wide).
+  const holding = flowCap > 0 || reserve > 0;
 
-  /** Whether flow may take one more slot under the flow cap. */
-  function underCap(flow: string): boolean {
-    return !flowCap || !capped(flow) || (held[flow] || 0) < flowCap;
+  // The fleet's slots, read once per call into the gate (every entry point resets it).
+  let fleetN = -1;
+  function fleetSlots(): number {
+    if (fleetN < 0) fleetN = config.slots * (config.workers as () => string[])().length;
+    return fleetN;
+  }
+
+  /** Notes a named flow's arrival for the reserve's "another flow is active". */
+  function seen(flow: string): void {
+    colds++;
+    if (!reserve || !capped(flow)) return;
+    if (flow !== lastFlow) {
+      otherAt = lastAt;
+      lastFlow = flow;
+    }
+    lastAt = colds;
+  }
+
+  /** Whether flow may take one more slot under the flow cap and, for an unprotected band, the flow reserve. */
+  function underCap(flow: string, priority?: number): boolean {
+    if (flowCap && capped(flow) && (held[flow] || 0) >= flowCap) return false;
+    if (!reserve || !capped(flow) || protectedBand(priority || 0) || !heldU[flow]) return true;
+    const fleet = fleetSlots();
+    if (fleet <= reserve) return true;
+    const window = Math.max(64, 8 * fleet);
+    const other = lastFlow !== flow ? lastAt : otherAt;
+    if (other < 0 || colds - other > window) return true;
+    return heldU[flow] < fleet - reserve;
   }
 
   function fk(priority: number, flow: string): string {
@@ -260,7 +315,10 @@ export function prefillAdmission(config: AdmissionConfig): PrefillAdmission {
     t.admitted = true;
     t.slot = true;
     busy[key] = (busy[key] || 0) + 1;
-    if (capped(t.flow)) held[t.flow] = (held[t.flow] || 0) + 1;
+    if (capped(t.flow)) {
+      held[t.flow] = (held[t.flow] || 0) + 1;
+      if (!protectedBand(t.priority)) heldU[t.flow] = (heldU[t.flow] || 0) + 1;
+    }
   }
 
   /** Takes t out of its queue, if it is there; returns the waiter. */
@@ -292,7 +350,7 @@ export function prefillAdmission(config: AdmissionConfig): PrefillAdmission {
       for (let i = 0; i < q.length; i++) {
         const w = q[i];
         if (k !== key && !w.move) continue;
-        if (!underCap(w.flow)) continue;
+        if (!underCap(w.flow, w.priority)) continue;
         if (!b || before(w, b)) b = w;
       }
     }
@@ -301,6 +359,17 @@ export function prefillAdmission(config: AdmissionConfig): PrefillAdmission {
 
   function ready(key: string): boolean {
     return (busy[key] || 0) < config.slots && !saturated[key];
+  }
+
+  /** Held-back waiters may sit beside a free slot anywhere: every worker with one (but `except`) takes the best it may. */
+  function fill(except: string): void {
+    const ks: string[] = config.workers && reserve ? config.workers() : [];
+    const listed: { [key: string]: boolean } = {};
+    for (let i = 0; i < ks.length && total > 0; i++) {
+      listed[ks[i]] = true;
+      if (ks[i] !== except && ready(ks[i])) next(ks[i]);
+    }
+    for (const k in queues) if (total > 0 && !listed[k] && k !== except && ready(k)) next(k);
   }
 
   function next(key: string): void {
@@ -331,14 +400,14 @@ export function prefillAdmission(config: AdmissionConfig): PrefillAdmission {
   function queuedUnderCap(key: string): boolean {
     const q = queues[key];
     if (!q) return false;
-    if (!flowCap) return true;
-    for (let i = 0; i < q.length; i++) if (underCap(q[i].flow)) return true;
+    if (!holding) return true;
+    for (let i = 0; i < q.length; i++) if (underCap(q[i].flow, q[i].priority)) return true;
     return false;
   }
 
-  function waits(key: string, uncachedTokens: number, flow?: string): boolean {
+  function waits(key: string, uncachedTokens: number, flow?: string, priority?: number): boolean {
     if (config.slots <= 0 || uncachedTokens <= config.warmTokens) return false;
-    return !ready(key) || queuedUnderCap(key) || !underCap(flow || "");
+    return !ready(key) || queuedUnderCap(key) || !underCap(flow || "", priority);
   }
 
   /** The newest waiter of the lowest band below `priority` that is not protected, or null. */
@@ -405,6 +474,7 @@ export function prefillAdmission(config: AdmissionConfig): PrefillAdmission {
   ): Ticket {
     const priority = cls ? cls.priority : 0;
     const flow = cls ? cls.flow : "";
+    fleetN = -1;
     const t: TicketState = {
       admitted: false,
       slot: false,
@@ -412,23 +482,27 @@ export function prefillAdmission(config: AdmissionConfig): PrefillAdmission {
       gone: false,
       key: key,
       flow: flow,
+      priority: priority,
       leave() {
         if (t.gone) return;
+        fleetN = -1;
         t.gone = true;
         if (t.slot) {
           t.slot = false;
           busy[t.key]--;
           if (!busy[t.key]) delete busy[t.key];
-          let wasCapped = false;
           if (capped(t.flow)) {
-            wasCapped = !underCap(t.flow);
             held[t.flow]--;
             if (!held[t.flow]) delete held[t.flow];
+            if (!protectedBand(t.priority)) {
+              heldU[t.flow]--;
+              if (!heldU[t.flow]) delete heldU[t.flow];
+            }
           }
           next(t.key);
-          // A capped flow's waiters may sit beside free slots elsewhere: with one slot
-          // of its own back, the first worker that can take one of them does.
-          if (wasCapped) for (const k in queues) if (ready(k)) next(k);
+          // Waiters held back by the cap or the reserve may sit beside free slots
+          // elsewhere: with a slot back, the first worker that can take one does.
+          if (holding && total) fill(t.key);
         } else if (!t.admitted) dequeue(t.key, t);
       },
       force() {
@@ -452,8 +526,9 @@ export function prefillAdmission(config: AdmissionConfig): PrefillAdmission {
       return t;
     }
     lift(priority, flow);
+    seen(flow);
     // Behind others already waiting even if a slot is free at this instant.
-    if (!waits(key, uncachedTokens, flow)) {
+    if (!waits(key, uncachedTokens, flow, priority)) {
       charge(priority, flow, uncachedTokens);
       take(key, t);
       go();
@@ -480,20 +555,24 @@ export function prefillAdmission(config: AdmissionConfig): PrefillAdmission {
     if (!queues[key]) queues[key] = [];
     queues[key].push(w);
     book(w, 1);
-    // Under the flow cap a worker's slot can be free with a capped request
-    // waiting for it: a movable newcomer takes that slot rather than wait.
-    if (flowCap && w.move) for (const k in queues) if (k !== key && !t.admitted && ready(k)) next(k);
+    // Under the flow cap or the reserve a worker's slot can be free with a held-back
+    // request waiting for it: a movable newcomer takes that slot rather than wait.
+    if (holding && w.move) fill(key);
     return t;
   }
 
   return {
     config: config,
     enter: enter,
-    wouldWait: waits,
+    wouldWait(key: string, uncachedTokens: number, flow?: string, priority?: number) {
+      fleetN = -1;
+      return waits(key, uncachedTokens, flow, priority);
+    },
     setSaturated(key: string, on: boolean) {
       if (on) saturated[key] = true;
       else if (saturated[key]) {
         delete saturated[key];
+        fleetN = -1;
         next(key);
       }
     },

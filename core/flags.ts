@@ -253,6 +253,14 @@ export const FLAGS: FlagSpec[] = [
     help: "flow control: cold-prefill slots one tenant (x-gateway-inference-fairness-id) may hold over the whole fleet; past it its requests wait even beside a free slot, which stays free for other tenants; 0 = no cap. Envoy only",
   },
   {
+    name: "queue-flow-reserve",
+    kind: "int",
+    def: 1,
+    min: 0,
+    commands: ["router"],
+    help: "flow control: while another tenant (x-gateway-inference-fairness-id) has sent a request lately, one tenant's requests of priority 0 and below hold at most the fleet's cold-prefill slots less this many, so another tenant's request finds a slot free instead of waiting for the busy tenant's prefill; a tenant alone uses every slot; 0 = off. Envoy only",
+  },
+  {
     name: "queue-max-requests",
     kind: "string",
     def: "256",

@@ -52,6 +52,8 @@ export interface Options {
     lateBinding: boolean;
     /** --queue-flow-max-slots: cold-prefill slots one named flow may hold over the fleet (0 = no cap). */
     flowMaxSlots: number;
+    /** --queue-flow-reserve: fleet slots one named flow of priority 0 and below leaves to others while another is active (0 = off). */
+    flowReserve: number;
     maxQueued: number;
     maxQueuedBytes: number;
     bandLimits: { [priority: string]: BandLimit };
@@ -285,6 +287,7 @@ export function optionsFrom(values: Record<string, FlagValue>, cmd: "router" | "
       ),
       lateBinding: v("queue-late-binding") === "on",
       flowMaxSlots: v("queue-flow-max-slots") as number,
+      flowReserve: v("queue-flow-reserve") as number,
       ...queueLimits(
         parseQueueBound(v("queue-max-requests") as string),
         parseQueueBound(v("queue-max-bytes") as string),

@@ -58,6 +58,8 @@ export class Routing implements DirectorDeps {
       slots: opts.router.policy === "kv-aware" ? opts.admission.slots : 0,
       warmTokens: opts.admission.warmTokens,
       ...opts.flow,
+      // The flow reserve's fleet: the workers that prefill (admission's keys).
+      workers: () => this.router.workers().flatMap((w) => (w.role === "decode" ? [] : [w.id])),
     });
     const admission = this.admission;
     this.flow = flowMetrics(metrics.registry, admission);

@@ -158,3 +158,69 @@ test("flow cap with late binding: a movable newcomer takes a slot a capped waite
   assert.equal(n2.admitted, false);
   assert.deepEqual(r.went, ["n1", "q"]);
 });
+
+test("flow reserve: while another named flow is active, a flow of priority 0 and below leaves one fleet slot free; alone it takes them all", () => {
+  const fleet = ["w0", "w1", "w2", "w3"];
+  const gate = prefillAdmission({ slots: 1, warmTokens: 512, flowReserve: 1, workers: () => fleet });
+  const r = recorder();
+  const noisy = { priority: 0, flow: "noisy" };
+  const mover = (name: string) => (k: string) => {
+    r.went.push(name + "@" + k);
+    return true;
+  };
+  // Alone (no other named flow yet): every slot.
+  const n = fleet.map((w, i) => gate.enter(w, 3000, r.go("n" + i), noisy, undefined, mover("n" + i)));
+  assert.deepEqual(r.went, ["n0", "n1", "n2", "n3"]);
+  // A quiet tenant arrives with every slot taken: it waits, first in the queue order.
+  const q1 = gate.enter("w0", 3000, r.go("q1"), { priority: 0, flow: "quiet" }, undefined, mover("q1"));
+  const n4 = gate.enter("w1", 3000, r.go("n4"), noisy, undefined, mover("n4"));
+  n[2].leave();
+  assert.deepEqual(r.went.slice(4), ["q1@w2", "q1"]);
+  // noisy holds 2 when n3 ends: its waiter may take a third.
+  n[3].leave();
+  assert.deepEqual(r.went.slice(6), ["n4@w3", "n4"]);
+  // q1 ends: noisy holds 3 of 4 and the quiet flow is active, so w2 stays free for it.
+  q1.leave();
+  const n5 = gate.enter("w2", 3000, r.go("n5"), noisy, undefined, mover("n5"));
+  assert.equal(n5.admitted, false, "noisy's fourth request waits beside the free slot");
+  assert.equal(gate.wouldWait("w2", 3000, "noisy"), true);
+  assert.equal(gate.wouldWait("w2", 3000, "quiet"), false, "another tenant goes at once");
+  const q2 = gate.enter("w0", 3000, r.go("q2"), { priority: 0, flow: "quiet" }, undefined, mover("q2"));
+  assert.equal(q2.admitted, true);
+  assert.deepEqual(r.went.slice(8), ["q2@w2", "q2"]);
+  q2.leave();
+  // A protected band is neither held back nor counted.
+  const c = gate.enter("w2", 3000, r.go("c"), { priority: 100, flow: "noisy" });
+  assert.equal(c.admitted, true);
+  c.leave();
+  // Once the quiet flow has been silent for 64 cold requests, noisy takes every slot again.
+  assert.equal(n5.admitted, false);
+  const more = [];
+  for (let i = 0; i < 64 && !n5.admitted; i++)
+    more.push(
+      gate.enter(
+        "w0",
+        3000,
+        () => {},
+        noisy,
+        undefined,
+        () => true,
+      ),
+    );
+  assert.equal(n5.admitted, true, "the reserve lifts when no other flow is active");
+  assert.ok(more.length > 50, `lifted after ${more.length} more requests`);
+  for (const t of [...n, n4, n5, ...more]) t.leave();
+  assert.equal(gate.waiting(), 0);
+});
+
+test("flow reserve off (0) or without the fleet: a named flow takes every free slot whoever else is active", () => {
+  for (const cfg of [{ flowReserve: 0, workers: () => ["w0", "w1"] }, { flowReserve: 1 }]) {
+    const gate = prefillAdmission({ slots: 1, warmTokens: 512, ...cfg });
+    const r = recorder();
+    const q = gate.enter("w0", 3000, r.go("q"), { priority: 0, flow: "quiet" });
+    q.leave();
+    gate.enter("w0", 3000, r.go("n0"), { priority: 0, flow: "noisy" });
+    gate.enter("w1", 3000, r.go("n1"), { priority: 0, flow: "noisy" });
+    assert.deepEqual(r.went, ["q", "n0", "n1"]);
+  }
+});

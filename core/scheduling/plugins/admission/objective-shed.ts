@@ -19,7 +19,10 @@ export function sheddableRefusal(priority: number): Refusal {
 export const objectiveShedder: Shedder = {
   name: "objective-sheddable",
   shed(ctx) {
-    if (ctx.objective.priority >= 0 || !ctx.queue.wouldWait(ctx.worker, ctx.uncachedTokens, ctx.objective.flow))
+    if (
+      ctx.objective.priority >= 0 ||
+      !ctx.queue.wouldWait(ctx.worker, ctx.uncachedTokens, ctx.objective.flow, ctx.objective.priority)
+    )
       return null;
     return sheddableRefusal(ctx.objective.priority);
   },

@@ -332,6 +332,38 @@ test("--pd-decider prefix: decode-first when the decode pick holds all but N pro
   assert.ok(c.prefill, "decider off: every PD request takes the hop");
 });
 
+test("--pd-decider prefix: of the decode workers that can take a request decode-first, the one with the fewest running streams does", () => {
+  const cfg = { pdDecider: "prefix" as const, pdDecodeFirstMaxUncachedTokens: 64, decodeOverlapWeight: 20 };
+  const { st, r } = mk(PD, cfg);
+  const req = blocks("shared", 20); // 320 tokens
+  cache(st, r, "d1", req.slice(0, 19)); // 16 uncached on d1
+  cache(st, r, "d0", req.slice(0, 17)); // 48 uncached on d0: both can take it decode-first
+  // Two streams running on d1 (their own prompts, cached only there).
+  const busy = [0, 1].map((i) => {
+    const b = blocks("busy" + i, 8); // 128 tokens: 16 uncached on d1, all on d0
+    cache(st, r, "d1", b.slice(0, 7));
+    const x = r.pick(feats(b));
+    assert.equal(x.target.id, "d1");
+    x.reservation.firstToken();
+    return x;
+  });
+  const a = r.pick(feats(req));
+  assert.equal(a.pdPath, "decode-first");
+  assert.equal(a.target.id, "d0", "d1 holds more but runs two streams; d0 runs none and also qualifies");
+  assert.equal(a.uncachedTokens, 48);
+  a.reservation.finish();
+  // Only d1 qualifies (d0 would compute 160 > 64): d1 despite its streams.
+  const req2 = blocks("only-d1", 20);
+  cache(st, r, "d1", req2.slice(0, 19));
+  cache(st, r, "d0", req2.slice(0, 10));
+  const b = r.pick(feats(req2));
+  assert.equal(b.pdPath, "decode-first");
+  assert.equal(b.target.id, "d1");
+  b.reservation.finish();
+  for (const x of busy) x.reservation.finish();
+  assert.equal(r.openGuards(), 0);
+});
+
 test("--pd-decode-first-max-interference: decode-first only while uncached tokens x guards held on the decode pick fit the budget", () => {
   const cfg = {
     pdDecider: "prefix" as const,

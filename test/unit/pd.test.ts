@@ -437,3 +437,22 @@ test("--kv-source-hint on: the holder is named only when the pick went elsewhere
   off.r.pick(feats(blocks("load", 200)));
   assert.equal(off.r.pick(feats(req)).kvSource, null, "off by default");
 });
+
+test("--kv-source-hint on: a holder keeps only the part of its prefix advantage a pull would not give back (kv-pull scorer)", () => {
+  // Default overlap weight 8: 30 cached blocks are worth 240 to the holder when the others would compute them,
+  // 72 when they can pull them (kv-pull gives back 0.7 of the weight). 100 blocks of load on the holder sit between.
+  const pick = (cfg: Record<string, unknown>) => {
+    const { st, r } = mk([{ id: "a" }, { id: "b" }], cfg);
+    const req = blocks("pull", 40);
+    cache(st, r, "a", req.slice(0, 30));
+    r.holdOn("a", { blocks: blocks("hold", 100), tokens: 0, requests: 0 } as never);
+    return r.pick(feats(req));
+  };
+  const off = pick({});
+  assert.equal(off.target.id, "a", "hint off: recomputing 30 blocks elsewhere costs more than the holder's queue");
+  const on = pick({ kvSourceHint: "on" });
+  assert.equal(on.target.id, "b", "hint on: a pull is cheap, the idle worker takes it");
+  assert.equal(on.kvSource?.id, "a");
+  const noCredit = pick({ kvSourceHint: "on", scorerWeights: { "kv-pull": 0 } });
+  assert.equal(noCredit.target.id, "a", "--scorer-weights kv-pull=0 restores the compute price");
+});

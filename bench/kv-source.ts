@@ -10,7 +10,7 @@
 // --kv-overlap-weight on both sides (how much queue a holder may build before
 // the router leaves it). Reports how many requests were sent with a hint and
 // pulled KV.
-// Usage: node --import tsx bench/kv-source.ts [--clients 24] [--requests 4] [--contexts 3] [--words natural] [--overlap-weight 8] [--phased]
+// Usage: node --import tsx bench/kv-source.ts [--clients 24] [--requests 4] [--contexts 3] [--words natural] [--overlap-weight 8] [--phased] [--no-pull-side]
 import { startEnvoyFleet, longText, stopAll, envoyBin, sleep } from "../test/harness";
 import { meanOrZero, pct } from "./stats";
 import { runBench } from "./run-bench";
@@ -31,6 +31,10 @@ const OVERLAP = arg("overlap-weight", -1);
 // --phased: every client's i-th request asks context i (all clients on one context at a time), so that
 // context's holder takes the whole burst; otherwise client k's i-th request asks context k + i.
 const PHASED = process.argv.includes("--phased");
+// --no-pull-side: a third side with the hint on and the kv-pull scorer off (--scorer-weights kv-pull=0),
+// the hint alone with blocks priced as compute.
+const NO_PULL = process.argv.includes("--no-pull-side");
+type Mode = "off" | "on" | "on, kv-pull=0";
 
 async function ask(base: string, content: string) {
   const r = await timedChat(base, { model: "m", stream: true, max_tokens: 16, messages: [{ role: "user", content }] });
@@ -43,12 +47,14 @@ async function ask(base: string, content: string) {
   };
 }
 
-async function side(hint: "off" | "on") {
-  const tag = hint === "off" ? "f" : "n";
+async function side(hint: Mode) {
+  const tag = hint === "off" ? "f" : hint === "on" ? "n" : "z";
   const { envoy } = await startEnvoyFleet({
     ids: [0, 1, 2, 3].map((i) => `${tag}${i}`),
     simArgs: SIM,
-    routerArgs: ["--kv-source-hint", hint, "--log-level", "warn"].concat(
+    routerArgs: ["--kv-source-hint", hint === "off" ? "off" : "on", "--log-level", "warn"].concat(
+      hint === "on, kv-pull=0" ? ["--scorer-weights", "kv-pull=0"] : [],
+
       OVERLAP >= 0 ? ["--kv-overlap-weight", String(OVERLAP)] : [],
     ),
   });
@@ -82,7 +88,8 @@ async function side(hint: "off" | "on") {
 async function main() {
   if (!envoyBin()) throw new Error("envoy binary not found");
   type Side = Awaited<ReturnType<typeof side>>;
-  const all = await abbaRounds<"off" | "on", Side>(["off", "on"], ROUNDS, side);
+  const modes: Mode[] = NO_PULL ? ["off", "on", "on, kv-pull=0"] : ["off", "on"];
+  const all = await abbaRounds<Mode, Side>(modes, ROUNDS, side);
   const merge = (xs: Side[]) => ({
     hint: xs[0].hint,
     ttfts: xs.flatMap((x) => x.ttfts),
@@ -102,7 +109,7 @@ async function main() {
   );
   for (let r = 0; r < ROUNDS; r++)
     console.log(
-      `round ${r + 1}: mean TTFT off ${meanOrZero(all.off[r].ttfts).toFixed(0)} ms, on ${meanOrZero(all.on[r].ttfts).toFixed(0)} ms`,
+      `round ${r + 1}: mean TTFT ` + modes.map((m) => `${m} ${meanOrZero(all[m][r].ttfts).toFixed(0)} ms`).join(", "),
     );
   console.log(
     "| --kv-source-hint | requests | mean TTFT ms | p50 TTFT ms | p90 TTFT ms | cached tokens / req | pulled tokens / req | served off the first holder | pulled | wall s |",
@@ -110,7 +117,10 @@ async function main() {
   console.log("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
   console.log(row(off));
   console.log(row(on));
+  const np = NO_PULL ? merge(all["on, kv-pull=0"]) : null;
+  if (np) console.log(row(np));
   console.log(`mean TTFT off/on = ${(meanOrZero(off.ttfts) / meanOrZero(on.ttfts)).toFixed(2)}x`);
+  if (np) console.log(`mean TTFT off/(on, kv-pull=0) = ${(meanOrZero(off.ttfts) / meanOrZero(np.ttfts)).toFixed(2)}x`);
 }
 
 runBench(main);

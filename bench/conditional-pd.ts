@@ -5,11 +5,28 @@
 // budget --max-interference lists, each side on a fresh fleet in the same run.
 // Reports mean and p90 TTFT, inter-token latency p90, and the prefill hops
 // each side made.
+// --words natural writes English words (~1 token each) instead of the
+// harness's made-up ones (~10 tokens each); --answer real sends back the text
+// the engine generated as the assistant turn (as an agent does) instead of a
+// made-up one; --shared-words N puts a system prompt all sessions share before
+// each session's own context; --step-model sets the simulators' step pricing.
+// Also reports the prompt tokens a warm turn (not a session's first) found
+// uncached where it was prefilled, and how many warm turns were served by the
+// decode worker of the turn before.
 // Usage: node --import tsx bench/conditional-pd.ts [--sessions 16] [--turns 5] [--context-words 400] [--turn-words 20] [--max-interference B1,B2]
+//   [--words natural] [--answer real] [--shared-words 0] [--step-model additive|roofline]
 import { startEnvoyFleet, longText, stopAll, envoyBin, sleep } from "../test/harness";
 import { meanOrZero, pct } from "./stats";
 import { runBench } from "./run-bench";
-import { abbaRounds, clientsWall, numArg as arg, timedChat, transferSim } from "./transfer-ab";
+import {
+  abbaRounds,
+  clientsWall,
+  naturalText,
+  numArg as arg,
+  streamedAnswer,
+  timedChat,
+  transferSim,
+} from "./transfer-ab";
 
 const SESSIONS = arg("sessions", 16);
 const TURNS = arg("turns", 5);
@@ -27,19 +44,49 @@ const BUDGETS = iArg >= 0 ? process.argv[iArg + 1].split(",").map(Number) : [];
 // "off", "prefix", or "guard B".
 type Mode = string;
 const budgetOf = (m: Mode) => (m.startsWith("guard ") ? Number(m.slice(6)) : 0);
-const SIM = transferSim(TIME_SCALE, ["--capacity-blocks", "20000"]);
+const strArg = (name: string, def: string) => {
+  const i = process.argv.indexOf("--" + name);
+  return i >= 0 ? process.argv[i + 1] : def;
+};
+const WORDS = strArg("words", "synthetic");
+const ANSWER = strArg("answer", "synthetic");
+const STEP_MODEL = strArg("step-model", "additive");
+const SHARED_WORDS = arg("shared-words", 0);
+const text = (seed: string, n: number) => (WORDS === "natural" ? naturalText(seed, n) : longText(seed, n));
+const SIM = transferSim(TIME_SCALE, ["--capacity-blocks", "20000", "--step-model", STEP_MODEL]);
 
-async function session(base: string, s: number, ttfts: number[], gaps: number[]): Promise<void> {
-  const messages: { role: string; content: string }[] = [
-    { role: "system", content: longText(`ctx${s}x`, CONTEXT_WORDS) },
-  ];
+interface Warm {
+  /** Prompt tokens of warm turns, and those not cached where they were prefilled. */
+  prompt: number;
+  uncached: number;
+  turns: number;
+  /** Warm turns served by the same decode worker as the turn before. */
+  sticky: number;
+}
+
+async function session(base: string, s: number, ttfts: number[], gaps: number[], warm: Warm): Promise<void> {
+  const system = (SHARED_WORDS ? text("shared-system", SHARED_WORDS) + "\n" : "") + text(`ctx${s}x`, CONTEXT_WORDS);
+  const messages: { role: string; content: string }[] = [{ role: "system", content: system }];
+  let last = "";
   for (let t = 0; t < TURNS; t++) {
-    messages.push({ role: "user", content: longText(`s${s}t${t}q`, TURN_WORDS) });
+    messages.push({ role: "user", content: text(`s${s}t${t}q`, TURN_WORDS) });
     const r = await timedChat(base, { model: "m", stream: true, max_tokens: MAX_TOKENS, messages });
     if (r.status !== 200) throw new Error("request failed");
     ttfts.push(r.ttft);
     gaps.push(...r.gaps);
-    messages.push({ role: "assistant", content: longText(`s${s}t${t}a`, Math.round(TURN_WORDS / 2)) });
+    const a = streamedAnswer(r.text);
+    const worker = r.headers.get("x-sim-worker") || "";
+    if (t > 0) {
+      warm.turns++;
+      warm.prompt += a.prompt;
+      warm.uncached += a.prompt - a.cached;
+      if (worker === last) warm.sticky++;
+    }
+    last = worker;
+    messages.push({
+      role: "assistant",
+      content: ANSWER === "real" ? a.content : text(`s${s}t${t}a`, Math.round(TURN_WORDS / 2)),
+    });
   }
 }
 
@@ -68,15 +115,16 @@ async function side(decider: Mode) {
   const pre = sims.filter((w) => roles[w.id] === "prefill");
   const ttfts: number[] = [];
   const gaps: number[] = [];
+  const warm: Warm = { prompt: 0, uncached: 0, turns: 0, sticky: 0 };
   const wall = await clientsWall(SESSIONS, async (s) => {
     await sleep((s * STAGGER_MS) / TIME_SCALE);
-    await session(envoy.url, s, ttfts, gaps);
+    await session(envoy.url, s, ttfts, gaps, warm);
   });
   const hops = (await Promise.all(pre.map((p) => p.stats()))).reduce((a, x) => a + x.requests, 0);
   const m = /infera_router_pd_paths_total\{path="decode-first"\} (\d+)/.exec(await router.metrics());
   const paths = m ? Number(m[1]) : 0;
   await stopAll();
-  return { decider, ttfts, gaps, hops, paths, wall, requests: SESSIONS * TURNS };
+  return { decider, ttfts, gaps, hops, paths, wall, requests: SESSIONS * TURNS, warm };
 }
 
 async function main() {
@@ -92,6 +140,12 @@ async function main() {
     paths: xs.reduce((a, x) => a + x.paths, 0),
     wall: xs.reduce((a, x) => a + x.wall, 0),
     requests: xs.reduce((a, x) => a + x.requests, 0),
+    warm: {
+      prompt: xs.reduce((a, x) => a + x.warm.prompt, 0),
+      uncached: xs.reduce((a, x) => a + x.warm.uncached, 0),
+      turns: xs.reduce((a, x) => a + x.warm.turns, 0),
+      sticky: xs.reduce((a, x) => a + x.warm.sticky, 0),
+    },
   });
   const off = merge(all.off);
   const on = merge(all.prefix);
@@ -100,7 +154,7 @@ async function main() {
   const row = (x: Side) =>
     `| ${x.decider === "off" || x.decider === "prefix" ? x.decider : "prefix, " + x.decider} | ${x.requests} | ${meanOrZero(x.ttfts).toFixed(0)} | ${pct(x.ttfts, 50).toFixed(0)} | ${pct(x.ttfts, 90).toFixed(0)} | ${pct(x.gaps, 90).toFixed(1)} | ${x.hops} | ${x.paths} | ${(x.wall / 1000).toFixed(1)} |`;
   console.log(
-    `sessions=${SESSIONS} turns=${TURNS} context_words=${CONTEXT_WORDS} turn_words=${TURN_WORDS} max_uncached=${MAX_UNCACHED} max_interference=${BUDGETS.join(",") || "-"} max_tokens=${MAX_TOKENS} time_scale=${TIME_SCALE} rounds=${ROUNDS}`,
+    `sessions=${SESSIONS} turns=${TURNS} context_words=${CONTEXT_WORDS} turn_words=${TURN_WORDS} max_uncached=${MAX_UNCACHED} max_interference=${BUDGETS.join(",") || "-"} max_tokens=${MAX_TOKENS} time_scale=${TIME_SCALE} rounds=${ROUNDS} words=${WORDS} answer=${ANSWER} shared_words=${SHARED_WORDS} step_model=${STEP_MODEL}`,
   );
   for (let r = 0; r < ROUNDS; r++)
     console.log(
@@ -125,6 +179,16 @@ async function main() {
       [off, on]
         .concat(guards)
         .map((x) => `${x.decider} ${pct(x.gaps, 99).toFixed(1)}`)
+        .join(", "),
+  );
+  console.log(
+    "warm turns (prompt tokens, uncached where prefilled, same decode worker as the turn before): " +
+      [off, on]
+        .concat(guards)
+        .map(
+          (x) =>
+            `${x.decider} ${Math.round(x.warm.prompt / x.warm.turns)} / ${Math.round(x.warm.uncached / x.warm.turns)} / ${((100 * x.warm.sticky) / x.warm.turns).toFixed(0)}%`,
+        )
         .join(", "),
   );
 }

@@ -93,3 +93,46 @@ export async function abbaRounds<M extends string, S>(
   }
   return all;
 }
+
+const VOCAB = (
+  "the of and to in is that for it as with was on be by this are or from at which an but not have has " +
+  "file function return value error test code line change build request worker cache token model step " +
+  "read write open close call check update list index name type field config path server client agent " +
+  "tool result output input data time first last next more less each other only also then when where " +
+  "because while after before should could would will can may must use used using run runs running " +
+  "add remove fix bug issue patch commit branch merge review note plan task goal state event queue"
+).split(" ");
+
+/**
+ * `words` English words picked by a generator seeded from `seed` (about one
+ * token a word, as prose and code comments tokenize), unlike test/harness's
+ * longText whose made-up words are ~10 tokens each.
+ */
+export function naturalText(seed: string, words: number): string {
+  let h = 2166136261;
+  for (let i = 0; i < seed.length; i++) h = Math.imul(h ^ seed.charCodeAt(i), 16777619) >>> 0;
+  const out: string[] = [];
+  for (let i = 0; i < words; i++) {
+    h = (Math.imul(h, 1664525) + 1013904223) >>> 0;
+    out.push(VOCAB[h % VOCAB.length]);
+  }
+  return out.join(" ");
+}
+
+/** The generated text and usage of a streamed chat completion body (SSE). */
+export function streamedAnswer(sse: string): { content: string; prompt: number; cached: number } {
+  let content = "";
+  let prompt = 0;
+  let cached = 0;
+  for (const line of sse.split("\n")) {
+    if (!line.startsWith("data: {")) continue;
+    const j = JSON.parse(line.slice(6));
+    const d = j.choices && j.choices[0] && j.choices[0].delta;
+    if (d && typeof d.content === "string") content += d.content;
+    if (j.usage) {
+      prompt = j.usage.prompt_tokens;
+      cached = (j.usage.prompt_tokens_details && j.usage.prompt_tokens_details.cached_tokens) || 0;
+    }
+  }
+  return { content, prompt, cached };
+}

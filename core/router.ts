@@ -3,7 +3,7 @@
 // reservations. Adapters (ext_proc, njs) talk to this interface only.
 import { RouterState } from "./state/types";
 import { decideDemand, DemandDecision } from "./scheduling/decode-demand";
-import { decidePd, PdPath } from "./scheduling/pd-decider";
+import { decidePd, decodeFirstIndex, PdPath } from "./scheduling/pd-decider";
 import { kvSource } from "./scheduling/kv-source";
 import {
   prefillSide,
@@ -339,6 +339,7 @@ export function createRouter(state: RouterState, cfg: RouterConfig, hooks?: Rout
         });
         if (hk.onDemand) hk.onDemand(d.decision);
       }
+      if (!c.bound) decodeIndex = decodeFirstIndex(cfg, f, decodeRows, decodeIndex);
       const decodeWorker = decodeRows[decodeIndex].worker;
       const pd = decidePd(cfg, f, decodeRows[decodeIndex]);
       decodeFirst = pd !== null && pd.path === "decode-first";

@@ -37,6 +37,8 @@ export interface SimOptions {
   prefillAttnUsPerKCtx: number;
   decodeUsPerSeq: number;
   kvReadUsPerKToken: number;
+  /** How a mixed step's linear layers are priced (sim/model.ts CostModel.stepModel). */
+  stepModel: "additive" | "roofline";
   maxNumBatchedTokens: number;
   maxNumSeqs: number;
   /** Engine time runs this many times faster than wall time. */
@@ -108,6 +110,7 @@ export function modelConfig(o: SimOptions): ModelConfig {
     decodeUsPerSeq: o.decodeUsPerSeq,
     kvReadUsPerKToken: o.kvReadUsPerKToken,
     prefillStepMs: o.prefillBaseMs,
+    stepModel: o.stepModel,
     blockSize: o.blockSize,
     numBlocks: o.capacityBlocks,
     maxNumBatchedTokens: o.maxNumBatchedTokens,
@@ -931,6 +934,7 @@ export function simOptionsFrom(p: Parsed): SimOptions {
     prefillAttnUsPerKCtx: num("prefill-attn-us-per-kctx"),
     decodeUsPerSeq: num("decode-us-per-seq"),
     kvReadUsPerKToken: num("kv-read-us-per-ktoken"),
+    stepModel: str("step-model") as SimOptions["stepModel"],
     maxNumBatchedTokens: num("max-num-batched-tokens"),
     maxNumSeqs: num("max-num-seqs"),
     timeScale: num("time-scale"),

@@ -139,6 +139,14 @@ export const SIM_FLAGS: FlagSpec[] = [
     help: "extra cost of a step that carries prefill (ms)",
   },
   {
+    name: "step-model",
+    kind: "enum",
+    def: "additive",
+    choices: ["additive", "roofline"],
+    commands: ["sim"],
+    help: "step cost: fixed + every prefill token (additive), or max(fixed, batch tokens x per-token) (roofline: prefill tokens under the weight-read floor ride with the decodes)",
+  },
+  {
     name: "kv-bytes-per-token",
     kind: "int",
     def: 0,

@@ -40,6 +40,18 @@ export interface CostModel {
   kvReadUsPerKToken: number;
   /** Added to a step that has any prefill (ms), e.g. host-side input prep. */
   prefillStepMs: number;
+  /**
+   * How a step's linear layers are priced. "additive" (the default): fixed
+   * cost + every prefill token. "roofline": the fixed cost is the floor of
+   * streaming the weights once, and the batch's tokens (prefill + decode) run
+   * in that same pass, so a step costs max(fixed, tokens x per-token); prefill
+   * tokens that fit under the floor ride along with the decodes almost free,
+   * as SARATHI measured for hybrid prefill+decode batches (Agrawal et al.,
+   * arXiv 2308.16369: decodes piggybacking on a prefill chunk cost up to an
+   * order of magnitude less than in a decode-only batch, because the decode
+   * phase is memory-bound and the linear layers of both run as one matmul).
+   */
+  stepModel?: "additive" | "roofline";
 }
 
 export interface ModelConfig extends CostModel {
@@ -447,7 +459,14 @@ export class EngineModel {
         us += n * c.prefillUsPerToken + (c.prefillAttnUsPerKCtx * n * (s.computed + n / 2)) / 1000;
       }
     }
-    const ms = c.stepBaseMs + (prefillTokens ? c.prefillStepMs : 0) + us / 1000;
+    let linear = c.stepBaseMs;
+    if (c.stepModel === "roofline") {
+      // One pass over the weights carries every token of the batch: the prefill
+      // tokens' linear cost counts only where the batch's compute exceeds the floor.
+      us -= prefillTokens * c.prefillUsPerToken;
+      linear = Math.max(c.stepBaseMs, ((prefillTokens + decodeSeqs) * c.prefillUsPerToken) / 1000);
+    }
+    const ms = linear + (prefillTokens ? c.prefillStepMs : 0) + us / 1000;
     return { items, ms, prefillTokens, decodeSeqs, loraLoads: 0 };
   }
 

@@ -19,6 +19,12 @@
 // the guard bounds how many gaps a local prefill lengthens and by how much.
 // Dynamo's conditional disaggregation has a decode-busy guard on the same
 // grounds (decode load against a share of the worker's KV blocks).
+//
+// Which decode worker (decodeFirstIndex): a local prefill stalls every stream
+// running where it lands, so when more than one decode candidate could take
+// the request decode-first, the one with the fewest running streams does
+// (ties keep the cost model's pick, then candidate order). A request no
+// candidate can take decode-first keeps the cost model's pick and the hop.
 import { Features, RouterConfig } from "../types";
 import { Row } from "./framework";
 
@@ -54,4 +60,24 @@ export function decidePd(cfg: RouterConfig, f: Features, decode: Row): PdDecisio
     running: running,
     guarded: guarded,
   };
+}
+
+/**
+ * The decode row to serve a PD request from: among the decode candidates that
+ * would take it decode-first, the one with the fewest requests running; the
+ * cost model's pick when it is among the fewest or when none qualifies.
+ */
+export function decodeFirstIndex(cfg: RouterConfig, f: Features, rows: Row[], picked: number): number {
+  if (cfg.pdDecider !== "prefix") return picked;
+  let best = -1;
+  let bestRunning = 0;
+  for (let i = 0; i < rows.length; i++) {
+    const d = decidePd(cfg, f, rows[i]);
+    if (d === null || d.path !== "decode-first") continue;
+    if (best < 0 || d.running < bestRunning || (d.running === bestRunning && i === picked)) {
+      best = i;
+      bestRunning = d.running;
+    }
+  }
+  return best < 0 ? picked : best;
 }

@@ -332,6 +332,38 @@ test("--pd-decider prefix: decode-first when the decode pick holds all but N pro
   assert.ok(c.prefill, "decider off: every PD request takes the hop");
 });
 
+test("--pd-decider prefix: of the decode workers that can take a request decode-first, the one with the fewest running streams does", () => {
+  const cfg = { pdDecider: "prefix" as const, pdDecodeFirstMaxUncachedTokens: 64, decodeOverlapWeight: 20 };
+  const { st, r } = mk(PD, cfg);
+  const req = blocks("shared", 20); // 320 tokens
+  cache(st, r, "d1", req.slice(0, 19)); // 16 uncached on d1
+  cache(st, r, "d0", req.slice(0, 17)); // 48 uncached on d0: both can take it decode-first
+  // Two streams running on d1 (their own prompts, cached only there).
+  const busy = [0, 1].map((i) => {
+    const b = blocks("busy" + i, 8); // 128 tokens: 16 uncached on d1, all on d0
+    cache(st, r, "d1", b.slice(0, 7));
+    const x = r.pick(feats(b));
+    assert.equal(x.target.id, "d1");
+    x.reservation.firstToken();
+    return x;
+  });
+  const a = r.pick(feats(req));
+  assert.equal(a.pdPath, "decode-first");
+  assert.equal(a.target.id, "d0", "d1 holds more but runs two streams; d0 runs none and also qualifies");
+  assert.equal(a.uncachedTokens, 48);
+  a.reservation.finish();
+  // Only d1 qualifies (d0 would compute 160 > 64): d1 despite its streams.
+  const req2 = blocks("only-d1", 20);
+  cache(st, r, "d1", req2.slice(0, 19));
+  cache(st, r, "d0", req2.slice(0, 10));
+  const b = r.pick(feats(req2));
+  assert.equal(b.pdPath, "decode-first");
+  assert.equal(b.target.id, "d1");
+  b.reservation.finish();
+  for (const x of busy) x.reservation.finish();
+  assert.equal(r.openGuards(), 0);
+});
+
 test("--pd-decode-first-max-interference: decode-first only while uncached tokens x guards held on the decode pick fit the budget", () => {
   const cfg = {
     pdDecider: "prefix" as const,
@@ -404,4 +436,23 @@ test("--kv-source-hint on: the holder is named only when the pick went elsewhere
   cache(off.st, off.r, "a", req.slice(0, 30));
   off.r.pick(feats(blocks("load", 200)));
   assert.equal(off.r.pick(feats(req)).kvSource, null, "off by default");
+});
+
+test("--kv-source-hint on: a holder keeps only the part of its prefix advantage a pull would not give back (kv-pull scorer)", () => {
+  // Default overlap weight 8: 30 cached blocks are worth 240 to the holder when the others would compute them,
+  // 72 when they can pull them (kv-pull gives back 0.7 of the weight). 100 blocks of load on the holder sit between.
+  const pick = (cfg: Record<string, unknown>) => {
+    const { st, r } = mk([{ id: "a" }, { id: "b" }], cfg);
+    const req = blocks("pull", 40);
+    cache(st, r, "a", req.slice(0, 30));
+    r.holdOn("a", { blocks: blocks("hold", 100), tokens: 0, requests: 0 } as never);
+    return r.pick(feats(req));
+  };
+  const off = pick({});
+  assert.equal(off.target.id, "a", "hint off: recomputing 30 blocks elsewhere costs more than the holder's queue");
+  const on = pick({ kvSourceHint: "on" });
+  assert.equal(on.target.id, "b", "hint on: a pull is cheap, the idle worker takes it");
+  assert.equal(on.kvSource?.id, "a");
+  const noCredit = pick({ kvSourceHint: "on", scorerWeights: { "kv-pull": 0 } });
+  assert.equal(noCredit.target.id, "a", "--scorer-weights kv-pull=0 restores the compute price");
 });

@@ -288,3 +288,35 @@ test("LoRA: at most max-loras adapters per batch, a third waits; a cold adapter 
   assert.equal(p3.items.length, 3, "max-loras 0: no limit");
   assert.equal(p3.loraLoads, 0);
 });
+
+test("--step-model roofline: a decode step carrying a short prefill costs about a decode step; a long prefill costs its tokens", () => {
+  // Two streams decoding, then a third request arrives with n prompt tokens; the step that carries its prefill.
+  const mixed = (model: "additive" | "roofline", n: number) => {
+    const m = new EngineModel(cfg({ stepModel: model }));
+    m.add(req("a", prompt(1, 200), 50));
+    m.add(req("b", prompt(2, 200), 50));
+    let p = m.schedule()!;
+    while (p.prefillTokens > 0) {
+      m.complete(p);
+      p = m.schedule()!;
+    }
+    const decodeOnly = p.ms;
+    m.complete(p);
+    m.add(req("c", prompt(3, n), 4));
+    const q = m.schedule()!;
+    assert.equal(q.prefillTokens, n);
+    assert.equal(q.decodeSeqs, 2);
+    return { decodeOnly, mixed: q.ms };
+  };
+  // 6.3 ms floor / 35 us per token: about 180 tokens fit under the floor.
+  const add = mixed("additive", 120);
+  const roof = mixed("roofline", 120);
+  assert.ok(Math.abs(roof.decodeOnly - add.decodeOnly) < 1e-9, "a decode-only step is priced the same by both");
+  assert.ok(add.mixed > add.decodeOnly + 4, `additive: 120 prefill tokens add ~4.2 ms (${add.mixed.toFixed(2)})`);
+  assert.ok(roof.mixed < roof.decodeOnly + 0.5, `roofline: 120 prefill tokens ride along (${roof.mixed.toFixed(2)})`);
+  const longRoof = mixed("roofline", 2000);
+  assert.ok(
+    longRoof.mixed > 2002 * 0.035,
+    `roofline: a 2000-token chunk costs its tokens (${longRoof.mixed.toFixed(2)})`,
+  );
+});

@@ -51,7 +51,13 @@ export function reservations(state: RouterState, log: LogHook) {
           return { prefill: result.guards.prefill, main: result.guards.main as Guard, queued: result.guards.queued };
         },
         dispatched() {
-          if (result.timing && !started) result.timing.start = result.timing.now();
+          const t = result.timing;
+          if (!t || started) return;
+          const now = t.now();
+          // A wait at the router (prefill admission) ran the prefill it waited
+          // for: the inputs read at the pick no longer describe the worker.
+          if (t.refresh && now - t.start >= 1) t.refresh();
+          t.start = now;
         },
         firstToken() {
           if (started || !r.open) return;

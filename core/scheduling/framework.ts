@@ -136,6 +136,8 @@ export interface PickResult {
     /** Of tokens, other requests' queued prefill. */
     queued: number;
     start: number;
+    /** Reads the inputs again when the request leaves after a wait at the router (what it waited for is done by then). */
+    refresh?: () => void;
   } | null;
   /** --pd-decider chose the decode worker to prefill too: no prefill hop, the prefill row only names the pool's pick. */
   decodeFirst?: boolean;

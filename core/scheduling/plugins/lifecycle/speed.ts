@@ -6,13 +6,13 @@
 // Disaggregated picks teach nothing (their first token also waits for the KV
 // transfer and the decode worker), nor do picks whose worker is not the one
 // that prefilled alone.
-import { CandidateData, LifecyclePlugin, PickContext } from "../../framework";
+import { CandidateData, LifecyclePlugin, PickContext, PickResult } from "../../framework";
 import { attentionWork } from "../../../latency";
 
 /** What the speed model reads for a request on a candidate: prefill tokens it waits for (its own included), running requests, its attention work. */
 export function ttftInputs(
   ctx: PickContext,
-  d: CandidateData,
+  d: Pick<CandidateData, "hits" | "pending" | "held">,
 ): { tokens: number; running: number; attention: number; queued: number } {
   const bs = ctx.config.blockSize;
   const own = Math.max(0, ctx.features.inputTokens - d.hits * bs);
@@ -29,7 +29,9 @@ export const speedLearning: LifecyclePlugin = {
   preRequest(ctx, result) {
     if (!ctx.latency || result.decode || ctx.features.mediaHashes.length) return;
     const x = ttftInputs(ctx, result.prefill.data);
-    result.timing = {
+    const d = result.prefill.data;
+    const ek = result.prefill.worker.epochKey;
+    const timing: NonNullable<PickResult["timing"]> = {
       model: ctx.latency,
       now: ctx.now,
       worker: result.prefill.worker.epochKey,
@@ -38,7 +40,30 @@ export const speedLearning: LifecyclePlugin = {
       attention: x.attention,
       queued: x.queued,
       start: ctx.now(),
+      refresh: function () {
+        // After a wait the worker's queue is what is left of it: pending and
+        // held now, less this request's own reservation (load-reservation
+        // holds its uncached blocks as pending and one guard); its prefix may
+        // have been computed meanwhile (the KV events of the prefill it waited for).
+        const load = ctx.state.load;
+        const own = result.guards.queued ? result.guards.queued.pending || 0 : 0;
+        const live: { [ek: string]: boolean } = {};
+        live[ek] = true;
+        const cachedNow = ctx.features.blocks.length
+          ? ctx.state.mirror.prefixHits(ctx.features.blocks, live, ctx.config.kvTierWeights)[ek] || 0
+          : 0;
+        const y = ttftInputs(ctx, {
+          hits: Math.max(d.hits, cachedNow),
+          pending: Math.max(0, load.pendingBlocks(ek) - own),
+          held: Math.max(0, load.heldGuards(ek) - (result.guards.main ? 1 : 0)),
+        });
+        timing.tokens = y.tokens;
+        timing.running = y.running;
+        timing.attention = y.attention;
+        timing.queued = y.queued;
+      },
     };
+    result.timing = timing;
   },
   firstToken(result) {
     const t = result.timing;

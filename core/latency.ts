@@ -53,6 +53,15 @@ export interface LatencyModel {
   slowness(eks: EpochKey[]): { [ek: string]: number };
   samples(ek: EpochKey): number;
   forget(ek: EpochKey): void;
+  /**
+   * Prefill tokens sent to the worker whose first token has not come back:
+   * what a request sent now queues behind in the engine. Requests still
+   * waiting at the router (prefill admission) are not in it, unlike the load
+   * ledger's pending blocks.
+   */
+  inEngine(ek: EpochKey): number;
+  /** A request left for the worker with `tokens` of its own prefill (add), or reached its first token or ended (add -tokens). */
+  sent(ek: EpochKey, tokens: number): void;
 }
 
 export interface LatencyOptions {
@@ -194,6 +203,7 @@ export function latencyModel(
   let fitVersion = 0;
   const factors: { [ek: string]: { version: number; value: number | null } } = {};
   const errs: { [ek: string]: number } = {};
+  const engine: { [ek: string]: number } = {};
 
   function at(c: number[], x: number[]): number {
     let s = 0;
@@ -317,7 +327,16 @@ export function latencyModel(
     samples(ek) {
       return workers[ek] ? workers[ek].n : 0;
     },
+    inEngine(ek) {
+      return engine[ek] || 0;
+    },
+    sent(ek, tokens) {
+      const v = (engine[ek] || 0) + tokens;
+      if (v > 0.5) engine[ek] = v;
+      else delete engine[ek];
+    },
     forget(ek) {
+      delete engine[ek];
       delete workers[ek];
       delete factors[ek];
       fitVersion++;

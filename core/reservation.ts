@@ -54,9 +54,10 @@ export function reservations(state: RouterState, log: LogHook) {
           const t = result.timing;
           if (!t || started) return;
           const now = t.now();
-          // A wait at the router (prefill admission) ran the prefill it waited
-          // for: the inputs read at the pick no longer describe the worker.
-          if (t.refresh && now - t.start >= 1) t.refresh();
+          // What is ahead of it in the engine is known now; after a wait at
+          // the router (prefill admission) the prefill it waited for has run
+          // and the inputs read at the pick no longer describe the worker.
+          if (t.refresh) t.refresh(now - t.start >= 1);
           t.start = now;
         },
         firstToken() {

@@ -28,6 +28,7 @@ export const speedLearning: LifecyclePlugin = {
   name: "speed-learning",
   preRequest(ctx, result) {
     if (!ctx.latency || result.decode || ctx.features.mediaHashes.length) return;
+    const model = ctx.latency;
     const x = ttftInputs(ctx, result.prefill.data);
     const d = result.prefill.data;
     const ek = result.prefill.worker.epochKey;
@@ -40,33 +41,49 @@ export const speedLearning: LifecyclePlugin = {
       attention: x.attention,
       queued: x.queued,
       start: ctx.now(),
-      refresh: function () {
-        // After a wait the worker's queue is what is left of it: pending and
-        // held now, less this request's own reservation (load-reservation
-        // holds its uncached blocks as pending and one guard); its prefix may
-        // have been computed meanwhile (the KV events of the prefill it waited for).
-        const load = ctx.state.load;
-        const own = result.guards.queued ? result.guards.queued.pending || 0 : 0;
-        const live: { [ek: string]: boolean } = {};
-        live[ek] = true;
-        const cachedNow = ctx.features.blocks.length
-          ? ctx.state.mirror.prefixHits(ctx.features.blocks, live, ctx.config.kvTierWeights)[ek] || 0
-          : 0;
-        const y = ttftInputs(ctx, {
-          hits: Math.max(d.hits, cachedNow),
-          pending: Math.max(0, load.pendingBlocks(ek) - own),
-          held: Math.max(0, load.heldGuards(ek) - (result.guards.main ? 1 : 0)),
-        });
-        timing.tokens = y.tokens;
+      refresh: function (waited) {
+        let y = x;
+        if (waited) {
+          // After a wait at the router the worker's queue is what is left of
+          // it: held now, less this request's own guard; its prefix may have
+          // been computed meanwhile (the KV events of the prefill it waited for).
+          const live: { [ek: string]: boolean } = {};
+          live[ek] = true;
+          const cachedNow = ctx.features.blocks.length
+            ? ctx.state.mirror.prefixHits(ctx.features.blocks, live, ctx.config.kvTierWeights)[ek] || 0
+            : 0;
+          y = ttftInputs(ctx, {
+            hits: Math.max(d.hits, cachedNow),
+            pending: 0,
+            held: Math.max(0, ctx.state.load.heldGuards(ek) - (result.guards.main ? 1 : 0)),
+          });
+        }
+        // Queued prefill ahead in the engine, in tokens: what was sent there
+        // and has no first token yet. The ledger's pending blocks also count
+        // requests still waiting at the router, which are not ahead of this one.
+        const own = y.tokens - y.queued;
+        const ahead = model.inEngine(ek);
+        timing.tokens = own + ahead;
+        timing.queued = ahead;
         timing.running = y.running;
         timing.attention = y.attention;
-        timing.queued = y.queued;
+        timing.own = own;
+        model.sent(ek, own);
       },
     };
     result.timing = timing;
   },
   firstToken(result) {
     const t = result.timing;
-    if (t) t.model.observe(t.worker, t.tokens, t.running, t.now() - t.start, t.attention, t.queued);
+    if (!t) return;
+    if (t.own !== undefined) t.model.sent(t.worker, -t.own);
+    t.own = undefined;
+    t.model.observe(t.worker, t.tokens, t.running, t.now() - t.start, t.attention, t.queued);
+  },
+  complete(result) {
+    // Ended before its first token (cancelled, failed): its prefill is no longer ahead of anyone.
+    const t = result.timing;
+    if (t && t.own !== undefined) t.model.sent(t.worker, -t.own);
+    if (t) t.own = undefined;
   },
 };

@@ -274,7 +274,18 @@ function run(
       const w = eks0.indexOf(wk);
       const p = lm.predict(wk, tokens, running, attention, queued);
       if (curDump)
-        DUMP.push({ ...curDump, measured: measuring ? 1 : 0, w, speed: SPEEDS[w], tokens, running, ms, attention: attention || 0, queued: queued || 0, p: p ?? -1 });
+        DUMP.push({
+          ...curDump,
+          measured: measuring ? 1 : 0,
+          w,
+          speed: SPEEDS[w],
+          tokens,
+          running,
+          ms,
+          attention: attention || 0,
+          queued: queued || 0,
+          p: p ?? -1,
+        });
       orig(wk, tokens, running, ms, attention, queued);
     };
   }
@@ -377,6 +388,7 @@ function run(
           engRunning: engines[i].numRunning(),
           engWaiting: engines[i].numWaiting(),
           waited: now - at,
+          dispatchAt: now,
         });
       engines[i].add({ id, tokens: t.tokens, hashes: blocks.map((b) => BigInt("0x" + b)), maxTokens: t.maxTokens });
       if (conv >= W) res.spread[i]++;
@@ -424,7 +436,7 @@ function run(
       }
       if (t.index === 0) {
         measuring = l.conv >= W;
-        curDump = DUMP ? { ...dumpAt.get(t.id), cached: t.cachedTokens, prompt: t.promptTokens } : null;
+        curDump = DUMP ? { ...dumpAt.get(t.id), firstAt: now, cached: t.cachedTokens, prompt: t.promptTokens } : null;
         l.r.firstToken();
         measuring = false;
         l.ticket.leave();
@@ -532,7 +544,8 @@ function main(): void {
           const r = flags[0] === "floor" ? floor(make(1000 + s)) : run(make(1000 + s), c, cfg, opts.admission, s, peer);
           forced += r.forced;
           ape.push(...r.ape);
-          if (DUMP) for (const d of DUMP.splice(0)) if (!peer) dumped.push({ workload: name, c, policy: label, seed: s, ...d });
+          if (DUMP)
+            for (const d of DUMP.splice(0)) if (!peer) dumped.push({ workload: name, c, policy: label, seed: s, ...d });
           all.push(...r.ttft);
           hits += r.hits;
           prompt += r.prompt;

@@ -24,6 +24,12 @@ export function ttftInputs(
   };
 }
 
+/** The load guards this request holds on its worker (load-reservation: the main one, and its queued prefill until the first token). */
+function ownGuards(result: PickResult): number {
+  const g = result.guards;
+  return (g.main && !g.main.done ? 1 : 0) + (g.queued && !g.queued.done ? 1 : 0);
+}
+
 export const speedLearning: LifecyclePlugin = {
   name: "speed-learning",
   preRequest(ctx, result) {
@@ -45,7 +51,7 @@ export const speedLearning: LifecyclePlugin = {
         let y = x;
         if (waited) {
           // After a wait at the router the worker's queue is what is left of
-          // it: held now, less this request's own guard; its prefix may have
+          // it: guards held now, less this request's own; its prefix may have
           // been computed meanwhile (the KV events of the prefill it waited for).
           const live: { [ek: string]: boolean } = {};
           live[ek] = true;
@@ -55,7 +61,7 @@ export const speedLearning: LifecyclePlugin = {
           y = ttftInputs(ctx, {
             hits: Math.max(d.hits, cachedNow),
             pending: 0,
-            held: Math.max(0, ctx.state.load.heldGuards(ek) - (result.guards.main ? 1 : 0)),
+            held: Math.max(0, ctx.state.load.heldGuards(ek) - ownGuards(result)),
           });
         }
         // Queued prefill ahead in the engine, in tokens: what was sent there

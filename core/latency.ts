@@ -184,10 +184,18 @@ interface Recent {
   next: number;
 }
 
-/** onObserve: each observation with what the model predicted for it beforehand (null: not learned yet). */
+/** The inputs of one observation (LatencyModel.observe's arguments), for diagnostics. */
+export interface TimingInputs {
+  tokens: number;
+  running: number;
+  attention: number;
+  queued: number;
+}
+
+/** onObserve: each observation with what the model predicted for it beforehand (null: not learned yet) and its inputs. */
 export function latencyModel(
   opts?: LatencyOptions,
-  onObserve?: (ek: EpochKey, predicted: number | null, ms: number) => void,
+  onObserve?: (ek: EpochKey, predicted: number | null, ms: number, inputs: TimingInputs) => void,
 ): LatencyModel {
   const o = opts || defaultLatencyOptions();
   const decay = Math.pow(0.5, 1 / o.halfLife);
@@ -260,7 +268,13 @@ export function latencyModel(
       const att = attention || 0;
       if (!(ms >= 0 && tokens >= 0 && running >= 0 && att >= 0)) return;
       if (!isFinite(ms) || !isFinite(tokens) || !isFinite(running) || !isFinite(att)) return;
-      if (onObserve) onObserve(ek, predict(ek, tokens, running, att, queued), ms);
+      if (onObserve)
+        onObserve(ek, predict(ek, tokens, running, att, queued), ms, {
+          tokens: tokens,
+          running: running,
+          attention: att,
+          queued: queued || 0,
+        });
       const x = features(tokens, running, att, queued || 0);
       // Each observation weighs 1 / its time: the fit minimises error relative
       // to the time (what MAPE and a ranking by time care about), so the many

@@ -1,5 +1,5 @@
 // A diagnostic: with INFERA_TIMING_DUMP=<file> in its environment, the router
-// appends one JSON line per first token the speed model learns from (worker,
+// appends (to <file>.<pid>) one JSON line per first token the speed model learns from (worker,
 // the model's inputs, its prediction beforehand, the time it took), so where
 // the TTFT prediction error sits can be read off a real run
 // (docs/benchmarks/2026-12-06-prediction-error.md). Off (one property read)
@@ -12,7 +12,8 @@ let fd: number | null = null;
 
 export function timingDump(worker: string, predicted: number | null, ms: number, inputs: TimingInputs): void {
   if (!file) return;
-  if (fd === null) fd = fs.openSync(file, "a");
+  // One file per router process: a bench starts one router per workload.
+  if (fd === null) fd = fs.openSync(`${file}.${process.pid}`, "a");
   const line = { at: Date.now(), worker, predicted, ms, ...inputs };
   fs.writeSync(fd, JSON.stringify(line) + "\n");
 }

@@ -25,6 +25,7 @@ import { EngineModel, llama8bH100, StepPlan } from "../sim/model";
 import { BlockHash, RouterConfig } from "../core/types";
 import { prefillAdmission, Ticket } from "../core/admission";
 import { mean, pct } from "./stats";
+import * as fs from "node:fs";
 
 const argv = process.argv.slice(2);
 const opt = (name: string, def: string) => {
@@ -142,6 +143,8 @@ interface Result {
   prompt: number;
   spread: number[];
   forced: number;
+  /** |predicted - observed| / observed per measured first token that had a prediction. */
+  ape: number[];
 }
 
 // Client and network time before a request reaches the router, uniform in
@@ -285,6 +288,10 @@ const SCRAPE_MS = Number(opt("--scrape-ms", "250"));
 // learning starts the measured run with the workers' speeds known, as it does
 // in bench:trace. Their times and placements are not counted.
 const WARMUP = argv.includes("--warmup");
+// --dump FILE: per measured first token (JSON lines), the speed model's inputs, its prediction and the
+// engine's state at dispatch (time left in the step in flight, running and waiting requests).
+const DUMP_FILE = opt("--dump", "");
+const DUMP: Record<string, unknown>[] | null = DUMP_FILE ? [] : null;
 function warmConvs(): Conv[] {
   const sizes = [500, 2000, 4000, 8000];
   return Array.from({ length: 16 }, (_, i) => [{ tokens: text(sizes[i % 4] + HEAD), maxTokens: 8, key: `warm${i}` }]);
@@ -307,7 +314,39 @@ function run(
   const N = 4;
   const state = memoryState();
   // Virtual time for the router too: speed learning times first tokens on this clock.
-  const router = createRouter(state, cfg, { now: () => now });
+  // TTFT prediction error as runtime/app.ts exports it (|predicted - observed| / observed), measured requests only.
+  let measuring = false;
+  const router = createRouter(state, cfg, {
+    now: () => now,
+    onTiming: (_w, p, ms) => {
+      if (measuring && !peer && p !== null && ms > 0) res.ape.push(Math.abs(p - ms) / ms);
+    },
+  });
+  // --dump FILE: one JSON line per measured first token, the model's inputs and the engine's truth at dispatch.
+  const dumpAt = new Map<string, Record<string, number>>();
+  if (DUMP && router.latency) {
+    const lm = router.latency;
+    const orig = lm.observe.bind(lm);
+    lm.observe = (wk, tokens, running, ms, attention, queued) => {
+      const w = eks0.indexOf(wk);
+      const p = lm.predict(wk, tokens, running, attention, queued);
+      if (curDump)
+        DUMP.push({
+          ...curDump,
+          measured: measuring ? 1 : 0,
+          w,
+          speed: SPEEDS[w],
+          tokens,
+          running,
+          ms,
+          attention: attention || 0,
+          queued: queued || 0,
+          p: p ?? -1,
+        });
+      orig(wk, tokens, running, ms, attention, queued);
+    };
+  }
+  let curDump: Record<string, number> | null = null;
   const engines: EngineModel[] = [];
   const ids: string[] = [];
   for (let i = 0; i < N; i++) {
@@ -333,7 +372,7 @@ function run(
   };
   const plans: (StepPlan | null)[] = new Array(N).fill(null);
   const ends: number[] = new Array(N).fill(Infinity);
-  const res: Result = { ttft: [], hits: 0, prompt: 0, spread: new Array(N).fill(0), forced: 0 };
+  const res: Result = { ttft: [], hits: 0, prompt: 0, spread: new Array(N).fill(0), forced: 0, ape: [] };
   const live = new Map<
     string,
     {
@@ -409,6 +448,14 @@ function run(
     const ticket = gate.enter(ids[i], pick.uncachedTokens, () => {
       pick.reservation.dispatched();
       inflight[i]++;
+      if (DUMP)
+        dumpAt.set(id, {
+          residual: plans[i] ? ends[i] - now : 0,
+          engRunning: engines[i].numRunning(),
+          engWaiting: engines[i].numWaiting(),
+          waited: now - at,
+          dispatchAt: now,
+        });
       engines[i].add({ id, tokens: t.tokens, hashes: blocks.map((b) => BigInt("0x" + b)), maxTokens: t.maxTokens });
       if (conv >= W) res.spread[i]++;
       kick(i);
@@ -454,7 +501,10 @@ function run(
         res.prompt += t.promptTokens;
       }
       if (t.index === 0) {
+        measuring = l.conv >= W;
+        curDump = DUMP ? { ...dumpAt.get(t.id), firstAt: now, cached: t.cachedTokens, prompt: t.promptTokens } : null;
         l.r.firstToken();
+        measuring = false;
         l.ticket.leave();
       }
       if (t.done) {
@@ -485,7 +535,7 @@ function run(
  */
 function floor(convs: Conv[], numBlocks = 1 << 20): Result {
   const e = new EngineModel({ ...llama8bH100(), numBlocks });
-  const res: Result = { ttft: [], hits: 0, prompt: 0, spread: [0, 0, 0, 0], forced: 0 };
+  const res: Result = { ttft: [], hits: 0, prompt: 0, spread: [0, 0, 0, 0], forced: 0, ape: [] };
   const reqs = convs.some((c) => c[0].at !== undefined)
     ? convs.map((c) => c[0]).sort((a, b) => (a.at || 0) - (b.at || 0))
     : convs.flat();
@@ -543,13 +593,13 @@ function main(): void {
   ];
   const want = opt("--workloads", "trace,shared-prefix,multi-turn,agentic,unique").split(",");
   console.log(
-    `| workload | policy | TTFT mean ms | p50 | p90 | RR/this | hit | requests per worker (all seeds) | admitted past the wait bound |`,
+    `| workload | policy | TTFT mean ms | p50 | p90 | RR/this | hit | requests per worker (all seeds) | admitted past the wait bound | TTFT MAPE |`,
   );
-  console.log(`|---|---|---:|---:|---:|---:|---:|---|---:|`);
+  console.log(`|---|---|---:|---:|---:|---:|---:|---|---:|---:|`);
   for (const [name, make] of loads) {
     if (!want.includes(name)) continue;
     for (const c of name === "trace" ? [0] : [4, 16]) {
-      const rows: [string, number[], number, number[], number][] = [];
+      const rows: [string, number[], number, number[], number, number[]][] = [];
       for (const [label, flags] of variants) {
         const peer =
           flags[0] === "smg" || flags[0] === "oracle" || flags[0] === "kv-oracle"
@@ -566,6 +616,7 @@ function main(): void {
         let prompt = 0;
         let forced = 0;
         const spread = [0, 0, 0, 0];
+        const ape: number[] = [];
         for (let s = 0; s < (c ? seeds : 1); s++) {
           // Every row of a seed gets the same token ids (so the same block
           // hashes and content-hash tie-breaks): rows differ by policy only.
@@ -574,20 +625,25 @@ function main(): void {
             ? floor(make(1000 + s), flags[0] === "floor-pooled" ? 4 * CAPACITY : undefined)
             : run(make(1000 + s), c, cfg, opts.admission, s, peer);
           forced += r.forced;
+          ape.push(...r.ape);
+          if (DUMP)
+            for (const d of DUMP.splice(0)) if (!peer) dumped.push({ workload: name, c, policy: label, seed: s, ...d });
           all.push(...r.ttft);
           hits += r.hits;
           prompt += r.prompt;
           r.spread.forEach((n, k) => (spread[k] += n));
         }
-        rows.push([label, all, hits / prompt, spread, forced]);
+        rows.push([label, all, hits / prompt, spread, forced, ape]);
       }
       const rr = mean(rows[1][1]);
-      for (const [label, t, hit, spread, forced] of rows)
+      for (const [label, t, hit, spread, forced, ape] of rows)
         console.log(
-          `| ${c ? `${name} c=${c}` : name} | ${label} | ${mean(t).toFixed(1)} | ${pct(t, 50).toFixed(1)} | ${pct(t, 90).toFixed(1)} | ${(rr / mean(t)).toFixed(2)}x | ${(hit * 100).toFixed(1)}% | ${spread.join("/")} | ${forced} |`,
+          `| ${c ? `${name} c=${c}` : name} | ${label} | ${mean(t).toFixed(1)} | ${pct(t, 50).toFixed(1)} | ${pct(t, 90).toFixed(1)} | ${(rr / mean(t)).toFixed(2)}x | ${(hit * 100).toFixed(1)}% | ${spread.join("/")} | ${forced} | ${ape.length ? (mean(ape) * 100).toFixed(1) + "%" : "–"} |`,
         );
     }
   }
+  if (DUMP_FILE) fs.writeFileSync(DUMP_FILE, dumped.map((d) => JSON.stringify(d)).join("\n") + "\n");
 }
+const dumped: Record<string, unknown>[] = [];
 
 main();

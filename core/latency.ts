@@ -53,6 +53,15 @@ export interface LatencyModel {
   slowness(eks: EpochKey[]): { [ek: string]: number };
   samples(ek: EpochKey): number;
   forget(ek: EpochKey): void;
+  /**
+   * Prefill tokens sent to the worker whose first token has not come back:
+   * what a request sent now queues behind in the engine. Requests still
+   * waiting at the router (prefill admission) are not in it, unlike the load
+   * ledger's pending blocks.
+   */
+  inEngine(ek: EpochKey): number;
+  /** A request left for the worker with `tokens` of its own prefill (add), or reached its first token or ended (add -tokens). */
+  sent(ek: EpochKey, tokens: number): void;
 }
 
 export interface LatencyOptions {
@@ -175,10 +184,18 @@ interface Recent {
   next: number;
 }
 
-/** onObserve: each observation with what the model predicted for it beforehand (null: not learned yet). */
+/** The inputs of one observation (LatencyModel.observe's arguments), for diagnostics. */
+export interface TimingInputs {
+  tokens: number;
+  running: number;
+  attention: number;
+  queued: number;
+}
+
+/** onObserve: each observation with what the model predicted for it beforehand (null: not learned yet) and its inputs. */
 export function latencyModel(
   opts?: LatencyOptions,
-  onObserve?: (ek: EpochKey, predicted: number | null, ms: number) => void,
+  onObserve?: (ek: EpochKey, predicted: number | null, ms: number, inputs: TimingInputs) => void,
 ): LatencyModel {
   const o = opts || defaultLatencyOptions();
   const decay = Math.pow(0.5, 1 / o.halfLife);
@@ -194,6 +211,7 @@ export function latencyModel(
   let fitVersion = 0;
   const factors: { [ek: string]: { version: number; value: number | null } } = {};
   const errs: { [ek: string]: number } = {};
+  const engine: { [ek: string]: number } = {};
 
   function at(c: number[], x: number[]): number {
     let s = 0;
@@ -250,7 +268,13 @@ export function latencyModel(
       const att = attention || 0;
       if (!(ms >= 0 && tokens >= 0 && running >= 0 && att >= 0)) return;
       if (!isFinite(ms) || !isFinite(tokens) || !isFinite(running) || !isFinite(att)) return;
-      if (onObserve) onObserve(ek, predict(ek, tokens, running, att, queued), ms);
+      if (onObserve)
+        onObserve(ek, predict(ek, tokens, running, att, queued), ms, {
+          tokens: tokens,
+          running: running,
+          attention: att,
+          queued: queued || 0,
+        });
       const x = features(tokens, running, att, queued || 0);
       // Each observation weighs 1 / its time: the fit minimises error relative
       // to the time (what MAPE and a ranking by time care about), so the many
@@ -317,7 +341,16 @@ export function latencyModel(
     samples(ek) {
       return workers[ek] ? workers[ek].n : 0;
     },
+    inEngine(ek) {
+      return engine[ek] || 0;
+    },
+    sent(ek, tokens) {
+      const v = (engine[ek] || 0) + tokens;
+      if (v > 0.5) engine[ek] = v;
+      else delete engine[ek];
+    },
     forget(ek) {
+      delete engine[ek];
       delete workers[ek];
       delete factors[ek];
       fitVersion++;

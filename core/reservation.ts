@@ -51,7 +51,14 @@ export function reservations(state: RouterState, log: LogHook) {
           return { prefill: result.guards.prefill, main: result.guards.main as Guard, queued: result.guards.queued };
         },
         dispatched() {
-          if (result.timing && !started) result.timing.start = result.timing.now();
+          const t = result.timing;
+          if (!t || started) return;
+          const now = t.now();
+          // What is ahead of it in the engine is known now; after a wait at
+          // the router (prefill admission) the prefill it waited for has run
+          // and the inputs read at the pick no longer describe the worker.
+          if (t.refresh) t.refresh(now - t.start >= 1);
+          t.start = now;
         },
         firstToken() {
           if (started || !r.open) return;

@@ -25,7 +25,7 @@ import { Candidate, Features, Guard, Policy, RouterConfig, Worker, WorkerSpec } 
 import { httpError } from "./util";
 import { clearAllTiers, defaultTierWeights, forgetMirror, tierCounts } from "./kvevents";
 import { Reservation, reservations } from "./reservation";
-import { LatencyModel, latencyModel } from "./latency";
+import { LatencyModel, latencyModel, TimingInputs } from "./latency";
 import { LogFields, LogHook } from "./log";
 import { engineReadings } from "./engine-readings";
 
@@ -124,7 +124,7 @@ export interface RouterHooks {
   /** A PD request's path as --pd-decider chose it. */
   onPdPath?: (path: PdPath) => void;
   /** A first token the speed model learned from: its prediction beforehand (null: not learned yet) and the time it took. */
-  onTiming?: (worker: string, predictedMs: number | null, ms: number) => void;
+  onTiming?: (worker: string, predictedMs: number | null, ms: number, inputs: TimingInputs) => void;
   random?: () => number;
 }
 
@@ -183,9 +183,10 @@ export function createRouter(state: RouterState, cfg: RouterConfig, hooks?: Rout
       ? latencyModel(
           undefined,
           onTiming
-            ? function (ek, predicted, ms) {
+            ? function (ek, predicted, ms, inputs) {
                 const ws = reg.list();
-                for (let i = 0; i < ws.length; i++) if (ws[i].epochKey === ek) onTiming(ws[i].id, predicted, ms);
+                for (let i = 0; i < ws.length; i++)
+                  if (ws[i].epochKey === ek) onTiming(ws[i].id, predicted, ms, inputs);
               }
             : undefined,
         )

@@ -32,6 +32,7 @@ import { Tokenizers } from "./tokenizers";
 import { Fleet } from "./fleet";
 import { EventSource, eventSourceFor, KvIntake, zmqEventSource } from "./kv-intake";
 import { Routing } from "./routing";
+import { timingDump } from "./timing-dump";
 
 export { Logger, makeLogger } from "./log";
 export { tokenizerPaths } from "./tokenizers";
@@ -89,9 +90,10 @@ export class App {
       },
       onDemand: (d) => this.metrics.decisions.inc({ mode: d.mode, input: d.input, agrees: String(d.agrees) }),
       onPdPath: (path) => this.metrics.pdPaths.inc({ path }),
-      onTiming: (worker, predicted, ms) => {
+      onTiming: (worker, predicted, ms, inputs) => {
         if (predicted !== null && ms > 0)
           this.metrics.ttftPredictionError.observe({ worker }, Math.abs(predicted - ms) / ms);
+        timingDump(worker, predicted, ms, inputs);
       },
     });
     // A dropped event stream is often the engine dying: probe it now, not at the next interval.

@@ -452,16 +452,20 @@ export class Director {
       },
       guards: () => inner().guards(),
       dispatched: () => inner().dispatched(),
+      // The pick's own hooks before the admission slot is given up: leaving
+      // can send the next waiting request at once, and speed learning times
+      // it against the prefill still in the engine, which must no longer
+      // count this one (its prefill is done, or it is gone).
       firstToken() {
-        leave();
         inner().firstToken();
+        leave();
       },
       finish() {
         if (!admitted && !over) ended("cancelled");
         if (timer) clearTimeout(timer);
+        inner().finish();
         leave();
         resolve(null);
-        inner().finish();
       },
     };
     return ready;

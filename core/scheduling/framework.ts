@@ -136,6 +136,14 @@ export interface PickResult {
     /** Of tokens, other requests' queued prefill. */
     queued: number;
     start: number;
+    /**
+     * When the request leaves for its worker: takes the queued prefill ahead
+     * from what is in the engine now and, after a wait at the router (`waited`),
+     * reads its other inputs again (what it waited for is done by then).
+     */
+    refresh?: (waited: boolean) => void;
+    /** Its own prefill tokens while counted in the model's inEngine (between leaving and the first token). */
+    own?: number;
   } | null;
   /** --pd-decider chose the decode worker to prefill too: no prefill hop, the prefill row only names the pool's pick. */
   decodeFirst?: boolean;

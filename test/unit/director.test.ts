@@ -321,3 +321,34 @@ test("a trusted x-slo-ttft-ms reaches the pick (the slo-ttft scorer runs); an un
     }
   }
 });
+
+test("admit-wait and speed learning: the request the first token lets go is timed with nothing ahead of it", async () => {
+  // One worker, prefill admission on (the default): the second cold prompt
+  // waits for the first's first token. When it goes, the first's prefill is
+  // done, so the speed model must not count it as queued ahead.
+  const a = app(W.slice(0, 1));
+  const seen: { tokens: number; queued: number }[] = [];
+  const lm = a.router.latency!;
+  const observe = lm.observe.bind(lm);
+  lm.observe = (e, tokens, running, ms, attention, queued) => {
+    seen.push({ tokens, queued: queued || 0 });
+    observe(e, tokens, running, ms, attention, queued);
+  };
+  try {
+    const first = routed(await a.director.decide(input("oscar")));
+    const second = a.director.decide(input("papa"));
+    assert.equal(await settled(second), false, "the second cold prompt waits");
+    first.reservation.firstToken();
+    const went = routed(await second);
+    assert.equal(lm.inEngine(went.pick.target.epochKey) > 0, true, "the second is in the engine");
+    went.reservation.firstToken();
+    assert.equal(seen.length, 2);
+    assert.equal(seen[1].queued, 0, `queued ahead of the second: ${seen[1].queued} tokens`);
+    assert.equal(lm.inEngine(went.pick.target.epochKey), 0, "nothing left in the engine");
+    went.reservation.finish();
+    first.reservation.finish();
+    assert.equal(a.router.openGuards(), 0);
+  } finally {
+    await a.close();
+  }
+});

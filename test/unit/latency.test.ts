@@ -179,3 +179,81 @@ test("one outlier moves a factor a bounded step; slowness stays within [1/8, 8]"
   const s = m.slowness(["a", "b", "c", "z"].map(ek));
   assert.ok(s.z > 3 && s.z <= 8, `z ${s.z}`);
 });
+
+/** A router on a virtual clock whose speed model records what each first token was timed against. */
+function timedRouter() {
+  const clock = { t: 0 };
+  const state = memoryState();
+  const router = createRouter(state, { ...defaultConfig(), speedLearning: "on" }, { now: () => clock.t });
+  router.addWorker({ id: "w", address: "127.0.0.1:1", role: "mixed" });
+  const seen: { tokens: number; queued: number; running: number; ms: number }[] = [];
+  const lm = router.latency!;
+  const observe = lm.observe.bind(lm);
+  lm.observe = (e, tokens, running, ms, attention, queued) => {
+    seen.push({ tokens, queued: queued || 0, running, ms });
+    observe(e, tokens, running, ms, attention, queued);
+  };
+  const prompt = (p: string, n: number) => ({
+    blocks: Array.from({ length: n }, (_, i) => `${p}${i}` as BlockHash),
+    inputTokens: n * 16,
+    exact: true,
+    mediaHashes: [],
+    n: 1,
+  });
+  return { clock, state, router, seen, prompt };
+}
+
+test("queued prefill ahead is what was sent to the worker, not requests still waiting at the router", () => {
+  const { router, seen, prompt } = timedRouter();
+  // a is sent (100 blocks prefilling in the engine); b is picked but waits at
+  // the router (prefill admission); c is sent at once behind a only.
+  const a = router.pick(prompt("a", 100));
+  a.reservation.dispatched();
+  const b = router.pick(prompt("b", 200));
+  const c = router.pick(prompt("c", 10));
+  c.reservation.dispatched();
+  a.reservation.firstToken();
+  c.reservation.firstToken();
+  assert.equal(seen.length, 2);
+  // running: the load guards held there at the pick (a's and b's, each a request's blocks and its queued prefill).
+  assert.deepEqual(seen[1], { tokens: 110 * 16, queued: 100 * 16, running: 4, ms: 0 }, "c waited for a alone");
+  // Once a and c have their first tokens nothing is ahead: b, sent now, queues behind nothing.
+  b.reservation.dispatched();
+  b.reservation.firstToken();
+  assert.equal(seen[2].queued, 0);
+  assert.equal(seen[2].tokens, 200 * 16);
+  for (const p of [a, b, c]) p.reservation.finish();
+  // A request that ended before its first token is no longer ahead of anyone.
+  const d = router.pick(prompt("d", 50));
+  d.reservation.dispatched();
+  d.reservation.finish();
+  const e = router.pick(prompt("e", 5));
+  e.reservation.dispatched();
+  e.reservation.firstToken();
+  assert.equal(seen[3].queued, 0);
+  e.reservation.finish();
+});
+
+test("after a wait at the router a request is timed from when it left, against the prefix computed meanwhile", () => {
+  const { clock, state, router, seen, prompt } = timedRouter();
+  const w = router.worker("w")!;
+  const doc = prompt("doc", 100);
+  // The document's first request prefills it; a second request on the same
+  // document (plus 2 blocks of its own) waits at the router meanwhile.
+  const first = router.pick(doc);
+  first.reservation.dispatched();
+  const turn = prompt("doc", 102);
+  const second = router.pick(turn);
+  clock.t = 300;
+  // The document's blocks are in the worker's cache now (its KV events).
+  for (const h of doc.blocks) state.mirror.store(w.epochKey, "e-" + h, h);
+  first.reservation.firstToken();
+  second.reservation.dispatched();
+  clock.t = 320;
+  second.reservation.firstToken();
+  // Its own prefill is the 2 blocks past the cached document, nothing is ahead
+  // of it, the first request (its queued prefill done) holds one guard, and the clock started when it left.
+  assert.deepEqual(seen[1], { tokens: 2 * 16, queued: 0, running: 1, ms: 20 });
+  first.reservation.finish();
+  second.reservation.finish();
+});

@@ -6,13 +6,13 @@
 // Disaggregated picks teach nothing (their first token also waits for the KV
 // transfer and the decode worker), nor do picks whose worker is not the one
 // that prefilled alone.
-import { CandidateData, LifecyclePlugin, PickContext } from "../../framework";
+import { CandidateData, LifecyclePlugin, PickContext, PickResult } from "../../framework";
 import { attentionWork } from "../../../latency";
 
 /** What the speed model reads for a request on a candidate: prefill tokens it waits for (its own included), running requests, its attention work. */
 export function ttftInputs(
   ctx: PickContext,
-  d: CandidateData,
+  d: Pick<CandidateData, "hits" | "pending" | "held">,
 ): { tokens: number; running: number; attention: number; queued: number } {
   const bs = ctx.config.blockSize;
   const own = Math.max(0, ctx.features.inputTokens - d.hits * bs);
@@ -24,12 +24,21 @@ export function ttftInputs(
   };
 }
 
+/** The load guards this request holds on its worker (load-reservation: the main one, and its queued prefill until the first token). */
+function ownGuards(result: PickResult): number {
+  const g = result.guards;
+  return (g.main && !g.main.done ? 1 : 0) + (g.queued && !g.queued.done ? 1 : 0);
+}
+
 export const speedLearning: LifecyclePlugin = {
   name: "speed-learning",
   preRequest(ctx, result) {
     if (!ctx.latency || result.decode || ctx.features.mediaHashes.length) return;
+    const model = ctx.latency;
     const x = ttftInputs(ctx, result.prefill.data);
-    result.timing = {
+    const d = result.prefill.data;
+    const ek = result.prefill.worker.epochKey;
+    const timing: NonNullable<PickResult["timing"]> = {
       model: ctx.latency,
       now: ctx.now,
       worker: result.prefill.worker.epochKey,
@@ -38,10 +47,49 @@ export const speedLearning: LifecyclePlugin = {
       attention: x.attention,
       queued: x.queued,
       start: ctx.now(),
+      refresh: function (waited) {
+        let y = x;
+        if (waited) {
+          // After a wait at the router the worker's queue is what is left of
+          // it: guards held now, less this request's own; its prefix may have
+          // been computed meanwhile (the KV events of the prefill it waited for).
+          const live: { [ek: string]: boolean } = {};
+          live[ek] = true;
+          const cachedNow = ctx.features.blocks.length
+            ? ctx.state.mirror.prefixHits(ctx.features.blocks, live, ctx.config.kvTierWeights)[ek] || 0
+            : 0;
+          y = ttftInputs(ctx, {
+            hits: Math.max(d.hits, cachedNow),
+            pending: 0,
+            held: Math.max(0, ctx.state.load.heldGuards(ek) - ownGuards(result)),
+          });
+        }
+        // Queued prefill ahead in the engine, in tokens: what was sent there
+        // and has no first token yet. The ledger's pending blocks also count
+        // requests still waiting at the router, which are not ahead of this one.
+        const own = y.tokens - y.queued;
+        const ahead = model.inEngine(ek);
+        timing.tokens = own + ahead;
+        timing.queued = ahead;
+        timing.running = y.running;
+        timing.attention = y.attention;
+        timing.own = own;
+        model.sent(ek, own);
+      },
     };
+    result.timing = timing;
   },
   firstToken(result) {
     const t = result.timing;
-    if (t) t.model.observe(t.worker, t.tokens, t.running, t.now() - t.start, t.attention, t.queued);
+    if (!t) return;
+    if (t.own !== undefined) t.model.sent(t.worker, -t.own);
+    t.own = undefined;
+    t.model.observe(t.worker, t.tokens, t.running, t.now() - t.start, t.attention, t.queued);
+  },
+  complete(result) {
+    // Ended before its first token (cancelled, failed): its prefill is no longer ahead of anyone.
+    const t = result.timing;
+    if (t && t.own !== undefined) t.model.sent(t.worker, -t.own);
+    if (t) t.own = undefined;
   },
 };

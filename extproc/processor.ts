@@ -150,6 +150,8 @@ export class StreamProcessor {
   private readonly end: StreamEnd = { ended: false, onEnd: null };
   /** Answers leave in message order even when a pick waits on a tokenizer thread. */
   private order: Promise<void> = Promise.resolve();
+  /** Answers and steps queued on `order` and not yet run. */
+  private pending = 0;
   private idle: NodeJS.Timeout | null = null;
   private over = false;
 
@@ -361,19 +363,28 @@ export class StreamProcessor {
     this.call.fail(Status.INTERNAL, e.message);
   }
 
-  /** Asks the director, records the outcome, and encodes the decision for this phase. */
-  private async route(body: Buffer, phase: RequestPhase, strip: string[]): Promise<ProcessingResponse> {
+  /**
+   * Asks the director, records the outcome, and encodes the decision for this
+   * phase: on this turn when the director decided at once, else a promise.
+   */
+  private route(body: Buffer, phase: RequestPhase, strip: string[]): ProcessingResponse | Promise<ProcessingResponse> {
     const s = this.s;
     s.decided = true;
     // Called as the message completing the request arrives: the router's own answer time starts here.
     const t0 = performance.now();
-    const d = await this.app.director.decide({
+    const d = this.app.director.decideNow({
       endpoint: s.endpoint,
       body,
       headers: s.headers,
       subset: s.subset,
       end: this.end,
     });
+    if (d instanceof Promise) return d.then((x) => this.decided(x, phase, strip, t0));
+    return this.decided(d, phase, strip, t0);
+  }
+
+  private decided(d: Decision, phase: RequestPhase, strip: string[], t0: number): ProcessingResponse {
+    const s = this.s;
     this.outcome(d.outcome);
     if (d.kind === "route") s.routed = d;
     for (const h of hooks) h.decided?.(s, d);
@@ -454,12 +465,35 @@ export class StreamProcessor {
     this.app.metrics.requests.inc({ outcome: o });
   }
 
+  /**
+   * Runs f after everything queued before it: at once when nothing is
+   * pending (no promise made), else chained behind the pending work. A
+   * failure fails the stream either way.
+   */
   private inOrder(f: () => void | Promise<void>): void {
-    this.order = this.order.then(f).catch((e) => this.fail(e as Error));
+    if (this.pending === 0) {
+      let r: void | Promise<void>;
+      try {
+        r = f();
+      } catch (e) {
+        this.fail(e as Error);
+        return;
+      }
+      if (!(r instanceof Promise)) return;
+      this.pending++;
+      this.order = r.catch((e) => this.fail(e as Error)).then(() => void this.pending--);
+      return;
+    }
+    this.pending++;
+    this.order = this.order
+      .then(f)
+      .catch((e) => this.fail(e as Error))
+      .then(() => void this.pending--);
   }
 
   private answer(r: ProcessingResponse | Promise<ProcessingResponse>): void {
-    this.inOrder(async () => this.send(await r));
+    if (r instanceof Promise) this.inOrder(async () => this.send(await r));
+    else this.inOrder(() => this.send(r));
   }
 
   private send(m: ProcessingResponse): void {

@@ -16,11 +16,12 @@ import {
   promptTokenIds,
 } from "../core/request";
 import { Features } from "../core/types";
-import { prefillAdmission, PrefillAdmission } from "../core/admission";
+import { admitsAtOnce, prefillAdmission, PrefillAdmission } from "../core/admission";
 import { requestRoot } from "../core/kvevents";
 import { prefixHashes } from "./prefix-hashes";
 import { nativeHasher } from "./hasher";
-import { JobOutcome } from "./tokenpool";
+import { JobOutcome, TokenizerPool } from "./tokenpool";
+import { LoadedTokenizer } from "./tokenizer";
 import { Gauge } from "prom-client";
 import { Metrics, spec } from "./metrics";
 import { Options } from "./config";
@@ -133,6 +134,21 @@ export class Routing implements DirectorDeps {
     allow?: (w: Worker) => boolean,
     sloTtftMs?: number,
   ): Promise<Pick> {
+    return this.routeNow(endpoint, body, sessionHeader, allow, sloTtftMs);
+  }
+
+  /**
+   * routeAsync() without a promise when none is needed: a prompt tokenized
+   * inline is picked on the caller's turn and the Pick returned (an error is
+   * thrown); only a prompt that goes to a tokenizer thread returns a promise.
+   */
+  routeNow(
+    endpoint: Endpoint,
+    body: Buffer,
+    sessionHeader: string | null,
+    allow?: (w: Worker) => boolean,
+    sloTtftMs?: number,
+  ): Pick | Promise<Pick> {
     const t0 = process.hrtime.bigint();
     const req = this.parse(endpoint, body, sessionHeader);
     const root = requestRoot(this.state.mirror, req.model, req.cacheSalt, nativeHasher);
@@ -149,13 +165,28 @@ export class Routing implements DirectorDeps {
     const pool = text !== null && text.length > this.opts.tokenize.inlineChars ? this.tok.pool() : null;
     if (!pool || text === null)
       return this.finishPick(req, this.featuresInline(req, root, text ?? undefined), t0, allow, sloTtftMs);
+    return this.onThread(req, root, tok!, key!, text, pool, t0, allow, sloTtftMs);
+  }
+
+  /** routeNow()'s long prompt: tokenized and hashed on a tokenizer thread, then picked. */
+  private async onThread(
+    req: ParsedRequest,
+    root: string | null,
+    tok: LoadedTokenizer,
+    key: string,
+    text: string,
+    pool: TokenizerPool,
+    t0: bigint,
+    allow?: (w: Worker) => boolean,
+    sloTtftMs?: number,
+  ): Promise<Pick> {
     const ms = mediaSalt(req, nativeHasher, root);
     let feats: Features;
     try {
       const job = pool.encode(
-        key!,
+        key,
         text,
-        !!(req.addSpecialTokens && tok!.encodeSpecial),
+        !!(req.addSpecialTokens && tok.encodeSpecial),
         this.opts.router.blockSize,
         ms.salt ?? null,
       );
@@ -302,7 +333,8 @@ export class Routing implements DirectorDeps {
     const pick = this.router.pick(feats, req.sessionId, allow);
     pick.stream = req.stream;
     // Late binding (--queue-late-binding): the same request picked again on one named worker.
-    if (this.opts.flow.lateBinding && !req.sessionId)
+    // Only a request that can wait can move: one admission lets go at once (warm) never needs it.
+    if (this.opts.flow.lateBinding && !req.sessionId && !admitsAtOnce(this.admission.config, pick.uncachedTokens))
       repickers.set(pick, (id) => this.router.pick(feats, null, (w) => w.id === id && (!allow || allow(w))));
     const secs = Number(process.hrtime.bigint() - t0) / 1e9;
     this.metrics.pickLatency.observe(secs);

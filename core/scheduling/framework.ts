@@ -213,6 +213,12 @@ export interface Shedder {
 export interface Admitter {
   name: string;
   enter(ctx: AdmissionContext, go: () => void, evicted: () => void): Ticket;
+  /**
+   * Optional: true when enter() would let the request go at once holding
+   * nothing (no slot, no queue place, nothing to give back), so the adapter
+   * may skip entering it. Must agree with enter(); absent = always enter.
+   */
+  passes?(ctx: AdmissionContext): boolean;
 }
 
 interface Registry {

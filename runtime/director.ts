@@ -278,23 +278,43 @@ export class Director {
   }
 
   /** Admission that may take a slot or wait: the pick goes once admitted, or is refused. */
-  private async admitThenRoute(
+  private admitThenRoute(
     inp: RouteInput,
     pick: Pick,
     ctx: AdmissionContext,
     pool: { id: string }[],
-  ): Promise<Decision> {
+  ): Decision | Promise<Decision> {
     const end = inp.end;
     // Prefill admission: a cold prompt waits here while another cold one is
     // prefilling on its worker. A stream that ends meanwhile finishes it.
     if (end) end.onEnd = () => pick.reservation.finish();
-    let refused: Refused | null;
+    let a: Refused | null | Promise<Refused | null>;
     try {
-      refused = await this.admitWith(pick, ctx);
-    } finally {
+      a = this.admitWith(pick, ctx);
+    } catch (e) {
       if (end) end.onEnd = null;
+      throw e;
     }
-    if (end?.ended) return this.clientGone(pick);
+    // Admitted (or refused) at once: nothing waited, so the stream cannot have ended meanwhile.
+    if (!(a instanceof Promise)) {
+      if (end) end.onEnd = null;
+      return this.admitted(inp, pick, pool, a);
+    }
+    return a.then(
+      (r) => {
+        if (end) end.onEnd = null;
+        return this.admitted(inp, pick, pool, r);
+      },
+      (e) => {
+        if (end) end.onEnd = null;
+        throw e;
+      },
+    );
+  }
+
+  /** After admission: 499 if the stream ended while it waited, the refusal if flow control refused it, else routed. */
+  private admitted(inp: RouteInput, pick: Pick, pool: { id: string }[], refused: Refused | null): Decision {
+    if (inp.end?.ended) return this.clientGone(pick);
     // Flow control refused it while it waited (queue full, a higher band took its place, its TTL ran out).
     if (refused) {
       pick.reservation.finish();
@@ -362,7 +382,7 @@ export class Director {
    * with the refusal to answer instead (queue full, evicted by a higher band,
    * expired): see admitWith.
    */
-  admit(pick: Pick, objective?: Objective, bytes?: number): Promise<Refused | null> {
+  async admit(pick: Pick, objective?: Objective, bytes?: number): Promise<Refused | null> {
     const pool = pick.decodeCandidates ?? pick.candidates;
     return this.admitWith(pick, {
       worker: (pick.prefill ?? pick.target).id,
@@ -421,7 +441,7 @@ export class Director {
    * header. The pick's reservation is wrapped so whatever the admitters hold is
    * given back at the first token or at the end, whichever comes first.
    */
-  private admitWith(pick: Pick, ctx: AdmissionContext): Promise<Refused | null> {
+  private admitWith(pick: Pick, ctx: AdmissionContext): Refused | null | Promise<Refused | null> {
     const { metrics, flow } = this.d;
     const list = admitters();
     const band = String(ctx.objective.priority);
@@ -433,8 +453,18 @@ export class Director {
     let queued = false;
     let forced = false;
     let over = false;
-    let resolve!: (r: Refused | null) => void;
-    const ready = new Promise<Refused | null>((r) => (resolve = r));
+    // The outcome, the first time it is known; a promise is made only for a
+    // request still waiting when this returns (one settled at once is returned as is).
+    let settled = false;
+    let outcome: Refused | null = null;
+    let wake: ((r: Refused | null) => void) | null = null;
+    const resolve = (r: Refused | null) => {
+      if (settled) return;
+      settled = true;
+      outcome = r;
+      if (wake) wake(r);
+    };
+    const ready = () => (settled ? outcome : new Promise<Refused | null>((r) => (wake = r)));
     // The wait ended (once): its time and how it ended, per band.
     const ended = (outcome: string) => {
       if (over) return;
@@ -481,10 +511,10 @@ export class Director {
     const last = tickets[tickets.length - 1];
     if (last && last.refused) {
       refused(last.refused);
-      return ready;
+      return ready();
     }
     // Went at once, holding nothing: no slot to give back, nothing to wrap.
-    if (admitted && !tickets.some((t) => t.slot)) return ready;
+    if (admitted && !tickets.some((t) => t.slot)) return ready();
     if (!admitted) {
       queued = true;
       // A protected band (priority above 0) never expires: it goes at the wait bound like any request without a TTL.
@@ -535,7 +565,7 @@ export class Director {
         inner().finish();
       },
     };
-    return ready;
+    return ready();
   }
 
   /** The routed decision: the fallback list, and the headers and body that name the pick. */

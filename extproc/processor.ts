@@ -129,6 +129,16 @@ export function addPhaseHooks(h: PhaseHooks): void {
   hooks.push(h);
 }
 
+/** The first token's bookkeeping, after the first chunk's answer went out (a failure fails the stream, as in a message). */
+function firstTokenLater(p: StreamProcessor): void {
+  if (!p.firstDue) return;
+  try {
+    p.firstToken();
+  } catch (e) {
+    p.failed(e as Error);
+  }
+}
+
 export class StreamProcessor {
   readonly s: StreamState = {
     headers: {},
@@ -153,6 +163,8 @@ export class StreamProcessor {
   /** Answers and steps queued on `order` and not yet run. */
   private pending = 0;
   private idle: NodeJS.Timeout | null = null;
+  /** The first chunk was answered and its first-token bookkeeping has not run yet. */
+  firstDue = false;
   private over = false;
 
   constructor(
@@ -326,18 +338,36 @@ export class StreamProcessor {
   // ---- response body: the first chunk is the first token
   responseBody(chunk: Uint8Array, endOfStream: boolean): void {
     const s = this.s;
-    if (!s.sawBody) {
-      if (s.routed) s.routed.reservation.firstToken();
-      for (const h of hooks) h.firstByte?.(s);
-    }
+    const first = !s.sawBody;
     s.sawBody = true;
     const reply =
       s.respBodyMode === ProcessingMode_BodySendMode.FULL_DUPLEX_STREAMED
         ? streamedBody("responseBody", Buffer.from(chunk), endOfStream)
         : CONTINUE_RESP_BODY;
     // end_of_stream on a body chunk means no trailers follow (they would carry it).
-    if (endOfStream) this.last(reply);
-    else this.send(reply);
+    if (endOfStream) {
+      if (first) this.firstToken();
+      this.last(reply);
+      return;
+    }
+    this.send(reply);
+    // The first token's bookkeeping (the admission slot, speed learning, the
+    // hooks) is not part of the answer: it runs once this turn's writes have
+    // gone out (the HTTP/2 session flushes them before the immediates of the
+    // turn run), so the client's first byte does not wait for it. Anything
+    // that ends the stream runs it first (done()), so the order is kept.
+    if (first) {
+      this.firstDue = true;
+      setImmediate(firstTokenLater, this);
+    }
+  }
+
+  /** The first token: the reservation's first-token release and the firstByte hooks; once. */
+  firstToken(): void {
+    this.firstDue = false;
+    const s = this.s;
+    if (s.routed) s.routed.reservation.firstToken();
+    for (const h of hooks) h.firstByte?.(s);
   }
 
   // ---- response trailers: the end of the exchange
@@ -353,6 +383,11 @@ export class StreamProcessor {
     if (f) f();
     this.stopIdle();
     this.done();
+  }
+
+  /** A failed step outside a message (the deferred first token): as a failed message. */
+  failed(e: Error): void {
+    this.fail(e);
   }
 
   /** A failed message: counted, logged, released, and the call ends with INTERNAL. */
@@ -515,6 +550,7 @@ export class StreamProcessor {
 
   /** Releases what the stream holds; safe to call again. */
   private done(): void {
+    if (this.firstDue) this.firstToken();
     const s = this.s;
     if (s.routed) s.routed.reservation.finish();
     if (s.moved) {

@@ -572,7 +572,11 @@ export class StreamProcessor {
   }
 
   private touch(): void {
-    this.stopIdle();
+    // The same timer restarted (refresh: no new timer per message).
+    if (this.idle) {
+      this.idle.refresh();
+      return;
+    }
     const secs = this.app.opts.extProcStreamIdleS;
     this.idle = setTimeout(() => {
       this.app.log("warn", `ext_proc stream idle for ${secs}s: ended, its load released`);

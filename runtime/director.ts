@@ -167,6 +167,55 @@ function passesAll(ctx: AdmissionContext): boolean {
   return true;
 }
 
+function nothing(): void {}
+
+/**
+ * Enters every admitter when each one says it admits the request at once
+ * (Admitter.passes / admitsNow); returns their tickets, or null (nothing
+ * entered) when one might make it wait. A ticket that does wait after all
+ * (an admitter whose admitsNow disagrees with its enter) is left, and null
+ * returned: the request then takes admitWith's path.
+ */
+function enterAtOnce(ctx: AdmissionContext): Ticket[] | null {
+  const list = admitters();
+  for (let i = 0; i < list.length; i++) {
+    const a = list[i];
+    if (!(a.passes && a.passes(ctx)) && !(a.admitsNow && a.admitsNow(ctx))) return null;
+  }
+  const tickets: Ticket[] = [];
+  for (let i = 0; i < list.length; i++) {
+    const t = list[i].enter(ctx, nothing, nothing);
+    tickets.push(t);
+    if (!t.admitted) {
+      for (const x of tickets) x.leave();
+      return null;
+    }
+  }
+  return tickets;
+}
+
+/** The reservation, with the admitters' tickets given back at its first token or its end, whichever comes first. */
+function releasing(r: Reservation, tickets: Ticket[]): Reservation {
+  const leave = () => {
+    for (const t of tickets) t.leave();
+  };
+  return {
+    get open() {
+      return r.open;
+    },
+    guards: () => r.guards(),
+    dispatched: () => r.dispatched(),
+    firstToken() {
+      leave();
+      r.firstToken();
+    },
+    finish() {
+      leave();
+      r.finish();
+    },
+  };
+}
+
 /** Late binding: the reservation a moved pick holds now (its original one was finished at the move). */
 const movedTo = new WeakMap<Pick, Reservation>();
 
@@ -271,6 +320,14 @@ export class Director {
     // admission off): what admitWith does then, without its clock or wrapper.
     if (passesAll(ctx)) {
       pick.reservation.dispatched();
+      return this.routed(inp, pick, pool);
+    }
+    // Admitted at once holding a slot (a cold prompt, its worker free): the
+    // slot goes back with the reservation; no clock, no promise.
+    const held = enterAtOnce(ctx);
+    if (held) {
+      pick.reservation.dispatched();
+      pick.reservation = releasing(pick.reservation, held);
       return this.routed(inp, pick, pool);
     }
     ctx.move = this.mover(pick);

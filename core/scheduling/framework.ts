@@ -219,6 +219,12 @@ export interface Admitter {
    * may skip entering it. Must agree with enter(); absent = always enter.
    */
   passes?(ctx: AdmissionContext): boolean;
+  /**
+   * Optional: true when enter() would admit the request at once (it may take
+   * a slot, given back through its ticket), so the adapter may enter it
+   * without preparing for a wait. Must agree with enter(); absent = unknown.
+   */
+  admitsNow?(ctx: AdmissionContext): boolean;
 }
 
 interface Registry {

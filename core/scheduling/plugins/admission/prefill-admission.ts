@@ -19,4 +19,6 @@ export const prefillAdmitter: Admitter = {
     ),
   // Warm, or admission off: enter() admits it before returning, holding nothing.
   passes: (ctx) => admitsAtOnce(ctx.queue.config, ctx.uncachedTokens),
+  // A cold prompt its worker has a free slot for, with nobody waiting ahead: enter() gives it the slot.
+  admitsNow: (ctx) => !ctx.queue.wouldWait(ctx.worker, ctx.uncachedTokens, ctx.objective.flow),
 };

@@ -444,7 +444,10 @@ export class StreamProcessor {
         );
       return trailersRoute(lb);
     }
-    const remove = [...new Set([...strip, ...d.remove])].filter((h) => !(h in d.headers));
+    // strip then the decision's own, once each, less what the decision sets.
+    const remove: string[] = [];
+    for (const h of strip) if (!(h in d.headers) && !remove.includes(h)) remove.push(h);
+    for (const h of d.remove) if (!(h in d.headers) && !remove.includes(h)) remove.push(h);
     return routeAnswer(phase, d.headers, remove, phase === "requestBody" ? d.body : null, lb);
   }
 

@@ -12,7 +12,7 @@
 // then wait for prefill admission, as at line rate).
 // Each side runs in its own process (this checkout, and a checkout of each
 // --baseline REV), in turn, --repeat times, so both see the same machine.
-// Usage: node --import tsx bench/overhead-inproc.ts [--rounds N] [--warm N] [--long] [--concurrency C] [--repeat R] [--baseline REV]... [--extra "FLAGS"]
+// Usage: node --import tsx bench/overhead-inproc.ts [--rounds N] [--warm N] [--long] [--concurrency C] [--repeat R] [--baseline REV]... [--extra "FLAGS" (this checkout's router only)]
 import { execFileSync } from "child_process";
 import { EventEmitter } from "events";
 import * as async_hooks from "async_hooks";
@@ -35,6 +35,7 @@ const WARM = Math.min(50000, num("--warm", 3000));
 const REPEAT = Math.min(10, num("--repeat", 2));
 const CONC = Math.min(64, num("--concurrency", 1));
 const LONG = process.argv.includes("--long");
+// Router flags for this checkout's side only (a variant, e.g. a default turned off; baselines run their defaults).
 const EXTRA = (str("--extra") || "").split(" ").filter(Boolean);
 
 /** An ext_proc call held in memory: what the handler writes is kept, in order. */
@@ -83,7 +84,9 @@ async function side(root: string): Promise<void> {
   };
   const port = await freePort();
   const engine = await nullEngine(port);
-  const app = new App(parseArgs(["--workers", `127.0.0.1:${port}`, "--log-level", "warn", ...EXTRA], {}), () => {});
+  const own = root === path.resolve(__dirname, "..");
+  const flags = ["--workers", `127.0.0.1:${port}`, "--log-level", "warn", ...(own ? EXTRA : [])];
+  const app = new App(parseArgs(flags, {}), () => {});
   app.setWorkers(app.opts.workers);
   app.setSynced?.(true);
   const srv = await startExtProc(app, "127.0.0.1", 0);

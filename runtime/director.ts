@@ -68,6 +68,17 @@ export interface DirectorDeps {
     allow?: (w: Worker) => boolean,
     sloTtftMs?: number,
   ): Promise<Pick>;
+  /**
+   * routeAsync(), answered on the caller's turn when the prompt is tokenized
+   * inline (a promise only when it goes to a tokenizer thread); optional.
+   */
+  routeNow?(
+    endpoint: Endpoint,
+    body: Buffer,
+    sessionHeader: string | null,
+    allow?: (w: Worker) => boolean,
+    sloTtftMs?: number,
+  ): Pick | Promise<Pick>;
   /** Whether a sheddable request is refused whatever the pick, decided before tokenizing (runtime/routing.ts). */
   shedsCold?(
     endpoint: Endpoint,
@@ -146,6 +157,65 @@ function refuse(
   return { kind: "refuse", status, message, type, param, headers, outcome };
 }
 
+/** Whether every admitter would let the request go at once holding nothing (Admitter.passes). */
+function passesAll(ctx: AdmissionContext): boolean {
+  const list = admitters();
+  for (let i = 0; i < list.length; i++) {
+    const p = list[i].passes;
+    if (!p || !p(ctx)) return false;
+  }
+  return true;
+}
+
+function nothing(): void {}
+
+/**
+ * Enters every admitter when each one says it admits the request at once
+ * (Admitter.passes / admitsNow); returns their tickets, or null (nothing
+ * entered) when one might make it wait. A ticket that does wait after all
+ * (an admitter whose admitsNow disagrees with its enter) is left, and null
+ * returned: the request then takes admitWith's path.
+ */
+function enterAtOnce(ctx: AdmissionContext): Ticket[] | null {
+  const list = admitters();
+  for (let i = 0; i < list.length; i++) {
+    const a = list[i];
+    if (!(a.passes && a.passes(ctx)) && !(a.admitsNow && a.admitsNow(ctx))) return null;
+  }
+  const tickets: Ticket[] = [];
+  for (let i = 0; i < list.length; i++) {
+    const t = list[i].enter(ctx, nothing, nothing);
+    tickets.push(t);
+    if (!t.admitted) {
+      for (const x of tickets) x.leave();
+      return null;
+    }
+  }
+  return tickets;
+}
+
+/** The reservation, with the admitters' tickets given back at its first token or its end, whichever comes first. */
+function releasing(r: Reservation, tickets: Ticket[]): Reservation {
+  const leave = () => {
+    for (const t of tickets) t.leave();
+  };
+  return {
+    get open() {
+      return r.open;
+    },
+    guards: () => r.guards(),
+    dispatched: () => r.dispatched(),
+    firstToken() {
+      leave();
+      r.firstToken();
+    },
+    finish() {
+      leave();
+      r.finish();
+    },
+  };
+}
+
 /** Late binding: the reservation a moved pick holds now (its original one was finished at the move). */
 const movedTo = new WeakMap<Pick, Reservation>();
 
@@ -154,7 +224,19 @@ export class Director {
 
   /** Route -> shed -> admit -> fallbacks. Never throws for a request's own fault: a refusal says why. */
   async decide(inp: RouteInput): Promise<Decision> {
-    const { opts, metrics } = this.d;
+    return this.decideNow(inp);
+  }
+
+  /**
+   * decide(), answered on the caller's turn when nothing has to wait: a
+   * prompt tokenized inline and admitted at once holding nothing (a warm
+   * request, or admission off) gets its decision back directly, with no
+   * promise, closure or timer made for it; a prompt on a tokenizer thread, or
+   * one that takes an admission slot or queues, gets a promise. The steps and
+   * their order are the same either way.
+   */
+  decideNow(inp: RouteInput): Decision | Promise<Decision> {
+    const { opts } = this.d;
     const headers = inp.headers;
     const subset = inp.subset;
     let allow: ((w: Worker) => boolean) | undefined;
@@ -164,7 +246,7 @@ export class Director {
     }
     // Read before the pick: a TTFT SLO (x-slo-ttft-ms, trusted) is one of the pick's inputs (slo-ttft scorer).
     const objective = objectiveOf((n) => headers[n], opts.objectives.table, opts.objectives.trust);
-    let pick: Pick;
+    let pick: Pick | Promise<Pick>;
     try {
       if (subset && !subset.length)
         throw httpError(503, "the gateway's endpoint subset is empty", "service_unavailable");
@@ -173,28 +255,47 @@ export class Director {
         // A sheddable request that would be refused whatever the pick is refused before its prompt is tokenized.
         if (objective.priority < 0 && this.d.shedsCold?.(inp.endpoint, inp.body, session, objective.flow, allow))
           return this.refuseShed(sheddableRefusal(objective.priority));
-        pick = await this.d.routeAsync(inp.endpoint, inp.body, session, allow, objective.sloTtftMs);
+        pick = this.d.routeNow
+          ? this.d.routeNow(inp.endpoint, inp.body, session, allow, objective.sloTtftMs)
+          : this.d.routeAsync(inp.endpoint, inp.body, session, allow, objective.sloTtftMs);
       } else {
         // An allowed path that is not a prompt (GET /v1/models, embeddings, --extra-paths): any worker can answer; route by load alone.
         pick = this.d.router.pick(NO_FEATURES, null, allow);
       }
     } catch (e) {
-      const err = asHttpError(e);
-      metrics.badRequests.inc({ status: String(err.status) });
-      if (err.status >= 500)
-        this.d.log(
-          "warn",
-          `routing failed: ${err.message}${subset ? ` (gateway subset: ${subset.join(",") || "empty"})` : ""}`,
-        );
-      return refuse(
-        err.status,
-        err.message,
-        err.type,
-        outcomeOf(err as { status: number; outcome?: string }),
-        {},
-        err.param,
-      );
+      return this.routeFailed(e, subset);
     }
+    if (pick instanceof Promise)
+      return pick.then(
+        (p) => this.afterPick(inp, p, objective),
+        (e) => this.routeFailed(e, subset),
+      );
+    return this.afterPick(inp, pick, objective);
+  }
+
+  /** Routing threw (a bad request, no worker, a full tokenizer queue): the refusal to answer. */
+  private routeFailed(e: unknown, subset: string[] | null): Refused {
+    const err = asHttpError(e);
+    this.d.metrics.badRequests.inc({ status: String(err.status) });
+    if (err.status >= 500)
+      this.d.log(
+        "warn",
+        `routing failed: ${err.message}${subset ? ` (gateway subset: ${subset.join(",") || "empty"})` : ""}`,
+      );
+    return refuse(
+      err.status,
+      err.message,
+      err.type,
+      outcomeOf(err as { status: number; outcome?: string }),
+      {},
+      err.param,
+    );
+  }
+
+  /** Shed -> admit -> fallbacks, once the pick is made. */
+  private afterPick(inp: RouteInput, pick: Pick, objective: Objective): Decision | Promise<Decision> {
+    const { opts } = this.d;
+    const headers = inp.headers;
     // The target's pool, cheapest first: the pick, then the fallbacks a retrying gateway walks.
     const pool = (pick.decodeCandidates ?? pick.candidates)
       .slice()
@@ -208,26 +309,73 @@ export class Director {
       settings: { eppShedActiveBlocks: opts.eppShedActiveBlocks, eppSheddableObjectives: opts.eppSheddableObjectives },
       queue: this.d.admission,
       bytes: inp.body.length,
-      move: this.mover(pick),
+      // Set below, when the request enters admission (only a waiting request moves).
+      move: undefined,
     };
     const shed = this.shed(pick, ctx);
     if (shed) return shed;
     const end = inp.end;
     if (end?.ended) return this.clientGone(pick);
+    // Every admitter lets it go at once holding nothing (a warm prompt, or
+    // admission off): what admitWith does then, without its clock or wrapper.
+    if (passesAll(ctx)) {
+      pick.reservation.dispatched();
+      return this.routed(inp, pick, pool);
+    }
+    // Admitted at once holding a slot (a cold prompt, its worker free): the
+    // slot goes back with the reservation; no clock, no promise.
+    const held = enterAtOnce(ctx);
+    if (held) {
+      pick.reservation.dispatched();
+      pick.reservation = releasing(pick.reservation, held);
+      return this.routed(inp, pick, pool);
+    }
+    ctx.move = this.mover(pick);
+    return this.admitThenRoute(inp, pick, ctx, pool);
+  }
+
+  /** Admission that may take a slot or wait: the pick goes once admitted, or is refused. */
+  private admitThenRoute(
+    inp: RouteInput,
+    pick: Pick,
+    ctx: AdmissionContext,
+    pool: { id: string }[],
+  ): Decision | Promise<Decision> {
+    const end = inp.end;
     // Prefill admission: a cold prompt waits here while another cold one is
     // prefilling on its worker. A stream that ends meanwhile finishes it.
     if (end) end.onEnd = () => pick.reservation.finish();
-    let refused: Refused | null;
+    let a: Refused | null | Promise<Refused | null>;
     try {
-      refused = await this.admitWith(pick, ctx);
-    } finally {
+      a = this.admitWith(pick, ctx);
+    } catch (e) {
       if (end) end.onEnd = null;
+      throw e;
     }
-    if (end?.ended) return this.clientGone(pick);
+    // Admitted (or refused) at once: nothing waited, so the stream cannot have ended meanwhile.
+    if (!(a instanceof Promise)) {
+      if (end) end.onEnd = null;
+      return this.admitted(inp, pick, pool, a);
+    }
+    return a.then(
+      (r) => {
+        if (end) end.onEnd = null;
+        return this.admitted(inp, pick, pool, r);
+      },
+      (e) => {
+        if (end) end.onEnd = null;
+        throw e;
+      },
+    );
+  }
+
+  /** After admission: 499 if the stream ended while it waited, the refusal if flow control refused it, else routed. */
+  private admitted(inp: RouteInput, pick: Pick, pool: { id: string }[], refused: Refused | null): Decision {
+    if (inp.end?.ended) return this.clientGone(pick);
     // Flow control refused it while it waited (queue full, a higher band took its place, its TTL ran out).
     if (refused) {
       pick.reservation.finish();
-      metrics.badRequests.inc({ status: String(refused.status) });
+      this.d.metrics.badRequests.inc({ status: String(refused.status) });
       return refused;
     }
     return this.routed(inp, pick, pool);
@@ -291,7 +439,7 @@ export class Director {
    * with the refusal to answer instead (queue full, evicted by a higher band,
    * expired): see admitWith.
    */
-  admit(pick: Pick, objective?: Objective, bytes?: number): Promise<Refused | null> {
+  async admit(pick: Pick, objective?: Objective, bytes?: number): Promise<Refused | null> {
     const pool = pick.decodeCandidates ?? pick.candidates;
     return this.admitWith(pick, {
       worker: (pick.prefill ?? pick.target).id,
@@ -350,7 +498,7 @@ export class Director {
    * header. The pick's reservation is wrapped so whatever the admitters hold is
    * given back at the first token or at the end, whichever comes first.
    */
-  private admitWith(pick: Pick, ctx: AdmissionContext): Promise<Refused | null> {
+  private admitWith(pick: Pick, ctx: AdmissionContext): Refused | null | Promise<Refused | null> {
     const { metrics, flow } = this.d;
     const list = admitters();
     const band = String(ctx.objective.priority);
@@ -362,8 +510,18 @@ export class Director {
     let queued = false;
     let forced = false;
     let over = false;
-    let resolve!: (r: Refused | null) => void;
-    const ready = new Promise<Refused | null>((r) => (resolve = r));
+    // The outcome, the first time it is known; a promise is made only for a
+    // request still waiting when this returns (one settled at once is returned as is).
+    let settled = false;
+    let outcome: Refused | null = null;
+    let wake: ((r: Refused | null) => void) | null = null;
+    const resolve = (r: Refused | null) => {
+      if (settled) return;
+      settled = true;
+      outcome = r;
+      if (wake) wake(r);
+    };
+    const ready = () => (settled ? outcome : new Promise<Refused | null>((r) => (wake = r)));
     // The wait ended (once): its time and how it ended, per band.
     const ended = (outcome: string) => {
       if (over) return;
@@ -410,10 +568,10 @@ export class Director {
     const last = tickets[tickets.length - 1];
     if (last && last.refused) {
       refused(last.refused);
-      return ready;
+      return ready();
     }
     // Went at once, holding nothing: no slot to give back, nothing to wrap.
-    if (admitted && !tickets.some((t) => t.slot)) return ready;
+    if (admitted && !tickets.some((t) => t.slot)) return ready();
     if (!admitted) {
       queued = true;
       // A protected band (priority above 0) never expires: it goes at the wait bound like any request without a TTL.
@@ -468,7 +626,7 @@ export class Director {
         resolve(null);
       },
     };
-    return ready;
+    return ready();
   }
 
   /** The routed decision: the fallback list, and the headers and body that name the pick. */

@@ -14,7 +14,7 @@
 // - cancelled by its stream ending: it leaves the queue at once.
 // Every refusal names its reason in x-llm-d-request-dropped-reason (llm-d's
 // header and values), so a client or gateway can tell them apart.
-import { Counter, Gauge, Histogram, Registry } from "prom-client";
+import { Counter, Gauge, Registry } from "prom-client";
 import { spec } from "./metrics";
 import { FastHistogram } from "./fast-histogram";
 import { PrefillAdmission, Refusal } from "../core/admission";
@@ -62,8 +62,8 @@ export function refusalOf(reason: Refusal, waitedMs: number): FlowRefusal | null
 }
 
 export interface FlowMetrics {
-  /** Labels priority, outcome. */
-  wait: Histogram;
+  /** Labels priority, outcome (observed once per request that waited). */
+  wait: FastHistogram;
   /** Labels priority, reason. */
   refused: Counter;
   /** Label priority. */
@@ -103,10 +103,7 @@ export function flowMetrics(registry: Registry, admission: PrefillAdmission): Fl
     },
   });
   return {
-    wait: new Histogram({
-      ...spec("infera_router_flow_wait_seconds"),
-      registers: [registry],
-    }),
+    wait: new FastHistogram(spec("infera_router_flow_wait_seconds"), registry),
     refused: new Counter({
       ...spec("infera_router_flow_refused_total"),
       registers: [registry],

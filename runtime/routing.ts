@@ -16,11 +16,12 @@ import {
   promptTokenIds,
 } from "../core/request";
 import { Features } from "../core/types";
-import { prefillAdmission, PrefillAdmission } from "../core/admission";
+import { admitsAtOnce, prefillAdmission, PrefillAdmission } from "../core/admission";
 import { requestRoot } from "../core/kvevents";
 import { prefixHashes } from "./prefix-hashes";
 import { nativeHasher } from "./hasher";
-import { JobOutcome } from "./tokenpool";
+import { JobOutcome, TokenizerPool } from "./tokenpool";
+import { LoadedTokenizer } from "./tokenizer";
 import { Gauge } from "prom-client";
 import { Metrics, spec } from "./metrics";
 import { Options } from "./config";
@@ -28,6 +29,15 @@ import { Logger } from "./log";
 import { Tokenizers } from "./tokenizers";
 import { Director, DirectorDeps } from "./director";
 import { flowMetrics, FlowMetrics, repickers } from "./flow";
+
+/** A request shedsCold() parsed and did not refuse: its body, as parsed, and its prompt as rendered (undefined: not rendered). */
+interface Declined {
+  endpoint: Endpoint;
+  body: Buffer;
+  sessionHeader: string | null;
+  req: ParsedRequest;
+  text: string | undefined;
+}
 
 /** What routing reads of the fleet: discovery's first view, and whether a worker renders unlike us. */
 export interface FleetView {
@@ -44,6 +54,13 @@ export class Routing implements DirectorDeps {
   readonly director: Director;
   /** Block hashes of recent prompts, so a conversation's next turn hashes only its new blocks. */
   private hashes = prefixHashes(nativeHasher);
+  /**
+   * The request shedsCold() parsed (and rendered) and then let through: the
+   * director routes it on the same turn, and routeNow() takes it from here
+   * instead of parsing and rendering the same body again. One entry, taken
+   * (or dropped) by the next routeNow().
+   */
+  private declined: Declined | null = null;
 
   constructor(
     readonly opts: Options,
@@ -135,29 +152,65 @@ export class Routing implements DirectorDeps {
     allow?: (w: Worker) => boolean,
     sloTtftMs?: number,
   ): Promise<Pick> {
+    return this.routeNow(endpoint, body, sessionHeader, allow, sloTtftMs);
+  }
+
+  /**
+   * routeAsync() without a promise when none is needed: a prompt tokenized
+   * inline is picked on the caller's turn and the Pick returned (an error is
+   * thrown); only a prompt that goes to a tokenizer thread returns a promise.
+   */
+  routeNow(
+    endpoint: Endpoint,
+    body: Buffer,
+    sessionHeader: string | null,
+    allow?: (w: Worker) => boolean,
+    sloTtftMs?: number,
+  ): Pick | Promise<Pick> {
     const t0 = process.hrtime.bigint();
-    const req = this.parse(endpoint, body, sessionHeader);
+    // The same body shedsCold() just parsed and let through: its parse (and render) again would be the same.
+    const d = this.declined;
+    this.declined = null;
+    const again = d !== null && d.body === body && d.endpoint === endpoint && d.sessionHeader === sessionHeader;
+    const req = again ? d.req : this.parse(endpoint, body, sessionHeader);
     const root = requestRoot(this.state.mirror, req.model, req.cacheSalt, nativeHasher);
     const tok = req.promptTokens ? null : this.tok.tokenizerFor(req.model);
     const key = tok ? this.tok.keyOf(tok) : undefined;
     let text: string | null = null;
     if (tok && key !== undefined) {
-      try {
-        text = req.chat ? tok.renderChat(req.chat) : (req.prompt as string);
-      } catch (e) {
-        text = null; // featuresInline reports it and falls back to the estimate
-      }
+      if (again && d.text !== undefined) text = d.text;
+      else
+        try {
+          text = req.chat ? tok.renderChat(req.chat) : (req.prompt as string);
+        } catch (e) {
+          text = null; // featuresInline reports it and falls back to the estimate
+        }
     }
     const pool = text !== null && text.length > this.opts.tokenize.inlineChars ? this.tok.pool() : null;
     if (!pool || text === null)
       return this.finishPick(req, this.featuresInline(req, root, text ?? undefined), t0, allow, sloTtftMs);
+    return this.onThread(req, root, tok!, key!, text, pool, t0, allow, sloTtftMs);
+  }
+
+  /** routeNow()'s long prompt: tokenized and hashed on a tokenizer thread, then picked. */
+  private async onThread(
+    req: ParsedRequest,
+    root: string | null,
+    tok: LoadedTokenizer,
+    key: string,
+    text: string,
+    pool: TokenizerPool,
+    t0: bigint,
+    allow?: (w: Worker) => boolean,
+    sloTtftMs?: number,
+  ): Promise<Pick> {
     const ms = mediaSalt(req, nativeHasher, root);
     let feats: Features;
     try {
       const job = pool.encode(
-        key!,
+        key,
         text,
-        !!(req.addSpecialTokens && tok!.encodeSpecial),
+        !!(req.addSpecialTokens && tok.encodeSpecial),
         this.opts.router.blockSize,
         ms.salt ?? null,
       );
@@ -203,6 +256,7 @@ export class Routing implements DirectorDeps {
     flow: string,
     allow?: (w: Worker) => boolean,
   ): boolean {
+    this.declined = null;
     const adm = this.admission;
     const warm = adm.config.warmTokens;
     if (adm.config.slots <= 0) return false;
@@ -215,6 +269,9 @@ export class Routing implements DirectorDeps {
     } catch {
       return false;
     }
+    // Kept for routeNow() unless this refuses it (cleared below when it does).
+    const kept: Declined = { endpoint, body, sessionHeader, req, text: undefined };
+    this.declined = kept;
     if (req.sessionId || req.media.length) return false;
     const bs = this.opts.router.blockSize;
     const root = requestRoot(this.state.mirror, req.model, req.cacheSalt, nativeHasher);
@@ -229,6 +286,7 @@ export class Routing implements DirectorDeps {
       } catch {
         return false;
       }
+      kept.text = text;
       // A prefix long enough for warm tokens and a margin: first at 2
       // characters a token (code, dense text), then at 6 (prose); a prompt
       // whose prefix still comes out shorter takes the whole path.
@@ -278,7 +336,9 @@ export class Routing implements DirectorDeps {
       most = Math.max(most, cached[ek] || 0, inflight[ek] || 0);
     }
     // Uncached tokens on any worker are at least the prefix's less its hits; a margin of a block over warm.
-    return ids.length - most * bs > warm + bs;
+    const sheds = ids.length - most * bs > warm + bs;
+    if (sheds) this.declined = null;
+    return sheds;
   }
 
   /** sloTtftMs: the request's TTFT target (x-slo-ttft-ms, trusted), which the slo-ttft scorer prices. */
@@ -304,7 +364,8 @@ export class Routing implements DirectorDeps {
     const pick = this.router.pick(feats, req.sessionId, allow);
     pick.stream = req.stream;
     // Late binding (--queue-late-binding): the same request picked again on one named worker.
-    if (this.opts.flow.lateBinding && !req.sessionId)
+    // Only a request that can wait can move: one admission lets go at once (warm) never needs it.
+    if (this.opts.flow.lateBinding && !req.sessionId && !admitsAtOnce(this.admission.config, pick.uncachedTokens))
       repickers.set(pick, (id) => this.router.pick(feats, null, (w) => w.id === id && (!allow || allow(w))));
     const secs = Number(process.hrtime.bigint() - t0) / 1e9;
     this.metrics.pickLatency.observe(secs);

@@ -221,6 +221,18 @@ export interface Shedder {
 export interface Admitter {
   name: string;
   enter(ctx: AdmissionContext, go: () => void, evicted: () => void): Ticket;
+  /**
+   * Optional: true when enter() would let the request go at once holding
+   * nothing (no slot, no queue place, nothing to give back), so the adapter
+   * may skip entering it. Must agree with enter(); absent = always enter.
+   */
+  passes?(ctx: AdmissionContext): boolean;
+  /**
+   * Optional: true when enter() would admit the request at once (it may take
+   * a slot, given back through its ticket), so the adapter may enter it
+   * without preparing for a wait. Must agree with enter(); absent = unknown.
+   */
+  admitsNow?(ctx: AdmissionContext): boolean;
 }
 
 interface Registry {

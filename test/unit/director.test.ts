@@ -184,6 +184,48 @@ test("objective shed before tokenizing: every worker busy and the prompt cold on
   }
 });
 
+test("objective shed before tokenizing: a sheddable request the early check lets through is parsed and rendered once", async () => {
+  const a = app(W.slice(0, 2), ["--objectives", "batch=-1", "--objective-headers", "trust"]);
+  const tok = a.tokenizer!;
+  const render = tok.renderChat.bind(tok);
+  let renders = 0;
+  tok.renderChat = (c) => {
+    renders++;
+    return render(c);
+  };
+  try {
+    const h1 = routed(await a.director.decide(input("quebec")));
+    const h2 = routed(await a.director.decide(input("romeo")));
+    assert.notEqual(h1.pick.target.id, h2.pick.target.id, "each worker holds a cold prefill");
+    renders = 0;
+    // Every worker busy, so the early check parses and renders it; warm on h1's worker, so it is let through.
+    const warm = routed(
+      await a.director.decide({
+        endpoint: "chat",
+        body: Buffer.from(
+          JSON.stringify({
+            model: "m",
+            messages: [{ role: "user", content: `${"quebec ".repeat(900)}and a question` }],
+          }),
+        ),
+        headers: { ":path": "/v1/chat/completions", "x-gateway-inference-objective": "batch" },
+        subset: null,
+      }),
+    );
+    assert.equal(warm.pick.target.id, h1.pick.target.id);
+    assert.equal(renders, 1, "the pick reuses the early check's rendered prompt");
+    // A request without the early check (priority 0) renders once too.
+    renders = 0;
+    routed(await a.director.decide(input("sierra", { short: true }))).reservation.finish();
+    assert.equal(renders, 1);
+    warm.reservation.finish();
+    h1.reservation.finish();
+    h2.reservation.finish();
+  } finally {
+    await a.close();
+  }
+});
+
 test("admit-wait: a cold prompt waits for the slot, goes at the first token, and a stream end cancels it", async () => {
   const a = app(W.slice(0, 1));
   try {

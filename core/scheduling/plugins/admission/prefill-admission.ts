@@ -4,6 +4,7 @@
 // then fairly across flows; bounded queues, eviction by a higher band
 // and late binding are core/admission.ts's (flow control).
 import { Admitter } from "../../framework";
+import { admitsAtOnce } from "../../../admission";
 
 export const prefillAdmitter: Admitter = {
   name: "prefill-admission",
@@ -16,4 +17,8 @@ export const prefillAdmitter: Admitter = {
       evicted,
       ctx.move,
     ),
+  // Warm, or admission off: enter() admits it before returning, holding nothing.
+  passes: (ctx) => admitsAtOnce(ctx.queue.config, ctx.uncachedTokens),
+  // A cold prompt its worker has a free slot for, with nobody waiting ahead: enter() gives it the slot.
+  admitsNow: (ctx) => !ctx.queue.wouldWait(ctx.worker, ctx.uncachedTokens, ctx.objective.flow),
 };

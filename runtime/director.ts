@@ -205,13 +205,16 @@ function releasing(r: Reservation, tickets: Ticket[]): Reservation {
     },
     guards: () => r.guards(),
     dispatched: () => r.dispatched(),
+    // The pick's own hooks before the tickets are given back, as in
+    // admitWith's reservation: leaving can send a waiting request at once,
+    // and speed learning must no longer count this one as ahead of it.
     firstToken() {
-      leave();
       r.firstToken();
+      leave();
     },
     finish() {
-      leave();
       r.finish();
+      leave();
     },
   };
 }

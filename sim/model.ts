@@ -77,6 +77,7 @@ export function llama8bH100(): ModelConfig {
     decodeUsPerSeq: 60,
     kvReadUsPerKToken: 55,
     prefillStepMs: 0,
+    stepModel: "additive",
     blockSize: 16,
     // (80 GB * 0.9 - 16 GB weights - ~4 GB activations/graphs) / 128 KiB per token
     numBlocks: 26000,

@@ -5,7 +5,7 @@
 // /v1/tokenize), side by side in one run. Engines are simulators with no
 // prefill or decode cost, so the latencies are nginx's own.
 // Usage: npm run bench:nginx-scale -- [--sizes 1k,8k,32k,112k,200k] [--long 112k] [--shorts 120]
-//   [--paths njs,helper] [--baseline-dist DIR]
+//   [--paths njs,helper] [--baseline-dist DIR] [--short-kinds chat,admin] [--nice-others N]
 // --baseline-dist runs each path a second time ("<path> base") with the njs
 // bundle in DIR (npm run build:njs in a checkout of the old commit), in the
 // same run, alternating with this checkout's bundle.

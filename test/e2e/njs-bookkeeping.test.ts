@@ -80,7 +80,7 @@ test(
     // blocks: the bridge sends its own hashes of them (njs/kv-annotate.ts),
     // so the worker stores them without hashing each block in njs.
     const pushed: number[] = [];
-    for (let i = 0; i < 2; i++) {
+    for (let i = 0; i < 3; i++) {
       const text = textOfTokens(`conv${i}`, K112);
       await sleep(50);
       const c0 = cpuMs(live.workerPid);
@@ -105,8 +105,12 @@ test(
     );
     // The issue's bars are 20 ms and 5 ms; these bounds leave room for a shared
     // 2-core machine and 10 ms CPU ticks, and still fail with one shared-dict
-    // key per block (docs/benchmarks/2026-12-06-njs-bookkeeping.md).
+    // key per block (docs/benchmarks/2026-12-06-njs-bookkeeping.md), with the
+    // prompt's bytes counted character by character in njs (extending turn)
+    // and with every pushed block hashed in njs (KV events)
+    // (docs/benchmarks/2026-12-06-njs-latency.md).
     assert.ok(mean(cold) <= 45, `112k cold prompt: ${mean(cold).toFixed(0)} ms of worker CPU`);
-    assert.ok(mean(ext) <= 50, `extending turn: ${mean(ext).toFixed(0)} ms of worker CPU`);
+    assert.ok(mean(ext) <= 20, `extending turn: ${mean(ext).toFixed(0)} ms of worker CPU`);
+    assert.ok(mean(pushed) <= 140, `112k cold prompt and its KV events: ${mean(pushed).toFixed(0)} ms of worker CPU`);
   },
 );

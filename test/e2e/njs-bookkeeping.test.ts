@@ -63,7 +63,7 @@ async function stack(sims: Sim[], events: boolean): Promise<NginxStack> {
 
 test(
   "long prompts cost the nginx worker a bounded bookkeeping: a 112k-token cold prompt and an extending turn",
-  { skip, timeout: 120000 },
+  { skip, timeout: 180000 },
   async () => {
     const sims = await Promise.all(["bk0", "bk1"].map((id) => startSim(id, FAST)));
     // No KV events on the first stack: a cold prompt's CPU is its routing alone

@@ -154,15 +154,18 @@ async function main(): Promise<void> {
           // The same body straight to an engine: what nginx adds is the difference.
           const direct = await post(`http://127.0.0.1:${sims[0].port}`, b);
           added.push(m.ms - direct.ms);
-          // The conversation cached on an engine and mirrored in nginx, then one more turn.
+          // The conversation cached on an engine and mirrored in nginx, then one more turn. A text of
+          // its own: the prompts above were stored on an engine too, and their KV events reach this stack.
+          const conv = textOfTokens(`c${size}r${r}k${k}${s.name}x${seq++}`, size);
           // Its CPU until the mirror settles: the routing and the pushes of the prompt's stored blocks.
+          await synced(s.ng);
           const c0 = cpuMs(s.ng.workerPid);
-          await post(s.ng.url, b);
+          await post(s.ng.url, body(conv));
           await synced(s.ng);
           withEvents.push(cpuMs(s.ng.workerPid) - c0);
           const e = await measured(
             s.ng,
-            body(text, [
+            body(conv, [
               { role: "assistant", content: "Noted." },
               { role: "user", content: "And the next step? " + k },
             ]),
@@ -206,7 +209,7 @@ async function main(): Promise<void> {
     .map((s) => ({ s, label: s.name + ", no KV events" }))
     .concat(sides.map((s) => ({ s, label: s.name + ", KV events on" })));
   const runs = all.flatMap((a) => shortKinds.map((kind) => ({ ...a, kind })));
-  for (const { s, label: name, kind } of runs) {
+  for (const { s, label: name, kind } of shortKinds[0] === "none" ? [] : runs) {
     const label = `${name}, short = ${kind === "admin" ? "GET /v1/admin/reservations" : "chat"}${niceOthers ? `, others niced +${niceOthers}` : ""}`;
     const shortOne = async () => {
       if (kind !== "admin") return post(s.ng.url, shortBody);

@@ -82,7 +82,8 @@ test(
     const pushed: number[] = [];
     for (let i = 0; i < 3; i++) {
       const text = textOfTokens(`conv${i}`, K112);
-      await sleep(50);
+      // The pushes of earlier prompts' blocks (the cold ones above reach this bridge too) are done.
+      await mirrorSettled(live, sims);
       const c0 = cpuMs(live.workerPid);
       assert.equal((await post(live, body(text))).status, 200);
       await mirrorSettled(live, sims);

@@ -112,6 +112,6 @@ test(
     // (docs/benchmarks/2026-12-06-njs-latency.md).
     assert.ok(mean(cold) <= 45, `112k cold prompt: ${mean(cold).toFixed(0)} ms of worker CPU`);
     assert.ok(mean(ext) <= 20, `extending turn: ${mean(ext).toFixed(0)} ms of worker CPU`);
-    assert.ok(mean(pushed) <= 140, `112k cold prompt and its KV events: ${mean(pushed).toFixed(0)} ms of worker CPU`);
+    assert.ok(mean(pushed) <= 240, `112k cold prompt and its KV events: ${mean(pushed).toFixed(0)} ms of worker CPU`);
   },
 );

@@ -5,7 +5,7 @@
 // /v1/tokenize), side by side in one run. Engines are simulators with no
 // prefill or decode cost, so the latencies are nginx's own.
 // Usage: npm run bench:nginx-scale -- [--sizes 1k,8k,32k,112k,200k] [--long 112k] [--shorts 120]
-//   [--paths njs,helper] [--baseline-dist DIR]
+//   [--paths njs,helper] [--baseline-dist DIR] [--short-kinds chat,admin] [--nice-others N]
 // --baseline-dist runs each path a second time ("<path> base") with the njs
 // bundle in DIR (npm run build:njs in a checkout of the old commit), in the
 // same run, alternating with this checkout's bundle.
@@ -13,6 +13,8 @@ import { freePort, nginx08, startSim, stopAll, waitFor, workerArg, Sim } from ".
 import { cpuMs, freeEngineArgs, NginxStack, startBridgeAt, startNginx1, textOfTokens } from "../test/nginx-stack";
 import { buildNjs } from "../njs/build";
 import { median, pctNearestRank } from "./stats";
+import * as fs from "fs";
+import * as os from "os";
 
 const argv = process.argv.slice(2);
 const opt = (name: string, dflt: string) => {
@@ -24,11 +26,19 @@ const tokensOf = (s: string) => {
   if (!m) throw new Error(`${s} is not a token count like 8k or 1500`);
   return Math.round(Number(m[1]) * (m[2] ? 1000 : 1));
 };
-const sizes = opt("--sizes", "1k,8k,32k,112k,200k").split(",").map(tokensOf);
+const sizesOpt = opt("--sizes", "1k,8k,32k,112k,200k");
+const sizes = sizesOpt === "none" ? [] : sizesOpt.split(",").map(tokensOf);
 const longSize = tokensOf(opt("--long", "112k"));
 const shorts = Math.min(1000, Math.max(20, Number(opt("--shorts", "120"))));
 const paths = opt("--paths", "njs,helper").split(",");
 const baseDist = opt("--baseline-dist", "");
+// What the short requests are: "chat" (routed to a zero-cost simulator) and/or
+// "admin" (GET /v1/admin/reservations, answered by the nginx worker itself).
+const shortKinds = opt("--short-kinds", "chat").split(",");
+// --nice-others N: renice the bridges (the tokenizer helper) and the simulators
+// by N, so the nginx worker wins the 2 cores: what is left of a short's wait is
+// the worker's own blocking, not CPU taken by the processes beside it.
+const niceOthers = Number(opt("--nice-others", "0"));
 // Prompts of a given token count: textOfTokens calibrates longText's words per
 // seed (a word's tokens grow with the seed's length; a fixed 150 words per
 // 1,024 tokens made the long prompts of earlier runs 1.7-3x their label).
@@ -70,7 +80,7 @@ async function measured(ng: NginxStack, b: string): Promise<{ cpu: number; ms: n
 interface Side {
   name: string;
   ng: NginxStack;
-  /** Per prompt size, per round: [cold CPU ms, extending-turn CPU ms, added latency ms]. */
+  /** Per prompt size, per round: [cold CPU ms, extending-turn CPU ms, added latency ms, cold + its KV events CPU ms]. */
   res: Record<number, number[][]>;
 }
 
@@ -86,6 +96,7 @@ async function main(): Promise<void> {
   // the same worker shortly after, and costs what it costs on either path).
   const sides: Side[] = [];
   const quiet: Side[] = [];
+  const others: number[] = sims.map((s) => s.proc.child.pid as number);
   const names: string[] = [];
   for (const p of paths) names.push(p, ...(baseDist ? [p + " base"] : []));
   for (const name of names)
@@ -94,7 +105,8 @@ async function main(): Promise<void> {
       const url = name.startsWith("njs") ? '""' : `http://127.0.0.1:${adminPort}/v1/tokenize`;
       const ng = await startNginx1(fl, { tokenizer_url: url }, name.endsWith(" base") ? baseDist : undefined);
       const workers = events ? workerArg(sims) : sims.map((s) => s.address).join(",");
-      await startBridgeAt(workers, `${ng.url}/_infera/push`, adminPort);
+      const br = await startBridgeAt(workers, `${ng.url}/_infera/push`, adminPort);
+      others.push(br.proc.child.pid as number);
       (events ? sides : quiet).push({ name, ng, res: {} });
       await waitFor(
         "fleet in nginx",
@@ -119,9 +131,9 @@ async function main(): Promise<void> {
   };
 
   console.log(
-    "| prompt tokens | path | worker CPU ms / request (cold) | worker CPU ms (extending turn) | added latency ms (median, cold) |",
+    "| prompt tokens | path | worker CPU ms / request (cold) | worker CPU ms (extending turn) | added latency ms (median, cold) | worker CPU ms, cold prompt + its KV event pushes |",
   );
-  console.log("|---:|---|---:|---:|---:|");
+  console.log("|---:|---|---:|---:|---:|---:|");
   for (const size of sizes) {
     const reps = size <= 2000 ? 10 : size <= 10000 ? 5 : size <= 40000 ? 3 : 2;
     for (let r = 0; r < 2; r++) {
@@ -133,6 +145,7 @@ async function main(): Promise<void> {
         const cold: number[] = [];
         const ext: number[] = [];
         const added: number[] = [];
+        const withEvents: number[] = [];
         for (let k = 0; k < reps; k++) {
           const text = textOfTokens(`s${size}r${r}k${k}${s.name}x${seq++}`, size);
           const b = body(text);
@@ -141,12 +154,18 @@ async function main(): Promise<void> {
           // The same body straight to an engine: what nginx adds is the difference.
           const direct = await post(`http://127.0.0.1:${sims[0].port}`, b);
           added.push(m.ms - direct.ms);
-          // The conversation cached on an engine and mirrored in nginx, then one more turn.
-          await post(s.ng.url, b);
+          // The conversation cached on an engine and mirrored in nginx, then one more turn. A text of
+          // its own: the prompts above were stored on an engine too, and their KV events reach this stack.
+          const conv = textOfTokens(`c${size}r${r}k${k}${s.name}x${seq++}`, size);
+          // Its CPU until the mirror settles: the routing and the pushes of the prompt's stored blocks.
           await synced(s.ng);
+          const c0 = cpuMs(s.ng.workerPid);
+          await post(s.ng.url, body(conv));
+          await synced(s.ng);
+          withEvents.push(cpuMs(s.ng.workerPid) - c0);
           const e = await measured(
             s.ng,
-            body(text, [
+            body(conv, [
               { role: "assistant", content: "Noted." },
               { role: "user", content: "And the next step? " + k },
             ]),
@@ -157,6 +176,7 @@ async function main(): Promise<void> {
           cold.reduce((a, x) => a + x, 0) / cold.length,
           ext.reduce((a, x) => a + x, 0) / ext.length,
           median(added),
+          withEvents.reduce((a, x) => a + x, 0) / withEvents.length,
         ]);
       }
     }
@@ -164,7 +184,7 @@ async function main(): Promise<void> {
       const res = s.res[size];
       const avg = (i: number) => res.reduce((a, x) => a + x[i], 0) / res.length;
       console.log(
-        `| ${size.toLocaleString("en-US")} | ${s.name} | ${avg(0).toFixed(1)} | ${avg(1).toFixed(1)} | ${avg(2).toFixed(1)} |`,
+        `| ${size.toLocaleString("en-US")} | ${s.name} | ${avg(0).toFixed(1)} | ${avg(1).toFixed(1)} | ${avg(2).toFixed(1)} | ${avg(3).toFixed(1)} |`,
       );
     }
   }
@@ -174,13 +194,32 @@ async function main(): Promise<void> {
     `\n| path | short-request p50 added ms | p99 added ms | max added ms | while 4 concurrent ${longSize.toLocaleString("en-US")}-token prompts |`,
   );
   console.log("|---|---:|---:|---:|---|");
+  if (niceOthers > 0)
+    for (const pid of others)
+      // Every thread: Linux nices threads one by one (the helper's tokenizer threads are their own).
+      for (const tid of fs.readdirSync(`/proc/${pid}/task`)) {
+        try {
+          os.setPriority(Number(tid), niceOthers);
+        } catch (e) {
+          process.stderr.write(`cannot renice ${pid}/${tid}: ${(e as Error).message}\n`);
+        }
+      }
   const shortBody = body("What is the capital of France? Answer in one word.");
   const all = quiet
     .map((s) => ({ s, label: s.name + ", no KV events" }))
     .concat(sides.map((s) => ({ s, label: s.name + ", KV events on" })));
-  for (const { s, label } of all) {
+  const runs = all.flatMap((a) => shortKinds.map((kind) => ({ ...a, kind })));
+  for (const { s, label: name, kind } of shortKinds[0] === "none" ? [] : runs) {
+    const label = `${name}, short = ${kind === "admin" ? "GET /v1/admin/reservations" : "chat"}${niceOthers ? `, others niced +${niceOthers}` : ""}`;
+    const shortOne = async () => {
+      if (kind !== "admin") return post(s.ng.url, shortBody);
+      const t0 = performance.now();
+      const r = await fetch(`${s.ng.url}/v1/admin/reservations`);
+      await r.text();
+      return { ms: performance.now() - t0, status: r.status, worker: null };
+    };
     const idle: number[] = [];
-    for (let i = 0; i < 30; i++) idle.push((await post(s.ng.url, shortBody)).ms);
+    for (let i = 0; i < 30; i++) idle.push((await shortOne()).ms);
     const base = median(idle);
     const added: number[] = [];
     let round = 0;
@@ -192,7 +231,7 @@ async function main(): Promise<void> {
       );
       await sleep(2);
       while (inFlight > 0 && added.length < shorts) {
-        const r = await post(s.ng.url, shortBody);
+        const r = await shortOne();
         if (inFlight > 0) added.push(r.ms - base);
       }
       const done = await Promise.all(longs);

@@ -40,6 +40,14 @@ export type KvEvent =
       groupIdx?: number | null;
       specKind?: string | null;
       slidingWindow?: number | null;
+      /**
+       * Not from the engine: our chained hash of each block, computed by the
+       * bridge (njs/bridge.ts) in Node, and the parent hash its chain started
+       * from. applyBatch takes them instead of hashing when oursFrom is the
+       * parent it finds itself; else (or when absent) it hashes the tokens.
+       */
+      ours?: BlockHash[] | null;
+      oursFrom?: BlockHash | null;
     }
   | { type: "BlockRemoved"; hashes: EngineHash[]; medium?: string | null; groupIdx?: number | null }
   | { type: "AllBlocksCleared"; medium?: string | null }
@@ -182,6 +190,12 @@ export interface ApplyOptions {
   maxBlocks?: number;
   /** Called with the number of blocks evicted by maxBlocks. */
   onEvict?: (target: EpochKey, n: number) => void;
+  /**
+   * Called for each BlockStored event applied: its index in the batch, the
+   * parent hash its chain started from and our hash of each of its blocks
+   * (what the bridge sends njs as ours / oursFrom).
+   */
+  onChain?: (event: number, from: BlockHash | null, hashes: BlockHash[]) => void;
 }
 
 /**
@@ -303,12 +317,27 @@ export function applyBatch(
         if (parent === null && ev.loraId !== undefined && ev.loraId !== null)
           parent = h(utf8("lora:" + ev.loraId)) as BlockHash;
       }
+      // The bridge's hashes of this chain, when they start where ours does: a
+      // chained hash is a function of its start and the tokens, so they are
+      // the ones hashing here would give, without the cost of hashing in njs.
+      const ours = ev.ours;
+      const given =
+        ours && ours.length === ev.hashes.length && ev.oursFrom !== undefined && ev.oursFrom === parent ? ours : null;
+      const from = parent;
+      const chain: BlockHash[] | null = opts.onChain ? [] : null;
       for (let j = 0; j < ev.hashes.length; j++) {
-        if (extra && extra[j] && readExtra(extra[j], ev.loraName).nonText)
-          parent = h(utf8("infera-nontext\u0000" + (parent || "") + "\u0000" + JSON.stringify(extra[j]))) as BlockHash;
-        parent = chainNext(parent, ev.tokens, j * blockSize, blockSize, buf, h);
+        if (given) parent = given[j];
+        else {
+          if (extra && extra[j] && readExtra(extra[j], ev.loraName).nonText)
+            parent = h(
+              utf8("infera-nontext\u0000" + (parent || "") + "\u0000" + JSON.stringify(extra[j])),
+            ) as BlockHash;
+          parent = chainNext(parent, ev.tokens, j * blockSize, blockSize, buf, h);
+        }
+        if (chain) chain.push(parent as BlockHash);
         if (mirror.store(target, ev.hashes[j], parent)) res.stored++;
       }
+      if (chain && opts.onChain) opts.onChain(i, from, chain);
       if (opts.maxBlocks && opts.maxBlocks > 0) {
         let n = 0;
         while (mirror.entries(target) > opts.maxBlocks && n < 1000000) {

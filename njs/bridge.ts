@@ -25,6 +25,7 @@ import { spec } from "../runtime/metrics";
 import { listenError, runCommand, version } from "../runtime/args";
 import { CLOSE_BUDGET_MS, closeStep, onShutdown } from "../runtime/shutdown";
 import { tokenizeHelper, TokenizeHelper } from "./tokenize-helper";
+import { KvAnnotator } from "./kv-annotate";
 
 interface ShadowBlock {
   parent: string | null;
@@ -220,6 +221,7 @@ export class Bridge implements Fleet {
   private models: Record<string, string[]> = {};
   private subs: Record<string, Subscription> = {};
   private shadows: Record<string, Shadow> = {};
+  private annotator: KvAnnotator;
   private queue: Push[] = [];
   private pumping = false;
   private closed = false;
@@ -279,6 +281,7 @@ export class Bridge implements Fleet {
     private events: EventSource,
   ) {
     this.nginxState = stateLogger(log, `nginx push (${opts.nginxPushUrl})`);
+    this.annotator = new KvAnnotator(opts.maxMirrorBlocks);
     this.m.dirty.set(1);
     const target = (w: WorkerSpec | undefined) => (w ? { id: w.id, address: w.address, key: JSON.stringify(w) } : null);
     this.health = new HealthChecker({
@@ -309,6 +312,14 @@ export class Bridge implements Fleet {
   }
 
   private async post(body: Push): Promise<void> {
+    if (body.type === "events") {
+      // Our block hashes ride with the batch, so njs stores them without hashing (njs/kv-annotate.ts).
+      try {
+        this.annotator.annotate(String(body.worker), Number(body.seq), body.events as KvEvent[], !!body.restart);
+      } catch (e) {
+        /* no hashes: njs hashes the tokens itself */
+      }
+    }
     const r = await fetch(this.opts.nginxPushUrl, {
       method: "POST",
       headers: { "content-type": "application/json", "x-infera-push-token": this.opts.pushToken },
@@ -552,6 +563,7 @@ export class Bridge implements Fleet {
     delete this.healthy[id];
     this.health.leave(id);
     delete this.shadows[id];
+    this.annotator.forget(id);
     this.m.blocks.remove({ worker: id });
     return true;
   }

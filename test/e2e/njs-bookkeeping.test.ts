@@ -63,7 +63,7 @@ async function stack(sims: Sim[], events: boolean): Promise<NginxStack> {
 
 test(
   "long prompts cost the nginx worker a bounded bookkeeping: a 112k-token cold prompt and an extending turn",
-  { skip, timeout: 120000 },
+  { skip, timeout: 180000 },
   async () => {
     const sims = await Promise.all(["bk0", "bk1"].map((id) => startSim(id, FAST)));
     // No KV events on the first stack: a cold prompt's CPU is its routing alone
@@ -76,10 +76,18 @@ test(
     for (let i = 0; i < 3; i++) cold.push(await cpuOf(quiet, body(textOfTokens(`cold${i}`, K112))));
 
     const ext: number[] = [];
-    for (let i = 0; i < 2; i++) {
+    // The conversation's first prompt with the KV events of its 7,000 new
+    // blocks: the bridge sends its own hashes of them (njs/kv-annotate.ts),
+    // so the worker stores them without hashing each block in njs.
+    const pushed: number[] = [];
+    for (let i = 0; i < 3; i++) {
       const text = textOfTokens(`conv${i}`, K112);
+      // The pushes of earlier prompts' blocks (the cold ones above reach this bridge too) are done.
+      await mirrorSettled(live, sims);
+      const c0 = cpuMs(live.workerPid);
       assert.equal((await post(live, body(text))).status, 200);
       await mirrorSettled(live, sims);
+      pushed.push(cpuMs(live.workerPid) - c0);
       ext.push(
         await cpuOf(
           live,
@@ -92,11 +100,18 @@ test(
     }
 
     const mean = (xs: number[]) => xs.reduce((a, x) => a + x, 0) / xs.length;
-    process.stdout.write(`# nginx worker CPU ms: 112k cold ${cold.join(", ")}; extending turn ${ext.join(", ")}\n`);
+    process.stdout.write(
+      `# nginx worker CPU ms: 112k cold ${cold.join(", ")}; extending turn ${ext.join(", ")}; ` +
+        `cold prompt with its KV event pushes ${pushed.join(", ")}\n`,
+    );
     // The issue's bars are 20 ms and 5 ms; these bounds leave room for a shared
     // 2-core machine and 10 ms CPU ticks, and still fail with one shared-dict
-    // key per block (docs/benchmarks/2026-12-06-njs-bookkeeping.md).
+    // key per block (docs/benchmarks/2026-12-06-njs-bookkeeping.md), with the
+    // prompt's bytes counted character by character in njs (extending turn)
+    // and with every pushed block hashed in njs (KV events)
+    // (docs/benchmarks/2026-12-06-njs-latency.md).
     assert.ok(mean(cold) <= 45, `112k cold prompt: ${mean(cold).toFixed(0)} ms of worker CPU`);
-    assert.ok(mean(ext) <= 50, `extending turn: ${mean(ext).toFixed(0)} ms of worker CPU`);
+    assert.ok(mean(ext) <= 20, `extending turn: ${mean(ext).toFixed(0)} ms of worker CPU`);
+    assert.ok(mean(pushed) <= 240, `112k cold prompt and its KV events: ${mean(pushed).toFixed(0)} ms of worker CPU`);
   },
 );

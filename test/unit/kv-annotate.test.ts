@@ -1,0 +1,168 @@
+// The bridge's block hashes on pushed KV events (njs/kv-annotate.ts): njs's
+// applyBatch (core/kvevents.ts, compiled into the bundle's push handler)
+// stores them instead of hashing when they start from the parent it finds,
+// and the mirror it builds is the one hashing would have built.
+import { test } from "node:test";
+import * as assert from "node:assert/strict";
+import { applyBatch, KvEvent, TIERS, tierKey } from "../../core/kvevents";
+import { blockHashes, Hasher, jsHasher } from "../../core/hash";
+import { keyedMirror } from "../../core/state/keyed";
+import { memStore } from "../../core/store";
+import { MirrorIndex } from "../../core/state/types";
+import { BlockHash, EpochKey } from "../../core/types";
+import { KvAnnotator } from "../../njs/kv-annotate";
+
+const W = "w#1" as EpochKey;
+type Stored = Extract<KvEvent, { type: "BlockStored" }>;
+const toks = (n: number, base = 0) => Array.from({ length: n }, (_, i) => base + i);
+
+function counting(): { h: Hasher; calls: () => number } {
+  let n = 0;
+  return {
+    h: (b) => {
+      n++;
+      return jsHasher(b);
+    },
+    calls: () => n,
+  };
+}
+
+test("njs stores the bridge's hashes when their chain starts at its own parent, and hashes otherwise", () => {
+  const t = toks(32, 500);
+  const right = blockHashes(t, 16, jsHasher);
+  // Deliberately wrong hashes: the mirror holding them proves they were taken, not recomputed.
+  const m = keyedMirror(memStore());
+  const c = counting();
+  const ev: Stored = {
+    type: "BlockStored",
+    hashes: ["e0", "e1"],
+    parent: null,
+    tokens: t,
+    blockSize: 16,
+    ours: ["x0" as BlockHash, "x1" as BlockHash],
+    oursFrom: null,
+  };
+  applyBatch(m, W, 0, [ev], 16, { hasher: c.h });
+  assert.deepEqual([m.lookup(W, "e0"), m.lookup(W, "e1")], ["x0", "x1"]);
+  assert.equal(c.calls(), 0, "no block hashed in njs");
+  // A chain the bridge started elsewhere (its mirror differs): hashed here, the bridge's hashes ignored.
+  const m2 = keyedMirror(memStore());
+  const c2 = counting();
+  applyBatch(m2, W, 0, [{ ...ev, oursFrom: "somewhere" as BlockHash }], 16, { hasher: c2.h });
+  assert.deepEqual([m2.lookup(W, "e0"), m2.lookup(W, "e1")], right);
+  assert.equal(c2.calls(), 2);
+  // The old event shape (no ours): hashed as before.
+  const m3 = keyedMirror(memStore());
+  applyBatch(m3, W, 0, [{ ...ev, ours: undefined, oursFrom: undefined }], 16);
+  assert.deepEqual([m3.lookup(W, "e0"), m3.lookup(W, "e1")], right);
+  // A count that does not match the event's blocks: hashed.
+  const m4 = keyedMirror(memStore());
+  applyBatch(m4, W, 0, [{ ...ev, ours: ["x0" as BlockHash] }], 16);
+  assert.deepEqual([m4.lookup(W, "e0"), m4.lookup(W, "e1")], right);
+});
+
+/** Every engine hash's mirror entry in every tier, and the counts: what a push leaves in njs. */
+function snapshot(m: MirrorIndex, engineHashes: string[]): string {
+  const out: string[] = [];
+  for (const t of TIERS) {
+    const k = tierKey(W, t);
+    out.push(t + ":" + m.count(k) + ":" + m.entries(k));
+    for (const e of engineHashes) out.push(String(m.lookup(k, e)));
+  }
+  out.push(String(m.sequence(W)));
+  return out.join(",");
+}
+
+// A deterministic pseudo-random stream of batches: chains from the root and
+// from earlier blocks, adapters, salts, multimodal blocks, tiers, removals,
+// clears, a restart and a sequence gap.
+function stream(seed: number): { seq: number; events: KvEvent[]; restart?: boolean }[] {
+  let s = seed;
+  const rnd = (n: number) => {
+    s = (s * 1103515245 + 12345) % 2147483648;
+    return s % n;
+  };
+  const known: string[] = [];
+  let next = 0;
+  let seq = 0;
+  const out: { seq: number; events: KvEvent[]; restart?: boolean }[] = [];
+  for (let b = 0; b < 60; b++) {
+    const events: KvEvent[] = [];
+    const k = 1 + rnd(4);
+    for (let e = 0; e < k; e++) {
+      const r = rnd(20);
+      if (r < 13) {
+        const n = 1 + rnd(6);
+        const hashes = toks(n).map(() => "e" + next++);
+        const parent = known.length && rnd(3) > 0 ? known[rnd(known.length)] : rnd(5) === 0 ? "0" : null;
+        const extra =
+          rnd(4) === 0
+            ? hashes.map((_, i) => (i === 0 ? ["salt-" + rnd(2)] : rnd(3) === 0 ? [["img", i]] : null))
+            : null;
+        events.push({
+          type: "BlockStored",
+          hashes,
+          parent,
+          tokens: toks(n * 16, rnd(50) * 7),
+          blockSize: 16,
+          loraName: rnd(6) === 0 ? "sql" : null,
+          extraKeys: extra,
+          medium: ["GPU", "GPU", "CPU", null][rnd(4)],
+        });
+        known.push(...hashes);
+      } else if (r < 18 && known.length) {
+        events.push({
+          type: "BlockRemoved",
+          hashes: [known[rnd(known.length)], known[rnd(known.length)]],
+          medium: rnd(2) ? "GPU" : "CPU",
+        });
+      } else if (r === 18) events.push({ type: "AllBlocksCleared", medium: rnd(2) ? "CPU" : null });
+    }
+    seq += b === 40 ? 3 : 1;
+    out.push({ seq, events, restart: b === 25 ? true : undefined });
+  }
+  return out;
+}
+
+test("a mirror fed the bridge's annotated batches is the mirror hashing builds, with almost no hashing in njs", () => {
+  for (const seed of [1, 7, 42]) {
+    const batches = stream(seed);
+    const all = new Set<string>();
+    for (const b of batches)
+      for (const ev of b.events) if (ev.type === "BlockStored") ev.hashes.forEach((h) => all.add(h));
+    const engineHashes = [...all];
+    const plain = keyedMirror(memStore());
+    const fed = keyedMirror(memStore());
+    const ann = new KvAnnotator();
+    const cPlain = counting();
+    const cFed = counting();
+    let blocks = 0;
+    let annotated = 0;
+    for (const b of batches) {
+      const copy = JSON.parse(JSON.stringify(b.events)) as KvEvent[];
+      ann.annotate("w#1", b.seq, copy, !!b.restart);
+      // What travels to nginx is JSON: the annotations survive it.
+      const wire = JSON.parse(JSON.stringify(copy)) as KvEvent[];
+      for (const ev of wire)
+        if (ev.type === "BlockStored") {
+          blocks += ev.hashes.length;
+          if (ev.ours) annotated += ev.ours.length;
+        }
+      if (b.restart) {
+        // njs's push handler: a restart forgets the worker first (njs/infera.ts push).
+        for (const t of TIERS) {
+          plain.clear(tierKey(W, t));
+          fed.clear(tierKey(W, t));
+        }
+        plain.setSequence(W, undefined);
+        fed.setSequence(W, undefined);
+      }
+      const a = applyBatch(plain, W, b.seq, b.events, 16, { hasher: cPlain.h });
+      const f = applyBatch(fed, W, b.seq, wire, 16, { hasher: cFed.h });
+      assert.deepEqual(f, a, "same result");
+      assert.equal(snapshot(fed, engineHashes), snapshot(plain, engineHashes), `seed ${seed} seq ${b.seq}`);
+    }
+    assert.ok(annotated > blocks / 2, `most blocks annotated (${annotated} of ${blocks})`);
+    assert.ok(cFed.calls() * 5 < cPlain.calls(), `njs hashed ${cFed.calls()} times, against ${cPlain.calls()} without`);
+  }
+});

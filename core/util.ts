@@ -22,13 +22,16 @@ export function utf8(s: string): Uint8Array {
 
 // Any character outside ASCII. The regex scan is native code in njs too; the
 // charCodeAt loop below runs in njs's interpreter on the nginx worker's event
-// loop, a step per character of a long prompt.
+// loop, a step per character of a long prompt. But each regex call takes
+// memory that njs frees only when the request ends (kilobytes of match
+// state), so short strings, of which a body has thousands, keep the loop.
 const NON_ASCII = /[^\x00-\x7f]/;
+const REGEX_FROM = 4096;
 
 /** UTF-8 byte length of s without building the bytes (size estimates of multi-MB prompts). */
 export function utf8Length(s: string): number {
   // ASCII: one byte per character, no loop.
-  if (!NON_ASCII.test(s)) return s.length;
+  if (s.length >= REGEX_FROM && !NON_ASCII.test(s)) return s.length;
   let n = 0;
   for (let i = 0; i < s.length; i++) {
     const c = s.charCodeAt(i);

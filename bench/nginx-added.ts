@@ -21,6 +21,7 @@ import {
   waitFor,
 } from "../test/harness";
 import { median } from "./stats";
+import { runBench } from "./run-bench";
 
 const argv = process.argv.slice(2);
 const opt = (name: string, def: string) => {
@@ -104,8 +105,4 @@ async function main(): Promise<void> {
   );
 }
 
-main().catch(async (e) => {
-  await stopAll();
-  process.stderr.write(`bench failed: ${(e as Error).stack}\n`);
-  process.exit(1);
-});
+runBench(main);

@@ -32,6 +32,7 @@ import {
 } from "../test/harness";
 import * as os from "os";
 import { median } from "./stats";
+import { runBench } from "./run-bench";
 
 const argv = process.argv.slice(2);
 const opt = (name: string, def: string) => {
@@ -217,8 +218,4 @@ async function main(): Promise<void> {
   );
 }
 
-main().catch(async (e) => {
-  await stopAll();
-  process.stderr.write(`bench failed: ${(e as Error).stack}\n`);
-  process.exit(1);
-});
+runBench(main);

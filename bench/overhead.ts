@@ -36,6 +36,8 @@ import {
   httpOk,
 } from "../test/harness";
 import { pct } from "./stats";
+// The corpus's seeded PRNG (mulberry32), so a shuffled run's order is the same every time.
+import { rng } from "../test/render-corpus";
 
 // The gateway benches (overhead, replicas, soak) share their command line,
 // prompts, report and client from here.
@@ -155,18 +157,6 @@ static_resources:
 
 const NULL_SIDE = "Envoy + do-nothing ext_proc";
 const SHUFFLE = process.argv.includes("--shuffle");
-
-/** A seeded PRNG (mulberry32), so a shuffled run's order is the same every time. */
-function seeded(seed: number): () => number {
-  let a = seed >>> 0;
-  return () => {
-    a = (a + 0x6d2b79f5) >>> 0;
-    let t = a;
-    t = Math.imul(t ^ (t >>> 15), t | 1);
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
-  };
-}
 
 /** A random permutation (Fisher-Yates). */
 function shuffled<T>(xs: T[], rnd: () => number): T[] {
@@ -328,7 +318,7 @@ async function main() {
         });
       for (let w = 0; w < 20; w++) for (const [, url] of sides) await request(url, body());
       const t: { [side: string]: number[] } = Object.fromEntries(sides.map(([name]) => [name, [] as number[]]));
-      const rnd = seeded(run * 1000 + label.length);
+      const rnd = rng(run * 1000 + label.length);
       for (let r = 0; r < Math.ceil(ROUNDS / run); r++) {
         // Rotated each turn: every side takes every position equally often.
         // (Alternating forward and reverse put the two end sides back to back

@@ -22,12 +22,10 @@ import {
 } from "../test/harness";
 import { median } from "./stats";
 import { runBench } from "./run-bench";
+import { optionReader } from "./args";
 
 const argv = process.argv.slice(2);
-const opt = (name: string, def: string) => {
-  const i = argv.indexOf(name);
-  return i >= 0 && argv[i + 1] !== undefined ? argv[i + 1] : def;
-};
+const opt = optionReader(argv);
 const sizes = opt("--sizes", "1000,4000,8000,16000").split(",").map(Number);
 const rounds = Math.min(50, Math.max(1, Number(opt("--rounds", "8"))));
 

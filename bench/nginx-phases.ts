@@ -33,12 +33,10 @@ import {
 import * as os from "os";
 import { median } from "./stats";
 import { runBench } from "./run-bench";
+import { optionReader } from "./args";
 
 const argv = process.argv.slice(2);
-const opt = (name: string, def: string) => {
-  const i = argv.indexOf(name);
-  return i >= 0 && argv[i + 1] !== undefined ? argv[i + 1] : def;
-};
+const opt = optionReader(argv);
 const sizes = opt("--sizes", "2000,4000,8000").split(",").map(Number);
 const rounds = Math.min(50, Math.max(1, Number(opt("--rounds", "6"))));
 const kinds = opt("--kinds", "cold,warm").split(",");

@@ -15,12 +15,10 @@ import { buildNjs } from "../njs/build";
 import { median, pctNearestRank } from "./stats";
 import * as fs from "fs";
 import * as os from "os";
+import { optionReader } from "./args";
 
 const argv = process.argv.slice(2);
-const opt = (name: string, dflt: string) => {
-  const i = argv.indexOf(name);
-  return i >= 0 && i + 1 < argv.length ? argv[i + 1] : dflt;
-};
+const opt = optionReader(argv);
 const tokensOf = (s: string) => {
   const m = /^(\d+(?:\.\d+)?)(k?)$/.exec(s.trim());
   if (!m) throw new Error(`${s} is not a token count like 8k or 1500`);

@@ -17,13 +17,11 @@ import { build } from "esbuild";
 import { KvEvent } from "../core/kvevents";
 import { KvAnnotator } from "../njs/kv-annotate";
 import { median } from "./stats";
+import { optionReader } from "./args";
 
 const ROOT = path.join(__dirname, "..");
 const argv = process.argv.slice(2);
-const opt = (name: string, dflt: string) => {
-  const i = argv.indexOf(name);
-  return i >= 0 && i + 1 < argv.length ? argv[i + 1] : dflt;
-};
+const opt = optionReader(argv);
 const baseline = opt("--baseline", "");
 const reps = Math.max(1, Math.min(50, Number(opt("--reps", "5"))));
 const NJS = path.join(ROOT, ".njs-0.8", "bin", "njs");

@@ -13,13 +13,11 @@ import * as os from "os";
 import * as path from "path";
 import { buildNjs } from "../njs/build";
 import { median } from "./stats";
+import { optionReader } from "./args";
 
 const ROOT = path.resolve(__dirname, "..");
 const argv = process.argv.slice(2);
-const opt = (name: string, dflt: string) => {
-  const i = argv.indexOf(name);
-  return i >= 0 && i + 1 < argv.length ? argv[i + 1] : dflt;
-};
+const opt = optionReader(argv);
 const baseRev = opt("--baseline", "");
 const rounds = Math.min(20, Math.max(1, Number(opt("--rounds", "3"))));
 const sizes = opt("--sizes", "1k,8k,25k,32k,100k,112k,200k")

@@ -30,13 +30,11 @@ import { peerMissing, startPeer } from "./peers";
 import { baselineRouterEntry } from "./baseline";
 import { ROOT, startSim, startRouter, startEnvoy, waitFor, stopAll, envoyBin, longText, Sim } from "../test/harness";
 import { pct } from "./stats";
+import { optionReader } from "./args";
 
 const argv = process.argv.slice(2);
 const flag = (name: string) => argv.includes(name);
-const opt = (name: string, def: string) => {
-  const i = argv.indexOf(name);
-  return i >= 0 && argv[i + 1] !== undefined ? argv[i + 1] : def;
-};
+const opt = optionReader(argv);
 const SECONDS = Number(opt("--seconds", "30"));
 const LOADS = opt("--loads", "0.5,2").split(",").map(Number);
 const NSIMS = Number(opt("--sims", "4"));

@@ -26,12 +26,10 @@ import { BlockHash, RouterConfig } from "../core/types";
 import { prefillAdmission, Ticket } from "../core/admission";
 import { mean, pct } from "./stats";
 import * as fs from "node:fs";
+import { optionReader } from "./args";
 
 const argv = process.argv.slice(2);
-const opt = (name: string, def: string) => {
-  const i = argv.indexOf(name);
-  return i >= 0 && argv[i + 1] !== undefined ? argv[i + 1] : def;
-};
+const opt = optionReader(argv);
 
 /** key: what the oracle pins (the document, the conversation). */
 type Turn = { tokens: number[]; maxTokens: number; at?: number; key: string };

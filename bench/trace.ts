@@ -53,13 +53,11 @@ import {
   Sim,
 } from "../test/harness";
 import { mean, pct } from "./stats";
+import { optionReader } from "./args";
 
 const argv = process.argv.slice(2);
 const flag = (name: string) => argv.includes(name);
-const opt = (name: string, def: string) => {
-  const i = argv.indexOf(name);
-  return i >= 0 && argv[i + 1] !== undefined ? argv[i + 1] : def;
-};
+const opt = optionReader(argv);
 const quick = flag("--quick");
 const noWarmup = flag("--no-warmup");
 const timeScale = Number(opt("--time-scale", "1"));

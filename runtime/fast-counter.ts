@@ -6,6 +6,7 @@
 // series is listed from its first inc() on (an inc by 0 included), the
 // unlabelled one from the start.
 import * as client from "prom-client";
+import { SeriesByLabels } from "./fast-series";
 
 interface Series {
   labels: Record<string, string>;
@@ -18,13 +19,13 @@ export class FastCounter {
   readonly name: string;
   readonly help: string;
   readonly labelNames: string[];
-  private series: Series[] = [];
-  private byKey: Record<string, Series> = {};
+  private readonly series: SeriesByLabels<Series>;
 
   constructor(cfg: { name: string; help: string; labelNames: string[] }, registry: client.Registry) {
     this.name = cfg.name;
     this.help = cfg.help;
     this.labelNames = cfg.labelNames;
+    this.series = new SeriesByLabels<Series>(cfg.labelNames);
     registry.registerMetric(this as unknown as client.Metric<string>);
     this.reset();
   }
@@ -36,20 +37,12 @@ export class FastCounter {
     if (v && !Number.isFinite(v)) throw new TypeError(`Value is not a valid number: ${v}`);
     if (v < 0) throw new Error("It is not possible to decrease a counter");
     const l = typeof labels === "object" && labels ? labels : {};
-    let key = "";
-    for (let i = 0; i < this.labelNames.length; i++) key += (l[this.labelNames[i]] ?? "") + "\u0000";
-    let s = this.byKey[key];
-    if (!s) {
-      s = this.byKey[key] = { labels: { ...l }, value: 0 };
-      this.series.push(s);
-    }
-    s.value += v;
+    this.series.get(l, (copy) => ({ labels: copy, value: 0 })).value += v;
   }
 
   /** Every series goes (as prom-client's reset does); the unlabelled one stays at 0. */
   reset(): void {
-    this.series = [];
-    this.byKey = {};
+    this.series.clear();
     if (!this.labelNames.length) this.inc(0);
   }
 
@@ -59,7 +52,7 @@ export class FastCounter {
       help: this.help,
       type: this.type as unknown as client.MetricType,
       aggregator: this.aggregator,
-      values: this.series.map((s) => ({ value: s.value, labels: s.labels })),
+      values: this.series.list.map((s) => ({ value: s.value, labels: s.labels })),
     } as client.MetricObjectWithValues<client.MetricValue<string>>;
   }
 }

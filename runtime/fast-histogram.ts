@@ -9,6 +9,7 @@
 // exposition (cumulative buckets, +Inf, _sum, _count per label set), so scrapes
 // and getMetricsAsJSON() see no difference.
 import * as client from "prom-client";
+import { SeriesByLabels } from "./fast-series";
 
 /** One label set's counts: per bucket (not cumulative), then the total and the sum. */
 interface Series {
@@ -32,8 +33,7 @@ export class FastHistogram {
   readonly labelNames: string[];
   /** The finite upper bounds, as prom-client's Histogram names them (the metric-table test reads them). */
   readonly upperBounds: number[];
-  private series: Series[] = [];
-  private byKey: Record<string, FastChild> = {};
+  private readonly series: SeriesByLabels<{ s: Series; child: FastChild }>;
 
   constructor(
     cfg: { name: string; help: string; labelNames: string[]; buckets?: number[] },
@@ -42,28 +42,22 @@ export class FastHistogram {
     this.name = cfg.name;
     this.help = cfg.help;
     this.labelNames = cfg.labelNames;
+    this.series = new SeriesByLabels<{ s: Series; child: FastChild }>(cfg.labelNames);
     this.upperBounds = (cfg.buckets ?? [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10]).slice();
     registry.registerMetric(this as unknown as client.Metric<string>);
     if (!this.labelNames.length) this.labels({});
-    if (this.series.length) this.series[0].listed = true;
+    if (this.series.list.length) this.series.list[0].s.listed = true;
   }
 
   /** The child for one label set; keep it: every observe() through it is allocation-free. */
   labels(labels: Record<string, string>): FastChild {
-    let key = "";
-    for (let i = 0; i < this.labelNames.length; i++) key += (labels[this.labelNames[i]] ?? "") + "\u0000";
-    const known = this.byKey[key];
-    if (known) return known;
-    const s: Series = {
-      labels: { ...labels },
-      counts: new Float64Array(this.upperBounds.length),
-      count: 0,
-      sum: 0,
-      listed: false,
-    };
-    this.series.push(s);
+    return this.series.get(labels, (copy) => this.makeSeries(copy)).child;
+  }
+
+  private makeSeries(labels: Record<string, string>): { s: Series; child: FastChild } {
+    const s: Series = { labels, counts: new Float64Array(this.upperBounds.length), count: 0, sum: 0, listed: false };
     const bounds = this.upperBounds;
-    return (this.byKey[key] = {
+    const child: FastChild = {
       observe(v: number) {
         if (!Number.isFinite(v)) return;
         for (let i = 0; i < bounds.length; i++)
@@ -75,7 +69,8 @@ export class FastHistogram {
         s.sum += v;
         s.listed = true;
       },
-    });
+    };
+    return { s, child };
   }
 
   /** prom-client's two forms: observe(value) without labels, observe(labels, value) with them. */
@@ -86,7 +81,7 @@ export class FastHistogram {
 
   /** Children stay bound; their counts start again from zero. */
   reset(): void {
-    for (const s of this.series) {
+    for (const { s } of this.series.list) {
       s.counts.fill(0);
       s.count = 0;
       s.sum = 0;
@@ -97,7 +92,7 @@ export class FastHistogram {
   async get(): Promise<client.MetricObjectWithValues<client.MetricValueWithName<string>>> {
     const values: client.MetricValueWithName<string>[] = [];
     const bucket = `${this.name}_bucket`;
-    for (const s of this.series) {
+    for (const { s } of this.series.list) {
       if (!s.listed) continue;
       let acc = 0;
       for (let i = 0; i < this.upperBounds.length; i++) {

@@ -194,27 +194,35 @@ function enterAtOnce(ctx: AdmissionContext): Ticket[] | null {
   return tickets;
 }
 
-/** The reservation, with the admitters' tickets given back at its first token or its end, whichever comes first. */
-function releasing(r: Reservation, tickets: Ticket[]): Reservation {
+/**
+ * The reservation held now (`inner()`: late binding can move it), with the
+ * admitters' tickets given back at its first token or its end, whichever comes
+ * first. `ending` runs at finish before anything is given back (admitWith ends
+ * its wait and timer there); `ended` after.
+ */
+function releasing(inner: () => Reservation, tickets: Ticket[], ending = nothing, ended = nothing): Reservation {
   const leave = () => {
     for (const t of tickets) t.leave();
   };
   return {
     get open() {
-      return r.open;
+      return inner().open;
     },
-    guards: () => r.guards(),
-    dispatched: () => r.dispatched(),
-    // The pick's own hooks before the tickets are given back, as in
-    // admitWith's reservation: leaving can send a waiting request at once,
-    // and speed learning must no longer count this one as ahead of it.
+    guards: () => inner().guards(),
+    dispatched: () => inner().dispatched(),
+    // The pick's own hooks before the tickets are given back: leaving can
+    // send the next waiting request at once, and speed learning times it
+    // against the prefill still in the engine, which must no longer count
+    // this one (its prefill is done, or it is gone).
     firstToken() {
-      r.firstToken();
+      inner().firstToken();
       leave();
     },
     finish() {
-      r.finish();
+      ending();
+      inner().finish();
       leave();
+      ended();
     },
   };
 }
@@ -330,7 +338,8 @@ export class Director {
     const held = enterAtOnce(ctx);
     if (held) {
       pick.reservation.dispatched();
-      pick.reservation = releasing(pick.reservation, held);
+      const r = pick.reservation;
+      pick.reservation = releasing(() => r, held);
       return this.routed(inp, pick, pool);
     }
     ctx.move = this.mover(pick);
@@ -604,31 +613,15 @@ export class Director {
     const outer = pick.reservation;
     // Late binding moved the pick: the reservation held now is the new one's.
     const inner = () => movedTo.get(pick) ?? outer;
-    const leave = () => {
-      for (const t of tickets) t.leave();
-    };
-    pick.reservation = {
-      get open() {
-        return inner().open;
-      },
-      guards: () => inner().guards(),
-      dispatched: () => inner().dispatched(),
-      // The pick's own hooks before the admission slot is given up: leaving
-      // can send the next waiting request at once, and speed learning times
-      // it against the prefill still in the engine, which must no longer
-      // count this one (its prefill is done, or it is gone).
-      firstToken() {
-        inner().firstToken();
-        leave();
-      },
-      finish() {
+    pick.reservation = releasing(
+      inner,
+      tickets,
+      () => {
         if (!admitted && !over) ended("cancelled");
         if (timer) clearTimeout(timer);
-        inner().finish();
-        leave();
-        resolve(null);
       },
-    };
+      () => resolve(null),
+    );
     return ready();
   }
 

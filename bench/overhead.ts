@@ -3,7 +3,7 @@
 //  * router-added latency: p50 time to first response byte through Envoy +
 //    ext_proc router minus through a plain Envoy, one request at a time, for a
 //    short prompt and a ~4k-token one, after every side has been warmed; in
-//    two orders (interleaved request by request, and in runs on one stack);
+//    two orders (interleaved request by request, and in runs on one side);
 //  * the floor: the same through Envoy + a do-nothing ext_proc server
 //    (bench/null-processor.ts), so the router's own share is the difference;
 //  * line rate: closed-loop requests/s at concurrency 16 through plain Envoy and
@@ -16,7 +16,13 @@
 //    of rotated (see the loop: rotation fixes which side runs before which);
 //  * with --router-flags "FLAGS", the router under test runs with those flags
 //    (a variant: one default off, say), the baseline with its defaults.
-// Usage: npm run bench:overhead [-- --rounds N] [-- --seconds S] [-- --warm S] [-- --baseline REV] [-- --router-flags "FLAGS"] [-- --shuffle] [-- --out FILE]
+//  * every side runs on one Envoy, picked by a request header (see
+//    sharedEnvoyConfig); with a baseline, the rounds are split over --epochs
+//    pairs of fresh router processes that trade start order, port and routes,
+//    and the report adds router minus baseline as a p50 difference and as a
+//    median of paired differences, each with an interval over the rounds;
+//  * --separate-envoys: the earlier layout, one Envoy per side.
+// Usage: npm run bench:overhead [-- --rounds N] [-- --seconds S] [-- --warm S] [-- --baseline REV] [-- --epochs K] [-- --router-flags "FLAGS"] [-- --shuffle] [-- --separate-envoys] [-- --baseline-first] [-- --pin CPUS] [-- --out FILE]
 import { execFileSync } from "child_process";
 import * as fs from "fs";
 import * as http from "http";
@@ -433,6 +439,11 @@ async function main() {
   // cluster, its routes' position and header. Whatever a place gives (being
   // the process started second, say) goes to each side equally often.
   const EPOCHS = baseEntry && !SEPARATE ? Math.max(1, Math.min(20, arg("--epochs", 2))) : 1;
+  // --aa (shared Envoy, with a baseline): a second process of the router under
+  // test as one more side, so the run measures its own noise: router minus its
+  // second process is an A/A difference, in the same rounds as the A/B one.
+  const AA = !!baseEntry && !SEPARATE && process.argv.includes("--aa");
+  const AA_SIDE = "Envoy + router, second process";
   const pi = process.argv.indexOf("--pin");
   const PIN = pi > 0 ? process.argv[pi + 1] : null;
   const workers = ["--workers", `127.0.0.1:${enginePort}`, "--log-level", "warn"];
@@ -454,7 +465,6 @@ async function main() {
   // Starts (or restarts) the router sides for epoch e and points sides[] at them.
   let startEpoch: (e: number) => Promise<void>;
   let stopEpoch: () => Promise<void> = async () => {};
-  const slots = [await freePort(), await freePort()];
   if (SEPARATE || !baseEntry) {
     startEpoch = async () => {
       let router: RouterProc;
@@ -489,28 +499,42 @@ async function main() {
       }
     };
   } else {
+    // The router sides, each on one of the fixed slots (port, cluster, routes, header value) in turn.
+    const routerSides: { name: string; start: (port: number) => Promise<RouterProc> }[] = [
+      { name: "Envoy + router", start: (port) => startNew(port) },
+      { name: BASE_SIDE, start: (port) => startOld(port) },
+    ];
+    if (AA) routerSides.push({ name: AA_SIDE, start: (port) => startNew(port) });
+    const slots: number[] = [];
+    for (let i = 0; i < routerSides.length; i++) {
+      let port = await freePort();
+      while (slots.includes(port)) port = await freePort();
+      slots.push(port);
+    }
     const url = await startSharedEnvoy(enginePort, [
       { key: "sp", extProcPort: null },
-      { key: "sx", extProcPort: slots[0] },
+      ...slots.map((port, k) => ({ key: `s${k}`, extProcPort: port })),
       { key: "sn", extProcPort: nullPort },
-      { key: "sy", extProcPort: slots[1] },
     ]);
     sides.push({ name: "plain Envoy", url, extra: { [SIDE_HEADER]: "sp" } });
     sides.push({ name: "Envoy + router", url, extra: {} });
     sides.push({ name: NULL_SIDE, url, extra: { [SIDE_HEADER]: "sn" } });
     sides.push({ name: BASE_SIDE, url, extra: {} });
+    if (AA) sides.push({ name: AA_SIDE, url, extra: {} });
     let running: RouterProc[] = [];
     startEpoch = async (e) => {
-      // Even epochs: the router under test first, on slot x; odd: the baseline first, on slot x.
-      const newFirst = (e % 2 === 0) !== BASE_FIRST;
-      const first = newFirst ? await startNew(slots[0]) : await startOld(slots[0]);
-      const second = newFirst ? await startOld(slots[1]) : await startNew(slots[1]);
-      running = [first, second];
-      const [r, b] = newFirst ? [first, second] : [second, first];
-      pids["Envoy + router"] = r.proc.child.pid!;
-      pids[BASE_SIDE] = b.proc.child.pid!;
-      sides[1].extra = { [SIDE_HEADER]: newFirst ? "sx" : "sy" };
-      sides[3].extra = { [SIDE_HEADER]: newFirst ? "sy" : "sx" };
+      // Epoch e puts router side i on slot (i + e) mod n (one more with
+      // --baseline-first), and starts them in slot order: slot 0's first.
+      const n = routerSides.length;
+      const shift = e + (BASE_FIRST ? 1 : 0);
+      running = [];
+      for (let k = 0; k < n; k++) {
+        const i = (((k - shift) % n) + n) % n;
+        const proc = await routerSides[i].start(slots[k]);
+        running.push(proc);
+        pids[routerSides[i].name] = proc.proc.child.pid!;
+        sides.find((x) => x.name === routerSides[i].name)!.extra = { [SIDE_HEADER]: `s${k}` };
+      }
     };
     stopEpoch = async () => {
       for (const p of running) await p.proc.kill();
@@ -523,7 +547,7 @@ async function main() {
     `Router overhead, ${new Date().toISOString()}, node ${process.version}, ${os.cpus().length} CPUs; null engine (${CHUNKS} SSE chunks 1 ms apart); ${SEPARATE ? "one Envoy per side" : `every side on one Envoy, picked by a request header${EPOCHS > 1 ? `; ${EPOCHS} epochs of fresh router processes, the sides trading start order, port and routes each epoch` : ""}`}`,
   );
   say(
-    `command: npm run bench:overhead -- --rounds ${ROUNDS} --seconds ${SECONDS} --warm ${WARM}${baseRev ? ` --baseline ${baseRev}` : ""}${variant.length ? ` --router-flags "${variant.join(" ")}"` : ""}${SHUFFLE ? " --shuffle" : ""}${SEPARATE ? " --separate-envoys" : ""}${BASE_FIRST ? " --baseline-first" : ""}${EPOCHS > 1 ? ` --epochs ${EPOCHS}` : ""}${PIN ? ` --pin ${PIN}` : ""}\n`,
+    `command: npm run bench:overhead -- --rounds ${ROUNDS} --seconds ${SECONDS} --warm ${WARM}${baseRev ? ` --baseline ${baseRev}` : ""}${variant.length ? ` --router-flags "${variant.join(" ")}"` : ""}${SHUFFLE ? " --shuffle" : ""}${SEPARATE ? " --separate-envoys" : ""}${BASE_FIRST ? " --baseline-first" : ""}${EPOCHS > 1 ? ` --epochs ${EPOCHS}` : ""}${AA ? " --aa" : ""}${PIN ? ` --pin ${PIN}` : ""}\n`,
   );
   // Two orders, one request at a time each. Interleaved: every request goes
   // through another side than the one before, so each finds its router's code
@@ -617,12 +641,12 @@ async function main() {
       say(
         `| ${label} | ${a.toFixed(2)} | ${b.toFixed(2)} | ${(b - a).toFixed(2)} | ${pct(t["plain Envoy"], 99).toFixed(2)} | ${pct(t["Envoy + router"], 99).toFixed(2)} | ${z.toFixed(2)} | ${(z - a).toFixed(2)} |${base}`,
       );
-      if (baseRev) {
-        const d = compareSides(t["Envoy + router"], t[BASE_SIDE], run, rng(7 + run));
+      for (const other of baseRev ? (AA ? [BASE_SIDE, AA_SIDE] : [BASE_SIDE]) : []) {
+        const d = compareSides(t["Envoy + router"], t[other], run, rng(7 + run));
         const te = d.tenths.slice().sort((x, y) => x - y);
         const f = (x: number) => (x >= 0 ? "+" : "") + x.toFixed(2);
         diffs.push(
-          `| ${run === 1 ? "interleaved" : `runs of ${RUN}`} | ${label} | ${f(d.p50)} | ${f(d.p50ci[0])} to ${f(d.p50ci[1])} | ${f(d.paired)} | ${f(d.pairedCi[0])} to ${f(d.pairedCi[1])} | ${f(te[0])} to ${f(te[9])} |`,
+          `| ${other === AA_SIDE ? "its second process (A/A)" : baseRev} | ${run === 1 ? "interleaved" : `runs of ${RUN}`} | ${label} | ${f(d.p50)} | ${f(d.p50ci[0])} to ${f(d.p50ci[1])} | ${f(d.paired)} | ${f(d.pairedCi[0])} to ${f(d.pairedCi[1])} | ${f(te[0])} to ${f(te[9])} |`,
         );
       }
     }
@@ -630,12 +654,12 @@ async function main() {
   }
   if (baseRev) {
     say(
-      `Router p50 minus the router at ${baseRev}'s p50 (the same plain Envoy under both, so this is the router-added difference):\n`,
+      `Router p50 minus the router at ${baseRev}'s p50 (the same plain Envoy under both, so this is the router-added difference)${AA ? ", and minus its own second process's (an A/A difference, the run's noise)" : ""}:\n`,
     );
     say(
-      "| order | prompt | p50 difference ms | its 95% interval | median of paired differences ms | its 95% interval | paired median, lowest to highest tenth of the run |",
+      "| router minus | order | prompt | p50 difference ms | its 95% interval | median of paired differences ms | its 95% interval | paired median, lowest to highest tenth of the run |",
     );
-    say("|---|---|---:|---:|---:|---:|---:|");
+    say("|---|---|---|---:|---:|---:|---:|---:|");
     for (const l of diffs) say(l);
     say("");
   }

@@ -643,10 +643,10 @@ async function main() {
       );
       for (const other of baseRev ? (AA ? [BASE_SIDE, AA_SIDE] : [BASE_SIDE]) : []) {
         const d = compareSides(t["Envoy + router"], t[other], run, rng(7 + run));
-        const te = d.tenths.slice().sort((x, y) => x - y);
+        const te = d.tenths.filter((x) => !isNaN(x)).sort((x, y) => x - y);
         const f = (x: number) => (x >= 0 ? "+" : "") + x.toFixed(2);
         diffs.push(
-          `| ${other === AA_SIDE ? "its second process (A/A)" : baseRev} | ${run === 1 ? "interleaved" : `runs of ${RUN}`} | ${label} | ${f(d.p50)} | ${f(d.p50ci[0])} to ${f(d.p50ci[1])} | ${f(d.paired)} | ${f(d.pairedCi[0])} to ${f(d.pairedCi[1])} | ${f(te[0])} to ${f(te[9])} |`,
+          `| ${other === AA_SIDE ? "its second process (A/A)" : baseRev} | ${run === 1 ? "interleaved" : `runs of ${RUN}`} | ${label} | ${f(d.p50)} | ${f(d.p50ci[0])} to ${f(d.p50ci[1])} | ${f(d.paired)} | ${f(d.pairedCi[0])} to ${f(d.pairedCi[1])} | ${f(te[0])} to ${f(te[te.length - 1])} |`,
         );
       }
     }

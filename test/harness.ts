@@ -214,12 +214,13 @@ export function workerArg(sims: Sim[], roles?: Record<string, string>): string {
   return sims.map((s) => `${roles?.[s.id] ? roles[s.id] + "=" : ""}${s.address}@${s.events}`).join(",");
 }
 
-export function startRouter(args: string[], env: Record<string, string> = {}): Promise<RouterProc> {
-  return withPortRetry("router", () => startRouterOnce(args, env));
+/** grpcPort: the ext_proc port to listen on (a bench restarting a router behind a fixed Envoy cluster); else a free one. */
+export function startRouter(args: string[], env: Record<string, string> = {}, grpcPort?: number): Promise<RouterProc> {
+  return withPortRetry("router", () => startRouterOnce(args, env, grpcPort));
 }
 
-async function startRouterOnce(args: string[], env: Record<string, string>): Promise<RouterProc> {
-  const grpcPort = await freePort();
+async function startRouterOnce(args: string[], env: Record<string, string>, fixedPort?: number): Promise<RouterProc> {
+  const grpcPort = fixedPort ?? (await freePort());
   const adminPort = await freePort();
   // INFERA_ROUTER_NODE_FLAGS: node flags for the router only (e.g. --cpu-prof, --trace-gc), which NODE_OPTIONS refuses.
   // INFERA_ROUTER_ENTRY: another checkout's cli/router.ts (a bench's baseline side).

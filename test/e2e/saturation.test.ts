@@ -109,3 +109,60 @@ test(
     for (const w of await Promise.all(warm)) assert.equal(w.status, 200, w.body);
   },
 );
+
+test(
+  "a cold prompt waits at the router while the engine reports its KV cache full, and goes when it frees",
+  { skip },
+  async () => {
+    // A 100-block cache; one request of ~1,300 tokens (about 82 blocks) decoding for ~2 s fills it past 0.8.
+    const sim = await startSim("satkv", ["--capacity-blocks", "100", "--decode-ms-per-token", "25"]);
+    const router = await startRouter([
+      "--workers",
+      workerArg([sim]),
+      "--health-interval-ms",
+      "0",
+      "--engine-metrics-interval-ms",
+      "50",
+      "--saturation-kv-usage",
+      "0.8",
+      "--prefill-admission-max-wait-ms",
+      "4500",
+    ]);
+    const { url } = await startEnvoy(router.grpcPort);
+    const saturated = `infera_router_worker_saturated{worker="${sim.address}"}`;
+    const held = "infera_router_admission_waiting{";
+    assert.equal(await metric(router, saturated), 0, "an empty cache has headroom");
+
+    const big = chat(url, "hold ".repeat(1300), 80);
+    await until("the engine reports its cache past 0.8 and the router marks it saturated", async () => {
+      return (await metric(router, saturated)) === 1;
+    });
+    assert.ok((await metric(router, `infera_router_worker_kv_usage_ratio{worker="${sim.address}"}`)) >= 0.8);
+
+    // Cold: ~600 uncached tokens (over the 512-token warm bound); no other cold prompt is in flight, so only saturation can hold it.
+    const sent = Date.now();
+    const cold = chat(url, "cold ".repeat(600), 1);
+    await until("the cold prompt waits at the router", async () => (await metric(router, held)) === 1);
+    let released = 0;
+    const watch = (async () => {
+      for (let i = 0; i < 250 && !released; i++) {
+        if ((await metric(router, held)) === 0) released = Date.now();
+        else await sleep(20);
+      }
+    })();
+    await sleep(500);
+    assert.equal(released, 0, "released while the engine's cache was past the threshold");
+    const first = await big;
+    assert.equal(first.status, 200, first.body);
+    // The long request done, its blocks are free again: the next scrape releases the cold prompt.
+    await watch;
+    assert.ok(released > 0, "the cold prompt never left the router's queue");
+    assert.ok(released >= first.at - 200, `released ${first.at - released} ms before the cache freed`);
+    assert.ok(
+      released - sent < 4000,
+      `released ${released - sent} ms after it was sent: by the scrape, not the wait bound`,
+    );
+    const c = await cold;
+    assert.equal(c.status, 200, c.body);
+  },
+);

@@ -571,8 +571,11 @@ function targets(): Target[] {
       peerTarget("vllm-router cache_aware", "vllm-router", () => ["--policy", "cache_aware"]),
     );
   }
+  // Row names contain ", " themselves ("(default, weight 8)"): only a comma not
+  // followed by a space separates two names, so "default, weight 8,in NGINX"
+  // selects those two rows and not every row whose name says "default".
   const only = opt("--only", "");
-  return only ? all.filter((t) => only.split(",").some((o) => t.name.includes(o))) : all;
+  return only ? all.filter((t) => only.split(/,(?! )/).some((o) => t.name.includes(o))) : all;
 }
 
 // ---------------------------------------------------------------- report

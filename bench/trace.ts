@@ -28,7 +28,7 @@
 // conversations in proportion to their speed. Routers that export the TTFT
 // prediction error (--speed-learning) get its mean (MAPE) in a column.
 //
-// Usage: npm run bench:trace -- [--quick] [--speeds 1,1,1,1] [--no-oracle] [--concurrency 4,16] [--no-warmup] [--no-floor] [--baseline REV] [--no-peers] [--nginx-no-helper] [--only a,b] [--workloads trace,shared-prefix,...] [--extra 'label|--flag v;...']
+// Usage: npm run bench:trace -- [--quick] [--speeds 1,1,1,1] [--no-oracle] [--concurrency 4,16] [--no-warmup] [--no-floor] [--baseline REV] [--no-peers] [--nginx-no-helper] [--nginx-tokenizer-min N] [--only a,b] [--workloads trace,shared-prefix,...] [--extra 'label|--flag v;...']
 //        [--trace-every 60] [--trace-seconds 45] [--trace-max-output 256]
 //        [--time-scale 1] [--capacity-blocks N (each simulator's KV cache, vLLM's num_gpu_blocks)] [--out bench/results/trace.md]
 import * as fs from "fs";
@@ -85,6 +85,7 @@ function speedArgs(slow: number): string[] {
   ];
 }
 const capacityBlocks = opt("--capacity-blocks", "");
+const nginxTokenizerMin = opt("--nginx-tokenizer-min", "");
 
 // ---------------------------------------------------------------- workloads
 
@@ -482,7 +483,10 @@ function nginxTarget(name: string, helper = true): Target {
     unavailable: !fl ? "njs >= 0.8 not set up (bash scripts/njs08.sh)" : !built ? "run npm run build:njs" : null,
     async start(sims) {
       const admin = await freePort();
-      const ng = await startNginx(fl!, helper ? { tokenizer_url: `http://127.0.0.1:${admin}/v1/tokenize` } : {});
+      const vars: Record<string, string> = helper ? { tokenizer_url: `http://127.0.0.1:${admin}/v1/tokenize` } : {};
+      // --nginx-tokenizer-min N: $infera_tokenizer_min_tokens of the row (default: the shipped value)
+      if (helper && nginxTokenizerMin) vars.tokenizer_min_tokens = nginxTokenizerMin;
+      const ng = await startNginx(fl!, vars);
       const bridge = await startBridge(
         [
           "--workers",
@@ -567,8 +571,11 @@ function targets(): Target[] {
       peerTarget("vllm-router cache_aware", "vllm-router", () => ["--policy", "cache_aware"]),
     );
   }
+  // Row names contain ", " themselves ("(default, weight 8)"): only a comma not
+  // followed by a space separates two names, so "default, weight 8,in NGINX"
+  // selects those two rows and not every row whose name says "default".
   const only = opt("--only", "");
-  return only ? all.filter((t) => only.split(",").some((o) => t.name.includes(o))) : all;
+  return only ? all.filter((t) => only.split(/,(?! )/).some((o) => t.name.includes(o))) : all;
 }
 
 // ---------------------------------------------------------------- report

@@ -14,6 +14,7 @@
 //   adds the floor with the fleet's caches pooled and the KV oracle as rows)
 //   [--warmup] (bench:trace's warm-up before each closed-loop run, so speeds are learned before it starts)
 //   [--show-slowness] (each run's learned slowness at its end, on stderr)
+//   [--requests FILE] (per measured request, JSON lines: key, worker, waits, the steps it sat in, evictions)
 // Deterministic: the same command prints the same table, and a row's figures
 // do not depend on which other rows the command asks for.
 import { createRouter } from "../core/router";
@@ -290,6 +291,12 @@ const WARMUP = argv.includes("--warmup");
 // engine's state at dispatch (time left in the step in flight, running and waiting requests).
 const DUMP_FILE = opt("--dump", "");
 const DUMP: Record<string, unknown>[] | null = DUMP_FILE ? [] : null;
+// --requests FILE: per measured request (JSON lines), where it went and why it waited: its key (document,
+// conversation), worker, arrival, dispatch and first-token times, cached and prompt tokens, the duration and
+// prefill tokens of the step that gave its first token, the steps it sat in and the prefill tokens of other
+// requests in them, and the blocks its engine had evicted by then (the KV-pressure diagnosis).
+const REQ_FILE = opt("--requests", "");
+const REQS: Record<string, unknown>[] | null = REQ_FILE ? [] : null;
 function warmConvs(): Conv[] {
   const sizes = [500, 2000, 4000, 8000];
   return Array.from({ length: 16 }, (_, i) => [{ tokens: text(sizes[i % 4] + HEAD), maxTokens: 8, key: `warm${i}` }]);
@@ -378,6 +385,11 @@ function run(
       conv: number;
       turn: number;
       w: number;
+      /** Dispatch time, steps sat in before the first token, other requests' prefill tokens in them. */
+      dispatchedAt: number;
+      first: boolean;
+      steps: number;
+      otherPrefill: number;
       r: ReturnType<typeof router.pick>["reservation"];
       ticket: Ticket;
     }
@@ -403,8 +415,10 @@ function run(
     }
   };
 
+  const evicted: number[] = new Array(N).fill(0);
   const applyEvents = (i: number) => {
     for (const e of engines[i].drainEvents()) {
+      if (e.type === "removed") evicted[i] += e.hashes.length;
       for (const h of e.hashes) {
         const eh = h.toString(16).padStart(16, "0");
         if (e.type === "stored") state.mirror.store(ek(i), eh, eh as BlockHash);
@@ -446,6 +460,8 @@ function run(
     const ticket = gate.enter(ids[i], pick.uncachedTokens, () => {
       pick.reservation.dispatched();
       inflight[i]++;
+      const l = live.get(id);
+      if (l) l.dispatchedAt = now;
       if (DUMP)
         dumpAt.set(id, {
           residual: plans[i] ? ends[i] - now : 0,
@@ -458,7 +474,18 @@ function run(
       if (conv >= W) res.spread[i]++;
       kick(i);
     });
-    live.set(id, { start: at, conv, turn, w: i, r: pick.reservation, ticket });
+    live.set(id, {
+      start: at,
+      conv,
+      turn,
+      w: i,
+      dispatchedAt: ticket.admitted ? at : -1,
+      first: false,
+      steps: 0,
+      otherPrefill: 0,
+      r: pick.reservation,
+      ticket,
+    });
     if (!ticket.admitted) deadlines.push({ at: at + admission.maxWaitMs, ticket });
   };
   if (concurrency) dispatch();
@@ -488,7 +515,18 @@ function run(
     }
     if (ends[i] === Infinity) throw new Error("stalled");
     now = ends[i];
-    const out = engines[i].complete(plans[i]!);
+    const done = plans[i]!;
+    if (REQS) {
+      // Who sat in this step before their first token, and what else it computed.
+      const own = new Map<string, number>();
+      for (const x of done.items) own.set(x.s.r.id, x.n);
+      for (const [lid, l] of live)
+        if (l.w === i && !l.first && l.dispatchedAt >= 0) {
+          l.steps++;
+          l.otherPrefill += done.prefillTokens - (own.get(lid) || 0);
+        }
+    }
+    const out = engines[i].complete(done);
     plans[i] = null;
     applyEvents(i);
     for (const t of out) {
@@ -498,7 +536,25 @@ function run(
         res.hits += t.cachedTokens;
         res.prompt += t.promptTokens;
       }
+      if (t.index === 0 && REQS && l.conv >= W)
+        REQS.push({
+          key: convs[l.conv][l.turn].key,
+          w: l.w,
+          at: l.start,
+          dispatched: l.dispatchedAt,
+          first: now,
+          ttft: now - l.start,
+          cached: t.cachedTokens,
+          prompt: t.promptTokens,
+          stepMs: done.ms,
+          stepPrefill: done.prefillTokens,
+          steps: l.steps,
+          otherPrefill: l.otherPrefill,
+          evicted: evicted[l.w],
+          inflight: inflight[l.w],
+        });
       if (t.index === 0) {
+        l.first = true;
         measuring = l.conv >= W;
         curDump = DUMP ? { ...dumpAt.get(t.id), firstAt: now, cached: t.cachedTokens, prompt: t.promptTokens } : null;
         l.r.firstToken();
@@ -624,6 +680,7 @@ function main(): void {
             : run(make(1000 + s), c, cfg, opts.admission, s, peer);
           forced += r.forced;
           ape.push(...r.ape);
+          if (REQS) for (const d of REQS.splice(0)) requests.push({ workload: name, c, policy: label, seed: s, ...d });
           if (DUMP)
             for (const d of DUMP.splice(0)) if (!peer) dumped.push({ workload: name, c, policy: label, seed: s, ...d });
           all.push(...r.ttft);
@@ -641,7 +698,9 @@ function main(): void {
     }
   }
   if (DUMP_FILE) fs.writeFileSync(DUMP_FILE, dumped.map((d) => JSON.stringify(d)).join("\n") + "\n");
+  if (REQ_FILE) fs.writeFileSync(REQ_FILE, requests.map((d) => JSON.stringify(d)).join("\n") + "\n");
 }
 const dumped: Record<string, unknown>[] = [];
+const requests: Record<string, unknown>[] = [];
 
 main();

@@ -14,6 +14,8 @@
 //   adds the floor with the fleet's caches pooled and the KV oracle as rows)
 //   [--warmup] (bench:trace's warm-up before each closed-loop run, so speeds are learned before it starts)
 //   [--show-slowness] (each run's learned slowness at its end, on stderr)
+//   [--max-num-batched-tokens N] (every engine's step token budget, 8192 by default)
+//   [--requests FILE] (per measured request, JSON lines: key, worker, waits, the steps it sat in, evictions)
 // Deterministic: the same command prints the same table, and a row's figures
 // do not depend on which other rows the command asks for.
 import { createRouter } from "../core/router";
@@ -263,9 +265,17 @@ function kvOracleModel(convs: Conv[], n: number, capacity: number) {
   };
 }
 
+// --max-num-batched-tokens N: every engine's (and the floor's) step token budget, vLLM's
+// max_num_batched_tokens (8192 in the calibrated model): how much of a KV-pressure gap is the engine's
+// chunking, which decides how long a cold prefill holds the steps of requests behind it.
+const MAX_BATCHED = Number(opt("--max-num-batched-tokens", "0"));
+function engineModel() {
+  const c = llama8bH100();
+  return MAX_BATCHED > 0 ? { ...c, maxNumBatchedTokens: MAX_BATCHED } : c;
+}
 /** The calibrated engine at a share of its speed: every cost term takes 1/speed as long. */
 function engineAt(speed: number) {
-  const c = llama8bH100();
+  const c = engineModel();
   return {
     ...c,
     stepBaseMs: c.stepBaseMs / speed,
@@ -290,6 +300,12 @@ const WARMUP = argv.includes("--warmup");
 // engine's state at dispatch (time left in the step in flight, running and waiting requests).
 const DUMP_FILE = opt("--dump", "");
 const DUMP: Record<string, unknown>[] | null = DUMP_FILE ? [] : null;
+// --requests FILE: per measured request (JSON lines), where it went and why it waited: its key (document,
+// conversation), worker, arrival, dispatch and first-token times, cached and prompt tokens, the duration and
+// prefill tokens of the step that gave its first token, the steps it sat in and the prefill tokens of other
+// requests in them, and the blocks its engine had evicted by then (the KV-pressure diagnosis).
+const REQ_FILE = opt("--requests", "");
+const REQS: Record<string, unknown>[] | null = REQ_FILE ? [] : null;
 function warmConvs(): Conv[] {
   const sizes = [500, 2000, 4000, 8000];
   return Array.from({ length: 16 }, (_, i) => [{ tokens: text(sizes[i % 4] + HEAD), maxTokens: 8, key: `warm${i}` }]);
@@ -378,6 +394,11 @@ function run(
       conv: number;
       turn: number;
       w: number;
+      /** Dispatch time, steps sat in before the first token, other requests' prefill tokens in them. */
+      dispatchedAt: number;
+      first: boolean;
+      steps: number;
+      otherPrefill: number;
       r: ReturnType<typeof router.pick>["reservation"];
       ticket: Ticket;
     }
@@ -403,8 +424,10 @@ function run(
     }
   };
 
+  const evicted: number[] = new Array(N).fill(0);
   const applyEvents = (i: number) => {
     for (const e of engines[i].drainEvents()) {
+      if (e.type === "removed") evicted[i] += e.hashes.length;
       for (const h of e.hashes) {
         const eh = h.toString(16).padStart(16, "0");
         if (e.type === "stored") state.mirror.store(ek(i), eh, eh as BlockHash);
@@ -446,6 +469,8 @@ function run(
     const ticket = gate.enter(ids[i], pick.uncachedTokens, () => {
       pick.reservation.dispatched();
       inflight[i]++;
+      const l = live.get(id);
+      if (l) l.dispatchedAt = now;
       if (DUMP)
         dumpAt.set(id, {
           residual: plans[i] ? ends[i] - now : 0,
@@ -458,7 +483,18 @@ function run(
       if (conv >= W) res.spread[i]++;
       kick(i);
     });
-    live.set(id, { start: at, conv, turn, w: i, r: pick.reservation, ticket });
+    live.set(id, {
+      start: at,
+      conv,
+      turn,
+      w: i,
+      dispatchedAt: ticket.admitted ? at : -1,
+      first: false,
+      steps: 0,
+      otherPrefill: 0,
+      r: pick.reservation,
+      ticket,
+    });
     if (!ticket.admitted) deadlines.push({ at: at + admission.maxWaitMs, ticket });
   };
   if (concurrency) dispatch();
@@ -488,7 +524,18 @@ function run(
     }
     if (ends[i] === Infinity) throw new Error("stalled");
     now = ends[i];
-    const out = engines[i].complete(plans[i]!);
+    const done = plans[i]!;
+    if (REQS) {
+      // Who sat in this step before their first token, and what else it computed.
+      const own = new Map<string, number>();
+      for (const x of done.items) own.set(x.s.r.id, x.n);
+      for (const [lid, l] of live)
+        if (l.w === i && !l.first && l.dispatchedAt >= 0) {
+          l.steps++;
+          l.otherPrefill += done.prefillTokens - (own.get(lid) || 0);
+        }
+    }
+    const out = engines[i].complete(done);
     plans[i] = null;
     applyEvents(i);
     for (const t of out) {
@@ -498,7 +545,25 @@ function run(
         res.hits += t.cachedTokens;
         res.prompt += t.promptTokens;
       }
+      if (t.index === 0 && REQS && l.conv >= W)
+        REQS.push({
+          key: convs[l.conv][l.turn].key,
+          w: l.w,
+          at: l.start,
+          dispatched: l.dispatchedAt,
+          first: now,
+          ttft: now - l.start,
+          cached: t.cachedTokens,
+          prompt: t.promptTokens,
+          stepMs: done.ms,
+          stepPrefill: done.prefillTokens,
+          steps: l.steps,
+          otherPrefill: l.otherPrefill,
+          evicted: evicted[l.w],
+          inflight: inflight[l.w],
+        });
       if (t.index === 0) {
+        l.first = true;
         measuring = l.conv >= W;
         curDump = DUMP ? { ...dumpAt.get(t.id), firstAt: now, cached: t.cachedTokens, prompt: t.promptTokens } : null;
         l.r.firstToken();
@@ -532,7 +597,7 @@ function run(
  * computes it. No router can average below it.
  */
 function floor(convs: Conv[], numBlocks = 1 << 20): Result {
-  const e = new EngineModel({ ...llama8bH100(), numBlocks });
+  const e = new EngineModel({ ...engineModel(), numBlocks });
   const res: Result = { ttft: [], hits: 0, prompt: 0, spread: [0, 0, 0, 0], forced: 0, ape: [] };
   const reqs = convs.some((c) => c[0].at !== undefined)
     ? convs.map((c) => c[0]).sort((a, b) => (a.at || 0) - (b.at || 0))
@@ -559,6 +624,96 @@ function floor(convs: Conv[], numBlocks = 1 << 20): Result {
   return res;
 }
 
+/** A prompt's first token alone on an empty engine of the floor's kind (ms) and the tokens it found cached. */
+function alone(e: EngineModel, id: string, tokens: number[]): { ms: number; cached: number; prompt: number } {
+  const blocks = blockHashes(tokens, 16);
+  e.add({ id, tokens, hashes: blocks.map((b) => BigInt("0x" + b)), maxTokens: 1 });
+  let ms = 0;
+  let out: ReturnType<EngineModel["complete"]> = [];
+  // A lone prompt takes one step per max_num_batched_tokens chunk.
+  for (let guard = 0; guard < 1000 && !out.length; guard++) {
+    const p = e.schedule();
+    if (!p) break;
+    ms += p.ms;
+    out = e.complete(p);
+  }
+  if (!out.length) throw new Error("floor: a request did not reach its first token");
+  return { ms, cached: out[0].cachedTokens, prompt: out[0].promptTokens };
+}
+
+/**
+ * The floor at concurrency c: the floor above, tightened where the closed
+ * loop fixes arrival times whatever the router does. Its opening burst (the
+ * first c requests, sent at time 0 plus the client jitter, drawn exactly as
+ * run() draws them) arrives before any request can finish (every request
+ * decodes maxTokens steps of at least the engine's fixed cost, far above the
+ * jitter), so the burst's arrival times are the same under every router. A
+ * burst request i whose prompt starts with blocks an earlier burst request j
+ * brought first (j found nothing cached) cannot have them before j's arrival
+ * plus the time to compute them alone: whichever engine serves i computed them
+ * there from nothing after a_j (engines start empty, the model has no KV
+ * transfer, and the step cost only adds), whether for j, for i, or for
+ * anyone. So TTFT_i >= max(its floor, a_j + alone(those blocks) - a_i). At
+ * concurrency 16 on kv-docs that is the burst's repeated documents; on
+ * conversation workloads the burst's prompts share nothing and it equals
+ * the floor. Every other request keeps its floor, the engine holding every
+ * prompt sent before it (the burst first, by arrival, then the rest as
+ * floor() orders them). Still a bound for any router, and no tighter beyond
+ * the burst: after it, arrival times depend on the schedule.
+ */
+function floorAtConcurrency(convs: Conv[], c: number, seed: number): Result {
+  if (!c || convs.some((x) => x[0].at !== undefined)) return floor(convs);
+  const rand = rng(seed * 7919 + 1);
+  const pickRng = rng(424242 + seed);
+  const ready: number[] = convs.map((_, k) => k);
+  const burst: { conv: number; at: number }[] = [];
+  for (let k = 0; k < c && ready.length; k++) {
+    const conv = ready.splice(pickRng(ready.length), 1)[0];
+    burst.push({ conv, at: (rand(1000) / 1000) * JITTER });
+  }
+  // run() takes arrivals in time order, ties by insertion.
+  const order = burst.map((b, k) => ({ ...b, k })).sort((a, b) => a.at - b.at || a.k - b.k);
+  const e = new EngineModel({ ...engineModel(), numBlocks: 1 << 20 });
+  const res: Result = { ttft: [], hits: 0, prompt: 0, spread: [0, 0, 0, 0], forced: 0, ape: [] };
+  const opened: { at: number; blocks: string[] }[] = [];
+  let n = 0;
+  for (const b of order) {
+    const t = convs[b.conv][0];
+    const r = alone(e, `b${n++}`, t.tokens);
+    let ms = r.ms;
+    const blocks = blockHashes(t.tokens, 16);
+    const L = Math.floor(r.cached / 16);
+    if (L > 0) {
+      // The earlier burst request that brought these blocks first (it found nothing cached).
+      const src = opened.find((o) => o.blocks.length >= L && o.blocks[L - 1] === blocks[L - 1]);
+      if (src) {
+        const compute = alone(
+          new EngineModel({ ...engineModel(), numBlocks: 1 << 20 }),
+          "c",
+          t.tokens.slice(0, 16 * L),
+        );
+        ms = Math.max(ms, src.at + compute.ms - b.at);
+      }
+    } else opened.push({ at: b.at, blocks });
+    res.ttft.push(ms);
+    res.hits += r.cached;
+    res.prompt += r.prompt;
+    res.spread[0]++;
+  }
+  const inBurst = new Set(burst.map((b) => b.conv));
+  convs.forEach((conv, k) =>
+    conv.forEach((t, turn) => {
+      if (turn === 0 && inBurst.has(k)) return;
+      const r = alone(e, `f${n++}`, t.tokens);
+      res.ttft.push(r.ms);
+      res.hits += r.cached;
+      res.prompt += r.prompt;
+      res.spread[0]++;
+    }),
+  );
+  return res;
+}
+
 function main(): void {
   const variants: [string, string[]][] = [
     ["default", []],
@@ -568,7 +723,10 @@ function main(): void {
   if (argv.includes("--smg")) variants.push(["smg cache_aware (model)", ["smg"]]);
   // On a mixed-speed fleet the floor (one calibrated engine) is no bound; the oracle row is the reference.
   if (MIXED) variants.push([`oracle (pinned by speed ${SPEEDS.join(":")})`, ["oracle"]]);
-  else variants.push(["floor (each request alone, its prefix cached)", ["floor"]]);
+  else {
+    variants.push(["floor (each request alone, its prefix cached)", ["floor"]]);
+    variants.push(["floor at this concurrency (floor + the opening burst's repeated prefixes)", ["floor-c"]]);
+  }
   // Under --capacity-blocks: the floor again on one engine whose cache is the
   // fleet's caches pooled (4 x capacity, LRU), so a prefix the fleet cannot
   // hold is computed again; and the KV-pressure oracle (kvOracleModel).
@@ -603,7 +761,7 @@ function main(): void {
           flags[0] === "smg" || flags[0] === "oracle" || flags[0] === "kv-oracle"
             ? (flags[0] as "smg" | "oracle" | "kv-oracle")
             : null;
-        const isFloor = flags[0] === "floor" || flags[0] === "floor-pooled";
+        const isFloor = flags[0] === "floor" || flags[0] === "floor-pooled" || flags[0] === "floor-c";
         const opts = parseArgs(
           ["--workers", "127.0.0.1:1", ...(peer || isFloor ? ["--router-policy", "round-robin"] : flags)],
           {},
@@ -620,10 +778,13 @@ function main(): void {
           // hashes and content-hash tie-breaks): rows differ by policy only.
           nextTok = 1000 + s * 10_000_000;
           const r = isFloor
-            ? floor(make(1000 + s), flags[0] === "floor-pooled" ? 4 * CAPACITY : undefined)
+            ? flags[0] === "floor-c"
+              ? floorAtConcurrency(make(1000 + s), c, s)
+              : floor(make(1000 + s), flags[0] === "floor-pooled" ? 4 * CAPACITY : undefined)
             : run(make(1000 + s), c, cfg, opts.admission, s, peer);
           forced += r.forced;
           ape.push(...r.ape);
+          if (REQS) for (const d of REQS.splice(0)) requests.push({ workload: name, c, policy: label, seed: s, ...d });
           if (DUMP)
             for (const d of DUMP.splice(0)) if (!peer) dumped.push({ workload: name, c, policy: label, seed: s, ...d });
           all.push(...r.ttft);
@@ -641,7 +802,9 @@ function main(): void {
     }
   }
   if (DUMP_FILE) fs.writeFileSync(DUMP_FILE, dumped.map((d) => JSON.stringify(d)).join("\n") + "\n");
+  if (REQ_FILE) fs.writeFileSync(REQ_FILE, requests.map((d) => JSON.stringify(d)).join("\n") + "\n");
 }
 const dumped: Record<string, unknown>[] = [];
+const requests: Record<string, unknown>[] = [];
 
 main();

@@ -46,6 +46,14 @@ export function fatal(message: string): Error {
   return Object.assign(new Error(message), { fatal: true });
 }
 
+/**
+ * How long a started process (simulator, router, Envoy, nginx, bridge) may take
+ * to answer its health check. Each wait also fails at once if the process
+ * exits, so this only matters on a loaded machine, where starting four tsx
+ * processes at once has taken more than the 20 s default.
+ */
+export const START_MS = 60000;
+
 export async function waitFor(what: string, fn: () => Promise<boolean>, timeoutMs = 20000): Promise<void> {
   const end = Date.now() + timeoutMs;
   let last: unknown;
@@ -177,10 +185,14 @@ async function startSimOnce(
     role,
     ...extra,
   ]);
-  await waitFor(`sim ${id}`, async () => {
-    if (proc.child.exitCode !== null) throw fatal(`sim ${id} exited: ${proc.log().slice(-500)}`);
-    return httpOk(`http://127.0.0.1:${port}/health`);
-  });
+  await waitFor(
+    `sim ${id}`,
+    async () => {
+      if (proc.child.exitCode !== null) throw fatal(`sim ${id} exited: ${proc.log().slice(-500)}`);
+      return httpOk(`http://127.0.0.1:${port}/health`);
+    },
+    START_MS,
+  );
   return {
     id,
     port,
@@ -243,10 +255,14 @@ async function startRouterOnce(args: string[], env: Record<string, string>, fixe
     env,
   );
   const admin = `http://127.0.0.1:${adminPort}`;
-  await waitFor("router admin", async () => {
-    if (proc.child.exitCode !== null) throw fatal(`router exited: ${proc.log().slice(-1000)}`);
-    return httpOk(`${admin}/livez`);
-  });
+  await waitFor(
+    "router admin",
+    async () => {
+      if (proc.child.exitCode !== null) throw fatal(`router exited: ${proc.log().slice(-1000)}`);
+      return httpOk(`${admin}/livez`);
+    },
+    START_MS,
+  );
   return {
     grpcPort,
     adminPort,
@@ -428,7 +444,7 @@ async function startEnvoyOnce(extProcPort: number, opts: EnvoyOptions): Promise<
         if (proc.child.exitCode !== null) throw fatal(`envoy exited ${proc.child.exitCode}`);
         return httpOk(`http://127.0.0.1:${adminPort}/ready`);
       },
-      30000,
+      START_MS,
     );
   } catch (e) {
     throw new Error(`${(e as Error).message}\n--- envoy log ---\n${proc.log().slice(-3000)}`);
@@ -579,11 +595,15 @@ async function startNginxOnce(
     ["scripts/nginx.sh", "--nginx", fl.bin, ...nginxConfArgs(fl, port, dir, vars)],
     { INFERA_PUSH_TOKEN: vars.push_token ?? "test-token" },
   );
-  await waitFor(`nginx ${fl.label}`, async () => {
-    if (proc.child.exitCode !== null) throw fatal(`nginx exited: ${proc.log()}`);
-    const r = await fetch(`http://127.0.0.1:${port}/v1/admin/reservations`).catch(() => null);
-    return !!r;
-  });
+  await waitFor(
+    `nginx ${fl.label}`,
+    async () => {
+      if (proc.child.exitCode !== null) throw fatal(`nginx exited: ${proc.log()}`);
+      const r = await fetch(`http://127.0.0.1:${port}/v1/admin/reservations`).catch(() => null);
+      return !!r;
+    },
+    START_MS,
+  );
   return { port, url: `http://127.0.0.1:${port}`, proc, dir };
 }
 
@@ -735,7 +755,7 @@ export async function startBridgeReady(
     `${base}/_infera/push`,
   );
   const admin = `http://127.0.0.1:${adminPort}`;
-  await waitFor("bridge ready", () => httpOk(`${admin}/readyz`), 15000);
+  await waitFor("bridge ready", () => httpOk(`${admin}/readyz`), START_MS);
   return { proc, admin };
 }
 

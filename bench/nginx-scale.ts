@@ -5,7 +5,7 @@
 // /v1/tokenize), side by side in one run. Engines are simulators with no
 // prefill or decode cost, so the latencies are nginx's own.
 // Usage: npm run bench:nginx-scale -- [--sizes 1k,8k,32k,112k,200k] [--long 112k] [--shorts 120]
-//   [--paths njs,helper] [--baseline-dist DIR] [--short-kinds chat,admin] [--nice-others N]
+//   [--paths njs,helper] [--baseline-dist DIR] [--short-kinds chat,admin] [--nice-others N] [--ext-turns N]
 // --baseline-dist runs each path a second time ("<path> base") with the njs
 // bundle in DIR (npm run build:njs in a checkout of the old commit), in the
 // same run, alternating with this checkout's bundle.
@@ -37,6 +37,10 @@ const shortKinds = opt("--short-kinds", "chat").split(",");
 // by N, so the nginx worker wins the 2 cores: what is left of a short's wait is
 // the worker's own blocking, not CPU taken by the processes beside it.
 const niceOthers = Number(opt("--nice-others", "0"));
+// --ext-turns N: extending turns of each cached conversation measured in one
+// CPU window, one after the other, and the worker's CPU divided by N: with
+// 10 ms ticks, one turn alone reads 0, 10 or 20 ms; N turns resolve 10/N ms.
+const extTurns = Math.min(200, Math.max(1, Number(opt("--ext-turns", "1"))));
 // Prompts of a given token count: textOfTokens calibrates longText's words per
 // seed (a word's tokens grow with the seed's length; a fixed 150 words per
 // 1,024 tokens made the long prompts of earlier runs 1.7-3x their label).
@@ -161,14 +165,20 @@ async function main(): Promise<void> {
           await post(s.ng.url, body(conv));
           await synced(s.ng);
           withEvents.push(cpuMs(s.ng.workerPid) - c0);
-          const e = await measured(
-            s.ng,
-            body(conv, [
-              { role: "assistant", content: "Noted." },
-              { role: "user", content: "And the next step? " + k },
-            ]),
-          );
-          ext.push(e.cpu);
+          await sleep(30);
+          const e0 = cpuMs(s.ng.workerPid);
+          for (let t = 0; t < extTurns; t++) {
+            const turn = await post(
+              s.ng.url,
+              body(conv, [
+                { role: "assistant", content: "Noted." },
+                { role: "user", content: "And the next step? " + k + "." + t },
+              ]),
+            );
+            if (turn.status !== 200) throw new Error(`extending turn: HTTP ${turn.status}`);
+          }
+          await sleep(30);
+          ext.push((cpuMs(s.ng.workerPid) - e0) / extTurns);
         }
         (s.res[size] = s.res[size] || []).push([
           cold.reduce((a, x) => a + x, 0) / cold.length,

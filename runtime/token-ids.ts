@@ -81,12 +81,15 @@ export function tokenIdRequest(endpoint: Endpoint | null, body: Buffer, ids: Arr
     parts.push('"prompt":' + jsonIds(ids));
     return { body: Buffer.from("{" + parts.join(",") + "}", "utf8"), path: null, chat: false };
   }
+  // Without a bound the chat endpoint generates up to the context's end, completions 16 tokens: text.
+  const bounded = (v: unknown) => v !== undefined && v !== null;
+  if (!bounded(j.max_tokens) && !bounded(j.max_completion_tokens)) return { text: "max_tokens" };
   const parts: string[] = [];
   for (const k of Object.keys(j)) {
     const v = j[k];
     if (RENDERED.indexOf(k) >= 0 || v === null || v === undefined) continue;
     if (k === "max_completion_tokens") {
-      if (j.max_tokens === undefined || j.max_tokens === null) parts.push('"max_tokens":' + JSON.stringify(v));
+      if (!bounded(j.max_tokens)) parts.push('"max_tokens":' + JSON.stringify(v));
       continue;
     }
     // tools, tool_choice, logprobs, response_format, chat_template ...: the chat endpoint's own work.

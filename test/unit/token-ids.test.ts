@@ -36,7 +36,7 @@ test("chat goes to /v1/completions with the ids as prompt; rendered fields dropp
 });
 
 test("the chat endpoint's own work goes as text: tools, logprobs, response_format, a custom template, unknown fields", () => {
-  const base = { model: "m", messages: [{ role: "user", content: "hi" }] };
+  const base = { model: "m", max_tokens: 8, messages: [{ role: "user", content: "hi" }] };
   for (const [k, v] of [
     ["tools", [{ type: "function", function: { name: "f" } }]],
     ["logprobs", true],
@@ -46,6 +46,8 @@ test("the chat endpoint's own work goes as text: tools, logprobs, response_forma
   ] as [string, unknown][])
     assert.deepEqual(tokenIdRequest("chat", buf({ ...base, [k]: v }), ids), { text: k });
   assert.deepEqual(tokenIdRequest("messages", buf(base), ids), { text: "endpoint" });
+  // No bound: the chat endpoint's default (up to the context's end) is not completions' (16 tokens).
+  assert.deepEqual(tokenIdRequest("chat", buf({ ...base, max_tokens: null }), ids), { text: "max_tokens" });
   assert.deepEqual(tokenIdRequest("chat", Buffer.from("{"), ids), { text: "body" });
 });
 

@@ -994,6 +994,14 @@ export const FLAGS: FlagSpec[] = [
     help: "tokenize API of the render probe: vllm (POST /tokenize with messages), sglang (POST /tokenize with text), off",
   },
   {
+    name: "send-token-ids",
+    kind: "enum",
+    def: "off",
+    choices: ["off", "exact"],
+    commands: ["router"],
+    help: "exact: send the router's prompt token ids (completions endpoint, prompt as ids) to workers whose render-parity probe is exact; text otherwise and for requests ids cannot serve (Envoy only)",
+  },
+  {
     name: "drain-timeout-s",
     kind: "number",
     def: 30,

@@ -280,6 +280,12 @@ export const METRICS: MetricSpec[] = [
     labels: ["path"],
   },
   {
+    name: "infera_router_token_id_requests_total",
+    type: "counter",
+    help: "Requests routed with --send-token-ids exact, by what the worker got: ids, text_not_exact (its render parity is not exact), text_ineligible (a request ids cannot serve: tools, logprobs, media, PD ...)",
+    labels: ["outcome"],
+  },
+  {
     name: "infera_router_flow_queued_bytes",
     type: "gauge",
     help: "Request body bytes waiting at the router (--queue-max-bytes)",

@@ -112,6 +112,8 @@ export interface Pick {
   kvSource: Worker | null;
   /** The request asked for a streamed answer (set by the runtime from the parsed body). */
   stream?: boolean;
+  /** --send-token-ids: the prompt's token ids as the router computed them (set by the runtime), else unset. */
+  promptIds?: ArrayLike<number>;
 }
 
 export interface RouterHooks {

@@ -171,6 +171,20 @@ export function streamedBody(
   });
 }
 
+/** STREAMED mode: this response chunk is replaced by body (empty: nothing goes to the client for it). */
+export function replacedBody(body: Buffer): ProcessingResponse {
+  return create(ProcessingResponseSchema, {
+    response: {
+      case: "responseBody",
+      value: create(BodyResponseSchema, {
+        response: create(CommonResponseSchema, {
+          bodyMutation: create(BodyMutationSchema, { mutation: { case: "body", value: body } }),
+        }),
+      }),
+    },
+  });
+}
+
 /** Metadata namespace and key a gateway may name the allowed endpoints under (Endpoint Picker Protocol). */
 export const SUBSET_NAMESPACE = "envoy.lb.subset_hint";
 export const SUBSET_KEY = "x-gateway-destination-endpoint-subset";

@@ -24,12 +24,14 @@ import { RequestOutcome } from "../runtime/metrics";
 import { withRequestId } from "../runtime/log";
 import { Decision, DEST_KEY, LLMD_PREFILL_HEADER, outcomeOf, Routed, STREAM_KEY, StreamEnd } from "../runtime/director";
 import { decisionOutcome } from "../runtime/flow";
+import { ChatFromCompletions } from "../runtime/token-ids";
 import {
   CONTINUE_RESP_BODY,
   CONTINUE_RESP_HEADERS,
   headerMap,
   headersContinue,
   immediate,
+  replacedBody,
   responseTrailersContinue,
   routeAnswer,
   servedOf,
@@ -108,6 +110,8 @@ export interface StreamState {
   sawBody: boolean;
   /** The request has been counted by outcome (once). */
   counted: boolean;
+  /** --send-token-ids: the engine's completions answer, rewritten back to chat as it streams (else null). */
+  toChat: ChatFromCompletions | null;
 }
 
 /**
@@ -155,6 +159,7 @@ export class StreamProcessor {
     moved: null,
     sawBody: false,
     counted: false,
+    toChat: null,
   };
   /** Set when the stream ends: a pick waiting for admission gives its load back. */
   private readonly end: StreamEnd = { ended: false, onEnd: null };
@@ -340,10 +345,14 @@ export class StreamProcessor {
     const s = this.s;
     const first = !s.sawBody;
     s.sawBody = true;
-    const reply =
-      s.respBodyMode === ProcessingMode_BodySendMode.FULL_DUPLEX_STREAMED
-        ? streamedBody("responseBody", Buffer.from(chunk), endOfStream)
-        : CONTINUE_RESP_BODY;
+    const duplex = s.respBodyMode === ProcessingMode_BodySendMode.FULL_DUPLEX_STREAMED;
+    let reply: ProcessingResponse;
+    if (s.routed && s.routed.chatFromCompletions) {
+      // Sent as ids to the completions endpoint: the client gets the chat shape it asked for.
+      if (!s.toChat) s.toChat = new ChatFromCompletions(s.routed.stream);
+      const out = s.toChat.push(chunk, endOfStream);
+      reply = duplex ? streamedBody("responseBody", out, endOfStream) : replacedBody(out);
+    } else reply = duplex ? streamedBody("responseBody", Buffer.from(chunk), endOfStream) : CONTINUE_RESP_BODY;
     // end_of_stream on a body chunk means no trailers follow (they would carry it).
     if (endOfStream) {
       if (first) this.firstToken();
@@ -436,6 +445,8 @@ export class StreamProcessor {
     const lb: Record<string, string | boolean> = { [DEST_KEY]: d.destination };
     if (d.stream) lb[STREAM_KEY] = true;
     if (phase === "requestTrailers") {
+      // No body can be rewritten here (none was sent): the engine answers in the client's own shape.
+      d.chatFromCompletions = false;
       // Headers can no longer change once trailers arrive; the metadata still routes.
       if (d.pick.prefill)
         this.app.log(

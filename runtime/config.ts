@@ -112,6 +112,8 @@ export interface Options {
   /** Render-parity probe (runtime/probe.ts): period in ms (0 = on join only), and the engine's tokenize API. */
   renderProbeIntervalMs: number;
   renderProbeApi: "vllm" | "sglang" | "off";
+  /** --send-token-ids: the router's prompt ids to workers whose render parity is exact (runtime/token-ids.ts). */
+  sendTokenIds: "off" | "exact";
   /** A worker with an events endpoint silent this long while serving traffic is flagged (0 = off). */
   kvEventSilenceS: number;
   /** Bound on engine blocks mirrored per target (worker and tier); the oldest go first (0 = none). */
@@ -354,6 +356,7 @@ export function optionsFrom(values: Record<string, FlagValue>, cmd: "router" | "
     bridgeBackoffMaxMs: v("bridge-backoff-max-ms") as number,
     renderProbeIntervalMs: parseInterval("--render-probe-interval", v("render-probe-interval") as string),
     renderProbeApi: v("render-probe-api") as string as Options["renderProbeApi"],
+    sendTokenIds: v("send-token-ids") as string as Options["sendTokenIds"],
     extProcTls:
       v("ext-proc-tls-cert") || v("ext-proc-tls-key")
         ? {

@@ -23,6 +23,8 @@ import { DP_RANK_HEADER, dpBodyFields, prefillRankHeader, withBodyFields } from 
 import { Options } from "./config";
 import { Metrics, RequestOutcome } from "./metrics";
 import { Logger } from "./log";
+import { ParityStatus } from "./probe";
+import { tokenIdRequest } from "./token-ids";
 
 /** Dynamic-metadata namespace and key the gateway's ORIGINAL_DST cluster reads the pick from (GIE convention). */
 export const DEST_NAMESPACE = "envoy.lb";
@@ -79,6 +81,8 @@ export interface DirectorDeps {
     allow?: (w: Worker) => boolean,
     sloTtftMs?: number,
   ): Pick | Promise<Pick>;
+  /** The worker's render-parity status (runtime/probe.ts); absent or null: never probed (probes off). */
+  parity?(workerId: string): ParityStatus | null;
   /** Whether a sheddable request is refused whatever the pick, decided before tokenizing (runtime/routing.ts). */
   shedsCold?(
     endpoint: Endpoint,
@@ -137,8 +141,14 @@ export interface Routed {
   headers: Record<string, string>;
   /** Router-owned request headers to remove unless set above (only the router names prefill peers). */
   remove: string[];
-  /** The body the engine must get when the pick rewrote it (SGLang rank fields), else null. */
+  /** The body the engine must get when the pick rewrote it (SGLang rank fields, token ids), else null. */
   body: Buffer | null;
+  /**
+   * --send-token-ids: a chat request went to the engine's completions
+   * endpoint as ids; its answer is rewritten back to the chat shape
+   * (runtime/token-ids.ts). False otherwise.
+   */
+  chatFromCompletions: boolean;
   outcome: "routed";
 }
 
@@ -653,14 +663,23 @@ export class Director {
     if (pick.kvSource) headers[KV_SOURCE_HEADER] = pick.kvSource.address;
     // A data-parallel rank target: vLLM (and SGLang's OpenAI routes) pin the request to that rank by this header.
     if (pick.target.dpRank !== undefined) headers[DP_RANK_HEADER] = String(pick.target.dpRank);
+    // --send-token-ids exact: the prompt's ids instead of its text, to a worker that renders as we do.
+    let src = inp.body;
+    let chatFromCompletions = false;
+    if (pick.promptIds && opts.sendTokenIds === "exact") {
+      const plan = this.tokenIds(inp, pick, pick.promptIds);
+      if (plan) {
+        src = plan.body;
+        chatFromCompletions = plan.chat;
+        if (plan.path) headers[":path"] = plan.path;
+      }
+    }
     // SGLang reads the ranks from the body: appended as its last members, the rest byte for byte.
     const fields = dpBodyFields(inp.endpoint, pick.target, pick.prefill);
-    const rewritten = fields ? withBodyFields(inp.body.toString("utf8"), fields) : null;
-    let body: Buffer | null = null;
-    if (rewritten !== null) {
-      body = Buffer.from(rewritten, "utf8");
-      headers["content-length"] = String(body.length);
-    }
+    const rewritten = fields ? withBodyFields(src.toString("utf8"), fields) : null;
+    let body: Buffer | null = src === inp.body ? null : src;
+    if (rewritten !== null) body = Buffer.from(rewritten, "utf8");
+    if (body) headers["content-length"] = String(body.length);
     return {
       kind: "route",
       pick,
@@ -671,7 +690,42 @@ export class Director {
       // (A client's x-infera-kv-source is already gone: the processor strips it with the headers.)
       remove: [opts.prefillHeader, prefillRankHeader(opts.prefillHeader), LLMD_PREFILL_HEADER, "x-prefiller-url"],
       body,
+      chatFromCompletions,
       outcome: "routed",
     };
+  }
+
+  /**
+   * The request as ids for its worker, or null (text): only to a worker whose
+   * render parity is exact, and only a request the completions endpoint can
+   * answer the way the client asked (runtime/token-ids.ts). Not under P/D:
+   * the prefill hop is made from the same body by the decode side. Counted
+   * per outcome.
+   */
+  private tokenIds(
+    inp: RouteInput,
+    pick: Pick,
+    ids: ArrayLike<number>,
+  ): { body: Buffer; path: string | null; chat: boolean } | null {
+    const count = this.d.metrics.tokenIds;
+    if (pick.prefill) {
+      count.inc({ outcome: "text_ineligible" });
+      return null;
+    }
+    // A data-parallel rank target is probed as its engine (one render for every rank).
+    const engine = pick.target.id.replace(/\/dp\d+$/, "");
+    if ((this.d.parity ? this.d.parity(engine) : null) !== "exact") {
+      count.inc({ outcome: "text_not_exact" });
+      return null;
+    }
+    const plan = tokenIdRequest(inp.endpoint, inp.body, ids);
+    if ("text" in plan) {
+      count.inc({ outcome: "text_ineligible" });
+      if (this.d.opts.logLevel === "debug")
+        this.d.log("debug", "token ids: sent as text", { worker: pick.target.id, reason: plan.text });
+      return null;
+    }
+    count.inc({ outcome: "ids" });
+    return plan;
   }
 }

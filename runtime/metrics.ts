@@ -159,6 +159,10 @@ export function createMetrics(
     ...spec("infera_router_pd_paths_total"),
     registers: [registry],
   });
+  const tokenIds = new client.Counter({
+    ...spec("infera_router_token_id_requests_total"),
+    registers: [registry],
+  });
   // Gauges read the router at scrape time, so they can never drift from the truth.
   perWorker("infera_router_decode_demand_tokens", (w, r) => (w.role !== "prefill" ? r.demand(w.id).tokens : null));
   perWorker("infera_router_decode_demand_requests", (w, r) => (w.role !== "prefill" ? r.demand(w.id).requests : null));
@@ -251,6 +255,7 @@ export function createMetrics(
     requests,
     decisions,
     pdPaths,
+    tokenIds,
     eppFallbacks,
     admissionWait,
     admissionForced,

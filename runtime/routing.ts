@@ -29,6 +29,7 @@ import { Logger } from "./log";
 import { Tokenizers } from "./tokenizers";
 import { Director, DirectorDeps } from "./director";
 import { flowMetrics, FlowMetrics, repickers } from "./flow";
+import { ParityStatus } from "./probe";
 
 /** A request shedsCold() parsed and did not refuse: its body, as parsed, and its prompt as rendered (undefined: not rendered). */
 interface Declined {
@@ -42,7 +43,7 @@ interface Declined {
 /** What routing reads of the fleet: discovery's first view, and whether a worker renders unlike us. */
 export interface FleetView {
   readonly synced: boolean;
-  readonly probes: { anyDiverged(): boolean } | null;
+  readonly probes: { anyDiverged(): boolean; state(id: string): { status: ParityStatus } } | null;
 }
 
 export class Routing implements DirectorDeps {
@@ -92,6 +93,11 @@ export class Routing implements DirectorDeps {
     this.director = new Director(this);
   }
 
+  /** The worker's render parity (--send-token-ids); null with the probes off. */
+  parity(workerId: string): ParityStatus | null {
+    return this.fleet.probes ? this.fleet.probes.state(workerId).status : null;
+  }
+
   private parse(endpoint: Endpoint, body: Buffer, sessionHeader: string | null): ParsedRequest {
     return parseRequest(
       endpoint,
@@ -115,7 +121,12 @@ export class Routing implements DirectorDeps {
   }
 
   /** text: the prompt already rendered by the caller (rendering twice costs as much as encoding a short one). */
-  private featuresInline(req: ParsedRequest, root: string | null, text?: string): Features {
+  private featuresInline(
+    req: ParsedRequest,
+    root: string | null,
+    text?: string,
+    keep?: { ids: ArrayLike<number> | null },
+  ): Features {
     try {
       const tok = this.tok.tokenizerFor(req.model);
       const ids =
@@ -126,7 +137,9 @@ export class Routing implements DirectorDeps {
           : promptTokenIds(req, tok);
       if (!ids) return this.estimated(req, root);
       const ms = mediaSalt(req, nativeHasher, root);
-      return featuresOf(req, ids.length, this.hashes.hash(ids, this.opts.router.blockSize, ms.salt), ms.mediaHashes);
+      const f = featuresOf(req, ids.length, this.hashes.hash(ids, this.opts.router.blockSize, ms.salt), ms.mediaHashes);
+      if (keep) keep.ids = ids;
+      return f;
     } catch (e) {
       return this.estimated(req, root, e as Error);
     }
@@ -137,7 +150,17 @@ export class Routing implements DirectorDeps {
     const t0 = process.hrtime.bigint();
     const req = this.parse(endpoint, body, sessionHeader);
     const root = requestRoot(this.state.mirror, req.model, req.cacheSalt, nativeHasher);
-    return this.finishPick(req, this.featuresInline(req, root), t0, allow);
+    const keep = this.keepIds(req);
+    return this.finishPick(req, this.featuresInline(req, root, undefined, keep), t0, allow, undefined, keep);
+  }
+
+  /**
+   * --send-token-ids: where the prompt's ids are kept for the director (which
+   * may send them instead of the text); null when they are never sent: the
+   * flag off, or the client sent ids itself (nothing left to tokenize).
+   */
+  private keepIds(req: ParsedRequest): { ids: ArrayLike<number> | null } | undefined {
+    return this.opts.sendTokenIds !== "off" && !req.promptTokens && !req.media.length ? { ids: null } : undefined;
   }
 
   /**
@@ -187,8 +210,11 @@ export class Routing implements DirectorDeps {
         }
     }
     const pool = text !== null && text.length > this.opts.tokenize.inlineChars ? this.tok.pool() : null;
-    if (!pool || text === null)
-      return this.finishPick(req, this.featuresInline(req, root, text ?? undefined), t0, allow, sloTtftMs);
+    if (!pool || text === null) {
+      const keep = this.keepIds(req);
+      const feats = this.featuresInline(req, root, text ?? undefined, keep);
+      return this.finishPick(req, feats, t0, allow, sloTtftMs, keep);
+    }
     return this.onThread(req, root, tok!, key!, text, pool, t0, allow, sloTtftMs);
   }
 
@@ -205,6 +231,7 @@ export class Routing implements DirectorDeps {
     sloTtftMs?: number,
   ): Promise<Pick> {
     const ms = mediaSalt(req, nativeHasher, root);
+    const keep = this.keepIds(req);
     let feats: Features;
     try {
       const job = pool.encode(
@@ -213,11 +240,13 @@ export class Routing implements DirectorDeps {
         !!(req.addSpecialTokens && tok.encodeSpecial),
         this.opts.router.blockSize,
         ms.salt ?? null,
+        !!keep,
       );
       this.metrics.tokenizeQueue.set(pool.depth());
       const r = await job;
       this.metrics.tokenizeQueue.set(pool.depth());
       this.metrics.tokenizeJobs.inc({ outcome: "ok" });
+      if (keep && r.ids) keep.ids = r.ids;
       feats = featuresOf(req, r.tokens, r.blocks as Features["blocks"], ms.mediaHashes);
     } catch (e) {
       this.metrics.tokenizeQueue.set(pool.depth());
@@ -226,7 +255,7 @@ export class Routing implements DirectorDeps {
       if (status) throw e;
       feats = this.estimated(req, root, e as Error);
     }
-    return this.finishPick(req, feats, t0, allow, sloTtftMs);
+    return this.finishPick(req, feats, t0, allow, sloTtftMs, keep);
   }
 
   /**
@@ -348,6 +377,7 @@ export class Routing implements DirectorDeps {
     t0: bigint,
     allow?: (w: Worker) => boolean,
     sloTtftMs?: number,
+    keep?: { ids: ArrayLike<number> | null },
   ): Pick {
     const endpoint = req.endpoint;
     if (sloTtftMs) feats = { ...feats, sloTtftMs };
@@ -363,6 +393,8 @@ export class Routing implements DirectorDeps {
     if (feats.exact && this.fleet.probes && this.fleet.probes.anyDiverged()) feats = { ...feats, exact: false };
     const pick = this.router.pick(feats, req.sessionId, allow);
     pick.stream = req.stream;
+    // Kept only when tokenizing succeeded (a failure routes on an estimate and keeps none).
+    if (keep && keep.ids) pick.promptIds = keep.ids;
     // Late binding (--queue-late-binding): the same request picked again on one named worker.
     // Only a request that can wait can move: one admission lets go at once (warm) never needs it.
     if (this.opts.flow.lateBinding && !req.sessionId && !admitsAtOnce(this.admission.config, pick.uncachedTokens))

@@ -15,6 +15,8 @@ export interface TokenizeJob {
   special: boolean;
   blockSize: number;
   salt: string | null;
+  /** Send the ids back too (--send-token-ids), moved across in one typed array. */
+  ids?: boolean;
 }
 
 export interface TokenizeResult {
@@ -24,6 +26,7 @@ export interface TokenizeResult {
   tokens?: number;
   /** Block hashes concatenated (16 hex digits each): one string crosses threads far cheaper than thousands. */
   blocks?: string;
+  ids?: Uint32Array;
   error?: string;
   ms?: number;
   stats?: { hitTokens: number; missTokens: number; pieces: number; chars: number };
@@ -47,13 +50,18 @@ parentPort!.on("message", (job: TokenizeJob) => {
     if (!tok) throw new Error("no tokenizer");
     const ids = job.special && tok.encodeSpecial ? tok.encodeSpecial(job.text) : tok.encode(job.text);
     const blocks = hashes.hash(ids, job.blockSize, job.salt || undefined).join("");
-    parentPort!.postMessage({
-      id: job.id,
-      tokens: ids.length,
-      blocks,
-      ms: performance.now() - t0,
-      stats: tok.cacheStats(),
-    } as TokenizeResult);
+    const out = job.ids ? Uint32Array.from(ids) : undefined;
+    parentPort!.postMessage(
+      {
+        id: job.id,
+        tokens: ids.length,
+        blocks,
+        ids: out,
+        ms: performance.now() - t0,
+        stats: tok.cacheStats(),
+      } as TokenizeResult,
+      out ? [out.buffer] : [],
+    );
   } catch (e) {
     parentPort!.postMessage({ id: job.id, error: (e as Error).message } as TokenizeResult);
   }

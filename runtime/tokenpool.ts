@@ -35,6 +35,13 @@ export function addStats(t: CacheStats, s: CacheStats): void {
   t.chars += s.chars;
 }
 
+/** A job's answer: token count, block hashes, and the ids themselves when asked for. */
+export interface PoolResult {
+  tokens: number;
+  blocks: string[];
+  ids?: Uint32Array;
+}
+
 /** What a rejected job counts as in infera_router_tokenize_jobs_total. */
 export type JobOutcome = "timeout" | "queue_full" | "error";
 
@@ -52,7 +59,7 @@ export function defaultThreads(
 
 interface Pending {
   job: TokenizeJob;
-  resolve(r: { tokens: number; blocks: string[] }): void;
+  resolve(r: PoolResult): void;
   reject(e: Error): void;
   timer: NodeJS.Timeout;
   slot: Slot | null;
@@ -153,7 +160,8 @@ export class TokenizerPool {
     special: boolean,
     blockSize: number,
     salt: string | null,
-  ): Promise<{ tokens: number; blocks: string[] }> {
+    ids = false,
+  ): Promise<PoolResult> {
     if (this.closed)
       return Promise.reject(rejection(503, "the router is shutting down", "service_unavailable", "error"));
     if (this.pending.size >= this.opts.queueMax) {
@@ -168,7 +176,7 @@ export class TokenizerPool {
       );
     }
     const id = this.nextId++;
-    const job: TokenizeJob = { id, key, text, special, blockSize, salt };
+    const job: TokenizeJob = { id, key, text, special, blockSize, salt, ids };
     return new Promise((resolve, reject) => {
       const p: Pending = {
         job,
@@ -214,7 +222,7 @@ export class TokenizerPool {
         const joined = r.blocks!;
         const blocks: string[] = new Array(joined.length >> 4);
         for (let i = 0; i < blocks.length; i++) blocks[i] = joined.substr(i << 4, 16);
-        p.resolve({ tokens: r.tokens!, blocks });
+        p.resolve(r.ids ? { tokens: r.tokens!, blocks, ids: r.ids } : { tokens: r.tokens!, blocks });
       }
     }
     this.pump(slot);

@@ -46,6 +46,12 @@ export interface SimOptions {
   /** Tokens per SSE chunk after the first (vLLM's --stream-interval). */
   streamInterval: number;
   /**
+   * --frontend-us-per-token: what the engine's OpenAI frontend spends rendering
+   * and tokenizing a text prompt, per token (engine µs; 0 = off). A prompt sent
+   * as token ids skips it, as vLLM's and SGLang's do.
+   */
+  frontendUsPerToken: number;
+  /**
    * A second PUB port with the same batches, events as tagged maps with
    * lora_name (the shape vllm-router's kv_aware index decodes); null = off.
    */
@@ -233,7 +239,7 @@ export class EngineSim {
   private server: http.Server | null = null;
   private tok: Tokenizer | null;
   private render: SimRender;
-  stats = { requests: 0, promptTokens: 0, cachedTokens: 0, aborted: 0, inflight: 0, batches: 0 };
+  stats = { requests: 0, promptTokens: 0, cachedTokens: 0, aborted: 0, inflight: 0, batches: 0, tokenIdRequests: 0 };
 
   constructor(readonly o: SimOptions) {
     try {
@@ -605,9 +611,20 @@ export class EngineSim {
     const pr = parseRequest(ep, body.toString("utf8"), body.length, { maxBodyBytes: 64 << 20 });
     const j = JSON.parse(body.toString("utf8"));
     const maxTokens = Math.max(1, Math.min(32768, Number(j.max_tokens ?? j.max_completion_tokens ?? 16) || 16));
-    // Tokens for the cache: the real prompt tokens (rendered + tokenized as the engine would).
+    // Tokens for the cache: the real prompt tokens (rendered + tokenized as the engine would),
+    // or the ids a completions request carries (the engine's token-in path: nothing to tokenize).
+    const asIds = !!pr.promptTokens;
+    const f0 = performance.now();
     const tokens = this.render.promptTokens(pr, body.toString("utf8"));
     if (tokens.length === 0) tokens.push(0); // an engine always runs at least one token (BOS)
+    if (asIds) this.stats.tokenIdRequests++;
+    res.setHeader("x-sim-prompt-input", asIds ? "token-ids" : "text");
+    res.setHeader("x-sim-prompt-digest", promptDigest(tokens));
+    // The modelled frontend's render + tokenize of a text prompt, less what this process just spent doing it.
+    if (!asIds && this.o.frontendUsPerToken > 0) {
+      const ms = (tokens.length * this.o.frontendUsPerToken) / 1000 / this.o.timeScale - (performance.now() - f0);
+      if (ms > 0) await sleep(ms);
+    }
     // media, cache_salt and a LoRA adapter feed the first block's hash, like vLLM's extra keys
     const lora = this.o.loraModules.includes(String(pr.model)) ? String(pr.model) : null;
     const salt = typeof j.cache_salt === "string" && j.cache_salt ? j.cache_salt : null;
@@ -899,6 +916,11 @@ class Writer {
   }
 }
 
+/** A short digest of the prompt's token ids (x-sim-prompt-digest): equal digests, equal prompts. */
+function promptDigest(tokens: number[]): string {
+  return crypto.createHash("sha256").update(Uint32Array.from(tokens)).digest("hex").slice(0, 16);
+}
+
 function words(n: number): string {
   const out: string[] = [];
   for (let i = 0; i < n; i++) out.push("tok" + i);
@@ -939,6 +961,7 @@ export function simOptionsFrom(p: Parsed): SimOptions {
     maxNumSeqs: num("max-num-seqs"),
     timeScale: num("time-scale"),
     streamInterval: num("stream-interval"),
+    frontendUsPerToken: num("frontend-us-per-token"),
     kvEventsMapPort: v["kv-events-map-port"] as number | null,
     kvReplayPort: v["kv-replay-port"] as number | null,
     kvSnapshotPort: v["kv-snapshot-port"] as number | null,

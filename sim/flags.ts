@@ -179,6 +179,14 @@ export const SIM_FLAGS: FlagSpec[] = [
     help: "engine time runs N times faster than wall time (> 0)",
   },
   {
+    name: "frontend-us-per-token",
+    kind: "number",
+    def: 0,
+    min: 0,
+    commands: ["sim"],
+    help: "engine frontend's render + tokenize time per prompt token (µs) for a text prompt, charged before the engine runs; ids cost nothing (0 = off)",
+  },
+  {
     name: "stream-interval",
     kind: "int",
     def: 1,

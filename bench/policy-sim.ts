@@ -14,6 +14,7 @@
 //   adds the floor with the fleet's caches pooled and the KV oracle as rows)
 //   [--warmup] (bench:trace's warm-up before each closed-loop run, so speeds are learned before it starts)
 //   [--show-slowness] (each run's learned slowness at its end, on stderr)
+//   [--oracle-predictor] (a TTFT MAPE column for a predictor that sees the engine's exact state at dispatch)
 // Deterministic: the same command prints the same table, and a row's figures
 // do not depend on which other rows the command asks for.
 import { createRouter } from "../core/router";
@@ -143,6 +144,8 @@ interface Result {
   forced: number;
   /** |predicted - observed| / observed per measured first token that had a prediction. */
   ape: number[];
+  /** The same for --oracle-predictor's foresight, over every measured first token. */
+  oracleApe: number[];
 }
 
 // Client and network time before a request reaches the router, uniform in
@@ -290,6 +293,7 @@ const WARMUP = argv.includes("--warmup");
 // engine's state at dispatch (time left in the step in flight, running and waiting requests).
 const DUMP_FILE = opt("--dump", "");
 const DUMP: Record<string, unknown>[] | null = DUMP_FILE ? [] : null;
+const ORACLE_PREDICTOR = argv.includes("--oracle-predictor");
 function warmConvs(): Conv[] {
   const sizes = [500, 2000, 4000, 8000];
   return Array.from({ length: 16 }, (_, i) => [{ tokens: text(sizes[i % 4] + HEAD), maxTokens: 8, key: `warm${i}` }]);
@@ -314,10 +318,17 @@ function run(
   // Virtual time for the router too: speed learning times first tokens on this clock.
   // TTFT prediction error as runtime/app.ts exports it (|predicted - observed| / observed), measured requests only.
   let measuring = false;
+  let curId = "";
+  const oracleAt = new Map<string, number>();
   const router = createRouter(state, cfg, {
     now: () => now,
     onTiming: (_w, p, ms) => {
-      if (measuring && !peer && p !== null && ms > 0) res.ape.push(Math.abs(p - ms) / ms);
+      if (measuring && !peer && p !== null && ms > 0) {
+        res.ape.push(Math.abs(p - ms) / ms);
+        // The oracle predictor on the same first tokens, against the same observed time.
+        const f = oracleAt.get(curId);
+        if (f !== undefined && Number.isFinite(f)) res.oracleApe.push(Math.abs(f - ms) / ms);
+      }
     },
   });
   // --dump FILE: one JSON line per measured first token, the model's inputs and the engine's truth at dispatch.
@@ -370,7 +381,7 @@ function run(
   };
   const plans: (StepPlan | null)[] = new Array(N).fill(null);
   const ends: number[] = new Array(N).fill(Infinity);
-  const res: Result = { ttft: [], hits: 0, prompt: 0, spread: new Array(N).fill(0), forced: 0, ape: [] };
+  const res: Result = { ttft: [], hits: 0, prompt: 0, spread: new Array(N).fill(0), forced: 0, ape: [], oracleApe: [] };
   const live = new Map<
     string,
     {
@@ -429,6 +440,29 @@ function run(
     cfg.policy === "kv-aware" && !smg && !oracle && !kvOracle ? admission : { slots: 0, warmTokens: 0 },
   );
   const deadlines: { at: number; ticket: Ticket }[] = [];
+  // (oracleAt is declared above, with the router.)
+  // --oracle-predictor: each measured request's time to first token foreseen
+  // at dispatch from its engine's exact state (a copy of the engine model,
+  // the step in flight included, run forward with no later arrivals): what a
+  // predictor that saw inside the engine would say. Its error is left only by
+  // requests that arrive later and share its steps.
+  const foresee = (i: number, id: string): number => {
+    const copy = structuredClone({ e: { ...engines[i] }, p: plans[i] });
+    const e = Object.assign(Object.create(Object.getPrototypeOf(engines[i])), copy.e) as EngineModel;
+    let plan = copy.p;
+    let ms = plan ? ends[i] - now : 0;
+    if (!plan) {
+      plan = e.schedule();
+      if (plan) ms += plan.ms;
+    }
+    for (let guard = 0; guard < 100000 && plan; guard++) {
+      const out = e.complete(plan);
+      if (out.some((o) => o.id === id && o.index === 0)) return ms;
+      plan = e.schedule();
+      if (plan) ms += plan.ms;
+    }
+    return NaN;
+  };
   const start = (conv: number, turn: number) => {
     const t = convs[conv][turn];
     const blocks = blockHashes(t.tokens, 16);
@@ -455,6 +489,7 @@ function run(
           dispatchAt: now,
         });
       engines[i].add({ id, tokens: t.tokens, hashes: blocks.map((b) => BigInt("0x" + b)), maxTokens: t.maxTokens });
+      if (ORACLE_PREDICTOR && conv >= W && !peer) oracleAt.set(id, foresee(i, id));
       if (conv >= W) res.spread[i]++;
       kick(i);
     });
@@ -500,6 +535,7 @@ function run(
       }
       if (t.index === 0) {
         measuring = l.conv >= W;
+        curId = t.id;
         curDump = DUMP ? { ...dumpAt.get(t.id), firstAt: now, cached: t.cachedTokens, prompt: t.promptTokens } : null;
         l.r.firstToken();
         measuring = false;
@@ -533,7 +569,7 @@ function run(
  */
 function floor(convs: Conv[], numBlocks = 1 << 20): Result {
   const e = new EngineModel({ ...llama8bH100(), numBlocks });
-  const res: Result = { ttft: [], hits: 0, prompt: 0, spread: [0, 0, 0, 0], forced: 0, ape: [] };
+  const res: Result = { ttft: [], hits: 0, prompt: 0, spread: [0, 0, 0, 0], forced: 0, ape: [], oracleApe: [] };
   const reqs = convs.some((c) => c[0].at !== undefined)
     ? convs.map((c) => c[0]).sort((a, b) => (a.at || 0) - (b.at || 0))
     : convs.flat();
@@ -591,13 +627,13 @@ function main(): void {
   ];
   const want = opt("--workloads", "trace,shared-prefix,multi-turn,agentic,unique").split(",");
   console.log(
-    `| workload | policy | TTFT mean ms | p50 | p90 | RR/this | hit | requests per worker (all seeds) | admitted past the wait bound | TTFT MAPE |`,
+    `| workload | policy | TTFT mean ms | p50 | p90 | RR/this | hit | requests per worker (all seeds) | admitted past the wait bound | TTFT MAPE |${ORACLE_PREDICTOR ? " oracle predictor MAPE |" : ""}`,
   );
-  console.log(`|---|---|---:|---:|---:|---:|---:|---|---:|---:|`);
+  console.log(`|---|---|---:|---:|---:|---:|---:|---|---:|---:|${ORACLE_PREDICTOR ? "---:|" : ""}`);
   for (const [name, make] of loads) {
     if (!want.includes(name)) continue;
     for (const c of name === "trace" ? [0] : [4, 16]) {
-      const rows: [string, number[], number, number[], number, number[]][] = [];
+      const rows: [string, number[], number, number[], number, number[], number[]][] = [];
       for (const [label, flags] of variants) {
         const peer =
           flags[0] === "smg" || flags[0] === "oracle" || flags[0] === "kv-oracle"
@@ -615,6 +651,7 @@ function main(): void {
         let forced = 0;
         const spread = [0, 0, 0, 0];
         const ape: number[] = [];
+        const oape: number[] = [];
         for (let s = 0; s < (c ? seeds : 1); s++) {
           // Every row of a seed gets the same token ids (so the same block
           // hashes and content-hash tie-breaks): rows differ by policy only.
@@ -624,6 +661,7 @@ function main(): void {
             : run(make(1000 + s), c, cfg, opts.admission, s, peer);
           forced += r.forced;
           ape.push(...r.ape);
+          oape.push(...r.oracleApe);
           if (DUMP)
             for (const d of DUMP.splice(0)) if (!peer) dumped.push({ workload: name, c, policy: label, seed: s, ...d });
           all.push(...r.ttft);
@@ -631,12 +669,12 @@ function main(): void {
           prompt += r.prompt;
           r.spread.forEach((n, k) => (spread[k] += n));
         }
-        rows.push([label, all, hits / prompt, spread, forced, ape]);
+        rows.push([label, all, hits / prompt, spread, forced, ape, oape]);
       }
       const rr = mean(rows[1][1]);
-      for (const [label, t, hit, spread, forced, ape] of rows)
+      for (const [label, t, hit, spread, forced, ape, oape] of rows)
         console.log(
-          `| ${c ? `${name} c=${c}` : name} | ${label} | ${mean(t).toFixed(1)} | ${pct(t, 50).toFixed(1)} | ${pct(t, 90).toFixed(1)} | ${(rr / mean(t)).toFixed(2)}x | ${(hit * 100).toFixed(1)}% | ${spread.join("/")} | ${forced} | ${ape.length ? (mean(ape) * 100).toFixed(1) + "%" : "–"} |`,
+          `| ${c ? `${name} c=${c}` : name} | ${label} | ${mean(t).toFixed(1)} | ${pct(t, 50).toFixed(1)} | ${pct(t, 90).toFixed(1)} | ${(rr / mean(t)).toFixed(2)}x | ${(hit * 100).toFixed(1)}% | ${spread.join("/")} | ${forced} | ${ape.length ? (mean(ape) * 100).toFixed(1) + "%" : "–"} |${ORACLE_PREDICTOR ? ` ${oape.length ? (mean(oape) * 100).toFixed(1) + "%" : "–"} |` : ""}`,
         );
     }
   }

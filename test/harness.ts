@@ -177,10 +177,17 @@ async function startSimOnce(
     role,
     ...extra,
   ]);
-  await waitFor(`sim ${id}`, async () => {
-    if (proc.child.exitCode !== null) throw fatal(`sim ${id} exited: ${proc.log().slice(-500)}`);
-    return httpOk(`http://127.0.0.1:${port}/health`);
-  });
+  // 60 s, not waitFor's 20: a bench starts its simulators together, each
+  // compiling its sources through tsx, and on a loaded 2-core machine that
+  // alone took over 20 s (a simulator that dies still fails at once).
+  await waitFor(
+    `sim ${id}`,
+    async () => {
+      if (proc.child.exitCode !== null) throw fatal(`sim ${id} exited: ${proc.log().slice(-500)}`);
+      return httpOk(`http://127.0.0.1:${port}/health`);
+    },
+    60000,
+  );
   return {
     id,
     port,

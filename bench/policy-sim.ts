@@ -16,6 +16,7 @@
 //   [--show-slowness] (each run's learned slowness at its end, on stderr)
 //   [--max-num-batched-tokens N] (every engine's step token budget, 8192 by default)
 //   [--requests FILE] (per measured request, JSON lines: key, worker, waits, the steps it sat in, evictions)
+//   [--oracle-predictor] (a TTFT MAPE column for a predictor that sees the engine's exact state at dispatch)
 // Deterministic: the same command prints the same table, and a row's figures
 // do not depend on which other rows the command asks for.
 import { createRouter } from "../core/router";
@@ -145,6 +146,8 @@ interface Result {
   forced: number;
   /** |predicted - observed| / observed per measured first token that had a prediction. */
   ape: number[];
+  /** The same for --oracle-predictor's foresight, over every measured first token. */
+  oracleApe: number[];
 }
 
 // Client and network time before a request reaches the router, uniform in
@@ -306,6 +309,7 @@ const DUMP: Record<string, unknown>[] | null = DUMP_FILE ? [] : null;
 // requests in them, and the blocks its engine had evicted by then (the KV-pressure diagnosis).
 const REQ_FILE = opt("--requests", "");
 const REQS: Record<string, unknown>[] | null = REQ_FILE ? [] : null;
+const ORACLE_PREDICTOR = argv.includes("--oracle-predictor");
 function warmConvs(): Conv[] {
   const sizes = [500, 2000, 4000, 8000];
   return Array.from({ length: 16 }, (_, i) => [{ tokens: text(sizes[i % 4] + HEAD), maxTokens: 8, key: `warm${i}` }]);
@@ -330,10 +334,17 @@ function run(
   // Virtual time for the router too: speed learning times first tokens on this clock.
   // TTFT prediction error as runtime/app.ts exports it (|predicted - observed| / observed), measured requests only.
   let measuring = false;
+  let curId = "";
+  const oracleAt = new Map<string, number>();
   const router = createRouter(state, cfg, {
     now: () => now,
     onTiming: (_w, p, ms) => {
-      if (measuring && !peer && p !== null && ms > 0) res.ape.push(Math.abs(p - ms) / ms);
+      if (measuring && !peer && p !== null && ms > 0) {
+        res.ape.push(Math.abs(p - ms) / ms);
+        // The oracle predictor on the same first tokens, against the same observed time.
+        const f = oracleAt.get(curId);
+        if (f !== undefined && Number.isFinite(f)) res.oracleApe.push(Math.abs(f - ms) / ms);
+      }
     },
   });
   // --dump FILE: one JSON line per measured first token, the model's inputs and the engine's truth at dispatch.
@@ -386,7 +397,7 @@ function run(
   };
   const plans: (StepPlan | null)[] = new Array(N).fill(null);
   const ends: number[] = new Array(N).fill(Infinity);
-  const res: Result = { ttft: [], hits: 0, prompt: 0, spread: new Array(N).fill(0), forced: 0, ape: [] };
+  const res: Result = { ttft: [], hits: 0, prompt: 0, spread: new Array(N).fill(0), forced: 0, ape: [], oracleApe: [] };
   const live = new Map<
     string,
     {
@@ -452,6 +463,29 @@ function run(
     cfg.policy === "kv-aware" && !smg && !oracle && !kvOracle ? admission : { slots: 0, warmTokens: 0 },
   );
   const deadlines: { at: number; ticket: Ticket }[] = [];
+  // (oracleAt is declared above, with the router.)
+  // --oracle-predictor: each measured request's time to first token foreseen
+  // at dispatch from its engine's exact state (a copy of the engine model,
+  // the step in flight included, run forward with no later arrivals): what a
+  // predictor that saw inside the engine would say. Its error is left only by
+  // requests that arrive later and share its steps.
+  const foresee = (i: number, id: string): number => {
+    const copy = structuredClone({ e: { ...engines[i] }, p: plans[i] });
+    const e = Object.assign(Object.create(Object.getPrototypeOf(engines[i])), copy.e) as EngineModel;
+    let plan = copy.p;
+    let ms = plan ? ends[i] - now : 0;
+    if (!plan) {
+      plan = e.schedule();
+      if (plan) ms += plan.ms;
+    }
+    for (let guard = 0; guard < 100000 && plan; guard++) {
+      const out = e.complete(plan);
+      if (out.some((o) => o.id === id && o.index === 0)) return ms;
+      plan = e.schedule();
+      if (plan) ms += plan.ms;
+    }
+    return NaN;
+  };
   const start = (conv: number, turn: number) => {
     const t = convs[conv][turn];
     const blocks = blockHashes(t.tokens, 16);
@@ -480,6 +514,7 @@ function run(
           dispatchAt: now,
         });
       engines[i].add({ id, tokens: t.tokens, hashes: blocks.map((b) => BigInt("0x" + b)), maxTokens: t.maxTokens });
+      if (ORACLE_PREDICTOR && conv >= W && !peer) oracleAt.set(id, foresee(i, id));
       if (conv >= W) res.spread[i]++;
       kick(i);
     });
@@ -565,6 +600,7 @@ function run(
       if (t.index === 0) {
         l.first = true;
         measuring = l.conv >= W;
+        curId = t.id;
         curDump = DUMP ? { ...dumpAt.get(t.id), firstAt: now, cached: t.cachedTokens, prompt: t.promptTokens } : null;
         l.r.firstToken();
         measuring = false;
@@ -598,7 +634,7 @@ function run(
  */
 function floor(convs: Conv[], numBlocks = 1 << 20): Result {
   const e = new EngineModel({ ...engineModel(), numBlocks });
-  const res: Result = { ttft: [], hits: 0, prompt: 0, spread: [0, 0, 0, 0], forced: 0, ape: [] };
+  const res: Result = { ttft: [], hits: 0, prompt: 0, spread: [0, 0, 0, 0], forced: 0, ape: [], oracleApe: [] };
   const reqs = convs.some((c) => c[0].at !== undefined)
     ? convs.map((c) => c[0]).sort((a, b) => (a.at || 0) - (b.at || 0))
     : convs.flat();
@@ -674,7 +710,7 @@ function floorAtConcurrency(convs: Conv[], c: number, seed: number): Result {
   // run() takes arrivals in time order, ties by insertion.
   const order = burst.map((b, k) => ({ ...b, k })).sort((a, b) => a.at - b.at || a.k - b.k);
   const e = new EngineModel({ ...engineModel(), numBlocks: 1 << 20 });
-  const res: Result = { ttft: [], hits: 0, prompt: 0, spread: [0, 0, 0, 0], forced: 0, ape: [] };
+  const res: Result = { ttft: [], hits: 0, prompt: 0, spread: [0, 0, 0, 0], forced: 0, ape: [], oracleApe: [] };
   const opened: { at: number; blocks: string[] }[] = [];
   let n = 0;
   for (const b of order) {
@@ -749,13 +785,13 @@ function main(): void {
   ];
   const want = opt("--workloads", "trace,shared-prefix,multi-turn,agentic,unique").split(",");
   console.log(
-    `| workload | policy | TTFT mean ms | p50 | p90 | RR/this | hit | requests per worker (all seeds) | admitted past the wait bound | TTFT MAPE |`,
+    `| workload | policy | TTFT mean ms | p50 | p90 | RR/this | hit | requests per worker (all seeds) | admitted past the wait bound | TTFT MAPE |${ORACLE_PREDICTOR ? " oracle predictor MAPE |" : ""}`,
   );
-  console.log(`|---|---|---:|---:|---:|---:|---:|---|---:|---:|`);
+  console.log(`|---|---|---:|---:|---:|---:|---:|---|---:|---:|${ORACLE_PREDICTOR ? "---:|" : ""}`);
   for (const [name, make] of loads) {
     if (!want.includes(name)) continue;
     for (const c of name === "trace" ? [0] : [4, 16]) {
-      const rows: [string, number[], number, number[], number, number[]][] = [];
+      const rows: [string, number[], number, number[], number, number[], number[]][] = [];
       for (const [label, flags] of variants) {
         const peer =
           flags[0] === "smg" || flags[0] === "oracle" || flags[0] === "kv-oracle"
@@ -773,6 +809,7 @@ function main(): void {
         let forced = 0;
         const spread = [0, 0, 0, 0];
         const ape: number[] = [];
+        const oape: number[] = [];
         for (let s = 0; s < (c ? seeds : 1); s++) {
           // Every row of a seed gets the same token ids (so the same block
           // hashes and content-hash tie-breaks): rows differ by policy only.
@@ -785,6 +822,7 @@ function main(): void {
           forced += r.forced;
           ape.push(...r.ape);
           if (REQS) for (const d of REQS.splice(0)) requests.push({ workload: name, c, policy: label, seed: s, ...d });
+          oape.push(...r.oracleApe);
           if (DUMP)
             for (const d of DUMP.splice(0)) if (!peer) dumped.push({ workload: name, c, policy: label, seed: s, ...d });
           all.push(...r.ttft);
@@ -792,12 +830,12 @@ function main(): void {
           prompt += r.prompt;
           r.spread.forEach((n, k) => (spread[k] += n));
         }
-        rows.push([label, all, hits / prompt, spread, forced, ape]);
+        rows.push([label, all, hits / prompt, spread, forced, ape, oape]);
       }
       const rr = mean(rows[1][1]);
-      for (const [label, t, hit, spread, forced, ape] of rows)
+      for (const [label, t, hit, spread, forced, ape, oape] of rows)
         console.log(
-          `| ${c ? `${name} c=${c}` : name} | ${label} | ${mean(t).toFixed(1)} | ${pct(t, 50).toFixed(1)} | ${pct(t, 90).toFixed(1)} | ${(rr / mean(t)).toFixed(2)}x | ${(hit * 100).toFixed(1)}% | ${spread.join("/")} | ${forced} | ${ape.length ? (mean(ape) * 100).toFixed(1) + "%" : "–"} |`,
+          `| ${c ? `${name} c=${c}` : name} | ${label} | ${mean(t).toFixed(1)} | ${pct(t, 50).toFixed(1)} | ${pct(t, 90).toFixed(1)} | ${(rr / mean(t)).toFixed(2)}x | ${(hit * 100).toFixed(1)}% | ${spread.join("/")} | ${forced} | ${ape.length ? (mean(ape) * 100).toFixed(1) + "%" : "–"} |${ORACLE_PREDICTOR ? ` ${oape.length ? (mean(oape) * 100).toFixed(1) + "%" : "–"} |` : ""}`,
         );
     }
   }

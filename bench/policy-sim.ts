@@ -14,6 +14,7 @@
 //   adds the floor with the fleet's caches pooled and the KV oracle as rows)
 //   [--warmup] (bench:trace's warm-up before each closed-loop run, so speeds are learned before it starts)
 //   [--show-slowness] (each run's learned slowness at its end, on stderr)
+//   [--step-model knee|additive|roofline] [--step-knee-exp 1.4] (the engines' step pricing, sim/model.ts; default the model's)
 // Deterministic: the same command prints the same table, and a row's figures
 // do not depend on which other rows the command asks for.
 import { createRouter } from "../core/router";
@@ -263,9 +264,18 @@ function kvOracleModel(convs: Conv[], n: number, capacity: number) {
   };
 }
 
+const STEP_MODEL = opt("--step-model", llama8bH100().stepModel || "knee");
+if (["knee", "additive", "roofline"].indexOf(STEP_MODEL) < 0)
+  throw new Error("--step-model: knee, additive or roofline");
+const STEP_KNEE_EXP = Number(opt("--step-knee-exp", String(llama8bH100().stepKneeExp)));
+/** The calibrated engine, priced by --step-model. */
+function engine8b() {
+  return { ...llama8bH100(), stepModel: STEP_MODEL as "knee" | "additive" | "roofline", stepKneeExp: STEP_KNEE_EXP };
+}
+
 /** The calibrated engine at a share of its speed: every cost term takes 1/speed as long. */
 function engineAt(speed: number) {
-  const c = llama8bH100();
+  const c = engine8b();
   return {
     ...c,
     stepBaseMs: c.stepBaseMs / speed,
@@ -532,7 +542,7 @@ function run(
  * computes it. No router can average below it.
  */
 function floor(convs: Conv[], numBlocks = 1 << 20): Result {
-  const e = new EngineModel({ ...llama8bH100(), numBlocks });
+  const e = new EngineModel({ ...engine8b(), numBlocks });
   const res: Result = { ttft: [], hits: 0, prompt: 0, spread: [0, 0, 0, 0], forced: 0, ape: [] };
   const reqs = convs.some((c) => c[0].at !== undefined)
     ? convs.map((c) => c[0]).sort((a, b) => (a.at || 0) - (b.at || 0))
@@ -590,6 +600,7 @@ function main(): void {
     ["kv-docs", kvDocs],
   ];
   const want = opt("--workloads", "trace,shared-prefix,multi-turn,agentic,unique").split(",");
+  console.log(`step_model=${STEP_MODEL}${STEP_MODEL === "knee" ? ` step_knee_exp=${STEP_KNEE_EXP}` : ""}`);
   console.log(
     `| workload | policy | TTFT mean ms | p50 | p90 | RR/this | hit | requests per worker (all seeds) | admitted past the wait bound | TTFT MAPE |`,
   );

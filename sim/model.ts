@@ -100,6 +100,21 @@ export function llama8bH100(): ModelConfig {
   };
 }
 
+/**
+ * The linear layers of a step of prefillTokens + decodeSeqs tokens (ms), as
+ * cfg.stepModel prices them (CostModel.stepModel); under "additive" the
+ * prefill tokens' cost is included here too.
+ */
+export function linearMs(c: CostModel, prefillTokens: number, decodeSeqs: number): number {
+  const batchMs = ((prefillTokens + decodeSeqs) * c.prefillUsPerToken) / 1000;
+  if (c.stepModel === "roofline") return Math.max(c.stepBaseMs, batchMs);
+  if (c.stepModel === "knee") {
+    const p = c.stepKneeExp ?? 1.4;
+    return Math.pow(Math.pow(c.stepBaseMs, p) + Math.pow(batchMs, p), 1 / p);
+  }
+  return c.stepBaseMs + (prefillTokens * c.prefillUsPerToken) / 1000;
+}
+
 export type ModelEvent =
   { type: "stored"; hashes: bigint[]; parent: bigint | null; tokens: number[] } | { type: "removed"; hashes: bigint[] };
 
@@ -469,22 +484,12 @@ export class EngineModel {
         us += c.decodeUsPerSeq + (c.kvReadUsPerKToken * s.computed) / 1000;
       } else {
         prefillTokens += n;
-        us += n * c.prefillUsPerToken + (c.prefillAttnUsPerKCtx * n * (s.computed + n / 2)) / 1000;
+        us += (c.prefillAttnUsPerKCtx * n * (s.computed + n / 2)) / 1000;
       }
     }
-    let linear = c.stepBaseMs;
-    const batchMs = ((prefillTokens + decodeSeqs) * c.prefillUsPerToken) / 1000;
-    if (c.stepModel === "roofline" || c.stepModel === "knee") {
-      // One pass over the weights carries every token of the batch (the linear
-      // layers run prefill and decode tokens as one matmul): the prefill
-      // tokens' cost is folded into the pass instead of added to it.
-      us -= prefillTokens * c.prefillUsPerToken;
-      const p = c.stepKneeExp ?? 1.4;
-      linear =
-        c.stepModel === "roofline"
-          ? Math.max(c.stepBaseMs, batchMs)
-          : Math.pow(Math.pow(c.stepBaseMs, p) + Math.pow(batchMs, p), 1 / p);
-    }
+    // The linear layers run prefill and decode tokens as one matmul (one pass
+    // over the weights): priced once for the whole batch.
+    const linear = linearMs(c, prefillTokens, decodeSeqs);
     const ms = linear + (prefillTokens ? c.prefillStepMs : 0) + us / 1000;
     return { items, ms, prefillTokens, decodeSeqs, loraLoads: 0 };
   }

@@ -152,7 +152,7 @@ export const SIM_FLAGS: FlagSpec[] = [
     def: 1.4,
     min: 1,
     commands: ["sim"],
-    help: "exponent p of --step-model knee: 1 adds every token to the fixed cost, large p is the roofline (1.4 fits vLLM-class GPU timings of an 8B model on H100)",
+    help: "exponent p of --step-model knee: 1 adds every token to the fixed cost, large p is the roofline (the default is fitted to published H100 GPU timings, docs/simulator.md)",
   },
   {
     name: "kv-bytes-per-token",

@@ -50,8 +50,7 @@ export interface CostModel {
    *   chunk of ~100 tokens in a decode step costs part of its tokens, not all
    *   (additive) and not nothing (roofline). p is fitted to per-operator GPU
    *   timings of the linear layers against batch tokens (Vidur's published
-   *   profiles, microsoft/vidur data/profiling/compute: Llama-2-7B on H100
-   *   fits p 1.4, Meta-Llama-3-8B on A100 p 1.2; the table and fit are in
+   *   profiles, microsoft/vidur data/profiling/compute; the fit is in
    *   docs/simulator.md). p = 1 is F + N c, a large p is the roofline.
    * - "additive": F + every prefill token x c (decodes pay decodeUsPerSeq only).
    * - "roofline": max(F, N c): prefill tokens under the weight-read floor ride

@@ -14,7 +14,7 @@
 // uncached where it was prefilled, and how many warm turns were served by the
 // decode worker of the turn before.
 // Usage: node --import tsx bench/conditional-pd.ts [--sessions 16] [--turns 5] [--context-words 400] [--turn-words 20] [--max-interference B1,B2]
-//   [--words natural] [--answer real] [--shared-words 0] [--step-model additive|roofline]
+//   [--words natural] [--answer real] [--shared-words 0] [--step-model knee|additive|roofline]
 import { startEnvoyFleet, longText, stopAll, envoyBin, sleep } from "../test/harness";
 import { meanOrZero, pct } from "./stats";
 import { runBench } from "./run-bench";
@@ -50,7 +50,7 @@ const strArg = (name: string, def: string) => {
 };
 const WORDS = strArg("words", "synthetic");
 const ANSWER = strArg("answer", "synthetic");
-const STEP_MODEL = strArg("step-model", "additive");
+const STEP_MODEL = strArg("step-model", "knee");
 const SHARED_WORDS = arg("shared-words", 0);
 const text = (seed: string, n: number) => (WORDS === "natural" ? naturalText(seed, n) : longText(seed, n));
 const SIM = transferSim(TIME_SCALE, ["--capacity-blocks", "20000", "--step-model", STEP_MODEL]);

@@ -17,6 +17,7 @@
 //   [--max-num-batched-tokens N] (every engine's step token budget, 8192 by default)
 //   [--requests FILE] (per measured request, JSON lines: key, worker, waits, the steps it sat in, evictions)
 //   [--oracle-predictor] (a TTFT MAPE column for a predictor that sees the engine's exact state at dispatch)
+//   [--step-model knee|additive|roofline] [--step-knee-exp 1.4] (the engines' step pricing, sim/model.ts; default the model's)
 // Deterministic: the same command prints the same table, and a row's figures
 // do not depend on which other rows the command asks for.
 import { createRouter } from "../core/router";
@@ -268,12 +269,17 @@ function kvOracleModel(convs: Conv[], n: number, capacity: number) {
   };
 }
 
+const STEP_MODEL = opt("--step-model", llama8bH100().stepModel || "knee");
+if (["knee", "additive", "roofline"].indexOf(STEP_MODEL) < 0)
+  throw new Error("--step-model: knee, additive or roofline");
+const STEP_KNEE_EXP = Number(opt("--step-knee-exp", String(llama8bH100().stepKneeExp)));
 // --max-num-batched-tokens N: every engine's (and the floor's) step token budget, vLLM's
 // max_num_batched_tokens (8192 in the calibrated model): how much of a KV-pressure gap is the engine's
 // chunking, which decides how long a cold prefill holds the steps of requests behind it.
 const MAX_BATCHED = Number(opt("--max-num-batched-tokens", "0"));
+/** The calibrated engine, priced by --step-model, with --max-num-batched-tokens. */
 function engineModel() {
-  const c = llama8bH100();
+  const c = { ...llama8bH100(), stepModel: STEP_MODEL as "knee" | "additive" | "roofline", stepKneeExp: STEP_KNEE_EXP };
   return MAX_BATCHED > 0 ? { ...c, maxNumBatchedTokens: MAX_BATCHED } : c;
 }
 /** The calibrated engine at a share of its speed: every cost term takes 1/speed as long. */
@@ -784,6 +790,7 @@ function main(): void {
     ["kv-docs", kvDocs],
   ];
   const want = opt("--workloads", "trace,shared-prefix,multi-turn,agentic,unique").split(",");
+  console.log(`step_model=${STEP_MODEL}${STEP_MODEL === "knee" ? ` step_knee_exp=${STEP_KNEE_EXP}` : ""}`);
   console.log(
     `| workload | policy | TTFT mean ms | p50 | p90 | RR/this | hit | requests per worker (all seeds) | admitted past the wait bound | TTFT MAPE |${ORACLE_PREDICTOR ? " oracle predictor MAPE |" : ""}`,
   );

@@ -38,7 +38,9 @@ export interface SimOptions {
   decodeUsPerSeq: number;
   kvReadUsPerKToken: number;
   /** How a mixed step's linear layers are priced (sim/model.ts CostModel.stepModel). */
-  stepModel: "additive" | "roofline";
+  stepModel: "knee" | "additive" | "roofline";
+  /** Exponent of the knee step model. */
+  stepKneeExp: number;
   maxNumBatchedTokens: number;
   maxNumSeqs: number;
   /** Engine time runs this many times faster than wall time. */
@@ -117,6 +119,7 @@ export function modelConfig(o: SimOptions): ModelConfig {
     kvReadUsPerKToken: o.kvReadUsPerKToken,
     prefillStepMs: o.prefillBaseMs,
     stepModel: o.stepModel,
+    stepKneeExp: o.stepKneeExp,
     blockSize: o.blockSize,
     numBlocks: o.capacityBlocks,
     maxNumBatchedTokens: o.maxNumBatchedTokens,
@@ -957,6 +960,7 @@ export function simOptionsFrom(p: Parsed): SimOptions {
     decodeUsPerSeq: num("decode-us-per-seq"),
     kvReadUsPerKToken: num("kv-read-us-per-ktoken"),
     stepModel: str("step-model") as SimOptions["stepModel"],
+    stepKneeExp: num("step-knee-exp"),
     maxNumBatchedTokens: num("max-num-batched-tokens"),
     maxNumSeqs: num("max-num-seqs"),
     timeScale: num("time-scale"),

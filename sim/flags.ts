@@ -141,10 +141,18 @@ export const SIM_FLAGS: FlagSpec[] = [
   {
     name: "step-model",
     kind: "enum",
-    def: "additive",
-    choices: ["additive", "roofline"],
+    def: "knee",
+    choices: ["knee", "additive", "roofline"],
     commands: ["sim"],
-    help: "step cost: fixed + every prefill token (additive), or max(fixed, batch tokens x per-token) (roofline: prefill tokens under the weight-read floor ride with the decodes)",
+    help: "how a step's linear layers join the fixed cost F and the batch's N tokens at c each: (F^p + (N c)^p)^(1/p) with p = --step-knee-exp (knee), F + prefill tokens x c (additive), max(F, N c) (roofline)",
+  },
+  {
+    name: "step-knee-exp",
+    kind: "number",
+    def: 1.4,
+    min: 1,
+    commands: ["sim"],
+    help: "exponent p of --step-model knee: 1 adds every token to the fixed cost, large p is the roofline (the default is fitted to published H100 GPU timings, docs/simulator.md)",
   },
   {
     name: "kv-bytes-per-token",

@@ -18,8 +18,9 @@
 //   BlockStored/BlockRemoved are emitted exactly when a hash starts/stops being
 //   held, and published when the step ends (vLLM publishes a step's events in
 //   update_from_output), so a subscriber's mirror equals what the engine holds;
-// - step time = fixed cost + prefill tokens + attention over the prefill's
-//   context + per decode sequence + KV tokens read by decodes;
+// - step time = linear layers (fixed cost and the batch's tokens, joined by
+//   the step model: knee by default) + attention over the prefill's context +
+//   per decode sequence + KV tokens read by decodes;
 // - LoRA adapters (maxLoras > 0): at most maxLoras distinct adapters run in
 //   one batch, as vLLM's --max-loras; a waiting request whose adapter does not
 //   fit is skipped for this step and later requests may go first (vLLM V1
@@ -41,17 +42,26 @@ export interface CostModel {
   /** Added to a step that has any prefill (ms), e.g. host-side input prep. */
   prefillStepMs: number;
   /**
-   * How a step's linear layers are priced. "additive" (the default): fixed
-   * cost + every prefill token. "roofline": the fixed cost is the floor of
-   * streaming the weights once, and the batch's tokens (prefill + decode) run
-   * in that same pass, so a step costs max(fixed, tokens x per-token); prefill
-   * tokens that fit under the floor ride along with the decodes almost free,
-   * as SARATHI measured for hybrid prefill+decode batches (Agrawal et al.,
-   * arXiv 2308.16369: decodes piggybacking on a prefill chunk cost up to an
-   * order of magnitude less than in a decode-only batch, because the decode
-   * phase is memory-bound and the linear layers of both run as one matmul).
+   * How a step's linear layers are priced, from the fixed cost F (stepBaseMs:
+   * streaming the weights once) and the batch's tokens N (prefill + decode)
+   * at c = prefillUsPerToken each:
+   * - "knee" (the default): (F^p + (N c)^p)^(1/p), p = stepKneeExp. Flat at F
+   *   for a few tokens, N c for many, and a gradual bend between: a prefill
+   *   chunk of ~100 tokens in a decode step costs part of its tokens, not all
+   *   (additive) and not nothing (roofline). p is fitted to per-operator GPU
+   *   timings of the linear layers against batch tokens (Vidur's published
+   *   profiles, microsoft/vidur data/profiling/compute; the fit is in
+   *   docs/simulator.md). p = 1 is F + N c, a large p is the roofline.
+   * - "additive": F + every prefill token x c (decodes pay decodeUsPerSeq only).
+   * - "roofline": max(F, N c): prefill tokens under the weight-read floor ride
+   *   along with the decodes free, as SARATHI describes hybrid batches
+   *   (Agrawal et al., arXiv 2308.16369); the GPU timings above show the bend
+   *   is not that sharp.
+   * Attention, per-sequence and KV-read terms are added in every model.
    */
-  stepModel?: "additive" | "roofline";
+  stepModel?: "additive" | "roofline" | "knee";
+  /** Exponent p of the "knee" step model (>= 1). */
+  stepKneeExp?: number;
 }
 
 export interface ModelConfig extends CostModel {
@@ -77,7 +87,8 @@ export function llama8bH100(): ModelConfig {
     decodeUsPerSeq: 60,
     kvReadUsPerKToken: 55,
     prefillStepMs: 0,
-    stepModel: "additive",
+    stepModel: "knee",
+    stepKneeExp: 1.4,
     blockSize: 16,
     // (80 GB * 0.9 - 16 GB weights - ~4 GB activations/graphs) / 128 KiB per token
     numBlocks: 26000,
@@ -86,6 +97,21 @@ export function llama8bH100(): ModelConfig {
     maxLoras: 0,
     loraLoadMs: 0,
   };
+}
+
+/**
+ * The linear layers of a step of prefillTokens + decodeSeqs tokens (ms), as
+ * cfg.stepModel prices them (CostModel.stepModel); under "additive" the
+ * prefill tokens' cost is included here too.
+ */
+export function linearMs(c: CostModel, prefillTokens: number, decodeSeqs: number): number {
+  const batchMs = ((prefillTokens + decodeSeqs) * c.prefillUsPerToken) / 1000;
+  if (c.stepModel === "roofline") return Math.max(c.stepBaseMs, batchMs);
+  if (c.stepModel === "knee") {
+    const p = c.stepKneeExp ?? 1.4;
+    return Math.pow(Math.pow(c.stepBaseMs, p) + Math.pow(batchMs, p), 1 / p);
+  }
+  return c.stepBaseMs + (prefillTokens * c.prefillUsPerToken) / 1000;
 }
 
 export type ModelEvent =
@@ -457,16 +483,12 @@ export class EngineModel {
         us += c.decodeUsPerSeq + (c.kvReadUsPerKToken * s.computed) / 1000;
       } else {
         prefillTokens += n;
-        us += n * c.prefillUsPerToken + (c.prefillAttnUsPerKCtx * n * (s.computed + n / 2)) / 1000;
+        us += (c.prefillAttnUsPerKCtx * n * (s.computed + n / 2)) / 1000;
       }
     }
-    let linear = c.stepBaseMs;
-    if (c.stepModel === "roofline") {
-      // One pass over the weights carries every token of the batch: the prefill
-      // tokens' linear cost counts only where the batch's compute exceeds the floor.
-      us -= prefillTokens * c.prefillUsPerToken;
-      linear = Math.max(c.stepBaseMs, ((prefillTokens + decodeSeqs) * c.prefillUsPerToken) / 1000);
-    }
+    // The linear layers run prefill and decode tokens as one matmul (one pass
+    // over the weights): priced once for the whole batch.
+    const linear = linearMs(c, prefillTokens, decodeSeqs);
     const ms = linear + (prefillTokens ? c.prefillStepMs : 0) + us / 1000;
     return { items, ms, prefillTokens, decodeSeqs, loraLoads: 0 };
   }

@@ -291,7 +291,7 @@ test("LoRA: at most max-loras adapters per batch, a third waits; a cold adapter 
 
 test("--step-model roofline: a decode step carrying a short prefill costs about a decode step; a long prefill costs its tokens", () => {
   // Two streams decoding, then a third request arrives with n prompt tokens; the step that carries its prefill.
-  const mixed = (model: "additive" | "roofline", n: number) => {
+  const mixed = (model: "additive" | "roofline" | "knee", n: number) => {
     const m = new EngineModel(cfg({ stepModel: model }));
     m.add(req("a", prompt(1, 200), 50));
     m.add(req("b", prompt(2, 200), 50));
@@ -318,5 +318,51 @@ test("--step-model roofline: a decode step carrying a short prefill costs about 
   assert.ok(
     longRoof.mixed > 2002 * 0.035,
     `roofline: a 2000-token chunk costs its tokens (${longRoof.mixed.toFixed(2)})`,
+  );
+});
+
+test("--step-model knee (the default): a short prefill in a decode step costs part of its tokens, a long one all of them", () => {
+  assert.equal(llama8bH100().stepModel, "knee");
+  // Two streams decoding, then a third request whose whole prompt (n tokens) runs in the next step.
+  const steps = (over: Partial<ModelConfig>, n: number) => {
+    const m = new EngineModel(cfg(over));
+    m.add(req("a", prompt(1, 200), 50));
+    m.add(req("b", prompt(2, 200), 50));
+    let p = m.schedule()!;
+    while (p.prefillTokens > 0) {
+      m.complete(p);
+      p = m.schedule()!;
+    }
+    const decodeOnly = p.ms;
+    m.complete(p);
+    m.add(req("c", prompt(3, n), 4));
+    const q = m.schedule()!;
+    assert.equal(q.prefillTokens, n);
+    return { decodeOnly, mixed: q.ms };
+  };
+  const knee = steps({}, 120);
+  const add = steps({ stepModel: "additive" }, 120);
+  const roof = steps({ stepModel: "roofline" }, 120);
+  // 6.3 ms fixed, 35 us a token: 120 prefill tokens cost 4.2 ms added, 0 under the roofline; the knee in between.
+  const kneeAdds = knee.mixed - knee.decodeOnly;
+  assert.ok(kneeAdds > roof.mixed - roof.decodeOnly + 0.5, `knee: the chunk is not free (${kneeAdds.toFixed(2)} ms)`);
+  assert.ok(
+    kneeAdds < add.mixed - add.decodeOnly - 1,
+    `knee: the chunk costs less than its tokens (${kneeAdds.toFixed(2)} ms)`,
+  );
+  assert.ok(Math.abs(knee.decodeOnly - add.decodeOnly) < 0.2, "a decode step of two streams is about the fixed cost");
+  // p = 1 charges every token of the batch on top of the fixed cost; a large p is the roofline.
+  const p1 = steps({ stepKneeExp: 1 }, 120);
+  // (plus the chunk's attention and the decodes' one more KV token each: hundredths of a ms)
+  assert.ok(Math.abs(p1.mixed - p1.decodeOnly - 120 * 0.035) < 0.05, "p = 1: every prefill token on top");
+  const p50 = steps({ stepKneeExp: 50 }, 120);
+  assert.ok(Math.abs(p50.mixed - roof.mixed) < 0.1, "large p: the roofline");
+  // A long chunk is compute-bound under every model: its tokens dominate.
+  // Additive charges the fixed cost on top of the tokens; the knee at most that, at least the tokens alone.
+  const long = steps({}, 4000);
+  const longAdd = steps({ stepModel: "additive" }, 4000);
+  assert.ok(
+    long.mixed <= longAdd.mixed + 1e-9 && long.mixed > longAdd.mixed - 6.3,
+    `knee, 4000 tokens: ${long.mixed.toFixed(1)} ms, additive ${longAdd.mixed.toFixed(1)} ms`,
   );
 });

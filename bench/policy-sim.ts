@@ -646,21 +646,10 @@ function floor(convs: Conv[], numBlocks = 1 << 20): Result {
     : convs.flat();
   let n = 0;
   for (const t of reqs) {
-    const blocks = blockHashes(t.tokens, 16);
-    e.add({ id: `f${n++}`, tokens: t.tokens, hashes: blocks.map((b) => BigInt("0x" + b)), maxTokens: 1 });
-    let ms = 0;
-    let out: ReturnType<EngineModel["complete"]> = [];
-    // A lone prompt takes one step per max_num_batched_tokens chunk.
-    for (let guard = 0; guard < 1000 && !out.length; guard++) {
-      const p = e.schedule();
-      if (!p) break;
-      ms += p.ms;
-      out = e.complete(p);
-    }
-    if (!out.length) throw new Error("floor: a request did not reach its first token");
-    res.ttft.push(ms);
-    res.hits += out[0].cachedTokens;
-    res.prompt += out[0].promptTokens;
+    const a = alone(e, `f${n++}`, t.tokens);
+    res.ttft.push(a.ms);
+    res.hits += a.cached;
+    res.prompt += a.prompt;
     res.spread[0]++;
   }
   return res;

@@ -60,6 +60,13 @@ before(async () => {
     workers.map((w) => w.address).join(","),
     "--health-interval-ms",
     "0",
+    // The router's own requests to its workers (the render-parity probe on
+    // join, the /metrics scrape) would land in the recorders' hits at any
+    // moment; these tests count only what a client gets through a gateway.
+    "--render-probe-api",
+    "off",
+    "--engine-metrics-interval-ms",
+    "0",
     "--extra-paths",
     EXTRA_PATHS,
   ]);

@@ -17,6 +17,8 @@ import {
   workerArg,
   stopAll,
   waitFor,
+  fatal,
+  START_MS,
   freePort,
   httpOk,
   Sim,
@@ -73,11 +75,23 @@ const chat = (url: string, content: string, objective?: string, p = "/v1/chat/co
 };
 
 test("nginx: a sheddable cold request gets 429 + Retry-After while its worker's slot is taken", { skip }, async () => {
-  const holder = chat(trusted, "alpha ".repeat(1500));
+  let settled: { status: number; body: string } | null = null;
+  const holder = chat(trusted, "alpha ".repeat(1500)).then((r) => (settled = r));
   // The holder is on its worker (nginx picked it and holds its slot) before the
   // sheddable one asks: a fixed pause lost that race when a cold nginx worker
-  // first loaded its tokenizer on a loaded machine.
-  await waitFor("the holder prefilling on its worker", async () => (await holderSim.stats()).inflight > 0, 10000);
+  // first loaded its tokenizer on a loaded machine. Up to START_MS for that
+  // first load; a holder answered before it was seen prefilling fails at once, with its answer.
+  await waitFor(
+    "the holder prefilling on its worker",
+    async () => {
+      if ((await holderSim.stats()).inflight > 0) return true;
+      const done = settled as { status: number; body: string } | null;
+      if (done)
+        throw fatal(`the holder was answered before it was seen prefilling: ${done.status} ${done.body.slice(0, 300)}`);
+      return false;
+    },
+    START_MS,
+  );
   for (const p of ["/v1/chat/completions", "/v1/messages"]) {
     const shed = await chat(trusted, "delta ".repeat(1500) + p, "batch", p);
     assert.equal(shed.status, 429, shed.body);

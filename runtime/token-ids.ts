@@ -110,6 +110,23 @@ function chatId(id: unknown): unknown {
   return typeof id === "string" && id.startsWith("cmpl-") ? "chat" + id : id;
 }
 
+/**
+ * A text_completion answer (whole or one streamed event) in the chat shape:
+ * its id and object renamed, each choice mapped, every other field as it is;
+ * null for anything else (an error, or not a completion), which passes unchanged.
+ */
+function asChat(j: Json, object: string, choice: (c: Json) => Json): Json | null {
+  if (!j || j.object !== "text_completion" || !Array.isArray(j.choices)) return null;
+  const out: Json = {};
+  for (const k of Object.keys(j)) {
+    if (k === "id") out.id = chatId(j.id);
+    else if (k === "object") out.object = object;
+    else if (k === "choices") out.choices = (j.choices as Json[]).map(choice);
+    else out[k] = j[k];
+  }
+  return out;
+}
+
 /** A text_completion choice as a chat.completion choice. */
 function wholeChoice(c: Json): Json {
   const out: Json = {};
@@ -163,15 +180,8 @@ export class ChatFromCompletions {
     } catch {
       return text;
     }
-    if (!j || j.object !== "text_completion" || !Array.isArray(j.choices)) return text;
-    const out: Json = {};
-    for (const k of Object.keys(j)) {
-      if (k === "id") out.id = chatId(j.id);
-      else if (k === "object") out.object = "chat.completion";
-      else if (k === "choices") out.choices = (j.choices as Json[]).map(wholeChoice);
-      else out[k] = j[k];
-    }
-    return JSON.stringify(out);
+    const out = asChat(j, "chat.completion", wholeChoice);
+    return out ? JSON.stringify(out) : text;
   }
 
   private event(ev: string): string {
@@ -184,15 +194,8 @@ export class ChatFromCompletions {
     } catch {
       return ev;
     }
-    if (!j || j.object !== "text_completion" || !Array.isArray(j.choices)) return ev;
-    const out: Json = {};
-    for (const k of Object.keys(j)) {
-      if (k === "id") out.id = chatId(j.id);
-      else if (k === "object") out.object = "chat.completion.chunk";
-      else if (k === "choices") out.choices = (j.choices as Json[]).map((c) => this.delta(c));
-      else out[k] = j[k];
-    }
-    return "data: " + JSON.stringify(out);
+    const out = asChat(j, "chat.completion.chunk", (c) => this.delta(c));
+    return out ? "data: " + JSON.stringify(out) : ev;
   }
 
   /** A streamed text_completion choice as a chat delta: the role on each choice's first. */

@@ -792,3 +792,41 @@ export async function startNginxFleet(
     );
   return { sims, ng, bridge, settled };
 }
+
+/** A worker's value of a per-worker gauge in a /metrics text (null: no such series). */
+export function workerMetric(text: string, name: string, worker: string): number | null {
+  const m = new RegExp(`^${name}\\{worker="${worker.replace(/[.]/g, "\\.")}"\\} ([0-9.e+-]+)$`, "m").exec(text);
+  return m ? Number(m[1]) : null;
+}
+
+/**
+ * Two simulators, "fast" and one three times slower per prefill token and per
+ * step ("slow"), behind the router with speed learning on and Envoy, then 12
+ * cold ~2k-token prompts sent one at a time (tagged `tag`) so that each
+ * worker's first tokens are observed while the speeds are unknown.
+ */
+export async function startLearningFleet(
+  tag: string,
+  routerArgs: string[] = [],
+): Promise<{ fast: Sim; slow: Sim; router: RouterProc; url: string }> {
+  // 300 us per prefill token: a 2k-token prompt's first token takes ~0.6 s on the fast worker, ~1.8 s on the slow one.
+  const fast = await startSim("fast", ["--prefill-us-per-token", "300", "--decode-ms-per-token", "5"]);
+  const slow = await startSim("slow", ["--prefill-us-per-token", "900", "--decode-ms-per-token", "15"]);
+  const router = await startRouter([
+    "--workers",
+    workerArg([fast, slow]),
+    "--health-interval-ms",
+    "0",
+    "--prefill-admission-slots",
+    "0",
+    "--speed-learning",
+    "on",
+    ...routerArgs,
+  ]);
+  const url = (await startEnvoy(router.grpcPort)).url;
+  for (let i = 0; i < 12; i++) {
+    const r = await chat(url, longText(`${tag}${i}`, 700), { maxTokens: 2 });
+    if (r.status !== 200) throw new Error(`learning prompt ${i}: ${r.status} ${r.body.slice(0, 200)}`);
+  }
+  return { fast, slow, router, url };
+}

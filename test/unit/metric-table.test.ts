@@ -5,13 +5,15 @@ import * as assert from "node:assert/strict";
 import * as fs from "fs";
 import * as path from "path";
 import { Registry } from "prom-client";
-import { METRICS, MetricSpec } from "../../core/metric-table";
+import { metricTable, MetricSpec } from "../../core/metric-table";
 import { Bridge } from "../../njs/bridge";
 import { App } from "../../runtime/app";
 import { parseArgs } from "../../runtime/config";
 import { ReplicaSync } from "../../runtime/replicas";
 import { startExtProc } from "../../extproc/server";
 import { FLAG_DOC, renderMetricTable } from "../../scripts/flags-doc";
+
+const METRICS = metricTable();
 
 const ROOT = path.resolve(__dirname, "../..");
 const noEvents = { subscribe: () => ({ close() {} }), close: async () => undefined };

@@ -9,10 +9,12 @@ import * as fs from "fs";
 import * as net from "net";
 import * as os from "os";
 import * as path from "path";
-import { FLAGS, flagsFor, envName } from "../../core/flags";
+import { flagTable, flagsFor, envName } from "../../core/flags";
 import { parseSimArgs, simDefaults, modelConfig } from "../../sim/engine";
 import { llama8bH100 } from "../../sim/model";
 import { SIM_FLAGS as SIM_FLAGS_TABLE } from "../../sim/flags";
+
+const FLAGS = flagTable();
 
 const ROOT = path.resolve(__dirname, "../..");
 

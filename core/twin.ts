@@ -57,7 +57,12 @@ const MAX_LOG = Math.log(16);
 export function referenceStepMs(prefill: number, attn: number, decodes: number, decodeCtx: number): number {
   const batch = ((prefill + decodes) * US_PER_TOKEN) / 1000;
   const linear = Math.pow(Math.pow(STEP_BASE_MS, KNEE_EXP) + Math.pow(batch, KNEE_EXP), 1 / KNEE_EXP);
-  return linear + (ATTN_US_PER_KCTX * attn) / 1e6 + (decodes * DECODE_US_PER_SEQ) / 1000 + (KV_READ_US_PER_KTOKEN * decodeCtx) / 1e6;
+  return (
+    linear +
+    (ATTN_US_PER_KCTX * attn) / 1e6 +
+    (decodes * DECODE_US_PER_SEQ) / 1000 +
+    (KV_READ_US_PER_KTOKEN * decodeCtx) / 1e6
+  );
 }
 
 /** A request the router sent to a worker, as the replica tracks it. */
@@ -236,7 +241,14 @@ export function stepTwin(opts: TwinOptions): StepTwin {
     },
     sent(ek, own, cached, now) {
       const w = get(ek);
-      const e: TwinEntry = { worker: ek, own: Math.max(1, own), cached: Math.max(0, cached), at: now, done: 0, state: 0 };
+      const e: TwinEntry = {
+        worker: ek,
+        own: Math.max(1, own),
+        cached: Math.max(0, cached),
+        at: now,
+        done: 0,
+        state: 0,
+      };
       if (w.q.length >= MAX_QUEUE) {
         const old = w.q.shift();
         if (old) old.state = 2;

@@ -36,7 +36,11 @@ export function ttftInputs(
  * scheduler replica's (core/twin.ts), or while it has not learned the
  * worker, the speed model's; null when neither has.
  */
-export function predictTtft(ctx: PickContext, worker: EpochKey, d: Pick<CandidateData, "hits" | "pending" | "held">): number | null {
+export function predictTtft(
+  ctx: PickContext,
+  worker: EpochKey,
+  d: Pick<CandidateData, "hits" | "pending" | "held">,
+): number | null {
   const model = ctx.latency;
   if (!model) return null;
   const x = ttftInputs(ctx, d);

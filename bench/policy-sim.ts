@@ -515,8 +515,14 @@ function run(
       inflight[i]++;
       const l = live.get(id);
       if (l) l.dispatchedAt = now;
+      const tv = DUMP && router.latency && router.latency.twin ? router.latency.twin.view(ek(i)) : null;
       if (DUMP)
         dumpAt.set(id, {
+          twinWaiting: tv ? tv.waiting : -1,
+          twinPending: tv ? tv.pending : -1,
+          twinDecodes: tv ? tv.decodes : -1,
+          twinAnchorAge: tv ? now - tv.anchor : -1,
+          engPending: engines[i].pendingPrefill(),
           residual: plans[i] ? ends[i] - now : 0,
           engRunning: engines[i].numRunning(),
           engWaiting: engines[i].numWaiting(),

@@ -75,20 +75,36 @@ export interface TwinEntry {
   done: number;
   /** 0: waiting for its first token, 1: decoding, 2: gone. */
   state: number;
+  /** Its prompt's block hashes (the router's), when known: holds() reads them. */
+  blocks: string[] | null;
 }
 
 export interface StepTwin {
   /** Predicted time to first token of a request of `own` uncached and `cached` prefix tokens sent now; null until the worker's factor is learned or past the replay bound. */
   predict(ek: EpochKey, own: number, cached: number, now: number): number | null;
-  /** The request left for the worker at `now`. */
-  sent(ek: EpochKey, own: number, cached: number, now: number): TwinEntry;
+  /** The request left for the worker at `now` (`blocks`: its prompt's block hashes, for holds()). */
+  sent(ek: EpochKey, own: number, cached: number, now: number, blocks?: string[]): TwinEntry;
+  /**
+   * Whether a request the replica has on the worker (waiting for its first
+   * token, or decoding) has block `hash` at `index` of its prompt: a prefix
+   * the router counts in flight there is computed ahead of a request sent
+   * now only if such a request is in the engine (not still waiting at the
+   * router), so it is cached by the time the new one is scheduled.
+   */
+  holds(ek: EpochKey, hash: string, index: number): boolean;
   /** Its first token came back at `now`: a step boundary, and one reading of the worker's factor. */
   first(e: TwinEntry, now: number): void;
-  /** It ended (after its first token, or before: cancelled, failed). */
-  ended(e: TwinEntry): void;
+  /**
+   * It ended at `now` (after its first token, or before: cancelled, failed).
+   * A decode's last token also marks a step boundary: with no prefill
+   * waiting there, the replica re-anchors on it.
+   */
+  ended(e: TwinEntry, now?: number): void;
   /** The worker's learned step-time factor against the reference (null before minSamples readings). */
   factor(ek: EpochKey): number | null;
   samples(ek: EpochKey): number;
+  /** What the replica holds for a worker (diagnostics): requests waiting for a first token, their prefill tokens left, decodes, the anchor. */
+  view(ek: EpochKey): { waiting: number; pending: number; decodes: number; anchor: number };
   forget(ek: EpochKey): void;
 }
 
@@ -101,6 +117,8 @@ export interface TwinOptions {
 
 interface WorkerTwin {
   q: TwinEntry[];
+  /** Requests decoding there (first token seen, not ended), newest last, at most MAX_QUEUE. */
+  dec: TwinEntry[];
   decodes: number;
   decodeCtx: number;
   anchor: number;
@@ -125,7 +143,7 @@ export function stepTwin(opts: TwinOptions): StepTwin {
 
   function get(ek: EpochKey): WorkerTwin {
     let w = workers[ek];
-    if (!w) w = workers[ek] = { q: [], decodes: 0, decodeCtx: 0, anchor: -Infinity, sw: 0, sl: 0, n: 0 };
+    if (!w) w = workers[ek] = { q: [], dec: [], decodes: 0, decodeCtx: 0, anchor: -Infinity, sw: 0, sl: 0, n: 0 };
     return w;
   }
 
@@ -239,7 +257,20 @@ export function stepTwin(opts: TwinOptions): StepTwin {
       const r = replay(w, w.q.length, own, cached, now, factorOf(w), now);
       return r.end === r.end ? Math.max(0, r.end - now) : null;
     },
-    sent(ek, own, cached, now) {
+    holds(ek, hash, index) {
+      const w = workers[ek];
+      if (!w) return false;
+      for (let i = 0; i < w.q.length; i++) {
+        const b = w.q[i].blocks;
+        if (b && b.length > index && b[index] === hash) return true;
+      }
+      for (let i = 0; i < w.dec.length; i++) {
+        const b = w.dec[i].blocks;
+        if (b && b.length > index && b[index] === hash) return true;
+      }
+      return false;
+    },
+    sent(ek, own, cached, now, blocks) {
       const w = get(ek);
       const e: TwinEntry = {
         worker: ek,
@@ -248,6 +279,7 @@ export function stepTwin(opts: TwinOptions): StepTwin {
         at: now,
         done: 0,
         state: 0,
+        blocks: blocks || null,
       };
       if (w.q.length >= MAX_QUEUE) {
         const old = w.q.shift();
@@ -282,19 +314,28 @@ export function stepTwin(opts: TwinOptions): StepTwin {
       }
       w.q.splice(idx, 1);
       e.state = 1;
+      if (w.dec.length >= MAX_QUEUE) w.dec.shift();
+      w.dec.push(e);
       w.decodes++;
       w.decodeCtx += e.cached + e.own;
       w.anchor = now;
     },
-    ended(e) {
+    ended(e, now) {
       const w = workers[e.worker];
       if (!w || e.state === 2) return;
       if (e.state === 0) {
         const idx = w.q.indexOf(e);
         if (idx >= 0) w.q.splice(idx, 1);
       } else {
+        const di = w.dec.indexOf(e);
+        if (di >= 0) w.dec.splice(di, 1);
         w.decodes = Math.max(0, w.decodes - 1);
         w.decodeCtx = w.decodes ? Math.max(0, w.decodeCtx - e.cached - e.own) : 0;
+        // Only decodes were running (no prefill left in the replica): the
+        // step that ended is the phase of the decode steps from here on.
+        let pending = false;
+        for (let i = 0; i < w.q.length && !pending; i++) if (w.q[i].done < w.q[i].own) pending = true;
+        if (!pending && now !== undefined && now > w.anchor) w.anchor = now;
       }
       e.state = 2;
     },
@@ -304,6 +345,14 @@ export function stepTwin(opts: TwinOptions): StepTwin {
     },
     samples(ek) {
       return workers[ek] ? workers[ek].n : 0;
+    },
+    view(ek) {
+      const w = workers[ek];
+      let pending = 0;
+      if (w) for (let i = 0; i < w.q.length; i++) pending += Math.max(0, w.q[i].own - w.q[i].done);
+      return w
+        ? { waiting: w.q.length, pending: pending, decodes: w.decodes, anchor: w.anchor }
+        : { waiting: 0, pending: 0, decodes: 0, anchor: -Infinity };
     },
     forget(ek) {
       delete workers[ek];

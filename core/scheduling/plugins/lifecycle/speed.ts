@@ -11,6 +11,7 @@
 // that prefilled alone.
 import { CandidateData, LifecyclePlugin, PickContext, PickResult } from "../../framework";
 import { attentionWork } from "../../../latency";
+import { StepTwin } from "../../../twin";
 import { EpochKey } from "../../../types";
 
 /** What the speed model reads for a request on a candidate: prefill tokens it waits for (its own included), running requests, its attention work. */
@@ -39,13 +40,33 @@ export function ttftInputs(
 export function predictTtft(
   ctx: PickContext,
   worker: EpochKey,
-  d: Pick<CandidateData, "hits" | "pending" | "held">,
+  d: Pick<CandidateData, "hits" | "pending" | "held" | "cached" | "inflight">,
 ): number | null {
   const model = ctx.latency;
   if (!model) return null;
+  let p: number | null = null;
+  if (model.twin) {
+    const c = twinCached(ctx, model.twin, worker, d.cached, d.inflight);
+    p = model.twin.predict(worker, ctx.features.inputTokens - c, c, ctx.now());
+  }
+  if (p !== null) return p;
   const x = ttftInputs(ctx, d);
-  const p = model.twin ? model.twin.predict(worker, x.own, x.cached, ctx.now()) : null;
-  return p !== null ? p : model.predict(worker, x.tokens, x.running, x.attention, x.queued);
+  return model.predict(worker, x.tokens, x.running, x.attention, x.queued);
+}
+
+/**
+ * The prompt tokens the engine will find cached, for the replica: what its
+ * KV events reported, and the prefix in flight there only when a request
+ * the replica has in the engine holds it (one still waiting at the router,
+ * in prefill admission, has not computed it, and the engine computes it
+ * again for this one). Whole blocks, at least one token left to compute.
+ */
+function twinCached(ctx: PickContext, twin: StepTwin, worker: EpochKey, cached: number, inflight: number): number {
+  const f = ctx.features;
+  let blocks = cached;
+  if (inflight > cached && f.blocks.length >= inflight && twin.holds(worker, f.blocks[inflight - 1], inflight - 1))
+    blocks = inflight;
+  return Math.max(0, Math.min(f.inputTokens - 1, blocks * ctx.config.blockSize));
 }
 
 /** The load guards this request holds on its worker (load-reservation: the main one, and its queued prefill until the first token). */
@@ -94,9 +115,22 @@ export const speedLearning: LifecyclePlugin = {
         const own = y.tokens - y.queued;
         const ahead = model.inEngine(ek);
         if (model.twin) {
+          // What the engine will find cached: the KV events' prefix, and the
+          // prefix in flight there if the replica has its holder in the engine.
           const at = ctx.now();
-          timing.predicted = model.twin.predict(ek, own, y.cached, at);
-          timing.entry = model.twin.sent(ek, own, y.cached, at);
+          let mirrored = d.cached;
+          if (waited && ctx.features.blocks.length) {
+            const live: { [ek: string]: boolean } = {};
+            live[ek] = true;
+            mirrored = Math.max(
+              mirrored,
+              ctx.state.mirror.prefixHits(ctx.features.blocks, live, ctx.config.kvTierWeights)[ek] || 0,
+            );
+          }
+          const c = twinCached(ctx, model.twin, ek, mirrored, d.inflight);
+          const n = ctx.features.inputTokens - c;
+          timing.predicted = model.twin.predict(ek, n, c, at);
+          timing.entry = model.twin.sent(ek, n, c, at, ctx.features.blocks);
         }
         timing.tokens = own + ahead;
         timing.queued = ahead;
@@ -131,6 +165,6 @@ export const speedLearning: LifecyclePlugin = {
     const t = result.timing;
     if (t && t.own !== undefined) t.model.sent(t.worker, -t.own);
     if (t) t.own = undefined;
-    if (t && t.entry && t.model.twin) t.model.twin.ended(t.entry);
+    if (t && t.entry && t.model.twin) t.model.twin.ended(t.entry, t.now());
   },
 };

@@ -75,23 +75,25 @@ export interface TwinEntry {
   done: number;
   /** 0: waiting for its first token, 1: decoding, 2: gone. */
   state: number;
-  /** Its prompt's block hashes (the router's), when known: holds() reads them. */
+  /** Its prompt's block hashes (the router's), when known: sharedPrefix() reads them. */
   blocks: string[] | null;
 }
 
 export interface StepTwin {
   /** Predicted time to first token of a request of `own` uncached and `cached` prefix tokens sent now; null until the worker's factor is learned or past the replay bound. */
   predict(ek: EpochKey, own: number, cached: number, now: number): number | null;
-  /** The request left for the worker at `now` (`blocks`: its prompt's block hashes, for holds()). */
+  /** The request left for the worker at `now` (`blocks`: its prompt's block hashes, for sharedPrefix()). */
   sent(ek: EpochKey, own: number, cached: number, now: number, blocks?: string[]): TwinEntry;
   /**
-   * Whether a request the replica has on the worker (waiting for its first
-   * token, or decoding) has block `hash` at `index` of its prompt: a prefix
-   * the router counts in flight there is computed ahead of a request sent
-   * now only if such a request is in the engine (not still waiting at the
-   * router), so it is cached by the time the new one is scheduled.
+   * Leading blocks of `blocks` that a request the replica has on the worker
+   * (waiting for its first token, or decoding) shares: a prefix in the
+   * engine, computed ahead of a request sent now (FCFS), so cached by the
+   * time it is scheduled. A prefix the router counts in flight because its
+   * holder waits at the router (prefill admission) is not in it: the engine
+   * computes it again. Block hashes are chained, so a match at index i is a
+   * match of the whole prefix: a binary search per request.
    */
-  holds(ek: EpochKey, hash: string, index: number): boolean;
+  sharedPrefix(ek: EpochKey, blocks: string[]): number;
   /** Its first token came back at `now`: a step boundary, and one reading of the worker's factor. */
   first(e: TwinEntry, now: number): void;
   /**
@@ -257,18 +259,25 @@ export function stepTwin(opts: TwinOptions): StepTwin {
       const r = replay(w, w.q.length, own, cached, now, factorOf(w), now);
       return r.end === r.end ? Math.max(0, r.end - now) : null;
     },
-    holds(ek, hash, index) {
+    sharedPrefix(ek, blocks) {
       const w = workers[ek];
-      if (!w) return false;
-      for (let i = 0; i < w.q.length; i++) {
-        const b = w.q[i].blocks;
-        if (b && b.length > index && b[index] === hash) return true;
+      if (!w || !blocks.length) return 0;
+      let best = 0;
+      for (let k = 0; k < w.q.length + w.dec.length; k++) {
+        const b = k < w.q.length ? w.q[k].blocks : w.dec[k - w.q.length].blocks;
+        if (!b || !b.length || b[0] !== blocks[0]) continue;
+        // Longest n with b[n - 1] === blocks[n - 1], n >= 1 here.
+        let lo = 1;
+        let hi = Math.min(b.length, blocks.length);
+        if (hi <= best) continue;
+        while (lo < hi) {
+          const mid = (lo + hi + 1) >> 1;
+          if (b[mid - 1] === blocks[mid - 1]) lo = mid;
+          else hi = mid - 1;
+        }
+        if (lo > best) best = lo;
       }
-      for (let i = 0; i < w.dec.length; i++) {
-        const b = w.dec[i].blocks;
-        if (b && b.length > index && b[index] === hash) return true;
-      }
-      return false;
+      return best;
     },
     sent(ek, own, cached, now, blocks) {
       const w = get(ek);

@@ -40,13 +40,13 @@ export function ttftInputs(
 export function predictTtft(
   ctx: PickContext,
   worker: EpochKey,
-  d: Pick<CandidateData, "hits" | "pending" | "held" | "cached" | "inflight">,
+  d: Pick<CandidateData, "hits" | "pending" | "held" | "cached">,
 ): number | null {
   const model = ctx.latency;
   if (!model) return null;
   let p: number | null = null;
   if (model.twin) {
-    const c = twinCached(ctx, model.twin, worker, d.cached, d.inflight);
+    const c = twinCached(ctx, model.twin, worker, d.cached);
     p = model.twin.predict(worker, ctx.features.inputTokens - c, c, ctx.now());
   }
   if (p !== null) return p;
@@ -56,16 +56,14 @@ export function predictTtft(
 
 /**
  * The prompt tokens the engine will find cached, for the replica: what its
- * KV events reported, and the prefix in flight there only when a request
- * the replica has in the engine holds it (one still waiting at the router,
- * in prefill admission, has not computed it, and the engine computes it
- * again for this one). Whole blocks, at least one token left to compute.
+ * KV events reported, or the prefix a request the replica has in that
+ * engine shares (core/twin.ts sharedPrefix), whichever is longer. Not the
+ * ledger's in-flight prefix: its holder may still wait at the router, and
+ * then the engine computes it again. Whole blocks, one token left to compute.
  */
-function twinCached(ctx: PickContext, twin: StepTwin, worker: EpochKey, cached: number, inflight: number): number {
+function twinCached(ctx: PickContext, twin: StepTwin, worker: EpochKey, cached: number): number {
   const f = ctx.features;
-  let blocks = cached;
-  if (inflight > cached && f.blocks.length >= inflight && twin.holds(worker, f.blocks[inflight - 1], inflight - 1))
-    blocks = inflight;
+  const blocks = Math.max(cached, f.blocks.length ? twin.sharedPrefix(worker, f.blocks) : 0);
   return Math.max(0, Math.min(f.inputTokens - 1, blocks * ctx.config.blockSize));
 }
 
@@ -115,8 +113,8 @@ export const speedLearning: LifecyclePlugin = {
         const own = y.tokens - y.queued;
         const ahead = model.inEngine(ek);
         if (model.twin) {
-          // What the engine will find cached: the KV events' prefix, and the
-          // prefix in flight there if the replica has its holder in the engine.
+          // What the engine will find cached: the KV events' prefix (read
+          // again after a wait at the router), or a prefix it is computing.
           const at = ctx.now();
           let mirrored = d.cached;
           if (waited && ctx.features.blocks.length) {
@@ -127,7 +125,7 @@ export const speedLearning: LifecyclePlugin = {
               ctx.state.mirror.prefixHits(ctx.features.blocks, live, ctx.config.kvTierWeights)[ek] || 0,
             );
           }
-          const c = twinCached(ctx, model.twin, ek, mirrored, d.inflight);
+          const c = twinCached(ctx, model.twin, ek, mirrored);
           const n = ctx.features.inputTokens - c;
           timing.predicted = model.twin.predict(ek, n, c, at);
           timing.entry = model.twin.sent(ek, n, c, at, ctx.features.blocks);

@@ -13,7 +13,8 @@
 // times a per-worker factor learned from first tokens, so a worker three times
 // slower learns a factor of about three; the shape is the reference's.
 //
-// Replaying: a first token marks a step boundary on its worker (the anchor).
+// Replaying: a first token marks a step boundary on its worker (the anchor),
+// and so does a decode's end while no prefill is left there.
 // From the anchor the replica runs steps forward with the requests still
 // waiting for their first token (FCFS; a request joins the first step that
 // starts after it was sent), the decodes running, and the request asked

@@ -358,9 +358,11 @@ function run(
   if (DUMP && router.latency) {
     const lm = router.latency;
     const orig = lm.observe.bind(lm);
-    lm.observe = (wk, tokens, running, ms, attention, queued) => {
+    lm.observe = (wk, tokens, running, ms, attention, queued, predicted) => {
       const w = eks0.indexOf(wk);
-      const p = lm.predict(wk, tokens, running, attention, queued);
+      // The prediction the error metric reads: the scheduler replica's at dispatch, else the speed model's.
+      const linear = lm.predict(wk, tokens, running, attention, queued);
+      const p = predicted !== undefined ? predicted : linear;
       if (curDump)
         DUMP.push({
           ...curDump,
@@ -373,8 +375,10 @@ function run(
           attention: attention || 0,
           queued: queued || 0,
           p: p ?? -1,
+          linear: linear ?? -1,
+          factor: lm.twin ? (lm.twin.factor(wk) ?? -1) : -1,
         });
-      orig(wk, tokens, running, ms, attention, queued);
+      orig(wk, tokens, running, ms, attention, queued, predicted);
     };
   }
   let curDump: Record<string, number> | null = null;
@@ -511,8 +515,14 @@ function run(
       inflight[i]++;
       const l = live.get(id);
       if (l) l.dispatchedAt = now;
+      const tv = DUMP && router.latency && router.latency.twin ? router.latency.twin.view(ek(i)) : null;
       if (DUMP)
         dumpAt.set(id, {
+          twinWaiting: tv ? tv.waiting : -1,
+          twinPending: tv ? tv.pending : -1,
+          twinDecodes: tv ? tv.decodes : -1,
+          twinAnchorAge: tv ? now - tv.anchor : -1,
+          engPending: engines[i].pendingPrefill(),
           residual: plans[i] ? ends[i] - now : 0,
           engRunning: engines[i].numRunning(),
           engWaiting: engines[i].numWaiting(),

@@ -432,6 +432,15 @@ function builtinFlags(): FlagSpec[] {
       help: "learn each worker's prefill speed from its first tokens and price its work in time (a worker twice as fast costs half; a uniform fleet prices as with off); Envoy path",
     },
     {
+      name: "prefill-token-budget",
+      kind: "int",
+      def: 8192,
+      min: 1,
+      commands: ["router"],
+      routerKey: "prefillTokenBudget",
+      help: "the engines' tokens per step (vLLM --max-num-batched-tokens): the step budget of the router's replica of each worker's scheduler, which predicts time to first token (x-slo-ttft-ms, the prediction error metric); Envoy path",
+    },
+    {
       name: "max-session-id-bytes",
       kind: "int",
       def: DEFAULT_MAX_SESSION_ID_BYTES,

@@ -33,6 +33,7 @@
 // fleet's picks do not wobble with noise.
 // ES5-safe: njs bundles this file.
 import { EpochKey } from "./types";
+import { StepTwin } from "./twin";
 
 export interface LatencyModel {
   /**
@@ -44,7 +45,22 @@ export interface LatencyModel {
    * queued requests share counts twice and blocks half computed count whole,
    * and the fit learns what a queued token costs apart from an own one.
    */
-  observe(ek: EpochKey, tokens: number, running: number, ms: number, attention?: number, queued?: number): void;
+  observe(
+    ek: EpochKey,
+    tokens: number,
+    running: number,
+    ms: number,
+    attention?: number,
+    queued?: number,
+    predicted?: number | null,
+  ): void;
+  /**
+   * The replica of each worker's step scheduler (core/twin.ts) that predicts
+   * a request's time to first token; null when not built. observe()'s
+   * `predicted`, when given, is what it predicted at dispatch, reported to
+   * onObserve in place of this model's own prediction.
+   */
+  readonly twin: StepTwin | null;
   /** Predicted time to first token; null before minSamples observations. */
   predict(ek: EpochKey, tokens: number, running: number, attention?: number, queued?: number): number | null;
   /** Learned milliseconds per prefill token; null before minSamples observations. */
@@ -196,6 +212,7 @@ export interface TimingInputs {
 export function latencyModel(
   opts?: LatencyOptions,
   onObserve?: (ek: EpochKey, predicted: number | null, ms: number, inputs: TimingInputs) => void,
+  twin?: StepTwin,
 ): LatencyModel {
   const o = opts || defaultLatencyOptions();
   const decay = Math.pow(0.5, 1 / o.halfLife);
@@ -264,12 +281,13 @@ export function latencyModel(
   }
 
   return {
-    observe(ek, tokens, running, ms, attention, queued) {
+    twin: twin || null,
+    observe(ek, tokens, running, ms, attention, queued, predicted) {
       const att = attention || 0;
       if (!(ms >= 0 && tokens >= 0 && running >= 0 && att >= 0)) return;
       if (!isFinite(ms) || !isFinite(tokens) || !isFinite(running) || !isFinite(att)) return;
       if (onObserve)
-        onObserve(ek, predict(ek, tokens, running, att, queued), ms, {
+        onObserve(ek, predicted !== undefined ? predicted : predict(ek, tokens, running, att, queued), ms, {
           tokens: tokens,
           running: running,
           attention: att,
@@ -350,6 +368,7 @@ export function latencyModel(
       else delete engine[ek];
     },
     forget(ek) {
+      if (twin) twin.forget(ek);
       delete engine[ek];
       delete workers[ek];
       delete factors[ek];

@@ -100,7 +100,7 @@ function builtinMetrics(): MetricSpec[] {
     {
       name: "infera_router_ttft_prediction_error_ratio",
       type: "histogram",
-      help: "|predicted - observed| / observed time to first token, per worker, for requests the speed model had learned enough to predict (sum/count = MAPE)",
+      help: "|predicted - observed| / observed time to first token, per worker, for requests the router could predict when they left (the scheduler replica's prediction, or the speed model's until the replica has learned the worker; sum/count = MAPE)",
       labels: WORKER,
       buckets: [0.05, 0.1, 0.15, 0.25, 0.5, 1, 2, 5],
     },

@@ -26,6 +26,7 @@ import { httpError } from "./util";
 import { clearAllTiers, defaultTierWeights, forgetMirror, tierCounts } from "./kvevents";
 import { Reservation, reservations } from "./reservation";
 import { LatencyModel, latencyModel, TimingInputs } from "./latency";
+import { stepTwin } from "./twin";
 import { LogFields, LogHook } from "./log";
 import { engineReadings } from "./engine-readings";
 
@@ -64,6 +65,7 @@ export function defaultConfig(): RouterConfig {
     kvTierWeights: defaultTierWeights(),
     scorerWeights: {},
     speedLearning: "on",
+    prefillTokenBudget: 8192,
   };
 }
 
@@ -191,6 +193,7 @@ export function createRouter(state: RouterState, cfg: RouterConfig, hooks?: Rout
                   if (ws[i].epochKey === ek) onTiming(ws[i].id, predicted, ms, inputs);
               }
             : undefined,
+          stepTwin({ budget: cfg.prefillTokenBudget || 8192, minSamples: 3 }),
         )
       : null;
 

@@ -76,6 +76,8 @@ export interface RouterConfig {
   scorerWeights: { [scorer: string]: number };
   /** Learn each worker's speed from its first tokens and price its work in time (core/latency.ts). */
   speedLearning: "on" | "off";
+  /** The engines' chunked-prefill token budget per step, for the TTFT replica (core/twin.ts). */
+  prefillTokenBudget: number;
 }
 
 /** What routing needs from one request (see core/request.ts). */

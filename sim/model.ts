@@ -243,6 +243,13 @@ export class EngineModel {
     return this.running.length;
   }
 
+  /** Prompt tokens not yet computed, of requests without their first token (diagnostics; a waiting request's cached prefix counts until it is admitted). */
+  pendingPrefill(): number {
+    let n = 0;
+    for (const s of this.running) if (s.outputs === 0) n += s.r.tokens.length - s.computed;
+    for (const s of this.waiting) if (s.outputs === 0) n += s.r.tokens.length - s.computed;
+    return n;
+  }
   numWaiting(): number {
     return this.waiting.length;
   }

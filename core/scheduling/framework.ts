@@ -7,6 +7,7 @@ import { RouterState } from "../state/types";
 import { produce } from "./data";
 import { Candidate, EpochKey, Features, Guard, RouterConfig, SessionBinding, Worker } from "../types";
 import { LatencyModel } from "../latency";
+import { TwinEntry } from "../twin";
 import { PrefillAdmission, Ticket } from "../admission";
 import { Objective } from "../objectives";
 
@@ -144,6 +145,10 @@ export interface PickResult {
     refresh?: (waited: boolean) => void;
     /** Its own prefill tokens while counted in the model's inEngine (between leaving and the first token). */
     own?: number;
+    /** The scheduler replica's entry for it (core/twin.ts), from when it left for its worker. */
+    entry?: TwinEntry;
+    /** What the replica predicted for its time to first token when it left (null: not learned yet). */
+    predicted?: number | null;
   } | null;
   /** --pd-decider chose the decode worker to prefill too: no prefill hop, the prefill row only names the pool's pick. */
   decodeFirst?: boolean;

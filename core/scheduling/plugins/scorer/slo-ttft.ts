@@ -1,6 +1,7 @@
 // Predicted time to first token against the request's SLO (x-slo-ttft-ms,
-// after llm-d's predicted-latency scheduler): a worker the speed model
-// (core/latency.ts) predicts to miss the target is priced above every worker
+// after llm-d's predicted-latency scheduler): a worker the replica of its
+// step scheduler (core/twin.ts; the speed model, core/latency.ts, until the
+// replica has learned it) predicts to miss the target is priced above every worker
 // predicted to meet it, so the usual cost (cache fit, load, both turned into
 // time by slowness) picks among those that meet it. When none does, the
 // misses rank by how far they miss, which is the lowest predicted TTFT.
@@ -9,7 +10,7 @@
 // start is today's cost). Without an SLO, or with --speed-learning off, the
 // scorer does not run.
 import { Scorer } from "../../framework";
-import { ttftInputs } from "../lifecycle/speed";
+import { predictTtft } from "../lifecycle/speed";
 
 /** Above any block cost: a predicted miss outranks every cost difference among the workers that meet the SLO. */
 const MISS = 1e7;
@@ -22,10 +23,7 @@ export const sloTtftScorer: Scorer = {
     const out: number[] = [];
     const slo = ctx.features.sloTtftMs || 0;
     for (let i = 0; i < rows.length; i++) {
-      const x = ttftInputs(ctx, rows[i].data);
-      const p = ctx.latency
-        ? ctx.latency.predict(rows[i].worker.epochKey, x.tokens, x.running, x.attention, x.queued)
-        : null;
+      const p = predictTtft(ctx, rows[i].worker.epochKey, rows[i].data);
       out.push(p === null || p <= slo ? 0 : MISS * (1 + p / slo));
     }
     return out;

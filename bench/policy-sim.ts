@@ -25,7 +25,7 @@ import { sampleTrace, traceFile, traceIds } from "./mooncake";
 import { memoryState } from "../core/state/memory";
 import { blockHashes } from "../core/hash";
 import { Options, parseArgs } from "../runtime/config";
-import { EngineModel, llama8bH100, StepPlan } from "../sim/model";
+import { atSpeed, EngineModel, llama8bH100, StepPlan } from "../sim/model";
 import { BlockHash, RouterConfig } from "../core/types";
 import { prefillAdmission, Ticket } from "../core/admission";
 import { mean, pct } from "./stats";
@@ -284,16 +284,7 @@ function engineModel() {
 }
 /** The calibrated engine at a share of its speed: every cost term takes 1/speed as long. */
 function engineAt(speed: number) {
-  const c = engineModel();
-  return {
-    ...c,
-    stepBaseMs: c.stepBaseMs / speed,
-    prefillUsPerToken: c.prefillUsPerToken / speed,
-    prefillAttnUsPerKCtx: c.prefillAttnUsPerKCtx / speed,
-    decodeUsPerSeq: c.decodeUsPerSeq / speed,
-    kvReadUsPerKToken: c.kvReadUsPerKToken / speed,
-    prefillStepMs: c.prefillStepMs / speed,
-  };
+  return atSpeed(engineModel(), speed);
 }
 const SPEEDS = opt("--speeds", "1,1,1,1").split(",").map(Number);
 if (SPEEDS.length !== 4 || SPEEDS.some((x) => !(x > 0))) throw new Error("--speeds: four positive numbers");

@@ -99,6 +99,19 @@ export function llama8bH100(): ModelConfig {
   };
 }
 
+/** An engine at a share of `c`'s speed: every cost term takes 1/speed as long (bench:policy-sim's --speeds). */
+export function atSpeed(c: ModelConfig, speed: number): ModelConfig {
+  return {
+    ...c,
+    stepBaseMs: c.stepBaseMs / speed,
+    prefillUsPerToken: c.prefillUsPerToken / speed,
+    prefillAttnUsPerKCtx: c.prefillAttnUsPerKCtx / speed,
+    decodeUsPerSeq: c.decodeUsPerSeq / speed,
+    kvReadUsPerKToken: c.kvReadUsPerKToken / speed,
+    prefillStepMs: c.prefillStepMs / speed,
+  };
+}
+
 /**
  * The linear layers of a step of prefillTokens + decodeSeqs tokens (ms), as
  * cfg.stepModel prices them (CostModel.stepModel); under "additive" the

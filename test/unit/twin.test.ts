@@ -9,20 +9,12 @@ import * as assert from "node:assert/strict";
 import { createRouter, defaultConfig, Router } from "../../core/router";
 import { memoryState } from "../../core/state/memory";
 import { BlockHash } from "../../core/types";
-import { EngineModel, llama8bH100, StepPlan } from "../../sim/model";
+import { atSpeed, EngineModel, llama8bH100, StepPlan } from "../../sim/model";
 import { stepTwin } from "../../core/twin";
 
-/** The calibrated engine at a share of its speed (every cost term 1/speed as long), as bench:policy-sim's --speeds. */
+/** The calibrated engine at a share of its speed, as bench:policy-sim's --speeds. */
 function engineAt(speed: number) {
-  const c = llama8bH100();
-  return {
-    ...c,
-    stepBaseMs: c.stepBaseMs / speed,
-    prefillUsPerToken: c.prefillUsPerToken / speed,
-    prefillAttnUsPerKCtx: c.prefillAttnUsPerKCtx / speed,
-    decodeUsPerSeq: c.decodeUsPerSeq / speed,
-    kvReadUsPerKToken: c.kvReadUsPerKToken / speed,
-  };
+  return atSpeed(llama8bH100(), speed);
 }
 
 interface Timing {

@@ -28,7 +28,7 @@
 // conversations in proportion to their speed. Routers that export the TTFT
 // prediction error (--speed-learning) get its mean (MAPE) in a column.
 //
-// Usage: npm run bench:trace -- [--quick] [--speeds 1,1,1,1] [--no-oracle] [--concurrency 4,16] [--no-warmup] [--no-floor] [--baseline REV] [--no-peers] [--nginx-no-helper] [--nginx-tokenizer-min N] [--only a,b] [--workloads trace,shared-prefix,...] [--extra 'label|--flag v;...']
+// Usage: npm run bench:trace -- [--quick] [--speeds 1,1,1,1] [--no-oracle] [--concurrency 4,16] [--no-warmup] [--no-floor] [--baseline REV] [--no-peers] [--nginx-no-helper] [--nginx-tokenizer-min N] [--only a,b] [--rounds N] [--workloads trace,shared-prefix,...] [--extra 'label|--flag v;...']
 //        [--trace-every 60] [--trace-seconds 45] [--trace-max-output 256]
 //        [--time-scale 1] [--capacity-blocks N (each simulator's KV cache, vLLM's num_gpu_blocks)] [--out bench/results/trace.md]
 import * as fs from "fs";
@@ -538,6 +538,8 @@ const DEFAULT = "infera-gate kv-aware (default, weight 8)";
 const NGINX = "infera-gate kv-aware (default) in NGINX (njs + bridge)";
 const NGINX_NO_HELPER = "infera-gate kv-aware (default) in NGINX, njs tokenizes every prompt (no helper)";
 const baseRev = opt("--baseline", "");
+// --rounds N: every target runs each workload N times, in alternating order, pooled into one row.
+const rounds = Math.max(1, Number(opt("--rounds", "1")) || 1);
 const BASELINE = `infera-gate kv-aware (default) at ${baseRev}`;
 
 function targets(): Target[] {
@@ -713,6 +715,16 @@ const ORACLE = "oracle: no router, conversations pinned in proportion to worker 
 const FLOOR = "floor: each request alone, direct, its prefix cached (no router can average below it)";
 const FLOOR_POOLED = "floor, the fleet's caches pooled: each request alone on one engine of 4 x --capacity-blocks";
 
+/** One target's runs of a workload over --rounds, pooled into its row. */
+interface Pooled {
+  skip: string | null;
+  results: Result[];
+  wallMs: number;
+  spread: number[];
+  errSum: number;
+  errCount: number;
+}
+
 /** A table row from one run's results; wallMs null (the floor: one request at a time) leaves the rates out. */
 function summarize(workload: string, target: string, results: Result[], wallMs: number | null, spread: string): Row {
   const ok = results.filter((x) => x.ok);
@@ -810,45 +822,75 @@ async function main(): Promise<void> {
       rows.push(row);
       log(`${w.name.padEnd(28)} ${"oracle".padEnd(40)} ttft mean ${row.ttftMean.toFixed(1)} spread ${row.spread}`);
     }
-    for (const t of ts) {
-      const skip = t.unavailable ?? t.cannot?.(w) ?? null;
-      if (skip) {
-        rows.push(skippedRow(w.name, t.name, skip));
-        continue;
-      }
-      await clearFleet(sims);
-      let r: Running;
-      try {
-        r = await t.start(sims, mapPorts);
-      } catch (e) {
-        rows.push(skippedRow(w.name, t.name, `failed to start: ${String((e as Error).message).slice(0, 300)}`));
-        continue;
-      }
-      if (!noWarmup) {
-        const warm = await drive(r.url, {
-          name: "warm-up",
-          concurrency: Math.max(4, Math.min(16, w.concurrency)),
-          convs: warmup(w).map((q) => [q]),
-        });
-        const bad = warm.results.find((x) => !x.ok);
-        if (bad) log(`${w.name} ${t.name}: a warm-up request failed: ${bad.err}`);
+    // --rounds N: each target runs N times per workload, the order of the
+    // targets reversed every other round, and its rows pool the rounds: the
+    // side that runs first on a fresh fleet is not always the same one.
+    const acc = new Map<string, Pooled>();
+    for (let round = 0; round < rounds; round++) {
+      for (const t of round % 2 ? [...ts].reverse() : ts) {
+        if (acc.get(t.name)?.skip) continue;
+        const skip = t.unavailable ?? t.cannot?.(w) ?? null;
+        if (skip) {
+          acc.set(t.name, { skip, results: [], wallMs: 0, spread: [], errSum: 0, errCount: 0 });
+          continue;
+        }
         await clearFleet(sims);
+        let r: Running;
+        try {
+          r = await t.start(sims, mapPorts);
+        } catch (e) {
+          acc.set(t.name, {
+            skip: `failed to start: ${String((e as Error).message).slice(0, 300)}`,
+            results: [],
+            wallMs: 0,
+            spread: [],
+            errSum: 0,
+            errCount: 0,
+          });
+          continue;
+        }
+        if (!noWarmup) {
+          const warm = await drive(r.url, {
+            name: "warm-up",
+            concurrency: Math.max(4, Math.min(16, w.concurrency)),
+            convs: warmup(w).map((q) => [q]),
+          });
+          const bad = warm.results.find((x) => !x.ok);
+          if (bad) log(`${w.name} ${t.name}: a warm-up request failed: ${bad.err}`);
+          await clearFleet(sims);
+        }
+        const before = await simCounts(sims);
+        const errBefore = r.predictionError ? await r.predictionError() : null;
+        const { results, wallMs } = await drive(r.url, w);
+        const after = await simCounts(sims);
+        const errAfter = r.predictionError ? await r.predictionError() : null;
+        if (r.slowness) log(`${w.name} ${t.name}: slowness at the end ${await r.slowness()}`);
+        await r.stop();
+        const p = acc.get(t.name) ?? { skip: null, results: [], wallMs: 0, spread: [], errSum: 0, errCount: 0 };
+        p.results.push(...results);
+        p.wallMs += wallMs;
+        after.forEach((x, i) => (p.spread[i] = (p.spread[i] ?? 0) + x - before[i]));
+        if (errBefore && errAfter && errAfter.count > errBefore.count) {
+          p.errSum += errAfter.sum - errBefore.sum;
+          p.errCount += errAfter.count - errBefore.count;
+        }
+        acc.set(t.name, p);
+        const row = summarize(w.name, t.name, results, wallMs, "");
+        log(
+          `${w.name.padEnd(28)} ${t.name.padEnd(40)} ${rounds > 1 ? `round ${round + 1} ` : ""}ttft mean ${row.ttftMean.toFixed(1)} p50 ${row.ttftP50.toFixed(1)} p90 ${row.ttftP90.toFixed(1)} itl ${row.itl.toFixed(2)} hit ${row.hit === null ? "n/a" : (row.hit * 100).toFixed(1) + "%"} spread ${after.map((x, i) => x - before[i]).join("/")} err ${row.errors}${row.firstErr ? " (" + row.firstErr.slice(0, 120) + ")" : ""}`,
+        );
       }
-      const before = await simCounts(sims);
-      const errBefore = r.predictionError ? await r.predictionError() : null;
-      const { results, wallMs } = await drive(r.url, w);
-      const after = await simCounts(sims);
-      const errAfter = r.predictionError ? await r.predictionError() : null;
-      if (r.slowness) log(`${w.name} ${t.name}: slowness at the end ${await r.slowness()}`);
-      await r.stop();
-      const row = summarize(w.name, t.name, results, wallMs, after.map((a, i) => a - before[i]).join("/"));
-      if (errBefore && errAfter && errAfter.count > errBefore.count)
-        row.mape = (errAfter.sum - errBefore.sum) / (errAfter.count - errBefore.count);
+    }
+    for (const t of ts) {
+      const p = acc.get(t.name)!;
+      if (p.skip) {
+        rows.push(skippedRow(w.name, t.name, p.skip));
+        continue;
+      }
+      const row = summarize(w.name, t.name, p.results, p.wallMs, p.spread.join("/"));
+      if (p.errCount > 0) row.mape = p.errSum / p.errCount;
       rows.push(row);
       save(rows, ws); // a run cut short still leaves every finished row on disk
-      log(
-        `${w.name.padEnd(28)} ${t.name.padEnd(40)} ttft mean ${row.ttftMean.toFixed(1)} p50 ${row.ttftP50.toFixed(1)} p90 ${row.ttftP90.toFixed(1)} itl ${row.itl.toFixed(2)} hit ${row.hit === null ? "n/a" : (row.hit * 100).toFixed(1) + "%"} spread ${row.spread} err ${row.errors}${row.firstErr ? " (" + row.firstErr.slice(0, 120) + ")" : ""}`,
-      );
     }
   }
   await stopAll();

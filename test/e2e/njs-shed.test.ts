@@ -32,6 +32,7 @@ after(stopAll);
 
 let trusted = "";
 let holderSim: Sim;
+let ignoredSim: Sim;
 let ignored = "";
 
 before(async () => {
@@ -39,6 +40,7 @@ before(async () => {
   // 1 ms per prefill token: a 1,500-word prompt holds the slot for about 1.5 s.
   const [a, b] = await Promise.all(["ns0", "ns1"].map((id) => startSim(id, ["--prefill-us-per-token", "1000"])));
   holderSim = a;
+  ignoredSim = b;
   const up = async (sim: typeof a, vars: Record<string, string>) => {
     const ng = await startNginx(n8!, vars);
     const admin = await freePort();
@@ -55,10 +57,11 @@ before(async () => {
   ]);
 });
 
-const chat = (url: string, content: string, objective?: string, p = "/v1/chat/completions") => {
+const chat = (url: string, content: string, objective?: string, p = "/v1/chat/completions", timeoutMs = 60000) => {
   const t0 = Date.now();
   return fetch(`${url}${p}`, {
     method: "POST",
+    signal: AbortSignal.timeout(timeoutMs),
     headers: {
       "content-type": "application/json",
       ...(objective
@@ -92,14 +95,23 @@ test("nginx: a sheddable cold request gets 429 + Retry-After while its worker's 
     },
     START_MS,
   );
-  for (const p of ["/v1/chat/completions", "/v1/messages"]) {
-    const shed = await chat(trusted, "delta ".repeat(1500) + p, "batch", p);
-    assert.equal(shed.status, 429, shed.body);
-    assert.equal(shed.headers.get("retry-after"), "1");
-    const j = JSON.parse(shed.body);
-    if (p === "/v1/messages") assert.equal(j.error.type, "rate_limit_error");
-    else assert.equal(j.error.code, 429);
-    assert.ok(shed.ms < 1000, `refused in ${shed.ms} ms`);
+  // The worker is paused while the sheddable ones ask, so the holder keeps the
+  // slot however slow this machine is (a 1.5 s prefill once ended under them in CI).
+  // A refusal never reaches the worker; a request let through would wait on the
+  // paused worker and fail on its 5 s timeout.
+  holderSim.proc.child.kill("SIGSTOP");
+  try {
+    for (const p of ["/v1/chat/completions", "/v1/messages"]) {
+      const shed = await chat(trusted, "delta ".repeat(1500) + p, "batch", p, 5000);
+      assert.equal(shed.status, 429, shed.body);
+      assert.equal(shed.headers.get("retry-after"), "1");
+      const j = JSON.parse(shed.body);
+      if (p === "/v1/messages") assert.equal(j.error.type, "rate_limit_error");
+      else assert.equal(j.error.code, 429);
+      assert.ok(shed.ms < 1000, `refused in ${shed.ms} ms`);
+    }
+  } finally {
+    holderSim.proc.child.kill("SIGCONT");
   }
   // Critical and warm go at once (njs does not queue); the holder is still prefilling.
   const [crit, warm] = await Promise.all([
@@ -118,7 +130,8 @@ test("nginx: a sheddable cold request gets 429 + Retry-After while its worker's 
 
 test("nginx: untrusted objective headers shed nothing", { skip }, async () => {
   const holder = chat(ignored, "alpha ".repeat(1500));
-  await new Promise((r) => setTimeout(r, 300));
+  // Asked while the holder is prefilling: a fixed pause could let it finish first and pass for nothing.
+  await waitFor("the holder prefilling on its worker", async () => (await ignoredSim.stats()).inflight > 0, START_MS);
   const r = await chat(ignored, "delta ".repeat(1500), "batch");
   assert.equal(r.status, 200, r.body);
   assert.equal((await holder).status, 200);

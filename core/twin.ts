@@ -34,14 +34,15 @@
 // a worker keeps at most MAX_QUEUE requests waiting for a first token.
 // ES5-safe: njs bundles this file.
 import { EpochKey } from "./types";
-
-/** One step's reference costs: the calibrated Llama-3.1-8B on one H100 (sim/model.ts, docs/simulator.md). */
-const STEP_BASE_MS = 6.3;
-const US_PER_TOKEN = 35;
-const ATTN_US_PER_KCTX = 1.0;
-const DECODE_US_PER_SEQ = 60;
-const KV_READ_US_PER_KTOKEN = 55;
-const KNEE_EXP = 1.4;
+import {
+  kneeMs,
+  REF_DECODE_US_PER_SEQ,
+  REF_KV_READ_US_PER_KTOKEN,
+  REF_PREFILL_ATTN_US_PER_KCTX,
+  REF_PREFILL_US_PER_TOKEN,
+  REF_STEP_BASE_MS,
+  REF_STEP_KNEE_EXP,
+} from "./step-reference";
 
 /** Steps one replay may run. */
 const MAX_STEPS = 4096;
@@ -56,13 +57,12 @@ const MAX_LOG = Math.log(16);
 
 /** The reference time of one step (ms): `prefill` tokens with `attn` token pairs of attention, `decodes` sequences reading `decodeCtx` tokens. */
 export function referenceStepMs(prefill: number, attn: number, decodes: number, decodeCtx: number): number {
-  const batch = ((prefill + decodes) * US_PER_TOKEN) / 1000;
-  const linear = Math.pow(Math.pow(STEP_BASE_MS, KNEE_EXP) + Math.pow(batch, KNEE_EXP), 1 / KNEE_EXP);
+  const batch = ((prefill + decodes) * REF_PREFILL_US_PER_TOKEN) / 1000;
   return (
-    linear +
-    (ATTN_US_PER_KCTX * attn) / 1e6 +
-    (decodes * DECODE_US_PER_SEQ) / 1000 +
-    (KV_READ_US_PER_KTOKEN * decodeCtx) / 1e6
+    kneeMs(REF_STEP_BASE_MS, batch, REF_STEP_KNEE_EXP) +
+    (REF_PREFILL_ATTN_US_PER_KCTX * attn) / 1e6 +
+    (decodes * REF_DECODE_US_PER_SEQ) / 1000 +
+    (REF_KV_READ_US_PER_KTOKEN * decodeCtx) / 1e6
   );
 }
 

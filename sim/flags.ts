@@ -7,6 +7,14 @@
 // Engine-model defaults are sim/model.ts's llama8bH100() (Llama-3.1-8B BF16 on
 // one H100 80GB); test/unit/sim-cli.test.ts keeps them equal.
 import { FlagSpec, FlagValue, registerFlags } from "../core/flags";
+import {
+  REF_DECODE_US_PER_SEQ,
+  REF_KV_READ_US_PER_KTOKEN,
+  REF_PREFILL_ATTN_US_PER_KCTX,
+  REF_PREFILL_US_PER_TOKEN,
+  REF_STEP_BASE_MS,
+  REF_STEP_KNEE_EXP,
+} from "../core/step-reference";
 
 const PORT_MAX = 65535;
 
@@ -93,7 +101,7 @@ export const SIM_FLAGS: FlagSpec[] = [
   {
     name: "decode-ms-per-token",
     kind: "number",
-    def: 6.3,
+    def: REF_STEP_BASE_MS,
     min: 0,
     commands: ["sim"],
     help: "fixed cost of every step (ms): the per-token time of a lone request",
@@ -101,7 +109,7 @@ export const SIM_FLAGS: FlagSpec[] = [
   {
     name: "prefill-us-per-token",
     kind: "number",
-    def: 35,
+    def: REF_PREFILL_US_PER_TOKEN,
     min: 0,
     commands: ["sim"],
     help: "linear-layer cost per prefill token (us)",
@@ -109,7 +117,7 @@ export const SIM_FLAGS: FlagSpec[] = [
   {
     name: "prefill-attn-us-per-kctx",
     kind: "number",
-    def: 1,
+    def: REF_PREFILL_ATTN_US_PER_KCTX,
     min: 0,
     commands: ["sim"],
     help: "attention cost per prefill token per 1k tokens of context (us)",
@@ -117,7 +125,7 @@ export const SIM_FLAGS: FlagSpec[] = [
   {
     name: "decode-us-per-seq",
     kind: "number",
-    def: 60,
+    def: REF_DECODE_US_PER_SEQ,
     min: 0,
     commands: ["sim"],
     help: "cost per running decode in a step (us)",
@@ -125,7 +133,7 @@ export const SIM_FLAGS: FlagSpec[] = [
   {
     name: "kv-read-us-per-ktoken",
     kind: "number",
-    def: 55,
+    def: REF_KV_READ_US_PER_KTOKEN,
     min: 0,
     commands: ["sim"],
     help: "cost per 1k KV tokens read by decodes (us)",
@@ -149,7 +157,7 @@ export const SIM_FLAGS: FlagSpec[] = [
   {
     name: "step-knee-exp",
     kind: "number",
-    def: 1.4,
+    def: REF_STEP_KNEE_EXP,
     min: 1,
     commands: ["sim"],
     help: "exponent p of --step-model knee: 1 adds every token to the fixed cost, large p is the roofline (the default is fitted to published H100 GPU timings, docs/simulator.md)",

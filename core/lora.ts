@@ -11,6 +11,7 @@
 // is in neither list: the router remembers where it sent each adapter
 // recently as a weaker sign that it is still loaded there.
 // Pure and ES5-safe (njs bundles core/).
+import { Store } from "./store";
 
 export interface LoraState {
   maxLora: number;
@@ -119,25 +120,35 @@ function has(list: string[], x: string): boolean {
   return list.indexOf(x) >= 0;
 }
 
-/** Node: plain objects in memory. */
-export function memoryLoraTable(): LoraTable {
-  const t: { [id: string]: Entry } = {};
-  const adapters: { [name: string]: true } = {};
-  const entry = (id: string): Entry => {
-    if (!Object.prototype.hasOwnProperty.call(t, id)) t[id] = { state: null, pending: [], sent: {} };
-    return t[id];
-  };
+/** Where a table keeps its entries and the adapter names it knows. */
+interface LoraIO {
+  /** The worker's entry (null: none yet). */
+  load(id: string): Entry | null;
+  /** Writes the entry back (a no-op for entries kept as live objects). */
+  save(id: string, e: Entry): void;
+  drop(id: string): void;
+  mark(name: string): void;
+  known(name: string): boolean;
+}
+
+/** The table's rules, over any place that keeps the entries (memory in Node, a shared dict in nginx). */
+function loraTable(io: LoraIO): LoraTable {
+  const entry = (id: string): Entry => io.load(id) || { state: null, pending: [], sent: {} };
   return {
     set(id, s) {
       const e = entry(id);
       e.state = s;
       e.pending = [];
+      io.save(id, e);
       if (s) {
-        for (let i = 0; i < s.running.length; i++) adapters[s.running[i]] = true;
-        for (let i = 0; i < s.waiting.length; i++) adapters[s.waiting[i]] = true;
+        for (let i = 0; i < s.running.length; i++) io.mark(s.running[i]);
+        for (let i = 0; i < s.waiting.length; i++) io.mark(s.waiting[i]);
       }
     },
-    get: (id) => (Object.prototype.hasOwnProperty.call(t, id) ? t[id].state : null),
+    get(id) {
+      const e = io.load(id);
+      return e ? e.state : null;
+    },
     note(id, adapter, now) {
       const e = entry(id);
       if (!has(e.pending, adapter)) e.pending.push(adapter);
@@ -146,26 +157,27 @@ export function memoryLoraTable(): LoraTable {
       // out first: so does this memory, or an adapter evicted there would
       // still look resident and draw requests that load it again.
       const max = e.state ? e.state.maxLora : 0;
-      if (max <= 0) return;
-      for (;;) {
-        let n = 0;
-        let oldest: string | null = null;
-        for (const k in e.sent) {
-          if (!Object.prototype.hasOwnProperty.call(e.sent, k)) continue;
-          n++;
-          if (oldest === null || e.sent[k] < e.sent[oldest]) oldest = k;
+      if (max > 0)
+        for (;;) {
+          let n = 0;
+          let oldest: string | null = null;
+          for (const k in e.sent) {
+            if (!Object.prototype.hasOwnProperty.call(e.sent, k)) continue;
+            n++;
+            if (oldest === null || e.sent[k] < e.sent[oldest]) oldest = k;
+          }
+          if (n <= max || oldest === null) break;
+          delete e.sent[oldest];
         }
-        if (n <= max || oldest === null) return;
-        delete e.sent[oldest];
-      }
+      io.save(id, e);
     },
     markAdapter(name) {
-      adapters[name] = true;
+      io.mark(name);
     },
-    isAdapter: (name) => Object.prototype.hasOwnProperty.call(adapters, name),
+    isAdapter: (name) => io.known(name),
     fit(id, adapter, now) {
-      if (!Object.prototype.hasOwnProperty.call(t, id)) return "unknown";
-      const e = t[id];
+      const e = io.load(id);
+      if (!e) return "unknown";
       const s = e.state;
       if (!s) return "unknown";
       if (has(s.running, adapter) || has(s.waiting, adapter) || has(e.pending, adapter)) return "loaded";
@@ -186,7 +198,58 @@ export function memoryLoraTable(): LoraTable {
       return s.maxLora > 0 && resident >= s.maxLora ? "evicts" : "free-slot";
     },
     drop(id) {
-      delete t[id];
+      io.drop(id);
     },
   };
+}
+
+/** Node: plain objects in memory. */
+export function memoryLoraTable(): LoraTable {
+  const t: { [id: string]: Entry } = {};
+  const adapters: { [name: string]: true } = {};
+  return loraTable({
+    load: (id) => (Object.prototype.hasOwnProperty.call(t, id) ? t[id] : null),
+    save(id, e) {
+      t[id] = e;
+    },
+    drop(id) {
+      delete t[id];
+    },
+    mark(name) {
+      adapters[name] = true;
+    },
+    known: (name) => Object.prototype.hasOwnProperty.call(adapters, name),
+  });
+}
+
+/**
+ * nginx: the entries in the shared dict, one JSON value per worker ("LR:<id>"),
+ * the adapter names as keys ("LA:<name>"), so every nginx worker process sees
+ * the bridge's scrapes and every process's sends. A note is a read, change and
+ * write: two processes noting at once on one worker may lose one of the two
+ * sends from the memory, which the next scrape's gauge puts right.
+ */
+export function storeLoraTable(st: Store): LoraTable {
+  return loraTable({
+    load(id) {
+      const raw = st.get("LR:" + id);
+      if (raw === undefined) return null;
+      try {
+        const e = JSON.parse(raw) as Entry;
+        return e && typeof e === "object" && e.sent && e.pending ? e : null;
+      } catch (x) {
+        return null;
+      }
+    },
+    save(id, e) {
+      st.set("LR:" + id, JSON.stringify(e));
+    },
+    drop(id) {
+      st.del("LR:" + id);
+    },
+    mark(name) {
+      if (st.get("LA:" + name) === undefined) st.set("LA:" + name, "1");
+    },
+    known: (name) => st.get("LA:" + name) !== undefined,
+  });
 }

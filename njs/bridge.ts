@@ -19,6 +19,7 @@ import { HealthChecker } from "../runtime/health-check";
 import { Discovery, Fleet, startDiscovery } from "../runtime/discovery";
 import { Subscription } from "../runtime/events";
 import { KvEvent, tierOf } from "../core/kvevents";
+import { LoraState, parseLoraInfo } from "../core/lora";
 import { WorkerSpec } from "../core/router";
 import { backoff, Logger, makeLogger, stateLogger } from "../runtime/log";
 import { spec } from "../runtime/metrics";
@@ -219,6 +220,15 @@ export class Bridge implements Fleet {
   private fleet: Record<string, WorkerSpec> = {};
   /** Each worker's GET /v1/models ids, pushed with the fleet so njs routes by model. */
   private models: Record<string, string[]> = {};
+  /** Of those, the LoRA adapters (entries with a parent model), pushed with the fleet for njs's LoRA table. */
+  private adapters: Record<string, string[]> = {};
+  /**
+   * Each worker's LoRA state from its /metrics (vllm:lora_requests_info), as
+   * last pushed; absent: not scraped yet or not a LoRA engine.
+   */
+  private lora: Record<string, LoraState | null> = {};
+  private loraTimer: NodeJS.Timeout | null = null;
+  private loraRound = false;
   private subs: Record<string, Subscription> = {};
   private shadows: Record<string, Shadow> = {};
   private annotator: KvAnnotator;
@@ -346,6 +356,7 @@ export class Bridge implements Fleet {
         dpRank: w.dpRank,
         engine: w.engine,
         models: this.models[w.id] ?? null,
+        adapters: this.adapters[w.id] ?? [],
         healthy: this.healthy[w.id] !== false,
       })),
     };
@@ -375,6 +386,8 @@ export class Bridge implements Fleet {
   private async resync(): Promise<void> {
     // Snapshot synchronously: batches arriving from now on queue behind it, in order.
     const bodies: Push[] = [this.fleetBody()];
+    const lora = this.loraBody();
+    if (lora) bodies.push(lora);
     for (const id of Object.keys(this.fleet)) {
       const sh = this.shadows[id];
       if (!sh || sh.seq === null) continue;
@@ -427,6 +440,59 @@ export class Bridge implements Fleet {
    * Notices an nginx that restarted (empty fleet) or went away while nothing
    * was being pushed, so the fleet is back without waiting for an event.
    */
+  /** The LoRA push: every scraped worker's state (null: its page has no LoRA gauge now); null when no worker is a LoRA engine. */
+  private loraBody(): Push | null {
+    const ids = Object.keys(this.lora);
+    if (!ids.some((id) => this.lora[id] !== null)) return null;
+    const lora: Record<string, LoraState | null> = {};
+    for (const id of ids) lora[id] = this.lora[id];
+    return { type: "lora", lora };
+  }
+
+  /**
+   * One round of LoRA scrapes: each worker's /metrics, parsed for vLLM's
+   * vllm:lora_requests_info as the router's engine-metrics reads it. While any
+   * worker is a LoRA engine every round is pushed, changed or not: njs's table
+   * clears the sends it noted since the last scrape on each push, as the
+   * router's does on each scrape. A failed scrape pushes null for the worker
+   * (unknown, not full), as in the router.
+   */
+  async scrapeLora(): Promise<void> {
+    if (this.loraRound || this.closed) return;
+    this.loraRound = true;
+    try {
+      const ws = Object.values(this.fleet);
+      const pages = await Promise.all(
+        ws.map(async (w) => {
+          try {
+            const r = await fetch(`http://${w.address}/metrics`, { signal: AbortSignal.timeout(2000) });
+            const text = await r.text();
+            return r.ok ? parseLoraInfo(text) : null;
+          } catch (e) {
+            return null;
+          }
+        }),
+      );
+      let any = false;
+      ws.forEach((w, i) => {
+        if (this.fleet[w.id] !== w) return; // replaced while the page was in flight
+        if (pages[i] !== null || this.lora[w.id]) any = true;
+        this.lora[w.id] = pages[i];
+      });
+      const body = any ? this.loraBody() : null;
+      if (body) this.enqueue(body);
+    } finally {
+      this.loraRound = false;
+    }
+  }
+
+  /** Scrapes LoRA state every --engine-metrics-interval-ms (0: off). */
+  startLoraScrapes(everyMs: number): void {
+    if (!everyMs || this.loraTimer) return;
+    this.loraTimer = setInterval(() => void this.scrapeLora(), everyMs);
+    this.loraTimer.unref();
+  }
+
   startHeartbeat(everyMs = 1000): void {
     const url = new URL("/v1/admin/workers", this.opts.nginxPushUrl).toString();
     this.heartbeat = setInterval(async () => {
@@ -513,6 +579,7 @@ export class Bridge implements Fleet {
     void fetchModels(w.address).then((m) => {
       if (!m || this.fleet[w.id] !== w) return;
       this.models[w.id] = m.ids;
+      this.adapters[w.id] = Object.keys(m.parent);
       this.enqueue(this.fleetBody());
     });
     const shadow = new Shadow();
@@ -560,6 +627,8 @@ export class Bridge implements Fleet {
     delete this.subs[id];
     delete this.fleet[id];
     delete this.models[id];
+    delete this.adapters[id];
+    delete this.lora[id];
     delete this.healthy[id];
     this.health.leave(id);
     delete this.shadows[id];
@@ -578,6 +647,7 @@ export class Bridge implements Fleet {
   async close(): Promise<void> {
     this.closed = true;
     if (this.heartbeat) clearInterval(this.heartbeat);
+    if (this.loraTimer) clearInterval(this.loraTimer);
     this.health.stop();
     this.tokenize.close();
     for (const id of Object.keys(this.subs)) this.subs[id].close();
@@ -637,6 +707,7 @@ export function startBridge(argv: string[]): Promise<void> {
     });
     d = await startDiscovery(b);
     b.startHeartbeat();
+    b.startLoraScrapes(opts.engineMetrics ? opts.engineMetrics.intervalMs : 0);
     b.health.start();
     await b.tokenize.warm();
     log("info", "bridge started", {

@@ -30,6 +30,7 @@ import { asHttpError, promLabel, sameSecret } from "../core/util";
 import { checkSessionId } from "../core/limits";
 import { unknownWorker, workerRow } from "../core/views";
 import { withModels } from "../core/models";
+import { LoraState, storeLoraTable, withLora } from "../core/lora";
 import { FlagValue, nginxFlag, routerConfigFromVars } from "../core/flags";
 import { metricHeader, metricSpec } from "../core/metric-table";
 import { errorJson } from "../core/errors";
@@ -204,7 +205,11 @@ function buildNew(r: NjsRequest): Ctx | string {
         if (p.hits > 0) countHitBlocks(st, p.worker, role, p.hits);
       },
     };
-    return { st: st, cfg: cfg, router: createRouter(withModels(keyedState(st), storeModelTable(st)), cfg, hooks) };
+    return {
+      st: st,
+      cfg: cfg,
+      router: createRouter(withLora(withModels(keyedState(st), storeModelTable(st)), storeLoraTable(st)), cfg, hooks),
+    };
   } catch (e) {
     return "infera-gate config: " + (e as Error).message;
   }
@@ -594,7 +599,7 @@ function release(r: NjsRequest): string {
 }
 
 interface PushBody {
-  type: "workers" | "events";
+  type: "workers" | "events" | "lora";
   pseq: number;
   /** healthy: the bridge's health-check verdict (absent = healthy). */
   workers?: {
@@ -603,8 +608,12 @@ interface PushBody {
     role: "prefill" | "decode" | "mixed";
     blockSize?: number;
     models?: string[] | null;
+    /** Of models, the LoRA adapters (their /v1/models entries have a parent). */
+    adapters?: string[];
     healthy?: boolean;
   }[];
+  /** type "lora": each worker's vllm:lora_requests_info as the bridge last scraped it (null: none). */
+  lora?: { [worker: string]: LoraState | null };
   worker?: string;
   seq?: number;
   events?: KvEvent[];
@@ -649,17 +658,34 @@ function push(r: NjsRequest): void {
         " is more than 10 minutes ahead of this host's clock (microseconds since the epoch)",
       "invalid_request_error",
     );
-  const seqOk = acceptPushSeq(c.st, b.type === "workers" ? "workers" : "ev:" + b.worker, b.pseq);
+  const seqOk = acceptPushSeq(c.st, b.type === "workers" || b.type === "lora" ? b.type : "ev:" + b.worker, b.pseq);
   if (!seqOk.ok) return fail(r, 409, "stale push: pseq " + b.pseq + " <= " + seqOk.last, "stale");
   if (b.type === "workers") {
     const ws = b.workers || [];
     c.router.setWorkers(ws);
     const mt = storeModelTable(c.st);
+    const lt = c.router.state.lora!;
     for (let i = 0; i < ws.length; i++) {
       mt.set(ws[i].id, ws[i].models || null);
       c.router.setHealthy(ws[i].id, ws[i].healthy !== false);
+      const ad = ws[i].adapters || [];
+      for (let k = 0; k < ad.length; k++) lt.markAdapter(ad[k]);
     }
     return json(r, 200, { workers: c.router.workers().length });
+  }
+  if (b.type === "lora") {
+    // A scrape round: each worker's state, which also clears the sends noted since the last one.
+    const lt = c.router.state.lora!;
+    const ls = b.lora || {};
+    let n = 0;
+    for (const id in ls) {
+      if (!Object.prototype.hasOwnProperty.call(ls, id) || !c.router.worker(id)) continue;
+      const v = ls[id];
+      const ok = v && typeof v.maxLora === "number" && v.running instanceof Array && v.waiting instanceof Array;
+      lt.set(id, ok ? v : null);
+      n++;
+    }
+    return json(r, 200, { lora: n });
   }
   const w = c.router.worker(b.worker || "");
   if (!w) return fail(r, 404, "unknown worker " + b.worker, "not_found");

@@ -7,17 +7,17 @@
 // ES5-safe: njs bundles this file (through core/twin.ts).
 
 /** A step's fixed cost (ms): weights read once per step. */
-export const REF_STEP_BASE_MS = 6.3;
+export const STEP_BASE_MS = 6.3;
 /** Linear-layer cost per batched token (µs). */
-export const REF_PREFILL_US_PER_TOKEN = 35;
+export const PREFILL_US_PER_TOKEN = 35;
 /** Prefill attention per thousand token pairs (µs). */
-export const REF_PREFILL_ATTN_US_PER_KCTX = 1.0;
+export const PREFILL_ATTN_US_PER_KCTX = 1.0;
 /** Per running decode sequence (µs). */
-export const REF_DECODE_US_PER_SEQ = 60;
+export const DECODE_US_PER_SEQ = 60;
 /** Decode KV read per thousand tokens of context (µs). */
-export const REF_KV_READ_US_PER_KTOKEN = 55;
+export const KV_READ_US_PER_KTOKEN = 55;
 /** The knee's exponent p: how sharply the fixed cost gives way to the batch's. */
-export const REF_STEP_KNEE_EXP = 1.4;
+export const STEP_KNEE_EXP = 1.4;
 
 /**
  * A step's linear layers under the knee model (ms): (F^p + B^p)^(1/p), flat at

@@ -34,15 +34,7 @@
 // a worker keeps at most MAX_QUEUE requests waiting for a first token.
 // ES5-safe: njs bundles this file.
 import { EpochKey } from "./types";
-import {
-  kneeMs,
-  REF_DECODE_US_PER_SEQ,
-  REF_KV_READ_US_PER_KTOKEN,
-  REF_PREFILL_ATTN_US_PER_KCTX,
-  REF_PREFILL_US_PER_TOKEN,
-  REF_STEP_BASE_MS,
-  REF_STEP_KNEE_EXP,
-} from "./step-reference";
+import * as ref from "./step-reference";
 
 /** Steps one replay may run. */
 const MAX_STEPS = 4096;
@@ -57,12 +49,12 @@ const MAX_LOG = Math.log(16);
 
 /** The reference time of one step (ms): `prefill` tokens with `attn` token pairs of attention, `decodes` sequences reading `decodeCtx` tokens. */
 export function referenceStepMs(prefill: number, attn: number, decodes: number, decodeCtx: number): number {
-  const batch = ((prefill + decodes) * REF_PREFILL_US_PER_TOKEN) / 1000;
+  const batch = ((prefill + decodes) * ref.PREFILL_US_PER_TOKEN) / 1000;
   return (
-    kneeMs(REF_STEP_BASE_MS, batch, REF_STEP_KNEE_EXP) +
-    (REF_PREFILL_ATTN_US_PER_KCTX * attn) / 1e6 +
-    (decodes * REF_DECODE_US_PER_SEQ) / 1000 +
-    (REF_KV_READ_US_PER_KTOKEN * decodeCtx) / 1e6
+    ref.kneeMs(ref.STEP_BASE_MS, batch, ref.STEP_KNEE_EXP) +
+    (ref.PREFILL_ATTN_US_PER_KCTX * attn) / 1e6 +
+    (decodes * ref.DECODE_US_PER_SEQ) / 1000 +
+    (ref.KV_READ_US_PER_KTOKEN * decodeCtx) / 1e6
   );
 }
 

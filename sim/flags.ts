@@ -7,14 +7,7 @@
 // Engine-model defaults are sim/model.ts's llama8bH100() (Llama-3.1-8B BF16 on
 // one H100 80GB); test/unit/sim-cli.test.ts keeps them equal.
 import { FlagSpec, FlagValue, registerFlags } from "../core/flags";
-import {
-  REF_DECODE_US_PER_SEQ,
-  REF_KV_READ_US_PER_KTOKEN,
-  REF_PREFILL_ATTN_US_PER_KCTX,
-  REF_PREFILL_US_PER_TOKEN,
-  REF_STEP_BASE_MS,
-  REF_STEP_KNEE_EXP,
-} from "../core/step-reference";
+import * as ref from "../core/step-reference";
 
 const PORT_MAX = 65535;
 
@@ -101,7 +94,7 @@ export const SIM_FLAGS: FlagSpec[] = [
   {
     name: "decode-ms-per-token",
     kind: "number",
-    def: REF_STEP_BASE_MS,
+    def: ref.STEP_BASE_MS,
     min: 0,
     commands: ["sim"],
     help: "fixed cost of every step (ms): the per-token time of a lone request",
@@ -109,7 +102,7 @@ export const SIM_FLAGS: FlagSpec[] = [
   {
     name: "prefill-us-per-token",
     kind: "number",
-    def: REF_PREFILL_US_PER_TOKEN,
+    def: ref.PREFILL_US_PER_TOKEN,
     min: 0,
     commands: ["sim"],
     help: "linear-layer cost per prefill token (us)",
@@ -117,7 +110,7 @@ export const SIM_FLAGS: FlagSpec[] = [
   {
     name: "prefill-attn-us-per-kctx",
     kind: "number",
-    def: REF_PREFILL_ATTN_US_PER_KCTX,
+    def: ref.PREFILL_ATTN_US_PER_KCTX,
     min: 0,
     commands: ["sim"],
     help: "attention cost per prefill token per 1k tokens of context (us)",
@@ -125,7 +118,7 @@ export const SIM_FLAGS: FlagSpec[] = [
   {
     name: "decode-us-per-seq",
     kind: "number",
-    def: REF_DECODE_US_PER_SEQ,
+    def: ref.DECODE_US_PER_SEQ,
     min: 0,
     commands: ["sim"],
     help: "cost per running decode in a step (us)",
@@ -133,7 +126,7 @@ export const SIM_FLAGS: FlagSpec[] = [
   {
     name: "kv-read-us-per-ktoken",
     kind: "number",
-    def: REF_KV_READ_US_PER_KTOKEN,
+    def: ref.KV_READ_US_PER_KTOKEN,
     min: 0,
     commands: ["sim"],
     help: "cost per 1k KV tokens read by decodes (us)",
@@ -157,7 +150,7 @@ export const SIM_FLAGS: FlagSpec[] = [
   {
     name: "step-knee-exp",
     kind: "number",
-    def: REF_STEP_KNEE_EXP,
+    def: ref.STEP_KNEE_EXP,
     min: 1,
     commands: ["sim"],
     help: "exponent p of --step-model knee: 1 adds every token to the fixed cost, large p is the roofline (the default is fitted to published H100 GPU timings, docs/simulator.md)",

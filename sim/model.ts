@@ -27,15 +27,7 @@
 //   does the same). maxLoras GPU slots hold adapters in LRU order; a step
 //   that activates an adapter not in a slot pays loraLoadMs for it (the
 //   load into the slot), evicting the least recently used idle adapter.
-import {
-  kneeMs,
-  REF_DECODE_US_PER_SEQ,
-  REF_KV_READ_US_PER_KTOKEN,
-  REF_PREFILL_ATTN_US_PER_KCTX,
-  REF_PREFILL_US_PER_TOKEN,
-  REF_STEP_BASE_MS,
-  REF_STEP_KNEE_EXP,
-} from "../core/step-reference";
+import * as ref from "../core/step-reference";
 
 export interface CostModel {
   /** Every forward pass: weights streamed once, kernel launches, sampling (ms). */
@@ -90,14 +82,14 @@ export interface ModelConfig extends CostModel {
  */
 export function llama8bH100(): ModelConfig {
   return {
-    stepBaseMs: REF_STEP_BASE_MS,
-    prefillUsPerToken: REF_PREFILL_US_PER_TOKEN,
-    prefillAttnUsPerKCtx: REF_PREFILL_ATTN_US_PER_KCTX,
-    decodeUsPerSeq: REF_DECODE_US_PER_SEQ,
-    kvReadUsPerKToken: REF_KV_READ_US_PER_KTOKEN,
+    stepBaseMs: ref.STEP_BASE_MS,
+    prefillUsPerToken: ref.PREFILL_US_PER_TOKEN,
+    prefillAttnUsPerKCtx: ref.PREFILL_ATTN_US_PER_KCTX,
+    decodeUsPerSeq: ref.DECODE_US_PER_SEQ,
+    kvReadUsPerKToken: ref.KV_READ_US_PER_KTOKEN,
     prefillStepMs: 0,
     stepModel: "knee",
-    stepKneeExp: REF_STEP_KNEE_EXP,
+    stepKneeExp: ref.STEP_KNEE_EXP,
     blockSize: 16,
     // (80 GB * 0.9 - 16 GB weights - ~4 GB activations/graphs) / 128 KiB per token
     numBlocks: 26000,
@@ -130,7 +122,7 @@ export function linearMs(c: CostModel, prefillTokens: number, decodeSeqs: number
   const batchMs = ((prefillTokens + decodeSeqs) * c.prefillUsPerToken) / 1000;
   if (c.stepModel === "roofline") return Math.max(c.stepBaseMs, batchMs);
   if (c.stepModel === "knee") {
-    return kneeMs(c.stepBaseMs, batchMs, c.stepKneeExp ?? REF_STEP_KNEE_EXP);
+    return ref.kneeMs(c.stepBaseMs, batchMs, c.stepKneeExp ?? ref.STEP_KNEE_EXP);
   }
   return c.stepBaseMs + (prefillTokens * c.prefillUsPerToken) / 1000;
 }

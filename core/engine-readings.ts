@@ -7,6 +7,8 @@
 // Row.data, where scorers and admission read it. Keyed by epoch key, so a
 // worker that rejoins starts without readings. Pure and ES5-safe (njs).
 import { EpochKey } from "./types";
+import { LoraState } from "./lora";
+import { Store } from "./store";
 
 export interface EngineReading {
   /** KV cache capacity in blocks of the router's --block-size; null = not known. */
@@ -37,6 +39,40 @@ export function engineReadings(): EngineReadings {
     },
     forget: (ek) => {
       delete byKey[ek];
+    },
+  };
+}
+
+/**
+ * One worker's /metrics page as the bridge pushes it to nginx after a scrape
+ * (njs/bridge.ts): capacity in tokens (njs divides by its own block size),
+ * the headroom figures, and the LoRA state.
+ */
+export interface EnginePage {
+  capacityTokens: number | null;
+  kvUsage: number | null;
+  waitingRequests: number | null;
+  runningRequests: number | null;
+  lora: LoraState | null;
+}
+
+/** nginx: the readings in the shared dict ("ER:<epoch key>"), so every worker process reads the bridge's last push. */
+export function storeEngineReadings(st: Store): EngineReadings {
+  return {
+    get(ek) {
+      const raw = st.get("ER:" + ek);
+      if (raw === undefined) return null;
+      try {
+        return JSON.parse(raw) as EngineReading;
+      } catch (e) {
+        return null;
+      }
+    },
+    set(ek, r) {
+      st.set("ER:" + ek, JSON.stringify(r));
+    },
+    forget(ek) {
+      st.del("ER:" + ek);
     },
   };
 }

@@ -874,7 +874,7 @@ function builtinFlags(): FlagSpec[] {
       max: 3600000,
       commands: RB,
       check: (v) => (v !== 0 && (v as number) < 20 ? "must be 0 (off) or at least 20" : null),
-      help: "GET /metrics on every worker each N ms, one request per worker feeding all of: vLLM's LoRA adapter state (vllm:lora_requests_info, for lora-slots and lora-affinity), KV capacity (vllm:cache_config_info num_gpu_blocks, sglang:max_total_num_tokens; the kv-capacity scorer), KV usage and queue (the saturation hold); the bridge reads only the LoRA state and pushes it to nginx; 0 = off",
+      help: "GET /metrics on every worker each N ms, one request per worker feeding all of: vLLM's LoRA adapter state (vllm:lora_requests_info, for lora-slots and lora-affinity), KV capacity (vllm:cache_config_info num_gpu_blocks, sglang:max_total_num_tokens; the kv-capacity scorer), KV usage and queue (the saturation hold); the bridge pushes each round to nginx for the same scorers and filters, without the saturation hold; 0 = off",
     },
     {
       name: "saturation-queue-depth",

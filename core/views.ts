@@ -13,10 +13,13 @@ export interface WorkerRow {
   demand: { tokens: number; requests: number };
   excluded: string | null;
   healthy: boolean;
+  /** The engine's KV capacity in blocks, from its /metrics (or an override); null = not known. */
+  kv_capacity_blocks: number | null;
 }
 
 export function workerRow(router: Router, w: Worker): WorkerRow {
   const v = router.cacheView(w.id);
+  const reading = router.state.engine ? router.state.engine.get(w.epochKey) : null;
   return {
     id: w.id,
     address: w.address,
@@ -27,6 +30,7 @@ export function workerRow(router: Router, w: Worker): WorkerRow {
     demand: router.demand(w.id),
     excluded: router.excluded(w.id),
     healthy: router.healthy(w.id),
+    kv_capacity_blocks: reading ? reading.capacityBlocks : null,
   };
 }
 

@@ -19,7 +19,9 @@ import { HealthChecker } from "../runtime/health-check";
 import { Discovery, Fleet, startDiscovery } from "../runtime/discovery";
 import { Subscription } from "../runtime/events";
 import { KvEvent, tierOf } from "../core/kvevents";
-import { LoraState, parseLoraInfo } from "../core/lora";
+import { parseLoraInfo } from "../core/lora";
+import { EnginePage } from "../core/engine-readings";
+import { engineSeries, parsePrometheusText, readEngineFigures } from "../runtime/engine-metrics";
 import { WorkerSpec } from "../core/router";
 import { backoff, Logger, makeLogger, stateLogger } from "../runtime/log";
 import { spec } from "../runtime/metrics";
@@ -223,12 +225,12 @@ export class Bridge implements Fleet {
   /** Of those, the LoRA adapters (entries with a parent model), pushed with the fleet for njs's LoRA table. */
   private adapters: Record<string, string[]> = {};
   /**
-   * Each worker's LoRA state from its /metrics (vllm:lora_requests_info), as
-   * last pushed; absent: not scraped yet or not a LoRA engine.
+   * What each worker's /metrics said at the last scrape (KV capacity and
+   * headroom, LoRA state), as last pushed; null: the scrape failed.
    */
-  private lora: Record<string, LoraState | null> = {};
-  private loraTimer: NodeJS.Timeout | null = null;
-  private loraRound = false;
+  private pages: Record<string, EnginePage | null> = {};
+  private scrapeTimer: NodeJS.Timeout | null = null;
+  private scraping = false;
   private subs: Record<string, Subscription> = {};
   private shadows: Record<string, Shadow> = {};
   private annotator: KvAnnotator;
@@ -386,8 +388,8 @@ export class Bridge implements Fleet {
   private async resync(): Promise<void> {
     // Snapshot synchronously: batches arriving from now on queue behind it, in order.
     const bodies: Push[] = [this.fleetBody()];
-    const lora = this.loraBody();
-    if (lora) bodies.push(lora);
+    const engine = this.engineBody();
+    if (engine) bodies.push(engine);
     for (const id of Object.keys(this.fleet)) {
       const sh = this.shadows[id];
       if (!sh || sh.seq === null) continue;
@@ -440,57 +442,72 @@ export class Bridge implements Fleet {
    * Notices an nginx that restarted (empty fleet) or went away while nothing
    * was being pushed, so the fleet is back without waiting for an event.
    */
-  /** The LoRA push: every scraped worker's state (null: its page has no LoRA gauge now); null when no worker is a LoRA engine. */
-  private loraBody(): Push | null {
-    const ids = Object.keys(this.lora);
-    if (!ids.some((id) => this.lora[id] !== null)) return null;
-    const lora: Record<string, LoraState | null> = {};
-    for (const id of ids) lora[id] = this.lora[id];
-    return { type: "lora", lora };
+  /** The engine push: every scraped worker's page (null: its scrape failed); null when no page said anything. */
+  private engineBody(): Push | null {
+    const ids = Object.keys(this.pages);
+    if (!ids.some((id) => this.pages[id] !== null)) return null;
+    const pages: Record<string, EnginePage | null> = {};
+    for (const id of ids) pages[id] = this.pages[id];
+    return { type: "engine", pages };
   }
 
   /**
-   * One round of LoRA scrapes: each worker's /metrics, parsed for vLLM's
-   * vllm:lora_requests_info as the router's engine-metrics reads it. While any
-   * worker is a LoRA engine every round is pushed, changed or not: njs's table
-   * clears the sends it noted since the last scrape on each push, as the
-   * router's does on each scrape. A failed scrape pushes null for the worker
-   * (unknown, not full), as in the router.
+   * One round of scrapes: each worker's /metrics once per address, read as
+   * the router's engine-metrics reads it (KV capacity in tokens, KV usage,
+   * queue, running; vllm:lora_requests_info), and pushed to nginx. While any
+   * page says something every round is pushed, changed or not: njs's LoRA
+   * table clears the sends it noted since the last scrape on each push, as
+   * the router's does on each scrape. A failed scrape pushes null for the
+   * worker: unknown, as in the router.
    */
-  async scrapeLora(): Promise<void> {
-    if (this.loraRound || this.closed) return;
-    this.loraRound = true;
+  async scrapeEngines(): Promise<void> {
+    if (this.scraping || this.closed) return;
+    this.scraping = true;
     try {
       const ws = Object.values(this.fleet);
-      const pages = await Promise.all(
-        ws.map(async (w) => {
-          try {
-            const r = await fetch(`http://${w.address}/metrics`, { signal: AbortSignal.timeout(2000) });
-            const text = await r.text();
-            return r.ok ? parseLoraInfo(text) : null;
-          } catch (e) {
-            return null;
-          }
-        }),
-      );
+      const texts: Record<string, Promise<string | null>> = {};
+      for (const w of ws)
+        texts[w.address] =
+          texts[w.address] ||
+          fetch(`http://${w.address}/metrics`, { signal: AbortSignal.timeout(2000) }).then(
+            async (r) => {
+              const t = await r.text();
+              return r.ok ? t : null;
+            },
+            () => null,
+          );
+      const read: Record<string, string | null> = {};
+      for (const a of Object.keys(texts)) read[a] = await texts[a];
       let any = false;
-      ws.forEach((w, i) => {
-        if (this.fleet[w.id] !== w) return; // replaced while the page was in flight
-        if (pages[i] !== null || this.lora[w.id]) any = true;
-        this.lora[w.id] = pages[i];
-      });
-      const body = any ? this.loraBody() : null;
+      for (const w of ws) {
+        if (this.fleet[w.id] !== w) continue; // replaced while the page was in flight
+        const text = read[w.address];
+        let page: EnginePage | null = null;
+        if (text !== null) {
+          const f = readEngineFigures(parsePrometheusText(text, engineSeries), w.dpRank);
+          page = {
+            capacityTokens: f.capacityTokens,
+            kvUsage: f.kvUsage,
+            waitingRequests: f.waitingRequests,
+            runningRequests: f.runningRequests,
+            lora: parseLoraInfo(text),
+          };
+        }
+        if (page !== null || this.pages[w.id]) any = true;
+        this.pages[w.id] = page;
+      }
+      const body = any ? this.engineBody() : null;
       if (body) this.enqueue(body);
     } finally {
-      this.loraRound = false;
+      this.scraping = false;
     }
   }
 
-  /** Scrapes LoRA state every --engine-metrics-interval-ms (0: off). */
-  startLoraScrapes(everyMs: number): void {
-    if (!everyMs || this.loraTimer) return;
-    this.loraTimer = setInterval(() => void this.scrapeLora(), everyMs);
-    this.loraTimer.unref();
+  /** Scrapes every worker's /metrics every --engine-metrics-interval-ms (0: off). */
+  startEngineScrapes(everyMs: number): void {
+    if (!everyMs || this.scrapeTimer) return;
+    this.scrapeTimer = setInterval(() => void this.scrapeEngines(), everyMs);
+    this.scrapeTimer.unref();
   }
 
   startHeartbeat(everyMs = 1000): void {
@@ -628,7 +645,7 @@ export class Bridge implements Fleet {
     delete this.fleet[id];
     delete this.models[id];
     delete this.adapters[id];
-    delete this.lora[id];
+    delete this.pages[id];
     delete this.healthy[id];
     this.health.leave(id);
     delete this.shadows[id];
@@ -647,7 +664,7 @@ export class Bridge implements Fleet {
   async close(): Promise<void> {
     this.closed = true;
     if (this.heartbeat) clearInterval(this.heartbeat);
-    if (this.loraTimer) clearInterval(this.loraTimer);
+    if (this.scrapeTimer) clearInterval(this.scrapeTimer);
     this.health.stop();
     this.tokenize.close();
     for (const id of Object.keys(this.subs)) this.subs[id].close();
@@ -707,7 +724,7 @@ export function startBridge(argv: string[]): Promise<void> {
     });
     d = await startDiscovery(b);
     b.startHeartbeat();
-    b.startLoraScrapes(opts.engineMetrics ? opts.engineMetrics.intervalMs : 0);
+    b.startEngineScrapes(opts.engineMetrics ? opts.engineMetrics.intervalMs : 0);
     b.health.start();
     await b.tokenize.warm();
     log("info", "bridge started", {

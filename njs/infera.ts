@@ -30,7 +30,8 @@ import { asHttpError, promLabel, sameSecret } from "../core/util";
 import { checkSessionId } from "../core/limits";
 import { unknownWorker, workerRow } from "../core/views";
 import { withModels } from "../core/models";
-import { LoraState, storeLoraTable, withLora } from "../core/lora";
+import { storeLoraTable, withLora } from "../core/lora";
+import { EnginePage, EngineReading, storeEngineReadings } from "../core/engine-readings";
 import { FlagValue, nginxFlag, routerConfigFromVars } from "../core/flags";
 import { metricHeader, metricSpec } from "../core/metric-table";
 import { errorJson } from "../core/errors";
@@ -205,11 +206,10 @@ function buildNew(r: NjsRequest): Ctx | string {
         if (p.hits > 0) countHitBlocks(st, p.worker, role, p.hits);
       },
     };
-    return {
-      st: st,
-      cfg: cfg,
-      router: createRouter(withLora(withModels(keyedState(st), storeModelTable(st)), storeLoraTable(st)), cfg, hooks),
-    };
+    const state = withLora(withModels(keyedState(st), storeModelTable(st)), storeLoraTable(st));
+    // The bridge's scrapes (type "engine" pushes), shared by every worker process.
+    state.engine = storeEngineReadings(st);
+    return { st: st, cfg: cfg, router: createRouter(state, cfg, hooks) };
   } catch (e) {
     return "infera-gate config: " + (e as Error).message;
   }
@@ -599,7 +599,7 @@ function release(r: NjsRequest): string {
 }
 
 interface PushBody {
-  type: "workers" | "events" | "lora";
+  type: "workers" | "events" | "engine";
   pseq: number;
   /** healthy: the bridge's health-check verdict (absent = healthy). */
   workers?: {
@@ -612,13 +612,53 @@ interface PushBody {
     adapters?: string[];
     healthy?: boolean;
   }[];
-  /** type "lora": each worker's vllm:lora_requests_info as the bridge last scraped it (null: none). */
-  lora?: { [worker: string]: LoraState | null };
+  /** type "engine": each worker's /metrics page as the bridge last scraped it (null: the scrape failed). */
+  pages?: { [worker: string]: EnginePage | null };
   worker?: string;
   seq?: number;
   events?: KvEvent[];
   /** The bridge saw the engine restart: drop this worker's mirror first. */
   restart?: boolean;
+}
+
+/** A pushed figure: a finite number, else unknown. */
+function figure(v: unknown): number | null {
+  return typeof v === "number" && isFinite(v) ? v : null;
+}
+
+/**
+ * One round of the bridge's scrapes into the shared dict, as the router's
+ * engine-metrics applies its own (runtime/engine-metrics.ts): capacity in
+ * this router's blocks, kept when a scrape fails; the headroom figures;
+ * the LoRA state, whose set also clears the sends noted since the last
+ * round. Returns how many workers were applied.
+ */
+function applyPages(c: Ctx, pages: { [worker: string]: EnginePage | null }): number {
+  const engine = c.router.state.engine!;
+  const lora = c.router.state.lora!;
+  const now = Date.now();
+  let n = 0;
+  for (const id in pages) {
+    if (!Object.prototype.hasOwnProperty.call(pages, id)) continue;
+    const w = c.router.worker(id);
+    if (!w) continue;
+    const p = pages[id];
+    const prev = engine.get(w.epochKey);
+    const tokens = p ? figure(p.capacityTokens) : null;
+    const reading: EngineReading = {
+      capacityBlocks: tokens !== null ? Math.floor(tokens / c.cfg.blockSize) : prev ? prev.capacityBlocks : null,
+      kvUsage: p ? figure(p.kvUsage) : null,
+      waitingRequests: p ? figure(p.waitingRequests) : null,
+      runningRequests: p ? figure(p.runningRequests) : null,
+      at: p ? now : prev ? prev.at : 0,
+    };
+    engine.set(w.epochKey, reading);
+    const l = p ? p.lora : null;
+    const ok = l && typeof l.maxLora === "number" && l.running instanceof Array && l.waiting instanceof Array;
+    lora.set(id, ok ? l : null);
+    n++;
+  }
+  return n;
 }
 
 /**
@@ -658,7 +698,7 @@ function push(r: NjsRequest): void {
         " is more than 10 minutes ahead of this host's clock (microseconds since the epoch)",
       "invalid_request_error",
     );
-  const seqOk = acceptPushSeq(c.st, b.type === "workers" || b.type === "lora" ? b.type : "ev:" + b.worker, b.pseq);
+  const seqOk = acceptPushSeq(c.st, b.type === "workers" || b.type === "engine" ? b.type : "ev:" + b.worker, b.pseq);
   if (!seqOk.ok) return fail(r, 409, "stale push: pseq " + b.pseq + " <= " + seqOk.last, "stale");
   if (b.type === "workers") {
     const ws = b.workers || [];
@@ -673,20 +713,7 @@ function push(r: NjsRequest): void {
     }
     return json(r, 200, { workers: c.router.workers().length });
   }
-  if (b.type === "lora") {
-    // A scrape round: each worker's state, which also clears the sends noted since the last one.
-    const lt = c.router.state.lora!;
-    const ls = b.lora || {};
-    let n = 0;
-    for (const id in ls) {
-      if (!Object.prototype.hasOwnProperty.call(ls, id) || !c.router.worker(id)) continue;
-      const v = ls[id];
-      const ok = v && typeof v.maxLora === "number" && v.running instanceof Array && v.waiting instanceof Array;
-      lt.set(id, ok ? v : null);
-      n++;
-    }
-    return json(r, 200, { lora: n });
-  }
+  if (b.type === "engine") return json(r, 200, { workers: applyPages(c, b.pages || {}) });
   const w = c.router.worker(b.worker || "");
   if (!w) return fail(r, 404, "unknown worker " + b.worker, "not_found");
   if (b.restart) {

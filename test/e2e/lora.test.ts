@@ -42,10 +42,10 @@ interface Gateway {
   scraped(): Promise<void>;
 }
 
-/** The bridge's LoRA pushes nginx accepted so far. */
+/** The bridge's engine pushes (each a scrape round) nginx accepted so far. */
 async function loraPushes(admin: string): Promise<number> {
   const text = await (await fetch(`${admin}/metrics`)).text();
-  const m = /^infera_bridge_pushes_total\{type="lora",result="ok"\} (\d+)/m.exec(text);
+  const m = /^infera_bridge_pushes_total\{type="engine",result="ok"\} (\d+)/m.exec(text);
   return m ? Number(m[1]) : 0;
 }
 
@@ -77,7 +77,7 @@ const gateways: { name: string; skip: string | false; start(): Promise<Gateway> 
       // A push that started after this call carries a scrape made after it.
       const scraped = async () => {
         const n0 = await loraPushes(f.bridge.admin);
-        await waitFor("two more LoRA pushes", async () => (await loraPushes(f.bridge.admin)) >= n0 + 2, 10000);
+        await waitFor("two more engine pushes", async () => (await loraPushes(f.bridge.admin)) >= n0 + 2, 10000);
       };
       return { url: f.ng.url, sims: f.sims, settled: () => f.settled(), scraped };
     },

@@ -12,6 +12,12 @@ export interface Store {
   delNum(key: string): void;
   /** Keys of both namespaces starting with prefix (used only on worker leave / resync). */
   keys(prefix: string): string[];
+  /**
+   * keys() of several prefixes at once: out[i] holds the keys starting with
+   * prefixes[i] (the first that matches). A backend that can only list every
+   * key (njs's shared dicts) lists them once for all the prefixes.
+   */
+  keysMany(prefixes: string[]): string[][];
 }
 
 /** In-process store for the ext_proc server and tests. */
@@ -61,16 +67,23 @@ export function memStore(): Store {
         if (s[k] === undefined) unindex(k);
       }
     },
-    keys: (p) => {
-      const out: string[] = [];
-      if (bucket(p) === p) {
-        const b = idx[p];
-        if (b) for (const k in b) out.push(k);
-        return out;
-      }
-      for (const k in s) if (k.indexOf(p) === 0) out.push(k);
-      for (const k in n) if (k.indexOf(p) === 0 && s[k] === undefined) out.push(k);
+    keys: keysOf,
+    keysMany(ps) {
+      // The bucket index answers each prefix from its own keys.
+      const out: string[][] = [];
+      for (let i = 0; i < ps.length; i++) out.push(keysOf(ps[i]));
       return out;
     },
   };
+  function keysOf(p: string): string[] {
+    const out: string[] = [];
+    if (bucket(p) === p) {
+      const b = idx[p];
+      if (b) for (const k in b) out.push(k);
+      return out;
+    }
+    for (const k in s) if (k.indexOf(p) === 0) out.push(k);
+    for (const k in n) if (k.indexOf(p) === 0 && s[k] === undefined) out.push(k);
+    return out;
+  }
 }

@@ -167,19 +167,22 @@ export function keyedMirror(st: Store): MirrorIndex {
       return false;
     },
     clear(ek) {
-      const refs = st.keys("MR:" + ek + ":");
-      const pre = ("MR:" + ek + ":").length;
-      for (let i = 0; i < refs.length; i++) {
-        dropHolder(refs[i].substr(pre), ek);
-        st.delNum(refs[i]);
+      // Listing keys is the cost here (njs copies every key of both dicts per
+      // listing), and an AllBlocksCleared clears all four tiers, most of them
+      // empty: an empty tier holds no per-block key (every ME entry counts in
+      // MEN; MR, MQ and MQP keys exist only beside one), so it needs none.
+      if (st.num("MEN:" + ek) > 0) {
+        const ks = st.keysMany(["MR:" + ek + ":", "ME:" + ek + ":", "MQP:" + ek + ":", "MQ:" + ek + ":"]);
+        const pre = ("MR:" + ek + ":").length;
+        for (let i = 0; i < ks[0].length; i++) {
+          dropHolder(ks[0][i].substr(pre), ek);
+          st.delNum(ks[0][i]);
+        }
+        for (let i = 0; i < ks[1].length; i++) st.del(ks[1][i]);
+        for (let i = 0; i < ks[2].length; i++) st.delNum(ks[2][i]);
+        for (let i = 0; i < ks[3].length; i++) st.del(ks[3][i]);
       }
-      const maps = st.keys("ME:" + ek + ":");
-      for (let i = 0; i < maps.length; i++) st.del(maps[i]);
       st.delNum("MN:" + ek);
-      const q = st.keys("MQ:" + ek + ":");
-      for (let i = 0; i < q.length; i++) st.del(q[i]);
-      const qp = st.keys("MQP:" + ek + ":");
-      for (let i = 0; i < qp.length; i++) st.delNum(qp[i]);
       st.delNum("MQH:" + ek);
       st.delNum("MQT:" + ek);
       st.delNum("MEN:" + ek);

@@ -12,6 +12,7 @@ import { memStore, Store } from "../../core/store";
 import { BlockHash, EpochKey } from "../../core/types";
 import { blockHashes } from "../../core/hash";
 import { moveGuard } from "../../core/failover";
+import { clearAllTiers } from "../../core/kvevents";
 import { createRouter, defaultConfig } from "../../core/router";
 
 const E = (s: string) => s as EpochKey;
@@ -42,6 +43,7 @@ function counted(): { st: Store; ops: () => number; keys: (p: string) => number 
       num: inner.num,
       delNum: inner.delNum,
       keys: inner.keys,
+      keysMany: inner.keysMany,
     },
     ops: () => ops,
     keys: (p) => inner.keys(p).length,
@@ -207,4 +209,36 @@ test("keyed mirror: a long prompt's cached prefix from a few hundred reads, equa
   exact.remove(E("a#1"), "e20");
   assert.equal(keyed.prefixHits(blocks.slice(0, 64), live)["a#1"], 20);
   assert.deepEqual(keyed.prefixHits(blocks.slice(0, 64), live), exact.prefixHits(blocks.slice(0, 64), live));
+});
+
+test("clearing a worker's mirror lists the store's keys at most once, and only for a tier that holds blocks", () => {
+  // njs's shared dicts list every key on each listing: an AllBlocksCleared
+  // clears four tiers, and each tier cleared by one listing per key family
+  // was sixteen listings of the whole zone per event.
+  const inner = memStore();
+  let listings = 0;
+  const st: Store = {
+    ...inner,
+    keys: (p) => (listings++, inner.keys(p)),
+    keysMany: (ps) => (listings++, inner.keysMany(ps)),
+  };
+  const m = keyedState(st).mirror;
+  const blocks = prompt(3, 40, 40, 0);
+  for (let i = 0; i < blocks.length; i++) {
+    m.store(E("a#1"), "e" + i, blocks[i]);
+    m.store(E("b#2"), "e" + i, blocks[i]);
+  }
+  m.store(E("a#1|CPU"), "c0", blocks[0]);
+  listings = 0;
+  clearAllTiers(m, E("a#1"));
+  assert.equal(listings, 2, "one listing per tier holding blocks (GPU and CPU), none for the empty ones");
+  assert.equal(m.count(E("a#1")), 0);
+  assert.equal(m.count(E("a#1|CPU")), 0);
+  assert.equal(m.entries(E("a#1")), 0);
+  assert.equal(inner.keys("ME:a#1").length + inner.keys("MR:a#1").length + inner.keys("MQ:a#1").length, 0);
+  assert.equal(m.count(E("b#2")), blocks.length, "the other worker keeps its blocks");
+  assert.deepEqual(m.prefixHits(blocks, { "a#1": true, "b#2": true }), { "b#2": blocks.length });
+  listings = 0;
+  clearAllTiers(m, E("a#1"));
+  assert.equal(listings, 0, "an empty mirror is cleared without a listing");
 });

@@ -415,6 +415,8 @@ interface Running {
   predictionError?(): Promise<{ sum: number; count: number }>;
   /** Each worker's infera_router_worker_slowness, as exported. */
   slowness?(): Promise<string>;
+  /** Resolves once the gateway's mirror of every worker is empty (after the engines' caches were cleared). */
+  cleared?(): Promise<void>;
 }
 interface Target {
   name: string;
@@ -423,6 +425,21 @@ interface Target {
   start(sims: Sim[], mapPorts: number[]): Promise<Running>;
   /** the target cannot take this workload (reason) */
   cannot?(w: Workload): string | null;
+}
+
+/**
+ * Waits (at most 20 s) until a gateway's mirror of every worker is empty: the
+ * engines' AllBlocksCleared between a warm-up and the measured run reach it
+ * through the KV event stream (and, for nginx, the bridge's push), and a
+ * measured request routed before that would be timed against the gateway
+ * still applying them.
+ */
+async function mirrorsEmpty(workers: () => Promise<{ block_count: number }[]>): Promise<void> {
+  await waitFor(
+    "the gateway's mirrors cleared",
+    async () => (await workers()).every((w) => w.block_count === 0),
+    20000,
+  );
 }
 
 /** entry: another checkout's cli/router.ts (--baseline). */
@@ -441,6 +458,7 @@ function inferaTarget(name: string, args: string[], entry?: string): Target {
       await waitFor("router sees the fleet", async () => (await router.workers()).length === sims.length);
       return {
         url: envoy.url,
+        cleared: () => mirrorsEmpty(() => router.workers()),
         slowness: async () =>
           (await router.metrics())
             .split("\n")
@@ -507,6 +525,10 @@ function nginxTarget(name: string, helper = true): Target {
       });
       return {
         url: ng.url,
+        cleared: () =>
+          mirrorsEmpty(
+            async () => (await (await fetch(`${ng.url}/v1/admin/workers`)).json()) as { block_count: number }[],
+          ),
         stop: async () => {
           await bridge.kill();
           await ng.proc.kill();
@@ -858,6 +880,7 @@ async function main(): Promise<void> {
           const bad = warm.results.find((x) => !x.ok);
           if (bad) log(`${w.name} ${t.name}: a warm-up request failed: ${bad.err}`);
           await clearFleet(sims);
+          if (r.cleared) await r.cleared();
         }
         const before = await simCounts(sims);
         const errBefore = r.predictionError ? await r.predictionError() : null;

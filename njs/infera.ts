@@ -250,6 +250,20 @@ function rulesFor(spec: string): PathRule[] {
   return rules;
 }
 
+/**
+ * A string's UTF-8 bytes as njs knows them: njs keeps strings as UTF-8, and
+ * Buffer.byteLength reads that size instead of scanning the text (a long
+ * prompt's estimate, core/request.ts). undefined where there is no Buffer.
+ */
+function byteLength(): ((s: string) => number) | undefined {
+  const b = (globalThis as unknown as { Buffer?: { byteLength?: (s: string) => number } }).Buffer;
+  if (!b || typeof b.byteLength !== "function") return undefined;
+  const buf = b as { byteLength: (s: string) => number };
+  return function (s: string) {
+    return buf.byteLength(s);
+  };
+}
+
 /** js_content for /v1/...: pick, remember the guards, hand over to the proxy location. */
 function route(r: NjsRequest): void {
   const c = ctx(r);
@@ -270,6 +284,7 @@ function route(r: NjsRequest): void {
         maxMessages: flag(r, "max-messages") as number,
         maxMedia: flag(r, "max-images") as number,
         maxJsonDepth: flag(r, "max-json-depth") as number,
+        byteLength: byteLength(),
       };
       const req = parseRequest(
         ep,

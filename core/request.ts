@@ -44,7 +44,7 @@ function isObj(v: unknown): v is { [k: string]: any } {
 
 // Bytes of text that reach the prompt; inline binaries (data: URLs, base64) are
 // skipped. Iterative: a body's nesting must never decide our stack depth.
-function textBytes(root: any, rootKey: string): number {
+function textBytes(root: any, rootKey: string, byteLength: (s: string) => number): number {
   let t = 0;
   const stack: any[] = [root];
   const keys: string[] = [rootKey];
@@ -52,7 +52,8 @@ function textBytes(root: any, rootKey: string): number {
     const v = stack.pop();
     const key = keys.pop() as string;
     if (typeof v === "string") {
-      if (key !== "data" && v.indexOf("data:") !== 0) t += utf8Length(v);
+      // The prefix compared, not searched for: indexOf scans a whole long prompt that lacks it.
+      if (key !== "data" && v.substring(0, 5) !== "data:") t += byteLength(v);
     } else if (v instanceof Array) {
       for (let i = v.length - 1; i >= 0; i--) {
         stack.push(v[i]);
@@ -153,6 +154,14 @@ export interface ParseOptions {
   maxMedia?: number;
   /** JSON nesting depth (--max-json-depth). */
   maxJsonDepth?: number;
+  /**
+   * UTF-8 bytes of a string, where the runtime knows them without a scan
+   * (njs keeps strings as UTF-8: Buffer.byteLength reads the size). The
+   * default, utf8Length, walks UTF-16 code units as Node's strings have them;
+   * njs's charCodeAt sees a character beyond U+FFFF as one unit, which it
+   * would count as 3 bytes instead of 4.
+   */
+  byteLength?: (s: string) => number;
 }
 
 export function parseRequest(
@@ -228,7 +237,9 @@ export function parseRequest(
   if (!sessionId && typeof j.session_id === "string" && j.session_id) sessionId = j.session_id;
   const est = promptTokens
     ? promptTokens.length
-    : Math.ceil(textBytes(endpoint === "completions" ? prompt : [j.system, j.messages], "") / 4);
+    : Math.ceil(
+        textBytes(endpoint === "completions" ? prompt : [j.system, j.messages], "", opts.byteLength || utf8Length) / 4,
+      );
   let addSpecialTokens = endpoint === "completions";
   if (typeof j.add_special_tokens === "boolean") addSpecialTokens = j.add_special_tokens;
   return {

@@ -53,11 +53,12 @@ function njsLoadCheck(): void {
   const script = path.join(ROOT, "njs", "build", "load-check.mjs");
   fs.writeFileSync(
     script,
-    "import a from 'infera.js';\nimport b from 'infera-cli.js';\nconsole.log(typeof a.route + ' ' + typeof b.timePick);\n",
+    "import a from 'infera.js';\nimport b from 'infera-cli.js';\nimport c from 'infera-phases.js';\n" +
+      "console.log(typeof a.route + ' ' + typeof b.timePick + ' ' + typeof c.release);\n",
   );
   for (const bin of clis) {
     const r = spawnSync(bin, ["-p", OUT, script], { encoding: "utf8" });
-    if (r.status !== 0 || r.stdout.trim() !== "function function")
+    if (r.status !== 0 || r.stdout.trim() !== "function function function")
       throw new Error(
         `njs (${bin} ${spawnSync(bin, ["-v"], { encoding: "utf8" }).stdout.trim()}) rejects the bundle: ${r.stderr}${r.stdout}`,
       );
@@ -87,7 +88,7 @@ export function compactWithChat(dir: string): CompactTokenizer {
   return c;
 }
 
-export async function buildNjs(): Promise<{ bundle: string; cli: string; vocab: string }> {
+export async function buildNjs(): Promise<{ bundle: string; cli: string; phases: string; vocab: string }> {
   fs.rmSync(path.join(ROOT, "njs", "build"), { recursive: true, force: true });
   fs.mkdirSync(OUT, { recursive: true });
   execFileSync(
@@ -99,6 +100,8 @@ export async function buildNjs(): Promise<{ bundle: string; cli: string; vocab: 
   for (const [entry, name, global] of [
     ["infera", "infera.js", "__infera"],
     ["njs-bench", "infera-cli.js", "__infera_cli"],
+    // The proxy location's phases alone (njs/phases.ts): the VM after internalRedirect runs only this top level.
+    ["phases", "infera-phases.js", "__infera_phases"],
   ]) {
     const file = path.join(OUT, name);
     await build({
@@ -121,12 +124,15 @@ export async function buildNjs(): Promise<{ bundle: string; cli: string; vocab: 
   njsLoadCheck();
   const vocab = path.join(OUT, "tokenizer.json");
   fs.writeFileSync(vocab, JSON.stringify(compactWithChat(process.env.INFERA_TOKENIZER_PATH || defaultTokenizerDir())));
-  return { bundle: outs["infera"], cli: outs["njs-bench"], vocab };
+  return { bundle: outs["infera"], cli: outs["njs-bench"], phases: outs["phases"], vocab };
 }
 
 if (require.main === module) {
   buildNjs().then(
-    (o) => process.stderr.write(`njs bundle: ${o.bundle}\nnjs cli bundle: ${o.cli}\nvocabulary: ${o.vocab}\n`),
+    (o) =>
+      process.stderr.write(
+        `njs bundle: ${o.bundle}\nnjs cli bundle: ${o.cli}\nnjs phases bundle: ${o.phases}\nvocabulary: ${o.vocab}\n`,
+      ),
     (e) => {
       process.stderr.write(`njs build failed: ${e.message}\n`);
       process.exit(1);

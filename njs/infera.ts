@@ -8,8 +8,6 @@ import {
   acceptPushSeq,
   coldEnter,
   coldInFlight,
-  coldKey,
-  coldLeave,
   countShed,
   shedCounts,
   countDecision,
@@ -37,57 +35,13 @@ import { metricHeader, metricSpec } from "../core/metric-table";
 import { errorJson } from "../core/errors";
 import { parseSessionHeaders, sessionFromHeaders } from "../core/session-headers";
 import { dpBodyFields, withBodyFields } from "../core/dprank";
-import { logfmt, LogFields, LogLevel } from "../core/log";
 import { objectiveOf, parseObjectives } from "../core/objectives";
 import { shedsAtOnce } from "../core/admission";
 import { moveGuard, nextBest } from "../core/failover";
 import { Endpoint } from "../core/request";
 import { Pick } from "../core/router";
-import { reservations } from "../core/reservation";
 import { helperFeatures, offloadVars, useHelper } from "./offload";
-
-const STR_ZONE = "infera_str";
-const NUM_ZONE = "infera_num";
-
-function sharedStore(s: NjsSharedDict, n: NjsSharedDict): Store {
-  return {
-    get: (k) => {
-      const v = s.get(k);
-      return v === undefined ? undefined : String(v);
-    },
-    set: (k, v) => {
-      s.set(k, v);
-    },
-    del: (k) => {
-      s.delete(k);
-    },
-    incr: (k, d) => n.incr(k, d, 0),
-    num: (k) => Number(n.get(k) || 0),
-    delNum: (k) => {
-      n.delete(k);
-    },
-    keys: (p) => {
-      const out: string[] = [];
-      const all = s.keys(10000000).concat(n.keys(10000000));
-      for (let i = 0; i < all.length; i++) if (all[i].indexOf(p) === 0) out.push(all[i]);
-      return out;
-    },
-    // A shared dict lists every key it holds (a copy of each): one listing of
-    // both dicts serves every prefix, where keys() per prefix lists them again.
-    keysMany: (ps) => {
-      const out: string[][] = [];
-      for (let j = 0; j < ps.length; j++) out.push([]);
-      const all = s.keys(10000000).concat(n.keys(10000000));
-      for (let i = 0; i < all.length; i++)
-        for (let j = 0; j < ps.length; j++)
-          if (all[i].indexOf(ps[j]) === 0) {
-            out[j].push(all[i]);
-            break;
-          }
-      return out;
-    },
-  };
-}
+import { firstByte, logHook, NUM_ZONE, release, sharedStore, STR_ZONE } from "./phases";
 
 function json(r: NjsRequest, status: number, body: unknown): void {
   r.headersOut["Content-Type"] = "application/json";
@@ -169,13 +123,6 @@ interface Ctx {
   st: Store;
   router: Router;
   cfg: RouterConfig;
-}
-
-function logHook(r: NjsRequest): (l: LogLevel, msg: string, f?: LogFields) => void {
-  return function (l: LogLevel, msg: string, f?: LogFields) {
-    if (l === "warn" || l === "error") r.warn("infera: " + logfmt(msg, f));
-    else r.log("infera: " + logfmt(msg, f));
-  };
 }
 
 /** The shared-dict store alone (no router, no flags), or null without the zones. */
@@ -269,6 +216,20 @@ function rulesFor(spec: string): PathRule[] {
   return rules;
 }
 
+/**
+ * A string's UTF-8 bytes as njs knows them: njs keeps strings as UTF-8, and
+ * Buffer.byteLength reads that size instead of scanning the text (a long
+ * prompt's estimate, core/request.ts). undefined where there is no Buffer.
+ */
+function byteLength(): ((s: string) => number) | undefined {
+  const b = (globalThis as unknown as { Buffer?: { byteLength?: (s: string) => number } }).Buffer;
+  if (!b || typeof b.byteLength !== "function") return undefined;
+  const buf = b as { byteLength: (s: string) => number };
+  return function (s: string) {
+    return buf.byteLength(s);
+  };
+}
+
 /** js_content for /v1/...: pick, remember the guards, hand over to the proxy location. */
 function route(r: NjsRequest): void {
   const c = ctx(r);
@@ -289,6 +250,7 @@ function route(r: NjsRequest): void {
         maxMessages: flag(r, "max-messages") as number,
         maxMedia: flag(r, "max-images") as number,
         maxJsonDepth: flag(r, "max-json-depth") as number,
+        byteLength: byteLength(),
       };
       const req = parseRequest(
         ep,
@@ -551,65 +513,6 @@ function degrade(r: NjsRequest, c: Ctx, e: unknown): boolean {
   r.variables.infera_kv_source = "";
   r.internalRedirect("@infera_upstream");
   return true;
-}
-
-/**
- * Pops a saved guard and gives its load back. pop is atomic: whoever gets it
- * releases it, once. The release is the router's own (releaseGuard is
- * reservations(state).releaseCopy), on the shared-dict state, which needs no
- * router config: the phases after the pick build no router to release.
- */
-function releaseKey(r: NjsRequest, key: string): boolean {
-  const sh = (ngx.shared as { [z: string]: NjsSharedDict })[STR_ZONE];
-  const raw = sh.pop(key);
-  if (raw === undefined) return false;
-  try {
-    reservations(keyedState(store(r) as Store), logHook(r)).releaseCopy(JSON.parse(String(raw)) as Guard);
-  } catch (e) {
-    /* release never throws into nginx */
-  }
-  return true;
-}
-
-/** The cold prefill count a request took (shedding's slot), given back once: at first byte or log phase. */
-function releaseCold(r: NjsRequest, rid: string): void {
-  const sh = (ngx.shared as { [z: string]: NjsSharedDict })[STR_ZONE];
-  const ek = sh.pop(coldKey(rid));
-  const st = ek !== undefined ? store(r) : null;
-  if (st) coldLeave(st, String(ek));
-}
-
-/**
- * js_header_filter in the proxy location: the response started = first token.
- * This VM builds no router, and reads the flag table only for a PD pick or a
- * worker header asked for: its top level and these few dict reads are all
- * the phase costs.
- */
-function firstByte(r: NjsRequest): void {
-  // The picked worker's id, for clients only when asked ($infera_response_worker_header on).
-  // Unset, empty or "off" is the flag's default ("off", test/unit/cli.test.ts): no table to parse.
-  const wh = r.variables.infera_response_worker_header;
-  if (wh && wh !== "off" && flag(r, "response-worker-header") === "on")
-    r.headersOut["x-infera-worker"] = r.variables.infera_worker;
-  const id = reqId(r);
-  if (!id || !store(r)) return;
-  releaseKey(r, guardKey(id, "queued"));
-  releaseCold(r, id);
-  // Only a PD pick saves a prefill guard; only then is the flag read.
-  const pre = guardKey(id, "prefill");
-  const sh = (ngx.shared as { [z: string]: NjsSharedDict })[STR_ZONE];
-  if (sh.has(pre) && flag(r, "pd-prefill-guard-release") === "first-token") releaseKey(r, pre);
-}
-
-/** js_set variable used in the access log: runs once per request at log phase (EOF, abort, error). */
-function release(r: NjsRequest): string {
-  const id = reqId(r);
-  if (!id || !store(r)) return "-";
-  const q = releaseKey(r, guardKey(id, "queued"));
-  releaseCold(r, id);
-  const a = releaseKey(r, guardKey(id, "prefill"));
-  const b = releaseKey(r, guardKey(id, "main"));
-  return a || b || q ? "1" : "0";
 }
 
 interface PushBody {

@@ -46,6 +46,7 @@ export async function startNginx1(
     const file = renderNginx(fl, port, dir, vars);
     let conf = fs.readFileSync(file, "utf8").replace(/worker_processes [^;]*;/, "worker_processes 1;");
     if (dist) conf = conf.split(path.join(ROOT, "njs", "dist")).join(dist);
+    if (dist && !fs.existsSync(path.join(dist, "infera-phases.js"))) conf = singleBundleConf(conf, dist);
     fs.writeFileSync(file, conf);
     const proc = run(`nginx1-${fl.label}`, fl.bin, ["-p", dir, "-c", file, "-e", "stderr", "-g", "daemon off;"], {
       INFERA_PUSH_TOKEN: "test-token",
@@ -69,6 +70,26 @@ export async function startNginx1(
     }
   }
   throw new Error(`nginx failed to start 3 times: ${String(last)}`);
+}
+
+/**
+ * A bundle built before njs/phases.ts had its own file (a bench's baseline)
+ * runs with the config of its time: infera.js imported once at http level,
+ * with the vocabulary, for every phase.
+ */
+export function singleBundleConf(conf: string, dist: string): string {
+  const out = conf
+    .replace(/\n\s*js_preload_object infera_vocab from [^;]*;/g, "")
+    .replace(/\n\s*js_import infera from infera\.js;/g, "")
+    .replace(
+      "js_import inferap from infera-phases.js;",
+      `js_preload_object infera_vocab from ${path.join(dist, "tokenizer.json")};\n  js_import infera from infera.js;`,
+    )
+    .split("inferap.")
+    .join("infera.");
+  if (out.indexOf("js_import infera from infera.js;") < 0)
+    throw new Error("nginx.conf: no js_import of infera-phases.js");
+  return out;
 }
 
 /** The bridge on a known admin port (its /v1/tokenize is the helper). Resolves once its tokenizer is loaded. */

@@ -52,11 +52,16 @@ const EXACT_WALK = 64;
  * tail first), and where a worker's run ends, a binary search between the last
  * grid block it holds and the first it does not finds the exact end. A block
  * missing in the middle of a run is seen only at a grid position, and a span
- * counts the tier weight of its grid block.
+ * counts the tier weight of its grid block. holders(i) is block i's holder
+ * list as the mirror keeps it ("ek,ek|CPU,..."), undefined when none holds it.
+ * Along a run the list is usually the same string from one grid block to the
+ * next: then the previous block's weights stand (the candidates are exactly
+ * the workers they name, so the filter would give them again) and the list is
+ * not split or visited again.
  */
 function sampledPrefixRun(
   count: number,
-  holdersOf: (i: number, visit: (base: string, tier: string) => void) => boolean,
+  holders: (i: number) => string | undefined,
   live: { [epochKey: string]: boolean },
   weights?: { [tier: string]: number },
 ): { [epochKey: string]: number } {
@@ -74,37 +79,54 @@ function sampledPrefixRun(
     return w;
   };
   let cand: { [ek: string]: boolean } | null = null;
+  let prevList: string | undefined = undefined;
+  let prevBest: { [ek: string]: number } | null = null;
   let k = 0;
   for (; k < at.length; k++) {
-    const best: { [ek: string]: number } = {};
+    const list = holders(at[k]);
     const prev = cand;
-    let any = false;
-    const held = holdersOf(at[k], (base, tier) => {
-      const w = weightOf(tier);
-      if (w <= 0 || !live[base] || (prev !== null && !prev[base])) return;
-      if (!(best[base] >= w)) best[base] = w;
-      any = true;
-    });
-    if (prev !== null) for (const ek in prev) if (!held || !(best[ek] > 0)) stop[ek] = k;
-    if (!held || !any) break;
+    let best: { [ek: string]: number };
+    if (list !== undefined && list === prevList && prevBest !== null) best = prevBest;
+    else {
+      best = {};
+      let any = false;
+      if (list !== undefined) {
+        const parts = list.split(",");
+        for (let j = 0; j < parts.length; j++)
+          visitTarget(parts[j], (base, tier) => {
+            const w = weightOf(tier);
+            if (w <= 0 || !live[base] || (prev !== null && !prev[base])) return;
+            if (!(best[base] >= w)) best[base] = w;
+            any = true;
+          });
+      }
+      if (prev !== null) for (const ek in prev) if (!(best[ek] > 0)) stop[ek] = k;
+      if (!any) break;
+      const next: { [ek: string]: boolean } = {};
+      for (const ek in best) next[ek] = true;
+      cand = next;
+    }
     const span = at[k] - (k ? at[k - 1] : -1);
-    const next: { [ek: string]: boolean } = {};
     for (const ek in best) {
       hits[ek] = (hits[ek] || 0) + best[ek] * span;
       lastW[ek] = best[ek];
-      next[ek] = true;
     }
-    cand = next;
+    prevList = list;
+    prevBest = best;
   }
   for (const ek in stop) {
     const j = stop[ek];
     let lo = at[j - 1];
     let hi = at[j];
     const holds = (p: number) => {
+      const list = holders(p);
+      if (list === undefined) return false;
       let yes = false;
-      holdersOf(p, (base, tier) => {
-        if (base === ek && weightOf(tier) > 0) yes = true;
-      });
+      const parts = list.split(",");
+      for (let q = 0; q < parts.length; q++)
+        visitTarget(parts[q], (base, tier) => {
+          if (base === ek && weightOf(tier) > 0) yes = true;
+        });
       return yes;
     };
     while (hi - lo > 1) {
@@ -216,7 +238,7 @@ export function keyedMirror(st: Store): MirrorIndex {
         return true;
       };
       if (blocks.length <= EXACT_WALK) return prefixRun(blocks.length, holdersOf, live, weights);
-      return sampledPrefixRun(blocks.length, holdersOf, live, weights);
+      return sampledPrefixRun(blocks.length, (i) => st.get("M:" + blocks[i]) || undefined, live, weights);
     },
     sequence(ek) {
       const v = st.get("MS:" + ek);

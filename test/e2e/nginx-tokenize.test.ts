@@ -17,6 +17,7 @@ import { corpus, reference, CorpusItem } from "../render-corpus";
 import { NJS_CORPUS } from "../tokenizer-corpus";
 import { bodyKey } from "../../sim/render";
 import { needs, pythonMissing } from "../tools";
+import { parseRequest } from "../../core/request";
 
 const n8 = nginx08();
 const built = fs.existsSync(path.join(ROOT, "njs", "dist", "infera.js"));
@@ -287,5 +288,40 @@ test(
       mean(cpu.helper) < 0.6 * mean(cpu.njs),
       `helper ${mean(cpu.helper).toFixed(0)} ms vs njs ${mean(cpu.njs).toFixed(0)} ms`,
     );
+  },
+);
+
+test(
+  "njs estimates a prompt's tokens from its UTF-8 bytes as the Envoy path does: characters beyond U+FFFF count 4 bytes",
+  { skip, timeout: 120000 },
+  async () => {
+    // 1,000 emoji: 4,000 UTF-8 bytes, so the estimate (bytes / 4, role included) is 1,001 tokens on
+    // the Envoy path (core/request.ts under Node). Counted 3 bytes each, it would be 751: under the
+    // threshold of 900 below, njs would tokenize the prompt itself instead of asking the helper.
+    const body = { model: "m", max_tokens: 1, messages: [{ role: "user", content: "\u{1F600}".repeat(1000) }] };
+    const node = parseRequest("chat", JSON.stringify(body), 0, { maxBodyBytes: 1e6 });
+    assert.equal(node.estimatedTokens, 1001);
+    const sim = await startSim("pe0", FAST);
+    const port = await freePort();
+    const ng = await startNginx1(n8!, {
+      tokenizer_url: `http://127.0.0.1:${port}/v1/tokenize`,
+      tokenizer_min_tokens: "900",
+    });
+    const br = await startBridgeAt(sim.address, `${ng.url}/_infera/push`, port);
+    await waitFor(
+      "fleet",
+      async () => ((await (await fetch(`${ng.url}/v1/admin/workers`)).json()) as unknown[]).length === 1,
+    );
+    const asked = async () => {
+      const m = await (await fetch(`http://127.0.0.1:${br.adminPort}/metrics`)).text();
+      return Number(/infera_bridge_tokenize_requests_total\{result="ok"\} (\d+)/.exec(m)?.[1] ?? 0);
+    };
+    const before = await asked();
+    assert.equal(await post(ng, "/v1/chat/completions", body), 200);
+    assert.equal((await asked()) - before, 1, "the helper tokenized the 1,001-token estimate (>= 900)");
+    // And one under the threshold by the same count stays in njs: 800 emoji, 801 tokens.
+    const small = { ...body, messages: [{ role: "user", content: "\u{1F600}".repeat(800) }] };
+    assert.equal(await post(ng, "/v1/chat/completions", small), 200);
+    assert.equal((await asked()) - before, 1, "the 801-token estimate (< 900) is tokenized in njs");
   },
 );

@@ -14,6 +14,7 @@ import { optionsFrom, parseArgs } from "../../runtime/config";
 import { renderFlagTable, FLAG_DOC } from "../../scripts/flags-doc";
 import { specFromEtcd } from "../../runtime/etcd";
 import { App } from "../../runtime/app";
+import { enumVar } from "../../njs/phases";
 
 const FLAGS = flagTable();
 
@@ -360,4 +361,31 @@ test("a mistyped flag gets the nearest one suggested", () => {
     () => parseCommand("router", ["--zzzzzz", "1"], {}),
     (e: Error) => /unknown flag --zzzzzz \(see --help\)/.test(e.message) && !/did you mean/.test(e.message),
   );
+});
+
+test("the njs phases bundle reads its two enum flags as nginxFlag does, without the flag table", () => {
+  // njs/phases.ts cannot import core/flags.ts (it needs the router): its reader must agree with the table.
+  for (const [name, nginx] of [
+    ["response-worker-header", "infera_response_worker_header"],
+    ["pd-prefill-guard-release", "infera_pd_prefill_guard_release"],
+  ]) {
+    const spec = flagTable().find((f) => f.name === name)!;
+    assert.equal(spec.nginx, nginx);
+    assert.equal(spec.kind, "enum");
+    for (const v of [undefined, "", "on", "off", " on ", "first-token", "completion", "maybe", " "]) {
+      let want: unknown;
+      let got: unknown;
+      try {
+        want = nginxFlag(name, () => v);
+      } catch (e) {
+        want = (e as Error).message;
+      }
+      try {
+        got = enumVar(v, nginx, spec.choices!, String(spec.def));
+      } catch (e) {
+        got = (e as Error).message;
+      }
+      assert.equal(got, want, `${name} = ${JSON.stringify(v)}`);
+    }
+  }
 });

@@ -81,12 +81,13 @@ const pc = (x: number) => (Number.isFinite(x) ? (x * 100).toFixed(1) + "%" : "â€
 const routers = files
   .filter((f) => /^\d+$/.test(f.slice(base.length + 1)))
   .map((f) => ({ f, lines: read(f) as RouterLine[] }))
-  .filter((r) => r.lines.length)
+  // A router of an older revision (a --baseline row) writes no replica fields: left out.
+  .filter((r) => r.lines.length && "twin" in r.lines[0])
   .sort((a, b) => a.lines[0].at - b.lines[0].at);
 
 process.stdout.write(
-  "| router run (first line) | n | MAPE | signed | ms | pred | in | front | engine | lag | out | MAPE vs engine+lag | MAPE, overhead = its mean | cached differs (n, share of MAPE) | own tokens under-counted by the replica | replica predicted (n, share of MAPE) | linear fallback (n, share) | not in the replica (n, their MAPE) |\n" +
-    "| --- | --: | --: | --: | --: | --: | --: | --: | --: | --: | --: | --: | --: | --: | --: | --: | --: | --: |\n",
+  "| router run (first line) | n | MAPE | signed | ms | pred | in | front | engine | lag | out | MAPE vs engine+lag | MAPE, overhead = its mean | cached differs (n, share of MAPE) | own tokens under-counted by the replica | replica predicted (n, share of MAPE) | linear fallback (n, share) | not in the replica (n, their MAPE) | sent in the first 300 ms (share of MAPE) | wire alone |\n" +
+    "| --- | --: | --: | --: | --: | --: | --: | --: | --: | --: | --: | --: | --: | --: | --: | --: | --: | --: | --: | --: |\n",
 );
 for (const r of routers) {
   const first = r.lines[0].at;
@@ -121,9 +122,22 @@ for (const r of routers) {
   // Predictions the replica made, and those the linear model made while the replica had not learned the worker.
   const byTwin = rows.map(({ l }) => l.twin!.predicted !== null);
   const twinShare = err.reduce((a, e, i) => a + (byTwin[i] ? e : 0), 0) / n;
+  // The wire alone: a predictor that knew each request's engine time exactly
+  // (submission to its step's end) and added its worker's median wire time.
+  const wireOf = rows.map(({ l, s }) => l.ms - (s.planned - s.submit));
+  const median = (xs: number[]) => {
+    const a = xs.slice().sort((x, y) => x - y);
+    return a.length ? (a.length % 2 ? a[(a.length - 1) / 2] : (a[a.length / 2 - 1] + a[a.length / 2]) / 2) : NaN;
+  };
+  const wireMed = new Map<string, number>();
+  for (const w of new Set(rows.map(({ l }) => l.worker)))
+    wireMed.set(w, median(wireOf.filter((_, i) => rows[i].l.worker === w)));
+  const wireAlone = rows.map(({ l, s }) => Math.abs(s.planned - s.submit + wireMed.get(l.worker)! - l.ms) / l.ms);
+  // The closed loop's opening burst: requests sent in the first 300 ms of the run.
+  const burstShare = err.reduce((a, e, i) => a + (rows[i].l.twin!.sentAt - from < 300 ? e : 0), 0) / n;
   const lostErr = lost.filter((l) => l.predicted !== null && l.ms > 0).map((l) => Math.abs(l.predicted! - l.ms) / l.ms);
   process.stdout.write(
-    `| ${new Date(first).toISOString().slice(11, 19)} (${r.f}) | ${n} | ${pc(mean(err))} | ${pc(mean(signed))} | ${f1(mean(rows.map(({ l }) => l.ms)))} | ${f1(mean(rows.map(({ l }) => l.predicted!)))} | ${f1(mean(inn))} | ${f1(mean(front))} | ${f1(mean(engine))} | ${f1(mean(lag))} | ${f1(mean(out))} | ${pc(mean(vsEngine))} | ${pc(mean(withMean))} | ${cachedDiff.filter(Boolean).length}, ${pc(diffShare)} | ${under} | ${byTwin.filter(Boolean).length}, ${pc(twinShare)} | ${n - byTwin.filter(Boolean).length}, ${pc(mean(err) - twinShare)} | ${lost.length}, ${pc(mean(lostErr))} |\n`,
+    `| ${new Date(first).toISOString().slice(11, 19)} (${r.f}) | ${n} | ${pc(mean(err))} | ${pc(mean(signed))} | ${f1(mean(rows.map(({ l }) => l.ms)))} | ${f1(mean(rows.map(({ l }) => l.predicted!)))} | ${f1(mean(inn))} | ${f1(mean(front))} | ${f1(mean(engine))} | ${f1(mean(lag))} | ${f1(mean(out))} | ${pc(mean(vsEngine))} | ${pc(mean(withMean))} | ${cachedDiff.filter(Boolean).length}, ${pc(diffShare)} | ${under} | ${byTwin.filter(Boolean).length}, ${pc(twinShare)} | ${n - byTwin.filter(Boolean).length}, ${pc(mean(err) - twinShare)} | ${lost.length}, ${pc(mean(lostErr))} | ${pc(burstShare)} | ${pc(mean(wireAlone))} |\n`,
   );
   if (args.includes("--rows"))
     for (const { l, s } of rows)

@@ -33,7 +33,7 @@
 // fleet's picks do not wobble with noise.
 // ES5-safe: njs bundles this file.
 import { EpochKey } from "./types";
-import { StepTwin } from "./twin";
+import { StepTwin, TwinEntry } from "./twin";
 
 export interface LatencyModel {
   /**
@@ -53,6 +53,7 @@ export interface LatencyModel {
     attention?: number,
     queued?: number,
     predicted?: number | null,
+    entry?: TwinEntry,
   ): void;
   /**
    * The replica of each worker's step scheduler (core/twin.ts) that predicts
@@ -206,6 +207,8 @@ export interface TimingInputs {
   running: number;
   attention: number;
   queued: number;
+  /** The scheduler replica's entry for the request (what it assumed when the request left), when it has one. */
+  twin?: TwinEntry;
 }
 
 /** onObserve: each observation with what the model predicted for it beforehand (null: not learned yet) and its inputs. */
@@ -282,7 +285,7 @@ export function latencyModel(
 
   return {
     twin: twin || null,
-    observe(ek, tokens, running, ms, attention, queued, predicted) {
+    observe(ek, tokens, running, ms, attention, queued, predicted, entry) {
       const att = attention || 0;
       if (!(ms >= 0 && tokens >= 0 && running >= 0 && att >= 0)) return;
       if (!isFinite(ms) || !isFinite(tokens) || !isFinite(running) || !isFinite(att)) return;
@@ -292,6 +295,7 @@ export function latencyModel(
           running: running,
           attention: att,
           queued: queued || 0,
+          twin: entry,
         });
       const x = features(tokens, running, att, queued || 0);
       // Each observation weighs 1 / its time: the fit minimises error relative

@@ -52,7 +52,8 @@ export function reservations(state: RouterState, log: LogHook) {
         },
         dispatched() {
           const t = result.timing;
-          if (!t || started) return;
+          // Finished (late binding moved the pick, or it ended): nothing of it reaches a worker.
+          if (!t || started || !r.open) return;
           const now = t.now();
           // What is ahead of it in the engine is known now; after a wait at
           // the router (prefill admission) the prefill it waited for has run

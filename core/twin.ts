@@ -70,6 +70,12 @@ export interface TwinEntry {
   state: number;
   /** Its prompt's block hashes (the router's), when known: sharedPrefix() reads them. */
   blocks: string[] | null;
+  /** Diagnostics (the timing dump): when it was sent, the requests the replica had waiting there for a first token, their prefill tokens left, and the decodes. */
+  ahead: number;
+  pendingAhead: number;
+  decoding: number;
+  /** What the replica predicted for it when it was sent (null: not learned yet; set by the caller). */
+  predicted: number | null;
 }
 
 export interface StepTwin {
@@ -282,7 +288,12 @@ export function stepTwin(opts: TwinOptions): StepTwin {
         done: 0,
         state: 0,
         blocks: blocks || null,
+        ahead: w.q.length,
+        pendingAhead: 0,
+        decoding: w.decodes,
+        predicted: null,
       };
+      for (let i = 0; i < w.q.length; i++) e.pendingAhead += Math.max(0, w.q[i].own - w.q[i].done);
       if (w.q.length >= MAX_QUEUE) {
         const old = w.q.shift();
         if (old) old.state = 2;

@@ -578,8 +578,11 @@ export class Director {
         return;
       }
       admitted = true;
-      // Its worker's first token is timed from here, not from the pick.
-      pick.reservation.dispatched();
+      // Its worker's first token is timed from here, not from the pick, on
+      // the reservation held now: late binding can move a newcomer to a free
+      // slot inside enter() (flow reserve), before pick.reservation is wrapped
+      // below, and the one it held until then is finished.
+      (movedTo.get(pick) ?? pick.reservation).dispatched();
       if (queued) {
         metrics.admissionWait.observe(waited() / 1000);
         ended(forced ? "forced" : "dispatched");

@@ -17,6 +17,7 @@ import { errorJson } from "../core/errors";
 import { EngineModel, ModelConfig, ModelEvent, StepPlan, TokenOut } from "./model";
 import { simRender, SimRender } from "./render";
 import { LoraInfoSeries } from "./lora";
+import { simDumpOn, simTimingDump, wallMs } from "./timing-dump";
 import { CliError, listenError, parseCommand, Parsed, runCommand } from "../runtime/args";
 
 export interface SimOptions {
@@ -161,7 +162,9 @@ export function blockHashesOf(tokens: number[], blockSize: number, extra: string
 class Runner {
   private timer: NodeJS.Timeout | null = null;
   /** Wall time (performance.now()) at which the step in flight ends. */
-  private stepEnd = 0;
+  stepEnd = 0;
+  /** Wall ms the step chain lost to event-loop lag past the catch-up bound (diagnostics: sim/timing-dump.ts). */
+  drift = 0;
   private listeners = new Map<string, (t: TokenOut) => void>();
   constructor(
     private model: EngineModel,
@@ -204,6 +207,7 @@ class Runner {
     }
     const now = performance.now();
     const begin = Math.max(start, now - 20);
+    if (begin > start && start > 0) this.drift += begin - start;
     this.stepEnd = begin + plan.ms / this.scale;
     this.timer = setTimeout(() => this.finish(plan), Math.max(0, this.stepEnd - now));
   }
@@ -382,6 +386,7 @@ export class EngineSim {
   }
 
   clear(): void {
+    simTimingDump({ clear: wallMs(), sim: this.o.id });
     this.model.clearCache();
     if (this.kvp) return void this.kvp.publish([{ type: "AllBlocksCleared" }]);
     this.publish([["AllBlocksCleared"]], [{ type: "AllBlocksCleared", lora_name: null }]);
@@ -610,6 +615,7 @@ export class EngineSim {
     }
     const ep = endpointOf(url);
     if (req.method !== "POST" || !ep) return void this.notFound(req, res);
+    const arrive = performance.now();
     const body = await this.readBody(req);
     const pr = parseRequest(ep, body.toString("utf8"), body.length, { maxBodyBytes: 64 << 20 });
     const j = JSON.parse(body.toString("utf8"));
@@ -708,12 +714,39 @@ export class EngineSim {
       const model = String(pr.model ?? this.o.servedModels[0] ?? "sim-model");
       const stream = !!pr.stream && stage !== "prefill";
       const w = new Writer(res, ep, model, id, this.o.streamInterval);
+      // What the engine held when this request joined it (INFERA_TIMING_DUMP only).
+      const seen = simDumpOn()
+        ? {
+            submit: performance.now(),
+            waiting: this.model.numWaiting(),
+            running: this.model.numRunning(),
+            pending: this.model.pendingPrefill(),
+            drift: this.runner.drift,
+          }
+        : null;
       await new Promise<void>((resolve, reject) => {
         res.on("close", () => resolve());
         try {
           this.runner.submit({ id, tokens, hashes, maxTokens: n, preloaded, lora, pulledTokens }, (t) => {
             if (aborted) return;
             const cached = peerCached >= 0 ? peerCached : t.cachedTokens;
+            if (t.index === 0 && seen) {
+              const now = performance.now();
+              simTimingDump({
+                rid: req.headers["x-request-id"] ?? null,
+                sim: this.o.id,
+                prompt: tokens.length,
+                cached,
+                arrive: wallMs(arrive),
+                submit: wallMs(seen.submit),
+                planned: wallMs(this.runner.stepEnd),
+                first: wallMs(now),
+                waiting: seen.waiting,
+                running: seen.running,
+                pending: seen.pending,
+                drift: this.runner.drift - seen.drift,
+              });
+            }
             if (t.index === 0) {
               this.stats.promptTokens += tokens.length;
               this.stats.cachedTokens += cached;

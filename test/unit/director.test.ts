@@ -394,3 +394,50 @@ test("admit-wait and speed learning: the request the first token lets go is time
     await a.close();
   }
 });
+
+test("late binding at entry: a cold prompt moved to a free slot as it arrives is timed and tracked on the worker it went to", async () => {
+  // Two workers; w0 is prefilling a cold prompt (its slot held) and w1 runs
+  // three prompts under the warm threshold (no slot, more load). A fourth,
+  // cold prompt is picked for w0 (less load) but finds its slot busy: with
+  // late binding it moves to w1's free slot inside admission's enter(). The
+  // speed model and the scheduler replica must count it on w1, from its
+  // dispatch; w0 must not keep a request that never went there.
+  const a = app(W.slice(0, 2), ["--prefill-admission-warm-tokens", "3000"]);
+  const sized = (seed: string, words: number): RouteInput => {
+    const content = `${seed}: ` + "the quick brown fox jumps over the lazy dog. ".repeat(words / 10);
+    return { ...input(seed), body: Buffer.from(JSON.stringify({ model: "m", messages: [{ role: "user", content }] })) };
+  };
+  const big = (seed: string) => sized(seed, 5000);
+  const medium = (seed: string) => sized(seed, 2400);
+  const lm = a.router.latency!;
+  const twin = lm.twin!;
+  const ek = (i: number) => a.router.workers().find((w) => w.address === W[i])!.epochKey;
+  try {
+    const x = routed(await a.director.decide({ ...big("quebec"), subset: [W[0]] }));
+    assert.equal(x.pick.target.address, W[0]);
+    assert.equal(a.admission.busy(x.pick.target.id), 1, "the cold prompt holds w0's slot");
+    const loaders = [];
+    for (const s of ["romeo", "sierra", "tango"])
+      loaders.push(routed(await a.director.decide({ ...medium(s), subset: [W[1]] })));
+    assert.equal(a.admission.busy(loaders[0].pick.target.id), 0, "warm by the threshold: no slot");
+    assert.ok(a.router.activeBlocks(loaders[0].pick.target.id) > a.router.activeBlocks(x.pick.target.id));
+    const before = [twin.view(ek(0)).waiting, twin.view(ek(1)).waiting];
+    const inEngine = lm.inEngine(ek(1));
+    const y = a.director.decide(big("uniform"));
+    assert.equal(await settled(y), true, "it went at once, to the free slot");
+    const went = routed(await y);
+    assert.equal(went.pick.target.address, W[1], "moved to w1");
+    assert.deepEqual(
+      [twin.view(ek(0)).waiting, twin.view(ek(1)).waiting],
+      [before[0], before[1] + 1],
+      "the replica holds it on w1, and nothing more on w0",
+    );
+    assert.ok(lm.inEngine(ek(1)) > inEngine, "its prefill counts as in w1's engine");
+    went.reservation.firstToken();
+    assert.equal(twin.view(ek(1)).waiting, before[1], "its first token takes it out of w1's queue");
+    for (const r of [went, x, ...loaders]) r.reservation.finish();
+    assert.equal(a.router.openGuards(), 0);
+  } finally {
+    await a.close();
+  }
+});

@@ -129,6 +129,7 @@ export const speedLearning: LifecyclePlugin = {
           const n = ctx.features.inputTokens - c;
           timing.predicted = model.twin.predict(ek, n, c, at);
           timing.entry = model.twin.sent(ek, n, c, at, ctx.features.blocks);
+          timing.entry.predicted = timing.predicted;
         }
         timing.tokens = own + ahead;
         timing.queued = ahead;
@@ -156,6 +157,7 @@ export const speedLearning: LifecyclePlugin = {
       t.attention,
       t.queued,
       p !== undefined && p !== null ? p : undefined,
+      t.entry,
     );
   },
   complete(result) {

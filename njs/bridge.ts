@@ -438,10 +438,6 @@ export class Bridge implements Fleet {
     }
   }
 
-  /**
-   * Notices an nginx that restarted (empty fleet) or went away while nothing
-   * was being pushed, so the fleet is back without waiting for an event.
-   */
   /** The engine push: every scraped worker's page (null: its scrape failed); null when no page said anything. */
   private engineBody(): Push | null {
     const ids = Object.keys(this.pages);
@@ -510,6 +506,10 @@ export class Bridge implements Fleet {
     this.scrapeTimer.unref();
   }
 
+  /**
+   * Notices an nginx that restarted (empty fleet) or went away while nothing
+   * was being pushed, so the fleet is back without waiting for an event.
+   */
   startHeartbeat(everyMs = 1000): void {
     const url = new URL("/v1/admin/workers", this.opts.nginxPushUrl).toString();
     this.heartbeat = setInterval(async () => {

@@ -29,6 +29,27 @@ export interface EngineReadings {
   forget(epochKey: EpochKey): void;
 }
 
+/**
+ * A worker's reading after one scrape, from the one before (null: none):
+ * capacity as scraped or overridden (null: keep the last known, which does
+ * not change while the worker stays), the headroom figures from the page
+ * (a failed scrape, f null: unknown), read at `now`.
+ */
+export function nextReading(
+  prev: EngineReading | null,
+  capacityBlocks: number | null,
+  f: { kvUsage: number | null; waitingRequests: number | null; runningRequests: number | null } | null,
+  now: number,
+): EngineReading {
+  return {
+    capacityBlocks: capacityBlocks !== null ? capacityBlocks : prev ? prev.capacityBlocks : null,
+    kvUsage: f ? f.kvUsage : null,
+    waitingRequests: f ? f.waitingRequests : null,
+    runningRequests: f ? f.runningRequests : null,
+    at: f ? now : prev ? prev.at : 0,
+  };
+}
+
 /** A table in one process's memory (the Node router; each njs VM would have its own). */
 export function engineReadings(): EngineReadings {
   const byKey: { [ek: string]: EngineReading } = {};

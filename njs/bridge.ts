@@ -19,9 +19,8 @@ import { HealthChecker } from "../runtime/health-check";
 import { Discovery, Fleet, startDiscovery } from "../runtime/discovery";
 import { Subscription } from "../runtime/events";
 import { KvEvent, tierOf } from "../core/kvevents";
-import { parseLoraInfo } from "../core/lora";
 import { EnginePage } from "../core/engine-readings";
-import { engineSeries, parsePrometheusText, readEngineFigures } from "../runtime/engine-metrics";
+import { scrapeRound } from "../runtime/engine-metrics";
 import { WorkerSpec } from "../core/router";
 import { backoff, Logger, makeLogger, stateLogger } from "../runtime/log";
 import { spec } from "../runtime/metrics";
@@ -460,38 +459,21 @@ export class Bridge implements Fleet {
     if (this.scraping || this.closed) return;
     this.scraping = true;
     try {
-      const ws = Object.values(this.fleet);
-      const texts: Record<string, Promise<string | null>> = {};
-      for (const w of ws)
-        texts[w.address] =
-          texts[w.address] ||
-          fetch(`http://${w.address}/metrics`, { signal: AbortSignal.timeout(2000) }).then(
-            async (r) => {
-              const t = await r.text();
-              return r.ok ? t : null;
-            },
-            () => null,
-          );
-      const read: Record<string, string | null> = {};
-      for (const a of Object.keys(texts)) read[a] = await texts[a];
       let any = false;
-      for (const w of ws) {
-        if (this.fleet[w.id] !== w) continue; // replaced while the page was in flight
-        const text = read[w.address];
-        let page: EnginePage | null = null;
-        if (text !== null) {
-          const f = readEngineFigures(parsePrometheusText(text, engineSeries), w.dpRank);
-          page = {
-            capacityTokens: f.capacityTokens,
-            kvUsage: f.kvUsage,
-            waitingRequests: f.waitingRequests,
-            runningRequests: f.runningRequests,
-            lora: parseLoraInfo(text),
-          };
-        }
+      await scrapeRound(Object.values(this.fleet), 2000, true, (w, read) => {
+        if (this.fleet[w.id] !== w) return; // replaced while the page was in flight
+        const page: EnginePage | null = read
+          ? {
+              capacityTokens: read.figures.capacityTokens,
+              kvUsage: read.figures.kvUsage,
+              waitingRequests: read.figures.waitingRequests,
+              runningRequests: read.figures.runningRequests,
+              lora: read.lora,
+            }
+          : null;
         if (page !== null || this.pages[w.id]) any = true;
         this.pages[w.id] = page;
-      }
+      });
       const body = any ? this.engineBody() : null;
       if (body) this.enqueue(body);
     } finally {

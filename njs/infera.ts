@@ -29,7 +29,7 @@ import { checkSessionId } from "../core/limits";
 import { unknownWorker, workerRow } from "../core/views";
 import { withModels } from "../core/models";
 import { storeLoraTable, withLora } from "../core/lora";
-import { EnginePage, EngineReading, storeEngineReadings } from "../core/engine-readings";
+import { EnginePage, nextReading, storeEngineReadings } from "../core/engine-readings";
 import { FlagValue, nginxFlag, routerConfigFromVars } from "../core/flags";
 import { metricHeader, metricSpec } from "../core/metric-table";
 import { errorJson } from "../core/errors";
@@ -562,14 +562,14 @@ function applyPages(c: Ctx, pages: { [worker: string]: EnginePage | null }): num
     const p = pages[id];
     const prev = engine.get(w.epochKey);
     const tokens = p ? figure(p.capacityTokens) : null;
-    const reading: EngineReading = {
-      capacityBlocks: tokens !== null ? Math.floor(tokens / c.cfg.blockSize) : prev ? prev.capacityBlocks : null,
-      kvUsage: p ? figure(p.kvUsage) : null,
-      waitingRequests: p ? figure(p.waitingRequests) : null,
-      runningRequests: p ? figure(p.runningRequests) : null,
-      at: p ? now : prev ? prev.at : 0,
-    };
-    engine.set(w.epochKey, reading);
+    const f = p
+      ? {
+          kvUsage: figure(p.kvUsage),
+          waitingRequests: figure(p.waitingRequests),
+          runningRequests: figure(p.runningRequests),
+        }
+      : null;
+    engine.set(w.epochKey, nextReading(prev, tokens !== null ? Math.floor(tokens / c.cfg.blockSize) : null, f, now));
     const l = p ? p.lora : null;
     const ok = l && typeof l.maxLora === "number" && l.running instanceof Array && l.waiting instanceof Array;
     lora.set(id, ok ? l : null);

@@ -39,9 +39,10 @@
 import { LogHook } from "../core/log";
 import { spec } from "./metrics";
 import * as client from "prom-client";
+import { nextReading } from "../core/engine-readings";
 import type { EngineReading, EngineReadings } from "../core/engine-readings";
 import type { Router, Worker } from "../core/router";
-import { LoraTable, parseLoraInfo } from "../core/lora";
+import { LoraState, LoraTable, parseLoraInfo } from "../core/lora";
 import type { SaturationFeed } from "./saturation";
 
 export interface Sample {
@@ -177,6 +178,52 @@ export function readEngineFigures(samples: Sample[], dpRank?: number): EngineFig
   return { engine: null, capacityTokens: null, kvUsage: null, waitingRequests: null, runningRequests: null };
 }
 
+/** What one worker's /metrics page says: its engine figures (its DP rank's series) and, when asked for, its LoRA state. */
+export interface PageRead {
+  figures: EngineFigures;
+  lora: LoraState | null;
+}
+
+/**
+ * One scrape round: each address's /metrics fetched once, concurrently, each
+ * within timeoutMs, its text parsed once, and read for every worker behind it
+ * (the router's engine-metrics, and the bridge, which pushes what it read to
+ * nginx). each(w, null, why, …) for a worker whose page could not be read;
+ * now is when its page arrived.
+ */
+export async function scrapeRound<W extends { address: string; dpRank?: number }>(
+  workers: W[],
+  timeoutMs: number,
+  lora: boolean,
+  each: (w: W, read: PageRead | null, why: string, url: string, now: number) => void,
+): Promise<void> {
+  const byAddress: { [a: string]: W[] } = {};
+  for (const w of workers) (byAddress[w.address] = byAddress[w.address] || []).push(w);
+  await Promise.all(
+    Object.keys(byAddress).map(async (addr) => {
+      const url = `http://${addr}/metrics`;
+      let text: string | null = null;
+      let why = "";
+      try {
+        const r = await fetch(url, { signal: AbortSignal.timeout(timeoutMs) });
+        if (r.ok) text = await r.text();
+        else {
+          why = `HTTP ${r.status}`;
+          await r.arrayBuffer().catch(() => undefined);
+        }
+      } catch (e) {
+        why = (e as Error).message;
+      }
+      // The one page feeds every reader: engine figures, LoRA state, saturation.
+      const samples = text === null ? null : parsePrometheusText(text, engineSeries);
+      const loraState = text === null || !lora ? null : parseLoraInfo(text);
+      const now = Date.now();
+      for (const w of byAddress[addr])
+        each(w, samples ? { figures: readEngineFigures(samples, w.dpRank), lora: loraState } : null, why, url, now);
+    }),
+  );
+}
+
 export interface EngineMetricsOptions {
   /** 0 = no scraping (capacity overrides still apply). */
   intervalMs: number;
@@ -224,59 +271,26 @@ export class EngineMetrics {
   apply(w: Worker, f: EngineFigures | null, now: number): void {
     const prev = this.readings.get(w.epochKey);
     const scraped = f && f.capacityTokens !== null ? Math.floor(f.capacityTokens / this.o.blockSize) : null;
-    const r: EngineReading = {
-      capacityBlocks: this.override(w) ?? scraped ?? (prev ? prev.capacityBlocks : null),
-      kvUsage: f ? f.kvUsage : null,
-      waitingRequests: f ? f.waitingRequests : null,
-      runningRequests: f ? f.runningRequests : null,
-      at: f ? now : prev ? prev.at : 0,
-    };
-    this.readings.set(w.epochKey, r);
+    this.readings.set(w.epochKey, nextReading(prev, this.override(w) ?? scraped, f, now));
   }
 
   /** One round: every worker's address fetched once, concurrently. */
   async scrapeAll(): Promise<void> {
-    const byAddress: { [a: string]: Worker[] } = {};
-    for (const w of this.router().workers()) (byAddress[w.address] = byAddress[w.address] || []).push(w);
-    await Promise.all(
-      Object.keys(byAddress).map(async (addr) => {
-        let text: string | null = null;
-        let why = "";
-        try {
-          const r = await fetch(`http://${addr}/metrics`, { signal: AbortSignal.timeout(this.o.timeoutMs) });
-          if (r.ok) text = await r.text();
-          else {
-            why = `HTTP ${r.status}`;
-            await r.arrayBuffer().catch(() => undefined);
-          }
-        } catch (e) {
-          why = (e as Error).message;
-        }
-        // The one page feeds every reader: engine figures, LoRA state, saturation.
-        const samples = text === null ? null : parsePrometheusText(text, engineSeries);
-        const lora = text === null || !this.o.lora ? null : parseLoraInfo(text);
-        const now = Date.now();
-        for (const w of byAddress[addr]) {
-          // The worker may have been replaced while the page was in flight.
-          const cur = this.router().worker(w.id);
-          if (!cur || cur.epochKey !== w.epochKey) continue;
-          this.apply(w, samples ? readEngineFigures(samples, w.dpRank) : null, now);
-          if (this.o.lora) this.o.lora.set(w.id, lora);
-          if (this.o.saturation) this.o.saturation.update(w.id, this.readings.get(w.epochKey));
-          if (!samples && !this.failing[w.id]) {
-            this.failing[w.id] = true;
-            this.o.log("warn", "engine-metrics scrape failed", {
-              worker: w.id,
-              url: `http://${addr}/metrics`,
-              error: why,
-            });
-          } else if (samples && this.failing[w.id]) {
-            delete this.failing[w.id];
-            this.o.log("info", "engine-metrics readable again", { worker: w.id });
-          }
-        }
-      }),
-    );
+    await scrapeRound(this.router().workers(), this.o.timeoutMs, !!this.o.lora, (w, read, why, url, now) => {
+      // The worker may have been replaced while the page was in flight.
+      const cur = this.router().worker(w.id);
+      if (!cur || cur.epochKey !== w.epochKey) return;
+      this.apply(w, read ? read.figures : null, now);
+      if (this.o.lora) this.o.lora.set(w.id, read ? read.lora : null);
+      if (this.o.saturation) this.o.saturation.update(w.id, this.readings.get(w.epochKey));
+      if (!read && !this.failing[w.id]) {
+        this.failing[w.id] = true;
+        this.o.log("warn", "engine-metrics scrape failed", { worker: w.id, url, error: why });
+      } else if (read && this.failing[w.id]) {
+        delete this.failing[w.id];
+        this.o.log("info", "engine-metrics readable again", { worker: w.id });
+      }
+    });
     if (this.o.saturation)
       this.o.saturation.retain(
         this.router()

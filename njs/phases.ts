@@ -33,27 +33,23 @@ export function sharedStore(s: NjsSharedDict, n: NjsSharedDict): Store {
     delNum: (k) => {
       n.delete(k);
     },
-    keys: (p) => {
-      const out: string[] = [];
-      const all = s.keys(10000000).concat(n.keys(10000000));
-      for (let i = 0; i < all.length; i++) if (all[i].indexOf(p) === 0) out.push(all[i]);
-      return out;
-    },
-    // A shared dict lists every key it holds (a copy of each): one listing of
-    // both dicts serves every prefix, where keys() per prefix lists them again.
-    keysMany: (ps) => {
-      const out: string[][] = [];
-      for (let j = 0; j < ps.length; j++) out.push([]);
-      const all = s.keys(10000000).concat(n.keys(10000000));
-      for (let i = 0; i < all.length; i++)
-        for (let j = 0; j < ps.length; j++)
-          if (all[i].indexOf(ps[j]) === 0) {
-            out[j].push(all[i]);
-            break;
-          }
-      return out;
-    },
+    keys: (p) => keysMany([p])[0],
+    keysMany: keysMany,
   };
+  // A shared dict lists every key it holds (a copy of each): one listing of
+  // both dicts serves every prefix, where keys() per prefix lists them again.
+  function keysMany(ps: string[]): string[][] {
+    const out: string[][] = [];
+    for (let j = 0; j < ps.length; j++) out.push([]);
+    const all = s.keys(10000000).concat(n.keys(10000000));
+    for (let i = 0; i < all.length; i++)
+      for (let j = 0; j < ps.length; j++)
+        if (all[i].indexOf(ps[j]) === 0) {
+          out[j].push(all[i]);
+          break;
+        }
+    return out;
+  }
 }
 
 export function logHook(r: NjsRequest): (l: LogLevel, msg: string, f?: LogFields) => void {

@@ -91,14 +91,12 @@ function sampledPrefixRun(
       best = {};
       let any = false;
       if (list !== undefined) {
-        const parts = list.split(",");
-        for (let j = 0; j < parts.length; j++)
-          visitTarget(parts[j], (base, tier) => {
-            const w = weightOf(tier);
-            if (w <= 0 || !live[base] || (prev !== null && !prev[base])) return;
-            if (!(best[base] >= w)) best[base] = w;
-            any = true;
-          });
+        visitHolders(list, (base, tier) => {
+          const w = weightOf(tier);
+          if (w <= 0 || !live[base] || (prev !== null && !prev[base])) return;
+          if (!(best[base] >= w)) best[base] = w;
+          any = true;
+        });
       }
       if (prev !== null) for (const ek in prev) if (!(best[ek] > 0)) stop[ek] = k;
       if (!any) break;
@@ -122,11 +120,9 @@ function sampledPrefixRun(
       const list = holders(p);
       if (list === undefined) return false;
       let yes = false;
-      const parts = list.split(",");
-      for (let q = 0; q < parts.length; q++)
-        visitTarget(parts[q], (base, tier) => {
-          if (base === ek && weightOf(tier) > 0) yes = true;
-        });
+      visitHolders(list, (base, tier) => {
+        if (base === ek && weightOf(tier) > 0) yes = true;
+      });
       return yes;
     };
     while (hi - lo > 1) {
@@ -137,6 +133,12 @@ function sampledPrefixRun(
     hits[ek] += (lo - at[j - 1]) * lastW[ek];
   }
   return hits;
+}
+
+/** Visits each target of a block's holder list as the mirror keeps it ("ek,ek|CPU,..."): its worker and tier. */
+function visitHolders(list: string, visit: (base: string, tier: string) => void): void {
+  const parts = list.split(",");
+  for (let i = 0; i < parts.length; i++) visitTarget(parts[i], visit);
 }
 
 export function keyedMirror(st: Store): MirrorIndex {
@@ -233,8 +235,7 @@ export function keyedMirror(st: Store): MirrorIndex {
       const holdersOf = (i: number, visit: (base: string, tier: string) => void) => {
         const holders = st.get("M:" + blocks[i]);
         if (!holders) return false;
-        const parts = holders.split(",");
-        for (let j = 0; j < parts.length; j++) visitTarget(parts[j], visit);
+        visitHolders(holders, visit);
         return true;
       };
       if (blocks.length <= EXACT_WALK) return prefixRun(blocks.length, holdersOf, live, weights);

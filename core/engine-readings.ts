@@ -8,7 +8,7 @@
 // worker that rejoins starts without readings. Pure and ES5-safe (njs).
 import { EpochKey } from "./types";
 import { LoraState } from "./lora";
-import { Store } from "./store";
+import { Store, storedJson } from "./store";
 
 export interface EngineReading {
   /** KV cache capacity in blocks of the router's --block-size; null = not known. */
@@ -80,15 +80,7 @@ export interface EnginePage {
 /** nginx: the readings in the shared dict ("ER:<epoch key>"), so every worker process reads the bridge's last push. */
 export function storeEngineReadings(st: Store): EngineReadings {
   return {
-    get(ek) {
-      const raw = st.get("ER:" + ek);
-      if (raw === undefined) return null;
-      try {
-        return JSON.parse(raw) as EngineReading;
-      } catch (e) {
-        return null;
-      }
-    },
+    get: (ek) => storedJson(st, "ER:" + ek) as EngineReading | null,
     set(ek, r) {
       st.set("ER:" + ek, JSON.stringify(r));
     },

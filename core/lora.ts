@@ -11,7 +11,7 @@
 // is in neither list: the router remembers where it sent each adapter
 // recently as a weaker sign that it is still loaded there.
 // Pure and ES5-safe (njs bundles core/).
-import { Store } from "./store";
+import { Store, storedJson } from "./store";
 
 export interface LoraState {
   maxLora: number;
@@ -232,14 +232,8 @@ export function memoryLoraTable(): LoraTable {
 export function storeLoraTable(st: Store): LoraTable {
   return loraTable({
     load(id) {
-      const raw = st.get("LR:" + id);
-      if (raw === undefined) return null;
-      try {
-        const e = JSON.parse(raw) as Entry;
-        return e && typeof e === "object" && e.sent && e.pending ? e : null;
-      } catch (x) {
-        return null;
-      }
+      const e = storedJson(st, "LR:" + id) as Entry | null;
+      return e && typeof e === "object" && e.sent && e.pending ? e : null;
     },
     save(id, e) {
       st.set("LR:" + id, JSON.stringify(e));

@@ -20,6 +20,17 @@ export interface Store {
   keysMany(prefixes: string[]): string[][];
 }
 
+/** A JSON value kept under key: null when absent or not valid JSON (a damaged entry reads as none). */
+export function storedJson(st: Store, key: string): unknown {
+  const raw = st.get(key);
+  if (raw === undefined) return null;
+  try {
+    return JSON.parse(raw);
+  } catch (e) {
+    return null;
+  }
+}
+
 /** In-process store for the ext_proc server and tests. */
 export function memStore(): Store {
   const s: { [k: string]: string } = Object.create(null);

@@ -24,7 +24,7 @@
 //   RC:<rid>    ek of a cold prefill (njs)   CP:<ek>     cold prefills before their first token
 //                                            SH:<priority> sheddable requests refused
 // A mirror target ek is a worker's epoch key (GPU) or "<ek>|<TIER>" (core/kvevents.ts tierKey).
-import { Store } from "../store";
+import { Store, storedJson } from "../store";
 import { gridPositions, markedPrefix, markPositions } from "./marks";
 import { ModelTable } from "../models";
 import { BlockHash, EpochKey, Guard, SessionBinding, Worker, WorkerSpec } from "../types";
@@ -561,14 +561,8 @@ export function decisionCounts(st: Store): { mode: string; input: string; agrees
 export function storeModelTable(st: Store): ModelTable {
   return {
     get: (id) => {
-      const raw = st.get("MD:" + id);
-      if (raw === undefined) return null;
-      try {
-        const v = JSON.parse(raw);
-        return v instanceof Array && v.length ? v : null;
-      } catch (e) {
-        return null;
-      }
+      const v = storedJson(st, "MD:" + id);
+      return v instanceof Array && v.length ? (v as string[]) : null;
     },
     set: (id, models) => {
       if (models === null) st.del("MD:" + id);

@@ -28,7 +28,7 @@
 // conversations in proportion to their speed. Routers that export the TTFT
 // prediction error (--speed-learning) get its mean (MAPE) in a column.
 //
-// Usage: npm run bench:trace -- [--quick] [--speeds 1,1,1,1] [--no-oracle] [--concurrency 4,16] [--no-warmup] [--no-floor] [--baseline REV] [--no-peers] [--nginx-no-helper] [--nginx-tokenizer-min N] [--only a,b] [--rounds N] [--workloads trace,shared-prefix,...] [--extra 'label|--flag v;...']
+// Usage: npm run bench:trace -- [--quick] [--speeds 1,1,1,1] [--no-oracle] [--concurrency 4,16] [--no-warmup] [--no-floor] [--baseline REV] [--no-peers] [--nginx-no-helper] [--nginx-tokenizer-min N[,M,...]] [--only a,b] [--rounds N] [--workloads trace,shared-prefix,...] [--extra 'label|--flag v;...']
 //        [--trace-every 60] [--trace-seconds 45] [--trace-max-output 256]
 //        [--time-scale 1] [--capacity-blocks N (each simulator's KV cache, vLLM's num_gpu_blocks)] [--out bench/results/trace.md]
 import * as fs from "fs";
@@ -85,7 +85,14 @@ function speedArgs(slow: number): string[] {
   ];
 }
 const capacityBlocks = opt("--capacity-blocks", "");
-const nginxTokenizerMin = opt("--nginx-tokenizer-min", "");
+// --nginx-tokenizer-min N[,M,...]: $infera_tokenizer_min_tokens of the NGINX row; more values, one more
+// NGINX row each (the first value keeps the row name the NGINX / default column reads)
+const nginxTokenizerMins = opt("--nginx-tokenizer-min", "")
+  .split(",")
+  .map((x) => x.trim())
+  .filter(Boolean);
+for (const v of nginxTokenizerMins)
+  if (!/^\d+$/.test(v)) throw new Error(`--nginx-tokenizer-min: non-negative integers, comma-separated, got '${v}'`);
 
 // ---------------------------------------------------------------- workloads
 
@@ -493,7 +500,7 @@ function inferaTarget(name: string, args: string[], entry?: string): Target {
  * shipped 9101 elsewhere); helper false: njs tokenizes every prompt itself
  * (the --nginx-no-helper row).
  */
-function nginxTarget(name: string, helper = true): Target {
+function nginxTarget(name: string, helper = true, tokenizerMin = ""): Target {
   const fl = nginx08();
   const built = fs.existsSync(path.join(ROOT, "njs", "dist", "infera.js"));
   return {
@@ -503,7 +510,7 @@ function nginxTarget(name: string, helper = true): Target {
       const admin = await freePort();
       const vars: Record<string, string> = helper ? { tokenizer_url: `http://127.0.0.1:${admin}/v1/tokenize` } : {};
       // --nginx-tokenizer-min N: $infera_tokenizer_min_tokens of the row (default: the shipped value)
-      if (helper && nginxTokenizerMin) vars.tokenizer_min_tokens = nginxTokenizerMin;
+      if (helper && tokenizerMin) vars.tokenizer_min_tokens = tokenizerMin;
       const ng = await startNginx(fl!, vars);
       const bridge = await startBridge(
         [
@@ -559,6 +566,10 @@ const idsRefused = (w: Workload) =>
 const DEFAULT = "infera-gate kv-aware (default, weight 8)";
 const NGINX = "infera-gate kv-aware (default) in NGINX (njs + bridge)";
 const NGINX_NO_HELPER = "infera-gate kv-aware (default) in NGINX, njs tokenizes every prompt (no helper)";
+/** The NGINX row with the helper from n estimated tokens (the second and later --nginx-tokenizer-min values). */
+const nginxAt = (n: string) =>
+  `infera-gate kv-aware (default) in NGINX (njs + bridge), helper from ${n} estimated tokens`;
+const NGINX_MORE = nginxTokenizerMins.slice(1).map(nginxAt);
 const baseRev = opt("--baseline", "");
 // --rounds N: every target runs each workload N times, in alternating order, pooled into one row.
 const rounds = Math.max(1, Number(opt("--rounds", "1")) || 1);
@@ -567,7 +578,8 @@ const BASELINE = `infera-gate kv-aware (default) at ${baseRev}`;
 function targets(): Target[] {
   const all: Target[] = [
     inferaTarget(DEFAULT, []),
-    nginxTarget(NGINX),
+    nginxTarget(NGINX, true, nginxTokenizerMins[0] ?? ""),
+    ...nginxTokenizerMins.slice(1).map((n) => nginxTarget(nginxAt(n), true, n)),
     // --nginx-no-helper: the same nginx with every prompt tokenized in njs (how this row ran before 2026-12-06)
     ...(flag("--nginx-no-helper") ? [nginxTarget(NGINX_NO_HELPER, false)] : []),
     inferaTarget("infera-gate kv-aware weight 4 (the default before)", ["--kv-overlap-weight", "4"]),
@@ -961,8 +973,11 @@ function report(rows: Row[], ws: Workload[]): string {
   const bar = capacityBlocks ? 1.4 : 1.2;
   lines.push(
     "",
-    `| workload | default mean TTFT ms | round-robin | RR / default | best peer (mean ms) | best peer / default | floor ms | floor / default | ${bar}x the best peer reachable (best peer / ${bar} >= floor) |${capacityBlocks ? " pooled floor ms | best peer / pooled floor |" : ""} NGINX / default (Envoy) |${baseRev ? ` ${baseRev} / default |` : ""}${mixed ? " default / oracle |" : ""}`,
-    `|---|---:|---:|---:|---|---:|---:|---:|---|${capacityBlocks ? "---:|---:|" : ""}---:|${baseRev ? "---:|" : ""}${mixed ? "---:|" : ""}`,
+    `| workload | default mean TTFT ms | round-robin | RR / default | best peer (mean ms) | best peer / default | floor ms | floor / default | ${bar}x the best peer reachable (best peer / ${bar} >= floor) |${capacityBlocks ? " pooled floor ms | best peer / pooled floor |" : ""} NGINX${nginxTokenizerMins.length > 1 ? ` (from ${nginxTokenizerMins[0]})` : ""} / default (Envoy) |${nginxTokenizerMins
+      .slice(1)
+      .map((n) => ` NGINX (from ${n}) / default |`)
+      .join("")}${baseRev ? ` ${baseRev} / default |` : ""}${mixed ? " default / oracle |" : ""}`,
+    `|---|---:|---:|---:|---|---:|---:|---:|---|${capacityBlocks ? "---:|---:|" : ""}---:|${NGINX_MORE.map(() => "---:|").join("")}${baseRev ? "---:|" : ""}${mixed ? "---:|" : ""}`,
   );
   for (const w of ws) {
     const ok = rows.filter((r) => r.workload === w.name && !r.skipped && Number.isFinite(r.ttftMean));
@@ -986,7 +1001,7 @@ function report(rows: Row[], ws: Workload[]): string {
       ? ` ${pooled ? f(pooled.ttftMean) : "–"} | ${pooled && peer ? f(peer.ttftMean / pooled.ttftMean, 2) + "x" : "–"} |`
       : "";
     lines.push(
-      `| ${w.name} | ${f(d.ttftMean)} | ${rr ? f(rr.ttftMean) : "–"} | ${x(rr)} | ${peer ? `${peer.target} (${f(peer.ttftMean)})` : "–"} | ${x(peer)} | ${fl ? f(fl.ttftMean) : "–"} | ${x(fl)} | ${reach} |${pooledCols} ${x(ngx)} |${baseRev ? ` ${x(base)} |` : ""}${mixed ? ` ${orc ? f(d.ttftMean / orc.ttftMean, 2) + "x" : "–"} |` : ""}`,
+      `| ${w.name} | ${f(d.ttftMean)} | ${rr ? f(rr.ttftMean) : "–"} | ${x(rr)} | ${peer ? `${peer.target} (${f(peer.ttftMean)})` : "–"} | ${x(peer)} | ${fl ? f(fl.ttftMean) : "–"} | ${x(fl)} | ${reach} |${pooledCols} ${x(ngx)} |${NGINX_MORE.map((n) => ` ${x(ok.find((r) => r.target === n))} |`).join("")}${baseRev ? ` ${x(base)} |` : ""}${mixed ? ` ${orc ? f(d.ttftMean / orc.ttftMean, 2) + "x" : "–"} |` : ""}`,
     );
   }
   return lines.join("\n") + "\n";

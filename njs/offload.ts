@@ -1,8 +1,10 @@
-// Long prompts tokenized and hashed outside the nginx worker. njs runs on the
+// Prompts tokenized and hashed outside the nginx worker. njs runs on the
 // worker's event loop, so every millisecond spent encoding a prompt there is a
-// millisecond every other connection of that worker waits. From
-// $infera_tokenizer_min_tokens (estimated, bytes/4) on, the body goes to the
-// tokenizer helper ($infera_tokenizer_url: the bridge's POST /v1/tokenize,
+// millisecond every other connection of that worker waits, and njs encodes
+// every prompt in full (a fresh VM per request: no piece or prefix cache
+// survives). From $infera_tokenizer_min_tokens (estimated, bytes/4; 0 by
+// default: every prompt) on, the body goes to the tokenizer helper
+// ($infera_tokenizer_url: the bridge's POST /v1/tokenize,
 // njs/tokenize-helper.ts) with ngx.fetch; the worker serves other requests
 // until the block hashes come back, then picks with them.
 //
@@ -10,7 +12,10 @@
 // request: prompts up to $infera_njs_tokenize_max_tokens are tokenized here as
 // before, longer ones route on the estimated token count (load only). Each
 // cause is logged once (a number-dict flag shared by every worker) and once
-// more when the helper answers again.
+// more when the helper answers again. A helper that timed out is not asked
+// again for HOLD_MS by prompts njs can tokenize itself (one request past the
+// hold asks it again), so a hanging helper costs the fetch timeout once per
+// hold, not on every request.
 import { computeFeatures, Features, featuresOf, ParsedRequest, Tokenizer } from "../core/request";
 import { BlockHash } from "../core/types";
 
@@ -23,7 +28,7 @@ export interface OffloadVars {
   njsMaxTokens: number;
 }
 
-export const OFFLOAD_DEFAULTS = { minTokens: 2048, njsMaxTokens: 8192 };
+export const OFFLOAD_DEFAULTS = { minTokens: 0, njsMaxTokens: 8192 };
 
 function intVar(v: string | undefined, dflt: number): number {
   const n = Number(v);
@@ -38,14 +43,35 @@ export function offloadVars(get: (name: string) => string | undefined): OffloadV
   };
 }
 
-/** Whether the helper tokenizes this request (token ids in the body need no tokenizer at all). */
-export function useHelper(v: OffloadVars, req: ParsedRequest): boolean {
-  return v.url !== "" && !req.promptTokens && req.estimatedTokens >= v.minTokens;
-}
-
 // The causes a fallback is logged under (one dict flag each).
 const CAUSES = ["unreachable", "timeout", "status", "answer"];
 const DOWN = "TKDOWN";
+/** Until when (ms since the epoch) prompts njs can tokenize skip a helper that timed out. */
+const HOLD = "TKHOLD";
+const HOLD_MS = 5000;
+
+/**
+ * Whether the helper tokenizes this request (token ids in the body need no
+ * tokenizer at all). After a timeout, a prompt njs may tokenize itself skips
+ * the helper until the hold ends; the first request after it asks the helper
+ * again (and moves the hold on, so the others keep skipping meanwhile).
+ */
+export function useHelper(v: OffloadVars, req: ParsedRequest): boolean {
+  if (v.url === "" || req.promptTokens || req.estimatedTokens < v.minTokens) return false;
+  if (req.estimatedTokens > v.njsMaxTokens) return true;
+  const num = typeof ngx !== "undefined" && ngx.shared ? ngx.shared.infera_num : undefined;
+  if (!num) return true;
+  try {
+    const until = Number(num.get(HOLD) || 0);
+    if (!until) return true;
+    const now = Date.now();
+    if (now < until) return false;
+    num.set(HOLD, now + HOLD_MS);
+  } catch (e) {
+    /* a full number zone: ask the helper */
+  }
+  return true;
+}
 
 function noteFailure(
   r: NjsRequest,
@@ -60,6 +86,7 @@ function noteFailure(
     if (num) {
       first = num.incr("TKF:" + cause, 1, 0) === 1;
       num.set(DOWN, 1);
+      if (cause === "timeout") num.set(HOLD, Date.now() + HOLD_MS);
     }
   } catch (e) {
     /* a full number zone: log anyway */
@@ -80,6 +107,7 @@ function noteFailure(
 
 function noteRecovery(r: NjsRequest, num: NjsSharedDict | undefined, url: string): void {
   if (!num || !num.get(DOWN)) return;
+  num.delete(HOLD);
   // pop is atomic: one request logs the recovery.
   if (num.pop(DOWN) === undefined) return;
   for (let i = 0; i < CAUSES.length; i++) num.delete("TKF:" + CAUSES[i]);

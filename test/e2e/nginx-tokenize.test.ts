@@ -325,3 +325,84 @@ test(
     assert.equal((await asked()) - before, 1, "the 801-token estimate (< 900) is tokenized in njs");
   },
 );
+
+test(
+  "as shipped, a prompt under the old 2,048-token estimate goes to the helper too: the bench's dense text, ~3k tokens estimated at ~1k",
+  { skip, timeout: 120000 },
+  async () => {
+    const sim = await startSim("pd0", FAST);
+    const port = await freePort();
+    // No tokenizer_min_tokens here: nginx.conf's own value.
+    const ng = await startNginx1(n8!, { tokenizer_url: `http://127.0.0.1:${port}/v1/tokenize` });
+    const br = await startBridgeAt(sim.address, `${ng.url}/_infera/push`, port);
+    await waitFor(
+      "fleet",
+      async () => ((await (await fetch(`${ng.url}/v1/admin/workers`)).json()) as unknown[]).length === 1,
+    );
+    const asked = async () => {
+      const m = await (await fetch(`http://127.0.0.1:${br.adminPort}/metrics`)).text();
+      return Number(/infera_bridge_tokenize_requests_total\{result="ok"\} (\d+)/.exec(m)?.[1] ?? 0);
+    };
+    // A multi-turn turn of bench:trace: digit-heavy words, ~1.2 bytes per token.
+    const content = longText("shipped", 280);
+    const body = { model: "m", max_tokens: 1, messages: [{ role: "user", content }] };
+    const est = parseRequest("chat", JSON.stringify(body), 0, { maxBodyBytes: 1e6 }).estimatedTokens;
+    assert.ok(est > 500 && est < 2048, `estimated ${est} tokens`);
+    const before = await asked();
+    assert.equal(await post(ng, "/v1/chat/completions", body), 200);
+    assert.equal((await asked()) - before, 1, `the helper tokenized the ${est}-token estimate`);
+    // A one-line chat too.
+    assert.equal(await post(ng, "/v1/chat/completions", { ...body, messages: [{ role: "user", content: "hi" }] }), 200);
+    assert.equal((await asked()) - before, 2, "and the one-line chat");
+  },
+);
+
+test(
+  "a helper that timed out is skipped for a while by prompts njs can tokenize: one fetch timeout, then fast fallbacks",
+  { skip, timeout: 120000 },
+  async () => {
+    const sims = await Promise.all(["ph0", "ph1"].map((id) => startSim(id, FAST)));
+    const port = await freePort();
+    const ng = await startNginx1(n8!, {
+      tokenizer_url: `http://127.0.0.1:${port}/v1/tokenize`,
+      tokenizer_min_tokens: "0",
+    });
+    // Fleet and KV events from a bridge on another port; the helper's port hangs.
+    await startBridgeAt(workerArg(sims), `${ng.url}/_infera/push`);
+    await waitFor(
+      "fleet",
+      async () => ((await (await fetch(`${ng.url}/v1/admin/workers`)).json()) as unknown[]).length === 2,
+    );
+    const held: net.Socket[] = [];
+    const hang = net.createServer((s) => held.push(s));
+    await new Promise<void>((r) => hang.listen(port, "127.0.0.1", () => r()));
+    try {
+      const timed = async (seed: string) => {
+        const t0 = Date.now();
+        const st = await post(ng, "/v1/chat/completions", {
+          model: "m",
+          max_tokens: 1,
+          messages: [{ role: "user", content: longText(seed, 300) }],
+        });
+        return { status: st, ms: Date.now() - t0 };
+      };
+      const first = await timed("hold0");
+      assert.equal(first.status, 200);
+      assert.ok(first.ms >= 1500, `the first waits for the fetch timeout (${first.ms} ms)`);
+      const next: { status: number; ms: number }[] = [];
+      for (let i = 1; i <= 3; i++) next.push(await timed("hold" + i));
+      assert.deepEqual(
+        next.map((x) => x.status),
+        [200, 200, 200],
+      );
+      assert.ok(
+        next.every((x) => x.ms < 1000),
+        `the next ones tokenize in njs at once: ${next.map((x) => x.ms).join(", ")} ms`,
+      );
+      assert.equal(held.length, 1, "the hanging helper was asked once");
+    } finally {
+      for (const s of held) s.destroy();
+      await new Promise<void>((r) => hang.close(() => r()));
+    }
+  },
+);

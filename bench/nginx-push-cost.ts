@@ -1,0 +1,83 @@
+// What one KV-event push costs the nginx worker that applies it, by the
+// number of blocks it stores: nginx with the project's config and one worker
+// process, a fleet of one (pushed by hand, no bridge), and pushes of fresh
+// chains of n blocks (16 tokens each) with the bridge's hashes attached (as
+// the bridge sends them: njs/kv-annotate.ts), their worker CPU read from
+// /proc/<pid>/schedstat. The "0 blocks" row is an engine push with no pages:
+// the handler's fixed cost (its VM, the router built, the token checked).
+//
+// Usage: node --import tsx bench/nginx-push-cost.ts [--sizes 0,1,16,64,256] [--n 40] [--rounds 2]
+import { nginx08, stopAll } from "../test/harness";
+import { startNginx1, workerCpuMs } from "../test/nginx-stack";
+import { KvAnnotator } from "../njs/kv-annotate";
+import { KvEvent } from "../core/kvevents";
+import { runBench } from "./run-bench";
+import { optionReader } from "./args";
+
+const argv = process.argv.slice(2);
+const opt = optionReader(argv);
+const sizes = opt("--sizes", "0,1,16,64,256").split(",").map(Number);
+const n = Math.min(500, Math.max(1, Number(opt("--n", "40"))));
+const rounds = Math.min(10, Math.max(1, Number(opt("--rounds", "2"))));
+
+let pseq = Date.now() * 1000;
+async function push(url: string, body: Record<string, unknown>): Promise<void> {
+  const r = await fetch(`${url}/_infera/push`, {
+    method: "POST",
+    headers: { "content-type": "application/json", "x-infera-push-token": "test-token" },
+    body: JSON.stringify({ ...body, pseq: ++pseq }),
+  });
+  const t = await r.text();
+  if (r.status !== 200) throw new Error(`push: ${r.status} ${t.slice(0, 200)}`);
+}
+
+async function main(): Promise<void> {
+  const fl = nginx08();
+  if (!fl) throw new Error("njs >= 0.8 not set up (bash scripts/njs08.sh)");
+  const ng = await startNginx1(fl, {});
+  await push(ng.url, { type: "workers", workers: [{ id: "w0", address: "127.0.0.1:9", role: "mixed" }] });
+  const ann = new KvAnnotator();
+  let seq = 0;
+  let eh = 1;
+  let chain = 0;
+  const batch = (blocks: number): KvEvent[] => {
+    const c = chain++;
+    const hashes: string[] = [];
+    const tokens: number[] = [];
+    for (let i = 0; i < blocks; i++) {
+      hashes.push(String(eh++));
+      for (let k = 0; k < 16; k++) tokens.push(1000 + ((c * 7919 + i * 131 + k) % 50000));
+    }
+    return [{ type: "BlockStored", hashes, parent: null, tokens, blockSize: 16 } as KvEvent];
+  };
+  const body = (blocks: number): Record<string, unknown> => {
+    if (blocks === 0) return { type: "engine", pages: {} };
+    const events = batch(blocks);
+    const s = ++seq;
+    ann.annotate("w0", s, events);
+    return { type: "events", worker: "w0", seq: s, events };
+  };
+  const rows = ["| blocks per push | worker CPU ms per push | per block ms |", "|---:|---:|---:|"];
+  const acc: Record<number, number[]> = {};
+  for (const b of sizes) acc[b] = [];
+  for (let r = 0; r < rounds; r++)
+    for (const b of r % 2 ? [...sizes].reverse() : sizes) {
+      const bodies = Array.from({ length: n }, () => body(b));
+      const c0 = workerCpuMs(ng.workerPid);
+      for (const x of bodies) await push(ng.url, x);
+      acc[b].push((workerCpuMs(ng.workerPid) - c0) / n);
+    }
+  const base = sizes.includes(0) ? acc[0].reduce((a, x) => a + x, 0) / acc[0].length : 0;
+  for (const b of sizes) {
+    const m = acc[b].reduce((a, x) => a + x, 0) / acc[b].length;
+    rows.push(`| ${b} | ${m.toFixed(3)} | ${b ? ((m - base) / b).toFixed(4) : "–"} |`);
+  }
+  await stopAll();
+  process.stdout.write(
+    `nginx-push-cost, ${new Date().toISOString()}, ${n} pushes x ${rounds} rounds per size; command: node --import tsx bench/nginx-push-cost.ts ${argv.join(" ")}\n\n` +
+      rows.join("\n") +
+      "\n",
+  );
+}
+
+runBench(main);

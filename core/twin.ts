@@ -14,7 +14,8 @@
 // slower learns a factor of about three; the shape is the reference's.
 //
 // Replaying: a first token marks a step boundary on its worker (the anchor),
-// and so does a decode's end while no prefill is left there.
+// and so does a decode's end while no prefill is left there; a later
+// streamed chunk then marks the decode steps' phase for predictions.
 // From the anchor the replica runs steps forward with the requests still
 // waiting for their first token (FCFS; a request joins the first step that
 // starts after it was sent), the decodes running, and the request asked
@@ -107,8 +108,8 @@ export interface StepTwin {
   first(e: TwinEntry, now: number): void;
   /**
    * A later chunk of a request decoding on the worker came back at `now`:
-   * a step ended there. With no prefill left in the replica, that is the
-   * phase of the decode steps from here on (as at a decode's end).
+   * a step ended there. With no prefill left in the replica, predictions
+   * start their decode steps from it; readings keep to the anchor.
    */
   tick(ek: EpochKey, now: number): void;
   /**
@@ -139,6 +140,13 @@ interface WorkerTwin {
   decodes: number;
   decodeCtx: number;
   anchor: number;
+  /**
+   * A later step end seen on a streamed chunk while no prefill was left
+   * (tick()): where predictions start their steps when it is past the
+   * anchor. Readings keep to the anchor: a chunk's few milliseconds of steps,
+   * read against its own wire, would make each reading mostly noise.
+   */
+  phase: number;
   sw: number;
   sl: number;
   n: number;
@@ -188,6 +196,7 @@ export function stepTwin(opts: TwinOptions): StepTwin {
         decodes: 0,
         decodeCtx: 0,
         anchor: -Infinity,
+        phase: -Infinity,
         sw: 0,
         sl: 0,
         n: 0,
@@ -235,7 +244,7 @@ export function stepTwin(opts: TwinOptions): StepTwin {
   }
 
   /**
-   * Runs worker w's steps from its anchor until queue entry `target` (an
+   * Runs worker w's steps from `from` (its anchor, or a later phase) until queue entry `target` (an
    * index into q, or q.length for an extra one sent at extraAt) has its prefill
    * done, at `f` real ms per reference ms. `notBefore`: a queue entry still
    * waiting for its first token at that time is not done before it.
@@ -248,6 +257,7 @@ export function stepTwin(opts: TwinOptions): StepTwin {
     extraAt: number,
     f: number,
     notBefore: number,
+    from: number,
   ): Replay {
     const q = w.q;
     // Every queue entry: those behind the target share its last step.
@@ -272,8 +282,8 @@ export function stepTwin(opts: TwinOptions): StepTwin {
     }
     let decodes = w.decodes;
     let decodeCtx = w.decodeCtx;
-    let t = w.anchor;
-    let busyFrom = w.anchor;
+    let t = from;
+    let busyFrom = from;
     let ref = 0;
     let head = 0;
     let arrived = 0;
@@ -350,7 +360,7 @@ export function stepTwin(opts: TwinOptions): StepTwin {
     predict(ek, own, cached, now) {
       const w = workers[ek];
       if (!w || w.n < opts.minSamples) return null;
-      const r = replay(w, w.q.length, own, cached, now, factorOf(w), now);
+      const r = replay(w, w.q.length, own, cached, now, factorOf(w), now, Math.max(w.anchor, w.phase));
       return r.end === r.end ? Math.max(0, r.end - now) : null;
     },
     sharedPrefix(ek, blocks) {
@@ -414,7 +424,7 @@ export function stepTwin(opts: TwinOptions): StepTwin {
         if (w.last) fold(w, w.last, e.own - e.done, e.cached + e.done);
         for (let i = 0; i < idx; i++) w.q[i].done = w.q[i].own;
       } else if (e.done < e.own) {
-        const r = replay(w, idx, 0, 0, 0, f, -Infinity);
+        const r = replay(w, idx, 0, 0, 0, f, -Infinity, w.anchor);
         if (r.end === r.end && r.ref > 0 && now > r.busyFrom) {
           const g: Reading = {
             wt: 0,
@@ -446,9 +456,9 @@ export function stepTwin(opts: TwinOptions): StepTwin {
     },
     tick(ek, now) {
       const w = workers[ek];
-      if (!w || !w.decodes || !(now > w.anchor)) return;
+      if (!w || !w.decodes || !(now > w.anchor) || !(now > w.phase)) return;
       for (let i = 0; i < w.q.length; i++) if (w.q[i].done < w.q[i].own) return;
-      w.anchor = now;
+      w.phase = now;
     },
     ended(e, now) {
       const w = workers[e.worker];

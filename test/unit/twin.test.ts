@@ -222,3 +222,44 @@ test("a streamed chunk is a step's end: the decode phase a one-step request wait
   twin.tick(ek, now + 0.5 * s);
   assert.equal(twin.predict(ek, 16, 0, now + 0.5 * s), q);
 });
+
+test("a streamed chunk reaches the replica through the request's reservation: predictions start from its step end", () => {
+  let clock = 1000;
+  const router = createRouter(memoryState(), { ...defaultConfig(), speedLearning: "on" }, { now: () => clock });
+  router.addWorker({ id: "w0", address: "127.0.0.1:9000", role: "mixed" });
+  const ek = router.worker("w0")!.epochKey;
+  const twin = router.latency!.twin!;
+  let n = 0;
+  const send = (tokens: number) => {
+    const id = `r${n++}`;
+    const blocks = Array.from({ length: Math.floor(tokens / 16) }, (_, i) => `${id}-${i}` as BlockHash);
+    const pick = router.pick({ blocks, inputTokens: tokens, exact: true, mediaHashes: [], n: 1 }, null, () => true);
+    pick.reservation.dispatched();
+    return pick.reservation;
+  };
+  // Three requests alone, each first token after its step at the reference's time: the factor is 1.
+  for (const tokens of [1000, 3000, 2000]) {
+    const r = send(tokens);
+    clock += referenceStepMs(tokens, (tokens * tokens) / 2, 0, 0);
+    r.firstToken();
+    r.finish();
+    clock += 1000;
+  }
+  assert.ok(Math.abs(twin.factor(ek)! - 1) < 1e-6);
+  // A long decode: its first token anchors the replica at T, its steps take s.
+  const long = send(1000);
+  clock += referenceStepMs(1000, 500000, 0, 0);
+  long.firstToken();
+  const T = clock;
+  const s = referenceStepMs(0, 0, 1, 1000);
+  const own = referenceStepMs(16, 16 * 8, 1, 1000);
+  clock = T + 10.3 * s;
+  // From the anchor: the step in flight ends at T + 11 s, then its own step.
+  assert.ok(Math.abs(twin.predict(ek, 16, 0, clock)! - (0.7 * s + own)) < 0.01 * s);
+  // A chunk of the long decode came back at T + 9.6 s: a step ended there, so the one in flight ends at T + 10.6 s.
+  clock = T + 9.6 * s;
+  long.chunk();
+  clock = T + 10.3 * s;
+  const p = twin.predict(ek, 16, 0, clock)!;
+  assert.ok(Math.abs(p - (0.3 * s + own)) < 0.01 * s, `predicted ${p} ms, expected ${0.3 * s + own} ms`);
+});

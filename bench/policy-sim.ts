@@ -155,6 +155,10 @@ interface Result {
 // [0, JITTER) ms: without it the closed loop runs in lockstep and round-robin
 // keeps every conversation on one worker by accident.
 const JITTER = Number(opt("--jitter", "3"));
+// Tokens per streamed chunk after the first, as bench:trace's simulators
+// stream (--stream-interval 4): each chunk reaches the router's lifecycle
+// hooks as Envoy passes it on (reservation.chunk()).
+const STREAM_INTERVAL = 4;
 
 /**
  * A model of smg's cache_aware policy (its --help, v1.13): a request goes to
@@ -612,7 +616,7 @@ function run(
         l.r.firstToken();
         measuring = false;
         l.ticket.leave();
-      }
+      } else if (!t.done && (t.index + 1) % STREAM_INTERVAL === 0) l.r.chunk();
       if (t.done) {
         l.r.finish();
         inflight[l.w]--;

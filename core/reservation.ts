@@ -8,6 +8,8 @@ import { LifecyclePlugin, PickResult, Release } from "./scheduling/framework";
 export interface Reservation {
   /** Response started streaming (first token): releases queued prefill, and prefill load unless held to completion. */
   firstToken(): void;
+  /** A later chunk of the streamed response came back (after the first token): a step of its worker ended. */
+  chunk(): void;
   /** The request left for its worker (after any wait at the router): speed learning times the first token from here. */
   dispatched(): void;
   /** Response EOF, cancellation, failure, or a pick that was never used. Idempotent. */
@@ -31,7 +33,7 @@ export function reservations(state: RouterState, log: LogHook) {
       log("warn", "release failed", { epoch_key: String(g.epochKey), error: String(e) });
     }
   };
-  function each(plugins: LifecyclePlugin[], hook: "firstToken" | "complete", result: PickResult): void {
+  function each(plugins: LifecyclePlugin[], hook: "firstToken" | "chunk" | "complete", result: PickResult): void {
     for (let i = 0; i < plugins.length; i++) {
       const f = plugins[i][hook];
       if (!f) continue;
@@ -65,6 +67,9 @@ export function reservations(state: RouterState, log: LogHook) {
           if (started || !r.open) return;
           started = true;
           each(plugins, "firstToken", result);
+        },
+        chunk() {
+          if (started && r.open) each(plugins, "chunk", result);
         },
         finish() {
           if (!r.open) return;

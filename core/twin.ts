@@ -14,7 +14,8 @@
 // slower learns a factor of about three; the shape is the reference's.
 //
 // Replaying: a first token marks a step boundary on its worker (the anchor),
-// and so does a decode's end while no prefill is left there.
+// and so does a decode's end while no prefill is left there; a later
+// streamed chunk then marks the decode steps' phase for predictions.
 // From the anchor the replica runs steps forward with the requests still
 // waiting for their first token (FCFS; a request joins the first step that
 // starts after it was sent), the decodes running, and the request asked
@@ -28,7 +29,11 @@
 // prefill gives the reference time of the steps in between (the busy
 // stretch, from the anchor or from the send that woke an idle worker); the
 // observed time over it is one reading of the factor. A worker's factor is
-// the weighted geometric mean of its recent readings.
+// the weighted geometric mean of its recent readings. First tokens of one
+// step come back together (within SAME_STEP_MS): when the replica had put
+// the later one in a later step (the wire or the decode phase moved it), it
+// gives no reading (its busy stretch would be the gap between them), and the
+// reading of the step they shared is taken again with its prefill added.
 //
 // Work is bounded: a replay runs at most MAX_STEPS steps (null past them) and
 // a worker keeps at most MAX_QUEUE requests waiting for a first token.
@@ -46,6 +51,12 @@ const DECAY = 0.9;
 const SMALL_MS = 5;
 /** One reading's log is clamped to [-MAX_LOG, MAX_LOG]. */
 const MAX_LOG = Math.log(16);
+/**
+ * First tokens of one step reach the router together: two on one worker
+ * less than this apart (ms; at most half the worker's shortest step) came
+ * out of the same step.
+ */
+const SAME_STEP_MS = 2;
 
 /** The reference time of one step (ms): `prefill` tokens with `attn` token pairs of attention, `decodes` sequences reading `decodeCtx` tokens. */
 export function referenceStepMs(prefill: number, attn: number, decodes: number, decodeCtx: number): number {
@@ -96,6 +107,12 @@ export interface StepTwin {
   /** Its first token came back at `now`: a step boundary, and one reading of the worker's factor. */
   first(e: TwinEntry, now: number): void;
   /**
+   * A later chunk of a request decoding on the worker came back at `now`:
+   * a step ended there. With no prefill left in the replica, predictions
+   * start their decode steps from it; readings keep to the anchor.
+   */
+  tick(ek: EpochKey, now: number): void;
+  /**
    * It ended at `now` (after its first token, or before: cancelled, failed).
    * A decode's last token also marks a step boundary: with no prefill
    * waiting there, the replica re-anchors on it.
@@ -123,9 +140,32 @@ interface WorkerTwin {
   decodes: number;
   decodeCtx: number;
   anchor: number;
+  /**
+   * A later step end seen on a streamed chunk while no prefill was left
+   * (tick()): where predictions start their steps when it is past the
+   * anchor. Readings keep to the anchor: a chunk's few milliseconds of steps,
+   * read against its own wire, would make each reading mostly noise.
+   */
+  phase: number;
   sw: number;
   sl: number;
   n: number;
+  /** When the last first token came back there. */
+  lastFirst: number;
+  /** The last reading, while it can still be corrected (a first token of the same step follows): null otherwise. */
+  last: Reading | null;
+}
+
+/** One reading of the factor: its weight and log, the observed and reference time, and the step that ended it. */
+interface Reading {
+  wt: number;
+  l: number;
+  obs: number;
+  ref: number;
+  prefill: number;
+  attn: number;
+  decodes: number;
+  decodeCtx: number;
 }
 
 interface Replay {
@@ -136,6 +176,11 @@ interface Replay {
   ref: number;
   /** Of each queue entry's own tokens, those prefilled when the target completed. */
   done: number[];
+  /** The step that completed it: prefill tokens, attention pairs, decodes and their context. */
+  prefill: number;
+  attn: number;
+  decodes: number;
+  decodeCtx: number;
 }
 
 export function stepTwin(opts: TwinOptions): StepTwin {
@@ -144,7 +189,20 @@ export function stepTwin(opts: TwinOptions): StepTwin {
 
   function get(ek: EpochKey): WorkerTwin {
     let w = workers[ek];
-    if (!w) w = workers[ek] = { q: [], dec: [], decodes: 0, decodeCtx: 0, anchor: -Infinity, sw: 0, sl: 0, n: 0 };
+    if (!w)
+      w = workers[ek] = {
+        q: [],
+        dec: [],
+        decodes: 0,
+        decodeCtx: 0,
+        anchor: -Infinity,
+        phase: -Infinity,
+        sw: 0,
+        sl: 0,
+        n: 0,
+        lastFirst: -Infinity,
+        last: null,
+      };
     return w;
   }
 
@@ -152,8 +210,41 @@ export function stepTwin(opts: TwinOptions): StepTwin {
     return w.sw > 0 ? Math.exp(w.sl / w.sw) : 1;
   }
 
+  /** Takes reading g into worker w's factor (its weight and log from its times), and keeps it as the last. */
+  function read(w: WorkerTwin, g: Reading): void {
+    let l = Math.log(g.obs / g.ref);
+    if (l > MAX_LOG) l = MAX_LOG;
+    else if (l < -MAX_LOG) l = -MAX_LOG;
+    g.l = l;
+    g.wt = g.ref / (g.ref + SMALL_MS);
+    w.sw = w.sw * DECAY + g.wt;
+    w.sl = w.sl * DECAY + g.wt * g.l;
+    w.last = g;
+  }
+
   /**
-   * Runs worker w's steps from its anchor until queue entry `target` (an
+   * The last reading's step also prefilled `tokens` more over `ctx` cached
+   * (a first token of the same step came back): that reading is taken out
+   * and read again with its step's reference time grown by theirs.
+   */
+  function fold(w: WorkerTwin, g: Reading, tokens: number, ctx: number): void {
+    const room = Math.max(0, budget - g.decodes - g.prefill);
+    const c = Math.min(tokens, room);
+    if (c <= 0) return;
+    const attn = c * (ctx + c / 2);
+    const grown =
+      referenceStepMs(g.prefill + c, g.attn + attn, g.decodes, g.decodeCtx) -
+      referenceStepMs(g.prefill, g.attn, g.decodes, g.decodeCtx);
+    w.sw = (w.sw - g.wt) / DECAY;
+    w.sl = (w.sl - g.wt * g.l) / DECAY;
+    g.ref += grown;
+    g.prefill += c;
+    g.attn += attn;
+    read(w, g);
+  }
+
+  /**
+   * Runs worker w's steps from `from` (its anchor, or a later phase) until queue entry `target` (an
    * index into q, or q.length for an extra one sent at extraAt) has its prefill
    * done, at `f` real ms per reference ms. `notBefore`: a queue entry still
    * waiting for its first token at that time is not done before it.
@@ -166,6 +257,7 @@ export function stepTwin(opts: TwinOptions): StepTwin {
     extraAt: number,
     f: number,
     notBefore: number,
+    from: number,
   ): Replay {
     const q = w.q;
     // Every queue entry: those behind the target share its last step.
@@ -190,12 +282,21 @@ export function stepTwin(opts: TwinOptions): StepTwin {
     }
     let decodes = w.decodes;
     let decodeCtx = w.decodeCtx;
-    let t = w.anchor;
-    let busyFrom = w.anchor;
+    let t = from;
+    let busyFrom = from;
     let ref = 0;
     let head = 0;
     let arrived = 0;
-    const out: Replay = { end: NaN, busyFrom: busyFrom, ref: 0, done: [] };
+    const out: Replay = {
+      end: NaN,
+      busyFrom: busyFrom,
+      ref: 0,
+      done: [],
+      prefill: 0,
+      attn: 0,
+      decodes: 0,
+      decodeCtx: 0,
+    };
     for (let step = 0; step < MAX_STEPS; step++) {
       while (head < n && rem[head] <= 0) head++;
       if (head >= n) break;
@@ -230,6 +331,10 @@ export function stepTwin(opts: TwinOptions): StepTwin {
         if (rem[i] <= 0) completed.push(i);
       }
       const r = referenceStepMs(prefill, attn, decodes, decodeCtx);
+      out.prefill = prefill;
+      out.attn = attn;
+      out.decodes = decodes;
+      out.decodeCtx = decodeCtx;
       t += r * f;
       ref += r;
       let hit = false;
@@ -255,7 +360,7 @@ export function stepTwin(opts: TwinOptions): StepTwin {
     predict(ek, own, cached, now) {
       const w = workers[ek];
       if (!w || w.n < opts.minSamples) return null;
-      const r = replay(w, w.q.length, own, cached, now, factorOf(w), now);
+      const r = replay(w, w.q.length, own, cached, now, factorOf(w), now, Math.max(w.anchor, w.phase));
       return r.end === r.end ? Math.max(0, r.end - now) : null;
     },
     sharedPrefix(ek, blocks) {
@@ -306,16 +411,32 @@ export function stepTwin(opts: TwinOptions): StepTwin {
       if (!w || e.state !== 0) return;
       const idx = w.q.indexOf(e);
       if (idx < 0) return;
-      if (e.done < e.own) {
-        const f = factorOf(w);
-        const r = replay(w, idx, 0, 0, 0, f, -Infinity);
+      const f = factorOf(w);
+      // Out of the step that gave the last first token there: the engine
+      // batched it with that one (the wire's order or the phase the replica
+      // assumed put it a step later). It is no reading of its own (its busy
+      // stretch would be the gap between two tokens of one step); the last
+      // reading's step also prefilled what it had left.
+      const same = now - w.lastFirst < Math.min(SAME_STEP_MS, (f * ref.STEP_BASE_MS) / 2);
+      w.lastFirst = now;
+      if (!same) w.last = null;
+      if (e.done < e.own && same) {
+        if (w.last) fold(w, w.last, e.own - e.done, e.cached + e.done);
+        for (let i = 0; i < idx; i++) w.q[i].done = w.q[i].own;
+      } else if (e.done < e.own) {
+        const r = replay(w, idx, 0, 0, 0, f, -Infinity, w.anchor);
         if (r.end === r.end && r.ref > 0 && now > r.busyFrom) {
-          let l = Math.log((now - r.busyFrom) / r.ref);
-          if (l > MAX_LOG) l = MAX_LOG;
-          else if (l < -MAX_LOG) l = -MAX_LOG;
-          const wt = r.ref / (r.ref + SMALL_MS);
-          w.sw = w.sw * DECAY + wt;
-          w.sl = w.sl * DECAY + wt * l;
+          const g: Reading = {
+            wt: 0,
+            l: 0,
+            obs: now - r.busyFrom,
+            ref: r.ref,
+            prefill: r.prefill,
+            attn: r.attn,
+            decodes: r.decodes,
+            decodeCtx: r.decodeCtx,
+          };
+          read(w, g);
           w.n++;
         }
         // Those sent before it are prefilled too (FCFS); those after keep what
@@ -332,6 +453,12 @@ export function stepTwin(opts: TwinOptions): StepTwin {
       w.decodes++;
       w.decodeCtx += e.cached + e.own;
       w.anchor = now;
+    },
+    tick(ek, now) {
+      const w = workers[ek];
+      if (!w || !w.decodes || !(now > w.anchor) || !(now > w.phase)) return;
+      for (let i = 0; i < w.q.length; i++) if (w.q[i].done < w.q[i].own) return;
+      w.phase = now;
     },
     ended(e, now) {
       const w = workers[e.worker];

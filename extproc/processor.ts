@@ -368,7 +368,7 @@ export class StreamProcessor {
     if (first) {
       this.firstDue = true;
       setImmediate(firstTokenLater, this);
-    }
+    } else if (s.routed && !this.firstDue) s.routed.reservation.chunk();
   }
 
   /** The first token: the reservation's first-token release and the firstByte hooks; once. */

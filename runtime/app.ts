@@ -82,6 +82,10 @@ export class App {
     }
     this.router = createRouter(this.state, opts.router, {
       log: (l, msg, fields) => log(l, msg, fields),
+      // Epoch milliseconds at performance.now()'s resolution: speed learning
+      // times first tokens of a few milliseconds, which Date.now()'s whole
+      // milliseconds would round by up to one either way.
+      now: () => performance.timeOrigin + performance.now(),
       onPick: (role, p) => {
         this.metrics.picks.inc({ worker: p.worker, role, policy: p.policy });
         this.intake.picked(p.worker);

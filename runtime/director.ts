@@ -228,6 +228,7 @@ function releasing(inner: () => Reservation, tickets: Ticket[], ending = nothing
       inner().firstToken();
       leave();
     },
+    chunk: () => inner().chunk(),
     finish() {
       ending();
       inner().finish();

@@ -116,6 +116,8 @@ export interface LifecyclePlugin {
   name: string;
   preRequest?(ctx: PickContext, result: PickResult): void;
   firstToken?(result: PickResult, release: Release): void;
+  /** A later chunk of the streamed response (after the first token): a step of the worker ended. */
+  chunk?(result: PickResult, release: Release): void;
   complete?(result: PickResult, release: Release): void;
 }
 

@@ -198,3 +198,20 @@ test("decode-demand input is an estimate for multimodal requests and once a work
     srv.close();
   }
 });
+
+test("speed learning times first tokens on a sub-millisecond clock (epoch milliseconds)", async () => {
+  const app = new App(parseArgs(["--workers", "127.0.0.1:1"], {}), () => undefined, noEvents);
+  app.setWorkers(app.opts.workers);
+  const body = Buffer.from(JSON.stringify({ model: "m", messages: [{ role: "user", content: "hello there" }] }));
+  const p = app.route("chat", body, null);
+  const before = Date.now();
+  p.reservation.dispatched();
+  p.reservation.firstToken();
+  const twin = app.router.latency!.twin!;
+  const at = twin.view(app.router.worker(p.target.id)!.epochKey).anchor;
+  // The first token's time is the replica's anchor: epoch time, not rounded to whole milliseconds.
+  assert.ok(Math.abs(at - before) < 1000, `anchor ${at}, Date.now() ${before}`);
+  assert.notEqual(at, Math.round(at));
+  p.reservation.finish();
+  await app.close();
+});

@@ -10,7 +10,7 @@ import { createRouter, defaultConfig, Router } from "../../core/router";
 import { memoryState } from "../../core/state/memory";
 import { BlockHash } from "../../core/types";
 import { atSpeed, EngineModel, llama8bH100, StepPlan } from "../../sim/model";
-import { stepTwin } from "../../core/twin";
+import { referenceStepMs, stepTwin } from "../../core/twin";
 
 /** The calibrated engine at a share of its speed, as bench:policy-sim's --speeds. */
 function engineAt(speed: number) {
@@ -171,4 +171,95 @@ test("the replica alone: a queue of three full budgets drains in three steps, a 
   const gone = twin.sent(ek, 8192, 0, 1000);
   twin.ended(gone);
   assert.equal(twin.predict(ek, 8192, 0, 1000), behind);
+});
+
+test("first tokens of one step: the later one is no reading, and the step's reading counts both prefills", () => {
+  const twin = stepTwin({ budget: 8192, minSamples: 1 });
+  const ek = "w" as never;
+  const truth = 2;
+  // Sent 1 ms apart to an idle worker. The replica puts the second a step
+  // later (it was sent after the first's step began), but the wire held the
+  // first back and the engine prefilled both in one step, 5 ms after the
+  // first was sent; both first tokens come back within a millisecond.
+  const a = twin.sent(ek, 4000, 0, 0);
+  const b = twin.sent(ek, 4000, 0, 1);
+  const step = truth * referenceStepMs(8000, 2 * 4000 * 2000, 0, 0);
+  twin.first(a, 5 + step);
+  twin.first(b, 5.5 + step);
+  const k = twin.factor(ek)!;
+  assert.ok(Math.abs(k / truth - 1) < 0.05, `factor ${k}, the engine's ${truth}`);
+  twin.ended(a, 6 + step);
+  twin.ended(b, 6 + step);
+  // A prompt of the same size alone, later: the step time that factor prices.
+  const p = twin.predict(ek, 8000, 0, 1000)!;
+  const real = truth * referenceStepMs(8000, 8000 * 4000, 0, 0);
+  assert.ok(Math.abs(p / real - 1) < 0.05, `predicted ${p} ms, the engine takes ${real} ms`);
+});
+
+test("a streamed chunk is a step's end: the decode phase a one-step request waits on", () => {
+  const twin = stepTwin({ budget: 8192, minSamples: 1 });
+  const ek = "w" as never;
+  const a = twin.sent(ek, 4096, 0, 0);
+  twin.first(a, 200);
+  // a decodes from 200 on: steps of one decode, `s` ms each at the learned factor.
+  const s = twin.factor(ek)! * referenceStepMs(0, 0, 1, 4096);
+  // Its chunk came back 0.3 steps before now (the replica's own grid from
+  // 200 put the step's end elsewhere): a request sent now waits the 0.7 step
+  // left in flight, then its own step.
+  const now = 200 + 40.5 * s;
+  twin.tick(ek, now - 0.3 * s);
+  const own = twin.factor(ek)! * referenceStepMs(16, 16 * 8, 1, 4096);
+  const p = twin.predict(ek, 16, 0, now)!;
+  assert.ok(
+    Math.abs(p - (0.7 * s + own)) < 0.05 * s,
+    `predicted ${p} ms, the step left ${0.7 * s} ms + its own ${own} ms`,
+  );
+  // A chunk older than the anchor, or with prefill waiting in the replica, moves nothing.
+  twin.tick(ek, now - 5 * s);
+  assert.equal(twin.predict(ek, 16, 0, now), p);
+  twin.sent(ek, 2000, 0, now);
+  const q = twin.predict(ek, 16, 0, now + 0.5 * s)!;
+  twin.tick(ek, now + 0.5 * s);
+  assert.equal(twin.predict(ek, 16, 0, now + 0.5 * s), q);
+});
+
+test("a streamed chunk reaches the replica through the request's reservation: predictions start from its step end", () => {
+  let clock = 1000;
+  const router = createRouter(memoryState(), { ...defaultConfig(), speedLearning: "on" }, { now: () => clock });
+  router.addWorker({ id: "w0", address: "127.0.0.1:9000", role: "mixed" });
+  const ek = router.worker("w0")!.epochKey;
+  const twin = router.latency!.twin!;
+  let n = 0;
+  const send = (tokens: number) => {
+    const id = `r${n++}`;
+    const blocks = Array.from({ length: Math.floor(tokens / 16) }, (_, i) => `${id}-${i}` as BlockHash);
+    const pick = router.pick({ blocks, inputTokens: tokens, exact: true, mediaHashes: [], n: 1 }, null, () => true);
+    pick.reservation.dispatched();
+    return pick.reservation;
+  };
+  // Three requests alone, each first token after its step at the reference's time: the factor is 1.
+  for (const tokens of [1000, 3000, 2000]) {
+    const r = send(tokens);
+    clock += referenceStepMs(tokens, (tokens * tokens) / 2, 0, 0);
+    r.firstToken();
+    r.finish();
+    clock += 1000;
+  }
+  assert.ok(Math.abs(twin.factor(ek)! - 1) < 1e-6);
+  // A long decode: its first token anchors the replica at T, its steps take s.
+  const long = send(1000);
+  clock += referenceStepMs(1000, 500000, 0, 0);
+  long.firstToken();
+  const T = clock;
+  const s = referenceStepMs(0, 0, 1, 1000);
+  const own = referenceStepMs(16, 16 * 8, 1, 1000);
+  clock = T + 10.3 * s;
+  // From the anchor: the step in flight ends at T + 11 s, then its own step.
+  assert.ok(Math.abs(twin.predict(ek, 16, 0, clock)! - (0.7 * s + own)) < 0.01 * s);
+  // A chunk of the long decode came back at T + 9.6 s: a step ended there, so the one in flight ends at T + 10.6 s.
+  clock = T + 9.6 * s;
+  long.chunk();
+  clock = T + 10.3 * s;
+  const p = twin.predict(ek, 16, 0, clock)!;
+  assert.ok(Math.abs(p - (0.3 * s + own)) < 0.01 * s, `predicted ${p} ms, expected ${0.3 * s + own} ms`);
 });

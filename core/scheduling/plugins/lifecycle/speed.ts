@@ -5,7 +5,8 @@
 // At the first token: one observation. When the request leaves for its
 // worker, the replica of the worker's scheduler (core/twin.ts) predicts its
 // time to first token and takes it into its queue; at the first token it
-// learns the worker's step time, and at the end drops it.
+// learns the worker's step time, and at the end drops it. Each later chunk of
+// the stream marks a step's end there: the replica's decode phase.
 // Disaggregated picks teach nothing (their first token also waits for the KV
 // transfer and the decode worker), nor do picks whose worker is not the one
 // that prefilled alone.
@@ -159,6 +160,11 @@ export const speedLearning: LifecyclePlugin = {
       p !== undefined && p !== null ? p : undefined,
       t.entry,
     );
+  },
+  chunk(result) {
+    // A step of the worker ended: the replica's decode phase.
+    const t = result.timing;
+    if (t && t.model.twin) t.model.twin.tick(t.worker, t.now());
   },
   complete(result) {
     // Ended before its first token (cancelled, failed): its prefill is no longer ahead of anyone.

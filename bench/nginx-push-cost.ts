@@ -3,10 +3,12 @@
 // process, a fleet of one (pushed by hand, no bridge), and pushes of fresh
 // chains of n blocks (16 tokens each) with the bridge's hashes attached (as
 // the bridge sends them: njs/kv-annotate.ts), their worker CPU read from
-// /proc/<pid>/schedstat. The "0 blocks" row is an engine push with no pages:
-// the handler's fixed cost (its VM, the router built, the token checked).
+// /proc/<pid>/schedstat. The "0" row is an events push with no events (the
+// events handler's fixed cost: its VM, the token, the body, the sequence
+// checks, the answer); the "engine" row an engine push with no pages (the
+// same through infera.js's push with the router built).
 //
-// Usage: node --import tsx bench/nginx-push-cost.ts [--sizes 0,1,16,64,256] [--n 40] [--rounds 2]
+// Usage: node --import tsx bench/nginx-push-cost.ts [--sizes engine,0,1,16,64,256] [--n 40] [--rounds 2]
 import { nginx08, stopAll } from "../test/harness";
 import { startNginx1, workerCpuMs } from "../test/nginx-stack";
 import { KvAnnotator } from "../njs/kv-annotate";
@@ -16,7 +18,10 @@ import { optionReader } from "./args";
 
 const argv = process.argv.slice(2);
 const opt = optionReader(argv);
-const sizes = opt("--sizes", "0,1,16,64,256").split(",").map(Number);
+const ENGINE = -1;
+const sizes = opt("--sizes", "engine,0,1,16,64,256")
+  .split(",")
+  .map((x) => (x.trim() === "engine" ? ENGINE : Number(x)));
 const n = Math.min(500, Math.max(1, Number(opt("--n", "40"))));
 const rounds = Math.min(10, Math.max(1, Number(opt("--rounds", "2"))));
 
@@ -51,8 +56,8 @@ async function main(): Promise<void> {
     return [{ type: "BlockStored", hashes, parent: null, tokens, blockSize: 16 } as KvEvent];
   };
   const body = (blocks: number): Record<string, unknown> => {
-    if (blocks === 0) return { type: "engine", pages: {} };
-    const events = batch(blocks);
+    if (blocks === ENGINE) return { type: "engine", pages: {} };
+    const events = blocks ? batch(blocks) : [];
     const s = ++seq;
     ann.annotate("w0", s, events);
     return { type: "events", worker: "w0", seq: s, events };
@@ -70,7 +75,8 @@ async function main(): Promise<void> {
   const base = sizes.includes(0) ? acc[0].reduce((a, x) => a + x, 0) / acc[0].length : 0;
   for (const b of sizes) {
     const m = acc[b].reduce((a, x) => a + x, 0) / acc[b].length;
-    rows.push(`| ${b} | ${m.toFixed(3)} | ${b ? ((m - base) / b).toFixed(4) : "–"} |`);
+    const label = b === ENGINE ? "engine (no pages)" : String(b);
+    rows.push(`| ${label} | ${m.toFixed(3)} | ${b > 0 ? ((m - base) / b).toFixed(4) : "–"} |`);
   }
   await stopAll();
   process.stdout.write(

@@ -6,7 +6,10 @@
 // /proc/<pid>/schedstat. The "0" row is an events push with no events (the
 // events handler's fixed cost: its VM, the token, the body, the sequence
 // checks, the answer); the "engine" row an engine push with no pages (the
-// same through infera.js's push with the router built).
+// same through infera.js's push with the router built). Two rows split the
+// fixed cost: "403" is a push with a wrong token (the VM, its bundle's top
+// level and the token check), "nginx" a request nginx answers itself (404,
+// no njs).
 //
 // Usage: node --import tsx bench/nginx-push-cost.ts [--sizes engine,0,1,16,64,256] [--n 40] [--rounds 2]
 import { nginx08, stopAll } from "../test/harness";
@@ -19,21 +22,36 @@ import { optionReader } from "./args";
 const argv = process.argv.slice(2);
 const opt = optionReader(argv);
 const ENGINE = -1;
-const sizes = opt("--sizes", "engine,0,1,16,64,256")
+const BAD_TOKEN = -2;
+const NGINX = -3;
+const NAMED: Record<string, number> = { engine: ENGINE, "403": BAD_TOKEN, nginx: NGINX };
+const LABEL: Record<number, string> = {
+  [ENGINE]: "engine (no pages)",
+  [BAD_TOKEN]: "403 (wrong token)",
+  [NGINX]: "nginx's own 404 (no njs)",
+};
+const sizes = opt("--sizes", "nginx,403,engine,0,1,16,64,256")
   .split(",")
-  .map((x) => (x.trim() === "engine" ? ENGINE : Number(x)));
+  .map((x) => (x.trim() in NAMED ? NAMED[x.trim()] : Number(x)));
 const n = Math.min(500, Math.max(1, Number(opt("--n", "40"))));
 const rounds = Math.min(10, Math.max(1, Number(opt("--rounds", "2"))));
 
 let pseq = Date.now() * 1000;
 async function push(url: string, body: Record<string, unknown>): Promise<void> {
+  if (body.nginx) {
+    const r = await fetch(`${url}/nothing-here`);
+    await r.text();
+    if (r.status !== 404) throw new Error(`GET /nothing-here: ${r.status}`);
+    return;
+  }
   const r = await fetch(`${url}/_infera/push`, {
     method: "POST",
-    headers: { "content-type": "application/json", "x-infera-push-token": "test-token" },
+    headers: { "content-type": "application/json", "x-infera-push-token": body.badToken ? "wrong" : "test-token" },
     body: JSON.stringify({ ...body, pseq: ++pseq }),
   });
   const t = await r.text();
-  if (r.status !== 200) throw new Error(`push: ${r.status} ${t.slice(0, 200)}`);
+  const want = body.badToken ? 403 : 200;
+  if (r.status !== want) throw new Error(`push: ${r.status} ${t.slice(0, 200)}`);
 }
 
 async function main(): Promise<void> {
@@ -56,6 +74,8 @@ async function main(): Promise<void> {
     return [{ type: "BlockStored", hashes, parent: null, tokens, blockSize: 16 } as KvEvent];
   };
   const body = (blocks: number): Record<string, unknown> => {
+    if (blocks === NGINX) return { nginx: true };
+    if (blocks === BAD_TOKEN) return { type: "events", worker: "w0", seq: 0, events: [], badToken: true };
     if (blocks === ENGINE) return { type: "engine", pages: {} };
     const events = blocks ? batch(blocks) : [];
     const s = ++seq;
@@ -75,7 +95,7 @@ async function main(): Promise<void> {
   const base = sizes.includes(0) ? acc[0].reduce((a, x) => a + x, 0) / acc[0].length : 0;
   for (const b of sizes) {
     const m = acc[b].reduce((a, x) => a + x, 0) / acc[b].length;
-    const label = b === ENGINE ? "engine (no pages)" : String(b);
+    const label = b < 0 ? LABEL[b] : String(b);
     rows.push(`| ${label} | ${m.toFixed(3)} | ${b > 0 ? ((m - base) / b).toFixed(4) : "–"} |`);
   }
   await stopAll();

@@ -4,12 +4,14 @@
 // first; infera.js's is the router, the parser, the tokenizer and the flag
 // table. Applying an events batch needs none of them: the worker's epoch key
 // from the fleet list, the mirror's keys, the block size and the mirror bound.
-// The other pushes (the fleet, the engine scrapes) are rarer and need the
-// router: they go on to @infera_push_all, where infera.js's push applies them
-// as before. The wire format is the same for both; a config that sends every
+// The engine scrapes (about one push a second) need as little. The fleet
+// pushes are rarer and need the router: they go on to @infera_push_all, where
+// infera.js's push applies them as before. The wire format is the same for both; a config that sends every
 // push to infera.push still works.
-import type { EpochKey } from "../core/types";
+import type { EpochKey, Worker } from "../core/types";
 import type { Store } from "../core/store";
+import { EngineReadings, EnginePage, nextReading, storeEngineReadings } from "../core/engine-readings";
+import { LoraTable, storeLoraTable } from "../core/lora";
 import { acceptPushSeq, keyedMirror, keyedRegistry, MAX_PUSH_SEQ_AHEAD_US } from "../core/state/keyed";
 import { applyBatch, clearAllTiers, forgetMirror, KvEvent } from "../core/kvevents";
 import { sameSecret } from "../core/util";
@@ -43,9 +45,55 @@ export function intVar(raw: string | undefined, name: string, def: number, min?:
   return n;
 }
 
+/** A pushed figure: a finite number, else unknown. */
+function figure(v: unknown): number | null {
+  return typeof v === "number" && isFinite(v) ? v : null;
+}
+
+/**
+ * One round of the bridge's scrapes into the shared dict, as the router's
+ * engine-metrics applies its own (runtime/engine-metrics.ts): capacity in
+ * this router's blocks, kept when a scrape fails; the headroom figures;
+ * the LoRA state, whose set also clears the sends noted since the last
+ * round. Returns how many workers were applied.
+ */
+export function applyPages(
+  workerOf: (id: string) => Worker | null,
+  engine: EngineReadings,
+  lora: LoraTable,
+  blockSize: number,
+  pages: { [worker: string]: EnginePage | null },
+): number {
+  const now = Date.now();
+  let n = 0;
+  for (const id in pages) {
+    if (!Object.prototype.hasOwnProperty.call(pages, id)) continue;
+    const w = workerOf(id);
+    if (!w) continue;
+    const p = pages[id];
+    const prev = engine.get(w.epochKey);
+    const tokens = p ? figure(p.capacityTokens) : null;
+    const f = p
+      ? {
+          kvUsage: figure(p.kvUsage),
+          waitingRequests: figure(p.waitingRequests),
+          runningRequests: figure(p.runningRequests),
+        }
+      : null;
+    engine.set(w.epochKey, nextReading(prev, tokens !== null ? Math.floor(tokens / blockSize) : null, f, now));
+    const l = p ? p.lora : null;
+    const ok = l && typeof l.maxLora === "number" && l.running instanceof Array && l.waiting instanceof Array;
+    lora.set(id, ok ? l : null);
+    n++;
+  }
+  return n;
+}
+
 interface EventsPush {
   type?: string;
   pseq: number;
+  /** type "engine": each worker's /metrics page as the bridge last scraped it (null: the scrape failed). */
+  pages?: { [worker: string]: EnginePage | null };
   worker?: string;
   seq?: number;
   events?: KvEvent[];
@@ -81,8 +129,8 @@ function zoneWarning(r: NjsRequest, what: string): void {
 
 /**
  * js_content for the internal push location: the token, the body, then a KV
- * events batch applied here (the same checks and answers as infera.ts push),
- * any other push handed to infera.js.
+ * events batch or an engine push applied here (the same checks and answers as
+ * infera.ts push), a fleet push handed to infera.js.
  */
 export function push(r: NjsRequest): void {
   // The token comes from the environment (nginx.conf: env INFERA_PUSH_TOKEN;)
@@ -117,8 +165,8 @@ export function push(r: NjsRequest): void {
   } catch (e) {
     return fail(r, 400, "push body is not JSON", "invalid_request_error");
   }
-  // The fleet and the engine scrapes need the router: infera.js applies them (it checks everything again).
-  if (b && (b.type === "workers" || b.type === "engine")) return r.internalRedirect(PUSH_ALL_LOCATION);
+  // The fleet needs the router: infera.js applies it (and checks everything again).
+  if (b && b.type === "workers") return r.internalRedirect(PUSH_ALL_LOCATION);
   let blockSize: number;
   let maxBlocks: number;
   try {
@@ -140,9 +188,15 @@ export function push(r: NjsRequest): void {
         " is more than 10 minutes ahead of this host's clock (microseconds since the epoch)",
       "invalid_request_error",
     );
-  const seqOk = acceptPushSeq(st, "ev:" + b.worker, b.pseq);
+  const engine = b.type === "engine";
+  const seqOk = acceptPushSeq(st, engine ? "engine" : "ev:" + b.worker, b.pseq);
   if (!seqOk.ok) return fail(r, 409, "stale push: pseq " + b.pseq + " <= " + seqOk.last, "stale");
   const reg = keyedRegistry(st);
+  if (engine) {
+    const n = applyPages(reg.get, storeEngineReadings(st), storeLoraTable(st), blockSize, b.pages || {});
+    r.headersOut["Content-Type"] = "application/json";
+    return r.return(200, JSON.stringify({ workers: n }));
+  }
   const w = reg.get(b.worker || "");
   if (!w) return fail(r, 404, "unknown worker " + b.worker, "not_found");
   const mirror = keyedMirror(st);

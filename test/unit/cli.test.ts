@@ -401,7 +401,22 @@ test("the njs push bundle reads its two int flags as nginxFlag does, without the
     assert.equal(spec.nginx, nginx);
     assert.equal(spec.kind, "int");
     assert.equal(spec.check, undefined);
-    for (const v of [undefined, "", " ", "16", " 32 ", "0", "-1", "1.5", "abc", "4096", "4097", "1e3", "0x10", "Infinity"]) {
+    for (const v of [
+      undefined,
+      "",
+      " ",
+      "16",
+      " 32 ",
+      "0",
+      "-1",
+      "1.5",
+      "abc",
+      "4096",
+      "4097",
+      "1e3",
+      "0x10",
+      "Infinity",
+    ]) {
       let want: unknown;
       let got: unknown;
       try {

@@ -11,7 +11,10 @@
 // level and the token check), "nginx" a request nginx answers itself (404,
 // no njs).
 //
-// Usage: node --import tsx bench/nginx-push-cost.ts [--sizes engine,0,1,16,64,256] [--n 40] [--rounds 2]
+// --dist DIR[,DIR...]: other bundle directories (baseline builds), each on an
+// nginx of its own beside this checkout's, measured in turn in every round.
+//
+// Usage: node --import tsx bench/nginx-push-cost.ts [--sizes nginx,403,engine,0,1,16,64,256] [--n 40] [--rounds 2] [--dist DIR,...]
 import { nginx08, stopAll } from "../test/harness";
 import { startNginx1, workerCpuMs } from "../test/nginx-stack";
 import { KvAnnotator } from "../njs/kv-annotate";
@@ -35,6 +38,9 @@ const sizes = opt("--sizes", "nginx,403,engine,0,1,16,64,256")
   .map((x) => (x.trim() in NAMED ? NAMED[x.trim()] : Number(x)));
 const n = Math.min(500, Math.max(1, Number(opt("--n", "40"))));
 const rounds = Math.min(10, Math.max(1, Number(opt("--rounds", "2"))));
+const dists = opt("--dist", "")
+  .split(",")
+  .filter((x) => x.trim() !== "");
 
 let pseq = Date.now() * 1000;
 async function push(url: string, body: Record<string, unknown>): Promise<void> {
@@ -54,10 +60,16 @@ async function push(url: string, body: Record<string, unknown>): Promise<void> {
   if (r.status !== want) throw new Error(`push: ${r.status} ${t.slice(0, 200)}`);
 }
 
-async function main(): Promise<void> {
-  const fl = nginx08();
-  if (!fl) throw new Error("njs >= 0.8 not set up (bash scripts/njs08.sh)");
-  const ng = await startNginx1(fl, {});
+interface Side {
+  name: string;
+  url: string;
+  pid: number;
+  body: (blocks: number) => Record<string, unknown>;
+  acc: Record<number, number[]>;
+}
+
+async function startSide(fl: NonNullable<ReturnType<typeof nginx08>>, dist?: string): Promise<Side> {
+  const ng = await startNginx1(fl, {}, dist);
   await push(ng.url, { type: "workers", workers: [{ id: "w0", address: "127.0.0.1:9", role: "mixed" }] });
   const ann = new KvAnnotator();
   let seq = 0;
@@ -82,25 +94,43 @@ async function main(): Promise<void> {
     ann.annotate("w0", s, events);
     return { type: "events", worker: "w0", seq: s, events };
   };
-  const rows = ["| blocks per push | worker CPU ms per push | per block ms |", "|---:|---:|---:|"];
   const acc: Record<number, number[]> = {};
   for (const b of sizes) acc[b] = [];
+  return { name: dist || "this checkout", url: ng.url, pid: ng.workerPid, body, acc };
+}
+
+async function main(): Promise<void> {
+  const fl = nginx08();
+  if (!fl) throw new Error("njs >= 0.8 not set up (bash scripts/njs08.sh)");
+  const sides: Side[] = [await startSide(fl)];
+  for (const d of dists) sides.push(await startSide(fl, d));
   for (let r = 0; r < rounds; r++)
-    for (const b of r % 2 ? [...sizes].reverse() : sizes) {
-      const bodies = Array.from({ length: n }, () => body(b));
-      const c0 = workerCpuMs(ng.workerPid);
-      for (const x of bodies) await push(ng.url, x);
-      acc[b].push((workerCpuMs(ng.workerPid) - c0) / n);
-    }
-  const base = sizes.includes(0) ? acc[0].reduce((a, x) => a + x, 0) / acc[0].length : 0;
+    for (const b of r % 2 ? [...sizes].reverse() : sizes)
+      for (const side of r % 2 ? [...sides].reverse() : sides) {
+        const bodies = Array.from({ length: n }, () => side.body(b));
+        const c0 = workerCpuMs(side.pid);
+        for (const x of bodies) await push(side.url, x);
+        side.acc[b].push((workerCpuMs(side.pid) - c0) / n);
+      }
+  const mean = (xs: number[]) => xs.reduce((a, x) => a + x, 0) / xs.length;
+  const head = ["| blocks per push |", "|---:|"];
+  for (const side of sides) {
+    head[0] += ` ${side.name}: worker CPU ms per push | per block ms |`;
+    head[1] += "---:|---:|";
+  }
+  const rows = head.slice();
   for (const b of sizes) {
-    const m = acc[b].reduce((a, x) => a + x, 0) / acc[b].length;
-    const label = b < 0 ? LABEL[b] : String(b);
-    rows.push(`| ${label} | ${m.toFixed(3)} | ${b > 0 ? ((m - base) / b).toFixed(4) : "–"} |`);
+    let row = `| ${b < 0 ? LABEL[b] : String(b)} |`;
+    for (const side of sides) {
+      const m = mean(side.acc[b]);
+      const base = sizes.includes(0) ? mean(side.acc[0]) : 0;
+      row += ` ${m.toFixed(3)} | ${b > 0 ? ((m - base) / b).toFixed(4) : "–"} |`;
+    }
+    rows.push(row);
   }
   await stopAll();
   process.stdout.write(
-    `nginx-push-cost, ${new Date().toISOString()}, ${n} pushes x ${rounds} rounds per size; command: node --import tsx bench/nginx-push-cost.ts ${argv.join(" ")}\n\n` +
+    `nginx-push-cost, ${new Date().toISOString()}, ${n} pushes x ${rounds} rounds per size and side; command: node --import tsx bench/nginx-push-cost.ts ${argv.join(" ")}\n\n` +
       rows.join("\n") +
       "\n",
   );

@@ -324,7 +324,7 @@ export function applyBatch(
       const given =
         ours && ours.length === ev.hashes.length && ev.oursFrom !== undefined && ev.oursFrom === parent ? ours : null;
       const from = parent;
-      const chain: BlockHash[] | null = opts.onChain ? [] : null;
+      const chain: BlockHash[] = [];
       for (let j = 0; j < ev.hashes.length; j++) {
         if (given) parent = given[j];
         else {
@@ -334,10 +334,11 @@ export function applyBatch(
             ) as BlockHash;
           parent = chainNext(parent, ev.tokens, j * blockSize, blockSize, buf, h);
         }
-        if (chain) chain.push(parent as BlockHash);
-        if (mirror.store(target, ev.hashes[j], parent)) res.stored++;
+        chain.push(parent as BlockHash);
       }
-      if (chain && opts.onChain) opts.onChain(i, from, chain);
+      if (mirror.storeRun) res.stored += mirror.storeRun(target, ev.hashes, chain);
+      else for (let j = 0; j < chain.length; j++) if (mirror.store(target, ev.hashes[j], chain[j])) res.stored++;
+      if (opts.onChain) opts.onChain(i, from, chain);
       if (opts.maxBlocks && opts.maxBlocks > 0) {
         let n = 0;
         while (mirror.entries(target) > opts.maxBlocks && n < 1000000) {

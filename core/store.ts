@@ -5,6 +5,11 @@
 export interface Store {
   get(key: string): string | undefined;
   set(key: string, value: string): void;
+  /**
+   * set() when key is absent, in one operation: false (nothing written) when
+   * it exists. Optional: without it, callers read first.
+   */
+  add?(key: string, value: string): boolean;
   del(key: string): void;
   /** Adds delta to a number (0 when absent) and returns the new value. */
   incr(key: string, delta: number): number;

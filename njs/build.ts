@@ -54,11 +54,12 @@ function njsLoadCheck(): void {
   fs.writeFileSync(
     script,
     "import a from 'infera.js';\nimport b from 'infera-cli.js';\nimport c from 'infera-phases.js';\n" +
-      "console.log(typeof a.route + ' ' + typeof b.timePick + ' ' + typeof c.release);\n",
+      "import d from 'infera-push.js';\n" +
+      "console.log(typeof a.route + ' ' + typeof b.timePick + ' ' + typeof c.release + ' ' + typeof d.push);\n",
   );
   for (const bin of clis) {
     const r = spawnSync(bin, ["-p", OUT, script], { encoding: "utf8" });
-    if (r.status !== 0 || r.stdout.trim() !== "function function function")
+    if (r.status !== 0 || r.stdout.trim() !== "function function function function")
       throw new Error(
         `njs (${bin} ${spawnSync(bin, ["-v"], { encoding: "utf8" }).stdout.trim()}) rejects the bundle: ${r.stderr}${r.stdout}`,
       );
@@ -88,7 +89,7 @@ export function compactWithChat(dir: string): CompactTokenizer {
   return c;
 }
 
-export async function buildNjs(): Promise<{ bundle: string; cli: string; phases: string; vocab: string }> {
+export async function buildNjs(): Promise<{ bundle: string; cli: string; phases: string; push: string; vocab: string }> {
   fs.rmSync(path.join(ROOT, "njs", "build"), { recursive: true, force: true });
   fs.mkdirSync(OUT, { recursive: true });
   execFileSync(
@@ -102,6 +103,8 @@ export async function buildNjs(): Promise<{ bundle: string; cli: string; phases:
     ["njs-bench", "infera-cli.js", "__infera_cli"],
     // The proxy location's phases alone (njs/phases.ts): the VM after internalRedirect runs only this top level.
     ["phases", "infera-phases.js", "__infera_phases"],
+    // The push location's KV-event batches alone (njs/push.ts): no router, parser or tokenizer at its top level.
+    ["push", "infera-push.js", "__infera_push"],
   ]) {
     const file = path.join(OUT, name);
     await build({
@@ -124,14 +127,14 @@ export async function buildNjs(): Promise<{ bundle: string; cli: string; phases:
   njsLoadCheck();
   const vocab = path.join(OUT, "tokenizer.json");
   fs.writeFileSync(vocab, JSON.stringify(compactWithChat(process.env.INFERA_TOKENIZER_PATH || defaultTokenizerDir())));
-  return { bundle: outs["infera"], cli: outs["njs-bench"], phases: outs["phases"], vocab };
+  return { bundle: outs["infera"], cli: outs["njs-bench"], phases: outs["phases"], push: outs["push"], vocab };
 }
 
 if (require.main === module) {
   buildNjs().then(
     (o) =>
       process.stderr.write(
-        `njs bundle: ${o.bundle}\nnjs cli bundle: ${o.cli}\nnjs phases bundle: ${o.phases}\nvocabulary: ${o.vocab}\n`,
+        `njs bundle: ${o.bundle}\nnjs cli bundle: ${o.cli}\nnjs phases bundle: ${o.phases}\nnjs push bundle: ${o.push}\nvocabulary: ${o.vocab}\n`,
       ),
     (e) => {
       process.stderr.write(`njs build failed: ${e.message}\n`);

@@ -29,7 +29,7 @@ import { checkSessionId } from "../core/limits";
 import { unknownWorker, workerRow } from "../core/views";
 import { withModels } from "../core/models";
 import { storeLoraTable, withLora } from "../core/lora";
-import { EnginePage, nextReading, storeEngineReadings } from "../core/engine-readings";
+import { EnginePage, storeEngineReadings } from "../core/engine-readings";
 import { FlagValue, nginxFlag, routerConfigFromVars } from "../core/flags";
 import { metricHeader, metricSpec } from "../core/metric-table";
 import { errorJson } from "../core/errors";
@@ -42,6 +42,7 @@ import { Endpoint } from "../core/request";
 import { Pick } from "../core/router";
 import { helperFeatures, offloadVars, useHelper } from "./offload";
 import { firstByte, logHook, NUM_ZONE, release, sharedStore, STR_ZONE } from "./phases";
+import { applyPages } from "./push";
 
 function json(r: NjsRequest, status: number, body: unknown): void {
   r.headersOut["Content-Type"] = "application/json";
@@ -538,49 +539,10 @@ interface PushBody {
   restart?: boolean;
 }
 
-/** A pushed figure: a finite number, else unknown. */
-function figure(v: unknown): number | null {
-  return typeof v === "number" && isFinite(v) ? v : null;
-}
-
 /**
- * One round of the bridge's scrapes into the shared dict, as the router's
- * engine-metrics applies its own (runtime/engine-metrics.ts): capacity in
- * this router's blocks, kept when a scrape fails; the headroom figures;
- * the LoRA state, whose set also clears the sends noted since the last
- * round. Returns how many workers were applied.
- */
-function applyPages(c: Ctx, pages: { [worker: string]: EnginePage | null }): number {
-  const engine = c.router.state.engine!;
-  const lora = c.router.state.lora!;
-  const now = Date.now();
-  let n = 0;
-  for (const id in pages) {
-    if (!Object.prototype.hasOwnProperty.call(pages, id)) continue;
-    const w = c.router.worker(id);
-    if (!w) continue;
-    const p = pages[id];
-    const prev = engine.get(w.epochKey);
-    const tokens = p ? figure(p.capacityTokens) : null;
-    const f = p
-      ? {
-          kvUsage: figure(p.kvUsage),
-          waitingRequests: figure(p.waitingRequests),
-          runningRequests: figure(p.runningRequests),
-        }
-      : null;
-    engine.set(w.epochKey, nextReading(prev, tokens !== null ? Math.floor(tokens / c.cfg.blockSize) : null, f, now));
-    const l = p ? p.lora : null;
-    const ok = l && typeof l.maxLora === "number" && l.running instanceof Array && l.waiting instanceof Array;
-    lora.set(id, ok ? l : null);
-    n++;
-  }
-  return n;
-}
-
-/**
- * js_content for the internal push location. The bridge (njs/bridge.ts)
- * sends the fleet and KV event batches. Refused: wrong token (403), a push
+ * js_content for the fleet pushes (@infera_push_all, after njs/push.ts) and,
+ * in a config that sends every push here, for all of them. The bridge
+ * (njs/bridge.ts) sends the fleet, the engine scrapes and KV event batches. Refused: wrong token (403), a push
  * sequence not newer than the last accepted one for that stream (409, stale).
  */
 function push(r: NjsRequest): void {
@@ -630,7 +592,10 @@ function push(r: NjsRequest): void {
     }
     return json(r, 200, { workers: c.router.workers().length });
   }
-  if (b.type === "engine") return json(r, 200, { workers: applyPages(c, b.pages || {}) });
+  if (b.type === "engine")
+    return json(r, 200, {
+      workers: applyPages(c.router.worker, c.router.state.engine!, c.router.state.lora!, c.cfg.blockSize, b.pages || {}),
+    });
   const w = c.router.worker(b.worker || "");
   if (!w) return fail(r, 404, "unknown worker " + b.worker, "not_found");
   if (b.restart) {

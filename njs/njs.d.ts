@@ -2,6 +2,8 @@
 interface NjsSharedDict {
   get(key: string): string | number | undefined;
   set(key: string, value: string | number): NjsSharedDict;
+  /** Sets key only when absent: false when it exists (njs >= 0.8). */
+  add(key: string, value: string | number): boolean;
   delete(key: string): boolean;
   incr(key: string, delta: number, init?: number): number;
   pop(key: string): string | number | undefined;

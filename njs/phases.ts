@@ -25,6 +25,7 @@ export function sharedStore(s: NjsSharedDict, n: NjsSharedDict): Store {
     set: (k, v) => {
       s.set(k, v);
     },
+    add: (k, v) => s.add(k, v),
     del: (k) => {
       s.delete(k);
     },

@@ -46,6 +46,8 @@ export async function startNginx1(
     const file = renderNginx(fl, port, dir, vars);
     let conf = fs.readFileSync(file, "utf8").replace(/worker_processes [^;]*;/, "worker_processes 1;");
     if (dist) conf = conf.split(path.join(ROOT, "njs", "dist")).join(dist);
+    // Older baselines, newest change first: each rewrite leaves the config of the bundle's time.
+    if (dist && !fs.existsSync(path.join(dist, "infera-push.js"))) conf = pushInInferaConf(conf);
     if (dist && !fs.existsSync(path.join(dist, "infera-phases.js"))) conf = singleBundleConf(conf, dist);
     fs.writeFileSync(file, conf);
     const proc = run(`nginx1-${fl.label}`, fl.bin, ["-p", dir, "-c", file, "-e", "stderr", "-g", "daemon off;"], {
@@ -89,6 +91,16 @@ export function singleBundleConf(conf: string, dist: string): string {
     .join("infera.");
   if (out.indexOf("js_import infera from infera.js;") < 0)
     throw new Error("nginx.conf: no js_import of infera-phases.js");
+  return out;
+}
+
+/** A bundle built before njs/push.ts had its own file: every push to infera.js's push, as in its time. */
+export function pushInInferaConf(conf: string): string {
+  const out = conf
+    .replace(/\n\s*js_import inferapush from infera-push\.js;/g, "\n      js_import infera from infera.js;")
+    .split("inferapush.push")
+    .join("infera.push");
+  if (out.indexOf("infera-push.js") >= 0) throw new Error("nginx.conf: infera-push.js left in a baseline's config");
   return out;
 }
 

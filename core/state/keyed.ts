@@ -173,6 +173,64 @@ export function keyedMirror(st: Store): MirrorIndex {
       }
       return false;
     },
+    storeRun(ek, ehs, hs) {
+      // store()'s writes with the run's counters (MEN, MQT, MN) moved once per
+      // segment: first the ME entries (one add each where the backend has
+      // one), then the new blocks' queue slots, reserved together in order,
+      // and their holders. A block whose engine hash held another of our
+      // hashes ends a segment: the blocks before it are written whole before
+      // its removal, as store() one by one would have them.
+      let fresh: number[] = [];
+      let added = 0;
+      // ME entries written and not yet counted in MEN: every ME entry counts
+      // there once the run ends, however it ends (clear() relies on it).
+      let men = 0;
+      const countMen = () => {
+        if (men) st.incr("MEN:" + ek, men);
+        men = 0;
+      };
+      const flush = () => {
+        countMen();
+        const n = fresh.length;
+        if (!n) return;
+        const run = fresh;
+        fresh = [];
+        const base = st.incr("MQT:" + ek, n) - n;
+        let m = 0;
+        try {
+          for (let f = 0; f < n; f++) {
+            const i = run[f];
+            st.set("MQ:" + ek + ":" + (base + f), ehs[i]);
+            st.incr("MQP:" + ek + ":" + ehs[i], base + f + 1);
+            if (st.incr("MR:" + ek + ":" + hs[i], 1) === 1) {
+              addHolder(hs[i], ek);
+              m++;
+            }
+          }
+        } finally {
+          if (m) st.incr("MN:" + ek, m);
+          added += m;
+        }
+      };
+      try {
+        for (let i = 0; i < ehs.length; i++) {
+          const k = "ME:" + ek + ":" + ehs[i];
+          if (st.add ? !st.add(k, hs[i]) : st.get(k) !== undefined) {
+            const prev = st.get(k);
+            if (prev === hs[i]) continue;
+            flush();
+            if (prev !== undefined) mirror.remove(ek, ehs[i]);
+            st.set(k, hs[i]);
+          } else if (!st.add) st.set(k, hs[i]);
+          men++;
+          fresh.push(i);
+        }
+        flush();
+      } finally {
+        countMen();
+      }
+      return added;
+    },
     lookup: (ek, eh) => st.get("ME:" + ek + ":" + eh) as BlockHash | undefined,
     remove(ek, eh) {
       const h = st.get("ME:" + ek + ":" + eh);

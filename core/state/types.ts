@@ -10,6 +10,12 @@ import type { EngineReadings } from "../engine-readings";
 export interface MirrorIndex {
   /** Records that engine block engineHash on epochKey is our blockHash. True when blockHash is new there. */
   store(epochKey: EpochKey, engineHash: EngineHash, blockHash: BlockHash): boolean;
+  /**
+   * store() of a run of blocks, in order (one BlockStored event): how many
+   * block hashes are new there. Optional: a backend whose writes cost a
+   * round trip each (the shared dicts) books the run's counters once.
+   */
+  storeRun?(epochKey: EpochKey, engineHashes: EngineHash[], blockHashes: BlockHash[]): number;
   /** Our hash for an engine hash, if mirrored. */
   lookup(epochKey: EpochKey, engineHash: EngineHash): BlockHash | undefined;
   /** Forgets one engine block. True when its blockHash is no longer held there. */

@@ -15,6 +15,7 @@ import { renderFlagTable, FLAG_DOC } from "../../scripts/flags-doc";
 import { specFromEtcd } from "../../runtime/etcd";
 import { App } from "../../runtime/app";
 import { enumVar } from "../../njs/phases";
+import { intVar } from "../../njs/push";
 
 const FLAGS = flagTable();
 
@@ -382,6 +383,49 @@ test("the njs phases bundle reads its two enum flags as nginxFlag does, without 
       }
       try {
         got = enumVar(v, nginx, spec.choices!, String(spec.def));
+      } catch (e) {
+        got = (e as Error).message;
+      }
+      assert.equal(got, want, `${name} = ${JSON.stringify(v)}`);
+    }
+  }
+});
+
+test("the njs push bundle reads its two int flags as nginxFlag does, without the flag table", () => {
+  // njs/push.ts cannot import core/flags.ts (it needs the router): its reader must agree with the table.
+  for (const [name, nginx] of [
+    ["block-size", "infera_block_size"],
+    ["max-mirror-blocks", "infera_max_mirror_blocks"],
+  ]) {
+    const spec = flagTable().find((f) => f.name === name)!;
+    assert.equal(spec.nginx, nginx);
+    assert.equal(spec.kind, "int");
+    assert.equal(spec.check, undefined);
+    for (const v of [
+      undefined,
+      "",
+      " ",
+      "16",
+      " 32 ",
+      "0",
+      "-1",
+      "1.5",
+      "abc",
+      "4096",
+      "4097",
+      "1e3",
+      "0x10",
+      "Infinity",
+    ]) {
+      let want: unknown;
+      let got: unknown;
+      try {
+        want = nginxFlag(name, () => v);
+      } catch (e) {
+        want = (e as Error).message;
+      }
+      try {
+        got = intVar(v, nginx, spec.def as number, spec.min, spec.max);
       } catch (e) {
         got = (e as Error).message;
       }

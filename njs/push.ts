@@ -1,0 +1,229 @@
+// The push location's handler in a bundle of its own (infera-push.js). The
+// bridge sends a push per KV-event batch, dozens a second on a busy fleet,
+// and each one is a request context whose VM runs its bundle's top level
+// first; infera.js's is the router, the parser, the tokenizer and the flag
+// table. Applying an events batch needs none of them: the worker's epoch key
+// from the fleet list, the mirror's keys, the block size and the mirror bound.
+// The engine scrapes (about one push a second) need as little. The fleet
+// pushes are rarer and need the router: they go on to @infera_push_all, where
+// infera.js's push applies them as before. The wire format is the same for both; a config that sends every
+// push to infera.push still works.
+import type { EpochKey, Worker } from "../core/types";
+import type { Store } from "../core/store";
+import { EngineReadings, EnginePage, nextReading, storeEngineReadings } from "../core/engine-readings";
+import { LoraTable, storeLoraTable } from "../core/lora";
+import { acceptPushSeq, keyedMirror, keyedRegistry, MAX_PUSH_SEQ_AHEAD_US } from "../core/state/keyed";
+import { applyBatch, clearAllTiers, forgetMirror, KvEvent } from "../core/kvevents";
+import { sameSecret } from "../core/util";
+import { errorJson } from "../core/errors";
+import { logHook, NUM_ZONE, sharedStore, STR_ZONE } from "./phases";
+
+/** Where pushes other than KV events go (nginx.conf): infera.js's push. */
+export const PUSH_ALL_LOCATION = "@infera_push_all";
+
+function fail(r: NjsRequest, status: number, message: string, type: string): void {
+  r.headersOut["Content-Type"] = "application/json";
+  r.return(status, errorJson(r.uri, status, message, type));
+}
+
+/**
+ * An int flag's nginx variable, read as core/flags.ts nginxFlag reads it
+ * (unset or empty: the default; else a finite integer within min..max, or
+ * the same error), without the flag table, which needs the router.
+ * test/unit/cli.test.ts keeps the two equal for the flags read here.
+ */
+export function intVar(raw: string | undefined, name: string, def: number, min?: number, max?: number): number {
+  if (raw === undefined || raw === "") return def;
+  const s = String(raw).trim();
+  const source = "$" + name;
+  const n = s === "" ? NaN : Number(s);
+  if (!isFinite(n)) throw new Error(source + ": '" + s + "' is not a number");
+  if (n % 1 !== 0) throw new Error(source + ": '" + s + "' is not an integer");
+  const range = min !== undefined && max !== undefined ? " (range " + min + ".." + max + ")" : "";
+  if (min !== undefined && n < min) throw new Error(source + ": " + s + " is below the minimum " + min + range);
+  if (max !== undefined && n > max) throw new Error(source + ": " + s + " is above the maximum " + max + range);
+  return n;
+}
+
+/** A pushed figure: a finite number, else unknown. */
+function figure(v: unknown): number | null {
+  return typeof v === "number" && isFinite(v) ? v : null;
+}
+
+/**
+ * One round of the bridge's scrapes into the shared dict, as the router's
+ * engine-metrics applies its own (runtime/engine-metrics.ts): capacity in
+ * this router's blocks, kept when a scrape fails; the headroom figures;
+ * the LoRA state, whose set also clears the sends noted since the last
+ * round. Returns how many workers were applied.
+ */
+export function applyPages(
+  workerOf: (id: string) => Worker | null,
+  engine: EngineReadings,
+  lora: LoraTable,
+  blockSize: number,
+  pages: { [worker: string]: EnginePage | null },
+): number {
+  const now = Date.now();
+  let n = 0;
+  for (const id in pages) {
+    if (!Object.prototype.hasOwnProperty.call(pages, id)) continue;
+    const w = workerOf(id);
+    if (!w) continue;
+    const p = pages[id];
+    const prev = engine.get(w.epochKey);
+    const tokens = p ? figure(p.capacityTokens) : null;
+    const f = p
+      ? {
+          kvUsage: figure(p.kvUsage),
+          waitingRequests: figure(p.waitingRequests),
+          runningRequests: figure(p.runningRequests),
+        }
+      : null;
+    engine.set(w.epochKey, nextReading(prev, tokens !== null ? Math.floor(tokens / blockSize) : null, f, now));
+    const l = p ? p.lora : null;
+    const ok = l && typeof l.maxLora === "number" && l.running instanceof Array && l.waiting instanceof Array;
+    lora.set(id, ok ? l : null);
+    n++;
+  }
+  return n;
+}
+
+interface EventsPush {
+  type?: string;
+  pseq: number;
+  /** type "engine": each worker's /metrics page as the bridge last scraped it (null: the scrape failed). */
+  pages?: { [worker: string]: EnginePage | null };
+  worker?: string;
+  seq?: number;
+  events?: KvEvent[];
+  /** The bridge saw the engine restart: drop this worker's mirror first. */
+  restart?: boolean;
+}
+
+/** Logs (at most once a minute across VMs, best effort) that a zone is full or nearly so; as infera.ts's. */
+function zoneWarning(r: NjsRequest, what: string): void {
+  const sh = ngx.shared as { [z: string]: NjsSharedDict };
+  const parts: string[] = [];
+  const zones = [STR_ZONE, NUM_ZONE];
+  for (let i = 0; i < zones.length; i++) {
+    const z = sh[zones[i]];
+    if (z && typeof z.freeSpace === "function")
+      parts.push(zones[i] + " " + z.freeSpace() + "/" + z.capacity + " bytes free");
+  }
+  try {
+    const last = Number(sh[NUM_ZONE].get("ZW") || 0);
+    if (Date.now() - last < 60000) return;
+    sh[NUM_ZONE].set("ZW", Date.now());
+  } catch (e) {
+    /* the number zone is full too: log anyway */
+  }
+  r.warn(
+    "infera: shared dict zone full or nearly (" +
+      what +
+      "): " +
+      parts.join(", ") +
+      "; routing continues, cache affinity degrades; raise the js_shared_dict_zone size",
+  );
+}
+
+/**
+ * js_content for the internal push location: the token, the body, then a KV
+ * events batch or an engine push applied here (the same checks and answers as
+ * infera.ts push), a fleet push handed to infera.js.
+ */
+export function push(r: NjsRequest): void {
+  // The token comes from the environment (nginx.conf: env INFERA_PUSH_TOKEN;)
+  // or, if set, from $infera_push_token (e.g. an included secrets file).
+  const env = typeof process !== "undefined" && process.env ? process.env.INFERA_PUSH_TOKEN : undefined;
+  const want = r.variables.infera_push_token || env || "";
+  if (!want)
+    return fail(
+      r,
+      503,
+      "push refused: set INFERA_PUSH_TOKEN in nginx's environment (env INFERA_PUSH_TOKEN;) or $infera_push_token",
+      "push_disabled",
+    );
+  if (!sameSecret(String(r.headersIn["X-Infera-Push-Token"] || ""), want))
+    return fail(r, 403, "push refused: bad token", "forbidden");
+  const sh = typeof ngx !== "undefined" ? ngx.shared : undefined;
+  if (!sh || !sh[STR_ZONE] || !sh[NUM_ZONE]) {
+    const why =
+      "infera-gate needs njs >= 0.8.0 with js_shared_dict_zone zones " +
+      STR_ZONE +
+      " (string) and " +
+      NUM_ZONE +
+      " (number); njs " +
+      njs.version +
+      " cannot keep router state between requests";
+    r.error(why);
+    return fail(r, 500, why, "server_misconfigured");
+  }
+  let b: EventsPush;
+  try {
+    b = JSON.parse(r.requestText || "");
+  } catch (e) {
+    return fail(r, 400, "push body is not JSON", "invalid_request_error");
+  }
+  // The fleet needs the router: infera.js applies it (and checks everything again).
+  if (b && b.type === "workers") return r.internalRedirect(PUSH_ALL_LOCATION);
+  let blockSize: number;
+  let maxBlocks: number;
+  try {
+    blockSize = intVar(r.variables.infera_block_size, "infera_block_size", 16, 1, 4096);
+    maxBlocks = intVar(r.variables.infera_max_mirror_blocks, "infera_max_mirror_blocks", 1000000, 0);
+  } catch (e) {
+    const why = "infera-gate config: " + (e as Error).message;
+    r.error(why);
+    return fail(r, 500, why, "server_misconfigured");
+  }
+  const st: Store = sharedStore(sh[STR_ZONE], sh[NUM_ZONE]);
+  if (typeof b.pseq !== "number") return fail(r, 400, "push needs a numeric pseq", "invalid_request_error");
+  if (b.pseq > Date.now() * 1000 + MAX_PUSH_SEQ_AHEAD_US)
+    return fail(
+      r,
+      400,
+      "push refused: pseq " +
+        b.pseq +
+        " is more than 10 minutes ahead of this host's clock (microseconds since the epoch)",
+      "invalid_request_error",
+    );
+  const engine = b.type === "engine";
+  const seqOk = acceptPushSeq(st, engine ? "engine" : "ev:" + b.worker, b.pseq);
+  if (!seqOk.ok) return fail(r, 409, "stale push: pseq " + b.pseq + " <= " + seqOk.last, "stale");
+  const reg = keyedRegistry(st);
+  if (engine) {
+    const n = applyPages(reg.get, storeEngineReadings(st), storeLoraTable(st), blockSize, b.pages || {});
+    r.headersOut["Content-Type"] = "application/json";
+    return r.return(200, JSON.stringify({ workers: n }));
+  }
+  const w = reg.get(b.worker || "");
+  if (!w) return fail(r, 404, "unknown worker " + b.worker, "not_found");
+  const mirror = keyedMirror(st);
+  if (b.restart) forgetMirror(mirror, w.epochKey);
+  let res;
+  try {
+    res = applyBatch(mirror, w.epochKey, b.seq || 0, b.events || [], blockSize, { maxBlocks: maxBlocks });
+  } catch (e) {
+    zoneWarning(r, "kv events of " + w.id);
+    return fail(
+      r,
+      507,
+      "shared dict zone full: events of " + w.id + " not applied (" + String(e) + ")",
+      "insufficient_storage",
+    );
+  }
+  const str = sh[STR_ZONE];
+  if (typeof str.freeSpace === "function" && str.freeSpace() < str.capacity / 10)
+    zoneWarning(r, "after events of " + w.id);
+  // The router's exclude (core/router.ts): once, with the mirror dropped and a warning.
+  if (res.fatal && reg.excluded(w.epochKey as EpochKey) === null) {
+    reg.exclude(w.epochKey, res.fatal);
+    clearAllTiers(mirror, w.epochKey);
+    logHook(r)("warn", "worker " + w.id + " excluded: " + res.fatal, { worker: w.id });
+  }
+  r.headersOut["Content-Type"] = "application/json";
+  r.return(200, JSON.stringify(res));
+}
+
+export default { push: push };

@@ -89,7 +89,13 @@ export function compactWithChat(dir: string): CompactTokenizer {
   return c;
 }
 
-export async function buildNjs(): Promise<{ bundle: string; cli: string; phases: string; push: string; vocab: string }> {
+export async function buildNjs(): Promise<{
+  bundle: string;
+  cli: string;
+  phases: string;
+  push: string;
+  vocab: string;
+}> {
   fs.rmSync(path.join(ROOT, "njs", "build"), { recursive: true, force: true });
   fs.mkdirSync(OUT, { recursive: true });
   execFileSync(

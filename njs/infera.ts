@@ -4,7 +4,6 @@
 import { createRouter, Guard, Router, RouterConfig, Worker } from "../core/router";
 import { Store } from "../core/store";
 import {
-  MAX_PUSH_SEQ_AHEAD_US,
   acceptPushSeq,
   coldEnter,
   coldInFlight,
@@ -22,14 +21,14 @@ import {
 } from "../core/state/keyed";
 import { computeFeatures, parseRequest, Tokenizer } from "../core/request";
 import { checkPath, pathRules, PathRule } from "../core/paths";
-import { applyBatch, forgetMirror, defaultTierWeights, KvEvent, parseTierWeights, requestRoot } from "../core/kvevents";
+import { defaultTierWeights, parseTierWeights, requestRoot } from "../core/kvevents";
 import { compactTokenizer } from "../core/bpe";
-import { asHttpError, promLabel, sameSecret } from "../core/util";
+import { asHttpError, promLabel } from "../core/util";
 import { checkSessionId } from "../core/limits";
 import { unknownWorker, workerRow } from "../core/views";
 import { withModels } from "../core/models";
 import { storeLoraTable, withLora } from "../core/lora";
-import { EnginePage, storeEngineReadings } from "../core/engine-readings";
+import { storeEngineReadings } from "../core/engine-readings";
 import { FlagValue, nginxFlag, routerConfigFromVars } from "../core/flags";
 import { metricHeader, metricSpec } from "../core/metric-table";
 import { errorJson } from "../core/errors";
@@ -42,7 +41,7 @@ import { Endpoint } from "../core/request";
 import { Pick } from "../core/router";
 import { helperFeatures, offloadVars, useHelper } from "./offload";
 import { firstByte, logHook, NUM_ZONE, release, sharedStore, STR_ZONE } from "./phases";
-import { applyPages } from "./push";
+import { applyPush, pushGate, zoneWarning } from "./push";
 
 function json(r: NjsRequest, status: number, body: unknown): void {
   r.headersOut["Content-Type"] = "application/json";
@@ -465,33 +464,6 @@ function moveAll(c: Ctx, id: string, from: string, to: string): boolean {
   return ok;
 }
 
-/** Logs (at most once a minute across VMs, best effort) that a zone is full or nearly so. */
-function zoneWarning(r: NjsRequest, what: string): void {
-  const sh = ngx.shared as { [z: string]: NjsSharedDict };
-  const parts: string[] = [];
-  const zones = [STR_ZONE, NUM_ZONE];
-  for (let i = 0; i < zones.length; i++) {
-    const z = sh[zones[i]];
-    if (z && typeof z.freeSpace === "function")
-      parts.push(zones[i] + " " + z.freeSpace() + "/" + z.capacity + " bytes free");
-  }
-  let last = 0;
-  try {
-    last = Number(sh[NUM_ZONE].get("ZW") || 0);
-    if (Date.now() - last < 60000) return;
-    sh[NUM_ZONE].set("ZW", Date.now());
-  } catch (e) {
-    /* the number zone is full too: log anyway */
-  }
-  r.warn(
-    "infera: shared dict zone full or nearly (" +
-      what +
-      "): " +
-      parts.join(", ") +
-      "; routing continues, cache affinity degrades; raise the js_shared_dict_zone size",
-  );
-}
-
 /** Routing when the pick throws (the state cannot be written, or a fault): a usable worker chosen at random, no load held. */
 function degrade(r: NjsRequest, c: Ctx, e: unknown): boolean {
   const ws = c.router.workers();
@@ -516,10 +488,10 @@ function degrade(r: NjsRequest, c: Ctx, e: unknown): boolean {
   return true;
 }
 
+/** A fleet push: every worker, with the bridge's health-check verdict (healthy absent = healthy). */
 interface PushBody {
-  type: "workers" | "events" | "engine";
+  type: "workers";
   pseq: number;
-  /** healthy: the bridge's health-check verdict (absent = healthy). */
   workers?: {
     id: string;
     address: string;
@@ -530,13 +502,6 @@ interface PushBody {
     adapters?: string[];
     healthy?: boolean;
   }[];
-  /** type "engine": each worker's /metrics page as the bridge last scraped it (null: the scrape failed). */
-  pages?: { [worker: string]: EnginePage | null };
-  worker?: string;
-  seq?: number;
-  events?: KvEvent[];
-  /** The bridge saw the engine restart: drop this worker's mirror first. */
-  restart?: boolean;
 }
 
 /**
@@ -546,80 +511,27 @@ interface PushBody {
  * sequence not newer than the last accepted one for that stream (409, stale).
  */
 function push(r: NjsRequest): void {
-  // The token comes from the environment (nginx.conf: env INFERA_PUSH_TOKEN;)
-  // or, if set, from $infera_push_token (e.g. an included secrets file).
-  const env = typeof process !== "undefined" && process.env ? process.env.INFERA_PUSH_TOKEN : undefined;
-  const want = r.variables.infera_push_token || env || "";
-  if (!want)
-    return fail(
-      r,
-      503,
-      "push refused: set INFERA_PUSH_TOKEN in nginx's environment (env INFERA_PUSH_TOKEN;) or $infera_push_token",
-      "push_disabled",
-    );
-  if (!sameSecret(String(r.headersIn["X-Infera-Push-Token"] || ""), want))
-    return fail(r, 403, "push refused: bad token", "forbidden");
+  const g = pushGate(r);
+  if (!g) return;
+  // Engine and KV-event pushes as the push bundle applies them (njs/push.ts);
+  // a config whose push location imports this bundle gets the same.
+  if (g.type !== "workers") return applyPush(r, g);
+  const b = g as unknown as PushBody;
   const c = ctx(r);
   if (!c) return;
-  let b: PushBody;
-  try {
-    b = JSON.parse(r.requestText || "");
-  } catch (e) {
-    return fail(r, 400, "push body is not JSON", "invalid_request_error");
-  }
-  if (typeof b.pseq !== "number") return fail(r, 400, "push needs a numeric pseq", "invalid_request_error");
-  if (b.pseq > Date.now() * 1000 + MAX_PUSH_SEQ_AHEAD_US)
-    return fail(
-      r,
-      400,
-      "push refused: pseq " +
-        b.pseq +
-        " is more than 10 minutes ahead of this host's clock (microseconds since the epoch)",
-      "invalid_request_error",
-    );
-  const seqOk = acceptPushSeq(c.st, b.type === "workers" || b.type === "engine" ? b.type : "ev:" + b.worker, b.pseq);
+  const seqOk = acceptPushSeq(c.st, "workers", b.pseq);
   if (!seqOk.ok) return fail(r, 409, "stale push: pseq " + b.pseq + " <= " + seqOk.last, "stale");
-  if (b.type === "workers") {
-    const ws = b.workers || [];
-    c.router.setWorkers(ws);
-    const mt = storeModelTable(c.st);
-    const lt = c.router.state.lora!;
-    for (let i = 0; i < ws.length; i++) {
-      mt.set(ws[i].id, ws[i].models || null);
-      c.router.setHealthy(ws[i].id, ws[i].healthy !== false);
-      const ad = ws[i].adapters || [];
-      for (let k = 0; k < ad.length; k++) lt.markAdapter(ad[k]);
-    }
-    return json(r, 200, { workers: c.router.workers().length });
+  const ws = b.workers || [];
+  c.router.setWorkers(ws);
+  const mt = storeModelTable(c.st);
+  const lt = c.router.state.lora!;
+  for (let i = 0; i < ws.length; i++) {
+    mt.set(ws[i].id, ws[i].models || null);
+    c.router.setHealthy(ws[i].id, ws[i].healthy !== false);
+    const ad = ws[i].adapters || [];
+    for (let k = 0; k < ad.length; k++) lt.markAdapter(ad[k]);
   }
-  if (b.type === "engine")
-    return json(r, 200, {
-      workers: applyPages(c.router.worker, c.router.state.engine!, c.router.state.lora!, c.cfg.blockSize, b.pages || {}),
-    });
-  const w = c.router.worker(b.worker || "");
-  if (!w) return fail(r, 404, "unknown worker " + b.worker, "not_found");
-  if (b.restart) {
-    forgetMirror(c.router.state.mirror, w.epochKey);
-  }
-  let res;
-  try {
-    res = applyBatch(c.router.state.mirror, w.epochKey, b.seq || 0, b.events || [], c.cfg.blockSize, {
-      maxBlocks: flag(r, "max-mirror-blocks") as number,
-    });
-  } catch (e) {
-    zoneWarning(r, "kv events of " + w.id);
-    return fail(
-      r,
-      507,
-      "shared dict zone full: events of " + w.id + " not applied (" + String(e) + ")",
-      "insufficient_storage",
-    );
-  }
-  const str = (ngx.shared as { [z: string]: NjsSharedDict })[STR_ZONE];
-  if (typeof str.freeSpace === "function" && str.freeSpace() < str.capacity / 10)
-    zoneWarning(r, "after events of " + w.id);
-  if (res.fatal) c.router.exclude(w.id, res.fatal);
-  json(r, 200, res);
+  json(r, 200, { workers: c.router.workers().length });
 }
 
 /** GET /v1/admin/cache-view/<worker> and /v1/admin/workers. */

@@ -89,7 +89,7 @@ export function applyPages(
   return n;
 }
 
-interface EventsPush {
+export interface EventsPush {
   type?: string;
   pseq: number;
   /** type "engine": each worker's /metrics page as the bridge last scraped it (null: the scrape failed). */
@@ -101,8 +101,8 @@ interface EventsPush {
   restart?: boolean;
 }
 
-/** Logs (at most once a minute across VMs, best effort) that a zone is full or nearly so; as infera.ts's. */
-function zoneWarning(r: NjsRequest, what: string): void {
+/** Logs (at most once a minute across VMs, best effort) that a zone is full or nearly so. */
+export function zoneWarning(r: NjsRequest, what: string): void {
   const sh = ngx.shared as { [z: string]: NjsSharedDict };
   const parts: string[] = [];
   const zones = [STR_ZONE, NUM_ZONE];
@@ -128,24 +128,28 @@ function zoneWarning(r: NjsRequest, what: string): void {
 }
 
 /**
- * js_content for the internal push location: the token, the body, then a KV
- * events batch or an engine push applied here (the same checks and answers as
- * infera.ts push), a fleet push handed to infera.js.
+ * The checks every push passes first, in either bundle: the token, the
+ * shared zones, a JSON body with a usable pseq. The body, or null once the
+ * refusal is answered.
  */
-export function push(r: NjsRequest): void {
+export function pushGate(r: NjsRequest): EventsPush | null {
   // The token comes from the environment (nginx.conf: env INFERA_PUSH_TOKEN;)
   // or, if set, from $infera_push_token (e.g. an included secrets file).
   const env = typeof process !== "undefined" && process.env ? process.env.INFERA_PUSH_TOKEN : undefined;
   const want = r.variables.infera_push_token || env || "";
-  if (!want)
-    return fail(
+  if (!want) {
+    fail(
       r,
       503,
       "push refused: set INFERA_PUSH_TOKEN in nginx's environment (env INFERA_PUSH_TOKEN;) or $infera_push_token",
       "push_disabled",
     );
-  if (!sameSecret(String(r.headersIn["X-Infera-Push-Token"] || ""), want))
-    return fail(r, 403, "push refused: bad token", "forbidden");
+    return null;
+  }
+  if (!sameSecret(String(r.headersIn["X-Infera-Push-Token"] || ""), want)) {
+    fail(r, 403, "push refused: bad token", "forbidden");
+    return null;
+  }
   const sh = typeof ngx !== "undefined" ? ngx.shared : undefined;
   if (!sh || !sh[STR_ZONE] || !sh[NUM_ZONE]) {
     const why =
@@ -157,16 +161,37 @@ export function push(r: NjsRequest): void {
       njs.version +
       " cannot keep router state between requests";
     r.error(why);
-    return fail(r, 500, why, "server_misconfigured");
+    fail(r, 500, why, "server_misconfigured");
+    return null;
   }
   let b: EventsPush;
   try {
     b = JSON.parse(r.requestText || "");
   } catch (e) {
-    return fail(r, 400, "push body is not JSON", "invalid_request_error");
+    fail(r, 400, "push body is not JSON", "invalid_request_error");
+    return null;
   }
-  // The fleet needs the router: infera.js applies it (and checks everything again).
-  if (b && b.type === "workers") return r.internalRedirect(PUSH_ALL_LOCATION);
+  if (!b || typeof b.pseq !== "number") {
+    fail(r, 400, "push needs a numeric pseq", "invalid_request_error");
+    return null;
+  }
+  if (b.pseq > Date.now() * 1000 + MAX_PUSH_SEQ_AHEAD_US) {
+    fail(
+      r,
+      400,
+      "push refused: pseq " +
+        b.pseq +
+        " is more than 10 minutes ahead of this host's clock (microseconds since the epoch)",
+      "invalid_request_error",
+    );
+    return null;
+  }
+  return b;
+}
+
+/** An engine push or a KV-event batch that passed pushGate, applied and answered. */
+export function applyPush(r: NjsRequest, b: EventsPush): void {
+  const sh = ngx.shared as { [z: string]: NjsSharedDict };
   let blockSize: number;
   let maxBlocks: number;
   try {
@@ -178,16 +203,6 @@ export function push(r: NjsRequest): void {
     return fail(r, 500, why, "server_misconfigured");
   }
   const st: Store = sharedStore(sh[STR_ZONE], sh[NUM_ZONE]);
-  if (typeof b.pseq !== "number") return fail(r, 400, "push needs a numeric pseq", "invalid_request_error");
-  if (b.pseq > Date.now() * 1000 + MAX_PUSH_SEQ_AHEAD_US)
-    return fail(
-      r,
-      400,
-      "push refused: pseq " +
-        b.pseq +
-        " is more than 10 minutes ahead of this host's clock (microseconds since the epoch)",
-      "invalid_request_error",
-    );
   const engine = b.type === "engine";
   const seqOk = acceptPushSeq(st, engine ? "engine" : "ev:" + b.worker, b.pseq);
   if (!seqOk.ok) return fail(r, 409, "stale push: pseq " + b.pseq + " <= " + seqOk.last, "stale");
@@ -224,6 +239,18 @@ export function push(r: NjsRequest): void {
   }
   r.headersOut["Content-Type"] = "application/json";
   r.return(200, JSON.stringify(res));
+}
+
+/**
+ * js_content for the internal push location: a KV events batch or an engine
+ * push applied here; a fleet push, which needs the router, handed to
+ * infera.js (which checks it again).
+ */
+export function push(r: NjsRequest): void {
+  const b = pushGate(r);
+  if (!b) return;
+  if (b.type === "workers") return r.internalRedirect(PUSH_ALL_LOCATION);
+  applyPush(r, b);
 }
 
 export default { push: push };

@@ -40,7 +40,7 @@ import { moveGuard, nextBest } from "../core/failover";
 import { Endpoint } from "../core/request";
 import { Pick } from "../core/router";
 import { helperFeatures, offloadVars, useHelper } from "./offload";
-import { firstByte, logHook, NUM_ZONE, release, sharedStore, STR_ZONE } from "./phases";
+import { firstByte, logHook, NUM_ZONE, release, sharedStore, STR_ZONE, zonesMissing } from "./phases";
 import { applyPush, pushGate, zoneWarning } from "./push";
 
 function json(r: NjsRequest, status: number, body: unknown): void {
@@ -144,17 +144,8 @@ function build(r: NjsRequest): Ctx | string {
 }
 
 function buildNew(r: NjsRequest): Ctx | string {
-  const sh = typeof ngx !== "undefined" ? ngx.shared : undefined;
-  if (!sh || !sh[STR_ZONE] || !sh[NUM_ZONE])
-    return (
-      "infera-gate needs njs >= 0.8.0 with js_shared_dict_zone zones " +
-      STR_ZONE +
-      " (string) and " +
-      NUM_ZONE +
-      " (number); njs " +
-      njs.version +
-      " cannot keep router state between requests"
-    );
+  const missing = zonesMissing();
+  if (missing) return missing;
   const st = store(r) as Store;
   const cfg = config(r);
   try {

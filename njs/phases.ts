@@ -16,6 +16,21 @@ import { logfmt, LogFields, LogLevel } from "../core/log";
 export const STR_ZONE = "infera_str";
 export const NUM_ZONE = "infera_num";
 
+/** Why this nginx cannot route (no zones, or an njs without shared dicts), or null when both zones are there. */
+export function zonesMissing(): string | null {
+  const sh = typeof ngx !== "undefined" ? ngx.shared : undefined;
+  if (sh && sh[STR_ZONE] && sh[NUM_ZONE]) return null;
+  return (
+    "infera-gate needs njs >= 0.8.0 with js_shared_dict_zone zones " +
+    STR_ZONE +
+    " (string) and " +
+    NUM_ZONE +
+    " (number); njs " +
+    njs.version +
+    " cannot keep router state between requests"
+  );
+}
+
 export function sharedStore(s: NjsSharedDict, n: NjsSharedDict): Store {
   return {
     get: (k) => {

@@ -16,7 +16,7 @@ import { acceptPushSeq, keyedMirror, keyedRegistry, MAX_PUSH_SEQ_AHEAD_US } from
 import { applyBatch, clearAllTiers, forgetMirror, KvEvent } from "../core/kvevents";
 import { sameSecret } from "../core/util";
 import { errorJson } from "../core/errors";
-import { logHook, NUM_ZONE, sharedStore, STR_ZONE } from "./phases";
+import { logHook, NUM_ZONE, sharedStore, STR_ZONE, zonesMissing } from "./phases";
 
 /** Where pushes other than KV events go (nginx.conf): infera.js's push. */
 export const PUSH_ALL_LOCATION = "@infera_push_all";
@@ -150,18 +150,10 @@ export function pushGate(r: NjsRequest): EventsPush | null {
     fail(r, 403, "push refused: bad token", "forbidden");
     return null;
   }
-  const sh = typeof ngx !== "undefined" ? ngx.shared : undefined;
-  if (!sh || !sh[STR_ZONE] || !sh[NUM_ZONE]) {
-    const why =
-      "infera-gate needs njs >= 0.8.0 with js_shared_dict_zone zones " +
-      STR_ZONE +
-      " (string) and " +
-      NUM_ZONE +
-      " (number); njs " +
-      njs.version +
-      " cannot keep router state between requests";
-    r.error(why);
-    fail(r, 500, why, "server_misconfigured");
+  const missing = zonesMissing();
+  if (missing) {
+    r.error(missing);
+    fail(r, 500, missing, "server_misconfigured");
     return null;
   }
   let b: EventsPush;

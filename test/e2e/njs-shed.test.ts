@@ -49,6 +49,16 @@ before(async () => {
       `${ng.url}/_infera/push`,
     );
     await waitFor("bridge ready", () => httpOk(`http://127.0.0.1:${admin}/readyz`), 20000);
+    // The bridge's readiness does not wait for its first fleet push to land:
+    // a request sent before it got "the fleet is empty" (503) in a loaded CI run.
+    await waitFor(
+      "nginx knows the worker",
+      async () => {
+        const r = await fetch(`${ng.url}/v1/admin/workers`).catch(() => null);
+        return !!r && r.status === 200 && ((await r.json()) as unknown[]).length === 1;
+      },
+      20000,
+    );
     return ng.url;
   };
   [trusted, ignored] = await Promise.all([

@@ -159,7 +159,11 @@ async function assertClosed(port: number, label: string, own: string[] = []): Pr
     const n = workerHits();
     const r = await rawRequest(port, method, path, method === "POST" ? chatBody : undefined);
     assert.equal(r.status, 200, `${label} ${method} ${path}: ${r.body}`);
-    assert.equal(workerHits(), n + 1, `${label} ${method} ${path} reached a worker`);
+    assert.equal(
+      workerHits(),
+      n + 1,
+      `${label} ${method} ${path} reached a worker: ${JSON.stringify(workers.flatMap((w) => w.hits.slice(-3).map((h) => h.path)))}`,
+    );
     const seen = workers.flatMap((w) => w.hits).map((h) => h.path);
     assert.ok(seen.includes(path), `${label}: the worker got ${path} as checked`);
   }

@@ -364,6 +364,15 @@ test("a mistyped flag gets the nearest one suggested", () => {
   );
 });
 
+/** What f gives: its value, or the message of what it throws (a flag reader's answer either way). */
+function outcome(f: () => unknown): unknown {
+  try {
+    return f();
+  } catch (e) {
+    return (e as Error).message;
+  }
+}
+
 test("the njs phases bundle reads its two enum flags as nginxFlag does, without the flag table", () => {
   // njs/phases.ts cannot import core/flags.ts (it needs the router): its reader must agree with the table.
   for (const [name, nginx] of [
@@ -374,19 +383,11 @@ test("the njs phases bundle reads its two enum flags as nginxFlag does, without 
     assert.equal(spec.nginx, nginx);
     assert.equal(spec.kind, "enum");
     for (const v of [undefined, "", "on", "off", " on ", "first-token", "completion", "maybe", " "]) {
-      let want: unknown;
-      let got: unknown;
-      try {
-        want = nginxFlag(name, () => v);
-      } catch (e) {
-        want = (e as Error).message;
-      }
-      try {
-        got = enumVar(v, nginx, spec.choices!, String(spec.def));
-      } catch (e) {
-        got = (e as Error).message;
-      }
-      assert.equal(got, want, `${name} = ${JSON.stringify(v)}`);
+      assert.equal(
+        outcome(() => enumVar(v, nginx, spec.choices!, String(spec.def))),
+        outcome(() => nginxFlag(name, () => v)),
+        `${name} = ${JSON.stringify(v)}`,
+      );
     }
   }
 });
@@ -417,19 +418,11 @@ test("the njs push bundle reads its two int flags as nginxFlag does, without the
       "0x10",
       "Infinity",
     ]) {
-      let want: unknown;
-      let got: unknown;
-      try {
-        want = nginxFlag(name, () => v);
-      } catch (e) {
-        want = (e as Error).message;
-      }
-      try {
-        got = intVar(v, nginx, spec.def as number, spec.min, spec.max);
-      } catch (e) {
-        got = (e as Error).message;
-      }
-      assert.equal(got, want, `${name} = ${JSON.stringify(v)}`);
+      assert.equal(
+        outcome(() => intVar(v, nginx, spec.def as number, spec.min, spec.max)),
+        outcome(() => nginxFlag(name, () => v)),
+        `${name} = ${JSON.stringify(v)}`,
+      );
     }
   }
 });

@@ -291,6 +291,29 @@ test(
   },
 );
 
+/**
+ * One simulator, nginx with the bridge's helper at its admin port (vars on top), the fleet in nginx;
+ * asked(): how many prompts the helper has tokenized.
+ */
+async function helperStack(
+  simId: string,
+  vars: Record<string, string>,
+): Promise<{ ng: Awaited<ReturnType<typeof startNginx1>>; asked: () => Promise<number> }> {
+  const sim = await startSim(simId, FAST);
+  const port = await freePort();
+  const ng = await startNginx1(n8!, { tokenizer_url: `http://127.0.0.1:${port}/v1/tokenize`, ...vars });
+  const br = await startBridgeAt(sim.address, `${ng.url}/_infera/push`, port);
+  await waitFor(
+    "fleet",
+    async () => ((await (await fetch(`${ng.url}/v1/admin/workers`)).json()) as unknown[]).length === 1,
+  );
+  const asked = async () => {
+    const m = await (await fetch(`http://127.0.0.1:${br.adminPort}/metrics`)).text();
+    return Number(/infera_bridge_tokenize_requests_total\{result="ok"\} (\d+)/.exec(m)?.[1] ?? 0);
+  };
+  return { ng, asked };
+}
+
 test(
   "njs estimates a prompt's tokens from its UTF-8 bytes as the Envoy path does: characters beyond U+FFFF count 4 bytes",
   { skip, timeout: 120000 },
@@ -301,21 +324,7 @@ test(
     const body = { model: "m", max_tokens: 1, messages: [{ role: "user", content: "\u{1F600}".repeat(1000) }] };
     const node = parseRequest("chat", JSON.stringify(body), 0, { maxBodyBytes: 1e6 });
     assert.equal(node.estimatedTokens, 1001);
-    const sim = await startSim("pe0", FAST);
-    const port = await freePort();
-    const ng = await startNginx1(n8!, {
-      tokenizer_url: `http://127.0.0.1:${port}/v1/tokenize`,
-      tokenizer_min_tokens: "900",
-    });
-    const br = await startBridgeAt(sim.address, `${ng.url}/_infera/push`, port);
-    await waitFor(
-      "fleet",
-      async () => ((await (await fetch(`${ng.url}/v1/admin/workers`)).json()) as unknown[]).length === 1,
-    );
-    const asked = async () => {
-      const m = await (await fetch(`http://127.0.0.1:${br.adminPort}/metrics`)).text();
-      return Number(/infera_bridge_tokenize_requests_total\{result="ok"\} (\d+)/.exec(m)?.[1] ?? 0);
-    };
+    const { ng, asked } = await helperStack("pe0", { tokenizer_min_tokens: "900" });
     const before = await asked();
     assert.equal(await post(ng, "/v1/chat/completions", body), 200);
     assert.equal((await asked()) - before, 1, "the helper tokenized the 1,001-token estimate (>= 900)");
@@ -330,19 +339,8 @@ test(
   "as shipped, a prompt under the old 2,048-token estimate goes to the helper too: the bench's dense text, ~3k tokens estimated at ~1k",
   { skip, timeout: 120000 },
   async () => {
-    const sim = await startSim("pd0", FAST);
-    const port = await freePort();
     // No tokenizer_min_tokens here: nginx.conf's own value.
-    const ng = await startNginx1(n8!, { tokenizer_url: `http://127.0.0.1:${port}/v1/tokenize` });
-    const br = await startBridgeAt(sim.address, `${ng.url}/_infera/push`, port);
-    await waitFor(
-      "fleet",
-      async () => ((await (await fetch(`${ng.url}/v1/admin/workers`)).json()) as unknown[]).length === 1,
-    );
-    const asked = async () => {
-      const m = await (await fetch(`http://127.0.0.1:${br.adminPort}/metrics`)).text();
-      return Number(/infera_bridge_tokenize_requests_total\{result="ok"\} (\d+)/.exec(m)?.[1] ?? 0);
-    };
+    const { ng, asked } = await helperStack("pd0", {});
     // A multi-turn turn of bench:trace: digit-heavy words, ~1.2 bytes per token.
     const content = longText("shipped", 280);
     const body = { model: "m", max_tokens: 1, messages: [{ role: "user", content }] };

@@ -11,6 +11,7 @@ import * as assert from "node:assert/strict";
 import { keyedMirror } from "../../core/state/keyed";
 import { memStore, Store } from "../../core/store";
 import { BlockHash, EngineHash, EpochKey } from "../../core/types";
+import { rng } from "../render-corpus";
 
 /** memStore with add() (as njs's shared dict has it), or without (callers read first). */
 function store(withAdd: boolean): { st: Store; dump: () => string } {
@@ -27,18 +28,6 @@ function store(withAdd: boolean): { st: Store; dump: () => string } {
       const ks = st.keys("").sort();
       return JSON.stringify(ks.map((k) => [k, st.get(k) ?? null, st.num(k)]));
     },
-  };
-}
-
-/** A deterministic generator (mulberry32). */
-function rng(seed: number): () => number {
-  let a = seed >>> 0;
-  return () => {
-    a = (a + 0x6d2b79f5) >>> 0;
-    let t = a;
-    t = Math.imul(t ^ (t >>> 15), t | 1);
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
   };
 }
 

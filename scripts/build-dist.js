@@ -40,6 +40,8 @@ async function main() {
     // Lazy import("./x") must become require("./x"): Node resolves an extension-less path only for require.
     supported: { "dynamic-import": false },
   });
+  // The test harness runs dist/ only when this stamp is newer than every source (test/harness.ts entryArgs).
+  fs.writeFileSync(path.join(ROOT, "dist", ".built"), new Date().toISOString() + "\n");
   process.stderr.write(`build-dist: ${files.length} files -> dist/\n`);
 }
 

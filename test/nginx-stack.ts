@@ -16,7 +16,7 @@ import {
   run,
   Sim,
   sleep,
-  TSX,
+  entryArgs,
   waitFor,
 } from "./harness";
 import { loadTokenizer } from "../runtime/tokenizer";
@@ -112,9 +112,7 @@ export async function startBridgeAt(
 ): Promise<{ proc: Proc; adminPort: number; tokenizeUrl: string }> {
   const port = adminPort ?? (await freePort());
   const proc = run("bridge", process.execPath, [
-    TSX[0],
-    TSX[1],
-    "njs/bridge.ts",
+    ...entryArgs("njs/bridge.ts"),
     "--nginx-push-url",
     pushUrl,
     "--push-token",

@@ -7,7 +7,7 @@ import { test, after } from "node:test";
 import * as assert from "node:assert/strict";
 import * as fs from "fs";
 import { spawnSync } from "child_process";
-import { startEtcd, startSim, startRouter, run, stopAll, waitFor, sleep, fatal } from "../harness";
+import { startEtcd, startSim, startRouter, run, stopAll, waitFor, sleep, fatal, entryArgs } from "../harness";
 import { needs } from "../tools";
 
 const has = (bin: string) => spawnSync("sh", ["-c", `command -v ${bin}`]).status === 0;
@@ -32,9 +32,7 @@ test(
     const s0 = await startSim("h0", ["--etcd-endpoint", etcd.endpoint]);
     const s1 = await startSim("h1");
     const reg = run("register-h1", process.execPath, [
-      "--import",
-      "tsx",
-      "cli/register.ts",
+      ...entryArgs("cli/register.ts"),
       "--etcd-endpoint",
       etcd.endpoint,
       "--id",

@@ -24,6 +24,7 @@ import {
   stopAll,
   waitFor,
   Sim,
+  entryArgs,
 } from "../harness";
 import { needs } from "../tools";
 
@@ -88,9 +89,7 @@ test(
     const start = async () => {
       const admin = await freePort();
       const proc = run("router", process.execPath, [
-        "--import",
-        "tsx",
-        "cli/router.ts",
+        ...entryArgs("cli/router.ts"),
         "--host",
         "127.0.0.1",
         "--ext-proc-port",

@@ -22,6 +22,7 @@ import {
   chat,
   longText,
   ROOT,
+  entryArgs,
 } from "../harness";
 import { needs, binMissing } from "../tools";
 
@@ -90,9 +91,7 @@ test(
     const grpcPort = await freePort();
     const adminPort = await freePort();
     const args = [
-      "--import",
-      "tsx",
-      "cli/router.ts",
+      ...entryArgs("cli/router.ts"),
       "--workers",
       workerArg([sim]),
       "--ext-proc-port",

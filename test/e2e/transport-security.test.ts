@@ -7,7 +7,19 @@ import { spawnSync } from "child_process";
 import * as fs from "fs";
 import * as os from "os";
 import * as path from "path";
-import { startSim, startRouter, stopAll, waitFor, freePort, run, chat, longText, ROOT, tcpOpen, TSX } from "../harness";
+import {
+  startSim,
+  startRouter,
+  stopAll,
+  waitFor,
+  freePort,
+  run,
+  chat,
+  longText,
+  ROOT,
+  tcpOpen,
+  entryArgs,
+} from "../harness";
 import { makePki } from "../pki";
 import { needs } from "../tools";
 
@@ -42,8 +54,7 @@ test(
     const sim = await startSim("tn0");
     const subject = "infera.kv.tn0";
     const relay = run("relay-tls", process.execPath, [
-      ...TSX,
-      "cli/relay.ts",
+      ...entryArgs("cli/relay.ts"),
       "--zmq-endpoint",
       sim.events,
       "--nats-url",
@@ -73,8 +84,7 @@ test(
     });
     // Without the token the relay is refused: the server wants credentials.
     const anon = run("relay-anon", process.execPath, [
-      ...TSX,
-      "cli/relay.ts",
+      ...entryArgs("cli/relay.ts"),
       "--zmq-endpoint",
       sim.events,
       "--nats-url",
@@ -133,8 +143,7 @@ test(
     await waitFor("etcd tls", () => tcpOpen(client), 20000);
     const sec = ["--etcd-ca-file", k.ca, "--etcd-cert-file", k.clientCert, "--etcd-key-file", k.clientKey];
     const reg = run("register-tls", process.execPath, [
-      ...TSX,
-      "cli/register.ts",
+      ...entryArgs("cli/register.ts"),
       "--etcd-endpoint",
       endpoint,
       "--id",

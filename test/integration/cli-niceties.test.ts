@@ -5,14 +5,14 @@
 import { test, after } from "node:test";
 import * as assert from "node:assert/strict";
 import { spawnSync } from "child_process";
-import { freePort, ROOT, startRouter, stopAll } from "../harness";
+import { freePort, ROOT, startRouter, stopAll, entryArgs } from "../harness";
 
 after(stopAll);
 
 function cli(args: string[]) {
   const env: Record<string, string> = {};
   for (const [k, v] of Object.entries(process.env)) if (!k.startsWith("INFERA_") && v !== undefined) env[k] = v;
-  return spawnSync(process.execPath, ["--import", "tsx", "cli/main.ts", ...args], {
+  return spawnSync(process.execPath, [...entryArgs("cli/main.ts"), ...args], {
     cwd: ROOT,
     env,
     encoding: "utf8",

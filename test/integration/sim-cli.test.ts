@@ -8,7 +8,7 @@ import * as os from "os";
 import * as path from "path";
 import * as zmq from "zeromq";
 import { decode } from "@msgpack/msgpack";
-import { freePort, run, stopAll, waitFor, httpOk } from "../harness";
+import { freePort, run, stopAll, waitFor, httpOk, entryArgs } from "../harness";
 
 after(stopAll);
 
@@ -21,7 +21,7 @@ test("infera-gate sim serves and publishes KV events with flags from argv, INFER
   const proc = run(
     "sim-cli",
     process.execPath,
-    ["--import", "tsx", "cli/main.ts", "sim", "--config", cfg, "--port", String(port), "--tokenizer-path", "none"],
+    [...entryArgs("cli/main.ts"), "sim", "--config", cfg, "--port", String(port), "--tokenizer-path", "none"],
     {
       INFERA_KV_EVENTS_PORT: String(eventsPort),
       INFERA_TIME_SCALE: "20",

@@ -16,6 +16,7 @@ import { specFromEtcd } from "../../runtime/etcd";
 import { App } from "../../runtime/app";
 import { enumVar } from "../../njs/phases";
 import { intVar } from "../../njs/push";
+import { entryArgs } from "../harness";
 
 const FLAGS = flagTable();
 
@@ -33,7 +34,7 @@ function runCli(script: string, args: string[], env: Record<string, string> = {}
   // Strip any INFERA_* of the caller's: only what the test sets counts.
   const clean: Record<string, string> = {};
   for (const [k, v] of Object.entries(process.env)) if (!k.startsWith("INFERA_") && v !== undefined) clean[k] = v;
-  return spawnSync(process.execPath, ["--import", "tsx", script, ...args], {
+  return spawnSync(process.execPath, [...entryArgs(script), ...args], {
     cwd: ROOT,
     env: { ...clean, ...env },
     encoding: "utf8",

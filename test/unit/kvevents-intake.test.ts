@@ -6,13 +6,14 @@ import { spawnSync } from "child_process";
 import * as path from "path";
 import { oneLine } from "./helpers";
 import { parseArgs } from "../../runtime/config";
+import { entryArgs } from "../harness";
 
 const ROOT = path.resolve(__dirname, "../..");
 
 function runCli(script: string, args: string[]) {
   const clean: Record<string, string> = {};
   for (const [k, v] of Object.entries(process.env)) if (!k.startsWith("INFERA_") && v !== undefined) clean[k] = v;
-  return spawnSync(process.execPath, ["--import", "tsx", script, ...args], {
+  return spawnSync(process.execPath, [...entryArgs(script), ...args], {
     cwd: ROOT,
     env: clean,
     encoding: "utf8",

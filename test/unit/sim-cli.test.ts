@@ -13,6 +13,7 @@ import { flagTable, flagsFor, envName } from "../../core/flags";
 import { parseSimArgs, simDefaults, modelConfig } from "../../sim/engine";
 import { llama8bH100 } from "../../sim/model";
 import { SIM_FLAGS as SIM_FLAGS_TABLE } from "../../sim/flags";
+import { entryArgs } from "../harness";
 
 const FLAGS = flagTable();
 
@@ -21,7 +22,7 @@ const ROOT = path.resolve(__dirname, "../..");
 function cli(args: string[], env: Record<string, string> = {}) {
   const clean: Record<string, string> = {};
   for (const [k, v] of Object.entries(process.env)) if (!k.startsWith("INFERA_") && v !== undefined) clean[k] = v;
-  return spawnSync(process.execPath, ["--import", "tsx", "cli/main.ts", ...args], {
+  return spawnSync(process.execPath, [...entryArgs("cli/main.ts"), ...args], {
     cwd: ROOT,
     env: { ...clean, ...env },
     encoding: "utf8",

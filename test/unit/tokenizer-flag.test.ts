@@ -5,13 +5,13 @@ import { spawnSync } from "child_process";
 import * as fs from "fs";
 import * as os from "os";
 import * as path from "path";
-import { ROOT } from "../harness";
+import { ROOT, entryArgs } from "../harness";
 import { oneLine } from "./helpers";
 
 function runCli(script: string, args: string[]) {
   const clean: Record<string, string> = {};
   for (const [k, v] of Object.entries(process.env)) if (!k.startsWith("INFERA_") && v !== undefined) clean[k] = v;
-  return spawnSync(process.execPath, ["--import", "tsx", script, ...args], {
+  return spawnSync(process.execPath, [...entryArgs(script), ...args], {
     cwd: ROOT,
     env: clean,
     encoding: "utf8",

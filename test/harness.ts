@@ -836,7 +836,9 @@ export async function startLearningFleet(
   tag: string,
   routerArgs: string[] = [],
 ): Promise<{ fast: Sim; slow: Sim; router: RouterProc; url: string }> {
-  // 300 us per prefill token: a 2k-token prompt's first token takes ~0.6 s on the fast worker, ~1.8 s on the slow one.
+  // 300 us per prefill token: each learning prompt (~1.5k tokens) takes ~0.5 s to its first token on the fast worker,
+  // ~1.4 s on the slow one. Longer prompts teach the same per-token speeds (the step floor is small beside them) and
+  // only make the fleet slower to start.
   const fast = await startSim("fast", ["--prefill-us-per-token", "300", "--decode-ms-per-token", "5"]);
   const slow = await startSim("slow", ["--prefill-us-per-token", "900", "--decode-ms-per-token", "15"]);
   const router = await startRouter([
@@ -852,7 +854,7 @@ export async function startLearningFleet(
   ]);
   const url = (await startEnvoy(router.grpcPort)).url;
   for (let i = 0; i < 12; i++) {
-    const r = await chat(url, longText(`${tag}${i}`, 700), { maxTokens: 2 });
+    const r = await chat(url, longText(`${tag}${i}`, 200), { maxTokens: 2 });
     if (r.status !== 200) throw new Error(`learning prompt ${i}: ${r.status} ${r.body.slice(0, 200)}`);
   }
   return { fast, slow, router, url };

@@ -45,7 +45,11 @@ async function main() {
   process.stderr.write(`build-dist: ${files.length} files -> dist/\n`);
 }
 
-main().catch((e) => {
-  process.stderr.write(`build-dist: ${e.message}\n`);
-  process.exit(1);
-});
+// The test harness reads DIRS to tell whether dist/ is older than a source.
+module.exports = { DIRS };
+
+if (require.main === module)
+  main().catch((e) => {
+    process.stderr.write(`build-dist: ${e.message}\n`);
+    process.exit(1);
+  });

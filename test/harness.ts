@@ -38,7 +38,9 @@ function distIsFresh(): boolean {
       if (e.isDirectory()) return newer(p);
       return e.name.endsWith(".ts") && fs.statSync(p).mtimeMs > built;
     });
-  return !["core", "cli", "runtime", "extproc", "njs", "sim"].some((d) => newer(path.join(ROOT, d)));
+  // eslint-disable-next-line @typescript-eslint/no-require-imports -- plain JS (it runs where no TypeScript is installed)
+  const { DIRS } = require("../scripts/build-dist.js") as { DIRS: string[] };
+  return !DIRS.some((d) => newer(path.join(ROOT, d)));
 }
 
 export async function freePort(): Promise<number> {

@@ -5,7 +5,7 @@
 // Map/Set ledger's (equal below 32 blocks, within the grid's 1/16 above).
 import { test } from "node:test";
 import * as assert from "node:assert/strict";
-import { keyedState } from "../../core/state/keyed";
+import { guardJson, keyedState } from "../../core/state/keyed";
 import { memoryState } from "../../core/state/memory";
 import { gridPositions, markPositions, markedPrefix } from "../../core/state/marks";
 import { memStore, Store } from "../../core/store";
@@ -241,4 +241,29 @@ test("clearing a worker's mirror lists the store's keys at most once, and only f
   listings = 0;
   clearAllTiers(m, E("a#1"));
   assert.equal(listings, 0, "an empty mirror is cleared without a listing");
+});
+
+test("a saved guard's record is JSON.stringify's text, byte for byte, for every guard the ledger books and odd ones", () => {
+  const s = keyedState(memStore());
+  const ek = E("127.0.0.1:8000#3");
+  const guards: unknown[] = [];
+  for (const n of [0, 1, 2, 31, 32, 33, 100, 1000, 7019]) {
+    const blocks = prompt(n, n, n, 1);
+    guards.push(s.load.hold(ek, blocks, n * 16, 1));
+    if (n > 2) guards.push(s.load.hold(ek, blocks.slice(2), 0, 0, (n - 2) * 16, 2));
+  }
+  const main = s.load.hold(ek, prompt(9, 50, 50, 2), 800, 1) as unknown as Record<string, unknown>;
+  // A guard of a bundle from before the compact marks (no at/n), one done, and ones JSON has to escape or reformat.
+  guards.push({ epochKey: ek, blocks: ["a", "b"], tokens: 5, requests: 1, pending: 0, done: false });
+  guards.push({ ...main, done: true });
+  guards.push({ ...main, epochKey: 'w"1\\x#2' });
+  guards.push({ ...main, blocks: ["a\nb", "c"] });
+  guards.push({ ...main, tokens: NaN, requests: Infinity });
+  guards.push({ ...main, at: [1.5, -2], n: 3 });
+  guards.push({ ...main, pending: undefined });
+  for (const g of guards) {
+    const text = guardJson(g as Parameters<typeof guardJson>[0]);
+    assert.equal(text, JSON.stringify(g));
+    assert.deepEqual(JSON.parse(text), JSON.parse(JSON.stringify(g)));
+  }
 });

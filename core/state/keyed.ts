@@ -81,6 +81,10 @@ function sampledPrefixRun(
   let cand: { [ek: string]: boolean } | null = null;
   let prevList: string | undefined = undefined;
   let prevBest: { [ek: string]: number } | null = null;
+  // best's workers and weights as lists, in best's key order: the same sums
+  // in the same order as iterating best, without a for-in per grid block.
+  let bestEks: string[] = [];
+  let bestWs: number[] = [];
   let k = 0;
   for (; k < at.length; k++) {
     const list = holders(at[k]);
@@ -101,14 +105,18 @@ function sampledPrefixRun(
       if (prev !== null) for (const ek in prev) if (!(best[ek] > 0)) stop[ek] = k;
       if (!any) break;
       const next: { [ek: string]: boolean } = {};
-      for (const ek in best) next[ek] = true;
+      bestEks = [];
+      bestWs = [];
+      for (const ek in best) {
+        next[ek] = true;
+        bestEks.push(ek);
+        bestWs.push(best[ek]);
+        lastW[ek] = best[ek];
+      }
       cand = next;
     }
     const span = at[k] - (k ? at[k - 1] : -1);
-    for (const ek in best) {
-      hits[ek] = (hits[ek] || 0) + best[ek] * span;
-      lastW[ek] = best[ek];
-    }
+    for (let i = 0; i < bestEks.length; i++) hits[bestEks[i]] = (hits[bestEks[i]] || 0) + bestWs[i] * span;
     prevList = list;
     prevBest = best;
   }

@@ -25,7 +25,7 @@
 //                                            SH:<priority> sheddable requests refused
 // A mirror target ek is a worker's epoch key (GPU) or "<ek>|<TIER>" (core/kvevents.ts tierKey).
 import { Store, storedJson } from "../store";
-import { gridPositions, markedPrefix, markPositions } from "./marks";
+import { blockAt, gridPositions, markedPrefix, markPositions } from "./marks";
 import { ModelTable } from "../models";
 import { BlockHash, EpochKey, Guard, SessionBinding, Worker, WorkerSpec } from "../types";
 import {
@@ -299,13 +299,13 @@ export function keyedMirror(st: Store): MirrorIndex {
     count: (ek) => st.num("MN:" + ek),
     prefixHits(blocks, live, weights) {
       const holdersOf = (i: number, visit: (base: string, tier: string) => void) => {
-        const holders = st.get("M:" + blocks[i]);
+        const holders = st.get("M:" + blockAt(blocks, i));
         if (!holders) return false;
         visitHolders(holders, visit);
         return true;
       };
       if (blocks.length <= EXACT_WALK) return prefixRun(blocks.length, holdersOf, live, weights);
-      return sampledPrefixRun(blocks.length, (i) => st.get("M:" + blocks[i]) || undefined, live, weights);
+      return sampledPrefixRun(blocks.length, (i) => st.get("M:" + blockAt(blocks, i)) || undefined, live, weights);
     },
     sequence(ek) {
       const v = st.get("MS:" + ek);
@@ -375,7 +375,7 @@ export function keyedLedger(st: Store): LoadLedger {
       const base = from || 0;
       const at = markPositions(base, base + blocks.length);
       const hashes: BlockHash[] = [];
-      for (let i = 0; i < at.length; i++) hashes.push(blocks[at[i] - base]);
+      for (let i = 0; i < at.length; i++) hashes.push(blockAt(blocks, at[i] - base));
       return book(ek, hashes, at, base + blocks.length, tokens, requests, pending || 0);
     },
     holdLike(ek, g) {
@@ -422,7 +422,7 @@ export function keyedLedger(st: Store): LoadLedger {
         if (!(st.num("AC:" + ek) > 0)) continue;
         if (at === null) {
           at = markPositions(0, blocks.length);
-          for (let j = 0; j < at.length; j++) hashes.push(blocks[at[j]]);
+          for (let j = 0; j < at.length; j++) hashes.push(blockAt(blocks, at[j]));
         }
         const n = markedPrefix(hashes, at, blocks.length, marked("A:", ek));
         if (n) out[ek] = n;
@@ -440,11 +440,11 @@ export function keyedLedger(st: Store): LoadLedger {
         let n = 0;
         let prev = -1;
         for (let i = 0; i < grid.length && grid[i] < lim; i++) {
-          if (st.num("Q:" + ek + ":" + blocks[grid[i]]) > 0) n += grid[i] - prev;
+          if (st.num("Q:" + ek + ":" + blockAt(blocks, grid[i])) > 0) n += grid[i] - prev;
           prev = grid[i];
         }
         // The blocks after the last grid position below lim, by the last of them.
-        if (lim - 1 > prev && st.num("Q:" + ek + ":" + blocks[lim - 1]) > 0) n += lim - 1 - prev;
+        if (lim - 1 > prev && st.num("Q:" + ek + ":" + blockAt(blocks, lim - 1)) > 0) n += lim - 1 - prev;
         if (n) out[ek] = n;
       }
       return out;

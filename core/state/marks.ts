@@ -102,3 +102,45 @@ export function markedPrefix(hashes: string[], at: number[], n: number, held: (h
   }
   return lo < 0 ? 0 : at[lo] + 1;
 }
+
+// A long prompt's block hashes as the tokenizer helper can send them to njs
+// (njs/offload.ts): one string of fixed-width hashes, not a JSON array. njs
+// makes a string per array element it parses, 7,000 of them for a 112k-token
+// prompt, where a pick reads a few hundred: the marks' positions, and the
+// positions the mirror's walk bisects where a worker's cached run ends. The
+// list is an array of the prompt's length holding the marks' hashes; every
+// other position is cut from the packed string when first read (blockAt), so
+// the readers see the same hash at every position as with the full list.
+
+/** Characters per hash in a packed list (core/hash.ts: 16 hex digits). */
+export const PACKED_WIDTH = 16;
+
+interface PackedList {
+  packed?: string;
+}
+
+/** The hashes of a packed string of n fixed-width hashes, the marks' positions filled. */
+export function packedBlocks(packed: string, n: number): string[] {
+  const out = new Array(n) as string[];
+  (out as PackedList).packed = packed;
+  const at = markPositions(0, n);
+  for (let i = 0; i < at.length; i++) out[at[i]] = packed.substr(at[i] * PACKED_WIDTH, PACKED_WIDTH);
+  return out;
+}
+
+/** blocks[i], cut from the packed string on first read when blocks came packed. */
+export function blockAt<T extends string>(blocks: T[], i: number): T {
+  const h = blocks[i];
+  if (h !== undefined) return h;
+  const p = (blocks as PackedList).packed;
+  if (p === undefined || !(i >= 0 && i < blocks.length)) return h;
+  const v = p.substr(i * PACKED_WIDTH, PACKED_WIDTH) as T;
+  blocks[i] = v;
+  return v;
+}
+
+/** Every position of a packed list filled (for readers that index the list directly). */
+export function fillBlocks(blocks: string[]): void {
+  if ((blocks as PackedList).packed === undefined) return;
+  for (let i = 0; i < blocks.length; i++) if (blocks[i] === undefined) blockAt(blocks, i);
+}

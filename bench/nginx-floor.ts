@@ -70,7 +70,8 @@ const FLOOR_JS = `function floor(r) {
 export default { floor: floor };
 `;
 
-function floorLocations(jsFile: string): string {
+/** The floor's locations; the first-byte filter as the bundle's config has it (a baseline from before the phases bundle has none by that name). */
+function floorLocations(jsFile: string, phases: boolean): string {
   return `    location = /floor {
       js_import floor from ${jsFile};
       js_content floor.floor;
@@ -82,8 +83,7 @@ function floorLocations(jsFile: string): string {
       proxy_http_version 1.1;
       proxy_set_header Connection "";
       proxy_buffering off;
-      js_header_filter inferap.firstByte;
-    }
+${phases ? "      js_header_filter inferap.firstByte;\n" : ""}    }
 `;
 }
 type Kind = (typeof KINDS)[number];
@@ -125,7 +125,7 @@ async function startSide(label: string, sims: Awaited<ReturnType<typeof startSim
     fl,
     { tokenizer_url: `http://127.0.0.1:${port}/v1/tokenize` },
     d,
-    floorLocations(jsFile),
+    floorLocations(jsFile, !d || fs.existsSync(path.join(d, "infera-phases.js"))),
   );
   await startBridgeAt(workerArg(sims), `${ng.url}/_infera/push`, port);
   await waitFor(

@@ -7,6 +7,12 @@
 //   ext4k    an extending turn of a cached 4k-token conversation (helper)
 //   ext112k  an extending turn of a cached 112k-token conversation (helper)
 // "small" is the floor every routed request pays whatever its size.
+//   floor112k  the same turn through what any njs router of it pays and no
+//            design on the nginx side removes: a VM that reads the body, sends
+//            it to the tokenizer helper and reads its (packed) answer, then
+//            nginx proxies the body to a worker through the product's proxy
+//            setup (first-byte filter, log-phase variable) in a second VM. No
+//            parse, no pick, no guards (bench-only locations, FLOOR_JS below).
 // The worker's CPU time is read from /proc/<pid>/schedstat (nanoseconds); where
 // the kernel has none, from utime + stime (10 ms ticks: N requests resolve 10/N ms).
 // --baseline-dist DIR: a second nginx (with its own bridge, on the same two
@@ -24,20 +30,69 @@ import {
   workerCpuMs,
 } from "../test/nginx-stack";
 import { optionReader } from "./args";
+import * as fs from "fs";
+import * as os from "os";
+import * as path from "path";
 
 const opt = optionReader(process.argv.slice(2));
 const N = Math.min(200, Math.max(1, Number(opt("--n", "20"))));
 const ROUNDS = Math.min(10, Math.max(1, Number(opt("--rounds", "2"))));
 const dist = opt("--dist", "") || undefined;
 const baseDist = opt("--baseline-dist", "") || undefined;
-const KINDS = ["nginx", "admin", "small", "ext4k", "ext112k"] as const;
+const KINDS = ["nginx", "admin", "small", "ext4k", "ext112k", "floor112k"] as const;
+
+// The floor's content handler: the helper round trip the route makes, then the proxy location.
+const FLOOR_JS = `function floor(r) {
+  ngx.fetch(r.variables.infera_tokenizer_url, {
+    method: "POST",
+    body: r.requestText,
+    headers: {
+      "Content-Type": "application/json",
+      "X-Infera-Endpoint": "chat",
+      "X-Infera-Block-Size": "16",
+      "X-Infera-Limits": "8388608,4096,512,64",
+      "X-Infera-Root": "",
+      "X-Infera-Answer": "packed",
+    },
+  })
+    .then(function (res) {
+      return res.text();
+    })
+    .then(function (text) {
+      if (text.length < 1000) return r.return(500, "helper: " + text);
+      r.variables.infera_upstream = r.args.u;
+      r.internalRedirect("@floor_upstream");
+    })
+    .catch(function (e) {
+      r.return(500, String(e));
+    });
+}
+export default { floor: floor };
+`;
+
+/** The floor's locations; the first-byte filter as the bundle's config has it (a baseline from before the phases bundle has none by that name). */
+function floorLocations(jsFile: string, phases: boolean): string {
+  return `    location = /floor {
+      js_import floor from ${jsFile};
+      js_content floor.floor;
+      js_fetch_timeout 2s;
+      js_fetch_max_response_buffer_size 16m;
+    }
+    location @floor_upstream {
+      proxy_pass http://$infera_upstream/v1/chat/completions;
+      proxy_http_version 1.1;
+      proxy_set_header Connection "";
+      proxy_buffering off;
+${phases ? "      js_header_filter inferap.firstByte;\n" : ""}    }
+`;
+}
 type Kind = (typeof KINDS)[number];
 
 const body = (content: string, more: { role: string; content: string }[] = []) =>
   JSON.stringify({ model: "m", max_tokens: 1, messages: [{ role: "user", content }, ...more] });
 
-async function post(ng: NginxStack, b: string): Promise<void> {
-  const r = await fetch(`${ng.url}/v1/chat/completions`, {
+async function post(ng: NginxStack, b: string, where = "/v1/chat/completions"): Promise<void> {
+  const r = await fetch(`${ng.url}${where}`, {
     method: "POST",
     headers: { "content-type": "application/json" },
     body: b,
@@ -64,7 +119,14 @@ async function startSide(label: string, sims: Awaited<ReturnType<typeof startSim
   const fl = nginx08();
   if (!fl) throw new Error("njs >= 0.8 not set up: bash scripts/njs08.sh");
   const port = await freePort();
-  const ng = await startNginx1(fl, { tokenizer_url: `http://127.0.0.1:${port}/v1/tokenize` }, d);
+  const jsFile = path.join(fs.mkdtempSync(path.join(os.tmpdir(), "infera-floor-")), "floor.js");
+  fs.writeFileSync(jsFile, FLOOR_JS);
+  const ng = await startNginx1(
+    fl,
+    { tokenizer_url: `http://127.0.0.1:${port}/v1/tokenize` },
+    d,
+    floorLocations(jsFile, !d || fs.existsSync(path.join(d, "infera-phases.js"))),
+  );
   await startBridgeAt(workerArg(sims), `${ng.url}/_infera/push`, port);
   await waitFor(
     "fleet",
@@ -89,6 +151,18 @@ async function main(): Promise<void> {
       { role: "assistant", content: "Noted." },
       { role: "user", content: "And the next step? " + i },
     ]);
+  // The simulator that cached the conversation: the floor proxies the turn there, as the route does.
+  let holder = sims[0].address;
+  let most = -1;
+  for (const sim of sims) {
+    const v = (await (await fetch(`${sides[0].ng.url}/v1/admin/cache-view/${sim.address}`)).json()) as {
+      block_count: number;
+    };
+    if (v.block_count > most) {
+      most = v.block_count;
+      holder = sim.address;
+    }
+  }
   const send: Record<Kind, (ng: NginxStack, i: number) => Promise<void>> = {
     nginx: async (ng) => {
       await (await fetch(`${ng.url}/infera-floor-404`)).text();
@@ -99,6 +173,7 @@ async function main(): Promise<void> {
     small: (ng, i) => post(ng, body("hello there " + i)),
     ext4k: (ng, i) => post(ng, turn(k4, i)),
     ext112k: (ng, i) => post(ng, turn(conv, i)),
+    floor112k: (ng, i) => post(ng, turn(conv, i), "/floor?u=" + holder),
   };
   const sums = sides.map(() => Object.fromEntries(KINDS.map((k) => [k, 0])) as Record<Kind, number>);
   for (let round = 0; round < ROUNDS; round++) {

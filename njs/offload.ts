@@ -18,6 +18,7 @@
 // hold, not on every request.
 import { computeFeatures, Features, featuresOf, ParsedRequest, Tokenizer } from "../core/request";
 import { BlockHash } from "../core/types";
+import { PACKED_WIDTH, packedBlocks } from "../core/state/marks";
 
 export interface OffloadVars {
   /** The helper's URL; empty = every prompt is tokenized in njs. */
@@ -115,6 +116,29 @@ function noteRecovery(r: NjsRequest, num: NjsSharedDict | undefined, url: string
 }
 
 /**
+ * The helper's answer: the JSON object, or (asked with X-Infera-Answer:
+ * packed) its first line with n in place of b, then the n hashes packed
+ * (core/state/marks.ts packedBlocks). A string: why it is neither.
+ */
+export function readAnswer(text: string): { t: number; b: BlockHash[]; mh: string[] } | string {
+  const nl = text.indexOf("\n");
+  let a: { t?: unknown; b?: unknown; n?: unknown; mh?: unknown };
+  try {
+    a = JSON.parse(nl < 0 ? text : text.substring(0, nl));
+  } catch (e) {
+    return "not JSON";
+  }
+  const mh = Array.isArray(a.mh) ? (a.mh as string[]) : [];
+  if (typeof a.t !== "number") return "no t/b fields";
+  if (nl < 0) return Array.isArray(a.b) ? { t: a.t, b: a.b as BlockHash[], mh: mh } : "no t/b fields";
+  const n = a.n;
+  if (typeof n !== "number" || !(n >= 0) || Math.floor(n) !== n) return "no n field before the packed hashes";
+  const packed = text.substring(nl + 1);
+  if (packed.length !== n * PACKED_WIDTH) return "packed hashes of " + packed.length + " characters for " + n;
+  return { t: a.t, b: packedBlocks(packed, n) as BlockHash[], mh: mh };
+}
+
+/**
  * Features of req from the helper, or by the fallback; done runs exactly once,
  * after the answer (or the failure) arrives. done must not throw.
  */
@@ -157,25 +181,22 @@ export function helperFeatures(
         "X-Infera-Block-Size": String(blockSize),
         "X-Infera-Limits": limits.join(","),
         "X-Infera-Root": root || "",
+        // The hashes as one packed string (readAnswer); a helper from before it answers the JSON list.
+        "X-Infera-Answer": "packed",
       },
     })
     .then(
       function (res) {
         return res.text().then(function (text) {
           if (res.status !== 200) return fallback("status", "HTTP " + res.status + ": " + text.slice(0, 200));
-          let a: { t?: unknown; b?: unknown; mh?: unknown };
-          try {
-            a = JSON.parse(text);
-          } catch (e) {
-            return fallback("answer", "not JSON");
-          }
-          if (typeof a.t !== "number" || !Array.isArray(a.b)) return fallback("answer", "no t/b fields");
+          const a = readAnswer(text);
+          if (typeof a === "string") return fallback("answer", a);
           try {
             noteRecovery(r, num, v.url);
           } catch (e) {
             /* logging only */
           }
-          finish(featuresOf(req, a.t, a.b as BlockHash[], Array.isArray(a.mh) ? (a.mh as string[]) : []));
+          finish(featuresOf(req, a.t, a.b, a.mh));
         });
       },
       function (e) {

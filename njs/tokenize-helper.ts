@@ -10,7 +10,8 @@
 // Request: the client's body as sent (njs has already parsed and checked it),
 // with the endpoint, block size, limits and the chain root (njs/offload.ts)
 // in headers. Answer: {"t":tokens,"b":[block hashes],"x":exact,"mh":[media hashes]},
-// the Features computeFeatures gives in the ext_proc router.
+// the Features computeFeatures gives in the ext_proc router; to a caller that
+// sends X-Infera-Answer: packed, the same with the hashes packed (answerPacked).
 import { spec } from "../runtime/metrics";
 import * as http from "http";
 import { Counter, Registry } from "prom-client";
@@ -20,12 +21,19 @@ import { loadTokenizer, LoadedTokenizer } from "../runtime/tokenizer";
 import { nativeHasher } from "../runtime/hasher";
 import { prefixHashes } from "../runtime/prefix-hashes";
 import { defaultThreads, TokenizerPool } from "../runtime/tokenpool";
+import { PACKED_WIDTH } from "../core/state/marks";
 
 const ENDPOINTS: Endpoint[] = ["chat", "completions", "messages"];
 /** Texts up to this many characters encode on the bridge's own loop (a thread hop costs more). */
 const INLINE_CHARS = 16384;
 /** Bodies larger than this are refused before reading (nginx's own limit is far below). */
 const MAX_READ = 256 * 1024 * 1024;
+
+/** Hashes that pack: every one PACKED_WIDTH characters of [0-9a-f] (so the packed string splits back exactly). */
+function packable(blocks: string[]): boolean {
+  for (const b of blocks) if (b.length !== PACKED_WIDTH || !/^[0-9a-f]+$/.test(b)) return false;
+  return true;
+}
 
 export interface TokenizeHelper {
   handle(req: http.IncomingMessage, res: http.ServerResponse): void;
@@ -76,6 +84,15 @@ export function tokenizeHelper(registry?: Registry, timeoutMs = 5000): TokenizeH
     res.end(JSON.stringify(body));
   };
 
+  // The packed answer: the JSON line of the plain answer with n (the hash count)
+  // in place of b, a newline, then the n hashes end to end, PACKED_WIDTH
+  // characters each (core/state/marks.ts packedBlocks).
+  const answerPacked = (res: http.ServerResponse, head: object, blocks: string[]) => {
+    answered.inc({ result: "ok" });
+    res.writeHead(200, { "content-type": "text/plain" });
+    res.end(JSON.stringify(head) + "\n" + blocks.join(""));
+  };
+
   return {
     stats,
     async warm() {
@@ -90,6 +107,8 @@ export function tokenizeHelper(registry?: Registry, timeoutMs = 5000): TokenizeH
       const lim = h("x-infera-limits").split(",").map(Number);
       // The LoRA adapter / cache_salt chain root njs found (core/kvevents.ts requestRoot); empty: none.
       const root = h("x-infera-root") || null;
+      // A bundle that reads packed hashes says so (njs/offload.ts); any other caller gets the JSON list.
+      const packed = h("x-infera-answer") === "packed";
       if (
         req.method !== "POST" ||
         ENDPOINTS.indexOf(endpoint) < 0 ||
@@ -123,7 +142,10 @@ export function tokenizeHelper(registry?: Registry, timeoutMs = 5000): TokenizeH
           return answer(res, 422, { error: asHttpError(e).message });
         }
         features(parsed, blockSize, root).then(
-          (f) => answer(res, 200, { t: f.tokens, b: f.blocks, x: f.exact, mh: f.media }),
+          (f) =>
+            packed && packable(f.blocks)
+              ? answerPacked(res, { t: f.tokens, n: f.blocks.length, x: f.exact, mh: f.media }, f.blocks)
+              : answer(res, 200, { t: f.tokens, b: f.blocks, x: f.exact, mh: f.media }),
           (e) => {
             // A prompt the helper could not encode in time: nginx falls back (estimate), never fails the request.
             stats.errors++;

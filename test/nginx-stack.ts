@@ -33,11 +33,13 @@ export interface NginxStack {
 /**
  * nginx with worker_processes 1; vars as renderNginx takes them (e.g. tokenizer_url).
  * dist: another njs bundle directory than this checkout's (a bench's baseline build).
+ * locations: nginx config put in the server block (a bench's own locations).
  */
 export async function startNginx1(
   fl: NginxFlavor,
   vars: Record<string, string> = {},
   dist?: string,
+  locations = "",
 ): Promise<NginxStack> {
   let last: unknown;
   for (let attempt = 0; attempt < 3; attempt++) {
@@ -49,6 +51,12 @@ export async function startNginx1(
     // Older baselines, newest change first: each rewrite leaves the config of the bundle's time.
     if (dist && !fs.existsSync(path.join(dist, "infera-push.js"))) conf = pushInInferaConf(conf);
     if (dist && !fs.existsSync(path.join(dist, "infera-phases.js"))) conf = singleBundleConf(conf, dist);
+    if (locations) {
+      // A bench's own locations (bench/nginx-floor.ts), in the server block before its catch-all.
+      const at = conf.indexOf("    location / {");
+      if (at < 0) throw new Error("nginx.conf: no catch-all location to put the bench's locations before");
+      conf = conf.slice(0, at) + locations + "\n" + conf.slice(at);
+    }
     fs.writeFileSync(file, conf);
     const proc = run(`nginx1-${fl.label}`, fl.bin, ["-p", dir, "-c", file, "-e", "stderr", "-g", "daemon off;"], {
       INFERA_PUSH_TOKEN: "test-token",

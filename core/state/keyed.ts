@@ -25,7 +25,7 @@
 //                                            SH:<priority> sheddable requests refused
 // A mirror target ek is a worker's epoch key (GPU) or "<ek>|<TIER>" (core/kvevents.ts tierKey).
 import { Store, storedJson } from "../store";
-import { gridPositions, markedPrefix, markPositions } from "./marks";
+import { blockAt, gridPositions, markedPrefix, markPositions } from "./marks";
 import { ModelTable } from "../models";
 import { BlockHash, EpochKey, Guard, SessionBinding, Worker, WorkerSpec } from "../types";
 import {
@@ -81,6 +81,10 @@ function sampledPrefixRun(
   let cand: { [ek: string]: boolean } | null = null;
   let prevList: string | undefined = undefined;
   let prevBest: { [ek: string]: number } | null = null;
+  // best's workers and weights as lists, in best's key order: the same sums
+  // in the same order as iterating best, without a for-in per grid block.
+  let bestEks: string[] = [];
+  let bestWs: number[] = [];
   let k = 0;
   for (; k < at.length; k++) {
     const list = holders(at[k]);
@@ -101,14 +105,18 @@ function sampledPrefixRun(
       if (prev !== null) for (const ek in prev) if (!(best[ek] > 0)) stop[ek] = k;
       if (!any) break;
       const next: { [ek: string]: boolean } = {};
-      for (const ek in best) next[ek] = true;
+      bestEks = [];
+      bestWs = [];
+      for (const ek in best) {
+        next[ek] = true;
+        bestEks.push(ek);
+        bestWs.push(best[ek]);
+        lastW[ek] = best[ek];
+      }
       cand = next;
     }
     const span = at[k] - (k ? at[k - 1] : -1);
-    for (const ek in best) {
-      hits[ek] = (hits[ek] || 0) + best[ek] * span;
-      lastW[ek] = best[ek];
-    }
+    for (let i = 0; i < bestEks.length; i++) hits[bestEks[i]] = (hits[bestEks[i]] || 0) + bestWs[i] * span;
     prevList = list;
     prevBest = best;
   }
@@ -291,13 +299,13 @@ export function keyedMirror(st: Store): MirrorIndex {
     count: (ek) => st.num("MN:" + ek),
     prefixHits(blocks, live, weights) {
       const holdersOf = (i: number, visit: (base: string, tier: string) => void) => {
-        const holders = st.get("M:" + blocks[i]);
+        const holders = st.get("M:" + blockAt(blocks, i));
         if (!holders) return false;
         visitHolders(holders, visit);
         return true;
       };
       if (blocks.length <= EXACT_WALK) return prefixRun(blocks.length, holdersOf, live, weights);
-      return sampledPrefixRun(blocks.length, (i) => st.get("M:" + blocks[i]) || undefined, live, weights);
+      return sampledPrefixRun(blocks.length, (i) => st.get("M:" + blockAt(blocks, i)) || undefined, live, weights);
     },
     sequence(ek) {
       const v = st.get("MS:" + ek);
@@ -367,7 +375,7 @@ export function keyedLedger(st: Store): LoadLedger {
       const base = from || 0;
       const at = markPositions(base, base + blocks.length);
       const hashes: BlockHash[] = [];
-      for (let i = 0; i < at.length; i++) hashes.push(blocks[at[i] - base]);
+      for (let i = 0; i < at.length; i++) hashes.push(blockAt(blocks, at[i] - base));
       return book(ek, hashes, at, base + blocks.length, tokens, requests, pending || 0);
     },
     holdLike(ek, g) {
@@ -414,7 +422,7 @@ export function keyedLedger(st: Store): LoadLedger {
         if (!(st.num("AC:" + ek) > 0)) continue;
         if (at === null) {
           at = markPositions(0, blocks.length);
-          for (let j = 0; j < at.length; j++) hashes.push(blocks[at[j]]);
+          for (let j = 0; j < at.length; j++) hashes.push(blockAt(blocks, at[j]));
         }
         const n = markedPrefix(hashes, at, blocks.length, marked("A:", ek));
         if (n) out[ek] = n;
@@ -432,11 +440,11 @@ export function keyedLedger(st: Store): LoadLedger {
         let n = 0;
         let prev = -1;
         for (let i = 0; i < grid.length && grid[i] < lim; i++) {
-          if (st.num("Q:" + ek + ":" + blocks[grid[i]]) > 0) n += grid[i] - prev;
+          if (st.num("Q:" + ek + ":" + blockAt(blocks, grid[i])) > 0) n += grid[i] - prev;
           prev = grid[i];
         }
         // The blocks after the last grid position below lim, by the last of them.
-        if (lim - 1 > prev && st.num("Q:" + ek + ":" + blocks[lim - 1]) > 0) n += lim - 1 - prev;
+        if (lim - 1 > prev && st.num("Q:" + ek + ":" + blockAt(blocks, lim - 1)) > 0) n += lim - 1 - prev;
         if (n) out[ek] = n;
       }
       return out;
@@ -586,7 +594,57 @@ export function guardKey(rid: string, which: GuardSlot): string {
 }
 
 export function saveGuard(st: Store, rid: string, which: GuardSlot, g: Guard): void {
-  st.set(guardKey(rid, which), JSON.stringify(g));
+  st.set(guardKey(rid, which), guardJson(g));
+}
+
+/** A character JSON would escape in a string (the hashes and epoch keys never hold one). */
+const NEEDS_ESCAPE = /["\\\x00-\x1f]/;
+/** A list of non-negative integers joined with ",". */
+const PLAIN_INTS = /^[0-9,]*$/;
+
+function plainNumber(x: number): boolean {
+  return typeof x === "number" && isFinite(x);
+}
+
+/**
+ * JSON.stringify(g) for the guards the ledger books, built from Array.join:
+ * njs's JSON.stringify formats a guard's few hundred marks one value at a
+ * time through its generic path, many times slower than join copies them.
+ * The text is byte for byte what JSON.stringify gives (same fields, same
+ * order), so readers keep JSON.parse. Anything that would need escaping or
+ * another number form goes through JSON.stringify itself.
+ */
+export function guardJson(g: Guard): string {
+  const ek = String(g.epochKey);
+  const at = g.at ? g.at.join(",") : "";
+  if (
+    NEEDS_ESCAPE.test(ek) ||
+    NEEDS_ESCAPE.test(g.blocks.join("")) ||
+    !plainNumber(g.tokens) ||
+    !plainNumber(g.requests) ||
+    !plainNumber(g.pending) ||
+    typeof g.done !== "boolean" ||
+    (g.at !== undefined && !(PLAIN_INTS.test(at) && plainNumber(g.n as number))) ||
+    (g.at === undefined && g.n !== undefined)
+  )
+    return JSON.stringify(g);
+  const parts = [
+    '{"epochKey":"',
+    ek,
+    '","blocks":[',
+    g.blocks.length ? '"' + g.blocks.join('","') + '"' : "",
+    '],"tokens":',
+    String(g.tokens),
+    ',"requests":',
+    String(g.requests),
+    ',"pending":',
+    String(g.pending),
+    ',"done":',
+    g.done ? "true" : "false",
+  ];
+  if (g.at !== undefined) parts.push(',"at":[', at, '],"n":', String(g.n));
+  parts.push("}");
+  return parts.join("");
 }
 
 /** Accepts a push sequence for a stream if it is newer than the last one; returns the last one otherwise. */

@@ -298,11 +298,17 @@ test(
 async function helperStack(
   simId: string,
   vars: Record<string, string>,
-): Promise<{ ng: Awaited<ReturnType<typeof startNginx1>>; asked: () => Promise<number> }> {
+): Promise<{
+  ng: Awaited<ReturnType<typeof startNginx1>>;
+  asked: () => Promise<number>;
+  helperUrl: string;
+  sim: Awaited<ReturnType<typeof startSim>>;
+}> {
   const sim = await startSim(simId, FAST);
   const port = await freePort();
   const ng = await startNginx1(n8!, { tokenizer_url: `http://127.0.0.1:${port}/v1/tokenize`, ...vars });
-  const br = await startBridgeAt(sim.address, `${ng.url}/_infera/push`, port);
+  // workerArg: with its KV event stream, so nginx's mirror learns what the engine cached.
+  const br = await startBridgeAt(workerArg([sim]), `${ng.url}/_infera/push`, port);
   await waitFor(
     "fleet",
     async () => ((await (await fetch(`${ng.url}/v1/admin/workers`)).json()) as unknown[]).length === 1,
@@ -311,8 +317,60 @@ async function helperStack(
     const m = await (await fetch(`http://127.0.0.1:${br.adminPort}/metrics`)).text();
     return Number(/infera_bridge_tokenize_requests_total\{result="ok"\} (\d+)/.exec(m)?.[1] ?? 0);
   };
-  return { ng, asked };
+  return { ng, asked, helperUrl: br.tokenizeUrl, sim };
 }
+
+test(
+  "the helper packs a long prompt's hashes only for a caller that asks (X-Infera-Answer: packed), the same hashes as its JSON list; nginx routes on them",
+  { skip, timeout: 120000 },
+  async () => {
+    const { ng, asked, helperUrl, sim } = await helperStack("pk0", {});
+    const body = JSON.stringify({
+      model: "m",
+      max_tokens: 1,
+      messages: [{ role: "user", content: longText("packed", 900) }],
+    });
+    const ask = async (extra: Record<string, string>) => {
+      const r = await fetch(helperUrl, {
+        method: "POST",
+        headers: {
+          "content-type": "application/json",
+          "x-infera-endpoint": "chat",
+          "x-infera-block-size": "16",
+          "x-infera-limits": "8388608,4096,512,64",
+          ...extra,
+        },
+        body,
+      });
+      assert.equal(r.status, 200);
+      return r.text();
+    };
+    // A caller from before the packed answer (an older bundle) sends no X-Infera-Answer: the JSON list.
+    const plain = JSON.parse(await ask({})) as { t: number; b: string[]; x: boolean; mh: string[] };
+    assert.ok(plain.b.length > 100, `${plain.b.length} hashes`);
+    const packed = await ask({ "x-infera-answer": "packed" });
+    const nl = packed.indexOf("\n");
+    assert.ok(nl > 0, "a JSON line, then the hashes");
+    assert.deepEqual(JSON.parse(packed.slice(0, nl)), { t: plain.t, n: plain.b.length, x: plain.x, mh: plain.mh });
+    assert.equal(packed.slice(nl + 1), plain.b.join(""));
+    assert.equal(packed.length - nl - 1, plain.b.length * 16);
+    // Through nginx (which asks for the packed answer): the second time, the prompt's blocks are found cached.
+    const before = await asked();
+    assert.equal(await post(ng, "/v1/chat/completions", JSON.parse(body)), 200);
+    const hits0 = await hitBlocks(ng);
+    const full = Math.floor(plain.t / 16);
+    await waitFor(
+      "the prompt's KV events in nginx's mirror",
+      async () =>
+        ((await (await fetch(`${ng.url}/v1/admin/cache-view/${sim.address}`)).json()) as { block_count: number })
+          .block_count >= full,
+    );
+    await mirrorSettled(ng, [sim]);
+    assert.equal(await post(ng, "/v1/chat/completions", JSON.parse(body)), 200);
+    assert.equal((await asked()) - before, 2, "both went to the helper");
+    assert.equal((await hitBlocks(ng)) - hits0, full, "every full block found cached");
+  },
+);
 
 test(
   "njs estimates a prompt's tokens from its UTF-8 bytes as the Envoy path does: characters beyond U+FFFF count 4 bytes",

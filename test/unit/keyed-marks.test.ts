@@ -5,9 +5,9 @@
 // Map/Set ledger's (equal below 32 blocks, within the grid's 1/16 above).
 import { test } from "node:test";
 import * as assert from "node:assert/strict";
-import { keyedState } from "../../core/state/keyed";
+import { guardJson, keyedState } from "../../core/state/keyed";
 import { memoryState } from "../../core/state/memory";
-import { gridPositions, markPositions, markedPrefix } from "../../core/state/marks";
+import { blockAt, gridPositions, markPositions, markedPrefix, packedBlocks } from "../../core/state/marks";
 import { memStore, Store } from "../../core/store";
 import { BlockHash, EpochKey } from "../../core/types";
 import { blockHashes } from "../../core/hash";
@@ -241,4 +241,91 @@ test("clearing a worker's mirror lists the store's keys at most once, and only f
   listings = 0;
   clearAllTiers(m, E("a#1"));
   assert.equal(listings, 0, "an empty mirror is cleared without a listing");
+});
+
+test("a saved guard's record is JSON.stringify's text, byte for byte, for every guard the ledger books and odd ones", () => {
+  const s = keyedState(memStore());
+  const ek = E("127.0.0.1:8000#3");
+  const guards: unknown[] = [];
+  for (const n of [0, 1, 2, 31, 32, 33, 100, 1000, 7019]) {
+    const blocks = prompt(n, n, n, 1);
+    guards.push(s.load.hold(ek, blocks, n * 16, 1));
+    if (n > 2) guards.push(s.load.hold(ek, blocks.slice(2), 0, 0, (n - 2) * 16, 2));
+  }
+  const main = s.load.hold(ek, prompt(9, 50, 50, 2), 800, 1) as unknown as Record<string, unknown>;
+  // A guard of a bundle from before the compact marks (no at/n), one done, and ones JSON has to escape or reformat.
+  guards.push({ epochKey: ek, blocks: ["a", "b"], tokens: 5, requests: 1, pending: 0, done: false });
+  guards.push({ ...main, done: true });
+  guards.push({ ...main, epochKey: 'w"1\\x#2' });
+  guards.push({ ...main, blocks: ["a\nb", "c"] });
+  guards.push({ ...main, tokens: NaN, requests: Infinity });
+  guards.push({ ...main, at: [1.5, -2], n: 3 });
+  guards.push({ ...main, pending: undefined });
+  for (const g of guards) {
+    const text = guardJson(g as Parameters<typeof guardJson>[0]);
+    assert.equal(text, JSON.stringify(g));
+    assert.deepEqual(JSON.parse(text), JSON.parse(JSON.stringify(g)));
+  }
+});
+
+test("a prompt's hashes packed (the tokenizer helper's answer to njs) pick, hit, hold and release exactly as the full list", () => {
+  let seed = 7;
+  const rnd = (n: number) => {
+    seed = (seed * 1103515245 + 12345) & 0x7fffffff;
+    return seed % n;
+  };
+  const tiers = ["", "|CPU", "|DISK"];
+  for (let c = 0; c < 40; c++) {
+    const cfg = { ...defaultConfig(), kvTierWeights: { GPU: 1, CPU: 0.3, DISK: 0.1 } };
+    const routers = [createRouter(keyedState(memStore()), cfg), createRouter(keyedState(memStore()), cfg)];
+    const n = 40 + rnd(9000);
+    const base = prompt(c, n, n, 0);
+    for (const r of routers)
+      for (let w = 0; w < 3; w++) r.addWorker({ id: "w" + w, address: "127.0.0.1:" + (w + 1), role: "mixed" });
+    const eks = routers.map((r) => r.workers().map((w) => w.epochKey));
+    // Cached runs (some with holes, some in lower tiers) on random workers, the same in both routers.
+    for (let h = 0; h < 1 + rnd(4); h++) {
+      const w = rnd(3);
+      const t = tiers[rnd(3)];
+      const from = rnd(3) ? 0 : rnd(n);
+      const to = from + rnd(n - from + 1);
+      for (let i = from; i < to; i++) {
+        if (rnd(500) === 0) continue;
+        for (let k = 0; k < 2; k++) routers[k].state.mirror.store(E(eks[k][w] + t), "e" + h + ":" + i, base[i]);
+      }
+    }
+    // A few requests sharing a prefix of it, picked in both routers, some left in flight.
+    const open: [ReturnType<(typeof routers)[0]["pick"]>, ReturnType<(typeof routers)[0]["pick"]>][] = [];
+    for (let q = 0; q < 4; q++) {
+      const m = 1 + rnd(n);
+      const blocks = q === 0 ? base : base.slice(0, m).concat(prompt(c * 10 + q, 0, rnd(200), q + 1));
+      const full = { blocks, inputTokens: blocks.length * 16, exact: true, mediaHashes: [], n: 1 };
+      const packed = { ...full, blocks: packedBlocks(blocks.join(""), blocks.length) as BlockHash[] };
+      const p = [routers[0].pick(full), routers[1].pick(packed)] as const;
+      assert.equal(p[1].target.id, p[0].target.id, `case ${c}.${q}: the same worker`);
+      assert.deepEqual(p[1].candidates, p[0].candidates, `case ${c}.${q}: the same costs and hits`);
+      assert.equal(p[1].uncachedTokens, p[0].uncachedTokens);
+      const g = [p[0].reservation.guards(), p[1].reservation.guards()];
+      assert.equal(JSON.stringify(g[1].main), JSON.stringify(g[0].main));
+      assert.equal(JSON.stringify(g[1].queued), JSON.stringify(g[0].queued));
+      if (rnd(2)) open.push([p[0], p[1]]);
+      else for (const x of p) x.reservation.finish();
+    }
+    for (const [a, b] of open) {
+      a.reservation.finish();
+      b.reservation.finish();
+    }
+    assert.equal(routers[1].openGuards(), 0);
+  }
+});
+
+test("a packed list holds the marks' hashes and cuts any other position on first read", () => {
+  const blocks = prompt(2, 500, 500, 0);
+  const p = packedBlocks(blocks.join(""), blocks.length);
+  assert.equal(p.length, 500);
+  for (const i of markPositions(0, 500)) assert.equal(p[i], blocks[i]);
+  assert.equal(p[34], undefined, "off the grid: not made yet");
+  for (let i = 0; i < 500; i++) assert.equal(blockAt(p, i), blocks[i]);
+  assert.equal(blockAt(p, 500), undefined);
+  assert.equal(blockAt(blocks, 7), blocks[7]);
 });

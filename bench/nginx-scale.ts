@@ -6,7 +6,7 @@
 // prefill or decode cost, so the latencies are nginx's own.
 // Usage: npm run bench:nginx-scale -- [--sizes 1k,8k,32k,112k,200k] [--long 112k] [--shorts 120]
 //   [--paths njs,helper] [--baseline-dist DIR] [--short-kinds chat,admin] [--nice-others N] [--ext-turns N]
-//   [--bridge-args "--flag v"] [--bridge-log DIR] [--idle-shorts N]
+//   [--bridge-args "--flag v"] [--bridge-log DIR] [--idle-shorts N] [--short-gap-ms N]
 // --baseline-dist runs each path a second time ("<path> base") with the njs
 // bundle in DIR (npm run build:njs in a checkout of the old commit), in the
 // same run, alternating with this checkout's bundle.
@@ -48,6 +48,9 @@ const bridgeArgs = opt("--bridge-args", "").split(" ").filter(Boolean);
 // --bridge-log DIR: each stack's bridge and nginx logs written there at the end.
 const bridgeLogDir = opt("--bridge-log", "");
 // --idle-shorts N: shorts with no long prompt in flight; their p99 over their median is the floor of the tail.
+// --short-gap-ms N: a pause between shorts, so that they spread over several rounds of long prompts
+// and meet the KV event pushes of the rounds before (published as a prompt finishes).
+const shortGapMs = Math.max(0, Number(opt("--short-gap-ms", "0")));
 const idleShorts = Math.min(1000, Math.max(10, Number(opt("--idle-shorts", "30"))));
 
 /** The bridge's push counters (njs/bridge.ts): ok and refused pushes, resyncs. */
@@ -302,6 +305,7 @@ async function main(): Promise<void> {
       while (inFlight > 0 && added.length < shorts) {
         const r = await shortOne();
         if (inFlight > 0) added.push(r.ms - base);
+        if (shortGapMs) await sleep(shortGapMs);
       }
       const done = await Promise.all(longs);
       for (const d of done) if (d.status !== 200) throw new Error(`long prompt: HTTP ${d.status}`);

@@ -6,7 +6,7 @@
 // prefill or decode cost, so the latencies are nginx's own.
 // Usage: npm run bench:nginx-scale -- [--sizes 1k,8k,32k,112k,200k] [--long 112k] [--shorts 120]
 //   [--paths njs,helper] [--baseline-dist DIR] [--short-kinds chat,admin] [--nice-others N] [--ext-turns N]
-//   [--bridge-args "--flag v"] [--bridge-log DIR] [--idle-shorts N] [--short-gap-ms N]
+//   [--bridge-args "--flag v"] [--bridge-log DIR] [--idle-shorts N] [--short-gap-ms N] [--sim-capacity-blocks N]
 // --baseline-dist runs each path a second time ("<path> base") with the njs
 // bundle in DIR (npm run build:njs in a checkout of the old commit), in the
 // same run, alternating with this checkout's bundle.
@@ -51,6 +51,9 @@ const bridgeLogDir = opt("--bridge-log", "");
 // --short-gap-ms N: a pause between shorts, so that they spread over several rounds of long prompts
 // and meet the KV event pushes of the rounds before (published as a prompt finishes).
 const shortGapMs = Math.max(0, Number(opt("--short-gap-ms", "0")));
+// --sim-capacity-blocks N: each simulator's KV capacity. nginx's mirror of every engine block must fit its
+// shared dict zones (the number zone fills first): a zone full refuses pushes and the bridge resyncs.
+const simCapacity = Number(opt("--sim-capacity-blocks", "200000"));
 const idleShorts = Math.min(1000, Math.max(10, Number(opt("--idle-shorts", "30"))));
 
 /** The bridge's push counters (njs/bridge.ts): ok and refused pushes, resyncs. */
@@ -124,7 +127,7 @@ async function main(): Promise<void> {
   if (!fl) throw new Error("njs >= 0.8 not set up: bash scripts/njs08.sh");
   process.stderr.write("building the njs bundle\n");
   await buildNjs();
-  const sims: Sim[] = await Promise.all(["b0", "b1"].map((id) => startSim(id, freeEngineArgs(200000))));
+  const sims: Sim[] = await Promise.all(["b0", "b1"].map((id) => startSim(id, freeEngineArgs(simCapacity))));
   // Per path two stacks: one whose bridge follows the engines' KV events (the
   // extending turns need a mirror), one without events, where a cold prompt's
   // CPU is routing alone (a KV event batch of thousands of new blocks lands on

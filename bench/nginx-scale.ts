@@ -6,6 +6,7 @@
 // prefill or decode cost, so the latencies are nginx's own.
 // Usage: npm run bench:nginx-scale -- [--sizes 1k,8k,32k,112k,200k] [--long 112k] [--shorts 120]
 //   [--paths njs,helper] [--baseline-dist DIR] [--short-kinds chat,admin] [--nice-others N] [--ext-turns N]
+//   [--bridge-args "--flag v"] [--bridge-log DIR] [--idle-shorts N] [--short-gap-ms N] [--sim-capacity-blocks N]
 // --baseline-dist runs each path a second time ("<path> base") with the njs
 // bundle in DIR (npm run build:njs in a checkout of the old commit), in the
 // same run, alternating with this checkout's bundle.
@@ -35,12 +36,43 @@ const baseDist = opt("--baseline-dist", "");
 const shortKinds = opt("--short-kinds", "chat").split(",");
 // --nice-others N: renice the bridges (the tokenizer helper) and the simulators
 // by N, so the nginx worker wins the 2 cores: what is left of a short's wait is
-// the worker's own blocking, not CPU taken by the processes beside it.
+// the worker's own blocking, not CPU taken by the processes beside it. The
+// other stacks' nginx workers too, row by row (they apply the same pushes).
 const niceOthers = Number(opt("--nice-others", "0"));
 // --ext-turns N: extending turns of each cached conversation measured in one
 // CPU window, one after the other, and the worker's CPU divided by N: with
 // 10 ms ticks, one turn alone reads 0, 10 or 20 ms; N turns resolve 10/N ms.
 const extTurns = Math.min(200, Math.max(1, Number(opt("--ext-turns", "1"))));
+// --bridge-args "...": extra flags for every bridge (e.g. --bridge-push-max-blocks 0).
+const bridgeArgs = opt("--bridge-args", "").split(" ").filter(Boolean);
+// --bridge-log DIR: each stack's bridge and nginx logs written there at the end.
+const bridgeLogDir = opt("--bridge-log", "");
+// --idle-shorts N: shorts with no long prompt in flight; their p99 over their median is the floor of the tail.
+// --short-gap-ms N: a pause between shorts, so that they spread over several rounds of long prompts
+// and meet the KV event pushes of the rounds before (published as a prompt finishes).
+const shortGapMs = Math.max(0, Number(opt("--short-gap-ms", "0")));
+// --sim-capacity-blocks N: each simulator's KV capacity. nginx's mirror of every engine block must fit its
+// shared dict zones (the number zone fills first): a zone full refuses pushes and the bridge resyncs.
+const simCapacity = Number(opt("--sim-capacity-blocks", "200000"));
+const idleShorts = Math.min(1000, Math.max(10, Number(opt("--idle-shorts", "30"))));
+
+/** The bridge's push counters (njs/bridge.ts): ok and refused pushes, resyncs. */
+async function bridgeCounts(adminPort: number): Promise<{ ok: number; refused: number; resyncs: number }> {
+  const text = await (await fetch(`http://127.0.0.1:${adminPort}/metrics`)).text();
+  const out = { ok: 0, refused: 0, resyncs: 0 };
+  for (const line of text.split("\n")) {
+    const m = /^infera_bridge_pushes_total\{[^}]*result="([^"]+)"[^}]*\} (\d+)/.exec(line);
+    if (m) {
+      if (m[1] === "ok") out.ok += Number(m[2]);
+      else out.refused += Number(m[2]);
+    }
+    const r = /^infera_bridge_resyncs_total (\d+)/.exec(line);
+    if (r) out.resyncs += Number(r[1]);
+  }
+  return out;
+}
+const countsDelta = (a: { ok: number; refused: number; resyncs: number }, b: typeof a) =>
+  `${b.ok - a.ok} ok / ${b.refused - a.refused} refused / ${b.resyncs - a.resyncs} resyncs`;
 // Prompts of a given token count: textOfTokens calibrates longText's words per
 // seed (a word's tokens grow with the seed's length; a fixed 150 words per
 // 1,024 tokens made the long prompts of earlier runs 1.7-3x their label).
@@ -82,6 +114,10 @@ async function measured(ng: NginxStack, b: string): Promise<{ cpu: number; ms: n
 interface Side {
   name: string;
   ng: NginxStack;
+  /** Its bridge's admin port (push counters) and log. */
+  bridge: { adminPort: number; log: () => string };
+  /** Per cold prompt with events: the bridge's pushes in its window. */
+  pushes: string[];
   /** Per prompt size, per round: [cold CPU ms, extending-turn CPU ms, added latency ms, cold + its KV events CPU ms]. */
   res: Record<number, number[][]>;
 }
@@ -91,7 +127,7 @@ async function main(): Promise<void> {
   if (!fl) throw new Error("njs >= 0.8 not set up: bash scripts/njs08.sh");
   process.stderr.write("building the njs bundle\n");
   await buildNjs();
-  const sims: Sim[] = await Promise.all(["b0", "b1"].map((id) => startSim(id, freeEngineArgs(200000))));
+  const sims: Sim[] = await Promise.all(["b0", "b1"].map((id) => startSim(id, freeEngineArgs(simCapacity))));
   // Per path two stacks: one whose bridge follows the engines' KV events (the
   // extending turns need a mirror), one without events, where a cold prompt's
   // CPU is routing alone (a KV event batch of thousands of new blocks lands on
@@ -107,15 +143,34 @@ async function main(): Promise<void> {
       const url = name.startsWith("njs") ? '""' : `http://127.0.0.1:${adminPort}/v1/tokenize`;
       const ng = await startNginx1(fl, { tokenizer_url: url }, name.endsWith(" base") ? baseDist : undefined);
       const workers = events ? workerArg(sims) : sims.map((s) => s.address).join(",");
-      const br = await startBridgeAt(workers, `${ng.url}/_infera/push`, adminPort);
+      const br = await startBridgeAt(workers, `${ng.url}/_infera/push`, adminPort, bridgeArgs);
       others.push(br.proc.child.pid as number);
-      (events ? sides : quiet).push({ name, ng, res: {} });
+      (events ? sides : quiet).push({
+        name,
+        ng,
+        res: {},
+        bridge: { adminPort: br.adminPort, log: () => br.proc.log() },
+        pushes: [],
+      });
       await waitFor(
         "fleet in nginx",
         async () => ((await (await fetch(`${ng.url}/v1/admin/workers`)).json()) as unknown[]).length === sims.length,
       );
       for (let i = 0; i < 3; i++) await post(ng.url, body(textOfTokens(`warm${name}${events}${i}`, 4000)));
     }
+  const saveLogs = () => {
+    if (!bridgeLogDir) return;
+    fs.mkdirSync(bridgeLogDir, { recursive: true });
+    for (const [list, kind] of [
+      [sides, "events"],
+      [quiet, "quiet"],
+    ] as [Side[], string][])
+      for (const s of list) {
+        const stem = `${bridgeLogDir}/${s.name.replace(/ /g, "-")}-${kind}`;
+        fs.writeFileSync(`${stem}-bridge.log`, s.bridge.log());
+        fs.writeFileSync(`${stem}-nginx.log`, s.ng.proc.log());
+      }
+  };
   // The KV events of the last request applied: nginx's mirror counts stop moving.
   const synced = async (ng: NginxStack) => {
     let last = "";
@@ -162,9 +217,11 @@ async function main(): Promise<void> {
           // Its CPU until the mirror settles: the routing and the pushes of the prompt's stored blocks.
           await synced(s.ng);
           const c0 = cpuMs(s.ng.workerPid);
+          const p0 = await bridgeCounts(s.bridge.adminPort);
           await post(s.ng.url, body(conv));
           await synced(s.ng);
           withEvents.push(cpuMs(s.ng.workerPid) - c0);
+          s.pushes.push(countsDelta(p0, await bridgeCounts(s.bridge.adminPort)));
           await sleep(30);
           const e0 = cpuMs(s.ng.workerPid);
           for (let t = 0; t < extTurns; t++) {
@@ -195,13 +252,16 @@ async function main(): Promise<void> {
         `| ${size.toLocaleString("en-US")} | ${s.name} | ${avg(0).toFixed(1)} | ${avg(1).toFixed(1)} | ${avg(2).toFixed(1)} | ${avg(3).toFixed(1)} |`,
       );
     }
+    for (const s of sides) console.log(`${s.name}: bridge pushes per cold prompt window: ${s.pushes.join("; ")}`);
+    for (const s of sides) s.pushes = [];
+    saveLogs();
   }
 
   // Short requests on the same worker while 4 long prompts route.
   console.log(
-    `\n| path | short-request p50 added ms | p99 added ms | max added ms | while 4 concurrent ${longSize.toLocaleString("en-US")}-token prompts |`,
+    `\n| path | short-request p50 added ms | p99 added ms | max added ms | while 4 concurrent ${longSize.toLocaleString("en-US")}-token prompts | idle shorts: p99 - median ms | bridge pushes in the row |`,
   );
-  console.log("|---|---:|---:|---:|---|");
+  console.log("|---|---:|---:|---:|---|---:|---|");
   if (niceOthers > 0)
     for (const pid of others)
       // Every thread: Linux nices threads one by one (the helper's tokenizer threads are their own).
@@ -217,7 +277,13 @@ async function main(): Promise<void> {
     .map((s) => ({ s, label: s.name + ", no KV events" }))
     .concat(sides.map((s) => ({ s, label: s.name + ", KV events on" })));
   const runs = all.flatMap((a) => shortKinds.map((kind) => ({ ...a, kind })));
+  // Every stack with events applies every long prompt's pushes (all bridges follow the same simulators):
+  // with --nice-others, the nginx workers of the stacks not measured are niced too.
+  const workerPids = quiet.concat(sides).map((x) => x.ng.workerPid);
+  const workerNice = os.getPriority(workerPids[0]);
   for (const { s, label: name, kind } of shortKinds[0] === "none" ? [] : runs) {
+    if (niceOthers > 0)
+      for (const pid of workerPids) os.setPriority(pid, pid === s.ng.workerPid ? workerNice : niceOthers);
     const label = `${name}, short = ${kind === "admin" ? "GET /v1/admin/reservations" : "chat"}${niceOthers ? `, others niced +${niceOthers}` : ""}`;
     const shortOne = async () => {
       if (kind !== "admin") return post(s.ng.url, shortBody);
@@ -227,8 +293,9 @@ async function main(): Promise<void> {
       return { ms: performance.now() - t0, status: r.status, worker: null };
     };
     const idle: number[] = [];
-    for (let i = 0; i < 30; i++) idle.push((await shortOne()).ms);
+    for (let i = 0; i < idleShorts; i++) idle.push((await shortOne()).ms);
     const base = median(idle);
+    const b0 = await bridgeCounts(s.bridge.adminPort);
     const added: number[] = [];
     let round = 0;
     while (added.length < shorts && round < 50) {
@@ -241,14 +308,17 @@ async function main(): Promise<void> {
       while (inFlight > 0 && added.length < shorts) {
         const r = await shortOne();
         if (inFlight > 0) added.push(r.ms - base);
+        if (shortGapMs) await sleep(shortGapMs);
       }
       const done = await Promise.all(longs);
       for (const d of done) if (d.status !== 200) throw new Error(`long prompt: HTTP ${d.status}`);
     }
     console.log(
-      `| ${label} | ${pctNearestRank(added, 50).toFixed(1)} | ${pctNearestRank(added, 99).toFixed(1)} | ${Math.max(...added).toFixed(1)} | ${added.length} shorts over ${round} rounds (idle short ${base.toFixed(1)} ms) |`,
+      `| ${label} | ${pctNearestRank(added, 50).toFixed(1)} | ${pctNearestRank(added, 99).toFixed(1)} | ${Math.max(...added).toFixed(1)} | ${added.length} shorts over ${round} rounds (idle short ${base.toFixed(1)} ms) | ${(pctNearestRank(idle, 99) - base).toFixed(1)} | ${countsDelta(b0, await bridgeCounts(s.bridge.adminPort))} |`,
     );
+    saveLogs();
   }
+  saveLogs();
 }
 
 main().then(

@@ -1115,6 +1115,15 @@ function builtinFlags(): FlagSpec[] {
       help: "pending pushes before the bridge stops queueing and resyncs nginx in full",
     },
     {
+      name: "bridge-push-max-blocks",
+      kind: "int",
+      def: 256,
+      min: 0,
+      max: 1000000,
+      commands: ["bridge"],
+      help: "KV event blocks per push to nginx: a longer engine batch goes as several pushes in order, so no single step of the nginx worker applies thousands of blocks (0 = one push per batch)",
+    },
+    {
       name: "bridge-backoff-max-ms",
       kind: "int",
       def: 5000,

@@ -196,7 +196,20 @@ export interface ApplyOptions {
    * (what the bridge sends njs as ours / oursFrom).
    */
   onChain?: (event: number, from: BlockHash | null, hashes: BlockHash[]) => void;
+  /**
+   * This batch is part `part` (0-based) of `partOf` parts of engine batch seq,
+   * which the bridge cut so that no single push (one step of the nginx
+   * worker) applies thousands of blocks (njs/bridge.ts splitBatch). A part
+   * after the first must follow the part before it of the same seq (the
+   * mirror's OPEN_PART marker), else it is a gap; the sequence moves to seq
+   * with the last part, so a batch after an unfinished one is a gap too.
+   */
+  part?: number;
+  partOf?: number;
 }
+
+/** Meta of a worker whose split batch is under way: "<seq>:<last part applied>". */
+const OPEN_PART = "open-part";
 
 /**
  * Resync to a placement snapshot: keep exactly the mirrored blocks the engine
@@ -256,11 +269,20 @@ export function applyBatch(
   const hadSeq = mirror.sequence(ek);
   let snapshot = false;
   for (let i = 0; i < events.length; i++) if (events[i].type === "Snapshot") snapshot = true;
-  if (hadSeq !== undefined && seq !== hadSeq + 1 && !snapshot) {
+  const part = opts.part || 0;
+  const partOf = opts.partOf && opts.partOf > 1 ? opts.partOf : 1;
+  const open = mirror.meta(ek, OPEN_PART);
+  const follows =
+    part > 0 ? open === seq + ":" + (part - 1) : open === undefined && (hadSeq === undefined || seq === hadSeq + 1);
+  if (!follows && !snapshot) {
     clearAllTiers(mirror, ek);
     res.gap = true;
   }
-  mirror.setSequence(ek, seq);
+  if (part < partOf - 1) mirror.setMeta(ek, OPEN_PART, seq + ":" + part);
+  else {
+    if (open !== undefined) mirror.setMeta(ek, OPEN_PART, undefined);
+    mirror.setSequence(ek, seq);
+  }
   const buf = blockBuffer(blockSize);
   for (let i = 0; i < events.length; i++) {
     const ev = events[i];
@@ -356,6 +378,7 @@ export function applyBatch(
 export function forgetMirror(mirror: MirrorIndex, ek: EpochKey): void {
   clearAllTiers(mirror, ek);
   mirror.setSequence(ek, undefined);
+  mirror.setMeta(ek, OPEN_PART, undefined);
 }
 
 /** Block counts per tier for admin views. */

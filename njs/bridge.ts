@@ -27,7 +27,7 @@ import { spec } from "../runtime/metrics";
 import { listenError, runCommand, version } from "../runtime/args";
 import { CLOSE_BUDGET_MS, closeStep, onShutdown } from "../runtime/shutdown";
 import { tokenizeHelper, TokenizeHelper } from "./tokenize-helper";
-import { KvAnnotator } from "./kv-annotate";
+import { KvAnnotator, splitBatch } from "./kv-annotate";
 
 interface ShadowBlock {
   parent: string | null;
@@ -237,6 +237,8 @@ export class Bridge implements Fleet {
   private pumping = false;
   private closed = false;
   private lastPseq = 0;
+  /** nginx's bundle checks the parts of a cut batch (post). */
+  private nginxParts = false;
   private attempt = 0;
   private heartbeat: NodeJS.Timeout | null = null;
   /** nginx may hold less than we pushed: the next successful contact is a full resync. */
@@ -322,15 +324,48 @@ export class Bridge implements Fleet {
     return this.lastPseq;
   }
 
+  /**
+   * One push, or an events batch of more than --bridge-push-max-blocks blocks
+   * as several: each part is its own push and so its own step of the nginx
+   * worker, which serves other requests between them (the pump waits for each
+   * answer). Parts carry the batch's seq and their place in it (part, partOf);
+   * njs applies a part only after the part before it, else it answers gap.
+   * A gap on a later part is ours to repair (a part lost), so it resyncs. Batches
+   * are cut only once nginx's bundle says it checks parts (parts: true in a
+   * fleet or events answer): an older bundle would take a later part for a gap.
+   */
   private async post(body: Push): Promise<void> {
-    if (body.type === "events") {
-      // Our block hashes ride with the batch, so njs stores them without hashing (njs/kv-annotate.ts).
+    if (body.type !== "events") return void (await this.send(body));
+    const events = body.events as KvEvent[];
+    const parts = this.nginxParts ? splitBatch(events, this.opts.bridgePushMaxBlocks) : [events];
+    for (let k = 0; k < parts.length; k++) {
+      const part: Push = { type: "events", worker: body.worker, seq: body.seq, events: parts[k] };
+      if (k === 0 && body.restart) part.restart = true;
+      if (parts.length > 1) {
+        part.part = k;
+        part.partOf = parts.length;
+      }
+      // Our block hashes ride with the part, so njs stores them without hashing (njs/kv-annotate.ts).
       try {
-        this.annotator.annotate(String(body.worker), Number(body.seq), body.events as KvEvent[], !!body.restart);
+        this.annotator.annotate(
+          String(body.worker),
+          Number(body.seq),
+          parts[k],
+          k === 0 && !!body.restart,
+          k,
+          parts.length,
+        );
       } catch (e) {
         /* no hashes: njs hashes the tokens itself */
       }
+      const res = await this.send(part);
+      // A gap on the first part is the engine's (njs cleared, as for a whole batch); on a later one, ours.
+      if (parts.length > 1 && ((k > 0 && res.gap === true) || res.parts !== true))
+        throw new Error(`nginx did not take part ${k + 1} of ${parts.length} of batch ${body.seq} in order: resyncing`);
     }
+  }
+
+  private async send(body: Push): Promise<Record<string, unknown>> {
     const r = await fetch(this.opts.nginxPushUrl, {
       method: "POST",
       headers: { "content-type": "application/json", "x-infera-push-token": this.opts.pushToken },
@@ -344,6 +379,16 @@ export class Bridge implements Fleet {
     }
     this.m.pushes.inc({ type: String(body.type), result: "ok" });
     this.stats.pushed++;
+    // The fleet and events answers say whether the bundle checks parts (the fleet push comes first in a resync).
+    if (body.type !== "events" && body.type !== "workers") return {};
+    let res: Record<string, unknown> = {};
+    try {
+      res = JSON.parse(text) as Record<string, unknown>;
+    } catch (e) {
+      /* not JSON: something in front of nginx that we do not know; no parts */
+    }
+    this.nginxParts = res.parts === true;
+    return res;
   }
 
   private fleetBody(): Push {
@@ -392,7 +437,10 @@ export class Bridge implements Fleet {
     for (const id of Object.keys(this.fleet)) {
       const sh = this.shadows[id];
       if (!sh || sh.seq === null) continue;
-      const batches = sh.replay(2000);
+      // Each replayed batch is one push, one step of the nginx worker: at most --bridge-push-max-blocks blocks.
+      const batches = sh.replay(
+        this.opts.bridgePushMaxBlocks > 0 ? Math.min(2000, this.opts.bridgePushMaxBlocks) : 2000,
+      );
       // Sequence numbers end at the shadow's, so the next live batch follows on.
       batches.forEach((events, i) =>
         bodies.push({ type: "events", worker: id, seq: (sh.seq as number) - (batches.length - 1 - i), events }),

@@ -522,7 +522,8 @@ function push(r: NjsRequest): void {
     const ad = ws[i].adapters || [];
     for (let k = 0; k < ad.length; k++) lt.markAdapter(ad[k]);
   }
-  json(r, 200, { workers: c.router.workers().length });
+  // parts: this bundle checks the parts of a batch the bridge cut (njs/push.ts applyPush).
+  json(r, 200, { workers: c.router.workers().length, parts: true });
 }
 
 /** GET /v1/admin/cache-view/<worker> and /v1/admin/workers. */

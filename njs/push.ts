@@ -13,7 +13,7 @@ import type { Store } from "../core/store";
 import { EngineReadings, EnginePage, nextReading, storeEngineReadings } from "../core/engine-readings";
 import { LoraTable, storeLoraTable } from "../core/lora";
 import { acceptPushSeq, keyedMirror, keyedRegistry, MAX_PUSH_SEQ_AHEAD_US } from "../core/state/keyed";
-import { applyBatch, clearAllTiers, forgetMirror, KvEvent } from "../core/kvevents";
+import { ApplyResult, applyBatch, clearAllTiers, forgetMirror, KvEvent } from "../core/kvevents";
 import { sameSecret } from "../core/util";
 import { errorJson } from "../core/errors";
 import { logHook, NUM_ZONE, sharedStore, STR_ZONE, zonesMissing } from "./phases";
@@ -99,6 +99,9 @@ export interface EventsPush {
   events?: KvEvent[];
   /** The bridge saw the engine restart: drop this worker's mirror first. */
   restart?: boolean;
+  /** Part `part` (0-based) of `partOf` parts of batch seq (core/kvevents.ts ApplyOptions). */
+  part?: number;
+  partOf?: number;
 }
 
 /** Logs (at most once a minute across VMs, best effort) that a zone is full or nearly so. */
@@ -210,7 +213,11 @@ export function applyPush(r: NjsRequest, b: EventsPush): void {
   if (b.restart) forgetMirror(mirror, w.epochKey);
   let res;
   try {
-    res = applyBatch(mirror, w.epochKey, b.seq || 0, b.events || [], blockSize, { maxBlocks: maxBlocks });
+    res = applyBatch(mirror, w.epochKey, b.seq || 0, b.events || [], blockSize, {
+      maxBlocks: maxBlocks,
+      part: typeof b.part === "number" ? b.part : 0,
+      partOf: typeof b.partOf === "number" ? b.partOf : 1,
+    });
   } catch (e) {
     zoneWarning(r, "kv events of " + w.id);
     return fail(
@@ -230,6 +237,8 @@ export function applyPush(r: NjsRequest, b: EventsPush): void {
     logHook(r)("warn", "worker " + w.id + " excluded: " + res.fatal, { worker: w.id });
   }
   r.headersOut["Content-Type"] = "application/json";
+  // parts: this bundle checks a batch's parts in order, so the bridge may cut long batches (njs/bridge.ts).
+  (res as ApplyResult & { parts?: boolean }).parts = true;
   r.return(200, JSON.stringify(res));
 }
 

@@ -108,6 +108,8 @@ export interface Options {
   /** SIGTERM: seconds in-flight ext_proc streams get before the server closes them. */
   drainTimeoutS: number;
   bridgeQueueMax: number;
+  /** KV event blocks per push to nginx (0: one push per engine batch). */
+  bridgePushMaxBlocks: number;
   bridgeBackoffMaxMs: number;
   /** Render-parity probe (runtime/probe.ts): period in ms (0 = on join only), and the engine's tokenize API. */
   renderProbeIntervalMs: number;
@@ -353,6 +355,7 @@ export function optionsFrom(values: Record<string, FlagValue>, cmd: "router" | "
       .filter(Boolean),
     drainTimeoutS: v("drain-timeout-s") as number,
     bridgeQueueMax: v("bridge-queue-max") as number,
+    bridgePushMaxBlocks: v("bridge-push-max-blocks") as number,
     bridgeBackoffMaxMs: v("bridge-backoff-max-ms") as number,
     renderProbeIntervalMs: parseInterval("--render-probe-interval", v("render-probe-interval") as string),
     renderProbeApi: v("render-probe-api") as string as Options["renderProbeApi"],

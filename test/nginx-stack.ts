@@ -117,6 +117,7 @@ export async function startBridgeAt(
   workers: string,
   pushUrl: string,
   adminPort?: number,
+  extra: string[] = [],
 ): Promise<{ proc: Proc; adminPort: number; tokenizeUrl: string }> {
   const port = adminPort ?? (await freePort());
   const proc = run("bridge", process.execPath, [
@@ -129,6 +130,7 @@ export async function startBridgeAt(
     String(port),
     "--workers",
     workers,
+    ...extra,
   ]);
   await waitFor(
     "bridge admin",

@@ -4,6 +4,7 @@
 import { test, before, after } from "node:test";
 import * as assert from "node:assert/strict";
 import * as fs from "fs";
+import * as http from "http";
 import * as path from "path";
 import {
   ROOT,
@@ -22,6 +23,7 @@ import {
   run,
 } from "../harness";
 import { needs } from "../tools";
+import { freeEngineArgs, startBridgeAt, textOfTokens } from "../nginx-stack";
 
 const n8 = nginx08();
 const built = fs.existsSync(path.join(ROOT, "njs/dist/infera.js"));
@@ -352,5 +354,133 @@ test(
       st2.map((x) => x.requests),
       [st[0].requests + 2, st[1].requests + 2],
     );
+  },
+);
+
+test(
+  "a 7,000-block KV event batch goes to nginx in parts of at most --bridge-push-max-blocks; a part lost on the way makes nginx answer gap, the bridge resyncs, and the mirror ends exact",
+  { skip, timeout: 120000 },
+  async () => {
+    // One engine step for the whole prompt: its ~7,000 stored blocks are one KV event batch.
+    const big = await startSim("ngxbig", [
+      ...freeEngineArgs(20000),
+      "--max-num-batched-tokens",
+      "131072",
+      "--served-model-name",
+      "sim-model",
+    ]);
+    const ng4 = await startNginx(n8!);
+    // Between the bridge and nginx: forwards everything, except that it swallows the third part of the
+    // first batch cut into parts and answers it as nginx would have (a part lost after the bridge sent it).
+    const parts: { seq: number; part: number; partOf: number; blocks: number; gap: unknown }[] = [];
+    let swallowed = false;
+    const proxy = http.createServer((req, res) => {
+      const chunks: Buffer[] = [];
+      req.on("data", (c: Buffer) => chunks.push(c));
+      req.on("end", async () => {
+        const raw = Buffer.concat(chunks).toString();
+        const b = raw ? (JSON.parse(raw) as Record<string, unknown>) : {};
+        const cut = b.type === "events" && typeof b.partOf === "number";
+        let blocks = 0;
+        for (const ev of (b.events as { type: string; hashes?: string[] }[]) ?? [])
+          if (ev.type === "BlockStored" || ev.type === "BlockRemoved") blocks += ev.hashes!.length;
+        if (cut && !swallowed && b.part === 2) {
+          swallowed = true;
+          parts.push({ seq: b.seq as number, part: 2, partOf: b.partOf as number, blocks, gap: "lost" });
+          res.writeHead(200, { "content-type": "application/json" });
+          return res.end(JSON.stringify({ stored: blocks, gap: false, parts: true }));
+        }
+        try {
+          const r = await fetch(`${ng4.url}${req.url}`, {
+            method: req.method,
+            headers: {
+              "content-type": "application/json",
+              "x-infera-push-token": String(req.headers["x-infera-push-token"] ?? ""),
+            },
+            body: req.method === "POST" ? raw : undefined,
+          });
+          const text = await r.text();
+          if (cut)
+            parts.push({
+              seq: b.seq as number,
+              part: b.part as number,
+              partOf: b.partOf as number,
+              blocks,
+              gap: r.ok ? (JSON.parse(text) as { gap: unknown }).gap : r.status,
+            });
+          res.writeHead(r.status, { "content-type": r.headers.get("content-type") ?? "application/json" });
+          res.end(text);
+        } catch (e) {
+          res.writeHead(502);
+          res.end(String(e));
+        }
+      });
+    });
+    await new Promise<void>((r) => proxy.listen(0, "127.0.0.1", () => r()));
+    const proxyUrl = `http://127.0.0.1:${(proxy.address() as { port: number }).port}`;
+    try {
+      const br = await startBridgeAt(`${big.address}@${big.events}`, `${proxyUrl}/_infera/push`, undefined, [
+        "--bridge-push-max-blocks",
+        "256",
+        "--bridge-backoff-max-ms",
+        "200",
+      ]);
+      const counts = async () => {
+        const m = await (await fetch(`http://127.0.0.1:${br.adminPort}/metrics`)).text();
+        const n = (re: RegExp) => Number(re.exec(m)?.[1] ?? 0);
+        return {
+          events: n(/^infera_bridge_pushes_total\{type="events",result="ok"\} (\d+)/m),
+          resyncs: n(/^infera_bridge_resyncs_total (\d+)/m),
+        };
+      };
+      const bigView = async () =>
+        (await (await fetch(`${ng4.url}/v1/admin/cache-view/${encodeURIComponent(big.address)}`)).json()) as View;
+      await waitFor("fleet in nginx", async () => (await bigView().catch(() => null))?.block_count === 0, 15000);
+      await waitFor("bridge in sync", async () => (await counts()).resyncs >= 1, 15000);
+      const before = await counts();
+      // Two long prompts: the first batch loses a part on the way, the second goes through whole.
+      for (const seed of ["ngbigA", "ngbigB"]) {
+        assert.equal((await chat(`http://${big.address}`, textOfTokens(seed, 112000), { maxTokens: 1 })).status, 200);
+        const s = await simStats(big);
+        await waitFor(
+          `nginx at the engine's last batch after ${seed}, every block`,
+          async () => {
+            const v = await bigView().catch(() => null);
+            return (
+              !!v && v.seq === s.last_kv_seq && v.block_count === s.cached_blocks && v.tiers.GPU === s.cached_blocks
+            );
+          },
+          30000,
+        ).catch(async (e) => {
+          throw new Error(
+            `${(e as Error).message}: nginx ${JSON.stringify(await bigView())}, engine ${JSON.stringify(s)}`,
+          );
+        });
+      }
+      const after = await counts();
+      const s = await simStats(big);
+      assert.ok(s.cached_blocks > 6000, `two 112k prompts on the engine: ${s.cached_blocks} blocks`);
+      // Cut: no part over the bound, and one batch's parts are many pushes.
+      assert.ok(parts.length > 0, "no batch was cut into parts");
+      assert.ok(
+        parts.every((p) => p.blocks <= 256),
+        JSON.stringify(parts.filter((p) => p.blocks > 256)),
+      );
+      assert.ok(after.events - before.events >= 2 * 25, `events pushes: ${after.events - before.events}`);
+      // The lost part: nginx took the part after it for a gap, and the bridge resynced.
+      const lost = parts.findIndex((p) => p.gap === "lost");
+      assert.ok(lost >= 0 && parts[lost + 1] && parts[lost + 1].part === 3, JSON.stringify(parts.slice(0, lost + 2)));
+      assert.equal(parts[lost + 1].gap, true, "the part after the lost one is a gap");
+      assert.ok(
+        parts.slice(0, lost).every((p) => p.gap === false),
+        "parts in order are no gap",
+      );
+      assert.ok(after.resyncs > before.resyncs, `resyncs ${before.resyncs} -> ${after.resyncs}`);
+      // The second prompt's batch went through in parts with no gap.
+      const second = parts.filter((p) => p.seq > parts[lost].seq);
+      assert.ok(second.length >= 25 && second.every((p) => p.gap === false), JSON.stringify(second.slice(0, 3)));
+    } finally {
+      proxy.close();
+    }
   },
 );

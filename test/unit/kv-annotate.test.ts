@@ -10,7 +10,7 @@ import { keyedMirror } from "../../core/state/keyed";
 import { memStore } from "../../core/store";
 import { MirrorIndex } from "../../core/state/types";
 import { BlockHash, EpochKey } from "../../core/types";
-import { KvAnnotator } from "../../njs/kv-annotate";
+import { KvAnnotator, splitBatch } from "../../njs/kv-annotate";
 
 const W = "w#1" as EpochKey;
 type Stored = Extract<KvEvent, { type: "BlockStored" }>;
@@ -165,4 +165,68 @@ test("a mirror fed the bridge's annotated batches is the mirror hashing builds, 
     assert.ok(annotated > blocks / 2, `most blocks annotated (${annotated} of ${blocks})`);
     assert.ok(cFed.calls() * 5 < cPlain.calls(), `njs hashed ${cFed.calls()} times, against ${cPlain.calls()} without`);
   }
+});
+
+test("a batch cut into parts (splitBatch) and applied part by part in order leaves the mirror the whole batch leaves; a part missing is a gap", () => {
+  for (const seed of [1, 7, 42]) {
+    const batches = stream(seed);
+    const all = new Set<string>();
+    for (const b of batches)
+      for (const ev of b.events) if (ev.type === "BlockStored") ev.hashes.forEach((h) => all.add(h));
+    const engineHashes = [...all];
+    const whole = keyedMirror(memStore());
+    const cut = keyedMirror(memStore());
+    const ann = new KvAnnotator();
+    let split = 0;
+    for (const b of batches) {
+      if (b.restart)
+        for (const m of [whole, cut]) {
+          for (const t of TIERS) m.clear(tierKey(W, t));
+          m.setSequence(W, undefined);
+        }
+      applyBatch(whole, W, b.seq, b.events, 16);
+      const parts = splitBatch(JSON.parse(JSON.stringify(b.events)) as KvEvent[], 3);
+      for (let k = 0; k < parts.length; k++) {
+        let blocks = 0;
+        for (const ev of parts[k])
+          if (ev.type === "BlockStored" || ev.type === "BlockRemoved") blocks += ev.hashes.length;
+        assert.ok(blocks <= 3, `part of ${blocks} blocks`);
+        ann.annotate("w#1", b.seq, parts[k], !!b.restart && k === 0, k, parts.length);
+        const wire = JSON.parse(JSON.stringify(parts[k])) as KvEvent[];
+        const r = applyBatch(cut, W, b.seq, wire, 16, { part: k, partOf: parts.length });
+        // Only the stream's own gap (seq jumps by 3 at batch 40) is one, and only on a first part.
+        if (k > 0) assert.equal(r.gap, false, `seed ${seed} seq ${b.seq} part ${k}`);
+      }
+      if (parts.length > 1) split++;
+      assert.equal(snapshot(cut, engineHashes), snapshot(whole, engineHashes), `seed ${seed} seq ${b.seq}`);
+    }
+    assert.ok(split > 10, `batches cut: ${split}`);
+  }
+  // A part lost: the next part is a gap (the mirror cleared), and so is a batch after an unfinished one.
+  const m = keyedMirror(memStore());
+  const store = (from: number, n: number, parent: string | null): KvEvent => ({
+    type: "BlockStored",
+    hashes: toks(n, from).map((i) => "b" + i),
+    parent,
+    tokens: toks(n * 16, from * 16),
+    blockSize: 16,
+  });
+  const parts = splitBatch([store(0, 9, null)], 3);
+  assert.equal(parts.length, 3);
+  assert.equal(applyBatch(m, W, 1, parts[0], 16, { part: 0, partOf: 3 }).gap, false);
+  assert.equal(m.sequence(W), undefined, "the sequence moves with the last part");
+  assert.equal(applyBatch(m, W, 1, parts[1], 16, { part: 1, partOf: 3 }).gap, false);
+  assert.equal(applyBatch(m, W, 1, parts[2], 16, { part: 2, partOf: 3 }).gap, false);
+  assert.deepEqual([m.count(W), m.sequence(W)], [9, 1]);
+  const next = splitBatch([store(9, 9, "b8")], 3);
+  assert.equal(applyBatch(m, W, 2, next[0], 16, { part: 0, partOf: 3 }).gap, false);
+  const lost = applyBatch(m, W, 2, next[2], 16, { part: 2, partOf: 3 });
+  assert.equal(lost.gap, true, "part 3 after part 1: a gap");
+  assert.equal(m.count(W), 0, "cleared (and part 3's chain has no parent left)");
+  // A last part lost: the batch after it is a gap too.
+  const m2 = keyedMirror(memStore());
+  applyBatch(m2, W, 1, parts[0], 16, { part: 0, partOf: 3 });
+  applyBatch(m2, W, 1, parts[1], 16, { part: 1, partOf: 3 });
+  assert.equal(applyBatch(m2, W, 2, [store(20, 1, null)], 16).gap, true);
+  assert.deepEqual([m2.count(W), m2.sequence(W)], [1, 2]);
 });

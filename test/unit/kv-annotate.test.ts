@@ -124,13 +124,24 @@ function stream(seed: number): { seq: number; events: KvEvent[]; restart?: boole
   return out;
 }
 
+/** Every hash the engine stored over the stream: the blocks a mirror snapshot is read at. */
+function storedHashes(batches: { events: KvEvent[] }[]): string[] {
+  const all = new Set<string>();
+  for (const b of batches)
+    for (const ev of b.events) if (ev.type === "BlockStored") ev.hashes.forEach((h) => all.add(h));
+  return [...all];
+}
+
+/** What njs's push handler does on an engine restart: the worker's mirror forgotten, every tier. */
+function forget(m: MirrorIndex): void {
+  for (const t of TIERS) m.clear(tierKey(W, t));
+  m.setSequence(W, undefined);
+}
+
 test("a mirror fed the bridge's annotated batches is the mirror hashing builds, with almost no hashing in njs", () => {
   for (const seed of [1, 7, 42]) {
     const batches = stream(seed);
-    const all = new Set<string>();
-    for (const b of batches)
-      for (const ev of b.events) if (ev.type === "BlockStored") ev.hashes.forEach((h) => all.add(h));
-    const engineHashes = [...all];
+    const engineHashes = storedHashes(batches);
     const plain = keyedMirror(memStore());
     const fed = keyedMirror(memStore());
     const ann = new KvAnnotator();
@@ -148,15 +159,8 @@ test("a mirror fed the bridge's annotated batches is the mirror hashing builds, 
           blocks += ev.hashes.length;
           if (ev.ours) annotated += ev.ours.length;
         }
-      if (b.restart) {
-        // njs's push handler: a restart forgets the worker first (njs/infera.ts push).
-        for (const t of TIERS) {
-          plain.clear(tierKey(W, t));
-          fed.clear(tierKey(W, t));
-        }
-        plain.setSequence(W, undefined);
-        fed.setSequence(W, undefined);
-      }
+      // njs's push handler: a restart forgets the worker first (njs/infera.ts push).
+      if (b.restart) [plain, fed].forEach(forget);
       const a = applyBatch(plain, W, b.seq, b.events, 16, { hasher: cPlain.h });
       const f = applyBatch(fed, W, b.seq, wire, 16, { hasher: cFed.h });
       assert.deepEqual(f, a, "same result");
@@ -170,20 +174,13 @@ test("a mirror fed the bridge's annotated batches is the mirror hashing builds, 
 test("a batch cut into parts (splitBatch) and applied part by part in order leaves the mirror the whole batch leaves; a part missing is a gap", () => {
   for (const seed of [1, 7, 42]) {
     const batches = stream(seed);
-    const all = new Set<string>();
-    for (const b of batches)
-      for (const ev of b.events) if (ev.type === "BlockStored") ev.hashes.forEach((h) => all.add(h));
-    const engineHashes = [...all];
+    const engineHashes = storedHashes(batches);
     const whole = keyedMirror(memStore());
     const cut = keyedMirror(memStore());
     const ann = new KvAnnotator();
     let split = 0;
     for (const b of batches) {
-      if (b.restart)
-        for (const m of [whole, cut]) {
-          for (const t of TIERS) m.clear(tierKey(W, t));
-          m.setSequence(W, undefined);
-        }
+      if (b.restart) [whole, cut].forEach(forget);
       applyBatch(whole, W, b.seq, b.events, 16);
       const parts = splitBatch(JSON.parse(JSON.stringify(b.events)) as KvEvent[], 3);
       for (let k = 0; k < parts.length; k++) {

@@ -138,9 +138,3 @@ export function blockAt<T extends string>(blocks: T[], i: number): T {
   blocks[i] = v;
   return v;
 }
-
-/** Every position of a packed list filled (for readers that index the list directly). */
-export function fillBlocks(blocks: string[]): void {
-  if ((blocks as PackedList).packed === undefined) return;
-  for (let i = 0; i < blocks.length; i++) if (blocks[i] === undefined) blockAt(blocks, i);
-}

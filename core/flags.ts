@@ -393,7 +393,12 @@ function nginxBuiltins(): FlagSpec[] {
 }
 
 function builtinFlags(): FlagSpec[] {
-  const n = nginxTable();
+  const t = nginxTable();
+  // An nginx flag in its place in the table, by name: nginxBuiltins' own object.
+  const n = (name: string): FlagSpec => {
+    for (let i = 0; i < t.length; i++) if (t[i].name === name) return t[i];
+    throw new Error("core/flags.ts: no nginx flag " + name);
+  };
   return [
     {
       name: "config",
@@ -428,11 +433,11 @@ function builtinFlags(): FlagSpec[] {
       metavar: "LIST",
       help: "static fleet: [role=]host:port[/dp=N[/tagged]][/sglang][@kv-endpoint[+replay-endpoint[+snapshot-endpoint]]],... (role prefill|decode|mixed; ids must be unique; /dp=N: N data-parallel rank targets; /sglang: ranks also go in the body)",
     },
-    n[0],
-    n[1],
-    n[2],
-    n[3],
-    n[4],
+    n("router-policy"),
+    n("block-size"),
+    n("kv-overlap-weight"),
+    n("kv-prefill-overlap-weight"),
+    n("kv-decode-overlap-weight"),
     {
       name: "router-tokenizer-path",
       kind: "string",
@@ -485,8 +490,8 @@ function builtinFlags(): FlagSpec[] {
       metavar: "N",
       help: "prompts waiting for or on tokenizer threads; beyond this a 503",
     },
-    n[5],
-    n[6],
+    n("prefill-admission-slots"),
+    n("prefill-admission-warm-tokens"),
     {
       name: "prefill-admission-max-wait-ms",
       kind: "int",
@@ -495,8 +500,8 @@ function builtinFlags(): FlagSpec[] {
       commands: ["router"],
       help: "a waiting request goes after this long anyway (keep it under Envoy's ext_proc message_timeout)",
     },
-    n[7],
-    n[8],
+    n("objectives"),
+    n("objective-headers"),
     {
       name: "queue-ttl-ms",
       kind: "int",
@@ -548,19 +553,19 @@ function builtinFlags(): FlagSpec[] {
       check: (v) => queueBoundProblem(String(v)),
       help: "flow control: request body bytes waiting at the router, over all bands and per band, as --queue-max-requests",
     },
-    n[9],
-    n[10],
-    n[11],
-    n[12],
-    n[13],
-    n[14],
-    n[15],
-    n[16],
-    n[17],
-    n[18],
-    n[19],
-    n[20],
-    n[21],
+    n("decode-input-demand"),
+    n("decode-request-weight"),
+    n("session-affinity"),
+    n("session-header"),
+    n("session-headers"),
+    n("pd-prefill-guard-release"),
+    n("pd-decider"),
+    n("pd-decode-first-max-uncached-tokens"),
+    n("pd-decode-first-max-prompt-tokens"),
+    n("pd-decode-first-max-interference"),
+    n("kv-source-hint"),
+    n("mm-lru-size"),
+    n("scorer-weights"),
     {
       name: "speed-learning",
       kind: "enum",
@@ -579,13 +584,13 @@ function builtinFlags(): FlagSpec[] {
       routerKey: "prefillTokenBudget",
       help: "the engines' tokens per step (vLLM --max-num-batched-tokens): the step budget of the router's replica of each worker's scheduler, which predicts time to first token (x-slo-ttft-ms, the prediction error metric); Envoy path",
     },
-    n[22],
-    n[23],
-    n[24],
-    n[25],
-    n[26],
-    n[27],
-    n[28],
+    n("max-session-id-bytes"),
+    n("max-messages"),
+    n("max-images"),
+    n("max-json-depth"),
+    n("response-worker-header"),
+    n("max-body-bytes"),
+    n("extra-paths"),
     {
       name: "kv-event-transport",
       kind: "enum",
@@ -610,7 +615,7 @@ function builtinFlags(): FlagSpec[] {
       commands: ["router"],
       help: "flag a worker whose events endpoint sent nothing for this long while it got picks (0 = off)",
     },
-    n[29],
+    n("max-mirror-blocks"),
     {
       name: "kv-replay-timeout-ms",
       kind: "int",

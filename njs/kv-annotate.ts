@@ -30,21 +30,11 @@ export class KvAnnotator {
     if (restart) forgetMirror(this.mirror, ek);
     let blockSize = 0;
     for (const ev of events) if (ev.type === "BlockStored" && !blockSize) blockSize = ev.blockSize;
-    if (!blockSize) {
-      // No store: removals and clears still change what later chains find.
-      applyBatch(this.mirror, ek, seq, events, 1, {
-        hasher: nativeHasher,
-        maxBlocks: this.maxBlocks,
-        part: part,
-        partOf: partOf,
-      });
-      return;
-    }
+    const opts = { hasher: nativeHasher, maxBlocks: this.maxBlocks, part: part, partOf: partOf };
+    // No store: removals and clears still change what later chains find.
+    if (!blockSize) return void applyBatch(this.mirror, ek, seq, events, 1, opts);
     applyBatch(this.mirror, ek, seq, events, blockSize, {
-      hasher: nativeHasher,
-      maxBlocks: this.maxBlocks,
-      part: part,
-      partOf: partOf,
+      ...opts,
       onChain: (i, from, hashes) => {
         const ev = events[i] as KvEvent & { type: "BlockStored" };
         ev.ours = hashes;

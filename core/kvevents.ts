@@ -381,6 +381,50 @@ export function forgetMirror(mirror: MirrorIndex, ek: EpochKey): void {
   mirror.setMeta(ek, OPEN_PART, undefined);
 }
 
+/**
+ * Keeps a mirror whose store has a fixed size (nginx's shared-dict zones)
+ * within `fit` engine blocks in all, before a batch that stores `incoming`
+ * more is applied. It evicts the oldest block of whichever target holds the
+ * most, one at a time, so a worker that arrives late gets room from the
+ * largest and the targets converge on equal shares, each keeping its newest
+ * blocks (the order --max-mirror-blocks evicts in). Returns how many blocks
+ * it evicted; bounded by the blocks there were.
+ */
+export function makeRoom(mirror: MirrorIndex, targets: EpochKey[], incoming: number, fit: number): number {
+  const held: number[] = [];
+  let total = 0;
+  for (let i = 0; i < targets.length; i++) {
+    held.push(mirror.entries(targets[i]));
+    total += held[i];
+  }
+  let evicted = 0;
+  for (let budget = total; total + incoming > fit && budget > 0; budget--) {
+    let big = 0;
+    for (let i = 1; i < held.length; i++) if (held[i] > held[big]) big = i;
+    if (!held.length || held[big] === 0) break;
+    if (mirror.evictOldest(targets[big])) {
+      evicted++;
+      held[big]--;
+      total--;
+    } else {
+      // a count with no queue behind it: nothing more to evict there
+      total -= held[big];
+      held[big] = 0;
+    }
+  }
+  return evicted;
+}
+
+/** Engine blocks a batch stores (its BlockStored events' hashes): what makeRoom makes room for. */
+export function storedIn(events: KvEvent[]): number {
+  let n = 0;
+  for (let i = 0; i < events.length; i++) {
+    const ev = events[i];
+    if (ev.type === "BlockStored") n += ev.hashes.length;
+  }
+  return n;
+}
+
 /** Block counts per tier for admin views. */
 export function tierCounts(mirror: MirrorIndex, ek: EpochKey): { [tier: string]: number } {
   const out: { [tier: string]: number } = {};

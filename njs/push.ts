@@ -13,7 +13,17 @@ import type { Store } from "../core/store";
 import { EngineReadings, EnginePage, nextReading, storeEngineReadings } from "../core/engine-readings";
 import { LoraTable, storeLoraTable } from "../core/lora";
 import { acceptPushSeq, keyedMirror, keyedRegistry, MAX_PUSH_SEQ_AHEAD_US } from "../core/state/keyed";
-import { ApplyResult, applyBatch, clearAllTiers, forgetMirror, KvEvent } from "../core/kvevents";
+import {
+  ApplyResult,
+  applyBatch,
+  clearAllTiers,
+  forgetMirror,
+  KvEvent,
+  makeRoom,
+  storedIn,
+  tierKey,
+  TIERS,
+} from "../core/kvevents";
 import { sameSecret } from "../core/util";
 import { errorJson } from "../core/errors";
 import { logHook, NUM_ZONE, sharedStore, STR_ZONE, zonesMissing } from "./phases";
@@ -102,6 +112,28 @@ export interface EventsPush {
   /** Part `part` (0-based) of `partOf` parts of batch seq (core/kvevents.ts ApplyOptions). */
   part?: number;
   partOf?: number;
+}
+
+/**
+ * How many engine blocks, over every worker and tier, nginx's mirror keeps
+ * once its zones have filled: learned when a batch did not fit (0 = none
+ * learned, the zones have room). $infera_max_mirror_blocks bounds each worker
+ * by count; the zones bound them all by bytes, and a batch that fails half
+ * way leaves a worker's mirror torn. So the first failure drops that worker's
+ * mirror, notes 90% of the blocks the zones held then, and answers 507: the
+ * bridge resyncs, and from then on every push first makes room for its blocks
+ * by evicting the oldest blocks of the largest mirror (core/kvevents.ts
+ * makeRoom). A resync then fits, where before it failed at the same place
+ * every time and was retried for ever.
+ */
+const FIT_KEY = "ZFIT";
+
+/** Every tier of every worker: the targets makeRoom weighs. */
+function mirrorTargets(workers: Worker[]): EpochKey[] {
+  const out: EpochKey[] = [];
+  for (let i = 0; i < workers.length; i++)
+    for (let t = 0; t < TIERS.length; t++) out.push(tierKey(workers[i].epochKey as EpochKey, TIERS[t]));
+  return out;
 }
 
 /** Logs (at most once a minute across VMs, best effort) that a zone is full or nearly so. */
@@ -211,19 +243,34 @@ export function applyPush(r: NjsRequest, b: EventsPush): void {
   if (!w) return fail(r, 404, "unknown worker " + b.worker, "not_found");
   const mirror = keyedMirror(st);
   if (b.restart) forgetMirror(mirror, w.epochKey);
+  const events = b.events || [];
+  const fit = st.num(FIT_KEY);
+  const targets = mirrorTargets(reg.list());
+  if (fit > 0) makeRoom(mirror, targets, storedIn(events), fit);
   let res;
   try {
-    res = applyBatch(mirror, w.epochKey, b.seq || 0, b.events || [], blockSize, {
+    res = applyBatch(mirror, w.epochKey, b.seq || 0, events, blockSize, {
       maxBlocks: maxBlocks,
       part: typeof b.part === "number" ? b.part : 0,
       partOf: typeof b.partOf === "number" ? b.partOf : 1,
     });
   } catch (e) {
+    let held = 0;
+    for (let i = 0; i < targets.length; i++) held += mirror.entries(targets[i]);
+    const bound = Math.floor(held * 0.9);
+    let note = "";
+    try {
+      forgetMirror(mirror, w.epochKey);
+      if (bound > 0 && (fit === 0 || bound < fit)) st.incr(FIT_KEY, bound - fit);
+      note = "; its mirror was dropped, and nginx now keeps at most " + st.num(FIT_KEY) + " blocks over all workers";
+    } catch (e2) {
+      /* the zones are too full even for that: the answer says no more */
+    }
     zoneWarning(r, "kv events of " + w.id);
     return fail(
       r,
       507,
-      "shared dict zone full: events of " + w.id + " not applied (" + String(e) + ")",
+      "shared dict zone full: events of " + w.id + " not applied (" + String(e) + ")" + note,
       "insufficient_storage",
     );
   }

@@ -184,3 +184,70 @@ test(
     assert.ok((await metric("infera_bridge_resyncs_total")) >= 2);
   },
 );
+
+test(
+  "bridge: engines caching more than nginx's zones hold: after the first 507 one resync fits, nginx keeps the newest blocks within the zones and stays in sync",
+  { skip, timeout: 180000 },
+  async () => {
+    const sims: Sim[] = await Promise.all(["z0", "z1"].map((id) => startSim(id, ["--decode-ms-per-token", "1"])));
+    const ng = await startNginx(n8!, { zone_str: "1m", zone_num: "1m" });
+    const admin = await freePort();
+    const bridge = await startBridge(
+      ["--workers", workerArg(sims), "--admin-port", String(admin), "--bridge-backoff-max-ms", "500"],
+      `${ng.url}/_infera/push`,
+    );
+    const bAdmin = `http://127.0.0.1:${admin}`;
+    await waitFor("bridge ready", () => httpOk(`${bAdmin}/readyz`), 15000);
+    const metrics = async () => (await (await fetch(`${bAdmin}/metrics`)).text()) as string;
+    const refused = async () =>
+      Number(/^infera_bridge_pushes_total\{type="events",result="507"\} (\d+)/m.exec(await metrics())?.[1] ?? 0);
+    const view = async (s: Sim) =>
+      ((await (await fetch(`${ng.url}/v1/admin/cache-view/${s.address}`)).json()) as { block_count: number })
+        .block_count;
+    // Engine traffic straight to the workers (their caches never evict here) until nginx's zones refuse a batch.
+    let round = 0;
+    const traffic = async (rounds: number) => {
+      for (const end = round + rounds; round < end; round++)
+        await Promise.all(sims.map((s, j) => chat(`http://127.0.0.1:${s.port}`, longText(`zf${round}x${j}`, 300))));
+    };
+    for (let i = 0; i < 60 && (await refused()) === 0; i++) await traffic(2);
+    assert.ok((await refused()) > 0, "the zones filled");
+    const settled = () =>
+      waitFor(
+        "the bridge back in sync",
+        async () => {
+          const m = await metrics();
+          return /^infera_bridge_nginx_dirty 0$/m.test(m) && /^infera_bridge_queue_depth 0$/m.test(m);
+        },
+        20000,
+      );
+    await settled().catch((e) => {
+      throw new Error(`${(e as Error).message}\n${bridge.log().slice(-2000)}`);
+    });
+    const resyncs = Number(/^infera_bridge_resyncs_total (\d+)/m.exec(await metrics())?.[1]);
+    const refusedThen = await refused();
+    const engines = (await sims[0].stats()).cached_blocks + (await sims[1].stats()).cached_blocks;
+    // More traffic: every live batch fits now, with no further refusal or resync.
+    await traffic(10);
+    await settled();
+    const m = await metrics();
+    assert.equal(
+      Number(/^infera_bridge_resyncs_total (\d+)/m.exec(m)?.[1]),
+      resyncs,
+      "no resync after the one that fit",
+    );
+    assert.equal(await refused(), refusedThen, "no push refused after it");
+    const held = [await view(sims[0]), await view(sims[1])];
+    const now = (await sims[0].stats()).cached_blocks + (await sims[1].stats()).cached_blocks;
+    assert.ok(now > engines, "the engines kept storing");
+    assert.ok(held[0] > 0 && held[1] > 0 && held[0] + held[1] < now, `nginx holds ${held} of ${now}`);
+    // The newest prompt is among the blocks kept: nginx routes it to the engine that cached it.
+    const last = round - 1;
+    for (let j = 0; j < 2; j++) {
+      const r = await chat(ng.url, longText(`zf${last}x${j}`, 300));
+      assert.equal(r.status, 200);
+      assert.equal(r.worker, sims[j].id, `the newest prompt of ${sims[j].id}`);
+      assert.ok(r.cachedTokens > 0, "and it hits there");
+    }
+  },
+);

@@ -413,7 +413,7 @@ test(
 );
 
 test(
-  "nginx with a full shared-dict zone keeps routing (load-free) and says why, instead of answering 500",
+  "nginx with a full shared-dict zone keeps routing (load-free) and says why, and from then on keeps its mirror within what the zones hold",
   { skip: needs(!n8 && "njs >= 0.8 not set up (bash scripts/njs08.sh)") },
   async () => {
     const ng = await startNginx(n8!, { zone_str: "1m", zone_num: "1m" });
@@ -433,22 +433,56 @@ test(
       ).status,
       200,
     );
-    // flood one worker's mirror until the zone refuses (bounded: at most 400 batches)
+    let pseq = Date.now() * 1000;
     const toks = Array.from({ length: 16 * 64 }, (_, i) => i + 1);
-    let full = false;
-    for (let b = 0; b < 400 && !full; b++) {
-      const hashes = Array.from({ length: 64 }, (_, i) => `f${b}-${i}`);
-      const r = await push({
-        type: "events",
-        pseq: Date.now() * 1000 + b + 1,
-        worker: workers[0].address,
-        seq: b,
-        events: [{ type: "BlockStored", hashes, parent: null, tokens: toks.map((t) => t + b * 100000), blockSize: 16 }],
-      });
-      if (r.status === 507) full = true;
-      else assert.equal(r.status, 200, await r.text());
+    const batch = (w: number, b: number) => ({
+      type: "events",
+      pseq: ++pseq,
+      worker: workers[w].address,
+      seq: b,
+      events: [
+        {
+          type: "BlockStored",
+          hashes: Array.from({ length: 64 }, (_, i) => `w${w}-${b}-${i}`),
+          parent: null,
+          tokens: toks.map((t) => t + b * 100000 + w * 1e8),
+          blockSize: 16,
+        },
+      ],
+    });
+    const count = async (w: number) =>
+      ((await (await fetch(`${ng.url}/v1/admin/cache-view/${workers[w].address}`)).json()) as { block_count: number })
+        .block_count;
+    // flood one worker's mirror until the zone refuses (bounded: at most 400 batches)
+    let full = -1;
+    let why = "";
+    for (let b = 0; b < 400 && full < 0; b++) {
+      const r = await push(batch(0, b));
+      if (r.status === 507) {
+        full = b;
+        why = await r.text();
+      } else assert.equal(r.status, 200, await r.text());
     }
-    assert.ok(full, "a 1 MiB zone fills");
+    assert.ok(full > 0, "a 1 MiB zone fills");
+    // The refusal names the bound nginx keeps from now on: 90% of the blocks the zones held.
+    const m = /keeps at most (\d+) blocks over all workers/.exec(why);
+    assert.ok(m, why);
+    const fit = Number(m![1]);
+    assert.ok(fit >= 0.85 * 64 * full && fit <= 64 * full, `bound ${fit} after ${full} batches of 64`);
+    // The same flood goes on: every batch now fits, the oldest blocks making room.
+    for (let b = full + 1; b < full + 1 + Math.ceil((2 * fit) / 64); b++) {
+      const r = await push(batch(0, b));
+      assert.equal(r.status, 200, await r.text());
+    }
+    const held0 = await count(0);
+    assert.ok(held0 <= fit && held0 >= fit - 64, `worker 0 holds ${held0}, bound ${fit}`);
+    // A second worker gets room from the first (the largest gives first), not a 507.
+    for (let b = 0; b < Math.ceil(fit / 2 / 64); b++) {
+      const r = await push(batch(1, b));
+      assert.equal(r.status, 200, await r.text());
+    }
+    const [a, c] = [await count(0), await count(1)];
+    assert.ok(a + c <= fit && Math.abs(a - c) <= 64, `shares ${a} and ${c} of ${fit}`);
     const before = workers.map((w) => w.hits.length);
     for (let i = 0; i < 6; i++) {
       const res = await fetch(`${ng.url}/v1/chat/completions`, {

@@ -8,7 +8,9 @@ import {
   applyBatch,
   chainRoot,
   KvEvent,
+  makeRoom,
   parseTierWeights,
+  storedIn,
   requestRoot,
   tierCounts,
   tierKey,
@@ -320,5 +322,38 @@ for (const [name, make] of backends) {
       [false, true, true, true, true],
     );
     assert.equal(m.entries(tierKey(W, "CPU")), 0);
+  });
+
+  test(`${name}: makeRoom keeps a zone-bounded mirror within its blocks, taking from the largest, oldest first`, () => {
+    const m = make();
+    const V = "v#2" as EpochKey;
+    const targets = [W, tierKey(W, "CPU"), V];
+    const batchW = [stored(ids("a", 6), toks(96, 0)), stored(ids("b", 2), toks(32, 1000), { medium: "CPU" })];
+    applyBatch(m, W, 0, batchW, 16);
+    assert.equal(storedIn(batchW), 8);
+    // Room for 3 of V's blocks in a fit of 8: the largest target (W's GPU tier) gives them, oldest first.
+    assert.equal(makeRoom(m, targets, 3, 8), 3);
+    assert.deepEqual(
+      ids("a", 6).map((x) => m.lookup(W, x) !== undefined),
+      [false, false, false, true, true, true],
+    );
+    assert.equal(m.entries(tierKey(W, "CPU")), 2);
+    applyBatch(m, V, 0, [stored(ids("v", 3), toks(48, 2000))], 16);
+    // Towards equal shares: of [3, 2, 3], W's GPU tier gives first (ties go to the first listed), then V, then W.
+    assert.equal(makeRoom(m, targets, 0, 7), 1);
+    assert.equal(makeRoom(m, targets, 2, 7), 2);
+    assert.deepEqual(
+      targets.map((t) => m.entries(t)),
+      [1, 2, 2],
+    );
+    assert.equal(m.lookup(V, "v0"), undefined, "V's oldest went");
+    assert.notEqual(m.lookup(V, "v2"), undefined);
+    // Within the fit, nothing moves; a fit below what eviction can reach stops when all is gone.
+    assert.equal(makeRoom(m, targets, 0, 100), 0);
+    assert.equal(makeRoom(m, targets, 50, 10), 5);
+    assert.deepEqual(
+      targets.map((t) => m.entries(t)),
+      [0, 0, 0],
+    );
   });
 }

@@ -7,6 +7,7 @@
 // Usage: npm run bench:nginx-scale -- [--sizes 1k,8k,32k,112k,200k] [--long 112k] [--shorts 120]
 //   [--paths njs,helper] [--baseline-dist DIR] [--short-kinds chat,admin] [--nice-others N] [--ext-turns N]
 //   [--bridge-args "--flag v"] [--bridge-log DIR] [--idle-shorts N] [--short-gap-ms N] [--sim-capacity-blocks N]
+//   [--floor-row]
 // --baseline-dist runs each path a second time ("<path> base") with the njs
 // bundle in DIR (npm run build:njs in a checkout of the old commit), in the
 // same run, alternating with this checkout's bundle.
@@ -55,6 +56,12 @@ const shortGapMs = Math.max(0, Number(opt("--short-gap-ms", "0")));
 // shared dict zones (the number zone fills first): a zone full refuses pushes and the bridge resyncs.
 const simCapacity = Number(opt("--sim-capacity-blocks", "200000"));
 const idleShorts = Math.min(1000, Math.max(10, Number(opt("--idle-shorts", "30"))));
+// --floor-row: one more shorts row, on the helper path's stack without KV events, where nginx does no
+// routing: the 4 long prompts go through a plain proxy location (no njs) to a simulator, and each is
+// also sent to the stack's tokenizer helper, as njs would send it. What it leaves is what any
+// KV-aware router of those prompts costs this machine (the prompts tokenized somewhere, their bodies
+// carried), so the p99 a short sees there is a floor for the routed rows, not a row of the product.
+const floorRow = argv.includes("--floor-row");
 
 /** The bridge's push counters (njs/bridge.ts): ok and refused pushes, resyncs. */
 async function bridgeCounts(adminPort: number): Promise<{ ok: number; refused: number; resyncs: number }> {
@@ -141,7 +148,17 @@ async function main(): Promise<void> {
     for (const events of [true, false]) {
       const adminPort = await freePort();
       const url = name.startsWith("njs") ? '""' : `http://127.0.0.1:${adminPort}/v1/tokenize`;
-      const ng = await startNginx1(fl, { tokenizer_url: url }, name.endsWith(" base") ? baseDist : undefined);
+      const plain = `    location = /_bench/plain {
+      proxy_pass http://127.0.0.1:${sims[0].port}/v1/chat/completions;
+      proxy_http_version 1.1;
+    }
+`;
+      const ng = await startNginx1(
+        fl,
+        { tokenizer_url: url },
+        name.endsWith(" base") ? baseDist : undefined,
+        floorRow ? plain : "",
+      );
       const workers = events ? workerArg(sims) : sims.map((s) => s.address).join(",");
       const br = await startBridgeAt(workers, `${ng.url}/_infera/push`, adminPort, bridgeArgs);
       others.push(br.proc.child.pid as number);
@@ -276,12 +293,50 @@ async function main(): Promise<void> {
   const all = quiet
     .map((s) => ({ s, label: s.name + ", no KV events" }))
     .concat(sides.map((s) => ({ s, label: s.name + ", KV events on" })));
-  const runs = all.flatMap((a) => shortKinds.map((kind) => ({ ...a, kind })));
+  const runs: { s: Side; label: string; kind: string; floor?: boolean }[] = all.flatMap((a) =>
+    shortKinds.map((kind) => ({ ...a, kind })),
+  );
+  const floorSide = quiet.find((q) => q.name === "helper");
+  if (floorRow && !floorSide) throw new Error("--floor-row needs the helper path (--paths helper)");
+  if (floorRow && floorSide)
+    for (const kind of shortKinds)
+      runs.unshift({
+        s: floorSide,
+        label: "floor: plain proxy + the helper tokenizing, no routing",
+        kind,
+        floor: true,
+      });
   // Every stack with events applies every long prompt's pushes (all bridges follow the same simulators):
   // with --nice-others, the nginx workers of the stacks not measured are niced too.
   const workerPids = quiet.concat(sides).map((x) => x.ng.workerPid);
   const workerNice = os.getPriority(workerPids[0]);
-  for (const { s, label: name, kind } of shortKinds[0] === "none" ? [] : runs) {
+  // The floor row's long prompt: the body proxied by nginx without njs, and the same body to the helper.
+  const floorLong = async (s: Side, b: string) => {
+    const helper = fetch(`http://127.0.0.1:${s.bridge.adminPort}/v1/tokenize`, {
+      method: "POST",
+      headers: {
+        "content-type": "application/json",
+        "x-infera-endpoint": "chat",
+        "x-infera-block-size": "16",
+        "x-infera-limits": "16777216,10000,64,64",
+        "x-infera-answer": "packed",
+      },
+      body: b,
+    }).then(async (r) => {
+      await r.text();
+      if (r.status !== 200) throw new Error(`helper: HTTP ${r.status}`);
+    });
+    const t0 = performance.now();
+    const r = await fetch(`${s.ng.url}/_bench/plain`, {
+      method: "POST",
+      headers: { "content-type": "application/json" },
+      body: b,
+    });
+    await r.text();
+    await helper;
+    return { ms: performance.now() - t0, status: r.status, worker: null };
+  };
+  for (const { s, label: name, kind, floor } of shortKinds[0] === "none" ? [] : runs) {
     if (niceOthers > 0)
       for (const pid of workerPids) os.setPriority(pid, pid === s.ng.workerPid ? workerNice : niceOthers);
     const label = `${name}, short = ${kind === "admin" ? "GET /v1/admin/reservations" : "chat"}${niceOthers ? `, others niced +${niceOthers}` : ""}`;
@@ -301,9 +356,10 @@ async function main(): Promise<void> {
     while (added.length < shorts && round < 50) {
       round++;
       let inFlight = 4;
-      const longs = [0, 1, 2, 3].map((i) =>
-        post(s.ng.url, body(textOfTokens(`conc${s.name}${round}x${i}x${seq++}`, longSize))).finally(() => inFlight--),
-      );
+      const longs = [0, 1, 2, 3].map((i) => {
+        const b = body(textOfTokens(`conc${s.name}${round}x${i}x${seq++}`, longSize));
+        return (floor ? floorLong(s, b) : post(s.ng.url, b)).finally(() => inFlight--);
+      });
       await sleep(2);
       while (inFlight > 0 && added.length < shorts) {
         const r = await shortOne();

@@ -262,7 +262,8 @@ export function applyPush(r: NjsRequest, b: EventsPush): void {
     try {
       forgetMirror(mirror, w.epochKey);
       if (bound > 0 && (fit === 0 || bound < fit)) st.incr(FIT_KEY, bound - fit);
-      note = "; its mirror was dropped, and nginx now keeps at most " + st.num(FIT_KEY) + " blocks over all workers";
+      note = "; its mirror was dropped";
+      if (st.num(FIT_KEY) > 0) note += ", and nginx now keeps at most " + st.num(FIT_KEY) + " blocks over all workers";
     } catch (e2) {
       /* the zones are too full even for that: the answer says no more */
     }

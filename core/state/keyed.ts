@@ -257,20 +257,48 @@ export function keyedMirror(st: Store): MirrorIndex {
       return false;
     },
     clear(ek) {
-      // Listing keys is the cost here (njs copies every key of both dicts per
-      // listing), and an AllBlocksCleared clears all four tiers, most of them
-      // empty: an empty tier holds no per-block key (every ME entry counts in
-      // MEN; MR, MQ and MQP keys exist only beside one), so it needs none.
-      if (st.num("MEN:" + ek) > 0) {
-        const ks = st.keysMany(["MR:" + ek + ":", "ME:" + ek + ":", "MQP:" + ek + ":", "MQ:" + ek + ":"]);
-        const pre = ("MR:" + ek + ":").length;
-        for (let i = 0; i < ks[0].length; i++) {
-          dropHolder(ks[0][i].substr(pre), ek);
-          st.delNum(ks[0][i]);
+      // An empty tier holds no per-block key (every ME entry counts in MEN;
+      // MR, MQ and MQP keys exist only beside one), so it needs no work: an
+      // AllBlocksCleared clears all four tiers, most of them empty.
+      const men = st.num("MEN:" + ek);
+      if (men > 0) {
+        // The target's own eviction queue names its blocks: walking it costs
+        // the target's blocks, where listing keys costs every key of both
+        // zones (njs copies them all per listing), other workers' included.
+        // The queue may hold holes (blocks removed since); with more holes
+        // than blocks, or an ME entry the queue does not name (a store torn
+        // by a full zone), the listing does it.
+        const tail = st.num("MQT:" + ek);
+        let head = st.num("MQH:" + ek);
+        let gone = 0;
+        if (tail - head <= 2 * men + 1024) {
+          for (; head < tail; head++) {
+            const qk = "MQ:" + ek + ":" + head;
+            const eh = st.get(qk);
+            if (eh === undefined) continue;
+            st.del(qk);
+            st.delNum("MQP:" + ek + ":" + eh);
+            const h = st.get("ME:" + ek + ":" + eh);
+            if (h === undefined) continue;
+            st.del("ME:" + ek + ":" + eh);
+            gone++;
+            if (st.num("MR:" + ek + ":" + h) !== 0) {
+              st.delNum("MR:" + ek + ":" + h);
+              dropHolder(h, ek);
+            }
+          }
         }
-        for (let i = 0; i < ks[1].length; i++) st.del(ks[1][i]);
-        for (let i = 0; i < ks[2].length; i++) st.delNum(ks[2][i]);
-        for (let i = 0; i < ks[3].length; i++) st.del(ks[3][i]);
+        if (gone < men) {
+          const ks = st.keysMany(["MR:" + ek + ":", "ME:" + ek + ":", "MQP:" + ek + ":", "MQ:" + ek + ":"]);
+          const pre = ("MR:" + ek + ":").length;
+          for (let i = 0; i < ks[0].length; i++) {
+            dropHolder(ks[0][i].substr(pre), ek);
+            st.delNum(ks[0][i]);
+          }
+          for (let i = 0; i < ks[1].length; i++) st.del(ks[1][i]);
+          for (let i = 0; i < ks[2].length; i++) st.delNum(ks[2][i]);
+          for (let i = 0; i < ks[3].length; i++) st.del(ks[3][i]);
+        }
       }
       st.delNum("MN:" + ek);
       st.delNum("MQH:" + ek);

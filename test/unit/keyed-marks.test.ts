@@ -211,10 +211,11 @@ test("keyed mirror: a long prompt's cached prefix from a few hundred reads, equa
   assert.deepEqual(keyed.prefixHits(blocks.slice(0, 64), live), exact.prefixHits(blocks.slice(0, 64), live));
 });
 
-test("clearing a worker's mirror lists the store's keys at most once, and only for a tier that holds blocks", () => {
+test("clearing a worker's mirror walks its own queue, not the store's keys, and lists them only for what the queue does not name", () => {
   // njs's shared dicts list every key on each listing: an AllBlocksCleared
   // clears four tiers, and each tier cleared by one listing per key family
-  // was sixteen listings of the whole zone per event.
+  // was sixteen listings of the whole zone per event; one listing per tier
+  // still cost every key of both zones, other workers' included.
   const inner = memStore();
   let listings = 0;
   const st: Store = {
@@ -231,7 +232,7 @@ test("clearing a worker's mirror lists the store's keys at most once, and only f
   m.store(E("a#1|CPU"), "c0", blocks[0]);
   listings = 0;
   clearAllTiers(m, E("a#1"));
-  assert.equal(listings, 2, "one listing per tier holding blocks (GPU and CPU), none for the empty ones");
+  assert.equal(listings, 0, "each tier's queue names its blocks");
   assert.equal(m.count(E("a#1")), 0);
   assert.equal(m.count(E("a#1|CPU")), 0);
   assert.equal(m.entries(E("a#1")), 0);
@@ -241,6 +242,24 @@ test("clearing a worker's mirror lists the store's keys at most once, and only f
   listings = 0;
   clearAllTiers(m, E("a#1"));
   assert.equal(listings, 0, "an empty mirror is cleared without a listing");
+  // A store torn by a full zone (an ME entry with no queue slot): the listing finds it.
+  for (let i = 0; i < blocks.length; i++) m.store(E("a#1"), "e" + i, blocks[i]);
+  inner.set("ME:a#1:torn", blocks[0]);
+  inner.incr("MEN:a#1", 1);
+  listings = 0;
+  m.clear(E("a#1"));
+  assert.equal(listings, 1);
+  assert.equal(inner.keys("ME:a#1").length + inner.keys("MR:a#1").length + inner.keys("MQ:a#1").length, 0);
+  // A queue of more holes than blocks (blocks removed since they were stored): one listing, not a long walk.
+  const many = prompt(1500, 1500, 1500, 2);
+  for (let i = 0; i < many.length; i++) m.store(E("a#1"), "m" + i, many[i]);
+  for (let i = 0; i < many.length - 10; i++) m.remove(E("a#1"), "m" + i);
+  listings = 0;
+  m.clear(E("a#1"));
+  assert.equal(listings, 1);
+  assert.equal(inner.keys("ME:a#1").length + inner.keys("MR:a#1").length + inner.keys("MQ:a#1").length, 0);
+  assert.equal(m.count(E("b#2")), blocks.length, "the other worker keeps its blocks");
+  assert.deepEqual(m.prefixHits(blocks, { "a#1": true, "b#2": true }), { "b#2": blocks.length });
 });
 
 test("a saved guard's record is JSON.stringify's text, byte for byte, for every guard the ledger books and odd ones", () => {

@@ -44,12 +44,8 @@ async function side(name: string, ids: boolean): Promise<Side> {
   };
   if (ids) vars.send_token_ids = "exact";
   const ng = await startNginx1(fl, vars);
-  await startBridgeAt(workerArg([sim]), `${ng.url}/_infera/push`, port, [
-    "--log-level",
-    "warn",
-    "--send-token-ids",
-    ids ? "exact" : "off",
-  ]);
+  // (Not --log-level warn: startBridgeAt waits for the bridge's "bridge started" line.)
+  await startBridgeAt(workerArg([sim]), `${ng.url}/_infera/push`, port, ["--send-token-ids", ids ? "exact" : "off"]);
   await waitFor(
     "fleet" + (ids ? " with parity exact" : ""),
     async () => {

@@ -26,7 +26,13 @@ interface Side {
 }
 
 /** Simulators, one-worker nginx pointed at the bridge's helper, and the bridge; ids: the flag on both. */
-async function side(ids: string[], idsOn: boolean, simArgs: string[] = [], workers?: string): Promise<Side> {
+async function side(
+  ids: string[],
+  idsOn: boolean,
+  simArgs: string[] = [],
+  workers?: string,
+  bridgeArgs: string[] = [],
+): Promise<Side> {
   const sims = await Promise.all(ids.map((id) => startSim(id, simArgs)));
   const port = await freePort();
   const vars: Record<string, string> = { tokenizer_url: `http://127.0.0.1:${port}/v1/tokenize` };
@@ -36,6 +42,7 @@ async function side(ids: string[], idsOn: boolean, simArgs: string[] = [], worke
   await startBridgeAt(workers ?? workerArg(sims), `${ng.url}/_infera/push`, port, [
     "--send-token-ids",
     idsOn ? "exact" : "off",
+    ...bridgeArgs,
   ]);
   const want = workers ? workers.split(",").length : sims.length;
   await waitFor(
@@ -279,7 +286,11 @@ test(
   "a refused connection is retried on the next exact worker, still as ids; the load is released once",
   { skip, timeout: 120000 },
   async () => {
-    const s = await side(["nf0", "nf1"], true, ["--decode-ms-per-token", "1"]);
+    // Health checks off: a dead worker is then found only by its refused connection (they would race the request).
+    const s = await side(["nf0", "nf1"], true, ["--decode-ms-per-token", "1"], undefined, [
+      "--health-interval-ms",
+      "0",
+    ]);
     // A prompt cached on nf1 (bounded: new prompts until one lands there).
     let p = "";
     for (let i = 0; i < 12 && !p; i++) {

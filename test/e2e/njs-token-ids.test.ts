@@ -32,10 +32,11 @@ async function side(
   simArgs: string[] = [],
   workers?: string,
   bridgeArgs: string[] = [],
+  helperUrl?: string,
 ): Promise<Side> {
   const sims = await Promise.all(ids.map((id) => startSim(id, simArgs)));
   const port = await freePort();
-  const vars: Record<string, string> = { tokenizer_url: `http://127.0.0.1:${port}/v1/tokenize` };
+  const vars: Record<string, string> = { tokenizer_url: helperUrl ?? `http://127.0.0.1:${port}/v1/tokenize` };
   if (idsOn) vars.send_token_ids = "exact";
   vars.response_worker_header = "on";
   const ng = await startNginx1(n8!, vars);
@@ -326,3 +327,18 @@ test(
     });
   },
 );
+
+test("the tokenizer helper unreachable: the prompt is tokenized in njs and goes as text", { skip }, async () => {
+  // nginx asks a port nobody listens on; the bridge (parity, fleet) runs on its own.
+  const dead = `http://127.0.0.1:${await freePort()}/v1/tokenize`;
+  const s = await side(["nh0"], true, [], undefined, [], dead);
+  const w = (
+    (await (await fetch(`${s.ng.url}/v1/admin/workers`)).json()) as { render_parity: { status: string } }[]
+  )[0];
+  assert.equal(w.render_parity.status, "exact");
+  const a = await send(s, { model: "m", max_tokens: 3, messages: [{ role: "user", content: "no helper here" }] });
+  assert.equal(a.status, 200, a.raw);
+  assert.equal(a.input, "text");
+  assert.equal(a.body.object, "chat.completion");
+  assert.match(await nginxMetrics(s), /infera_router_token_id_requests_total\{outcome="text_ineligible"\} 1/);
+});

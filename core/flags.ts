@@ -1093,7 +1093,7 @@ function builtinFlags(): FlagSpec[] {
       def: "10m",
       commands: ["router", "bridge"],
       metavar: "D",
-      help: "re-probe every worker's render parity each D (30s, 500ms, 1h; 0 = on join only)",
+      help: "re-probe every worker's render parity each D (30s, 500ms, 1h; 0 = on join only); the bridge probes only with --send-token-ids exact",
     },
     {
       name: "render-probe-api",

@@ -28,6 +28,7 @@ import { listenError, runCommand, version } from "../runtime/args";
 import { CLOSE_BUDGET_MS, closeStep, onShutdown } from "../runtime/shutdown";
 import { tokenizeHelper, TokenizeHelper } from "./tokenize-helper";
 import { KvAnnotator, splitBatch } from "./kv-annotate";
+import { RenderProbes } from "../runtime/probe";
 
 interface ShadowBlock {
   parent: string | null;
@@ -286,7 +287,14 @@ export class Bridge implements Fleet {
   private readonly kvRefused = rateLimitedLog((l, m, f) => this.log(l, m, f), KV_REFUSED_LOG);
   stats = { pushed: 0, refused: 0, failed: 0, resyncs: 0 };
   /** POST /v1/tokenize on the admin port: nginx's long prompts tokenized and hashed here (njs/tokenize-helper.ts). */
-  readonly tokenize: TokenizeHelper = tokenizeHelper(this.registry);
+  readonly tokenize: TokenizeHelper;
+  /**
+   * --send-token-ids exact: the render-parity probe of every worker, run here
+   * as the ext_proc server runs it (runtime/probe.ts) with the helper's
+   * tokenizer; each worker's status rides in the fleet push, where njs reads
+   * whether the picked worker may get ids. Null otherwise.
+   */
+  readonly probes: RenderProbes | null;
 
   constructor(
     readonly opts: Options,
@@ -294,6 +302,20 @@ export class Bridge implements Fleet {
     private events: EventSource,
   ) {
     this.nginxState = stateLogger(log, `nginx push (${opts.nginxPushUrl})`);
+    const ids = opts.sendTokenIds === "exact" && opts.renderProbeApi !== "off";
+    this.tokenize = tokenizeHelper(this.registry, 5000, () => !!this.probes && this.anyExact());
+    this.probes = !ids
+      ? null
+      : new RenderProbes(
+          (id) => {
+            const ms = this.models[id];
+            return { tok: this.tokenize.tokenizer(), model: ms && ms.length ? ms[0] : null };
+          },
+          { intervalMs: opts.renderProbeIntervalMs, api: opts.renderProbeApi as "vllm" | "sglang", timeoutMs: 5000 },
+          (l, m, f) => this.log(l, m, f),
+          this.registry,
+          () => this.enqueue(this.fleetBody()),
+        );
     this.annotator = new KvAnnotator(opts.maxMirrorBlocks);
     this.m.dirty.set(1);
     const target = (w: WorkerSpec | undefined) => (w ? { id: w.id, address: w.address, key: JSON.stringify(w) } : null);
@@ -404,8 +426,15 @@ export class Bridge implements Fleet {
         models: this.models[w.id] ?? null,
         adapters: this.adapters[w.id] ?? [],
         healthy: this.healthy[w.id] !== false,
+        // --send-token-ids exact: njs sends ids only to a worker pushed as exact.
+        ...(this.probes ? { parity: this.probes.state(w.id).status } : {}),
       })),
     };
+  }
+
+  private anyExact(): boolean {
+    for (const id of Object.keys(this.fleet)) if (this.probes?.state(id).status === "exact") return true;
+    return false;
   }
 
   private enqueue(p: Push): void {
@@ -624,10 +653,14 @@ export class Bridge implements Fleet {
     this.fleet[w.id] = w;
     this.health.join(w.id);
     void fetchModels(w.address).then((m) => {
-      if (!m || this.fleet[w.id] !== w) return;
-      this.models[w.id] = m.ids;
-      this.adapters[w.id] = Object.keys(m.parent);
-      this.enqueue(this.fleetBody());
+      if (this.fleet[w.id] !== w) return;
+      if (m) {
+        this.models[w.id] = m.ids;
+        this.adapters[w.id] = Object.keys(m.parent);
+        this.enqueue(this.fleetBody());
+      }
+      // Models first: the probe names one the worker serves.
+      if (this.probes) void this.probes.join(w.id, w.address);
     });
     const shadow = new Shadow();
     this.shadows[w.id] = shadow;
@@ -678,6 +711,7 @@ export class Bridge implements Fleet {
     delete this.pages[id];
     delete this.healthy[id];
     this.health.leave(id);
+    this.probes?.leave(id);
     delete this.shadows[id];
     this.annotator.forget(id);
     this.m.blocks.remove({ worker: id });
@@ -696,6 +730,7 @@ export class Bridge implements Fleet {
     if (this.heartbeat) clearInterval(this.heartbeat);
     if (this.scrapeTimer) clearInterval(this.scrapeTimer);
     this.health.stop();
+    this.probes?.stop();
     this.tokenize.close();
     for (const id of Object.keys(this.subs)) this.subs[id].close();
     this.kvRefused.close();
@@ -756,6 +791,7 @@ export function startBridge(argv: string[]): Promise<void> {
     b.startHeartbeat();
     b.startEngineScrapes(opts.engineMetrics ? opts.engineMetrics.intervalMs : 0);
     b.health.start();
+    b.probes?.start();
     await b.tokenize.warm();
     log("info", "bridge started", {
       version: version(),

@@ -39,8 +39,18 @@ import { shedsAtOnce } from "../core/admission";
 import { moveGuard, nextBest } from "../core/failover";
 import { Endpoint } from "../core/request";
 import { Pick } from "../core/router";
-import { helperFeatures, offloadVars, useHelper } from "./offload";
-import { firstByte, logHook, NUM_ZONE, release, sharedStore, STR_ZONE, zonesMissing } from "./phases";
+import { helperFeatures, IdsBody, offloadVars, useHelper } from "./offload";
+import {
+  firstByte,
+  firstByteIds,
+  logHook,
+  NUM_ZONE,
+  release,
+  sharedStore,
+  STR_ZONE,
+  toChat,
+  zonesMissing,
+} from "./phases";
 import { applyPush, pushGate, zoneWarning } from "./push";
 
 function json(r: NjsRequest, status: number, body: unknown): void {
@@ -231,6 +241,7 @@ function route(r: NjsRequest): void {
   const ep = verdict.endpoint;
   let pick;
   let stream = false;
+  let idsPlan: IdsPlan | null = null;
   try {
     if (ep) {
       const body = r.requestText || "";
@@ -258,28 +269,65 @@ function route(r: NjsRequest): void {
       stream = req.stream;
       const root = requestRoot(c.router.state.mirror, req.model, req.cacheSalt);
       const ov = offloadVars(getVar(r));
+      // --send-token-ids exact: ids come only from the helper, which builds the engine's body (njs/tokenize-helper.ts).
+      const wantIds = (ep === "chat" || ep === "completions") && flag(r, "send-token-ids") === "exact";
       if (useHelper(ov, req)) {
         // A long prompt: tokenized and hashed by the helper while this worker serves others (njs/offload.ts).
         const sid = req.sessionId;
         const streamed = stream;
         const limits = [lim.maxBodyBytes, lim.maxMessages, lim.maxMedia, lim.maxJsonDepth];
-        return helperFeatures(r, ov, req, body, c.cfg.blockSize, limits, root, tokenizer, function (f) {
-          let p: Pick;
-          try {
-            p = c.router.pick(f, sid);
-          } catch (e) {
-            return refuse(r, c, e);
-          }
-          send(r, c, ep, p, streamed);
-        });
+        return helperFeatures(
+          r,
+          ov,
+          req,
+          body,
+          c.cfg.blockSize,
+          limits,
+          root,
+          tokenizer,
+          wantIds,
+          function (f, ids, why) {
+            let p: Pick;
+            try {
+              p = c.router.pick(f, sid);
+            } catch (e) {
+              return refuse(r, c, e);
+            }
+            send(r, c, ep, p, streamed, wantIds ? { ids: ids, why: why } : null);
+          },
+        );
       }
+      if (wantIds) idsPlan = { ids: null, why: "tokenized in njs" };
       const f = computeFeatures(req, tokenizer(), c.cfg.blockSize, undefined, root);
       pick = c.router.pick(f, req.sessionId);
     } else pick = c.router.pick({ blocks: [], inputTokens: 0, exact: false, mediaHashes: [], n: 1 });
   } catch (e) {
     return refuse(r, c, e);
   }
-  send(r, c, ep, pick, stream);
+  send(r, c, ep, pick, stream, idsPlan);
+}
+
+/** --send-token-ids exact: the helper's ids body, or null and why the request goes as text. */
+interface IdsPlan {
+  ids: IdsBody | null;
+  why: string;
+}
+
+/** The worker's render parity as the bridge pushed it is exact (a DP rank is probed as its engine). */
+function parityExact(st: Store, id: string): boolean {
+  const v = st.get(PARITY + id);
+  if (v !== undefined) return v === "exact";
+  const engine = id.replace(/\/dp\d+$/, "");
+  return engine !== id && st.get(PARITY + engine) === "exact";
+}
+
+/** Counts a token-id outcome beside the Envoy path's (infera_router_token_id_requests_total). */
+function countIds(st: Store, outcome: string): void {
+  try {
+    st.incr("TI:" + outcome, 1);
+  } catch (e) {
+    /* a full zone loses the count, not the request */
+  }
 }
 
 function refuse(r: NjsRequest, c: Ctx, e: unknown): void {
@@ -291,7 +339,14 @@ function refuse(r: NjsRequest, c: Ctx, e: unknown): void {
 }
 
 /** Sheds a sheddable cold request, else remembers the pick's guards and hands the request to the proxy location. */
-function send(r: NjsRequest, c: Ctx, ep: Endpoint | null | undefined, pick: Pick, stream: boolean): void {
+function send(
+  r: NjsRequest,
+  c: Ctx,
+  ep: Endpoint | null | undefined,
+  pick: Pick,
+  stream: boolean,
+  ids: IdsPlan | null,
+): void {
   // Priority shedding, the Envoy path's rule without its queue (core/admission.ts
   // shedsAtOnce): a sheddable cold request whose worker has no free prefill slot.
   const adm = {
@@ -343,6 +398,27 @@ function send(r: NjsRequest, c: Ctx, ep: Endpoint | null | undefined, pick: Pick
     pick.prefill && pick.prefill.dpRank !== undefined ? String(pick.prefill.dpRank) : "";
   // SGLang reads the ranks from the body: the proxy location that sends $infera_body instead.
   const fields = ep ? dpBodyFields(ep, pick.target, pick.prefill) : null;
+  // --send-token-ids exact: the helper's ids body to a worker whose parity is exact, as the
+  // Envoy path decides (runtime/director.ts tokenIds); not under P/D, not with ranks in the body.
+  if (ids) {
+    // why: the reason it goes as text (the helper's, or ours), as the Envoy path's debug log names it.
+    // Counted in the Envoy path's order: P/D first, then the worker's parity, then the request.
+    let why = "";
+    if (pick.prefill) why = "prefill/decode";
+    else if (!parityExact(c.st, pick.target.id)) why = "not exact";
+    else if (!ids.ids) why = ids.why;
+    else if (fields) why = "ranks in the body";
+    if (why) countIds(c.st, why === "not exact" ? "text_not_exact" : "text_ineligible");
+    else {
+      countIds(c.st, "ids");
+      const b = ids.ids as IdsBody;
+      r.variables.infera_body = b.body;
+      r.variables.infera_ids_path = b.path || r.uri;
+      r.variables.infera_to_chat = b.chat ? "1" : "";
+      r.internalRedirect(idsLocation(stream));
+      return;
+    }
+  }
   const rewritten = fields ? withBodyFields(r.requestText || "", fields) : null;
   if (rewritten !== null) {
     r.variables.infera_body = rewritten;
@@ -350,6 +426,11 @@ function send(r: NjsRequest, c: Ctx, ep: Endpoint | null | undefined, pick: Pick
     return;
   }
   r.internalRedirect(upstreamLocation(false, stream));
+}
+
+/** The proxy location that sends $infera_body (the ids) to $infera_ids_path and rewrites the answer back. */
+function idsLocation(stream: boolean): string {
+  return "@infera_upstream_ids" + (stream ? "_stream" : "");
 }
 
 /**
@@ -393,7 +474,24 @@ function retry(r: NjsRequest): void {
       r.variables.infera_upstream = w.address;
       r.variables.infera_dp_rank = w.dpRank === undefined ? "" : String(w.dpRank);
       let body = false;
-      if (r.variables.infera_body) {
+      const idsPath = r.variables.infera_ids_path || "";
+      if (idsPath) {
+        // Sent as ids: the next worker gets them too if its parity is exact (no ranks in the body), else the text.
+        r.variables.infera_ids_path = "";
+        const verdict = checkPath(rulesFor(flag(r, "extra-paths") as string), r.method, r.uri);
+        const fields = verdict.endpoint ? dpBodyFields(verdict.endpoint, w, null) : null;
+        if (!fields && parityExact(c.st, w.id)) {
+          r.variables.infera_ids_path = idsPath;
+          return r.internalRedirect(idsLocation(r.variables.infera_stream === "1"));
+        }
+        r.variables.infera_to_chat = "";
+        r.variables.infera_body = "";
+        const again = fields ? withBodyFields(r.requestText || "", fields) : null;
+        if (again !== null) {
+          r.variables.infera_body = again;
+          body = true;
+        }
+      } else if (r.variables.infera_body) {
         const verdict = checkPath(rulesFor(flag(r, "extra-paths") as string), r.method, r.uri);
         const pf = r.variables.infera_prefill ? workerAt(c, r.variables.infera_prefill) : null;
         const fields = verdict.endpoint ? dpBodyFields(verdict.endpoint, w, pf) : null;
@@ -492,8 +590,13 @@ interface PushBody {
     /** Of models, the LoRA adapters (their /v1/models entries have a parent). */
     adapters?: string[];
     healthy?: boolean;
+    /** The bridge's render-parity probe (exact | diverged | unchecked), with --send-token-ids exact. */
+    parity?: string;
   }[];
 }
+
+/** Per worker: its render parity as pushed (string dict). */
+const PARITY = "TP:";
 
 /**
  * js_content for the fleet pushes (@infera_push_all, after njs/push.ts) and,
@@ -521,6 +624,10 @@ function push(r: NjsRequest): void {
     c.router.setHealthy(ws[i].id, ws[i].healthy !== false);
     const ad = ws[i].adapters || [];
     for (let k = 0; k < ad.length; k++) lt.markAdapter(ad[k]);
+    // --send-token-ids exact on the bridge: each worker's render parity (absent: the bridge does not probe).
+    const par = ws[i].parity;
+    if (par) c.st.set(PARITY + ws[i].id, par);
+    else c.st.del(PARITY + ws[i].id);
   }
   // parts: this bundle checks the parts of a batch the bridge cut (njs/push.ts applyPush).
   json(r, 200, { workers: c.router.workers().length, parts: true });
@@ -539,7 +646,13 @@ function admin(r: NjsRequest): void {
   if (r.uri === "/v1/admin/workers") {
     const ws = c.router.workers();
     const out: unknown[] = [];
-    for (let i = 0; i < ws.length; i++) out.push(workerRow(c.router, ws[i]));
+    for (let i = 0; i < ws.length; i++) {
+      const row = workerRow(c.router, ws[i]) as unknown as { [k: string]: unknown };
+      // --send-token-ids exact: the parity the bridge pushed, as the router's /v1/admin/workers shows it.
+      const par = c.st.get(PARITY + ws[i].id);
+      if (par !== undefined) row.render_parity = { status: par };
+      out.push(row);
+    }
     return json(r, 200, out);
   }
   if (r.uri === "/v1/admin/reservations") return json(r, 200, { open_guards: c.router.openGuards() });
@@ -605,6 +718,10 @@ function metrics(r: NjsRequest): void {
   const sc = shedCounts(c.st);
   for (let i = 0; i < sc.length; i++)
     lines.push('infera_router_shed_total{priority="' + sc[i].priority + '"} ' + sc[i].count);
+  header("infera_router_token_id_requests_total");
+  const outcomes = ["ids", "text_not_exact", "text_ineligible"];
+  for (let i = 0; i < outcomes.length; i++)
+    lines.push('infera_router_token_id_requests_total{outcome="' + outcomes[i] + '"} ' + c.st.num("TI:" + outcomes[i]));
   header("infera_router_failovers_total");
   lines.push("infera_router_failovers_total " + c.st.num("FO"));
   r.headersOut["Content-Type"] = "text/plain; version=0.0.4";
@@ -615,6 +732,8 @@ export default {
   route: route,
   retry: retry,
   firstByte: firstByte,
+  firstByteIds: firstByteIds,
+  toChat: toChat,
   release: release,
   push: push,
   admin: admin,

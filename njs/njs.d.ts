@@ -27,7 +27,17 @@ interface NjsRequest {
   error(msg: string): void;
   warn(msg: string): void;
   log(msg: string): void;
+  /** js_body_filter: sends data on to the client in place of the chunk the filter got. */
+  sendBuffer(data: string | NjsBuffer, options?: { last?: boolean; flush?: boolean }): void;
 }
+/** The slice of njs's Buffer the body filter uses (js_body_filter ... buffer_type=buffer). */
+interface NjsBuffer {
+  length: number;
+  indexOf(s: string, from?: number): number;
+  slice(start: number, end?: number): NjsBuffer;
+  toString(encoding?: string): string;
+}
+
 declare const ngx: {
   shared?: { [zone: string]: NjsSharedDict };
   version: string;

@@ -116,13 +116,36 @@ function noteRecovery(r: NjsRequest, num: NjsSharedDict | undefined, url: string
 }
 
 /**
+ * --send-token-ids: the request as the engine gets it with ids (built by the
+ * helper, njs/tokenize-helper.ts), its path (empty: the client's) and whether
+ * the answer goes back to the chat shape; or, text: why it goes as text.
+ */
+export interface IdsBody {
+  body: string;
+  path: string;
+  chat: boolean;
+}
+
+/**
  * The helper's answer: the JSON object, or (asked with X-Infera-Answer:
  * packed) its first line with n in place of b, then the n hashes packed
- * (core/state/marks.ts packedBlocks). A string: why it is neither.
+ * (core/state/marks.ts packedBlocks), then (ib: 1) the ids body to the end.
+ * A string: why it is neither.
  */
-export function readAnswer(text: string): { t: number; b: BlockHash[]; mh: string[] } | string {
+export function readAnswer(
+  text: string,
+): { t: number; b: BlockHash[]; mh: string[]; ids: IdsBody | null; why: string } | string {
   const nl = text.indexOf("\n");
-  let a: { t?: unknown; b?: unknown; n?: unknown; mh?: unknown };
+  let a: {
+    t?: unknown;
+    b?: unknown;
+    n?: unknown;
+    mh?: unknown;
+    ib?: unknown;
+    ip?: unknown;
+    ic?: unknown;
+    it?: unknown;
+  };
   try {
     a = JSON.parse(nl < 0 ? text : text.substring(0, nl));
   } catch (e) {
@@ -130,17 +153,28 @@ export function readAnswer(text: string): { t: number; b: BlockHash[]; mh: strin
   }
   const mh = Array.isArray(a.mh) ? (a.mh as string[]) : [];
   if (typeof a.t !== "number") return "no t/b fields";
-  if (nl < 0) return Array.isArray(a.b) ? { t: a.t, b: a.b as BlockHash[], mh: mh } : "no t/b fields";
+  const why = typeof a.it === "string" ? a.it : "helper";
+  if (nl < 0)
+    return Array.isArray(a.b) ? { t: a.t, b: a.b as BlockHash[], mh: mh, ids: null, why: why } : "no t/b fields";
   const n = a.n;
   if (typeof n !== "number" || !(n >= 0) || Math.floor(n) !== n) return "no n field before the packed hashes";
-  const packed = text.substring(nl + 1);
+  const end = nl + 1 + n * PACKED_WIDTH;
+  const packed = a.ib === 1 ? text.substring(nl + 1, end) : text.substring(nl + 1);
   if (packed.length !== n * PACKED_WIDTH) return "packed hashes of " + packed.length + " characters for " + n;
-  return { t: a.t, b: packedBlocks(packed, n) as BlockHash[], mh: mh };
+  let ids: IdsBody | null = null;
+  if (a.ib === 1) {
+    const body = text.substring(end);
+    if (!body) return "an empty ids body";
+    ids = { body: body, path: typeof a.ip === "string" ? a.ip : "", chat: a.ic === true };
+  }
+  return { t: a.t, b: packedBlocks(packed, n) as BlockHash[], mh: mh, ids: ids, why: why };
 }
 
 /**
  * Features of req from the helper, or by the fallback; done runs exactly once,
- * after the answer (or the failure) arrives. done must not throw.
+ * after the answer (or the failure) arrives, with the ids body when wantIds
+ * and the helper built one (else null and why: the fallback's cause, or the
+ * helper's reason). done must not throw.
  */
 export function helperFeatures(
   r: NjsRequest,
@@ -151,14 +185,15 @@ export function helperFeatures(
   limits: number[],
   root: string | null,
   tok: () => Tokenizer | null,
-  done: (f: Features) => void,
+  wantIds: boolean,
+  done: (f: Features, ids: IdsBody | null, why: string) => void,
 ): void {
   const num = typeof ngx !== "undefined" && ngx.shared ? ngx.shared.infera_num : undefined;
   let called = false;
-  const finish = (f: Features) => {
+  const finish = (f: Features, ids: IdsBody | null, why: string) => {
     if (called) return;
     called = true;
-    done(f);
+    done(f, ids, why);
   };
   const fallback = (cause: string, detail: string) => {
     const inNjs = req.estimatedTokens <= v.njsMaxTokens;
@@ -169,21 +204,23 @@ export function helperFeatures(
     } catch (e) {
       f = computeFeatures(req, null, blockSize, undefined, root);
     }
-    finish(f);
+    finish(f, null, "helper " + cause);
   };
+  const headers: { [name: string]: string } = {
+    "Content-Type": "application/json",
+    "X-Infera-Endpoint": req.endpoint,
+    "X-Infera-Block-Size": String(blockSize),
+    "X-Infera-Limits": limits.join(","),
+    "X-Infera-Root": root || "",
+    // The hashes as one packed string (readAnswer); a helper from before it answers the JSON list.
+    "X-Infera-Answer": "packed",
+  };
+  if (wantIds) headers["X-Infera-Ids"] = "exact";
   ngx
     .fetch(v.url, {
       method: "POST",
       body: body,
-      headers: {
-        "Content-Type": "application/json",
-        "X-Infera-Endpoint": req.endpoint,
-        "X-Infera-Block-Size": String(blockSize),
-        "X-Infera-Limits": limits.join(","),
-        "X-Infera-Root": root || "",
-        // The hashes as one packed string (readAnswer); a helper from before it answers the JSON list.
-        "X-Infera-Answer": "packed",
-      },
+      headers: headers,
     })
     .then(
       function (res) {
@@ -196,7 +233,7 @@ export function helperFeatures(
           } catch (e) {
             /* logging only */
           }
-          finish(featuresOf(req, a.t, a.b, a.mh));
+          finish(featuresOf(req, a.t, a.b, a.mh), a.ids, a.why);
         });
       },
       function (e) {

@@ -12,6 +12,7 @@ import type { Store } from "../core/store";
 import { coldKey, coldLeave, guardKey, keyedState } from "../core/state/keyed";
 import { reservations } from "../core/reservation";
 import { logfmt, LogFields, LogLevel } from "../core/log";
+import { chatEvent, ChatRewrite, chatRewrite, chatWhole } from "../core/token-ids";
 
 export const STR_ZONE = "infera_str";
 export const NUM_ZONE = "infera_num";
@@ -160,6 +161,66 @@ export function firstByte(r: NjsRequest): void {
     releaseKey(r, pre);
 }
 
+/**
+ * js_header_filter of the ids proxy locations (--send-token-ids exact): the
+ * first byte as above; an answer rewritten to the chat shape has another
+ * length, so its Content-Length goes (nginx then sends it chunked).
+ */
+export function firstByteIds(r: NjsRequest): void {
+  firstByte(r);
+  if (r.variables.infera_to_chat === "1") delete r.headersOut["Content-Length"];
+}
+
+// The body filter's state for the request this VM serves: bytes not yet
+// rewritten (a partial event, or a whole answer until its end) and the
+// rewrite's own (core/token-ids.ts). Keyed on the request object, as store().
+let chatR: NjsRequest | null = null;
+let chatBuf: NjsBuffer | null = null;
+let chatState: ChatRewrite | null = null;
+
+function concat(a: NjsBuffer, b: NjsBuffer): NjsBuffer {
+  const B = (globalThis as unknown as { Buffer: { concat(list: NjsBuffer[]): NjsBuffer } }).Buffer;
+  return B.concat([a, b]);
+}
+
+/**
+ * js_body_filter of the ids proxy locations (buffer_type=buffer): a chat
+ * request sent to the engine's completions endpoint gets its answer back in
+ * the chat shape, whole (sent at its end) or event by event. Chunks may cut an
+ * event (or a UTF-8 sequence) anywhere: bytes are decoded only up to the last
+ * blank line, the rest waits for the next chunk. A completions request passes
+ * unchanged.
+ */
+export function toChat(r: NjsRequest, data: NjsBuffer, flags: { last: boolean }): void {
+  if (r.variables.infera_to_chat !== "1") return r.sendBuffer(data, flags);
+  if (chatR !== r) {
+    chatR = r;
+    chatBuf = null;
+    chatState = chatRewrite(r.variables.infera_stream === "1");
+  }
+  const s = chatState as ChatRewrite;
+  const buf: NjsBuffer = chatBuf && chatBuf.length ? concat(chatBuf, data) : data;
+  if (!s.stream) {
+    chatBuf = buf;
+    if (!flags.last) return;
+    chatBuf = null;
+    return r.sendBuffer(chatWhole(buf.toString("utf8")), { last: true });
+  }
+  let out = "";
+  let at = 0;
+  let i: number;
+  while ((i = buf.indexOf("\n\n", at)) >= 0) {
+    out += chatEvent(s, buf.slice(at, i).toString("utf8")) + "\n\n";
+    at = i + 2;
+  }
+  chatBuf = at < buf.length ? buf.slice(at) : null;
+  if (flags.last && chatBuf) {
+    out += chatBuf.toString("utf8");
+    chatBuf = null;
+  }
+  if (out || flags.last) r.sendBuffer(out, { last: flags.last, flush: true });
+}
+
 /** js_set variable used in the access log: runs once per request at log phase (EOF, abort, error). */
 export function release(r: NjsRequest): string {
   const id = reqId(r);
@@ -171,4 +232,4 @@ export function release(r: NjsRequest): string {
   return a || b || q ? "1" : "0";
 }
 
-export default { firstByte: firstByte, release: release };
+export default { firstByte: firstByte, firstByteIds: firstByteIds, toChat: toChat, release: release };

@@ -12,6 +12,14 @@
 // in headers. Answer: {"t":tokens,"b":[block hashes],"x":exact,"mh":[media hashes]},
 // the Features computeFeatures gives in the ext_proc router; to a caller that
 // sends X-Infera-Answer: packed, the same with the hashes packed (answerPacked).
+//
+// --send-token-ids exact: asked with X-Infera-Ids: exact (and while some
+// worker's render parity is exact), the packed answer also carries the
+// request rewritten to carry the prompt's ids (runtime/token-ids.ts
+// tokenIdRequest, the Envoy path's rules) after the hashes, so njs hands the
+// engine a body it never builds or parses: a 100k-token prompt's ids body is
+// several hundred KB of JSON, which the nginx worker's event loop would
+// otherwise serialise itself.
 import { spec } from "../runtime/metrics";
 import * as http from "http";
 import { Counter, Registry } from "prom-client";
@@ -22,6 +30,7 @@ import { nativeHasher } from "../runtime/hasher";
 import { prefixHashes } from "../runtime/prefix-hashes";
 import { defaultThreads, TokenizerPool } from "../runtime/tokenpool";
 import { PACKED_WIDTH } from "../core/state/marks";
+import { tokenIdRequest } from "../runtime/token-ids";
 
 const ENDPOINTS: Endpoint[] = ["chat", "completions", "messages"];
 /** Texts up to this many characters encode on the bridge's own loop (a thread hop costs more). */
@@ -37,13 +46,20 @@ function packable(blocks: string[]): boolean {
 
 export interface TokenizeHelper {
   handle(req: http.IncomingMessage, res: http.ServerResponse): void;
-  stats: { requests: number; errors: number; threaded: number };
+  stats: { requests: number; errors: number; threaded: number; idsBodies: number };
+  /** The tokenizer it encodes with (the bridge's render probes use the same one). */
+  tokenizer(): LoadedTokenizer | null;
   /** Loads the tokenizer and starts the threads now, not on nginx's first long prompt. */
   warm(): Promise<void>;
   close(): void;
 }
 
-export function tokenizeHelper(registry?: Registry, timeoutMs = 5000): TokenizeHelper {
+export function tokenizeHelper(
+  registry?: Registry,
+  timeoutMs = 5000,
+  /** --send-token-ids exact on the bridge: whether some worker's render parity is exact now. */
+  anyExact: () => boolean = () => false,
+): TokenizeHelper {
   const answered = new Counter({
     ...spec("infera_bridge_tokenize_requests_total"),
     registers: registry ? [registry] : [],
@@ -54,28 +70,40 @@ export function tokenizeHelper(registry?: Registry, timeoutMs = 5000): TokenizeH
   const tokenizer = () => (tok === undefined ? (tok = loadTokenizer(key || null)) : tok);
   const hashes = prefixHashes(nativeHasher);
   let pool: TokenizerPool | null = null;
-  const stats = { requests: 0, errors: 0, threaded: 0 };
+  const stats = { requests: 0, errors: 0, threaded: 0, idsBodies: 0 };
 
   const threads = () =>
     pool || (pool = new TokenizerPool({ keys: [key], threads: defaultThreads(), queueMax: 256, timeoutMs: timeoutMs }));
 
-  const features = async (req: ParsedRequest, blockSize: number, root: string | null) => {
+  type Feats = { tokens: number; blocks: string[]; exact: boolean; media: string[]; ids?: ArrayLike<number> };
+  /** wantIds: keep the prompt's ids (text prompts without media only: the ids path's own rule). */
+  const features = async (
+    req: ParsedRequest,
+    blockSize: number,
+    root: string | null,
+    wantIds: boolean,
+  ): Promise<Feats> => {
     const t = tokenizer();
     const ms = mediaSalt(req, nativeHasher, root);
     if (!t || req.promptTokens) {
       const f = computeFeatures(req, t, blockSize, nativeHasher, root);
       return { tokens: f.inputTokens, blocks: f.blocks as string[], exact: f.exact, media: f.mediaHashes };
     }
+    const keep = wantIds && !req.media.length;
     const text = req.chat ? t.renderChat(req.chat) : (req.prompt as string);
     const special = !!(req.addSpecialTokens && t.encodeSpecial);
     if (text.length <= INLINE_CHARS) {
       const ids = special ? t.encodeSpecial!(text) : t.encode(text);
       const blocks = hashes.hash(ids, blockSize, ms.salt) as string[];
-      return { tokens: ids.length, blocks, exact: ms.mediaHashes.length === 0, media: ms.mediaHashes };
+      const f: Feats = { tokens: ids.length, blocks, exact: ms.mediaHashes.length === 0, media: ms.mediaHashes };
+      if (keep) f.ids = ids;
+      return f;
     }
     stats.threaded++;
-    const r = await threads().encode(key, text, special, blockSize, ms.salt ?? null);
-    return { tokens: r.tokens, blocks: r.blocks, exact: ms.mediaHashes.length === 0, media: ms.mediaHashes };
+    const r = await threads().encode(key, text, special, blockSize, ms.salt ?? null, keep);
+    const f: Feats = { tokens: r.tokens, blocks: r.blocks, exact: ms.mediaHashes.length === 0, media: ms.mediaHashes };
+    if (keep && r.ids) f.ids = r.ids;
+    return f;
   };
 
   const answer = (res: http.ServerResponse, status: number, body: unknown) => {
@@ -87,14 +115,19 @@ export function tokenizeHelper(registry?: Registry, timeoutMs = 5000): TokenizeH
   // The packed answer: the JSON line of the plain answer with n (the hash count)
   // in place of b, a newline, then the n hashes end to end, PACKED_WIDTH
   // characters each (core/state/marks.ts packedBlocks).
-  const answerPacked = (res: http.ServerResponse, head: object, blocks: string[]) => {
+  // With an ids body (head.ib = 1) it follows the hashes to the end: the hashes
+  // are ASCII, so njs finds its start by character count.
+  const answerPacked = (res: http.ServerResponse, head: object, blocks: string[], idsBody?: Buffer) => {
     answered.inc({ result: "ok" });
     res.writeHead(200, { "content-type": "text/plain" });
-    res.end(JSON.stringify(head) + "\n" + blocks.join(""));
+    const front = JSON.stringify(head) + "\n" + blocks.join("");
+    if (idsBody) res.end(Buffer.concat([Buffer.from(front, "utf8"), idsBody]));
+    else res.end(front);
   };
 
   return {
     stats,
+    tokenizer,
     async warm() {
       if (tokenizer()) await threads().ready();
     },
@@ -109,6 +142,8 @@ export function tokenizeHelper(registry?: Registry, timeoutMs = 5000): TokenizeH
       const root = h("x-infera-root") || null;
       // A bundle that reads packed hashes says so (njs/offload.ts); any other caller gets the JSON list.
       const packed = h("x-infera-answer") === "packed";
+      // njs's $infera_send_token_ids exact: the ids body too, while some worker can take it.
+      const wantIds = packed && h("x-infera-ids") === "exact" && anyExact();
       if (
         req.method !== "POST" ||
         ENDPOINTS.indexOf(endpoint) < 0 ||
@@ -141,11 +176,26 @@ export function tokenizeHelper(registry?: Registry, timeoutMs = 5000): TokenizeH
           stats.errors++;
           return answer(res, 422, { error: asHttpError(e).message });
         }
-        features(parsed, blockSize, root).then(
-          (f) =>
-            packed && packable(f.blocks)
-              ? answerPacked(res, { t: f.tokens, n: f.blocks.length, x: f.exact, mh: f.media }, f.blocks)
-              : answer(res, 200, { t: f.tokens, b: f.blocks, x: f.exact, mh: f.media }),
+        features(parsed, blockSize, root, wantIds).then(
+          (f) => {
+            if (!packed || !packable(f.blocks))
+              return answer(res, 200, { t: f.tokens, b: f.blocks, x: f.exact, mh: f.media });
+            const head: Record<string, unknown> = { t: f.tokens, n: f.blocks.length, x: f.exact, mh: f.media };
+            if (!wantIds) return answerPacked(res, head, f.blocks);
+            // The Envoy path's rules (runtime/token-ids.ts): ib 1 + the body after the hashes, or why text (it).
+            const plan = f.ids
+              ? tokenIdRequest(endpoint, body, f.ids)
+              : { text: parsed.media.length ? "media" : "prompt" };
+            if ("text" in plan) {
+              head.it = plan.text;
+              return answerPacked(res, head, f.blocks);
+            }
+            stats.idsBodies++;
+            head.ib = 1;
+            head.ip = plan.path || "";
+            head.ic = plan.chat;
+            answerPacked(res, head, f.blocks, plan.body);
+          },
           (e) => {
             // A prompt the helper could not encode in time: nginx falls back (estimate), never fails the request.
             stats.errors++;

@@ -181,6 +181,8 @@ export class RenderProbes {
     private readonly o: ProbeOptions,
     private readonly log: (level: "info" | "warn", msg: string, fields?: Record<string, string | number>) => void,
     registry: client.Registry,
+    /** A worker's status changed (the nginx bridge pushes it to njs). */
+    private readonly onChange?: (id: string, status: ParityStatus) => void,
   ) {
     const self = this;
     new client.Gauge({
@@ -234,6 +236,7 @@ export class RenderProbes {
     else if (s.status === "exact" && prev?.status !== "exact") this.log("info", "render parity: exact", { worker: id });
     else if (s.status === "unchecked" && prev?.status !== "unchecked")
       this.log("info", "render parity: unchecked", { worker: id, reason: s.reason ?? "" });
+    if (this.onChange && prev?.status !== s.status) this.onChange(id, s.status);
   }
 
   start(): void {

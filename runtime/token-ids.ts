@@ -16,6 +16,7 @@
 // text. A completions request with a text prompt keeps its endpoint and its
 // answer: only `prompt` changes.
 import { Endpoint } from "../core/request";
+import { chatEvent, ChatRewrite, chatRewrite, chatWhole } from "../core/token-ids";
 
 /**
  * Chat fields with the same meaning on the completions endpoint (vLLM's and
@@ -104,51 +105,19 @@ export function tokenIdRequest(endpoint: Endpoint | null, body: Buffer, ids: Arr
   return { body: Buffer.from("{" + parts.join(",") + "}", "utf8"), path: "/v1/completions", chat: true };
 }
 
-type Json = Record<string, unknown>;
-
-function chatId(id: unknown): unknown {
-  return typeof id === "string" && id.startsWith("cmpl-") ? "chat" + id : id;
-}
-
-/**
- * A text_completion answer (whole or one streamed event) in the chat shape:
- * its id and object renamed, each choice mapped, every other field as it is;
- * null for anything else (an error, or not a completion), which passes unchanged.
- */
-function asChat(j: Json, object: string, choice: (c: Json) => Json): Json | null {
-  if (!j || j.object !== "text_completion" || !Array.isArray(j.choices)) return null;
-  const out: Json = {};
-  for (const k of Object.keys(j)) {
-    if (k === "id") out.id = chatId(j.id);
-    else if (k === "object") out.object = object;
-    else if (k === "choices") out.choices = (j.choices as Json[]).map(choice);
-    else out[k] = j[k];
-  }
-  return out;
-}
-
-/** A text_completion choice as a chat.completion choice. */
-function wholeChoice(c: Json): Json {
-  const out: Json = {};
-  for (const k of Object.keys(c)) {
-    if (k === "text") out.message = { role: "assistant", content: c.text };
-    else if (k === "logprobs") out.logprobs = null;
-    else if (k !== "prompt_token_ids" && k !== "token_ids") out[k] = c[k];
-  }
-  if (!("message" in out)) out.message = { role: "assistant", content: "" };
-  return out;
-}
-
 /**
  * Rewrites an engine's completions answer into the chat answer the client
- * asked for, chunk by chunk as Envoy streams it. Anything that is not a
+ * asked for, chunk by chunk as Envoy streams it (core/token-ids.ts does the
+ * rewrite; nginx runs the same in its body filter). Anything that is not a
  * text_completion (an error, an unknown shape) passes unchanged.
  */
 export class ChatFromCompletions {
   private buf = "";
-  private started: Record<number, boolean> = {};
+  private readonly s: ChatRewrite;
 
-  constructor(private readonly stream: boolean) {}
+  constructor(private readonly stream: boolean) {
+    this.s = chatRewrite(stream);
+  }
 
   /** The bytes to send in place of this chunk (maybe empty: a whole answer is sent at its end). */
   push(chunk: Uint8Array, end: boolean): Buffer {
@@ -157,13 +126,13 @@ export class ChatFromCompletions {
       if (!end) return Buffer.alloc(0);
       const all = this.buf;
       this.buf = "";
-      return Buffer.from(this.whole(all), "utf8");
+      return Buffer.from(chatWhole(all), "utf8");
     }
     // Server-sent events end at a blank line; a partial event waits for its rest.
     let out = "";
     let i: number;
     while ((i = this.buf.indexOf("\n\n")) >= 0) {
-      out += this.event(this.buf.slice(0, i)) + "\n\n";
+      out += chatEvent(this.s, this.buf.slice(0, i)) + "\n\n";
       this.buf = this.buf.slice(i + 2);
     }
     if (end && this.buf) {
@@ -171,51 +140,5 @@ export class ChatFromCompletions {
       this.buf = "";
     }
     return Buffer.from(out, "utf8");
-  }
-
-  private whole(text: string): string {
-    let j: Json;
-    try {
-      j = JSON.parse(text) as Json;
-    } catch {
-      return text;
-    }
-    const out = asChat(j, "chat.completion", wholeChoice);
-    return out ? JSON.stringify(out) : text;
-  }
-
-  private event(ev: string): string {
-    if (!ev.startsWith("data: ")) return ev;
-    const data = ev.slice(6);
-    if (data === "[DONE]") return ev;
-    let j: Json;
-    try {
-      j = JSON.parse(data) as Json;
-    } catch {
-      return ev;
-    }
-    const out = asChat(j, "chat.completion.chunk", (c) => this.delta(c));
-    return out ? "data: " + JSON.stringify(out) : ev;
-  }
-
-  /** A streamed text_completion choice as a chat delta: the role on each choice's first. */
-  private delta(c: Json): Json {
-    const index = typeof c.index === "number" ? c.index : 0;
-    const first = !this.started[index];
-    this.started[index] = true;
-    const text = typeof c.text === "string" ? c.text : "";
-    const delta: Json = first
-      ? { role: "assistant", content: text }
-      : text || !c.finish_reason
-        ? { content: text }
-        : {};
-    const out: Json = {};
-    for (const k of Object.keys(c)) {
-      if (k === "text") out.delta = delta;
-      else if (k === "logprobs") out.logprobs = null;
-      else if (k !== "prompt_token_ids" && k !== "token_ids") out[k] = c[k];
-    }
-    if (!("delta" in out)) out.delta = delta;
-    return out;
   }
 }

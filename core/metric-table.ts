@@ -297,6 +297,7 @@ function builtinMetrics(): MetricSpec[] {
       type: "counter",
       help: "Requests routed with --send-token-ids exact, by what the worker got: ids, text_not_exact (its render parity is not exact), text_ineligible (a request ids cannot serve: tools, logprobs, media, PD ...)",
       labels: ["outcome"],
+      njs: true,
     },
     {
       name: "infera_router_flow_queued_bytes",

@@ -103,6 +103,12 @@ export async function buildNjs(): Promise<{
     [require.resolve("typescript/bin/tsc"), "-p", path.join(ROOT, "njs", "tsconfig.json")],
     { stdio: "inherit" },
   );
+  // tsc emits ES modules, which esbuild hoists into the bundle's one scope: no
+  // per-module wrapper, exports object or property call (`(0, m.f)(...)`), and
+  // every njs VM runs that top level again (docs/benchmarks/2026-12-07-njs-floor.md).
+  // The package is "type": "commonjs", under which esbuild would wrap a module
+  // that only imports (core/scheduling/plugins.ts); this marks the build's files as ESM.
+  fs.writeFileSync(path.join(ROOT, "njs", "build", "package.json"), '{ "type": "module" }\n');
   const outs: Record<string, string> = {};
   for (const [entry, name, global] of [
     ["infera", "infera.js", "__infera"],

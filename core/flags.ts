@@ -1305,6 +1305,18 @@ function nginxSpec(name: string): FlagSpec | undefined {
   return byNginxName[name];
 }
 
+/**
+ * The flags that have an nginx variable: each one's name and variable, in the
+ * table's order. njs keeps what these variables parse to (njs/infera.ts), and
+ * its build reads the variables' names from here.
+ */
+export function nginxFlagVars(): { name: string; nginx: string }[] {
+  const t = nginxSpecs();
+  const out: { name: string; nginx: string }[] = [];
+  for (let i = 0; i < t.length; i++) if (t[i].nginx) out.push({ name: t[i].name, nginx: t[i].nginx as string });
+  return out;
+}
+
 /** One non-router flag from its nginx variable, parsed, or its default. */
 export function nginxFlag(name: string, get: (name: string) => string | undefined): FlagValue {
   const f = nginxSpec(name);

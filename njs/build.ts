@@ -2,6 +2,7 @@
 // destructuring, spread, for-of, default params, optional chaining), esbuild
 // bundles it into one file, and a checker refuses anything njs cannot parse.
 import { execFileSync, spawnSync } from "child_process";
+import { createHash } from "crypto";
 import * as fs from "fs";
 import * as path from "path";
 import { build } from "esbuild";
@@ -10,6 +11,7 @@ import { defaultTokenizerDir, loadTokenizer } from "../runtime/tokenizer";
 import { templateAst } from "../runtime/jinja";
 import { detectContentFormat } from "../core/chat";
 import { CompactTokenizer } from "../core/bpe";
+import { nginxFlagVars } from "../core/flags";
 
 const ROOT = path.resolve(__dirname, "..");
 const OUT = path.join(ROOT, "njs", "dist");
@@ -89,6 +91,17 @@ export function compactWithChat(dir: string): CompactTokenizer {
   return c;
 }
 
+/** The .js files under dir, sorted, for the bundle's hash. */
+function listJs(dir: string): string[] {
+  const out: string[] = [];
+  for (const e of fs.readdirSync(dir, { withFileTypes: true })) {
+    const p = path.join(dir, e.name);
+    if (e.isDirectory()) out.push(...listJs(p));
+    else if (e.name.endsWith(".js")) out.push(p);
+  }
+  return out.sort();
+}
+
 export async function buildNjs(): Promise<{
   bundle: string;
   cli: string;
@@ -103,6 +116,21 @@ export async function buildNjs(): Promise<{
     [require.resolve("typescript/bin/tsc"), "-p", path.join(ROOT, "njs", "tsconfig.json")],
     { stdio: "inherit" },
   );
+  // tsc emits ES modules, which esbuild hoists into the bundle's one scope: no
+  // per-module wrapper, exports object or property call (`(0, m.f)(...)`), and
+  // every njs VM runs that top level again (docs/benchmarks/2026-12-07-njs-floor.md).
+  // The package is "type": "commonjs", under which esbuild would wrap a module
+  // that only imports (core/scheduling/plugins.ts); this marks the build's files as ESM.
+  fs.writeFileSync(path.join(ROOT, "njs", "build", "package.json"), '{ "type": "module" }\n');
+  // What the bundle's config cache (njs/infera.ts) is keyed on: the sources'
+  // hash (a new bundle never reads what an older one parsed) and the variables.
+  const hash = createHash("sha256");
+  for (const f of listJs(path.join(ROOT, "njs", "build")))
+    hash.update(path.relative(ROOT, f) + "\0" + fs.readFileSync(f, "utf8") + "\0");
+  const define = {
+    INFERA_BUILD: JSON.stringify(hash.digest("hex").slice(0, 16)),
+    INFERA_CONFIG_VARS: JSON.stringify(nginxFlagVars().map((v) => v.nginx)),
+  };
   const outs: Record<string, string> = {};
   for (const [entry, name, global] of [
     ["infera", "infera.js", "__infera"],
@@ -123,6 +151,7 @@ export async function buildNjs(): Promise<{
       legalComments: "none",
       logLevel: "warning",
       supported: { "const-and-let": true, arrow: true, "template-literal": true },
+      define: define,
     });
     // njs modules export with `export default`; esbuild's ESM form (`export {x as default}`) is not njs syntax.
     const code = fs.readFileSync(file, "utf8") + `\nexport default ${global}.default;\n`;

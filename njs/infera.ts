@@ -29,7 +29,7 @@ import { unknownWorker, workerRow } from "../core/views";
 import { withModels } from "../core/models";
 import { storeLoraTable, withLora } from "../core/lora";
 import { storeEngineReadings } from "../core/engine-readings";
-import { FlagValue, nginxFlag, routerConfigFromVars } from "../core/flags";
+import { FlagValue, nginxFlag, nginxFlagVars, routerConfigFromVars } from "../core/flags";
 import { metricHeader, metricSpec } from "../core/metric-table";
 import { errorJson } from "../core/errors";
 import { parseSessionHeaders, sessionFromHeaders } from "../core/session-headers";
@@ -78,8 +78,10 @@ interface Memo {
   flags: { [name: string]: FlagValue };
   st: Store | null;
   ctx: Ctx | string | null;
+  /** The flags' parsed values from the config cache (configCached), or null. */
+  cached: { [name: string]: FlagValue } | null;
 }
-const memo: Memo = { r: null, vars: {}, flags: {}, st: null, ctx: null };
+const memo: Memo = { r: null, vars: {}, flags: {}, st: null, ctx: null, cached: null };
 
 function memoFor(r: NjsRequest): Memo {
   if (memo.r !== r) {
@@ -88,6 +90,7 @@ function memoFor(r: NjsRequest): Memo {
     memo.flags = {};
     memo.st = null;
     memo.ctx = null;
+    memo.cached = null;
   }
   return memo;
 }
@@ -111,13 +114,84 @@ function getVar(r: NjsRequest): (name: string) => string | undefined {
 /** nginxFlag for this request, parsed once per VM. */
 function flag(r: NjsRequest, name: string): FlagValue {
   const m = memoFor(r);
-  if (!(name in m.flags)) m.flags[name] = nginxFlag(name, getVar(r));
+  if (!(name in m.flags)) m.flags[name] = m.cached && name in m.cached ? m.cached[name] : nginxFlag(name, getVar(r));
   return m.flags[name];
 }
 
 // Router flags come from nginx variables ($infera_policy, ...): core/flags.ts
 // maps each CLI flag to its variable; a bad value is a 500 naming the variable.
+//
+// What the variables parse to is kept in the string zone, keyed on the
+// bundle and every flag variable's raw value: the flag specs, their checks
+// and the parsing then run once per distinct configuration, not in every
+// request's VM. A value that does not parse is never kept (it throws as it
+// always did), and a change of value or bundle is another key.
 function config(r: NjsRequest): RouterConfig {
+  const key = configKey(r);
+  const sh = typeof ngx !== "undefined" && ngx.shared ? ngx.shared[STR_ZONE] : undefined;
+  if (key && sh) {
+    const raw = sh.get(key);
+    if (raw !== undefined) {
+      const p = JSON.parse(String(raw)) as { c: RouterConfig; f: { [name: string]: FlagValue } };
+      memoFor(r).cached = p.f;
+      return p.c;
+    }
+  }
+  const c = configFromVars(r);
+  if (key && sh) {
+    // Every flag njs may read, parsed now; one that does not parse stays out (flag() throws for it as before).
+    const f: { [name: string]: FlagValue } = {};
+    const vs = nginxFlagVars();
+    for (let i = 0; i < vs.length; i++) {
+      try {
+        f[vs[i].name] = flag(r, vs[i].name);
+      } catch (e) {
+        /* read, and refused, when a handler asks for it */
+      }
+    }
+    // At most CONFIGS_KEPT configurations per bundle: variables set from the
+    // request (a map on a header) would otherwise add a key per distinct value.
+    const num = ngx.shared ? ngx.shared[NUM_ZONE] : undefined;
+    if (plainJson(c) && plainJson(f) && num)
+      try {
+        if (num.incr("CFGN:" + INFERA_BUILD, 1, 0) <= CONFIGS_KEPT) sh.set(key, JSON.stringify({ c: c, f: f }));
+      } catch (e) {
+        /* a full zone parses again next time */
+      }
+  }
+  return c;
+}
+
+const CONFIGS_KEPT = 32;
+
+/** The config cache's key: the bundle, then each flag variable's value (length-prefixed), or null in a bundle built without them. */
+function configKey(r: NjsRequest): string | null {
+  if (typeof INFERA_BUILD !== "string" || typeof INFERA_CONFIG_VARS === "undefined") return null;
+  const get = getVar(r);
+  const parts = ["CFG:", INFERA_BUILD];
+  const vars = INFERA_CONFIG_VARS.concat(["infera_kv_tier_weights"]);
+  for (let i = 0; i < vars.length; i++) {
+    const v = get(vars[i]);
+    parts.push(v === undefined ? ";-" : ";" + v.length + ":" + v);
+  }
+  return parts.join("");
+}
+
+/** Whether JSON gives v back as it is: no undefined, function, NaN or infinity anywhere in it. */
+function plainJson(v: unknown): boolean {
+  if (v === null || typeof v === "string" || typeof v === "boolean") return true;
+  if (typeof v === "number") return isFinite(v);
+  if (v instanceof Array) {
+    for (let i = 0; i < v.length; i++) if (!plainJson(v[i])) return false;
+    return true;
+  }
+  if (typeof v !== "object") return false;
+  const o = v as { [k: string]: unknown };
+  for (const k in o) if (!plainJson(o[k])) return false;
+  return true;
+}
+
+function configFromVars(r: NjsRequest): RouterConfig {
   const c = routerConfigFromVars(getVar(r));
   const tv = getVar(r)("infera_kv_tier_weights");
   if (tv) {

@@ -62,3 +62,6 @@ interface NjsFetchResponse {
 declare const njs: { version: string };
 declare const infera_vocab: import("../core/bpe").CompactTokenizer | undefined;
 declare const process: { env: { [k: string]: string | undefined } } | undefined;
+/** Set by njs/build.ts: the bundle's sources' hash, and the nginx variables the flags are read from (core/flags.ts nginxFlagVars). */
+declare const INFERA_BUILD: string;
+declare const INFERA_CONFIG_VARS: string[];

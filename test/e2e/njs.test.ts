@@ -1,6 +1,6 @@
 // The njs variant: the bundle on njs's own engine (CLI, 0.7.9 and 0.8.x) and
 // inside real nginx with the bridge feeding it KV events.
-import { test, before, after } from "node:test";
+import { test, after } from "node:test";
 import * as assert from "node:assert/strict";
 import { spawnSync } from "child_process";
 import * as fs from "fs";
@@ -274,19 +274,28 @@ const skip8 = needs(!n8 && "njs >= 0.8 not set up (bash scripts/njs08.sh)") || (
 let sims: Sim[];
 let ng: { url: string; dir: string };
 
-before(async () => {
-  if (skip8) return;
-  sims = await Promise.all(
-    ["n0", "n1", "n2"].map((id) => startSim(id, ["--prefill-us-per-token", "150", "--decode-ms-per-token", "3"])),
-  );
-  ng = await startNginx(n8!);
-  await startBridge(["--workers", workerArg(sims)], `${ng.url}/_infera/push`);
-  await waitFor(
-    "fleet in nginx",
-    async () => ((await (await fetch(`${ng.url}/v1/admin/workers`)).json()) as unknown[]).length === 3,
-  );
-  await chat(ng.url, "warm up " + longText("warm", 50));
-});
+// The stack starts with the first test that uses it, not in a before() hook:
+// the njs CLI tests above block the event loop in spawnSync for a minute or
+// more, long enough for nginx to close the warm-up's idle keep-alive
+// connection (keepalive_timeout 75 s) while undici, blocked, still pools it;
+// the next POST then went out on a closed socket ("other side closed").
+let ready: Promise<void> | null = null;
+const stack = () =>
+  (ready =
+    ready ||
+    (async () => {
+      if (skip8) return;
+      sims = await Promise.all(
+        ["n0", "n1", "n2"].map((id) => startSim(id, ["--prefill-us-per-token", "150", "--decode-ms-per-token", "3"])),
+      );
+      ng = await startNginx(n8!);
+      await startBridge(["--workers", workerArg(sims)], `${ng.url}/_infera/push`);
+      await waitFor(
+        "fleet in nginx",
+        async () => ((await (await fetch(`${ng.url}/v1/admin/workers`)).json()) as unknown[]).length === 3,
+      );
+      await chat(ng.url, "warm up " + longText("warm", 50));
+    })());
 after(stopAll);
 
 const adminWorkers = async () =>
@@ -300,6 +309,7 @@ const viewOf = async (s: Sim) =>
   ((await (await fetch(`${ng.url}/v1/admin/cache-view/${s.address}`)).json()) as { block_count: number }).block_count;
 
 test("nginx+njs: same prefix -> same worker, TTFT drops, cache-view unchanged", { skip: skip8 }, async () => {
+  await stack();
   const prompt = longText("njsalpha", 1500);
   const a = await chat(ng.url, prompt);
   assert.equal(a.status, 200, a.body);
@@ -328,6 +338,7 @@ test("nginx+njs: same prefix -> same worker, TTFT drops, cache-view unchanged", 
 });
 
 test("nginx+njs: client abort releases the load; every guard released", { skip: skip8 }, async () => {
+  await stack();
   const s = await openStream(ng.url, longText("njsabort", 300), 2000);
   const held = (await adminWorkers()).reduce((n, w) => n + w.active_blocks, 0);
   assert.ok(held > 10, `active while streaming: ${held}`);
@@ -338,6 +349,7 @@ test("nginx+njs: client abort releases the load; every guard released", { skip: 
 });
 
 test("nginx+njs: bad JSON is a 400; unauthorised and stale pushes are refused", { skip: skip8 }, async () => {
+  await stack();
   const bad = await fetch(`${ng.url}/v1/chat/completions`, {
     method: "POST",
     headers: { "content-type": "application/json" },

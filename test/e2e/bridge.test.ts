@@ -29,6 +29,21 @@ const built = fs.existsSync(path.join(ROOT, "njs", "dist", "infera.js"));
 const skip = needs(!n8 && "njs >= 0.8 not set up (bash scripts/njs08.sh)") || (!built && "run npm run build:njs");
 after(stopAll);
 
+/** nginx (with vars) and a bridge on sims that retries nginx at most every 500 ms, ready; nginx's cache-view count per engine. */
+async function nginxAndBridge(sims: Sim[], vars: Record<string, string> = {}) {
+  const ng = await startNginx(n8!, vars);
+  const admin = await freePort();
+  const bridge = await startBridge(
+    ["--workers", workerArg(sims), "--admin-port", String(admin), "--bridge-backoff-max-ms", "500"],
+    `${ng.url}/_infera/push`,
+  );
+  const bAdmin = `http://127.0.0.1:${admin}`;
+  await waitFor("bridge ready", () => httpOk(`${bAdmin}/readyz`), 15000);
+  const view = async (s: Sim) =>
+    ((await (await fetch(`${ng.url}/v1/admin/cache-view/${s.address}`)).json()) as { block_count: number }).block_count;
+  return { ng, bridge, bAdmin, view };
+}
+
 test(
   "bridge: nginx stopped under traffic, then back: full resync, cache-view equals the engines', /readyz and /metrics tell",
   { skip, timeout: 180000 },
@@ -37,18 +52,8 @@ test(
     const sims: Sim[] = await Promise.all(
       ["b0", "b1"].map((id) => startSim(id, ["--capacity-blocks", "400", "--decode-ms-per-token", "1"])),
     );
-    const ng = await startNginx(n8!);
-    const admin = await freePort();
-    const bridge = await startBridge(
-      ["--workers", workerArg(sims), "--admin-port", String(admin), "--bridge-backoff-max-ms", "500"],
-      `${ng.url}/_infera/push`,
-    );
-    const bAdmin = `http://127.0.0.1:${admin}`;
-    await waitFor("bridge ready", () => httpOk(`${bAdmin}/readyz`), 15000);
+    const { ng, bridge, bAdmin, view } = await nginxAndBridge(sims);
 
-    const view = async (s: Sim) =>
-      ((await (await fetch(`${ng.url}/v1/admin/cache-view/${s.address}`)).json()) as { block_count: number })
-        .block_count;
     const inSync = async () => {
       for (const s of sims) if ((await view(s)) !== (await s.stats()).cached_blocks) return false;
       return true;
@@ -190,20 +195,10 @@ test(
   { skip, timeout: 180000 },
   async () => {
     const sims: Sim[] = await Promise.all(["z0", "z1"].map((id) => startSim(id, ["--decode-ms-per-token", "1"])));
-    const ng = await startNginx(n8!, { zone_str: "1m", zone_num: "1m" });
-    const admin = await freePort();
-    const bridge = await startBridge(
-      ["--workers", workerArg(sims), "--admin-port", String(admin), "--bridge-backoff-max-ms", "500"],
-      `${ng.url}/_infera/push`,
-    );
-    const bAdmin = `http://127.0.0.1:${admin}`;
-    await waitFor("bridge ready", () => httpOk(`${bAdmin}/readyz`), 15000);
+    const { ng, bridge, bAdmin, view } = await nginxAndBridge(sims, { zone_str: "1m", zone_num: "1m" });
     const metrics = async () => (await (await fetch(`${bAdmin}/metrics`)).text()) as string;
     const refused = async () =>
       Number(/^infera_bridge_pushes_total\{type="events",result="507"\} (\d+)/m.exec(await metrics())?.[1] ?? 0);
-    const view = async (s: Sim) =>
-      ((await (await fetch(`${ng.url}/v1/admin/cache-view/${s.address}`)).json()) as { block_count: number })
-        .block_count;
     // Engine traffic straight to the workers (their caches never evict here) until nginx's zones refuse a batch.
     let round = 0;
     const traffic = async (rounds: number) => {

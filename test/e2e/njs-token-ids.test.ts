@@ -15,6 +15,7 @@ import * as assert from "node:assert/strict";
 import * as http from "http";
 import * as net from "net";
 import { freePort, longText, needsNjs08, Sim, sleep, startSim, stopAll, waitFor, workerArg } from "../harness";
+import { cachedOf, chunks, sendJson } from "../chat-answer";
 import { NginxStack, startBridgeAt, startNginx1, mirrorSettled } from "../nginx-stack";
 
 const { n8, skip } = needsNjs08();
@@ -73,50 +74,7 @@ before(async () => {
 });
 after(stopAll);
 
-interface Answer {
-  status: number;
-  input: string | null;
-  digest: string | null;
-  worker: string | null;
-  length: string | null;
-  body: Record<string, unknown>;
-  raw: string;
-}
-
-async function send(s: Side, body: Record<string, unknown>, path = "/v1/chat/completions"): Promise<Answer> {
-  const r = await fetch(`${s.ng.url}${path}`, {
-    method: "POST",
-    headers: { "content-type": "application/json" },
-    body: JSON.stringify(body),
-  });
-  const raw = await r.text();
-  let j: Record<string, unknown> = {};
-  if (!body.stream) j = JSON.parse(raw) as Record<string, unknown>;
-  return {
-    status: r.status,
-    input: r.headers.get("x-sim-prompt-input"),
-    digest: r.headers.get("x-sim-prompt-digest"),
-    worker: r.headers.get("x-infera-worker"),
-    length: r.headers.get("content-length"),
-    body: j,
-    raw,
-  };
-}
-
-const cachedOf = (a: Answer) =>
-  (a.body.usage as { prompt_tokens_details: { cached_tokens: number } }).prompt_tokens_details.cached_tokens;
-
-/** A streamed chat answer's events, parsed; throws on anything that is not a data event. */
-function chunks(raw: string): Record<string, unknown>[] {
-  const out: Record<string, unknown>[] = [];
-  for (const ev of raw.split("\n\n")) {
-    if (!ev) continue;
-    assert.match(ev, /^data: /);
-    if (ev === "data: [DONE]") continue;
-    out.push(JSON.parse(ev.slice(6)) as Record<string, unknown>);
-  }
-  return out;
-}
+const send = (s: Side, body: Record<string, unknown>, path?: string) => sendJson(s.ng.url, body, path);
 
 const strip = (cs: Record<string, unknown>[]) => cs.map((c) => ({ choices: c.choices, usage: c.usage }));
 

@@ -9,6 +9,7 @@
 import { test, before, after } from "node:test";
 import * as assert from "node:assert/strict";
 import { startEnvoyFleet, stopAll, waitFor, longText, EnvoyFleet } from "../harness";
+import { cachedOf, chunks, sendJson } from "../chat-answer";
 import { needsEnvoy } from "../harness";
 
 const skip = needsEnvoy();
@@ -35,46 +36,7 @@ before(async () => {
 });
 after(stopAll);
 
-interface Answer {
-  status: number;
-  input: string | null;
-  digest: string | null;
-  body: Record<string, unknown>;
-  raw: string;
-}
-
-async function send(f: EnvoyFleet, body: Record<string, unknown>): Promise<Answer> {
-  const r = await fetch(`${f.envoy.url}/v1/chat/completions`, {
-    method: "POST",
-    headers: { "content-type": "application/json" },
-    body: JSON.stringify(body),
-  });
-  const raw = await r.text();
-  let j: Record<string, unknown> = {};
-  if (!body.stream) j = JSON.parse(raw) as Record<string, unknown>;
-  return {
-    status: r.status,
-    input: r.headers.get("x-sim-prompt-input"),
-    digest: r.headers.get("x-sim-prompt-digest"),
-    body: j,
-    raw,
-  };
-}
-
-const cachedOf = (a: Answer) =>
-  (a.body.usage as { prompt_tokens_details: { cached_tokens: number } }).prompt_tokens_details.cached_tokens;
-
-/** A streamed chat answer's events, parsed; throws on anything that is not a chat chunk or [DONE]. */
-function chunks(raw: string): Record<string, unknown>[] {
-  const out: Record<string, unknown>[] = [];
-  for (const ev of raw.split("\n\n")) {
-    if (!ev) continue;
-    assert.match(ev, /^data: /);
-    if (ev === "data: [DONE]") continue;
-    out.push(JSON.parse(ev.slice(6)) as Record<string, unknown>);
-  }
-  return out;
-}
+const send = (f: EnvoyFleet, body: Record<string, unknown>) => sendJson(f.envoy.url, body);
 
 test(
   "chat, whole: the engine gets ids, the client a chat.completion with the text path's text and cache hits",

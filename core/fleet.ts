@@ -44,6 +44,11 @@ export function offsetPort(endpoint: string | undefined, n: number): string | un
   return endpoint.substr(0, c + 1) + (port + n);
 }
 
+/** The engine a data-parallel rank target belongs to: its id before expandDp's "/dp<rank>" suffix (the id itself otherwise). */
+export function engineIdOf(id: string): string {
+  return id.replace(/\/dp\d+$/, "");
+}
+
 /**
  * One engine with data-parallel size n is n route targets "<id>/dp<r>" with
  * their own mirror, load and demand. Events per rank come from endpoint port

@@ -52,6 +52,7 @@ import {
   zonesMissing,
 } from "./phases";
 import { applyPush, pushGate, zoneWarning } from "./push";
+import { engineIdOf } from "../core/fleet";
 
 function json(r: NjsRequest, status: number, body: unknown): void {
   r.headersOut["Content-Type"] = "application/json";
@@ -391,7 +392,7 @@ interface IdsPlan {
 function parityExact(st: Store, id: string): boolean {
   const v = st.get(PARITY + id);
   if (v !== undefined) return v === "exact";
-  const engine = id.replace(/\/dp\d+$/, "");
+  const engine = engineIdOf(id);
   return engine !== id && st.get(PARITY + engine) === "exact";
 }
 

@@ -25,6 +25,7 @@ import { Metrics, RequestOutcome } from "./metrics";
 import { Logger } from "./log";
 import { ParityStatus } from "./probe";
 import { tokenIdRequest } from "./token-ids";
+import { engineIdOf } from "../core/fleet";
 
 /** Dynamic-metadata namespace and key the gateway's ORIGINAL_DST cluster reads the pick from (GIE convention). */
 export const DEST_NAMESPACE = "envoy.lb";
@@ -717,7 +718,7 @@ export class Director {
       return null;
     }
     // A data-parallel rank target is probed as its engine (one render for every rank).
-    const engine = pick.target.id.replace(/\/dp\d+$/, "");
+    const engine = engineIdOf(pick.target.id);
     if ((this.d.parity ? this.d.parity(engine) : null) !== "exact") {
       count.inc({ outcome: "text_not_exact" });
       return null;

@@ -44,6 +44,7 @@ import type { EngineReading, EngineReadings } from "../core/engine-readings";
 import type { Router, Worker } from "../core/router";
 import { LoraState, LoraTable, parseLoraInfo } from "../core/lora";
 import type { SaturationFeed } from "./saturation";
+import { engineIdOf } from "../core/fleet";
 
 export interface Sample {
   name: string;
@@ -262,7 +263,7 @@ export class EngineMetrics {
   /** The override for a worker (its DP targets share the engine's id before the /dp suffix), or null. */
   private override(w: Worker): number | null {
     const o = this.o.capacityOverride;
-    const base = w.id.replace(/\/dp\d+$/, "");
+    const base = engineIdOf(w.id);
     const v = o[w.id] ?? o[base] ?? o["*"];
     return v !== undefined && v > 0 ? v : null;
   }

@@ -111,8 +111,12 @@ export function tokenIdRequest(endpoint: Endpoint | null, body: Buffer, ids: Arr
  * rewrite; nginx runs the same in its body filter). Anything that is not a
  * text_completion (an error, an unknown shape) passes unchanged.
  */
+const EMPTY = Buffer.alloc(0);
+
 export class ChatFromCompletions {
-  private buf = "";
+  // Bytes, not text: a chunk may end inside a character's UTF-8 bytes, so an
+  // event is decoded only once it is whole (as njs's toChat cuts its buffer).
+  private buf: Buffer = EMPTY;
   private readonly s: ChatRewrite;
 
   constructor(private readonly stream: boolean) {
@@ -121,24 +125,31 @@ export class ChatFromCompletions {
 
   /** The bytes to send in place of this chunk (maybe empty: a whole answer is sent at its end). */
   push(chunk: Uint8Array, end: boolean): Buffer {
-    this.buf += Buffer.from(chunk).toString("utf8");
+    const buf = this.buf.length ? Buffer.concat([this.buf, chunk]) : Buffer.from(chunk);
     if (!this.stream) {
-      if (!end) return Buffer.alloc(0);
-      const all = this.buf;
-      this.buf = "";
-      return Buffer.from(chatWhole(all), "utf8");
+      if (!end) {
+        this.buf = buf;
+        return EMPTY;
+      }
+      this.buf = EMPTY;
+      return Buffer.from(chatWhole(buf.toString("utf8")), "utf8");
     }
     // Server-sent events end at a blank line; a partial event waits for its rest.
     let out = "";
+    let at = 0;
     let i: number;
-    while ((i = this.buf.indexOf("\n\n")) >= 0) {
-      out += chatEvent(this.s, this.buf.slice(0, i)) + "\n\n";
-      this.buf = this.buf.slice(i + 2);
+    while ((i = buf.indexOf("\n\n", at)) >= 0) {
+      out += chatEvent(this.s, buf.subarray(at, i).toString("utf8")) + "\n\n";
+      at = i + 2;
     }
-    if (end && this.buf) {
-      out += this.buf;
-      this.buf = "";
+    const rest = buf.subarray(at);
+    if (end) {
+      this.buf = EMPTY;
+      // What is left is no event: it passes as it came.
+      return rest.length ? Buffer.concat([Buffer.from(out, "utf8"), rest]) : Buffer.from(out, "utf8");
     }
+    // A copy, so the rest does not keep the whole chunk alive.
+    this.buf = Buffer.from(rest);
     return Buffer.from(out, "utf8");
   }
 }

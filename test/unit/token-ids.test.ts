@@ -121,3 +121,41 @@ test("a streamed answer becomes chat.completion.chunk events, split anywhere; th
     ],
   );
 });
+
+test("a character whose UTF-8 bytes are split across chunks comes through whole, streamed and not", () => {
+  const text = "héllo, 世界 🎉 ünï";
+  const ev = (t: string, finish: string | null) =>
+    "data: " +
+    JSON.stringify({
+      id: "cmpl-3",
+      object: "text_completion",
+      created: 1,
+      model: "m",
+      choices: [{ index: 0, text: t, logprobs: null, finish_reason: finish }],
+    }) +
+    "\n\n";
+  const bytes = Buffer.from(ev(text, null) + ev("", "stop") + "data: [DONE]\n\n", "utf8");
+  // 5-byte pieces cut two-, three- and four-byte characters apart.
+  const pieces = (b: Buffer) => Array.from({ length: Math.ceil(b.length / 5) }, (_, k) => b.subarray(k * 5, k * 5 + 5));
+  const t = new ChatFromCompletions(true);
+  const parts = pieces(bytes);
+  const out = Buffer.concat(parts.map((p, k) => t.push(p, k === parts.length - 1))).toString("utf8");
+  assert.ok(!out.includes("\uFFFD"), "no replacement characters");
+  const first = JSON.parse(out.split("\n\n")[0].slice(6));
+  assert.equal(first.choices[0].delta.content, text);
+
+  const whole = Buffer.from(
+    JSON.stringify({
+      id: "cmpl-4",
+      object: "text_completion",
+      created: 5,
+      model: "m",
+      choices: [{ index: 0, text, logprobs: null, finish_reason: "stop" }],
+    }),
+    "utf8",
+  );
+  const w = new ChatFromCompletions(false);
+  const wp = pieces(whole);
+  const got = Buffer.concat(wp.map((p, k) => w.push(p, k === wp.length - 1))).toString("utf8");
+  assert.equal(JSON.parse(got).choices[0].message.content, text);
+});

@@ -18,6 +18,8 @@
 //   [--requests FILE] (per measured request, JSON lines: key, worker, waits, the steps it sat in, evictions)
 //   [--oracle-predictor] (a TTFT MAPE column for a predictor that sees the engine's exact state at dispatch)
 //   [--step-model knee|additive|roofline] [--step-knee-exp 1.4] (the engines' step pricing, sim/model.ts; default the model's)
+//   [--split-prefill N] [--split-min M] [--split-rtt 1] [--split-warm F --split-win 32] (an experiment: cold prompts
+//   sent as prefill-only pieces of N tokens first; see SPLIT below)
 // Deterministic: the same command prints the same table, and a row's figures
 // do not depend on which other rows the command asks for.
 import { createRouter } from "../core/router";
@@ -311,6 +313,20 @@ const DUMP: Record<string, unknown>[] | null = DUMP_FILE ? [] : null;
 const REQ_FILE = opt("--requests", "");
 const REQS: Record<string, unknown>[] | null = REQ_FILE ? [] : null;
 const ORACLE_PREDICTOR = argv.includes("--oracle-predictor");
+// --split-prefill N: an experiment, not a router feature. The router sends a
+// cold prompt's uncached part as prefill-only pieces of about N tokens (each
+// a request for the prompt up to a block-aligned cut, one output token), one
+// after the other, --split-rtt ms apart, then the request itself, which finds
+// them cached. A warm request that reaches the worker meanwhile waits for one
+// piece's step, not the whole prefill's. Only for prompts with more than
+// --split-min uncached tokens (default N), only for the kv-aware policy, and
+// with --split-warm F only on a worker where at least F of the last
+// --split-win picks were warm (under 512 uncached tokens).
+const SPLIT = Number(opt("--split-prefill", "0"));
+const SPLIT_RTT = Number(opt("--split-rtt", "1"));
+const SPLIT_MIN = Number(opt("--split-min", String(SPLIT)));
+const SPLIT_WARM = Number(opt("--split-warm", "0"));
+const SPLIT_WIN = Number(opt("--split-win", "32"));
 function warmConvs(): Conv[] {
   const sizes = [500, 2000, 4000, 8000];
   return Array.from({ length: 16 }, (_, i) => [{ tokens: text(sizes[i % 4] + HEAD), maxTokens: 8, key: `warm${i}` }]);
@@ -468,6 +484,10 @@ function run(
     cfg.policy === "kv-aware" && !smg && !oracle && !kvOracle ? admission : { slots: 0, warmTokens: 0 },
   );
   const deadlines: { at: number; ticket: Ticket }[] = [];
+  const later: { at: number; fn: () => void }[] = [];
+  const pieces = new Map<string, (cachedTokens: number) => void>();
+  const pieceCached = new Map<string, number>();
+  const warmHist: boolean[][] = [[], [], [], []];
   // (oracleAt is declared above, with the router.)
   // --oracle-predictor: each measured request's time to first token foreseen
   // at dispatch from its engine's exact state (a copy of the engine model,
@@ -524,10 +544,40 @@ function run(
           waited: now - at,
           dispatchAt: now,
         });
-      engines[i].add({ id, tokens: t.tokens, hashes: blocks.map((b) => BigInt("0x" + b)), maxTokens: t.maxTokens });
-      if (ORACLE_PREDICTOR && conv >= W && !peer) oracleAt.set(id, foresee(i, id));
+      const addMain = () => {
+        engines[i].add({ id, tokens: t.tokens, hashes: blocks.map((b) => BigInt("0x" + b)), maxTokens: t.maxTokens });
+        if (ORACLE_PREDICTOR && conv >= W && !peer) oracleAt.set(id, foresee(i, id));
+        kick(i);
+      };
       if (conv >= W) res.spread[i]++;
-      kick(i);
+      const cached = t.tokens.length - pick.uncachedTokens;
+      const hist = warmHist[i];
+      const warmShare = hist.length ? hist.filter((x) => x).length / hist.length : 0;
+      hist.push(pick.uncachedTokens < 512);
+      if (hist.length > SPLIT_WIN) hist.shift();
+      if (SPLIT && !peer && cfg.policy === "kv-aware" && pick.uncachedTokens > SPLIT_MIN && warmShare >= SPLIT_WARM) {
+        const cuts: number[] = [];
+        for (let e = Math.floor((cached + SPLIT) / 16) * 16; e < t.tokens.length - SPLIT / 2; e += SPLIT) cuts.push(e);
+        let k = 0;
+        const next = () => {
+          if (k >= cuts.length) return addMain();
+          const pid = `${id}p${k}`;
+          const e = cuts[k++];
+          pieces.set(pid, (cachedTokens: number) => {
+            // The request's hits are what its first piece found: the pieces' own work is no hit.
+            if (k === 1) pieceCached.set(id, cachedTokens);
+            later.push({ at: now + SPLIT_RTT, fn: next });
+          });
+          engines[i].add({
+            id: pid,
+            tokens: t.tokens.slice(0, e),
+            hashes: blocks.slice(0, e / 16).map((b) => BigInt("0x" + b)),
+            maxTokens: 1,
+          });
+          kick(i);
+        };
+        next();
+      } else addMain();
     });
     live.set(id, {
       start: at,
@@ -545,11 +595,18 @@ function run(
   };
   if (concurrency) dispatch();
   else convs.forEach((c, k) => arrivals.push({ at: c[0].at || 0, conv: k, turn: 0 }));
-  for (let guard = 0; guard < 10_000_000 && (live.size || arrivals.length); guard++) {
+  for (let guard = 0; guard < 10_000_000 && (live.size || arrivals.length || later.length); guard++) {
     let i = 0;
     for (let k = 1; k < N; k++) if (ends[k] < ends[i]) i = k;
     let firstArrival = Infinity;
-    if (deadlines.length) for (const a of arrivals) firstArrival = Math.min(firstArrival, a.at);
+    if (deadlines.length || later.length) for (const a of arrivals) firstArrival = Math.min(firstArrival, a.at);
+    const lt = later.findIndex((x) => x.at <= ends[i] && x.at <= firstArrival);
+    if (lt >= 0) {
+      const x = later.splice(lt, 1)[0];
+      now = Math.max(now, x.at);
+      x.fn();
+      continue;
+    }
     const d = deadlines.findIndex((x) => x.at <= ends[i] && x.at <= firstArrival);
     if (d >= 0) {
       const x = deadlines.splice(d, 1)[0];
@@ -585,10 +642,18 @@ function run(
     plans[i] = null;
     applyEvents(i);
     for (const t of out) {
+      const pc = pieces.get(t.id);
+      if (pc) {
+        if (t.done) {
+          pieces.delete(t.id);
+          pc(t.cachedTokens);
+        }
+        continue;
+      }
       const l = live.get(t.id)!;
       if (t.index === 0 && l.conv >= W) {
         res.ttft.push(now - l.start);
-        res.hits += t.cachedTokens;
+        res.hits += pieceCached.has(t.id) ? pieceCached.get(t.id)! : t.cachedTokens;
         res.prompt += t.promptTokens;
       }
       if (t.index === 0 && REQS && l.conv >= W)

@@ -18,7 +18,7 @@
 //   [--requests FILE] (per measured request, JSON lines: key, worker, waits, the steps it sat in, evictions)
 //   [--oracle-predictor] (a TTFT MAPE column for a predictor that sees the engine's exact state at dispatch)
 //   [--step-model knee|additive|roofline] [--step-knee-exp 1.4] (the engines' step pricing, sim/model.ts; default the model's)
-//   [--split-prefill N] [--split-min M] [--split-rtt 1] [--split-warm F --split-win 32] (an experiment: cold prompts
+//   [--split-prefill N] [--split-min M] [--split-rtt 1] [--split-warm F --split-win 32] [--split-mode 0|1|2] (an experiment: cold prompts
 //   sent as prefill-only pieces of N tokens first; see SPLIT below)
 // Deterministic: the same command prints the same table, and a row's figures
 // do not depend on which other rows the command asks for.
@@ -321,12 +321,16 @@ const ORACLE_PREDICTOR = argv.includes("--oracle-predictor");
 // piece's step, not the whole prefill's. Only for prompts with more than
 // --split-min uncached tokens (default N), only for the kv-aware policy, and
 // with --split-warm F only on a worker where at least F of the last
-// --split-win picks were warm (under 512 uncached tokens).
+// --split-win picks were warm (under 512 uncached tokens). --split-mode 1:
+// at a piece's end the rest goes whole when another request for the same
+// key waits at the worker; 2: also when no warm request reached the worker
+// during the piece.
 const SPLIT = Number(opt("--split-prefill", "0"));
 const SPLIT_RTT = Number(opt("--split-rtt", "1"));
 const SPLIT_MIN = Number(opt("--split-min", String(SPLIT)));
 const SPLIT_WARM = Number(opt("--split-warm", "0"));
 const SPLIT_WIN = Number(opt("--split-win", "32"));
+const SPLIT_MODE = Number(opt("--split-mode", "0"));
 function warmConvs(): Conv[] {
   const sizes = [500, 2000, 4000, 8000];
   return Array.from({ length: 16 }, (_, i) => [{ tokens: text(sizes[i % 4] + HEAD), maxTokens: 8, key: `warm${i}` }]);
@@ -488,6 +492,7 @@ function run(
   const pieces = new Map<string, (cachedTokens: number) => void>();
   const pieceCached = new Map<string, number>();
   const warmHist: boolean[][] = [[], [], [], []];
+  const warmArrivals: number[] = [0, 0, 0, 0];
   // (oracleAt is declared above, with the router.)
   // --oracle-predictor: each measured request's time to first token foreseen
   // at dispatch from its engine's exact state (a copy of the engine model,
@@ -554,13 +559,25 @@ function run(
       const hist = warmHist[i];
       const warmShare = hist.length ? hist.filter((x) => x).length / hist.length : 0;
       hist.push(pick.uncachedTokens < 512);
+      if (pick.uncachedTokens < 512) warmArrivals[i]++;
       if (hist.length > SPLIT_WIN) hist.shift();
       if (SPLIT && !peer && cfg.policy === "kv-aware" && pick.uncachedTokens > SPLIT_MIN && warmShare >= SPLIT_WARM) {
         const cuts: number[] = [];
         for (let e = Math.floor((cached + SPLIT) / 16) * 16; e < t.tokens.length - SPLIT / 2; e += SPLIT) cuts.push(e);
         let k = 0;
+        let warmSeen = warmArrivals[i];
         const next = () => {
           if (k >= cuts.length) return addMain();
+          if (k > 0 && SPLIT_MODE >= 1) {
+            // Another request for this prompt's prefix waits at this worker: the rest goes whole.
+            for (const [lid, l] of live)
+              if (lid !== id && l.w === i && !l.first && convs[l.conv][l.turn].key === t.key) return addMain();
+          }
+          if (k > 0 && SPLIT_MODE >= 2) {
+            // No warm request reached this worker during the last piece: the rest goes whole.
+            if (warmArrivals[i] === warmSeen) return addMain();
+            warmSeen = warmArrivals[i];
+          }
           const pid = `${id}p${k}`;
           const e = cuts[k++];
           pieces.set(pid, (cachedTokens: number) => {

@@ -18,7 +18,11 @@
 // --baseline-dist DIR: a second nginx (with its own bridge, on the same two
 // simulators) runs another checkout's njs/dist, and every kind is measured on
 // both in the same minute, the order alternating per round.
-// Usage: node --import tsx bench/nginx-floor.ts [--n 20] [--rounds 2] [--dist DIR] [--baseline-dist DIR]
+// --inflight K: K other conversations (30k tokens each, distinct) are in
+// flight on every side for the whole run, so every kind is measured with K guards in
+// flight (the simulators then decode at 20 ms per token, which costs the
+// measured requests wall time, not worker CPU).
+// Usage: node --import tsx bench/nginx-floor.ts [--n 20] [--rounds 2] [--dist DIR] [--baseline-dist DIR] [--inflight K]
 import { freePort, nginx08, startSim, stopAll, waitFor, workerArg, sleep } from "../test/harness";
 import {
   freeEngineArgs,
@@ -39,6 +43,7 @@ const N = Math.min(200, Math.max(1, Number(opt("--n", "20"))));
 const ROUNDS = Math.min(10, Math.max(1, Number(opt("--rounds", "2"))));
 const dist = opt("--dist", "") || undefined;
 const baseDist = opt("--baseline-dist", "") || undefined;
+const INFLIGHT = Math.min(64, Math.max(0, Number(opt("--inflight", "0"))));
 const KINDS = ["nginx", "admin", "small", "ext4k", "ext112k", "floor112k"] as const;
 
 // The floor's content handler: the helper round trip the route makes, then the proxy location.
@@ -136,7 +141,9 @@ async function startSide(label: string, sims: Awaited<ReturnType<typeof startSim
 }
 
 async function main(): Promise<void> {
-  const sims = await Promise.all(["f0", "f1"].map((id) => startSim(id, freeEngineArgs(60000))));
+  const simArgs = freeEngineArgs(60000);
+  if (INFLIGHT) simArgs[simArgs.indexOf("--decode-ms-per-token") + 1] = "20";
+  const sims = await Promise.all(["f0", "f1"].map((id) => startSim(id, simArgs)));
   const sides = [await startSide(dist || "this checkout", sims, dist)];
   if (baseDist) sides.push(await startSide(`baseline ${baseDist}`, sims, baseDist));
   const conv = textOfTokens("convX", 112000);
@@ -163,6 +170,41 @@ async function main(): Promise<void> {
       holder = sim.address;
     }
   }
+  // The requests in flight: each holds its guards until it ends (10,000 tokens
+  // at 20 ms, past the run). Not streamed, so that no chunk passes the worker
+  // while a kind is measured.
+  const stop = new AbortController();
+  const streams: Promise<unknown>[] = [];
+  for (const s of sides)
+    for (let k = 0; k < INFLIGHT; k++) {
+      const b = JSON.stringify({
+        model: "m",
+        max_tokens: 10000,
+        messages: [{ role: "user", content: textOfTokens("held" + k, 30000) }],
+      });
+      streams.push(
+        fetch(`${s.ng.url}/v1/chat/completions`, {
+          method: "POST",
+          headers: { "content-type": "application/json" },
+          body: b,
+          signal: stop.signal,
+        })
+          .then((res) => res.text())
+          .catch(() => ""),
+      );
+    }
+  // Each holds its main guard and its queued-prefill guard (its prompt is not
+  // cached anywhere) until its answer's first byte, at its end.
+  if (INFLIGHT) {
+    for (const s of sides)
+      await waitFor(
+        `${s.label}: ${2 * INFLIGHT} guards open`,
+        async () =>
+          ((await (await fetch(`${s.ng.url}/v1/admin/reservations`)).json()) as { open_guards: number }).open_guards >=
+          2 * INFLIGHT,
+      );
+    await sleep(1000);
+  }
   const send: Record<Kind, (ng: NginxStack, i: number) => Promise<void>> = {
     nginx: async (ng) => {
       await (await fetch(`${ng.url}/infera-floor-404`)).text();
@@ -182,10 +224,13 @@ async function main(): Promise<void> {
       for (const i of order) sums[i][k] += await perRequest(sides[i].ng, (j) => send[k](sides[i].ng, round * N + j));
     }
   }
+  stop.abort();
+  await Promise.all(streams);
   const rows = sides.map((s, i) => ({
     bundle: s.label,
     n: N,
     rounds: ROUNDS,
+    inflight: INFLIGHT,
     ...Object.fromEntries(KINDS.map((k) => [k, Math.round((sums[i][k] / ROUNDS) * 1000) / 1000])),
   }));
   for (const r of rows) console.log(JSON.stringify(r));
@@ -194,7 +239,9 @@ async function main(): Promise<void> {
     console.log(
       `| ${r.bundle} | ${KINDS.map((k) => (r as unknown as Record<string, number>)[k].toFixed(2)).join(" | ")} |`,
     );
-  console.log(`\n(worker CPU ms per request, mean of ${N} x ${ROUNDS} rounds)`);
+  console.log(
+    `\n(worker CPU ms per request, mean of ${N} x ${ROUNDS} rounds${INFLIGHT ? `, ${INFLIGHT} streams in flight per side` : ""})`,
+  );
 }
 
 main().then(

@@ -18,11 +18,14 @@
 // --baseline-dist DIR: a second nginx (with its own bridge, on the same two
 // simulators) runs another checkout's njs/dist, and every kind is measured on
 // both in the same minute, the order alternating per round.
-// --inflight K: K other conversations (30k tokens each, distinct) are in
-// flight on every side for the whole run, so every kind is measured with K guards in
-// flight (the simulators then decode at 20 ms per token, which costs the
-// measured requests wall time, not worker CPU).
-// Usage: node --import tsx bench/nginx-floor.ts [--n 20] [--rounds 2] [--dist DIR] [--baseline-dist DIR] [--inflight K]
+// --inflight K: K other conversations (--inflight-tokens each, 30k unless
+// told, distinct) are in flight on every side for the whole run, so every
+// kind is measured with K guards in flight (the simulators then decode at 20
+// ms per token, which costs the measured requests wall time, not worker CPU).
+// Both sides' requests, prompts and decoded tokens, must fit the two
+// simulators' 60,000 blocks, or evictions land in the measured windows.
+// Usage: node --import tsx bench/nginx-floor.ts [--n 20] [--rounds 2] [--dist DIR] [--baseline-dist DIR]
+//        [--inflight K] [--inflight-tokens T]
 import { freePort, nginx08, startSim, stopAll, waitFor, workerArg, sleep } from "../test/harness";
 import {
   freeEngineArgs,
@@ -44,6 +47,7 @@ const ROUNDS = Math.min(10, Math.max(1, Number(opt("--rounds", "2"))));
 const dist = opt("--dist", "") || undefined;
 const baseDist = opt("--baseline-dist", "") || undefined;
 const INFLIGHT = Math.min(64, Math.max(0, Number(opt("--inflight", "0"))));
+const INFLIGHT_TOKENS = Math.min(100000, Math.max(100, Number(opt("--inflight-tokens", "30000"))));
 const KINDS = ["nginx", "admin", "small", "ext4k", "ext112k", "floor112k"] as const;
 
 // The floor's content handler: the helper round trip the route makes, then the proxy location.
@@ -180,7 +184,7 @@ async function main(): Promise<void> {
       const b = JSON.stringify({
         model: "m",
         max_tokens: 10000,
-        messages: [{ role: "user", content: textOfTokens("held" + k, 30000) }],
+        messages: [{ role: "user", content: textOfTokens("held" + k, INFLIGHT_TOKENS) }],
       });
       streams.push(
         fetch(`${s.ng.url}/v1/chat/completions`, {

@@ -1124,7 +1124,11 @@ function builtinFlags(): FlagSpec[] {
     {
       name: "bridge-push-max-blocks",
       kind: "int",
-      def: 256,
+      // Smaller parts cut how long another request waits behind a push on the
+      // nginx worker, at a fixed cost per push: the short-request tail during
+      // long prompts against the worker's total push CPU
+      // (docs/benchmarks/2026-12-07-njs-p99-parts.md).
+      def: 64,
       min: 0,
       max: 1000000,
       commands: ["bridge"],

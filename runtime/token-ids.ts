@@ -105,18 +105,21 @@ export function tokenIdRequest(endpoint: Endpoint | null, body: Buffer, ids: Arr
   return { body: Buffer.from("{" + parts.join(",") + "}", "utf8"), path: "/v1/completions", chat: true };
 }
 
+const EMPTY = Buffer.alloc(0);
+
 /**
  * Rewrites an engine's completions answer into the chat answer the client
  * asked for, chunk by chunk as Envoy streams it (core/token-ids.ts does the
  * rewrite; nginx runs the same in its body filter). Anything that is not a
  * text_completion (an error, an unknown shape) passes unchanged.
  */
-const EMPTY = Buffer.alloc(0);
-
 export class ChatFromCompletions {
   // Bytes, not text: a chunk may end inside a character's UTF-8 bytes, so an
   // event is decoded only once it is whole (as njs's toChat cuts its buffer).
+  // A streamed answer keeps only its partial event; a whole one keeps its
+  // chunks, joined once at its end.
   private buf: Buffer = EMPTY;
+  private chunks: Buffer[] = [];
   private readonly s: ChatRewrite;
 
   constructor(private readonly stream: boolean) {
@@ -125,15 +128,17 @@ export class ChatFromCompletions {
 
   /** The bytes to send in place of this chunk (maybe empty: a whole answer is sent at its end). */
   push(chunk: Uint8Array, end: boolean): Buffer {
-    const buf = this.buf.length ? Buffer.concat([this.buf, chunk]) : Buffer.from(chunk);
     if (!this.stream) {
-      if (!end) {
-        this.buf = buf;
-        return EMPTY;
-      }
-      this.buf = EMPTY;
-      return Buffer.from(chatWhole(buf.toString("utf8")), "utf8");
+      this.chunks.push(Buffer.from(chunk));
+      if (!end) return EMPTY;
+      const all = Buffer.concat(this.chunks);
+      this.chunks = [];
+      return Buffer.from(chatWhole(all.toString("utf8")), "utf8");
     }
+    // A view of the chunk when nothing is carried: the rest is copied below.
+    const buf = this.buf.length
+      ? Buffer.concat([this.buf, chunk])
+      : Buffer.from(chunk.buffer, chunk.byteOffset, chunk.byteLength);
     // Server-sent events end at a blank line; a partial event waits for its rest.
     let out = "";
     let at = 0;

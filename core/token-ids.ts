@@ -2,10 +2,11 @@
 // chat answer the client asked for (docs/rendering.md, "Token ids to
 // engines"). One translator for both gateways: the ext_proc server runs it in
 // its response phase (runtime/token-ids.ts ChatFromCompletions), nginx in the
-// proxy location's js_body_filter (njs/phases.ts). Strings in, strings out:
-// the callers cut the bytes only where a whole event ends ("\n\n", ASCII), so
-// no UTF-8 sequence is split here. Anything that is not a text_completion (an
-// error, an unknown shape) passes unchanged.
+// proxy location's js_body_filter (njs/phases.ts). A streamed answer is cut
+// into events on its bytes (chatEvents), only where a whole event ends
+// ("\n\n", ASCII), so no UTF-8 sequence is decoded split; the rest is strings
+// in, strings out. Anything that is not a text_completion (an error, an
+// unknown shape) passes unchanged.
 
 type Json = { [k: string]: unknown };
 
@@ -106,4 +107,28 @@ export function chatEvent(s: ChatRewrite, ev: string): string {
     return deltaChoice(s, c);
   });
   return out ? "data: " + JSON.stringify(out) : ev;
+}
+
+/** An answer's bytes as either gateway holds them: Node's Buffer, njs's Buffer. */
+export interface AnswerBytes {
+  length: number;
+  indexOf(s: string, from?: number): number;
+  slice(start: number, end?: number): AnswerBytes;
+  toString(encoding?: string): string;
+}
+
+/**
+ * The whole events in buf, each rewritten (chatEvent) and ended with its blank
+ * line, and the offset where the unfinished rest begins (buf.length when none):
+ * the caller keeps those bytes for the next chunk.
+ */
+export function chatEvents(s: ChatRewrite, buf: AnswerBytes): { text: string; rest: number } {
+  let out = "";
+  let at = 0;
+  let i: number;
+  while ((i = buf.indexOf("\n\n", at)) >= 0) {
+    out += chatEvent(s, buf.slice(at, i).toString("utf8")) + "\n\n";
+    at = i + 2;
+  }
+  return { text: out, rest: at };
 }

@@ -12,7 +12,7 @@ import type { Store } from "../core/store";
 import { coldKey, coldLeave, guardKey, keyedState } from "../core/state/keyed";
 import { reservations } from "../core/reservation";
 import { logfmt, LogFields, LogLevel } from "../core/log";
-import { chatEvent, ChatRewrite, chatRewrite, chatWhole } from "../core/token-ids";
+import { chatEvents, ChatRewrite, chatRewrite, chatWhole } from "../core/token-ids";
 
 export const STR_ZONE = "infera_str";
 export const NUM_ZONE = "infera_num";
@@ -175,12 +175,14 @@ export function firstByteIds(r: NjsRequest): void {
 // rewritten (a partial event, or a whole answer until its end) and the
 // rewrite's own (core/token-ids.ts). Keyed on the request object, as store().
 let chatR: NjsRequest | null = null;
+// A streamed answer's unfinished event; a whole answer's chunks, joined once at its end.
 let chatBuf: NjsBuffer | null = null;
+let chatParts: NjsBuffer[] = [];
 let chatState: ChatRewrite | null = null;
 
-function concat(a: NjsBuffer, b: NjsBuffer): NjsBuffer {
+function concat(list: NjsBuffer[]): NjsBuffer {
   const B = (globalThis as unknown as { Buffer: { concat(list: NjsBuffer[]): NjsBuffer } }).Buffer;
-  return B.concat([a, b]);
+  return B.concat(list);
 }
 
 /**
@@ -196,24 +198,21 @@ export function toChat(r: NjsRequest, data: NjsBuffer, flags: { last: boolean })
   if (chatR !== r) {
     chatR = r;
     chatBuf = null;
+    chatParts = [];
     chatState = chatRewrite(r.variables.infera_stream === "1");
   }
   const s = chatState as ChatRewrite;
-  const buf: NjsBuffer = chatBuf && chatBuf.length ? concat(chatBuf, data) : data;
   if (!s.stream) {
-    chatBuf = buf;
+    chatParts.push(data);
     if (!flags.last) return;
-    chatBuf = null;
-    return r.sendBuffer(chatWhole(buf.toString("utf8")), { last: true });
+    const all = concat(chatParts);
+    chatParts = [];
+    return r.sendBuffer(chatWhole(all.toString("utf8")), { last: true });
   }
-  let out = "";
-  let at = 0;
-  let i: number;
-  while ((i = buf.indexOf("\n\n", at)) >= 0) {
-    out += chatEvent(s, buf.slice(at, i).toString("utf8")) + "\n\n";
-    at = i + 2;
-  }
-  chatBuf = at < buf.length ? buf.slice(at) : null;
+  const buf: NjsBuffer = chatBuf && chatBuf.length ? concat([chatBuf, data]) : data;
+  const ev = chatEvents(s, buf);
+  let out = ev.text;
+  chatBuf = ev.rest < buf.length ? buf.slice(ev.rest) : null;
   if (flags.last && chatBuf) {
     out += chatBuf.toString("utf8");
     chatBuf = null;

@@ -16,7 +16,7 @@
 // text. A completions request with a text prompt keeps its endpoint and its
 // answer: only `prompt` changes.
 import { Endpoint } from "../core/request";
-import { chatEvent, ChatRewrite, chatRewrite, chatWhole } from "../core/token-ids";
+import { chatEvents, ChatRewrite, chatRewrite, chatWhole } from "../core/token-ids";
 
 /**
  * Chat fields with the same meaning on the completions endpoint (vLLM's and
@@ -140,14 +140,9 @@ export class ChatFromCompletions {
       ? Buffer.concat([this.buf, chunk])
       : Buffer.from(chunk.buffer, chunk.byteOffset, chunk.byteLength);
     // Server-sent events end at a blank line; a partial event waits for its rest.
-    let out = "";
-    let at = 0;
-    let i: number;
-    while ((i = buf.indexOf("\n\n", at)) >= 0) {
-      out += chatEvent(this.s, buf.subarray(at, i).toString("utf8")) + "\n\n";
-      at = i + 2;
-    }
-    const rest = buf.subarray(at);
+    const ev = chatEvents(this.s, buf);
+    const out = ev.text;
+    const rest = buf.subarray(ev.rest);
     if (end) {
       this.buf = EMPTY;
       // What is left is no event: it passes as it came.

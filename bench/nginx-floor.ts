@@ -145,8 +145,7 @@ async function startSide(label: string, sims: Awaited<ReturnType<typeof startSim
 }
 
 async function main(): Promise<void> {
-  const simArgs = freeEngineArgs(60000);
-  if (INFLIGHT) simArgs[simArgs.indexOf("--decode-ms-per-token") + 1] = "20";
+  const simArgs = freeEngineArgs(60000, INFLIGHT ? 20 : 0);
   const sims = await Promise.all(["f0", "f1"].map((id) => startSim(id, simArgs)));
   const sides = [await startSide(dist || "this checkout", sims, dist)];
   if (baseDist) sides.push(await startSide(`baseline ${baseDist}`, sims, baseDist));

@@ -197,13 +197,13 @@ export async function mirrorSettled(ng: NginxStack, sims: Sim[]): Promise<void> 
   }
 }
 
-/** Simulator flags for an engine that costs no time: what is measured is the gateway, not the engine. */
-export function freeEngineArgs(capacityBlocks: number): string[] {
+/** Simulator flags for an engine that costs no time (prefill free, decode at decodeMsPerToken): what is measured is the gateway, not the engine. */
+export function freeEngineArgs(capacityBlocks: number, decodeMsPerToken = 0): string[] {
   return [
     "--prefill-us-per-token",
     "0",
     "--decode-ms-per-token",
-    "0",
+    String(decodeMsPerToken),
     "--prefill-attn-us-per-kctx",
     "0",
     "--capacity-blocks",

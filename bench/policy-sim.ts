@@ -555,13 +555,18 @@ function run(
         kick(i);
       };
       if (conv >= W) res.spread[i]++;
-      const cached = t.tokens.length - pick.uncachedTokens;
-      const hist = warmHist[i];
-      const warmShare = hist.length ? hist.filter((x) => x).length / hist.length : 0;
-      hist.push(pick.uncachedTokens < 512);
-      if (pick.uncachedTokens < 512) warmArrivals[i]++;
-      if (hist.length > SPLIT_WIN) hist.shift();
-      if (SPLIT && !peer && cfg.policy === "kv-aware" && pick.uncachedTokens > SPLIT_MIN && warmShare >= SPLIT_WARM) {
+      let split = false;
+      if (SPLIT && !peer && cfg.policy === "kv-aware") {
+        // The worker's recent picks, for --split-warm and --split-mode 2.
+        const hist = warmHist[i];
+        const warmShare = hist.length ? hist.filter((x) => x).length / hist.length : 0;
+        hist.push(pick.uncachedTokens < 512);
+        if (pick.uncachedTokens < 512) warmArrivals[i]++;
+        if (hist.length > SPLIT_WIN) hist.shift();
+        split = pick.uncachedTokens > SPLIT_MIN && warmShare >= SPLIT_WARM;
+      }
+      if (split) {
+        const cached = t.tokens.length - pick.uncachedTokens;
         const cuts: number[] = [];
         for (let e = Math.floor((cached + SPLIT) / 16) * 16; e < t.tokens.length - SPLIT / 2; e += SPLIT) cuts.push(e);
         let k = 0;

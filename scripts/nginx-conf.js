@@ -11,7 +11,8 @@
 // --set takes a variable name without `infera_` (policy=round-robin sets
 // $infera_policy), zone_str / zone_num for the shared dict sizes (e.g. 1m), or
 // stream_idle_timeout (60s) / answer_timeout (540s) / connect_timeout (2s) for
-// the proxy locations' proxy_read_timeout and proxy_connect_timeout.
+// the proxy locations' proxy_read_timeout and proxy_connect_timeout, or
+// fetch_timeout (2s) for the route's js_fetch_timeout (the tokenizer helper's bound).
 "use strict";
 const fs = require("fs");
 const path = require("path");
@@ -23,6 +24,7 @@ const TIMEOUTS = {
   stream_idle_timeout: "proxy_read_timeout 60s;",
   answer_timeout: "proxy_read_timeout 540s;",
   connect_timeout: "proxy_connect_timeout 2s;",
+  fetch_timeout: "js_fetch_timeout 2s;",
 };
 
 /** Quotes a value for nginx's `set` unless it is one plain token. */

@@ -4,7 +4,8 @@
 #   npm run nginx -- [--port 8080] [--prefix DIR] [--nginx BIN --modules DIR]
 #                    [--access-log PATH] [--set name=value]...
 #   (--set also takes stream_idle_timeout=60s, answer_timeout=540s and
-#    connect_timeout=2s: the proxy locations' timeouts, as shipped)
+#    connect_timeout=2s: the proxy locations' timeouts, as shipped; and
+#    fetch_timeout=2s: the route's js_fetch_timeout, the tokenizer helper's bound)
 #
 # nginx: --nginx/--modules if given, else .njs-0.8/ (bash scripts/njs08.sh:
 # nginx 1.26 + njs 0.8 unpacked beside the checkout), else the system nginx if

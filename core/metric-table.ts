@@ -287,6 +287,14 @@ function builtinMetrics(): MetricSpec[] {
       njsOnly: true,
     },
     {
+      name: "infera_router_mirror_unswept_blocks",
+      type: "gauge",
+      help: "Engine blocks of cleared worker mirrors still in nginx's shared dicts: out of every pick, they take zone room until pushes sweep them, a step each",
+      labels: [],
+      njs: true,
+      njsOnly: true,
+    },
+    {
       name: "infera_router_pd_paths_total",
       type: "counter",
       help: "PD requests by the path --pd-decider chose: decode-first (no prefill hop) or prefill",

@@ -14,6 +14,7 @@ import {
   decisionCounts,
   guardKey,
   hitBlockCounts,
+  keyedMirror,
   keyedState,
   nextRequestId,
   saveGuard,
@@ -799,6 +800,8 @@ function metrics(r: NjsRequest): void {
     lines.push('infera_router_token_id_requests_total{outcome="' + outcomes[i] + '"} ' + c.st.num("TI:" + outcomes[i]));
   header("infera_router_failovers_total");
   lines.push("infera_router_failovers_total " + c.st.num("FO"));
+  header("infera_router_mirror_unswept_blocks");
+  lines.push("infera_router_mirror_unswept_blocks " + keyedMirror(c.st).unswept!());
   r.headersOut["Content-Type"] = "text/plain; version=0.0.4";
   r.return(200, lines.join("\n") + "\n");
 }

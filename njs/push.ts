@@ -12,7 +12,7 @@ import type { EpochKey, Worker } from "../core/types";
 import type { Store } from "../core/store";
 import { EngineReadings, EnginePage, nextReading, storeEngineReadings } from "../core/engine-readings";
 import { LoraTable, storeLoraTable } from "../core/lora";
-import { acceptPushSeq, keyedMirror, keyedRegistry, MAX_PUSH_SEQ_AHEAD_US } from "../core/state/keyed";
+import { acceptPushSeq, keyedMirror, keyedRegistry, MAX_PUSH_SEQ_AHEAD_US, SWEEP_STEP } from "../core/state/keyed";
 import {
   ApplyResult,
   applyBatch,
@@ -234,6 +234,15 @@ export function applyPush(r: NjsRequest, b: EventsPush): void {
   const seqOk = acceptPushSeq(st, engine ? "engine" : "ev:" + b.worker, b.pseq);
   if (!seqOk.ok) return fail(r, 409, "stale push: pseq " + b.pseq + " <= " + seqOk.last, "stale");
   const reg = keyedRegistry(st);
+  const mirror = keyedMirror(st);
+  // Mirrors cleared by earlier pushes drain a step per push (the engine
+  // scrape's pushes come even when no events do), so no push holds the
+  // worker for a whole large mirror.
+  try {
+    mirror.sweep!(SWEEP_STEP);
+  } catch (e) {
+    /* a zone too full to shorten a holder list: the next push sweeps again */
+  }
   if (engine) {
     const n = applyPages(reg.get, storeEngineReadings(st), storeLoraTable(st), blockSize, b.pages || {});
     r.headersOut["Content-Type"] = "application/json";
@@ -241,12 +250,19 @@ export function applyPush(r: NjsRequest, b: EventsPush): void {
   }
   const w = reg.get(b.worker || "");
   if (!w) return fail(r, 404, "unknown worker " + b.worker, "not_found");
-  const mirror = keyedMirror(st);
   if (b.restart) forgetMirror(mirror, w.epochKey);
   const events = b.events || [];
   const fit = st.num(FIT_KEY);
   const targets = mirrorTargets(reg.list());
-  if (fit > 0) makeRoom(mirror, targets, storedIn(events), fit);
+  if (fit > 0) {
+    // Blocks cleared and not yet swept still take room in the zones: as many
+    // of them as this batch needs go first, before any live block is evicted.
+    const incoming = storedIn(events);
+    let over = incoming + mirror.unswept!() - fit;
+    for (let i = 0; i < targets.length; i++) over += mirror.entries(targets[i]);
+    if (over > 0) mirror.sweep!(over);
+    makeRoom(mirror, targets, incoming + mirror.unswept!(), fit);
+  }
   let res;
   try {
     res = applyBatch(mirror, w.epochKey, b.seq || 0, events, blockSize, {
@@ -255,7 +271,7 @@ export function applyPush(r: NjsRequest, b: EventsPush): void {
       partOf: typeof b.partOf === "number" ? b.partOf : 1,
     });
   } catch (e) {
-    let held = 0;
+    let held = mirror.unswept!();
     for (let i = 0; i < targets.length; i++) held += mirror.entries(targets[i]);
     const bound = Math.floor(held * 0.9);
     let note = "";

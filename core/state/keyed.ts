@@ -22,8 +22,12 @@
 //   MQ:<ek>:<n> eh stored n-th (eviction)    MQH:<ek>/MQT:<ek> eviction queue head / tail
 //   MX:<ek>><name> mirror meta (kvevents)    MQP:<ek>:<eh> queue slot of eh; MEN:<ek> engine blocks
 //   RC:<rid>    ek of a cold prefill (njs)   CP:<ek>     cold prefills before their first token
-//                                            SH:<priority> sheddable requests refused
-// A mirror target ek is a worker's epoch key (GPU) or "<ek>|<TIER>" (core/kvevents.ts tierKey).
+//   MGY         "g:t,...": cleared mirrors   SH:<priority> sheddable requests refused
+//               still to drain (sweep)       MG:<t>      mirror generation of target t
+// A mirror target t is a worker's epoch key (GPU) or "<ek>|<TIER>" (core/kvevents.ts tierKey).
+// Its per-block keys (ME, MR, MQ, MQP) and counters (MN, MEN, MQH, MQT) are
+// named by the target's current generation: t itself at generation 0, else
+// "t~g". Holder lists (M:<h>) name the target t, of any generation.
 import { Store, storedJson } from "../store";
 import { blockAt, gridPositions, markedPrefix, markPositions } from "./marks";
 import { ModelTable } from "../models";
@@ -149,34 +153,136 @@ function visitHolders(list: string, visit: (base: string, tier: string) => void)
   for (let i = 0; i < parts.length; i++) visitTarget(parts[i], visit);
 }
 
-export function keyedMirror(st: Store): MirrorIndex {
+/**
+ * Blocks a clear removes in the call; a mirror holding more is renamed (its
+ * generation moves on, so it is empty at once) and its old blocks drained this
+ * many at a time by sweep(), which each push runs (njs/push.ts). A clear in
+ * one call costs about ten shared-dict operations per block, and the nginx
+ * worker that runs it serves nothing meanwhile: an engine restart or a prefix
+ * cache reset of a large mirror would hold it for seconds.
+ */
+export const SWEEP_STEP = 128;
+
+/** The cleared mirrors still to drain, oldest first: "g:t" (generation, target), comma-separated. */
+const GRAVE = "MGY";
+
+/** A target's key name at generation g (t itself at 0). */
+function genName(t: string, g: number): string {
+  return g ? t + "~" + g : t;
+}
+
+/**
+ * step: SWEEP_STEP unless given (tests use small steps to drain in many
+ * sweeps). A clear of more blocks than step defers their removal to sweep().
+ */
+export function keyedMirror(st: Store, step?: number): MirrorIndex {
+  const sweepStep = step || SWEEP_STEP;
+  /** The key name of target t's current generation. */
+  function cur(t: string): string {
+    return genName(t, st.num("MG:" + t));
+  }
   function addHolder(h: string, ek: string): void {
-    const cur = st.get("M:" + h);
-    if (!cur) st.set("M:" + h, ek);
-    else if (("," + cur + ",").indexOf("," + ek + ",") < 0) st.set("M:" + h, cur + "," + ek);
+    const list = st.get("M:" + h);
+    if (!list) st.set("M:" + h, ek);
+    else if (("," + list + ",").indexOf("," + ek + ",") < 0) st.set("M:" + h, list + "," + ek);
   }
   function dropHolder(h: string, ek: string): void {
-    const cur = st.get("M:" + h);
-    if (!cur) return;
-    const parts = cur.split(",");
+    const list = st.get("M:" + h);
+    if (!list) return;
+    const parts = list.split(",");
     const keep: string[] = [];
     for (let i = 0; i < parts.length; i++) if (parts[i] !== ek) keep.push(parts[i]);
     if (keep.length) st.set("M:" + h, keep.join(","));
     else st.del("M:" + h);
   }
+  /**
+   * Removes the blocks of target t's generation named p, walking its eviction
+   * queue from its head: at most budget queue slots (holes included; budget <
+   * 0: all of them). Returns the slots walked. Holder lists name t of any
+   * generation, so a block of a stale generation (one in the graveyard)
+   * leaves h's list only if t's current generation does not hold it.
+   * Every ME entry counts in MEN (storeRun keeps that), so once the queue is
+   * walked and MEN is still above 0, a store torn by a full zone left entries
+   * the queue does not name, and one listing finds them; then p's counters
+   * go. A whole clear (budget < 0) of a queue with more holes than blocks
+   * lists at once instead of walking the holes. A sweep walks the queue to
+   * its tail whatever MEN says: it is the one record of what is left.
+   */
+  function drain(p: string, t: string, budget: number, stale: boolean): number {
+    const now = stale ? cur(t) : p;
+    const tail = st.num("MQT:" + p);
+    let head = st.num("MQH:" + p);
+    const men = st.num("MEN:" + p);
+    let walked = 0;
+    let gone = 0;
+    if (budget >= 0 ? head < tail : men > 0 && tail - head <= 2 * men + 1024) {
+      for (; head < tail && (budget < 0 || walked < budget); head++) {
+        walked++;
+        const qk = "MQ:" + p + ":" + head;
+        const eh = st.get(qk);
+        if (eh === undefined) continue;
+        st.del(qk);
+        st.delNum("MQP:" + p + ":" + eh);
+        const h = st.get("ME:" + p + ":" + eh);
+        if (h === undefined) continue;
+        st.del("ME:" + p + ":" + eh);
+        gone++;
+        if (st.num("MR:" + p + ":" + h) !== 0) {
+          st.delNum("MR:" + p + ":" + h);
+          if (!stale || !(st.num("MR:" + now + ":" + h) > 0)) dropHolder(h, t);
+        }
+      }
+      if (head < tail) {
+        // A sweep's step ends here: the rest waits for the next one.
+        st.incr("MQH:" + p, head - st.num("MQH:" + p));
+        if (gone) st.incr("MEN:" + p, -gone);
+        return walked;
+      }
+    }
+    if (gone < men) {
+      const ks = st.keysMany(["MR:" + p + ":", "ME:" + p + ":", "MQP:" + p + ":", "MQ:" + p + ":"]);
+      const pre = ("MR:" + p + ":").length;
+      for (let i = 0; i < ks[0].length; i++) {
+        const h = ks[0][i].substr(pre);
+        if (!stale || !(st.num("MR:" + now + ":" + h) > 0)) dropHolder(h, t);
+        st.delNum(ks[0][i]);
+      }
+      for (let i = 0; i < ks[1].length; i++) st.del(ks[1][i]);
+      for (let i = 0; i < ks[2].length; i++) st.delNum(ks[2][i]);
+      for (let i = 0; i < ks[3].length; i++) st.del(ks[3][i]);
+      walked += ks[0].length + ks[1].length;
+    }
+    st.delNum("MN:" + p);
+    st.delNum("MQH:" + p);
+    st.delNum("MQT:" + p);
+    st.delNum("MEN:" + p);
+    return walked;
+  }
+  /** The graveyard's entries, oldest first ([] when none). */
+  function graves(): string[] {
+    const g = st.get(GRAVE);
+    return g ? g.split(",") : [];
+  }
+  /** A graveyard entry's target and key name ("g:t"). */
+  function grave(e: string): { t: string; p: string } {
+    const c = e.indexOf(":");
+    const t = e.substr(c + 1);
+    return { t: t, p: genName(t, Number(e.substr(0, c))) };
+  }
   const mirror: MirrorIndex = {
     store(ek, eh, h) {
-      const prev = st.get("ME:" + ek + ":" + eh);
+      const p = cur(ek);
+      const prev = st.get("ME:" + p + ":" + eh);
       if (prev === h) return false;
       if (prev !== undefined) mirror.remove(ek, eh);
-      st.set("ME:" + ek + ":" + eh, h);
-      st.incr("MEN:" + ek, 1);
-      const slot = st.incr("MQT:" + ek, 1) - 1;
-      st.set("MQ:" + ek + ":" + slot, eh);
-      st.incr("MQP:" + ek + ":" + eh, slot + 1);
-      if (st.incr("MR:" + ek + ":" + h, 1) === 1) {
+      st.set("ME:" + p + ":" + eh, h);
+      st.incr("MEN:" + p, 1);
+      const slot = st.incr("MQT:" + p, 1) - 1;
+      st.set("MQ:" + p + ":" + slot, eh);
+      st.incr("MQP:" + p + ":" + eh, slot + 1);
+      if (st.incr("MR:" + p + ":" + h, 1) === 1) {
         addHolder(h, ek);
-        st.incr("MN:" + ek, 1);
+        st.incr("MN:" + p, 1);
         return true;
       }
       return false;
@@ -188,13 +294,14 @@ export function keyedMirror(st: Store): MirrorIndex {
       // and their holders. A block whose engine hash held another of our
       // hashes ends a segment: the blocks before it are written whole before
       // its removal, as store() one by one would have them.
+      const p = cur(ek);
       let fresh: number[] = [];
       let added = 0;
       // ME entries written and not yet counted in MEN: every ME entry counts
-      // there once the run ends, however it ends (clear() relies on it).
+      // there once the run ends, however it ends (drain() relies on it).
       let men = 0;
       const countMen = () => {
-        if (men) st.incr("MEN:" + ek, men);
+        if (men) st.incr("MEN:" + p, men);
         men = 0;
       };
       const flush = () => {
@@ -203,26 +310,26 @@ export function keyedMirror(st: Store): MirrorIndex {
         if (!n) return;
         const run = fresh;
         fresh = [];
-        const base = st.incr("MQT:" + ek, n) - n;
+        const base = st.incr("MQT:" + p, n) - n;
         let m = 0;
         try {
           for (let f = 0; f < n; f++) {
             const i = run[f];
-            st.set("MQ:" + ek + ":" + (base + f), ehs[i]);
-            st.incr("MQP:" + ek + ":" + ehs[i], base + f + 1);
-            if (st.incr("MR:" + ek + ":" + hs[i], 1) === 1) {
+            st.set("MQ:" + p + ":" + (base + f), ehs[i]);
+            st.incr("MQP:" + p + ":" + ehs[i], base + f + 1);
+            if (st.incr("MR:" + p + ":" + hs[i], 1) === 1) {
               addHolder(hs[i], ek);
               m++;
             }
           }
         } finally {
-          if (m) st.incr("MN:" + ek, m);
+          if (m) st.incr("MN:" + p, m);
           added += m;
         }
       };
       try {
         for (let i = 0; i < ehs.length; i++) {
-          const k = "ME:" + ek + ":" + ehs[i];
+          const k = "ME:" + p + ":" + ehs[i];
           if (st.add ? !st.add(k, hs[i]) : st.get(k) !== undefined) {
             const prev = st.get(k);
             if (prev === hs[i]) continue;
@@ -239,19 +346,20 @@ export function keyedMirror(st: Store): MirrorIndex {
       }
       return added;
     },
-    lookup: (ek, eh) => st.get("ME:" + ek + ":" + eh) as BlockHash | undefined,
+    lookup: (ek, eh) => st.get("ME:" + cur(ek) + ":" + eh) as BlockHash | undefined,
     remove(ek, eh) {
-      const h = st.get("ME:" + ek + ":" + eh);
+      const p = cur(ek);
+      const h = st.get("ME:" + p + ":" + eh);
       if (h === undefined) return false;
-      st.del("ME:" + ek + ":" + eh);
-      st.incr("MEN:" + ek, -1);
-      const slot = st.num("MQP:" + ek + ":" + eh);
-      if (slot > 0) st.del("MQ:" + ek + ":" + (slot - 1));
-      st.delNum("MQP:" + ek + ":" + eh);
-      if (st.incr("MR:" + ek + ":" + h, -1) <= 0) {
-        st.delNum("MR:" + ek + ":" + h);
+      st.del("ME:" + p + ":" + eh);
+      st.incr("MEN:" + p, -1);
+      const slot = st.num("MQP:" + p + ":" + eh);
+      if (slot > 0) st.del("MQ:" + p + ":" + (slot - 1));
+      st.delNum("MQP:" + p + ":" + eh);
+      if (st.incr("MR:" + p + ":" + h, -1) <= 0) {
+        st.delNum("MR:" + p + ":" + h);
         dropHolder(h, ek);
-        st.incr("MN:" + ek, -1);
+        st.incr("MN:" + p, -1);
         return true;
       }
       return false;
@@ -259,64 +367,64 @@ export function keyedMirror(st: Store): MirrorIndex {
     clear(ek) {
       // An empty tier holds no per-block key (every ME entry counts in MEN;
       // MR, MQ and MQP keys exist only beside one), so it needs no work: an
-      // AllBlocksCleared clears all four tiers, most of them empty.
-      const men = st.num("MEN:" + ek);
-      if (men > 0) {
-        // The target's own eviction queue names its blocks: walking it costs
-        // the target's blocks, where listing keys costs every key of both
-        // zones (njs copies them all per listing), other workers' included.
-        // The queue may hold holes (blocks removed since); with more holes
-        // than blocks, or an ME entry the queue does not name (a store torn
-        // by a full zone), the listing does it.
-        const tail = st.num("MQT:" + ek);
-        let head = st.num("MQH:" + ek);
-        let gone = 0;
-        if (tail - head <= 2 * men + 1024) {
-          for (; head < tail; head++) {
-            const qk = "MQ:" + ek + ":" + head;
-            const eh = st.get(qk);
-            if (eh === undefined) continue;
-            st.del(qk);
-            st.delNum("MQP:" + ek + ":" + eh);
-            const h = st.get("ME:" + ek + ":" + eh);
-            if (h === undefined) continue;
-            st.del("ME:" + ek + ":" + eh);
-            gone++;
-            if (st.num("MR:" + ek + ":" + h) !== 0) {
-              st.delNum("MR:" + ek + ":" + h);
-              dropHolder(h, ek);
-            }
-          }
-        }
-        if (gone < men) {
-          const ks = st.keysMany(["MR:" + ek + ":", "ME:" + ek + ":", "MQP:" + ek + ":", "MQ:" + ek + ":"]);
-          const pre = ("MR:" + ek + ":").length;
-          for (let i = 0; i < ks[0].length; i++) {
-            dropHolder(ks[0][i].substr(pre), ek);
-            st.delNum(ks[0][i]);
-          }
-          for (let i = 0; i < ks[1].length; i++) st.del(ks[1][i]);
-          for (let i = 0; i < ks[2].length; i++) st.delNum(ks[2][i]);
-          for (let i = 0; i < ks[3].length; i++) st.del(ks[3][i]);
-        }
+      // AllBlocksCleared clears all four tiers, most of them empty. A small
+      // mirror goes at once, walking its own eviction queue, which names its
+      // blocks (listing keys costs every key of both zones: njs copies them
+      // all per listing, other workers' included). A large one moves to a
+      // new, empty generation, and the old one joins the graveyard.
+      const g = st.num("MG:" + ek);
+      const p = genName(ek, g);
+      const men = st.num("MEN:" + p);
+      if (men <= sweepStep) {
+        drain(p, ek, -1, false);
+        return;
       }
-      st.delNum("MN:" + ek);
-      st.delNum("MQH:" + ek);
-      st.delNum("MQT:" + ek);
-      st.delNum("MEN:" + ek);
+      st.incr("MG:" + ek, 1);
+      const list = st.get(GRAVE);
+      st.set(GRAVE, (list ? list + "," : "") + g + ":" + ek);
     },
-    entries: (ek) => st.num("MEN:" + ek),
+    sweep(n) {
+      const gs = graves();
+      let walked = 0;
+      let done = 0;
+      const finished: { [e: string]: boolean } = {};
+      while (done < gs.length && walked < n) {
+        const e = grave(gs[done]);
+        walked += drain(e.p, e.t, n - walked, true);
+        if (st.num("MQT:" + e.p) !== 0 || st.num("MEN:" + e.p) !== 0) break;
+        finished[gs[done]] = true;
+        done++;
+      }
+      if (done) {
+        // Re-read: entries another VM added meanwhile stay (each entry is
+        // unique, its generation never used again).
+        const now = graves();
+        const keep: string[] = [];
+        for (let i = 0; i < now.length; i++) if (!finished[now[i]]) keep.push(now[i]);
+        if (keep.length) st.set(GRAVE, keep.join(","));
+        else st.del(GRAVE);
+      }
+      return walked;
+    },
+    unswept() {
+      const gs = graves();
+      let n = 0;
+      for (let i = 0; i < gs.length; i++) n += st.num("MEN:" + grave(gs[i]).p);
+      return n;
+    },
+    entries: (ek) => st.num("MEN:" + cur(ek)),
     evictOldest(ek) {
       // Slots of blocks removed since are holes; each is skipped once, so this is amortized O(1).
-      const tail = st.num("MQT:" + ek);
-      for (let head = st.num("MQH:" + ek); head < tail; head++) {
-        const eh = st.get("MQ:" + ek + ":" + head);
+      const p = cur(ek);
+      const tail = st.num("MQT:" + p);
+      for (let head = st.num("MQH:" + p); head < tail; head++) {
+        const eh = st.get("MQ:" + p + ":" + head);
         if (eh === undefined) continue;
-        st.incr("MQH:" + ek, head + 1 - st.num("MQH:" + ek));
+        st.incr("MQH:" + p, head + 1 - st.num("MQH:" + p));
         mirror.remove(ek, eh);
         return true;
       }
-      st.incr("MQH:" + ek, tail - st.num("MQH:" + ek));
+      st.incr("MQH:" + p, tail - st.num("MQH:" + p));
       return false;
     },
     meta: (ek, name) => st.get("MX:" + ek + ">" + name),
@@ -324,16 +432,41 @@ export function keyedMirror(st: Store): MirrorIndex {
       if (value === undefined) st.del("MX:" + ek + ">" + name);
       else st.set("MX:" + ek + ">" + name, value);
     },
-    count: (ek) => st.num("MN:" + ek),
+    count: (ek) => st.num("MN:" + cur(ek)),
     prefixHits(blocks, live, weights) {
+      let holders = (i: number) => st.get("M:" + blockAt(blocks, i)) || undefined;
+      const gs = graves();
+      if (gs.length) {
+        // Cleared mirrors not yet drained still stand in holder lists: a
+        // target with a graveyard entry holds h only if its current
+        // generation does.
+        const swept: { [t: string]: string } = {};
+        for (let i = 0; i < gs.length; i++) {
+          const t = grave(gs[i]).t;
+          if (swept[t] === undefined) swept[t] = cur(t);
+        }
+        holders = (i: number) => {
+          const h = blockAt(blocks, i);
+          const list = st.get("M:" + h);
+          if (!list) return undefined;
+          const parts = list.split(",");
+          const keep: string[] = [];
+          for (let j = 0; j < parts.length; j++) {
+            const now = swept[parts[j]];
+            if (now === undefined || st.num("MR:" + now + ":" + h) > 0) keep.push(parts[j]);
+          }
+          if (keep.length === parts.length) return list;
+          return keep.length ? keep.join(",") : undefined;
+        };
+      }
       const holdersOf = (i: number, visit: (base: string, tier: string) => void) => {
-        const holders = st.get("M:" + blockAt(blocks, i));
-        if (!holders) return false;
-        visitHolders(holders, visit);
+        const list = holders(i);
+        if (!list) return false;
+        visitHolders(list, visit);
         return true;
       };
       if (blocks.length <= EXACT_WALK) return prefixRun(blocks.length, holdersOf, live, weights);
-      return sampledPrefixRun(blocks.length, (i) => st.get("M:" + blockAt(blocks, i)) || undefined, live, weights);
+      return sampledPrefixRun(blocks.length, holders, live, weights);
     },
     sequence(ek) {
       const v = st.get("MS:" + ek);

@@ -22,6 +22,15 @@ export interface MirrorIndex {
   remove(epochKey: EpochKey, engineHash: EngineHash): boolean;
   /** Drops everything mirrored for epochKey (AllBlocksCleared, sequence gap, worker leave). */
   clear(epochKey: EpochKey): void;
+  /**
+   * Optional, for a backend whose clear of a large mirror is deferred (the
+   * shared dicts: core/state/keyed.ts): removes up to about n blocks of
+   * mirrors cleared earlier and returns the work done. Cleared blocks are
+   * out of every answer before they are swept; they only take room.
+   */
+  sweep?(n: number): number;
+  /** Engine blocks of cleared mirrors not yet swept (the room they take). */
+  unswept?(): number;
   /** Distinct blocks held by epochKey. */
   count(epochKey: EpochKey): number;
   /**
@@ -87,6 +96,12 @@ export interface LoadLedger {
    * for prefill there by requests already routed (computed once, for all of them).
    */
   queuedShared(blocks: BlockHash[], upto: { [epochKey: string]: number }): { [epochKey: string]: number };
+  /**
+   * Requests in flight on the worker (waiting at the router included) whose
+   * booked blocks hold block. Optional: the in-memory ledger (the Envoy
+   * path's), for late binding (runtime/director.ts).
+   */
+  holders?(epochKey: EpochKey, block: BlockHash): number;
   demand(epochKey: EpochKey): { tokens: number; requests: number };
   /** Guards still held across all workers. */
   openGuards(): number;

@@ -23,6 +23,7 @@ import {
   Sim,
 } from "../harness";
 import { needs } from "../tools";
+import { SWEEP_STEP } from "../../core/state/keyed";
 
 const n8 = nginx08();
 const built = fs.existsSync(path.join(ROOT, "njs", "dist", "infera.js"));
@@ -30,11 +31,11 @@ const skip = needs(!n8 && "njs >= 0.8 not set up (bash scripts/njs08.sh)") || (!
 after(stopAll);
 
 /** nginx (with vars) and a bridge on sims that retries nginx at most every 500 ms, ready; nginx's cache-view count per engine. */
-async function nginxAndBridge(sims: Sim[], vars: Record<string, string> = {}) {
+async function nginxAndBridge(sims: Sim[], vars: Record<string, string> = {}, bridgeArgs: string[] = []) {
   const ng = await startNginx(n8!, vars);
   const admin = await freePort();
   const bridge = await startBridge(
-    ["--workers", workerArg(sims), "--admin-port", String(admin), "--bridge-backoff-max-ms", "500"],
+    ["--workers", workerArg(sims), "--admin-port", String(admin), "--bridge-backoff-max-ms", "500", ...bridgeArgs],
     `${ng.url}/_infera/push`,
   );
   const bAdmin = `http://127.0.0.1:${admin}`;
@@ -244,5 +245,65 @@ test(
       assert.equal(r.worker, sims[j].id, `the newest prompt of ${sims[j].id}`);
       assert.ok(r.cachedTokens > 0, "and it hits there");
     }
+  },
+);
+
+test(
+  "bridge: an engine's prefix-cache reset with thousands of blocks mirrored: nginx drops them from picks in the clear's push and sweeps them over later pushes",
+  { skip, timeout: 120000 },
+  async () => {
+    const sims: Sim[] = await Promise.all(["c0", "c1"].map((id) => startSim(id, ["--decode-ms-per-token", "1"])));
+    // Engine readings pushed every 200 ms: the pushes that sweep while no events come.
+    const { ng, view } = await nginxAndBridge(sims, {}, ["--engine-metrics-interval-ms", "200"]);
+    /** A metric of nginx's /metrics summed over its series; -1 when it has none. */
+    const metric = async (name: string) => {
+      const text = await (await fetch(`${ng.url}/metrics`)).text();
+      let n = -1;
+      for (const m of text.matchAll(new RegExp(`^${name}(?:\\{[^}]*\\})? (\\d+)$`, "gm")))
+        n = Math.max(n, 0) + Number(m[1]);
+      return n;
+    };
+    const unswept = () => metric("infera_router_mirror_unswept_blocks");
+    const hits = async () => Math.max(0, await metric("infera_router_cache_hit_blocks_total"));
+    // Cached on c0 alone (sent to it directly): far more blocks than one sweep step.
+    const prompts = Array.from({ length: 6 }, (_, i) => longText(`sweep${i}`, 2500));
+    for (const p of prompts) assert.equal((await chat(`http://127.0.0.1:${sims[0].port}`, p)).status, 200);
+    await waitFor(
+      "nginx mirrors c0",
+      async () => (await view(sims[0])) > 0 && (await view(sims[0])) === (await sims[0].stats()).cached_blocks,
+      20000,
+    );
+    const held = await view(sims[0]);
+    assert.ok(held > SWEEP_STEP * 10, `c0 holds ${held} blocks`);
+    assert.equal(await unswept(), 0);
+    const routed = await chat(ng.url, prompts[0]);
+    assert.equal(routed.worker, sims[0].id, "a cached prompt goes to its holder");
+
+    // The reset: one AllBlocksCleared. The mirror is empty for picks at once, its blocks still to sweep.
+    assert.equal((await fetch(`http://127.0.0.1:${sims[0].port}/sim/clear`, { method: "POST" })).status, 200);
+    await waitFor("c0's mirror empty in nginx", async () => (await view(sims[0])) === 0, 10000);
+    const left = await unswept();
+    assert.ok(left > 0 && left <= held, `blocks left to sweep: ${left} of ${held}`);
+    // A prompt c0 held before the reset finds no cached block anywhere, though its old entries are still there.
+    const h0 = await hits();
+    assert.equal((await chat(ng.url, prompts[1])).status, 200);
+    assert.equal((await hits()) - h0, 0, "no hit counted for blocks the engine dropped");
+    assert.ok((await unswept()) > 0, "the request ran while the old blocks were still being swept");
+
+    // Later pushes sweep them all, a step each.
+    await waitFor("swept", async () => (await unswept()) === 0, 60000);
+    // The prompt sent after the reset is mirrored again (on the engine that computed it), and a repeat hits it.
+    await waitFor(
+      "nginx in sync",
+      async () => {
+        for (const s of sims) if ((await view(s)) !== (await s.stats()).cached_blocks) return false;
+        return true;
+      },
+      10000,
+    );
+    const h1 = await hits();
+    const again = await chat(ng.url, prompts[1]);
+    assert.ok(again.cachedTokens > 0, "the repeat hits the engine that computed it");
+    assert.ok((await hits()) - h1 > 0, "and the router counted it");
   },
 );

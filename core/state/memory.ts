@@ -215,6 +215,7 @@ export function memoryLedger(): LoadLedger {
       }
       return out;
     },
+    holders: (ek, b) => per.get(ek)?.blocks.get(b) ?? 0,
     queuedShared(blocks, upto) {
       const out: { [ek: string]: number } = {};
       for (const ek in upto) {

@@ -264,6 +264,59 @@ test("late binding: a waiting request goes to the worker that frees a slot first
 });
 
 test(
+  "late binding: a waiting request stays where a later request shares its prompt, so the prompt is computed once",
+  { skip },
+  async () => {
+    // The previous test's fleet and its first three requests.
+    const slow = await startSim("flpslow", ["--prefill-us-per-token", "3000"]);
+    const fast = await startSim("flpfast", ["--prefill-us-per-token", "250"]);
+    const router = await startRouter([
+      "--workers",
+      workerArg([slow, fast]),
+      "--health-interval-ms",
+      "0",
+      "--queue-late-binding",
+      "on",
+    ]);
+    const url = (await startEnvoy(router.grpcPort)).url;
+    assert.equal((await chat(`http://${slow.address}`, "pslow", 100)).status, 200);
+    for (let i = 0; i < 100 && (await router.cacheView(slow.address)).block_count === 0; i++) await sleep(50);
+    const slowHolder = chat(url, "pslow", 1000);
+    await sleep(300);
+    const fastHolder = chat(url, "pfast", 3000);
+    await sleep(300);
+    const c = chat(url, "pcee", 800);
+    await until(router, 1);
+    // The same document with another question, while c waits on the slow worker:
+    // routed there for the blocks c is about to compute.
+    const d = fetch(`${url}/v1/chat/completions`, {
+      method: "POST",
+      headers: { "content-type": "application/json" },
+      body: JSON.stringify({
+        model: "m",
+        max_tokens: 1,
+        stream: false,
+        messages: [{ role: "user", content: "pcee ".repeat(800) + "And what does it say about the rest?" }],
+      }),
+    }).then(async (r) => ({
+      status: r.status,
+      body: await r.text(),
+      worker: r.headers.get("x-sim-worker"),
+      cached: Number(r.headers.get("x-sim-cached-tokens")),
+    }));
+    const [s, f, rc, rd] = await Promise.all([slowHolder, fastHolder, c, d]);
+    for (const x of [s, f, rc, rd]) assert.equal(x.status, 200, x.body);
+    assert.equal(rd.worker, slow.id, "the shared document's second request went where the first waited");
+    // Without the pin c moves to the fast worker when its slot frees (the test
+    // above), and the document is computed on both workers.
+    assert.equal(rc.headers.get("x-sim-worker"), slow.id, "the first stayed with it");
+    // Whichever of the two ran second found the document the other computed.
+    const cached = Math.max(Number(rc.headers.get("x-sim-cached-tokens")), rd.cached);
+    assert.ok(cached > 1000, `the document computed once: ${cached} tokens cached for the second`);
+  },
+);
+
+test(
   "flow cap: a busy tenant cannot hold the last free slot; a quiet tenant's request takes it at once",
   { skip },
   async () => {

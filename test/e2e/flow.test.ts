@@ -232,10 +232,14 @@ test("fairness: a tenant of long prompts gets no turn per short prompt of a quie
   assert.ok(n[0].at < q[0].at, "the noisy tenant's first prompt went first (it arrived first)");
 });
 
-test("late binding: a waiting request goes to the worker that frees a slot first", { skip }, async () => {
-  // A slow worker and a fast one.
-  const slow = await startSim("flslow", ["--prefill-us-per-token", "3000"]);
-  const fast = await startSim("flfast", ["--prefill-us-per-token", "250"]);
+/**
+ * A slow worker and a fast one, each busy with a prompt, and a third prompt
+ * (`cee` words) waiting at the router for the slow worker's slot; p prefixes
+ * the sims' names and the prompts' words.
+ */
+async function lateBindingStage(p: string) {
+  const slow = await startSim(`fl${p}slow`, ["--prefill-us-per-token", "3000"]);
+  const fast = await startSim(`fl${p}fast`, ["--prefill-us-per-token", "250"]);
   const router = await startRouter([
     "--workers",
     workerArg([slow, fast]),
@@ -247,16 +251,22 @@ test("late binding: a waiting request goes to the worker that frees a slot first
   const url = (await startEnvoy(router.grpcPort)).url;
   // The slow worker caches the first blocks of the slow holder's prompt (sent to
   // it directly), so that prompt goes there, still cold past those blocks.
-  assert.equal((await chat(`http://${slow.address}`, "hslow", 100)).status, 200);
+  assert.equal((await chat(`http://${slow.address}`, `${p}slow`, 100)).status, 200);
   for (let i = 0; i < 100 && (await router.cacheView(slow.address)).block_count === 0; i++) await sleep(50);
   // ~3 s on the slow worker (1,000 words), then ~0.75 s on the fast one (3,000
   // words: more queued prefill, so the next pick prefers the slow worker).
-  const slowHolder = chat(url, "hslow", 1000);
+  const slowHolder = chat(url, `${p}slow`, 1000);
   await sleep(300);
-  const fastHolder = chat(url, "hfast", 3000);
+  const fastHolder = chat(url, `${p}fast`, 3000);
   await sleep(300);
-  const c = chat(url, "cee", 800);
+  const cee = `${p}cee`;
+  const c = chat(url, cee, 800);
   await until(router, 1);
+  return { slow, fast, url, cee, slowHolder, fastHolder, c };
+}
+
+test("late binding: a waiting request goes to the worker that frees a slot first", { skip }, async () => {
+  const { slowHolder, fastHolder, c } = await lateBindingStage("h");
   const [s, f, r] = await Promise.all([slowHolder, fastHolder, c]);
   for (const x of [s, f, r]) assert.equal(x.status, 200, x.body);
   assert.ok(r.at < s.at, `served before the slow worker's prompt finished: ${r.at - s.at} ms`);
@@ -267,26 +277,7 @@ test(
   "late binding: a waiting request stays where a later request shares its prompt, so the prompt is computed once",
   { skip },
   async () => {
-    // The previous test's fleet and its first three requests.
-    const slow = await startSim("flpslow", ["--prefill-us-per-token", "3000"]);
-    const fast = await startSim("flpfast", ["--prefill-us-per-token", "250"]);
-    const router = await startRouter([
-      "--workers",
-      workerArg([slow, fast]),
-      "--health-interval-ms",
-      "0",
-      "--queue-late-binding",
-      "on",
-    ]);
-    const url = (await startEnvoy(router.grpcPort)).url;
-    assert.equal((await chat(`http://${slow.address}`, "pslow", 100)).status, 200);
-    for (let i = 0; i < 100 && (await router.cacheView(slow.address)).block_count === 0; i++) await sleep(50);
-    const slowHolder = chat(url, "pslow", 1000);
-    await sleep(300);
-    const fastHolder = chat(url, "pfast", 3000);
-    await sleep(300);
-    const c = chat(url, "pcee", 800);
-    await until(router, 1);
+    const { slow, url, cee, slowHolder, fastHolder, c } = await lateBindingStage("p");
     // The same document with another question, while c waits on the slow worker:
     // routed there for the blocks c is about to compute.
     const d = fetch(`${url}/v1/chat/completions`, {
@@ -296,7 +287,7 @@ test(
         model: "m",
         max_tokens: 1,
         stream: false,
-        messages: [{ role: "user", content: "pcee ".repeat(800) + "And what does it say about the rest?" }],
+        messages: [{ role: "user", content: `${cee} `.repeat(800) + "And what does it say about the rest?" }],
       }),
     }).then(async (r) => ({
       status: r.status,

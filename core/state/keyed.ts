@@ -379,9 +379,29 @@ export function keyedMirror(st: Store, step?: number): MirrorIndex {
         drain(p, ek, -1, false);
         return;
       }
-      st.incr("MG:" + ek, 1);
-      const list = st.get(GRAVE);
-      st.set(GRAVE, (list ? list + "," : "") + g + ":" + ek);
+      // Both writes need room in the zones, which a clear after a full zone
+      // may not find: then the clear is done in the call, deletes only. The
+      // graveyard entry goes first: a generation moved with no entry would
+      // never be swept, and its holders would count again.
+      const entry = g + ":" + ek;
+      try {
+        const list = st.get(GRAVE);
+        st.set(GRAVE, (list ? list + "," : "") + entry);
+      } catch (e) {
+        drain(p, ek, -1, false);
+        return;
+      }
+      try {
+        st.incr("MG:" + ek, 1);
+      } catch (e) {
+        // The entry would name the generation that stays current: out with it.
+        const gs = graves();
+        const keep: string[] = [];
+        for (let i = 0; i < gs.length; i++) if (gs[i] !== entry) keep.push(gs[i]);
+        if (keep.length) st.set(GRAVE, keep.join(","));
+        else st.del(GRAVE);
+        drain(p, ek, -1, false);
+      }
     },
     sweep(n) {
       const gs = graves();
@@ -440,10 +460,10 @@ export function keyedMirror(st: Store, step?: number): MirrorIndex {
         // Cleared mirrors not yet drained still stand in holder lists: a
         // target with a graveyard entry holds h only if its current
         // generation does.
-        const swept: { [t: string]: string } = {};
+        const sweeping: { [t: string]: string } = {};
         for (let i = 0; i < gs.length; i++) {
           const t = grave(gs[i]).t;
-          if (swept[t] === undefined) swept[t] = cur(t);
+          if (sweeping[t] === undefined) sweeping[t] = cur(t);
         }
         holders = (i: number) => {
           const h = blockAt(blocks, i);
@@ -452,7 +472,7 @@ export function keyedMirror(st: Store, step?: number): MirrorIndex {
           const parts = list.split(",");
           const keep: string[] = [];
           for (let j = 0; j < parts.length; j++) {
-            const now = swept[parts[j]];
+            const now = sweeping[parts[j]];
             if (now === undefined || st.num("MR:" + now + ":" + h) > 0) keep.push(parts[j]);
           }
           if (keep.length === parts.length) return list;

@@ -162,3 +162,37 @@ test("a clear of a large mirror costs the call a bounded number of store operati
   assert.equal(inner.get("M:" + hs[5]), "v#2");
   assert.equal(inner.get("M:" + hs[50]), undefined);
 });
+
+test("a clear that finds no room for the graveyard or the new generation (full zones) is done in the call", () => {
+  for (const full of ["MGY", "MG:w#1"]) {
+    const inner = memStore();
+    const st: Store = {
+      ...inner,
+      set: (k, v) => {
+        if (k === full) throw new Error("SharedMemoryError: no memory");
+        inner.set(k, v);
+      },
+      incr: (k, d) => {
+        if (k === full) throw new Error("SharedMemoryError: no memory");
+        return inner.incr(k, d);
+      },
+    };
+    const m = keyedMirror(st, 10);
+    const hs: BlockHash[] = [];
+    const ehs: EngineHash[] = [];
+    for (let i = 0; i < 100; i++) {
+      hs.push(("b" + i) as BlockHash);
+      ehs.push(("e" + i) as EngineHash);
+    }
+    m.storeRun!("w#1" as EpochKey, ehs, hs);
+    m.clear("w#1" as EpochKey);
+    assert.equal(m.count("w#1" as EpochKey), 0, full);
+    assert.equal(m.unswept!(), 0, full);
+    assert.equal(inner.get("MGY"), undefined, `${full}: no graveyard entry`);
+    assert.deepEqual(
+      inner.keys("").filter((k) => /^(M|ME|MR|MQ|MQP):/.test(k)),
+      [],
+      `${full}: every key of the mirror gone`,
+    );
+  }
+});

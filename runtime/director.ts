@@ -486,25 +486,12 @@ export class Director {
    * any of (a cold prompt costs the same anywhere), and that is one worker's
    * request (not a prefill/decode pair), may go to whichever worker frees a
    * slot first: its pick is made again there and its load moves with it.
-   * Not once a later request shares its prompt where it waits: that one was
-   * routed there for the blocks this one is about to compute (the in-flight
-   * prefix), and moving would have the prompt computed on two workers. The
-   * test is the middle block of its booked blocks: a short common preamble
-   * (a system prompt) does not pin it, a shared document does.
    */
   private mover(pick: Pick): ((worker: string) => boolean) | undefined {
     const repick = repickers.get(pick);
     if (!repick || pick.prefill || pick.decodeCandidates || !pick.candidates.every((c) => c.hits === 0)) return;
     const original = pick.reservation;
-    const load = this.d.router.state.load;
-    const sharedWhereItWaits = (): boolean => {
-      if (!load.holders) return false;
-      const g = (movedTo.get(pick) ?? original).guards().main;
-      const n = g.blocks.length;
-      return n > 0 && load.holders(g.epochKey, g.blocks[n >> 1]) > 1;
-    };
     return (id) => {
-      if (sharedWhereItWaits()) return false;
       let next: Pick;
       try {
         next = repick(id);

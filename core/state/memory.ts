@@ -215,7 +215,6 @@ export function memoryLedger(): LoadLedger {
       }
       return out;
     },
-    holders: (ek, b) => per.get(ek)?.blocks.get(b) ?? 0,
     queuedShared(blocks, upto) {
       const out: { [ek: string]: number } = {};
       for (const ek in upto) {

@@ -96,12 +96,6 @@ export interface LoadLedger {
    * for prefill there by requests already routed (computed once, for all of them).
    */
   queuedShared(blocks: BlockHash[], upto: { [epochKey: string]: number }): { [epochKey: string]: number };
-  /**
-   * Requests in flight on the worker (waiting at the router included) whose
-   * booked blocks hold block. Optional: the in-memory ledger (the Envoy
-   * path's), for late binding (runtime/director.ts).
-   */
-  holders?(epochKey: EpochKey, block: BlockHash): number;
   demand(epochKey: EpochKey): { tokens: number; requests: number };
   /** Guards still held across all workers. */
   openGuards(): number;

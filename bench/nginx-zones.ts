@@ -11,7 +11,7 @@
 // worker (its CPU from /proc) for a worker holding N blocks beside another
 // holding N (the shipped zones): an engine that restarts, resets its prefix
 // cache or loses events has its mirror cleared. Then the pushes after it
-// (ceil(N / 128) + 5 small batches of the other worker, one at a time, as
+// (ceil(N / SWEEP_STEP) + 5 small batches of the other worker, one at a time, as
 // the bridge sends them), which sweep a deferred clear's blocks a step each
 // (core/state/keyed.ts): their wall times and their CPU in all.
 // --dist DIR: run with the njs bundle in DIR (a baseline build) as well, each
@@ -24,6 +24,7 @@ import { cpuMs, NginxStack, startNginx1 } from "../test/nginx-stack";
 import { runBench } from "./run-bench";
 import { optionReader } from "./args";
 import { pct } from "./stats";
+import { SWEEP_STEP } from "../core/state/keyed";
 
 const opt = optionReader(process.argv.slice(2));
 const rows = opt("--rows", "str:4m/num:256m,str:256m/num:4m").split(",").filter(Boolean);
@@ -122,7 +123,7 @@ runBench(async () => {
         await new Promise((r) => setTimeout(r, 100));
         const clearCpu = cpuMs(ng.workerPid) - c0;
         // What follows: small batches of the other worker (one block removed that it never had).
-        const follow = Math.ceil(size / 128) + 5;
+        const follow = Math.ceil(size / SWEEP_STEP) + 5;
         const walls: number[] = [];
         const c1 = cpuMs(ng.workerPid);
         for (let k = 0; k < follow; k++) {

@@ -560,8 +560,9 @@ function run(
         // The worker's recent picks, for --split-warm and --split-mode 2.
         const hist = warmHist[i];
         const warmShare = hist.length ? hist.filter((x) => x).length / hist.length : 0;
-        hist.push(pick.uncachedTokens < 512);
-        if (pick.uncachedTokens < 512) warmArrivals[i]++;
+        const warm = pick.uncachedTokens < 512;
+        hist.push(warm);
+        if (warm) warmArrivals[i]++;
         if (hist.length > SPLIT_WIN) hist.shift();
         split = pick.uncachedTokens > SPLIT_MIN && warmShare >= SPLIT_WARM;
       }

@@ -14,7 +14,6 @@ import {
   decisionCounts,
   guardKey,
   hitBlockCounts,
-  keyedMirror,
   keyedState,
   nextRequestId,
   saveGuard,
@@ -801,7 +800,7 @@ function metrics(r: NjsRequest): void {
   header("infera_router_failovers_total");
   lines.push("infera_router_failovers_total " + c.st.num("FO"));
   header("infera_router_mirror_unswept_blocks");
-  lines.push("infera_router_mirror_unswept_blocks " + keyedMirror(c.st).unswept!());
+  lines.push("infera_router_mirror_unswept_blocks " + c.router.state.mirror.unswept!());
   r.headersOut["Content-Type"] = "text/plain; version=0.0.4";
   r.return(200, lines.join("\n") + "\n");
 }

@@ -30,6 +30,18 @@ const built = fs.existsSync(path.join(ROOT, "njs", "dist", "infera.js"));
 const skip = needs(!n8 && "njs >= 0.8 not set up (bash scripts/njs08.sh)") || (!built && "run npm run build:njs");
 after(stopAll);
 
+/** nginx's cache-view block count for an engine. */
+async function cacheView(ngUrl: string, s: Sim): Promise<number> {
+  return ((await (await fetch(`${ngUrl}/v1/admin/cache-view/${s.address}`)).json()) as { block_count: number })
+    .block_count;
+}
+
+/** Whether nginx's cache-view equals every engine's cached blocks. */
+async function mirrorsMatch(ngUrl: string, sims: Sim[]): Promise<boolean> {
+  for (const s of sims) if ((await cacheView(ngUrl, s)) !== (await s.stats()).cached_blocks) return false;
+  return true;
+}
+
 /** nginx (with vars) and a bridge on sims that retries nginx at most every 500 ms, ready; nginx's cache-view count per engine. */
 async function nginxAndBridge(sims: Sim[], vars: Record<string, string> = {}, bridgeArgs: string[] = []) {
   const ng = await startNginx(n8!, vars);
@@ -40,9 +52,9 @@ async function nginxAndBridge(sims: Sim[], vars: Record<string, string> = {}, br
   );
   const bAdmin = `http://127.0.0.1:${admin}`;
   await waitFor("bridge ready", () => httpOk(`${bAdmin}/readyz`), 15000);
-  const view = async (s: Sim) =>
-    ((await (await fetch(`${ng.url}/v1/admin/cache-view/${s.address}`)).json()) as { block_count: number }).block_count;
-  return { ng, bridge, bAdmin, view };
+  const view = (s: Sim) => cacheView(ng.url, s);
+  const inSync = () => mirrorsMatch(ng.url, sims);
+  return { ng, bridge, bAdmin, view, inSync };
 }
 
 test(
@@ -53,12 +65,7 @@ test(
     const sims: Sim[] = await Promise.all(
       ["b0", "b1"].map((id) => startSim(id, ["--capacity-blocks", "400", "--decode-ms-per-token", "1"])),
     );
-    const { ng, bridge, bAdmin, view } = await nginxAndBridge(sims);
-
-    const inSync = async () => {
-      for (const s of sims) if ((await view(s)) !== (await s.stats()).cached_blocks) return false;
-      return true;
-    };
+    const { ng, bridge, bAdmin, view, inSync } = await nginxAndBridge(sims);
     // Engine traffic straight to the workers, independent of nginx being up.
     let stop = false;
     let sent = 0;
@@ -166,9 +173,6 @@ test(
     );
     const bAdmin = `http://127.0.0.1:${admin}`;
     await waitFor("bridge ready", () => httpOk(`${bAdmin}/readyz`), 15000);
-    const view = async (s: Sim) =>
-      ((await (await fetch(`${ng.url}/v1/admin/cache-view/${s.address}`)).json()) as { block_count: number })
-        .block_count;
     // Bursts of concurrent requests: batches arrive faster than one-at-a-time pushes drain.
     for (let round = 0; round < 6; round++)
       await Promise.all(
@@ -179,14 +183,7 @@ test(
     const metric = async (name: string) =>
       Number(new RegExp(`^${name} (\\d+)`, "m").exec(await (await fetch(`${bAdmin}/metrics`)).text())?.[1] ?? -1);
     assert.ok((await metric("infera_bridge_queue_overflows_total")) >= 1, "the queue overflowed");
-    await waitFor(
-      "nginx equals the engines after the overflow resync",
-      async () => {
-        for (const s of sims) if ((await view(s)) !== (await s.stats()).cached_blocks) return false;
-        return true;
-      },
-      20000,
-    );
+    await waitFor("nginx equals the engines after the overflow resync", () => mirrorsMatch(ng.url, sims), 20000);
     assert.ok((await metric("infera_bridge_resyncs_total")) >= 2);
   },
 );
@@ -254,7 +251,7 @@ test(
   async () => {
     const sims: Sim[] = await Promise.all(["c0", "c1"].map((id) => startSim(id, ["--decode-ms-per-token", "1"])));
     // Engine readings pushed every 200 ms: the pushes that sweep while no events come.
-    const { ng, view } = await nginxAndBridge(sims, {}, ["--engine-metrics-interval-ms", "200"]);
+    const { ng, view, inSync } = await nginxAndBridge(sims, {}, ["--engine-metrics-interval-ms", "200"]);
     /** A metric of nginx's /metrics summed over its series; -1 when it has none. */
     const metric = async (name: string) => {
       const text = await (await fetch(`${ng.url}/metrics`)).text();
@@ -293,14 +290,7 @@ test(
     // Later pushes sweep them all, a step each.
     await waitFor("swept", async () => (await unswept()) === 0, 60000);
     // The prompt sent after the reset is mirrored again (on the engine that computed it), and a repeat hits it.
-    await waitFor(
-      "nginx in sync",
-      async () => {
-        for (const s of sims) if ((await view(s)) !== (await s.stats()).cached_blocks) return false;
-        return true;
-      },
-      10000,
-    );
+    await waitFor("nginx in sync", inSync, 10000);
     const h1 = await hits();
     const again = await chat(ng.url, prompts[1]);
     assert.ok(again.cachedTokens > 0, "the repeat hits the engine that computed it");
